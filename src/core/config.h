@@ -1,0 +1,63 @@
+// Run configuration: the model (MODEL.md), training and parallel layout. Plain data with
+// validation that names the bad value and what is valid. It lives in core, not model, because
+// the planner (src/schedule) needs it and must not depend on the model's code.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem {
+
+struct ModelConfig {
+  int64_t vocab_size = 256;
+  int64_t hidden_size = 256;
+  int64_t num_layers = 4;
+  int64_t num_attention_heads = 8;
+  int64_t num_query_groups = 8;
+  int64_t ffn_hidden_size = 512;
+  int64_t num_experts = 8;  // 0: dense (Llama)
+  int64_t moe_router_topk = 2;
+  double moe_aux_loss_coeff = 0.01;
+  double rotary_base = 10000.0;
+  double norm_epsilon = 1e-5;
+  int64_t seq_length = 128;
+
+  bool is_moe() const { return num_experts > 0; }
+  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t q_width() const { return num_attention_heads * head_dim(); }
+  int64_t kv_width() const { return num_query_groups * head_dim(); }
+  // Throws tandem::Error naming the first value that does not fit.
+  void validate() const;
+};
+
+struct TrainConfig {
+  int64_t micro_batch_size = 8;
+  int64_t global_batch_size = 16;
+  int64_t train_iters = 300;
+  double lr = 3e-3;
+  double min_lr = 3e-4;
+  int64_t lr_warmup_iters = 30;
+  int64_t lr_decay_iters = 0;  // 0: decay over train_iters
+  double weight_decay = 0.1;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.95;
+  double adam_eps = 1e-8;
+  double clip_grad = 1.0;
+  uint64_t seed = 1234;
+  int64_t log_interval = 10;
+
+  // Micro-batches per data-parallel rank in one step.
+  int64_t num_microbatches(int64_t data_parallel_size = 1) const {
+    return global_batch_size / (micro_batch_size * data_parallel_size);
+  }
+  void validate(int64_t data_parallel_size = 1) const;
+};
+
+struct ParallelConfig {
+  int64_t pipeline_model_parallel_size = 1;
+  int64_t expert_model_parallel_size = 1;
+  int64_t virtual_pipeline_model_parallel_size = 1;
+  std::string schedule = "1f1b";
+};
+
+}  // namespace tandem

@@ -1,0 +1,42 @@
+// What each schedule node saves for its backward, in bytes, as a function of the config: the one
+// table that the model's nodes (checked in tests/model) and the planner (src/schedule) share, so
+// the planned and the measured activation memory agree byte for byte.
+#pragma once
+
+#include <cstdint>
+#include <string_view>
+
+#include "core/config.h"
+
+namespace tandem {
+
+// The schedule nodes of DESIGN.md. A MoE layer is attention, dispatch, experts, combine; a dense
+// layer is attention, mlp. embed opens the first stage, loss closes the last.
+enum class NodeKind : uint8_t { kEmbed, kAttention, kDispatch, kExperts, kCombine, kMlp, kLoss };
+constexpr int kNumNodeKinds = 7;
+std::string_view node_kind_name(NodeKind kind);
+
+struct FootprintShape {
+  int64_t tokens = 0;       // N: tokens of one micro-batch on this rank (micro_batch * seq)
+  int64_t expert_rows = 0;  // rows the local experts receive (N * k when EP = 1)
+  int64_t local_experts = 0;
+  int64_t elem_bytes = 4;   // activation element size (4 for f32, 8 for f64)
+};
+
+// The shape of one micro-batch with EP = 1 (every routed row stays local).
+FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_size,
+                                 int64_t elem_bytes);
+
+// Bytes a node holds from the end of its forward until its backward (and weight backward) ran.
+//  embed:     ids i32 [N]
+//  attention: x, n1, h1, n2 [N,H]; rstd1, rstd2 [N]; q, a [N,heads*D]; k, v [N,kv*D];
+//             lse [N*heads]; MoE adds probs [N,E], topk_w [N,k], topk_idx i32 [N,k],
+//             counts i32 [E], perm i32 [N*k]
+//  dispatch:  nothing (the rows it receives are the experts' input)
+//  experts:   x_in [R,H]; gate, up, act [R,F]; rows_per_expert i32 [local E]
+//  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
+//  mlp:       gate, up, act [N,F]
+//  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]
+int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
+
+}  // namespace tandem
