@@ -1,1 +1,193 @@
-// Filled in by the CPU ops work.
+// CPU elementwise ops and reductions, embedding lookup, SwiGLU and the AdamW step. Loops run in
+// element order so every result is bitwise reproducible.
+#include <cmath>
+
+#include "ops/cpu/common.h"
+#include "ops/ops.h"
+
+namespace tandem::ops {
+
+using cpu::dispatch_float;
+using cpu::expect;
+using cpu::float_dtype;
+
+// ---- elementwise and reductions ----
+
+void axpy(const Tensor& y, const Tensor& x, double alpha, Accumulate acc) {
+  const DType dt = float_dtype("axpy", "y", y, -1);
+  expect("axpy", "x", x, dt, y.shape());
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    T* py = y.data<T>();
+    const T* px = x.data<T>();
+    const T a = static_cast<T>(alpha);
+    const int64_t n = y.numel();
+    if (acc == Accumulate::kAdd) {
+      for (int64_t i = 0; i < n; ++i) py[i] += a * px[i];
+    } else {
+      for (int64_t i = 0; i < n; ++i) py[i] = a * px[i];
+    }
+  });
+}
+
+void scale(const Tensor& x, double alpha) {
+  const DType dt = float_dtype("scale", "x", x, -1);
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    T* px = x.data<T>();
+    const T a = static_cast<T>(alpha);
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) px[i] *= a;
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  const DType dt = float_dtype("sum_squares", "x", x, -1);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    double s = 0;
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) s += static_cast<double>(px[i]) * px[i];
+    return s;
+  });
+}
+
+bool all_finite(const Tensor& x) {
+  const DType dt = float_dtype("all_finite", "x", x, -1);
+  return dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    for (int64_t i = 0, n = x.numel(); i < n; ++i) {
+      if (!std::isfinite(px[i])) return false;
+    }
+    return true;
+  });
+}
+
+// ---- embedding ----
+
+void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table) {
+  const char* op = "embedding_forward";
+  const DType dt = float_dtype(op, "table", table, 2);
+  cpu::expect_rank(op, "ids", ids, 1);
+  const int64_t n = ids.size(0), v = table.size(0), h = table.size(1);
+  expect(op, "ids", ids, DType::kI32, {n});
+  expect(op, "out", out, dt, {n, h});
+  const int32_t* pid = ids.data<int32_t>();
+  cpu::expect_indices(op, "id", pid, n, v);  // before any write: a bad batch leaves out unchanged
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pt = table.data<T>();
+    T* po = out.data<T>();
+    for (int64_t r = 0; r < n; ++r) {
+      const T* src = pt + pid[r] * h;
+      T* dst = po + r * h;
+      for (int64_t c = 0; c < h; ++c) dst[c] = src[c];
+    }
+  });
+}
+
+void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  const char* op = "embedding_backward";
+  const DType dt = float_dtype(op, "dtable", dtable, 2);
+  cpu::expect_rank(op, "ids", ids, 1);
+  const int64_t n = ids.size(0), v = dtable.size(0), h = dtable.size(1);
+  expect(op, "ids", ids, DType::kI32, {n});
+  expect(op, "dout", dout, dt, {n, h});
+  const int32_t* pid = ids.data<int32_t>();
+  cpu::expect_indices(op, "id", pid, n, v);
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pd = dout.data<T>();
+    T* pt = dtable.data<T>();
+    // Rows in token order: a repeated id sums its rows in a fixed order.
+    for (int64_t r = 0; r < n; ++r) {
+      T* dst = pt + pid[r] * h;
+      const T* src = pd + r * h;
+      for (int64_t c = 0; c < h; ++c) dst[c] += src[c];
+    }
+  });
+}
+
+// ---- SwiGLU ----
+
+namespace {
+template <typename T>
+T sigmoid(T x) {
+  return T(1) / (T(1) + std::exp(-x));
+}
+}  // namespace
+
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  const DType dt = float_dtype("swiglu_forward", "gate", gate, 2);
+  expect("swiglu_forward", "up", up, dt, gate.shape());
+  expect("swiglu_forward", "out", out, dt, gate.shape());
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = gate.data<T>();
+    const T* pu = up.data<T>();
+    T* po = out.data<T>();
+    for (int64_t i = 0, n = gate.numel(); i < n; ++i) po[i] = pg[i] * sigmoid(pg[i]) * pu[i];
+  });
+}
+
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up) {
+  const char* op = "swiglu_backward";
+  const DType dt = float_dtype(op, "gate", gate, 2);
+  expect(op, "up", up, dt, gate.shape());
+  expect(op, "dout", dout, dt, gate.shape());
+  expect(op, "dgate", dgate, dt, gate.shape());
+  expect(op, "dup", dup, dt, gate.shape());
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pg = gate.data<T>();
+    const T* pu = up.data<T>();
+    const T* pd = dout.data<T>();
+    T* pdg = dgate.data<T>();
+    T* pdu = dup.data<T>();
+    for (int64_t i = 0, n = gate.numel(); i < n; ++i) {
+      const T g = pg[i], s = sigmoid(g), d = pd[i];
+      // d silu(g)/dg = s * (1 + g * (1 - s)).
+      pdg[i] = d * pu[i] * s * (T(1) + g * (T(1) - s));
+      pdu[i] = d * g * s;
+    }
+  });
+}
+
+// ---- optimizer ----
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const AdamWParams& hp) {
+  const char* op = "adamw_step";
+  const DType dt = float_dtype(op, "param", param, -1);
+  expect(op, "grad", grad, dt, param.shape());
+  expect(op, "m", m, dt, param.shape());
+  expect(op, "v", v, dt, param.shape());
+  cpu::expect_at_least(op, "step", hp.step, 1);
+  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
+  const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    // Element arithmetic in T as PyTorch does; the scalar constants are formed in double.
+    const T decay = static_cast<T>(1.0 - hp.lr * hp.weight_decay);
+    const T b1 = static_cast<T>(hp.beta1), c1 = static_cast<T>(1.0 - hp.beta1);
+    const T b2 = static_cast<T>(hp.beta2), c2 = static_cast<T>(1.0 - hp.beta2);
+    const T step_size = static_cast<T>(hp.lr / bc1);
+    const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
+    const T eps = static_cast<T>(hp.eps);
+    T* pp = param.data<T>();
+    T* pm = m.data<T>();
+    T* pv = v.data<T>();
+    const T* pg = grad.data<T>();
+    for (int64_t i = 0, n = param.numel(); i < n; ++i) {
+      const T g = pg[i];
+      const T mi = b1 * pm[i] + c1 * g;
+      const T vi = b2 * pv[i] + c2 * g * g;
+      pm[i] = mi;
+      pv[i] = vi;
+      pp[i] = pp[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    }
+  });
+}
+
+}  // namespace tandem::ops

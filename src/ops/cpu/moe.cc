@@ -1,1 +1,295 @@
-// Filled in by the CPU ops work.
+// CPU Mixtral router (top-k, softmax over the selected logits, switch aux loss) and the dropless
+// token permutation by expert. Every loop runs in a fixed order: results are bitwise reproducible.
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/common.h"
+#include "ops/ops.h"
+
+namespace tandem::ops {
+
+using cpu::expect;
+
+// ---- router ----
+
+namespace {
+
+// Top-k of one row of e logits into idx[k]: descending, ties to the lower index (strict >).
+template <typename T>
+void row_topk(int32_t* idx, const T* logits, int64_t e, int64_t k, std::vector<char>& taken) {
+  taken.assign(static_cast<size_t>(e), 0);
+  for (int64_t j = 0; j < k; ++j) {
+    int64_t best = -1;
+    for (int64_t c = 0; c < e; ++c) {
+      if (taken[static_cast<size_t>(c)]) continue;
+      if (best < 0 || logits[c] > logits[best]) best = c;
+    }
+    taken[static_cast<size_t>(best)] = 1;
+    idx[j] = static_cast<int32_t>(best);
+  }
+}
+
+// out[j] = softmax over j of logits[idx[j]] (or of logits[j] when idx is null), in double.
+template <typename T>
+void row_softmax(T* out, const T* logits, const int32_t* idx, int64_t count) {
+  auto at = [&](int64_t j) { return static_cast<double>(logits[idx ? idx[j] : j]); };
+  double mx = -INFINITY;
+  for (int64_t j = 0; j < count; ++j) mx = at(j) > mx ? at(j) : mx;
+  double sum = 0;
+  for (int64_t j = 0; j < count; ++j) sum += std::exp(at(j) - mx);
+  for (int64_t j = 0; j < count; ++j) out[j] = static_cast<T>(std::exp(at(j) - mx) / sum);
+}
+
+}  // namespace
+
+void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs,
+                    const Tensor& logits) {
+  const char* op = "router_forward";
+  const DType dt = cpu::float_dtype(op, "logits", logits, 2);
+  cpu::expect_rank(op, "topk_idx", topk_idx, 2);
+  const int64_t n = logits.size(0), e = logits.size(1), k = topk_idx.size(1);
+  TANDEM_CHECK(k >= 1 && k <= e, op, ": k = ", k, " must lie in [1, ", e, "] (the experts)");
+  expect(op, "topk_idx", topk_idx, DType::kI32, {n, k});
+  expect(op, "topk_w", topk_w, dt, {n, k});
+  expect(op, "probs", probs, dt, {n, e});
+  cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pl = logits.data<T>();
+    int32_t* pi = topk_idx.data<int32_t>();
+    T *pw = topk_w.data<T>(), *pp = probs.data<T>();
+    std::vector<char> taken;
+    for (int64_t r = 0; r < n; ++r) {
+      row_topk(pi + r * k, pl + r * e, e, k, taken);
+      row_softmax(pw + r * k, pl + r * e, pi + r * k, k);
+      row_softmax(pp + r * e, pl + r * e, static_cast<const int32_t*>(nullptr), e);
+    }
+  });
+}
+
+void router_counts(const Tensor& counts, const Tensor& topk_idx) {
+  const char* op = "router_counts";
+  cpu::expect_rank(op, "counts", counts, 1);
+  cpu::expect_rank(op, "topk_idx", topk_idx, 2);
+  expect(op, "counts", counts, DType::kI32, counts.shape());
+  expect(op, "topk_idx", topk_idx, DType::kI32, topk_idx.shape());
+  const int64_t e = counts.size(0), nk = topk_idx.numel();
+  const int32_t* pi = topk_idx.data<int32_t>();
+  cpu::expect_indices(op, "expert id", pi, nk, e);
+  int32_t* pc = counts.data<int32_t>();
+  for (int64_t c = 0; c < e; ++c) pc[c] = 0;
+  for (int64_t s = 0; s < nk; ++s) ++pc[pi[s]];
+}
+
+double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
+  const char* op = "router_aux_loss";
+  const DType dt = cpu::float_dtype(op, "probs", probs, 2);
+  const int64_t n = probs.size(0), e = probs.size(1);
+  expect(op, "counts", counts, DType::kI32, {e});
+  cpu::expect_at_least(op, "k", k, 1);
+  if (n == 0) return 0.0;
+  return cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pp = probs.data<T>();
+    std::vector<double> col(static_cast<size_t>(e), 0.0);  // sum_n probs[n, e]
+    for (int64_t r = 0; r < n; ++r) {
+      for (int64_t c = 0; c < e; ++c) col[static_cast<size_t>(c)] += pp[r * e + c];
+    }
+    const int32_t* pc = counts.data<int32_t>();
+    const double nd = static_cast<double>(n);
+    double s = 0;
+    for (int64_t c = 0; c < e; ++c) {
+      s += (pc[c] / (nd * static_cast<double>(k))) * (col[static_cast<size_t>(c)] / nd);
+    }
+    return coeff * static_cast<double>(e) * s;
+  });
+}
+
+// Per token: selected part dl[idx_j] = w_j (dw_j - sum_i w_i dw_i); aux part through the full
+// softmax with c_e = d aux / d probs[n, e] = coeff * E * f_e / N (f_e constant):
+// dl[e] += aux_scale * p_e (c_e - sum_e' p_e' c_e').
+void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
+                     const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
+                     double coeff, double aux_scale) {
+  const char* op = "router_backward";
+  const DType dt = cpu::float_dtype(op, "probs", probs, 2);
+  const int64_t n = probs.size(0), e = probs.size(1);
+  TANDEM_CHECK(k >= 1 && k <= e, op, ": k = ", k, " must lie in [1, ", e, "] (the experts)");
+  expect(op, "dlogits", dlogits, dt, {n, e});
+  expect(op, "dtopk_w", dtopk_w, dt, {n, k});
+  expect(op, "topk_w", topk_w, dt, {n, k});
+  expect(op, "topk_idx", topk_idx, DType::kI32, {n, k});
+  expect(op, "counts", counts, DType::kI32, {e});
+  const int32_t* pi = topk_idx.data<int32_t>();
+  cpu::expect_indices(op, "expert id", pi, n * k, e);
+  std::vector<double> c(static_cast<size_t>(e));
+  const double nd = static_cast<double>(n);
+  for (int64_t x = 0; x < e; ++x) {
+    c[static_cast<size_t>(x)] = coeff * static_cast<double>(e) * counts.data<int32_t>()[x] /
+                                (nd * static_cast<double>(k)) / nd;
+  }
+  cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T *pdw = dtopk_w.data<T>(), *pw = topk_w.data<T>(), *pp = probs.data<T>();
+    T* pdl = dlogits.data<T>();
+    for (int64_t r = 0; r < n; ++r) {
+      const T* p = pp + r * e;
+      T* dl = pdl + r * e;
+      double pc = 0;
+      for (int64_t x = 0; x < e; ++x) pc += static_cast<double>(p[x]) * c[static_cast<size_t>(x)];
+      for (int64_t x = 0; x < e; ++x) {
+        dl[x] = static_cast<T>(aux_scale * p[x] * (c[static_cast<size_t>(x)] - pc));
+      }
+      double dot = 0;
+      for (int64_t j = 0; j < k; ++j) dot += static_cast<double>(pw[r * k + j]) * pdw[r * k + j];
+      for (int64_t j = 0; j < k; ++j) {
+        dl[pi[r * k + j]] += static_cast<T>(pw[r * k + j] * (pdw[r * k + j] - dot));
+      }
+    }
+  });
+}
+
+// ---- token permutation ----
+
+namespace {
+
+// inv[slot] = the row of the expert-sorted order holding slot; throws unless perm is a
+// permutation of [0, count).
+std::vector<int32_t> invert_perm(const char* op, const Tensor& perm, int64_t count) {
+  expect(op, "perm", perm, DType::kI32, {count});
+  const int32_t* pp = perm.data<int32_t>();
+  cpu::expect_indices(op, "perm entry", pp, count, count);
+  std::vector<int32_t> inv(static_cast<size_t>(count), -1);
+  for (int64_t i = 0; i < count; ++i) {
+    int32_t& slot = inv[static_cast<size_t>(pp[i])];
+    TANDEM_CHECK(slot < 0, op, ": perm holds slot ", pp[i], " twice (rows ", slot, " and ", i,
+                 "); it must be a permutation");
+    slot = static_cast<int32_t>(i);
+  }
+  return inv;
+}
+
+}  // namespace
+
+void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,
+                     int64_t num_experts) {
+  const char* op = "moe_permutation";
+  cpu::expect_at_least(op, "num_experts", num_experts, 1);
+  cpu::expect_rank(op, "topk_idx", topk_idx, 2);
+  const int64_t nk = topk_idx.numel();
+  expect(op, "topk_idx", topk_idx, DType::kI32, topk_idx.shape());
+  expect(op, "perm", perm, DType::kI32, {nk});
+  expect(op, "counts", counts, DType::kI32, {num_experts});
+  const int32_t* pi = topk_idx.data<int32_t>();
+  cpu::expect_indices(op, "expert id", pi, nk, num_experts);
+  int32_t* pc = counts.data<int32_t>();
+  for (int64_t x = 0; x < num_experts; ++x) pc[x] = 0;
+  for (int64_t s = 0; s < nk; ++s) ++pc[pi[s]];
+  // Counting sort: slots in flat order (token, then slot) land after their expert's offset.
+  std::vector<int64_t> next(static_cast<size_t>(num_experts), 0);
+  for (int64_t x = 1; x < num_experts; ++x) {
+    next[static_cast<size_t>(x)] = next[static_cast<size_t>(x - 1)] + pc[x - 1];
+  }
+  int32_t* pp = perm.data<int32_t>();
+  for (int64_t s = 0; s < nk; ++s) pp[next[static_cast<size_t>(pi[s])]++] = static_cast<int32_t>(s);
+}
+
+void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int64_t k) {
+  const char* op = "permute_forward";
+  const DType dt = cpu::float_dtype(op, "x", x, 2);
+  cpu::expect_at_least(op, "k", k, 1);
+  const int64_t n = x.size(0), h = x.size(1);
+  expect(op, "out", out, dt, {n * k, h});
+  invert_perm(op, perm, n * k);  // validates perm
+  const int32_t* pp = perm.data<int32_t>();
+  cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    for (int64_t i = 0; i < n * k; ++i) {
+      const T* src = px + (pp[i] / k) * h;
+      for (int64_t c = 0; c < h; ++c) po[i * h + c] = src[c];
+    }
+  });
+}
+
+void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, int64_t k,
+                      Accumulate acc) {
+  const char* op = "permute_backward";
+  const DType dt = cpu::float_dtype(op, "dx", dx, 2);
+  cpu::expect_at_least(op, "k", k, 1);
+  const int64_t n = dx.size(0), h = dx.size(1);
+  expect(op, "dout", dout, dt, {n * k, h});
+  const std::vector<int32_t> inv = invert_perm(op, perm, n * k);
+  cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pd = dout.data<T>();
+    T* px = dx.data<T>();
+    // Each token sums its k rows in slot order (fixed, so reproducible).
+    for (int64_t t = 0; t < n; ++t) {
+      T* dst = px + t * h;
+      if (acc == Accumulate::kOverwrite) {
+        for (int64_t c = 0; c < h; ++c) dst[c] = T(0);
+      }
+      for (int64_t j = 0; j < k; ++j) {
+        const T* src = pd + inv[static_cast<size_t>(t * k + j)] * h;
+        for (int64_t c = 0; c < h; ++c) dst[c] += src[c];
+      }
+    }
+  });
+}
+
+void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
+  const char* op = "combine_forward";
+  const DType dt = cpu::float_dtype(op, "out", out, 2);
+  cpu::float_dtype(op, "topk_w", topk_w, 2);
+  const int64_t n = out.size(0), h = out.size(1), k = topk_w.size(1);
+  expect(op, "topk_w", topk_w, dt, {n, k});
+  expect(op, "y", y, dt, {n * k, h});
+  const std::vector<int32_t> inv = invert_perm(op, perm, n * k);
+  cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T *py = y.data<T>(), *pw = topk_w.data<T>();
+    T* po = out.data<T>();
+    for (int64_t t = 0; t < n; ++t) {
+      T* dst = po + t * h;
+      for (int64_t j = 0; j < k; ++j) {
+        const T w = pw[t * k + j];
+        const T* src = py + inv[static_cast<size_t>(t * k + j)] * h;
+        for (int64_t c = 0; c < h; ++c) dst[c] += w * src[c];
+      }
+    }
+  });
+}
+
+void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dout, const Tensor& y,
+                      const Tensor& perm, const Tensor& topk_w) {
+  const char* op = "combine_backward";
+  const DType dt = cpu::float_dtype(op, "dout", dout, 2);
+  cpu::float_dtype(op, "topk_w", topk_w, 2);
+  const int64_t n = dout.size(0), h = dout.size(1), k = topk_w.size(1);
+  expect(op, "topk_w", topk_w, dt, {n, k});
+  expect(op, "dtopk_w", dtopk_w, dt, {n, k});
+  expect(op, "y", y, dt, {n * k, h});
+  expect(op, "dy", dy, dt, {n * k, h});
+  invert_perm(op, perm, n * k);  // validates perm: every slot of dtopk_w is written once below
+  const int32_t* pp = perm.data<int32_t>();
+  cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T *pd = dout.data<T>(), *py = y.data<T>(), *pw = topk_w.data<T>();
+    T *pdy = dy.data<T>(), *pdw = dtopk_w.data<T>();
+    for (int64_t i = 0; i < n * k; ++i) {
+      const int64_t slot = pp[i];
+      const T* d = pd + (slot / k) * h;
+      const T* yr = py + i * h;
+      const T w = pw[slot];
+      double dot = 0;
+      for (int64_t c = 0; c < h; ++c) {
+        dot += static_cast<double>(d[c]) * yr[c];
+        pdy[i * h + c] = w * d[c];
+      }
+      pdw[slot] = static_cast<T>(dot);
+    }
+  });
+}
+
+}  // namespace tandem::ops

@@ -1,1 +1,139 @@
-// Filled in by the CPU ops work.
+// CPU RMSNorm and rotary position embedding (HF rotate_half form, MODEL.md). Row reductions run
+// in double and in a fixed order, so results are bitwise reproducible.
+#include <cmath>
+#include <vector>
+
+#include "ops/cpu/common.h"
+#include "ops/ops.h"
+
+namespace tandem::ops {
+
+using cpu::dispatch_float;
+using cpu::expect;
+
+// ---- rmsnorm ----
+
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& g,
+                     double eps) {
+  const char* op = "rmsnorm_forward";
+  const DType dt = cpu::float_dtype(op, "x", x, 2);
+  const int64_t n = x.size(0), h = x.size(1);
+  expect(op, "g", g, dt, {h});
+  expect(op, "y", y, dt, {n, h});
+  expect(op, "rstd", rstd, dt, {n});
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* px = x.data<T>();
+    const T* pg = g.data<T>();
+    T* py = y.data<T>();
+    T* pr = rstd.data<T>();
+    for (int64_t r = 0; r < n; ++r) {
+      const T* xr = px + r * h;
+      double ss = 0;
+      for (int64_t c = 0; c < h; ++c) ss += static_cast<double>(xr[c]) * xr[c];
+      const T rs = static_cast<T>(1.0 / std::sqrt(ss / static_cast<double>(h) + eps));
+      pr[r] = rs;
+      T* yr = py + r * h;
+      for (int64_t c = 0; c < h; ++c) yr[c] = xr[c] * rs * pg[c];
+    }
+  });
+}
+
+// With r = rstd: dx_c = r * g_c * dy_c - r^3 / H * x_c * sum_i dy_i g_i x_i;
+// dg_c = sum over rows of dy_c * x_c * r.
+void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, const Tensor& x,
+                      const Tensor& g, const Tensor& rstd, Accumulate acc_dx) {
+  const char* op = "rmsnorm_backward";
+  const DType dt = cpu::float_dtype(op, "x", x, 2);
+  const int64_t n = x.size(0), h = x.size(1);
+  expect(op, "g", g, dt, {h});
+  expect(op, "dg", dg, dt, {h});
+  expect(op, "dy", dy, dt, {n, h});
+  expect(op, "dx", dx, dt, {n, h});
+  expect(op, "rstd", rstd, dt, {n});
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T *px = x.data<T>(), *pg = g.data<T>(), *pdy = dy.data<T>(), *pr = rstd.data<T>();
+    T* pdx = dx.data<T>();
+    std::vector<double> dg_sum(static_cast<size_t>(h), 0.0);  // rows summed in double, then added
+    const bool add = acc_dx == Accumulate::kAdd;
+    for (int64_t r = 0; r < n; ++r) {
+      const T *xr = px + r * h, *dyr = pdy + r * h;
+      T* dxr = pdx + r * h;
+      double dot = 0;
+      for (int64_t c = 0; c < h; ++c) dot += static_cast<double>(dyr[c]) * pg[c] * xr[c];
+      const T rs = pr[r];
+      const T coef = static_cast<T>(dot * rs * rs * rs / static_cast<double>(h));
+      // dy and x are read before dx is written at each c, so dx may alias dy.
+      for (int64_t c = 0; c < h; ++c) {
+        dg_sum[static_cast<size_t>(c)] += static_cast<double>(dyr[c]) * xr[c] * rs;
+        const T d = dyr[c] * pg[c] * rs - coef * xr[c];
+        dxr[c] = add ? dxr[c] + d : d;
+      }
+    }
+    T* pdg = dg.data<T>();
+    for (int64_t c = 0; c < h; ++c) pdg[c] += static_cast<T>(dg_sum[static_cast<size_t>(c)]);
+  });
+}
+
+// ---- rope ----
+
+namespace {
+
+// out = rotation of x by +angle (sign 1, the forward) or -angle (sign -1, its transpose, the
+// backward). x, out: [N, heads * D]; row n at position n % seq. out may alias x.
+void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq, int64_t heads,
+                int64_t head_dim, double theta, double sign) {
+  const DType dt = cpu::float_dtype(op, "x", x, 2);
+  cpu::expect_at_least(op, "seq", seq, 1);
+  cpu::expect_at_least(op, "heads", heads, 1);
+  cpu::expect_at_least(op, "head_dim", head_dim, 2);
+  TANDEM_CHECK(head_dim % 2 == 0, op, ": head_dim ", head_dim, " must be even");
+  TANDEM_CHECK(x.size(1) == heads * head_dim, op, ": x has ", x.size(1),
+               " columns; expected heads * head_dim = ", heads * head_dim);
+  expect(op, "out", out, dt, x.shape());
+  const int64_t n = x.size(0), half = head_dim / 2, width = heads * head_dim;
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    // cos/sin of pos * theta^(-2i/D), [seq, D/2], formed in double.
+    std::vector<T> cs(static_cast<size_t>(seq * half)), sn(cs.size());
+    for (int64_t i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / head_dim);
+      for (int64_t p = 0; p < seq; ++p) {
+        const double ang = static_cast<double>(p) * inv_freq;
+        cs[static_cast<size_t>(p * half + i)] = static_cast<T>(std::cos(ang));
+        sn[static_cast<size_t>(p * half + i)] = static_cast<T>(sign * std::sin(ang));
+      }
+    }
+    const T* px = x.data<T>();
+    T* po = out.data<T>();
+    for (int64_t r = 0; r < n; ++r) {
+      const T* c = cs.data() + (r % seq) * half;
+      const T* s = sn.data() + (r % seq) * half;
+      for (int64_t hd = 0; hd < heads; ++hd) {
+        const T* xr = px + r * width + hd * head_dim;
+        T* orow = po + r * width + hd * head_dim;
+        for (int64_t i = 0; i < half; ++i) {
+          // rotate_half(u) = cat(-u2, u1): out1 = u1 c - u2 s, out2 = u2 c + u1 s.
+          const T u1 = xr[i], u2 = xr[i + half];
+          orow[i] = u1 * c[i] - u2 * s[i];
+          orow[i + half] = u2 * c[i] + u1 * s[i];
+        }
+      }
+    }
+  });
+}
+
+}  // namespace
+
+void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim,
+                  double theta) {
+  rope_apply("rope_forward", out, x, seq, heads, head_dim, theta, 1.0);
+}
+
+void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim,
+                   double theta) {
+  rope_apply("rope_backward", dx, dy, seq, heads, head_dim, theta, -1.0);
+}
+
+}  // namespace tandem::ops

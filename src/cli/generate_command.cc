@@ -1,0 +1,134 @@
+// `tandem generate`: loads a saved model and samples from it: the built-in addition task's
+// held-out problems with the model's accuracy, or a continuation of --prompt.
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cli/commands.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "data/addition.h"
+#include "data/file_dataset.h"
+#include "model/chunk.h"
+#include "runtime/checkpoint.h"
+
+namespace tandem::cli {
+namespace {
+
+struct GenerateOptions {
+  std::string load_dir;
+  std::string prompt;
+  int64_t max_new_tokens = 32;
+  int64_t num_problems = 200;
+  int64_t show = 10;
+  int max_digits = data::kAdditionDefaultMaxDigits;
+  double temperature = 0;  // 0: greedy
+  uint64_t seed = 1234;
+};
+
+// Picks the next token from one row of logits: argmax, or a sample at `temperature`.
+int32_t pick_token(const float* logits, int64_t vocab, double temperature, uint64_t key,
+                   uint64_t draw) {
+  if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  const float top = *std::max_element(logits, logits + vocab);
+  std::vector<double> p(static_cast<size_t>(vocab));
+  double sum = 0;
+  for (int64_t v = 0; v < vocab; ++v) sum += p[v] = std::exp((logits[v] - top) / temperature);
+  double u = uniform01(key, draw) * sum;
+  for (int64_t v = 0; v < vocab; ++v) {
+    if ((u -= p[v]) <= 0) return static_cast<int32_t>(v);
+  }
+  return static_cast<int32_t>(vocab - 1);
+}
+
+// Continues `prompt` (bytes as tokens) by up to max_new tokens, stopping after `stop`.
+std::string complete(const model::ModelChunk& chunk, const std::string& prompt, int64_t max_new,
+                     int stop, const GenerateOptions& o, uint64_t stream) {
+  const ModelConfig& cfg = chunk.params().config();
+  std::vector<int32_t> toks(prompt.begin(), prompt.end());
+  std::string out;
+  for (int64_t i = 0; i < max_new; ++i) {
+    const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(toks.size()) - cfg.seq_length);
+    const int64_t seq = static_cast<int64_t>(toks.size()) - start;
+    Tensor ids = Tensor::empty({seq}, DType::kI32, MemCategory::kOther, "generate.ids");
+    std::copy(toks.begin() + start, toks.end(), ids.data<int32_t>());
+    const Tensor logits = chunk.infer_logits(ids, 1, seq);  // (seq, V)
+    const int32_t next = pick_token(logits.data<float>() + (seq - 1) * cfg.vocab_size,
+                                    cfg.vocab_size, o.temperature, stream, static_cast<uint64_t>(i));
+    toks.push_back(next);
+    out.push_back(static_cast<char>(next));
+    if (next == stop) break;
+  }
+  return out;
+}
+
+std::string printable(const std::string& s) {
+  std::string r;
+  for (char ch : s) r += ch == '\n' ? std::string("\\n") : std::string(1, ch);
+  return r;
+}
+
+void run_generate(const GenerateOptions& o) {
+  std::unique_ptr<model::Parameters> params = runtime::load_model_checkpoint(o.load_dir);
+  const model::ModelChunk chunk(*params);
+  if (!o.prompt.empty()) {
+    std::cout << o.prompt << complete(chunk, o.prompt, o.max_new_tokens, -1, o, o.seed) << "\n";
+    return;
+  }
+  TANDEM_CHECK(params->config().vocab_size >= 256, "the model in ", o.load_dir, " has vocab size ",
+               params->config().vocab_size,
+               ": the addition task needs byte tokens (256); pass --prompt for other models");
+  int64_t correct = 0;
+  std::cout << "held-out addition problems (answers are written least significant digit first):\n";
+  for (int64_t i = 0; i < o.num_problems; ++i) {
+    const data::AdditionProblem p = data::make_eval_problem(o.seed, i, o.max_digits);
+    const std::string got = complete(chunk, p.prompt, o.max_digits + 2, '\n', o, o.seed + i);
+    const bool ok = data::score_addition_completion(p, got);
+    correct += ok;
+    if (i < o.show) {
+      std::cout << "  " << p.prompt << printable(got) << (ok ? "   correct" : "   wrong, expected ")
+                << (ok ? "" : p.answer) << "\n";
+    }
+  }
+  std::cout << "accuracy: " << correct << "/" << o.num_problems << " = "
+            << (100.0 * static_cast<double>(correct) / static_cast<double>(o.num_problems))
+            << "%\n";
+}
+
+}  // namespace
+
+void register_generate_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand(
+      "generate", "Sample from a saved model: the addition task's held-out problems and accuracy, "
+                  "or a continuation of --prompt");
+  auto o = std::make_shared<GenerateOptions>();
+  sub->add_option("--load", o->load_dir, "Model directory written by `tandem train --save`")
+      ->required();
+  sub->add_option("--prompt", o->prompt, "Text to continue (bytes as tokens) instead of the task");
+  sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate after --prompt")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
+  sub->add_option("--num-problems", o->num_problems, "Held-out addition problems to score")
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  sub->add_option("--show", o->show, "How many of them to print")->check(CLI::NonNegativeNumber);
+  sub->add_option("--max-digits", o->max_digits, "Operand digits of the addition problems")
+      ->check(CLI::Range(1, data::kAdditionMaxDigitsLimit));
+  sub->add_option("--temperature", o->temperature, "Sampling temperature; 0 is greedy")
+      ->check(CLI::NonNegativeNumber);
+  sub->add_option("--seed", o->seed, "Seed of the problems and of sampling");
+  sub->callback([o] { run_generate(*o); });
+}
+
+void register_convert_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand(
+      "convert", "Turn a text file into an llm.c token file (bytes as uint16 tokens)");
+  auto in = std::make_shared<std::string>();
+  auto out = std::make_shared<std::string>();
+  sub->add_option("input", *in, "Text file to read")->required()->check(CLI::ExistingFile);
+  sub->add_option("output", *out, "Token file to write (replaced atomically)")->required();
+  sub->callback([in, out] { data::convert_text_to_tokens(*in, *out); });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,592 @@
+// Run options: one table of Megatron-named options drives the command line (CLI11), the --config
+// TOML file (toml++) and the value checks, so the three never disagree about names or bounds.
+#include "cli/options.h"
+
+#include <toml++/toml.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "core/error.h"
+
+// Note [Exit codes]
+// main() runs app.parse() and finalize_run_options() in one try block and maps
+//   CLI::ParseError e  -> `int rc = app.exit(e); return rc == 0 ? 0 : 2;`
+//   tandem::Error e    -> print e.what() to stderr, return 2.
+// What this relies on (CLI11 2.1, App::exit): --help and --version arrive as ParseErrors with
+// exit code 0 (CallForHelp, CallForAllHelp, CallForVersion); App::exit prints them to stdout and
+// returns 0. Every real parse error (ExtrasError for an unknown option 109, ConversionError for a
+// non-number 104, ValidationError from the checks below 105, ArgumentMismatch for a missing value
+// 114, ...) is printed by App::exit to stderr as "<message>\nRun with --help for more
+// information." and returns that nonzero CLI11 code, which main folds into 2. Neither
+// add_run_options nor finalize_run_options writes or creates a file, so a rejected command line
+// leaves the file system as it was.
+
+namespace tandem::cli {
+namespace {
+
+enum class Bound : uint8_t { kAny, kNonNegative, kPositive };
+// Whether a key may appear in the --config file (--config itself may not).
+enum class InFile : uint8_t { kAllowed, kForbidden };
+
+using Target = std::variant<int64_t*, uint64_t*, double*, std::string*, bool*>;
+using Value = std::variant<int64_t, uint64_t, double, std::string, bool>;
+
+struct OptionSpec {
+  std::string name;  // the long option without dashes; also the TOML key
+  Target target;
+  std::string help;  // meaning; " (default: ...)" is appended unless the value is an empty string
+  Bound bound = Bound::kAny;
+  std::vector<std::string> choices = {};  // non-empty: the only valid values of a string option
+  std::string metavar = {};               // shown in --help instead of TEXT
+  InFile in_file = InFile::kAllowed;
+};
+
+template <class... Fs>
+struct Overloaded : Fs... {
+  using Fs::operator()...;
+};
+template <class... Fs>
+Overloaded(Fs...) -> Overloaded<Fs...>;
+
+const std::vector<std::string> kSchedules = {"gpipe",         "1f1b",  "interleaved-1f1b",
+                                             "combined-1f1b", "zb-h1", "dualpipev"};
+const std::vector<std::string> kDataFormats = {"auto", "megatron", "tokens", "text"};
+const std::vector<std::string> kDevices = {"cpu", "cuda"};
+
+void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
+  s.push_back(
+      {"num-layers", &m.num_layers, "L, the number of transformer layers", Bound::kPositive});
+  s.push_back(
+      {"hidden-size", &m.hidden_size, "H, the width of the residual stream", Bound::kPositive});
+  s.push_back({"num-attention-heads", &m.num_attention_heads,
+               "attention heads; head dim = hidden-size / heads (must be even)", Bound::kPositive});
+  s.push_back({"num-query-groups", &m.num_query_groups,
+               "KV heads for grouped-query attention; divides num-attention-heads",
+               Bound::kPositive});
+  s.push_back({"ffn-hidden-size", &m.ffn_hidden_size,
+               "F, the SwiGLU width of the dense MLP or of each expert", Bound::kPositive});
+  s.push_back({"num-experts", &m.num_experts, "E, experts per MoE layer; 0 makes a dense model",
+               Bound::kNonNegative});
+  s.push_back({"moe-router-topk", &m.moe_router_topk,
+               "k, experts each token is routed to (1..num-experts)", Bound::kPositive});
+  s.push_back({"moe-aux-loss-coeff", &m.moe_aux_loss_coeff,
+               "alpha, the weight of the load-balancing loss", Bound::kNonNegative});
+  s.push_back({"vocab-size", &m.vocab_size,
+               "V, the vocabulary size (>= 256 for the built-in task, whose tokens are bytes)",
+               Bound::kPositive});
+  s.push_back({"seq-length", &m.seq_length, "T, tokens per sample", Bound::kPositive});
+  s.push_back(
+      {"rotary-base", &m.rotary_base, "theta of the rotary position embedding", Bound::kPositive});
+  s.push_back({"norm-epsilon", &m.norm_epsilon, "eps added inside RMSNorm", Bound::kPositive});
+}
+
+void add_train_specs(std::vector<OptionSpec>& s, TrainConfig& t) {
+  s.push_back(
+      {"micro-batch-size", &t.micro_batch_size, "samples per micro-batch", Bound::kPositive});
+  s.push_back({"global-batch-size", &t.global_batch_size,
+               "samples per optimizer step; a multiple of micro-batch-size", Bound::kPositive});
+  s.push_back({"train-iters", &t.train_iters, "optimizer steps to run", Bound::kPositive});
+  s.push_back({"lr", &t.lr, "peak learning rate, reached after the warm-up", Bound::kPositive});
+  s.push_back(
+      {"min-lr", &t.min_lr, "learning rate at the end of the cosine decay", Bound::kNonNegative});
+  s.push_back({"lr-warmup-iters", &t.lr_warmup_iters, "steps of linear learning-rate warm-up",
+               Bound::kNonNegative});
+  s.push_back({"lr-decay-iters", &t.lr_decay_iters,
+               "steps of cosine decay; 0 decays over train-iters", Bound::kNonNegative});
+  s.push_back(
+      {"weight-decay", &t.weight_decay, "AdamW weight decay on matrices", Bound::kNonNegative});
+  s.push_back({"adam-beta1", &t.adam_beta1, "AdamW beta1, in [0, 1)", Bound::kNonNegative});
+  s.push_back({"adam-beta2", &t.adam_beta2, "AdamW beta2, in [0, 1)", Bound::kNonNegative});
+  s.push_back({"adam-eps", &t.adam_eps, "AdamW epsilon", Bound::kPositive});
+  s.push_back({"clip-grad", &t.clip_grad, "clip the global gradient norm to this; 0 turns it off",
+               Bound::kNonNegative});
+  s.push_back({"seed", &t.seed, "seed of initialisation and data order", Bound::kNonNegative});
+  s.push_back({"log-interval", &t.log_interval, "steps between log lines", Bound::kPositive});
+}
+
+void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
+  ParallelConfig& p = o.parallel;
+  s.push_back({"pipeline-model-parallel-size", &p.pipeline_model_parallel_size,
+               "PP, pipeline stages", Bound::kPositive});
+  s.push_back({"expert-model-parallel-size", &p.expert_model_parallel_size,
+               "EP, ranks the experts are spread over; divides num-experts", Bound::kPositive});
+  s.push_back({"virtual-pipeline-model-parallel-size", &p.virtual_pipeline_model_parallel_size,
+               "model chunks per pipeline rank (>= 2 for interleaved-1f1b)", Bound::kPositive});
+  s.push_back({"schedule", &p.schedule, "pipeline schedule", Bound::kAny, kSchedules});
+  s.push_back({"num-microbatches", &o.num_microbatches,
+               "micro-batches per step for `plan`; 0 derives it from the batch sizes",
+               Bound::kNonNegative});
+  s.push_back({"config",
+               &o.config_file,
+               "TOML file with these options as keys (`num-layers = 4`); the command line wins "
+               "(default: none)",
+               Bound::kAny,
+               {},
+               "FILE",
+               InFile::kForbidden});
+  s.push_back({"data-path",
+               &o.data_path,
+               "training data: a token or text file, or a Megatron .bin/.idx prefix (default: "
+               "none, the built-in addition task)",
+               Bound::kAny,
+               {},
+               "PATH"});
+  s.push_back({"data-format", &o.data_format, "format of --data-path", Bound::kAny, kDataFormats});
+  s.push_back({"save",
+               &o.save_dir,
+               "directory to save checkpoints to (default: none, no saving)",
+               Bound::kAny,
+               {},
+               "DIR"});
+  s.push_back({"save-interval", &o.save_interval,
+               "steps between checkpoints; 0 saves only at the end when --save is set",
+               Bound::kNonNegative});
+  s.push_back({"load",
+               &o.load_dir,
+               "checkpoint directory to resume from (default: none)",
+               Bound::kAny,
+               {},
+               "DIR"});
+  s.push_back({"log-json",
+               &o.log_json,
+               "write one JSON object per iteration to FILE (default: none)",
+               Bound::kAny,
+               {},
+               "FILE"});
+  s.push_back({"trace",
+               &o.trace_path,
+               "write the measured timeline as Chrome trace JSON to FILE (default: none)",
+               Bound::kAny,
+               {},
+               "FILE"});
+  s.push_back({"device", &o.device, "where to train", Bound::kAny, kDevices});
+  s.push_back({"quiet", &o.quiet, "no progress bar and no log lines"});
+}
+
+// The one table; it points into `o`, so it is rebuilt for each RunOptions.
+std::vector<OptionSpec> option_specs(RunOptions& o) {
+  std::vector<OptionSpec> specs;
+  add_model_specs(specs, o.model);
+  add_train_specs(specs, o.train);
+  add_run_specs(specs, o);
+  return specs;
+}
+
+std::string join(const std::vector<std::string>& items, std::string_view sep) {
+  std::string out;
+  for (size_t i = 0; i < items.size(); ++i) out += (i ? std::string(sep) : "") + items[i];
+  return out;
+}
+
+std::string to_text(const Value& v) {
+  return std::visit(Overloaded{[](const std::string& s) { return s; },
+                               [](bool b) { return std::string(b ? "true" : "false"); },
+                               [](auto x) { return detail::concat(x); }},
+                    v);
+}
+
+Value current_value(const OptionSpec& spec) {
+  return std::visit([](auto* p) { return Value(*p); }, spec.target);
+}
+
+void store_value(const OptionSpec& spec, const Value& v) {
+  std::visit([&](auto* p) { *p = std::get<std::remove_pointer_t<decltype(p)>>(v); }, spec.target);
+}
+
+std::string default_suffix(const OptionSpec& spec) {
+  const Value v = current_value(spec);
+  if (const auto* b = std::get_if<bool>(&v)) return *b ? " (default: on)" : " (default: off)";
+  if (const auto* s = std::get_if<std::string>(&v); s && s->empty()) return "";
+  return " (default: " + to_text(v) + ")";  // choices are shown as the value's name
+}
+
+// What a valid value looks like, for messages: "an integer >= 1", "one of: cpu, cuda".
+std::string valid_text(const OptionSpec& spec) {
+  const bool is_int = std::holds_alternative<int64_t*>(spec.target) ||
+                      std::holds_alternative<uint64_t*>(spec.target);
+  const bool is_float = std::holds_alternative<double*>(spec.target);
+  std::string out;
+  if (is_int || is_float) {
+    out = is_int ? "an integer" : "a finite number";
+    if (spec.bound == Bound::kPositive) out += is_int ? " >= 1" : " > 0";
+    if (spec.bound == Bound::kNonNegative) out += " >= 0";
+  } else if (std::holds_alternative<bool*>(spec.target)) {
+    out = "true or false";
+  } else {
+    out = spec.choices.empty() ? "a string" : "one of: " + join(spec.choices, ", ");
+  }
+  return out;
+}
+
+// Bounds, finiteness and choices; returns the problem, or "" when the value is valid.
+std::string value_problem(const OptionSpec& spec, const Value& v) {
+  bool ok = true;
+  if (const auto* i = std::get_if<int64_t>(&v)) {
+    ok = spec.bound == Bound::kAny || *i >= (spec.bound == Bound::kPositive ? 1 : 0);
+  } else if (const auto* d = std::get_if<double>(&v)) {
+    ok = std::isfinite(*d) && (spec.bound != Bound::kPositive || *d > 0) &&
+         (spec.bound != Bound::kNonNegative || *d >= 0);
+  } else if (const auto* u = std::get_if<uint64_t>(&v)) {
+    ok = spec.bound != Bound::kPositive || *u >= 1;
+  } else if (const auto* s = std::get_if<std::string>(&v); s && !spec.choices.empty()) {
+    ok = std::find(spec.choices.begin(), spec.choices.end(), *s) != spec.choices.end();
+  }
+  return ok ? "" : "it must be " + valid_text(spec);
+}
+
+// CLI11 validator for integer options: plain decimal only. Without it strtoll's base 0 would
+// read "010" as 8, and strtoull would turn "-1" into 2^64-1 for the seed.
+std::string check_decimal(const std::string& s, Bound bound, bool is_unsigned) {
+  size_t digits_from = (!s.empty() && s[0] == '-') ? 1 : 0;
+  const bool digits =
+      s.size() > digits_from && std::all_of(s.begin() + static_cast<std::ptrdiff_t>(digits_from),
+                                            s.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const bool leading_zero = digits && s.size() > digits_from + 1 && s[digits_from] == '0';
+  if (!digits || leading_zero) return s + " is not a whole decimal number (e.g. 4)";
+  if (digits_from == 1 && (is_unsigned || bound != Bound::kAny))
+    return s + " is negative: it must be >= " + (bound == Bound::kPositive ? "1" : "0");
+  return "";
+}
+
+}  // namespace
+
+void add_run_options(CLI::App& app, RunOptions& opts) {
+  for (const OptionSpec& spec : option_specs(opts)) {
+    const std::string flag = "--" + spec.name;
+    const std::string help = spec.help + default_suffix(spec);
+    std::visit(Overloaded{[&](bool* b) { app.add_flag(flag, *b, help); },
+                          [&](std::string* s) {
+                            CLI::Option* o = app.add_option(flag, *s, help);
+                            if (!spec.choices.empty()) o->type_name(join(spec.choices, "|"));
+                            if (!spec.metavar.empty()) o->type_name(spec.metavar);
+                          },
+                          [&](auto* n) {
+                            CLI::Option* o = app.add_option(flag, *n, help);
+                            using T = std::remove_pointer_t<decltype(n)>;
+                            if constexpr (std::is_integral_v<T>) {
+                              const Bound bound = spec.bound;
+                              o->check(CLI::Validator(
+                                  [bound](std::string& s) {
+                                    return check_decimal(s, bound, std::is_unsigned_v<T>);
+                                  },
+                                  "", "decimal"));
+                            }
+                          }},
+               spec.target);
+  }
+}
+
+namespace {
+
+// Where each option's final value came from, for messages.
+struct Origin {
+  enum class Source : uint8_t { kDefault, kCommandLine, kConfigFile } source = Source::kDefault;
+  int64_t line = 0;  // in the config file
+};
+using Origins = std::map<std::string, Origin>;
+
+// Reads the whole file; a missing or unreadable file names the path and the OS reason.
+std::string read_text_file(const std::string& path) {
+  std::error_code ec;
+  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), "--config ", path,
+               ": is a directory; give a TOML file");
+  std::unique_ptr<FILE, int (*)(FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+  TANDEM_CHECK(f != nullptr, "--config ", path, ": cannot open the config file (",
+               std::strerror(errno), ")");
+  std::string text;
+  char buf[4096];
+  size_t n = 0;
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  TANDEM_CHECK(!std::ferror(f.get()), "--config ", path, ": cannot read the config file (",
+               std::strerror(errno), ")");
+  return text;
+}
+
+toml::table parse_config(const std::string& path) {
+  const std::string text = read_text_file(path);
+  try {
+    return toml::parse(text, path);
+  } catch (const toml::parse_error& e) {
+    throw Error(detail::concat("config file ", path, ", line ", e.source().begin.line, ", column ",
+                               e.source().begin.column, ": TOML syntax error: ", e.description(),
+                               " (valid lines look like `num-layers = 4`, `lr = 3e-3` or "
+                               "`schedule = \"1f1b\"`)"));
+  }
+}
+
+std::string describe_node(const toml::node& node) {
+  std::ostringstream out;
+  switch (node.type()) {
+    case toml::node_type::string:
+      out << "the string \"" << node.as_string()->get() << '"';
+      break;
+    case toml::node_type::integer:
+      out << "the integer " << node.as_integer()->get();
+      break;
+    case toml::node_type::floating_point:
+      out << "the floating-point number " << node.as_floating_point()->get();
+      break;
+    case toml::node_type::boolean:
+      out << "the boolean " << (node.as_boolean()->get() ? "true" : "false");
+      break;
+    case toml::node_type::table:
+      out << "a table (only flat keys are supported)";
+      break;
+    case toml::node_type::array:
+      out << "an array";
+      break;
+    default:
+      out << "a date or time";
+      break;
+  }
+  return out.str();
+}
+
+// The node as the spec's type, or nullopt when the TOML type does not fit. Integers are accepted
+// for float options (`rotary-base = 10000`), never the other way round.
+std::optional<Value> read_node(const OptionSpec& spec, const toml::node& node) {
+  return std::visit(Overloaded{[&](int64_t*) -> std::optional<Value> {
+                                 if (const auto* i = node.as_integer()) return Value(i->get());
+                                 return std::nullopt;
+                               },
+                               [&](uint64_t*) -> std::optional<Value> {
+                                 const auto* i = node.as_integer();
+                                 if (i && i->get() >= 0)
+                                   return Value(static_cast<uint64_t>(i->get()));
+                                 return std::nullopt;
+                               },
+                               [&](double*) -> std::optional<Value> {
+                                 if (const auto* d = node.as_floating_point())
+                                   return Value(d->get());
+                                 if (const auto* i = node.as_integer())
+                                   return Value(static_cast<double>(i->get()));
+                                 return std::nullopt;
+                               },
+                               [&](std::string*) -> std::optional<Value> {
+                                 if (const auto* s = node.as_string()) return Value(s->get());
+                                 return std::nullopt;
+                               },
+                               [&](bool*) -> std::optional<Value> {
+                                 if (const auto* b = node.as_boolean()) return Value(b->get());
+                                 return std::nullopt;
+                               }},
+                    spec.target);
+}
+
+size_t edit_distance(std::string_view a, std::string_view b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diag = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diag + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diag = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string closest_key(const std::vector<OptionSpec>& specs, std::string_view key) {
+  std::string best;
+  size_t best_distance = SIZE_MAX;
+  for (const OptionSpec& spec : specs) {
+    if (spec.in_file == InFile::kForbidden) continue;
+    const size_t d = edit_distance(key, spec.name);
+    if (d < best_distance) best_distance = d, best = spec.name;
+  }
+  return best;
+}
+
+const OptionSpec* find_spec(const std::vector<OptionSpec>& specs, std::string_view name) {
+  for (const OptionSpec& spec : specs)
+    if (spec.name == name) return &spec;
+  return nullptr;
+}
+
+// Type-checks and bound-checks one `key = value` line, and stores the value unless the command
+// line gave the option.
+void apply_config_entry(const CLI::App& app, const std::vector<OptionSpec>& specs,
+                        const std::string& path, const toml::key& key, const toml::node& node,
+                        std::map<std::string, int64_t>& seen_lines, Origins& origins) {
+  std::string name(key.str());
+  std::replace(name.begin(), name.end(), '_', '-');
+  const auto line = static_cast<int64_t>(key.source().begin.line);
+  const std::string where =
+      detail::concat("config file ", path, ", line ", line, ", key '", key.str(), "': ");
+  const OptionSpec* spec = find_spec(specs, name);
+  TANDEM_CHECK(spec != nullptr || !node.is_table(), where,
+               "tables are not supported: write the keys flat at the top of the file, e.g. "
+               "`num-layers = 4`");
+  TANDEM_CHECK(spec != nullptr, where, "unknown key; did you mean '", closest_key(specs, name),
+               "'? (the keys are the long options of --help without the leading dashes)");
+  TANDEM_CHECK(spec->in_file == InFile::kAllowed, where,
+               "--config cannot be set inside a config file");
+  TANDEM_CHECK(seen_lines.count(name) == 0, where, "'", name, "' is already set on line ",
+               seen_lines[name], " (dashes and underscores name the same key)");
+  seen_lines[name] = line;
+  const std::optional<Value> value = read_node(*spec, node);
+  TANDEM_CHECK(value.has_value(), where, "expected ", valid_text(*spec), ", got ",
+               describe_node(node), " (e.g. ", name, " = ",
+               std::holds_alternative<std::string*>(spec->target) ? "\"" : "",
+               to_text(current_value(*spec)),
+               std::holds_alternative<std::string*>(spec->target) ? "\"" : "", ")");
+  const std::string problem = value_problem(*spec, *value);
+  TANDEM_CHECK(problem.empty(), where, "value ", to_text(*value), " is invalid: ", problem);
+  if (app.count("--" + name) == 0) {
+    store_value(*spec, *value);
+    origins[name] = Origin{Origin::Source::kConfigFile, line};
+  }
+}
+
+void apply_config_file(const CLI::App& app, const std::vector<OptionSpec>& specs,
+                       const std::string& path, Origins& origins) {
+  const toml::table table = parse_config(path);
+  std::map<std::string, int64_t> seen_lines;  // key (with dashes) -> its line
+  for (auto&& [key, node] : table)
+    apply_config_entry(app, specs, path, key, node, seen_lines, origins);
+}
+
+// Options given on the command line: bounds and choices (CLI11 already checked the types).
+void check_command_line_values(const std::vector<OptionSpec>& specs, const Origins& origins) {
+  for (const OptionSpec& spec : specs) {
+    const auto it = origins.find(spec.name);
+    if (it == origins.end() || it->second.source != Origin::Source::kCommandLine) continue;
+    const Value v = current_value(spec);
+    const std::string problem = value_problem(spec, v);
+    TANDEM_CHECK(problem.empty(), "--", spec.name, " ", to_text(v), " is invalid: ", problem);
+  }
+}
+
+// Checks across options: the configs' own validate() plus the run's parallel layout and task.
+void check_combinations(const RunOptions& o) {
+  o.model.validate();
+  o.train.validate(1);  // TODO(lead): pass world_size / (pp * ep) once the launcher knows it
+  const ParallelConfig& p = o.parallel;
+  if (o.data_path.empty()) {
+    TANDEM_CHECK(o.model.vocab_size >= 256, "--vocab-size ", o.model.vocab_size,
+                 " is too small for the built-in task: its tokens are bytes (0..255), so it needs "
+                 "--vocab-size >= 256 (or give --data-path)");
+  }
+  if (o.model.is_moe()) {
+    TANDEM_CHECK(o.model.num_experts % p.expert_model_parallel_size == 0,
+                 "--expert-model-parallel-size ", p.expert_model_parallel_size,
+                 " does not divide --num-experts ", o.model.num_experts,
+                 ": choose a divisor of the number of experts");
+  } else {
+    TANDEM_CHECK(p.expert_model_parallel_size == 1, "--expert-model-parallel-size ",
+                 p.expert_model_parallel_size,
+                 " needs experts, but --num-experts is 0 (a dense model): use 1");
+  }
+  const int64_t chunks = p.pipeline_model_parallel_size * p.virtual_pipeline_model_parallel_size;
+  TANDEM_CHECK(o.model.num_layers >= chunks, "--num-layers ", o.model.num_layers,
+               " is fewer than the ", chunks,
+               " model chunks (--pipeline-model-parallel-size x "
+               "--virtual-pipeline-model-parallel-size): each chunk needs at least one layer");
+  TANDEM_CHECK(p.schedule != "interleaved-1f1b" || p.virtual_pipeline_model_parallel_size >= 2,
+               "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
+               "(it is ",
+               p.virtual_pipeline_model_parallel_size, ")");
+}
+
+// Appends, for each --option named in `message` whose value came from the config file, where.
+std::string config_file_note(const std::string& message, const Origins& origins,
+                             const std::string& path) {
+  std::string note;
+  for (const auto& [name, origin] : origins) {
+    if (origin.source != Origin::Source::kConfigFile) continue;
+    const std::string flag = "--" + name;
+    const size_t at = message.find(flag);
+    const size_t end = at + flag.size();
+    const bool whole =
+        at != std::string::npos &&
+        (end == message.size() ||
+         !(std::isalnum(static_cast<unsigned char>(message[end])) || message[end] == '-'));
+    if (whole)
+      note += detail::concat(note.empty() ? " [" : "; ", name, " is set in ", path, ", line ",
+                             origin.line);
+  }
+  return note.empty() ? note : note + "]";
+}
+
+std::string os_reason() { return std::strerror(errno); }
+
+void check_readable(const std::string& flag, const std::string& path) {
+  TANDEM_CHECK(::access(path.c_str(), R_OK) == 0, flag, " ", path, ": cannot read it (",
+               os_reason(), ")");
+}
+
+void check_data_path(const RunOptions& o) {
+  if (o.data_path.empty()) return;
+  const std::string& path = o.data_path;
+  const bool prefix_ok = (o.data_format == "auto" || o.data_format == "megatron") &&
+                         ::access((path + ".bin").c_str(), R_OK) == 0 &&
+                         ::access((path + ".idx").c_str(), R_OK) == 0;
+  if (prefix_ok) return;
+  std::error_code ec;
+  TANDEM_CHECK(::access(path.c_str(), R_OK) == 0, "--data-path ", path, ": cannot read it (",
+               os_reason(), "); give a readable token or text file",
+               o.data_format == "auto" || o.data_format == "megatron"
+                   ? ", or the prefix P of a Megatron P.bin/P.idx pair"
+                   : "");
+  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), "--data-path ", path,
+               ": is a directory; give a data file or a Megatron .bin/.idx prefix");
+}
+
+// The directory an output file will be written to must already exist; nothing is created here.
+void check_output_parent(const std::string& flag, const std::string& path) {
+  if (path.empty()) return;
+  std::error_code ec;
+  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), flag, " ", path,
+               ": is a directory; give a file name");
+  std::filesystem::path parent = std::filesystem::path(path).parent_path();
+  if (parent.empty()) parent = ".";
+  TANDEM_CHECK(std::filesystem::is_directory(parent, ec), flag, " ", path, ": the directory ",
+               parent.string(), " does not exist");
+}
+
+void check_paths(const RunOptions& o) {
+  check_data_path(o);
+  if (!o.load_dir.empty()) check_readable("--load", o.load_dir);
+  std::error_code ec;
+  TANDEM_CHECK(o.save_dir.empty() || !std::filesystem::exists(o.save_dir, ec) ||
+                   std::filesystem::is_directory(o.save_dir, ec),
+               "--save ", o.save_dir, ": exists and is not a directory; give a directory");
+  check_output_parent("--log-json", o.log_json);
+  check_output_parent("--trace", o.trace_path);
+}
+
+}  // namespace
+
+void finalize_run_options(const CLI::App& app, RunOptions& opts) {
+  const std::vector<OptionSpec> specs = option_specs(opts);
+  Origins origins;
+  for (const OptionSpec& spec : specs) {
+    if (app.count("--" + spec.name) > 0) origins[spec.name].source = Origin::Source::kCommandLine;
+  }
+  check_command_line_values(specs, origins);
+  if (!opts.config_file.empty()) apply_config_file(app, specs, opts.config_file, origins);
+  try {
+    check_combinations(opts);
+  } catch (const Error& e) {
+    throw Error(e.what() + config_file_note(e.what(), origins, opts.config_file));
+  }
+  check_paths(opts);
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,216 @@
+// Progress bar, log lines and the --log-json writer. The bar owns the terminal line it draws on:
+// it is erased before a log line is printed and redrawn after, so the two never interleave.
+#include "cli/progress.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstring>
+#include <iostream>
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tandem::cli {
+namespace {
+
+constexpr int kBarWidth = 24;
+constexpr auto kMinRedraw = std::chrono::milliseconds(50);
+
+std::string format_fixed(double v, int decimals) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
+  return buf;
+}
+
+std::string format_sci(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.2e", v);
+  return buf;
+}
+
+// 12345 -> "12.3k", for tokens per second.
+std::string format_rate(double v) {
+  if (!std::isfinite(v)) return "--";
+  if (v >= 1e6) return format_fixed(v / 1e6, 1) + "M";
+  if (v >= 1e3) return format_fixed(v / 1e3, 1) + "k";
+  return format_fixed(v, 0);
+}
+
+int64_t max_of(const std::vector<int64_t>& v) {
+  return v.empty() ? 0 : *std::max_element(v.begin(), v.end());
+}
+
+// One rank: a number; several: a list; none: null.
+nlohmann::json per_rank(const std::vector<int64_t>& v) {
+  if (v.empty()) return nullptr;
+  if (v.size() == 1) return v[0];
+  return v;
+}
+
+nlohmann::json number(double v) { return std::isfinite(v) ? nlohmann::json(v) : nullptr; }
+
+}  // namespace
+
+std::string format_bytes(int64_t bytes) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  if (bytes < 1024) return std::to_string(bytes) + " B";
+  double v = static_cast<double>(bytes);
+  size_t unit = 0;
+  while (v >= 1024 && unit + 1 < std::size(kUnits)) v /= 1024, ++unit;
+  return format_fixed(v, 1) + " " + kUnits[unit];
+}
+
+std::string format_duration(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "--";
+  const auto s = static_cast<int64_t>(std::llround(seconds));
+  char buf[64];
+  if (s < 60) {
+    std::snprintf(buf, sizeof buf, "%llds", static_cast<long long>(s));
+  } else if (s < 3600) {
+    std::snprintf(buf, sizeof buf, "%lldm%02llds", static_cast<long long>(s / 60),
+                  static_cast<long long>(s % 60));
+  } else {
+    std::snprintf(buf, sizeof buf, "%lldh%02lldm", static_cast<long long>(s / 3600),
+                  static_cast<long long>((s / 60) % 60));
+  }
+  return buf;
+}
+
+std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
+  const int width = static_cast<int>(std::to_string(total_iters).size());
+  char iter[64];
+  std::snprintf(iter, sizeof iter, "iter %*lld/%lld", width, static_cast<long long>(r.iter),
+                static_cast<long long>(total_iters));
+  std::string line = std::string(iter) + " | loss " + format_fixed(r.loss, 4) + " | lm loss " +
+                     format_fixed(r.lm_loss, 4) + " | aux loss " + format_fixed(r.aux_loss, 4) +
+                     " | lr " + format_sci(r.lr) + " | grad norm " + format_fixed(r.grad_norm, 3) +
+                     " | " + format_rate(r.tokens_per_s) + " tok/s";
+  if (!r.mem_in_use_bytes.empty() || !r.mem_peak_bytes.empty()) {
+    line += " | mem " + format_bytes(max_of(r.mem_in_use_bytes)) + ", peak " +
+            format_bytes(max_of(r.mem_peak_bytes));
+    const size_t ranks = std::max(r.mem_in_use_bytes.size(), r.mem_peak_bytes.size());
+    if (ranks > 1) line += " (max of " + std::to_string(ranks) + " ranks)";
+  }
+  return line;
+}
+
+std::string format_bar(const IterationRecord& r, int64_t total_iters, double eta_seconds) {
+  const double fraction =
+      total_iters > 0 ? std::clamp(static_cast<double>(r.iter) / total_iters, 0.0, 1.0) : 0.0;
+  const int filled = static_cast<int>(fraction * kBarWidth);
+  std::string bar = "[" + std::string(filled, '#') + std::string(kBarWidth - filled, '.') + "] ";
+  char count[96];
+  std::snprintf(count, sizeof count, "%lld/%lld %3d%%", static_cast<long long>(r.iter),
+                static_cast<long long>(total_iters), static_cast<int>(fraction * 100));
+  return bar + count + " loss " + format_fixed(r.loss, 4) + " | " + format_rate(r.tokens_per_s) +
+         " tok/s | ETA " + format_duration(eta_seconds);
+}
+
+std::string to_json_line(const IterationRecord& r) {
+  const nlohmann::json j = {
+      {"iter", r.iter},
+      {"loss", number(r.loss)},
+      {"lm_loss", number(r.lm_loss)},
+      {"aux_loss", number(r.aux_loss)},
+      {"lr", number(r.lr)},
+      {"grad_norm", number(r.grad_norm)},
+      {"step_seconds", number(r.step_seconds)},
+      {"tokens_per_s", number(r.tokens_per_s)},
+      {"mem_in_use_bytes", per_rank(r.mem_in_use_bytes)},
+      {"mem_peak_bytes", per_rank(r.mem_peak_bytes)},
+      {"activation_peak_bytes", per_rank(r.activation_peak_bytes)},
+  };
+  return j.dump();
+}
+
+ProgressReporter::ProgressReporter(ReporterConfig config, std::ostream& log_out,
+                                   std::ostream& bar_out)
+    : config_(std::move(config)),
+      log_out_(log_out),
+      bar_out_(bar_out),
+      json_(nullptr, &std::fclose) {
+  const bool terminal = ::isatty(STDERR_FILENO) == 1;
+  bar_enabled_ = config_.verbosity == Verbosity::kNormal &&
+                 (config_.bar == BarMode::kAlways || (config_.bar == BarMode::kAuto && terminal));
+}
+
+ProgressReporter::ProgressReporter(ReporterConfig config)
+    : ProgressReporter(std::move(config), std::cout, std::cerr) {}
+
+ProgressReporter::~ProgressReporter() {
+  try {
+    finish();
+  } catch (...) {  // a destructor must not throw; a failed final newline is harmless
+  }
+}
+
+void ProgressReporter::open() {
+  if (config_.log_json_path.empty() || json_) return;
+  json_.reset(std::fopen(config_.log_json_path.c_str(), "w"));
+  TANDEM_CHECK(json_ != nullptr, "--log-json ", config_.log_json_path, ": cannot create it (",
+               std::strerror(errno), ")");
+}
+
+void ProgressReporter::report(const IterationRecord& record) {
+  TANDEM_ASSERT(config_.log_json_path.empty() || json_ != nullptr,
+                "ProgressReporter::open() must run before the first report()");
+  if (first_iter_ < 0) {
+    first_iter_ = record.iter;
+    first_time_ = Clock::now();
+  }
+  if (json_) {
+    const std::string line = to_json_line(record) + "\n";
+    const bool written =
+        std::fputs(line.c_str(), json_.get()) >= 0 && std::fflush(json_.get()) == 0;
+    TANDEM_CHECK(written, "--log-json ", config_.log_json_path, ": cannot write it (",
+                 std::strerror(errno), ")");
+  }
+  if (config_.verbosity == Verbosity::kQuiet) return;
+  const bool last = record.iter >= config_.total_iters;
+  const bool log = last || (config_.log_interval > 0 && record.iter % config_.log_interval == 0);
+  if (log) {
+    clear_bar();
+    log_out_ << format_log_line(record, config_.total_iters) << std::endl;
+  }
+  draw_bar(record, log || last);
+}
+
+void ProgressReporter::finish() {
+  if (bar_visible_) {
+    bar_out_ << '\n' << std::flush;
+    bar_visible_ = false;
+  }
+}
+
+double ProgressReporter::eta_seconds(const IterationRecord& record) const {
+  const int64_t left = config_.total_iters - record.iter;
+  if (left <= 0) return 0;
+  const int64_t done = record.iter - first_iter_;
+  if (done > 0) {
+    const double elapsed = std::chrono::duration<double>(Clock::now() - first_time_).count();
+    return elapsed / static_cast<double>(done) * static_cast<double>(left);
+  }
+  return record.step_seconds > 0 ? record.step_seconds * static_cast<double>(left) : -1;
+}
+
+void ProgressReporter::draw_bar(const IterationRecord& record, bool force) {
+  if (!bar_enabled_) return;
+  const Clock::time_point now = Clock::now();
+  if (!force && bar_visible_ && now - last_draw_ < kMinRedraw) return;
+  last_draw_ = now;
+  // \x1b[2K erases the old bar, which may have been longer than the new one.
+  bar_out_ << "\r\x1b[2K" << format_bar(record, config_.total_iters, eta_seconds(record))
+           << std::flush;
+  bar_visible_ = true;
+}
+
+void ProgressReporter::clear_bar() {
+  if (!bar_visible_) return;
+  bar_out_ << "\r\x1b[2K" << std::flush;
+  bar_visible_ = false;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,94 @@
+// Progress output of a training run: a bar on stderr (only on a terminal), a log line every
+// --log-interval steps on stdout, and a JSON-lines file for --log-json that only open() creates.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <iosfwd>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem::cli {
+
+// What the trainer reports after each optimizer step. The memory fields hold one entry per
+// pipeline/expert rank; with one entry the JSON value is a plain number, with several a list.
+struct IterationRecord {
+  int64_t iter = 0;                       // 1-based number of the step just finished
+  double loss = 0;                        // lm_loss + aux_loss, the step's mean over micro-batches
+  double lm_loss = 0;                     // cross-entropy part
+  double aux_loss = 0;                    // sum over layers of the load-balancing loss
+  double lr = 0;                          // learning rate used by this step
+  double grad_norm = 0;                   // global gradient norm before clipping
+  double step_seconds = 0;                // wall time of this step
+  double tokens_per_s = 0;                // tokens of this step / step_seconds
+  std::vector<int64_t> mem_in_use_bytes;  // allocator bytes in use after the step
+  std::vector<int64_t> mem_peak_bytes;    // allocator peak during the step
+  std::vector<int64_t> activation_peak_bytes;  // peak of activations and saved tensors
+};
+
+enum class Verbosity : uint8_t { kNormal, kQuiet };       // kQuiet: no bar, no log lines
+enum class BarMode : uint8_t { kAuto, kAlways, kNever };  // kAuto: when stderr is a terminal
+
+struct ReporterConfig {
+  int64_t total_iters = 1;         // --train-iters (the last iteration the run reaches)
+  int64_t log_interval = 10;       // --log-interval
+  std::string log_json_path = {};  // --log-json; empty: no JSON lines
+  Verbosity verbosity = Verbosity::kNormal;
+  BarMode bar = BarMode::kAuto;
+};
+
+class ProgressReporter {
+ public:
+  // Log lines go to `log_out`, the bar to `bar_out`; both must outlive the reporter.
+  ProgressReporter(ReporterConfig config, std::ostream& log_out, std::ostream& bar_out);
+  // Log lines to std::cout, the bar to std::cerr.
+  explicit ProgressReporter(ReporterConfig config);
+  ~ProgressReporter();
+  ProgressReporter(const ProgressReporter&) = delete;
+  ProgressReporter& operator=(const ProgressReporter&) = delete;
+
+  // Creates (truncates) the --log-json file; a no-op without one. The trainer calls it once
+  // training starts, after every check, so bad input never creates the file. Throws
+  // tandem::Error naming the path and the OS reason.
+  void open();
+  // One step: redraws the bar, prints a log line on the interval and at the last step, appends a
+  // JSON line and flushes it (so a crash keeps every finished step).
+  void report(const IterationRecord& record);
+  // Ends the bar's line so that later output starts on a fresh line. Idempotent.
+  void finish();
+
+  bool bar_enabled() const { return bar_enabled_; }
+
+ private:
+  void draw_bar(const IterationRecord& record, bool force);
+  void clear_bar();
+  double eta_seconds(const IterationRecord& record) const;
+
+  using Clock = std::chrono::steady_clock;
+  ReporterConfig config_;
+  std::ostream& log_out_;
+  std::ostream& bar_out_;
+  bool bar_enabled_ = false;
+  bool bar_visible_ = false;
+  std::unique_ptr<FILE, int (*)(FILE*)> json_;
+  Clock::time_point first_time_{};
+  int64_t first_iter_ = -1;  // iteration of the first report, the base of the ETA
+  Clock::time_point last_draw_{};
+};
+
+// Human units with one decimal, binary prefixes: "512 B", "12.3 MiB".
+std::string format_bytes(int64_t bytes);
+// "42s", "3m05s", "2h03m"; "--" for an unknown (negative or non-finite) duration.
+std::string format_duration(double seconds);
+// The --log-interval line (no newline). Memory is the maximum over ranks.
+std::string format_log_line(const IterationRecord& record, int64_t total_iters);
+// The bar (no \r): "[#####.....]  45/300  15% loss 2.345 | 12.3k tok/s | ETA 1m05s".
+std::string format_bar(const IterationRecord& record, int64_t total_iters, double eta_seconds);
+// One JSON object (no newline) with the keys iter, loss, lm_loss, aux_loss, lr, grad_norm,
+// step_seconds, tokens_per_s, mem_in_use_bytes, mem_peak_bytes, activation_peak_bytes.
+// Non-finite numbers become null.
+std::string to_json_line(const IterationRecord& record);
+
+}  // namespace tandem::cli

@@ -1,0 +1,27 @@
+// The MPI backend of Communicator for CPU tensors (Open MPI). MPI is initialised once per
+// process with MPI_THREAD_SERIALIZED: one thread at a time calls MPI, which the executor keeps by
+// issuing every communication on its communication stream. Waits are bounded (Note [Bounded
+// waits] in communicator.h): nonblocking calls polled against a deadline.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "comm/communicator.h"
+
+namespace tandem::comm {
+
+// Starts MPI if this process was launched by mpirun (or always, if `force`); a no-op after the
+// first call. Returns true when MPI is running.
+bool mpi_initialize(int* argc, char*** argv);
+// True when the environment says mpirun/mpiexec started this process.
+bool launched_by_mpirun();
+// Finalizes MPI if it was started; safe to call more than once.
+void mpi_finalize();
+// Ends every rank of the job with `code` (after a fatal error on one rank).
+[[noreturn]] void mpi_abort(int code);
+
+// The world communicator; `timeout_s` bounds every wait (Note [Bounded waits]).
+std::unique_ptr<Communicator> mpi_world(double timeout_s);
+
+}  // namespace tandem::comm

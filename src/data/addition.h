@@ -1,0 +1,70 @@
+// The built-in synthetic task: multi-digit addition written as text, one byte per token
+// (vocab 256). A problem reads "a+b=c\n" where c, the sum, is written least significant digit
+// first ("123+45=861\n"): a causal model then produces each answer digit right after the digits
+// and the carry it depends on, which makes the task learnable by a small model in a few hundred
+// steps (written most significant first, the first digit needs the carry of the whole sum).
+// Invariants: every sample is a pure function of (seed, index); the evaluation problems are a
+// held-out set of (a, b) pairs that never appears in training samples (see addition_split).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+
+#include "data/dataset.h"
+
+namespace tandem::data {
+
+inline constexpr int kAdditionDefaultMaxDigits = 3;
+inline constexpr int kAdditionMaxDigitsLimit = 18;  // keeps a + b within uint64_t
+
+// Which side of the train/eval split a pair (a, b) falls on: a fixed hash of the pair, the same
+// for every seed, holds out about one pair in ten for evaluation.
+enum class AdditionSplit { kTrain, kEval };
+AdditionSplit addition_split(uint64_t a, uint64_t b);
+
+// Digits of v, least significant first ("861" for 168).
+std::string reversed_digits(uint64_t v);
+// The full problem text "a+b=<reversed sum>\n".
+std::string format_addition_problem(uint64_t a, uint64_t b);
+// The longest problem text for max_digits, newline included (3 * max_digits + 4 bytes).
+int64_t addition_max_problem_length(int max_digits);
+
+class AdditionDataset : public Dataset {
+ public:
+  // max_digits in [1, kAdditionMaxDigitsLimit]. Each operand has a digit count drawn uniformly
+  // from 1..max_digits and then a value drawn uniformly among numbers of that many digits
+  // (0..9 for one digit), so short and long problems are equally frequent.
+  explicit AdditionDataset(uint64_t seed, int max_digits = kAdditionDefaultMaxDigits);
+
+  // `length` bytes of consecutive training-split problems, starting at a problem boundary; the
+  // last problem is cut off at the end.
+  void sample(int64_t index, int32_t* out, int64_t length) const override;
+  int64_t vocab_size() const override { return 256; }
+  std::string describe() const override;
+
+  int max_digits() const { return max_digits_; }
+
+ private:
+  uint64_t seed_;
+  int max_digits_;
+};
+
+// One evaluation problem: the model is given `prompt` ("123+45=") and should emit `answer`
+// (the reversed sum, "861") followed by '\n'.
+struct AdditionProblem {
+  std::string prompt;
+  std::string answer;
+};
+
+// Problem `index` of the evaluation stream of `seed`: drawn from its own key and only from the
+// evaluation split, so no evaluation pair is ever a training pair.
+AdditionProblem make_eval_problem(uint64_t seed, int64_t index,
+                                  int max_digits = kAdditionDefaultMaxDigits);
+
+// True when `completion` (what the model generated after the prompt) is exactly the answer
+// followed by '\n'; anything after the newline is ignored. A completion without a newline is
+// wrong, so generate at least answer.size() + 1 tokens (max_digits + 2 always suffices).
+bool score_addition_completion(const AdditionProblem& problem, std::string_view completion);
+
+}  // namespace tandem::data

@@ -1,0 +1,119 @@
+// The attention node: norm, q/k/v, rope, causal GQA attention, out-projection, residual,
+// post-attention norm and, for MoE layers, the router and the permutation of tokens by expert.
+#include "model/nodes.h"
+#include "ops/ops.h"
+
+#include <utility>
+
+namespace tandem::model {
+
+using ops::Accumulate;
+
+void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t n = c.tokens(), h = cfg.hidden_size;
+  AttentionSaved& s = a.attn;
+  s.x = a.x;                                                      // (N, H)
+  s.n1 = saved_tensor({n, h}, c.dtype, "attn.n1");
+  s.rstd1 = saved_tensor({n}, c.dtype, "attn.rstd1");
+  ops::rmsnorm_forward(s.n1, s.rstd1, s.x, w.input_norm, cfg.norm_epsilon);
+  s.q = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q");     // (N, heads*D)
+  s.k = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k");    // (N, kv*D)
+  s.v = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.v");
+  ops::linear_forward(s.q, s.n1, w.wq);
+  ops::linear_forward(s.k, s.n1, w.wk);
+  ops::linear_forward(s.v, s.n1, w.wv);
+  ops::rope_forward(s.q, s.q, c.seq, cfg.num_attention_heads, cfg.head_dim(), cfg.rotary_base);
+  ops::rope_forward(s.k, s.k, c.seq, cfg.num_query_groups, cfg.head_dim(), cfg.rotary_base);
+  const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                                  cfg.head_dim()};
+  s.a = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.a");
+  s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.dtype, "attn.lse");
+  ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, shape);
+  s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
+  ops::linear_forward(s.h1, s.a, w.wo);
+  ops::axpy(s.h1, s.x, 1.0);                                      // residual
+  s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
+  s.rstd2 = saved_tensor({n}, c.dtype, "attn.rstd2");
+  ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
+  a.h1 = s.h1;
+  if (!cfg.is_moe()) return;
+
+  const int64_t e = cfg.num_experts, k = cfg.moe_router_topk;
+  Tensor logits = work_tensor({n, e}, c.dtype, "attn.router_logits");
+  ops::linear_forward(logits, s.n2, w.router);
+  s.topk_idx = saved_tensor({n, k}, DType::kI32, "attn.topk_idx");
+  s.topk_w = saved_tensor({n, k}, c.dtype, "attn.topk_w");
+  s.probs = saved_tensor({n, e}, c.dtype, "attn.probs");
+  ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits);
+  s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
+  s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
+  ops::moe_permutation(s.perm, s.counts, s.topk_idx, e);
+  a.aux_loss = ops::router_aux_loss(s.probs, s.counts, k, cfg.moe_aux_loss_coeff);
+  a.routed = saved_tensor({n * k, h}, c.dtype, "routed");         // held by experts
+  ops::permute_forward(a.routed, s.n2, s.perm, k);
+}
+
+// Gradient at n2: from the routed rows and the router (MoE) or from the mlp (dense).
+static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  AttentionSaved& s = a.attn;
+  if (!cfg.is_moe()) return std::exchange(a.d_n2, Tensor());
+  const int64_t n = c.tokens(), k = cfg.moe_router_topk;
+  Tensor d_n2 = work_tensor({n, cfg.hidden_size}, c.dtype, "d_n2");
+  ops::permute_backward(d_n2, a.d_routed, s.perm, k);
+  s.d_logits = work_tensor({n, cfg.num_experts}, c.dtype, "d_router_logits");
+  ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs, s.counts, k,
+                       cfg.moe_aux_loss_coeff, c.loss_scale);
+  ops::linear_backward_input(d_n2, s.d_logits, w.router, Accumulate::kAdd);
+  a.d_routed = Tensor();
+  a.d_topk_w = Tensor();
+  return d_n2;
+}
+
+void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights& g,
+                        const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t n = c.tokens(), h = cfg.hidden_size;
+  AttentionSaved& s = a.attn;
+  const Tensor d_n2 = post_norm_input_grad(a, w, c);
+  // d h1 = d out (residual) + the post-attention norm's input gradient.
+  s.d_h1 = work_tensor({n, h}, c.dtype, "d_h1");
+  s.d_h1.copy_from(a.d_out);
+  a.d_out = Tensor();
+  ops::rmsnorm_backward(s.d_h1, g.post_norm, d_n2, s.h1, w.post_norm, s.rstd2, Accumulate::kAdd);
+  Tensor d_a = work_tensor({n, cfg.q_width()}, c.dtype, "d_a");
+  ops::linear_backward_input(d_a, s.d_h1, w.wo);
+  s.d_q = work_tensor({n, cfg.q_width()}, c.dtype, "d_q");
+  s.d_k = work_tensor({n, cfg.kv_width()}, c.dtype, "d_k");
+  s.d_v = work_tensor({n, cfg.kv_width()}, c.dtype, "d_v");
+  const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                                  cfg.head_dim()};
+  ops::attention_backward(s.d_q, s.d_k, s.d_v, d_a, s.q, s.k, s.v, s.a, s.lse, shape);
+  ops::rope_backward(s.d_q, s.d_q, c.seq, cfg.num_attention_heads, cfg.head_dim(),
+                     cfg.rotary_base);
+  ops::rope_backward(s.d_k, s.d_k, c.seq, cfg.num_query_groups, cfg.head_dim(), cfg.rotary_base);
+  Tensor d_n1 = work_tensor({n, h}, c.dtype, "d_n1");
+  ops::linear_backward_input(d_n1, s.d_q, w.wq);
+  ops::linear_backward_input(d_n1, s.d_k, w.wk, Accumulate::kAdd);
+  ops::linear_backward_input(d_n1, s.d_v, w.wv, Accumulate::kAdd);
+  a.d_x = work_tensor({n, h}, c.dtype, "d_x");
+  a.d_x.copy_from(s.d_h1);
+  ops::rmsnorm_backward(a.d_x, g.input_norm, d_n1, s.x, w.input_norm, s.rstd1, Accumulate::kAdd);
+  // What only the input gradient needed; n1, a and n2 stay for the weight gradients.
+  release_storage({&s.x, &s.rstd1, &s.q, &s.k, &s.v, &s.lse, &s.h1, &s.rstd2, &s.probs,
+                   &s.topk_w, &s.topk_idx, &s.counts, &s.perm});
+}
+
+void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c) {
+  AttentionSaved& s = a.attn;
+  ops::linear_backward_weight(g.wo, s.d_h1, s.a);
+  ops::linear_backward_weight(g.wq, s.d_q, s.n1);
+  ops::linear_backward_weight(g.wk, s.d_k, s.n1);
+  ops::linear_backward_weight(g.wv, s.d_v, s.n1);
+  if (c.cfg.is_moe()) ops::linear_backward_weight(g.router, s.d_logits, s.n2);
+  release_storage({&s.n1, &s.a, &s.n2});
+  s = AttentionSaved{};
+}
+
+}  // namespace tandem::model

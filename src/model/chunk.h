@@ -1,0 +1,70 @@
+// A model chunk: the ordered schedule nodes of the layers a rank holds (plus embed on the first
+// stage and loss on the last), run one node at a time for a micro-batch, so that an executor can
+// interleave nodes of different micro-batches. Whole-chunk forward/backward are the sequential
+// reference that every schedule is compared against.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "model/nodes.h"
+#include "model/parameters.h"
+
+namespace tandem::model {
+
+struct NodeRef {
+  NodeKind kind;
+  int64_t layer;  // index within the chunk's layers; -1 for embed and loss
+};
+
+// Everything one micro-batch has in flight inside one chunk.
+struct MicroBatchState {
+  Tensor ids;       // [N] i32, first stage
+  Tensor targets;   // [N] i32, last stage
+  Tensor input;     // [N, H] received activation, stages after the first
+  Tensor d_output;  // [N, H] received gradient, stages before the last
+  EmbedActs embed;
+  std::vector<LayerActs> layers;
+  LossActs loss;
+  double lm_loss = 0;   // mean cross-entropy (last stage)
+  double aux_loss = 0;  // sum of the chunk's layers' aux losses
+
+  // The activation to send on (stages before the last) after the forward.
+  const Tensor& output() const { return layers.back().out; }
+  // The gradient to send back (stages after the first) after the backward.
+  const Tensor& d_input() const { return layers.front().d_x; }
+};
+
+enum class WeightGrad : uint8_t { kWithBackward, kDeferred };
+
+class ModelChunk {
+ public:
+  explicit ModelChunk(const Parameters& params);
+
+  const std::vector<NodeRef>& nodes() const { return nodes_; }
+  const Parameters& params() const { return *params_; }
+  NodeContext context(int64_t batch, double loss_scale) const;
+
+  void forward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const;
+  void backward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const;
+  void backward_weights_node(size_t i, MicroBatchState& mb, const NodeContext& c) const;
+
+  // All nodes in order; backward runs in reverse, each node's weight gradient right after its
+  // input gradient unless deferred (then backward_weights() runs them later, same order).
+  void forward(MicroBatchState& mb, const NodeContext& c) const;
+  void backward(MicroBatchState& mb, const NodeContext& c,
+                WeightGrad w = WeightGrad::kWithBackward) const;
+  void backward_weights(MicroBatchState& mb, const NodeContext& c) const;
+
+  // Logits [batch*seq, V] of a forward without backward state kept (generation; last stage).
+  Tensor infer_logits(const Tensor& ids, int64_t batch, int64_t seq) const;
+
+  // Bytes of live saved state held by node i for mb (checked against footprint.h).
+  int64_t node_saved_bytes_live(size_t i, const MicroBatchState& mb) const;
+
+ private:
+  const Parameters* params_;
+  std::vector<NodeRef> nodes_;
+};
+
+}  // namespace tandem::model

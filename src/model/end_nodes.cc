@@ -1,0 +1,107 @@
+// The chunk-level nodes (embed on the first stage, loss on the last) and the bookkeeping shared
+// by every node: allocation by category and the saved-tensor lists checked against footprint.h.
+#include <unordered_set>
+
+#include "model/nodes.h"
+#include "ops/ops.h"
+
+namespace tandem::model {
+
+using ops::Accumulate;
+
+Tensor saved_tensor(const Shape& shape, DType dtype, const char* tag) {
+  return Tensor::empty(shape, dtype, MemCategory::kActivation, tag);
+}
+
+Tensor work_tensor(const Shape& shape, DType dtype, const char* tag) {
+  return Tensor::empty(shape, dtype, MemCategory::kOther, tag);
+}
+
+void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const NodeContext& c) {
+  const int64_t n = c.tokens();
+  a.ids_saved = saved_tensor({n}, DType::kI32, "embed.ids");
+  a.ids_saved.copy_from(ids);
+  a.out = saved_tensor({n, c.cfg.hidden_size}, c.dtype, "embed.out");  // held by layer 0
+  ops::embedding_forward(a.out, a.ids_saved, w.embed);
+}
+
+void embed_backward(EmbedActs&, const NodeContext&) {}  // token ids have no gradient
+
+void embed_backward_weights(EmbedActs& a, const ModelWeights& g, const NodeContext&) {
+  ops::embedding_backward(g.embed, a.d_out, a.ids_saved);
+  release_storage({&a.ids_saved});
+  a = EmbedActs{};
+}
+
+void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const ModelWeights& w,
+                  const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t n = c.tokens(), h = cfg.hidden_size;
+  a.x = x;  // (N, H)
+  a.nf = saved_tensor({n, h}, c.dtype, "loss.nf");
+  a.rstd = saved_tensor({n}, c.dtype, "loss.rstd");
+  ops::rmsnorm_forward(a.nf, a.rstd, a.x, w.final_norm, cfg.norm_epsilon);
+  a.logits = saved_tensor({n, cfg.vocab_size}, c.dtype, "loss.logits");  // (N, V)
+  ops::linear_forward(a.logits, a.nf, w.lm_head);
+  a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
+  a.targets.copy_from(targets);
+  a.lm_loss = ops::cross_entropy_forward(a.logits, a.targets) / static_cast<double>(n);
+}
+
+void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
+                   const NodeContext& c) {
+  const int64_t n = c.tokens(), h = c.cfg.hidden_size;
+  // dlogits overwrite the logits in place: the fp32 logits die the moment their gradient exists.
+  ops::cross_entropy_backward(a.logits, a.logits, a.targets,
+                              c.loss_scale / static_cast<double>(n));
+  Tensor d_nf = work_tensor({n, h}, c.dtype, "loss.d_nf");
+  ops::linear_backward_input(d_nf, a.logits, w.lm_head);
+  a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");
+  ops::rmsnorm_backward(a.d_x, g.final_norm, d_nf, a.x, w.final_norm, a.rstd,
+                        Accumulate::kOverwrite);
+  release_storage({&a.x, &a.rstd, &a.targets});  // dlogits and nf stay for the LM head's gradient
+}
+
+void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext&) {
+  ops::linear_backward_weight(g.lm_head, a.logits, a.nf);
+  release_storage({&a.logits, &a.nf});
+  Tensor d_x = std::move(a.d_x);
+  a = LossActs{};
+  a.d_x = std::move(d_x);
+}
+
+int64_t live_bytes(const std::vector<const Tensor*>& tensors) {
+  std::unordered_set<const StorageImpl*> seen;
+  int64_t bytes = 0;
+  for (const Tensor* t : tensors) {
+    if (!t->defined() || t->released()) continue;
+    if (seen.insert(t->storage().get()).second) bytes += t->storage()->bytes();
+  }
+  return bytes;
+}
+
+std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
+  const AttentionSaved& s = a.attn;
+  switch (kind) {
+    case NodeKind::kAttention:
+      return {&s.x, &s.n1, &s.rstd1, &s.q, &s.k, &s.v, &s.a, &s.lse, &s.h1, &s.rstd2, &s.n2,
+              &s.probs, &s.topk_w, &s.topk_idx, &s.counts, &s.perm};
+    case NodeKind::kExperts:
+      return {&a.experts.x_in, &a.experts.gate, &a.experts.up, &a.experts.act,
+              &a.experts.rows_per_expert};
+    case NodeKind::kCombine:
+      return {&a.combine.y};
+    case NodeKind::kMlp:
+      return {&a.mlp.gate, &a.mlp.up, &a.mlp.act};
+    default:
+      return {};
+  }
+}
+
+std::vector<const Tensor*> saved_tensors(const EmbedActs& a) { return {&a.ids_saved}; }
+
+std::vector<const Tensor*> saved_tensors(const LossActs& a) {
+  return {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets};
+}
+
+}  // namespace tandem::model

@@ -1,0 +1,151 @@
+// The feed-forward side of a layer: dispatch and combine (the all-to-all pair; with one expert
+// rank they hand ownership over without copying), the experts' grouped SwiGLU, and the dense mlp.
+#include "model/nodes.h"
+#include "ops/ops.h"
+
+namespace tandem::model {
+
+using ops::Accumulate;
+
+void dispatch_forward(LayerActs& a, const NodeContext&) {
+  a.expert_in = std::move(a.routed);  // EP = 1: the routed rows are the experts' input
+  a.routed = Tensor();
+}
+
+void dispatch_backward(LayerActs& a, const NodeContext&) {
+  a.d_routed = std::move(a.d_expert_in);
+  a.d_expert_in = Tensor();
+}
+
+void combine_forward(LayerActs& a, const NodeContext& c) {
+  const AttentionSaved& s = a.attn;
+  a.combine.y = std::move(a.expert_out);  // (N*k, H), expert-sorted
+  a.expert_out = Tensor();
+  a.out = saved_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");
+  a.out.copy_from(a.h1);                  // residual
+  ops::combine_forward(a.out, a.combine.y, s.perm, s.topk_w);
+  a.h1 = Tensor();
+}
+
+void combine_backward(LayerActs& a, const NodeContext& c) {
+  const AttentionSaved& s = a.attn;
+  const int64_t n = c.tokens(), k = c.cfg.moe_router_topk;
+  a.d_expert_out = work_tensor({n * k, c.cfg.hidden_size}, c.dtype, "d_expert_out");
+  a.d_topk_w = work_tensor({n, k}, c.dtype, "d_topk_w");
+  ops::combine_backward(a.d_expert_out, a.d_topk_w, a.d_out, a.combine.y, s.perm, s.topk_w);
+  release_storage({&a.combine.y});
+  a.combine = CombineSaved{};
+}
+
+// Calls fn(local expert, first row, rows) for each local expert with rows.
+template <typename Fn>
+static void for_each_expert(const Tensor& rows_per_expert, Fn fn) {
+  const int32_t* rows = rows_per_expert.data<int32_t>();
+  int64_t begin = 0;
+  for (int64_t e = 0; e < rows_per_expert.numel(); ++e) {
+    if (rows[e] > 0) fn(e, begin, static_cast<int64_t>(rows[e]));
+    begin += rows[e];
+  }
+}
+
+void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
+  ExpertsSaved& s = a.experts;
+  s.x_in = std::move(a.expert_in);  // (R, H)
+  a.expert_in = Tensor();
+  const int64_t r = s.x_in.size(0);
+  s.rows_per_expert = saved_tensor({static_cast<int64_t>(w.e_gate.size())}, DType::kI32,
+                                   "experts.rows");
+  s.rows_per_expert.copy_from(a.attn.counts);  // EP = 1: every expert is local
+  s.gate = saved_tensor({r, f}, c.dtype, "experts.gate");
+  s.up = saved_tensor({r, f}, c.dtype, "experts.up");
+  s.act = saved_tensor({r, f}, c.dtype, "experts.act");
+  a.expert_out = saved_tensor({r, h}, c.dtype, "expert_out");  // held by combine
+  for_each_expert(s.rows_per_expert, [&](int64_t e, int64_t begin, int64_t rows) {
+    const Tensor x = s.x_in.narrow_rows(begin, rows), gate = s.gate.narrow_rows(begin, rows);
+    const Tensor up = s.up.narrow_rows(begin, rows), act = s.act.narrow_rows(begin, rows);
+    ops::linear_forward(gate, x, w.e_gate[e]);
+    ops::linear_forward(up, x, w.e_up[e]);
+    ops::swiglu_forward(act, gate, up);
+    ops::linear_forward(a.expert_out.narrow_rows(begin, rows), act, w.e_down[e]);
+  });
+}
+
+void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
+  ExpertsSaved& s = a.experts;
+  s.d_y = std::move(a.d_expert_out);
+  a.d_expert_out = Tensor();
+  const int64_t r = s.x_in.size(0);
+  Tensor d_act = work_tensor({r, f}, c.dtype, "d_act");
+  s.d_gate = work_tensor({r, f}, c.dtype, "d_gate");
+  s.d_up = work_tensor({r, f}, c.dtype, "d_up");
+  a.d_expert_in = work_tensor({r, h}, c.dtype, "d_expert_in");
+  a.d_expert_in.zero_();  // rows of experts that received none stay zero
+  for_each_expert(s.rows_per_expert, [&](int64_t e, int64_t begin, int64_t rows) {
+    const Tensor dg = s.d_gate.narrow_rows(begin, rows), du = s.d_up.narrow_rows(begin, rows);
+    const Tensor dact = d_act.narrow_rows(begin, rows), dx = a.d_expert_in.narrow_rows(begin, rows);
+    ops::linear_backward_input(dact, s.d_y.narrow_rows(begin, rows), w.e_down[e]);
+    ops::swiglu_backward(dg, du, dact, s.gate.narrow_rows(begin, rows),
+                         s.up.narrow_rows(begin, rows));
+    ops::linear_backward_input(dx, dg, w.e_gate[e]);
+    ops::linear_backward_input(dx, du, w.e_up[e], Accumulate::kAdd);
+  });
+  release_storage({&s.gate, &s.up});  // x_in and act stay for the weight gradients
+}
+
+void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
+  ExpertsSaved& s = a.experts;
+  for_each_expert(s.rows_per_expert, [&](int64_t e, int64_t begin, int64_t rows) {
+    const Tensor x = s.x_in.narrow_rows(begin, rows);
+    ops::linear_backward_weight(g.e_down[e], s.d_y.narrow_rows(begin, rows),
+                                s.act.narrow_rows(begin, rows));
+    ops::linear_backward_weight(g.e_gate[e], s.d_gate.narrow_rows(begin, rows), x);
+    ops::linear_backward_weight(g.e_up[e], s.d_up.narrow_rows(begin, rows), x);
+  });
+  release_storage({&s.x_in, &s.act, &s.rows_per_expert});
+  s = ExpertsSaved{};
+}
+
+void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t n = c.tokens(), f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
+  MlpSaved& s = a.mlp;
+  const Tensor& n2 = a.attn.n2;  // (N, H), held by attention
+  s.gate = saved_tensor({n, f}, c.dtype, "mlp.gate");
+  s.up = saved_tensor({n, f}, c.dtype, "mlp.up");
+  s.act = saved_tensor({n, f}, c.dtype, "mlp.act");
+  ops::linear_forward(s.gate, n2, w.w_gate);
+  ops::linear_forward(s.up, n2, w.w_up);
+  ops::swiglu_forward(s.act, s.gate, s.up);
+  a.out = saved_tensor({n, h}, c.dtype, "layer.out");
+  a.out.copy_from(a.h1);  // residual
+  ops::linear_forward(a.out, s.act, w.w_down, Accumulate::kAdd);
+  a.h1 = Tensor();
+}
+
+void mlp_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t n = c.tokens(), f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
+  MlpSaved& s = a.mlp;
+  s.d_out = a.d_out;  // attention reads it too (the residual), then drops it
+  Tensor d_act = work_tensor({n, f}, c.dtype, "d_act");
+  ops::linear_backward_input(d_act, s.d_out, w.w_down);
+  s.d_gate = work_tensor({n, f}, c.dtype, "d_gate");
+  s.d_up = work_tensor({n, f}, c.dtype, "d_up");
+  ops::swiglu_backward(s.d_gate, s.d_up, d_act, s.gate, s.up);
+  a.d_n2 = work_tensor({n, h}, c.dtype, "d_n2");
+  ops::linear_backward_input(a.d_n2, s.d_gate, w.w_gate);
+  ops::linear_backward_input(a.d_n2, s.d_up, w.w_up, Accumulate::kAdd);
+  release_storage({&s.gate, &s.up});  // act stays for the weight gradient
+}
+
+void mlp_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
+  MlpSaved& s = a.mlp;
+  const Tensor& n2 = a.attn.n2;
+  ops::linear_backward_weight(g.w_down, s.d_out, s.act);
+  ops::linear_backward_weight(g.w_gate, s.d_gate, n2);
+  ops::linear_backward_weight(g.w_up, s.d_up, n2);
+  release_storage({&s.act});
+  s = MlpSaved{};
+}
+
+}  // namespace tandem::model

@@ -1,0 +1,122 @@
+// The schedule nodes of a transformer layer and of a chunk's ends (DESIGN.md "Nodes"): each has
+// forward, backward (input gradient) and backward_weights (matrix gradients, for W-split
+// schedules). Data flows between the nodes of a layer through LayerActs; each node's saved
+// state is its own struct, sized exactly as core/footprint.h says, and released (Note [Early
+// release]) as soon as the node's backward and weight backward have run.
+//
+// Note [Activation categories]: tensors a forward leaves for a backward are kActivation (each
+// is held by exactly one node, so the activation bytes in use are the sum of the live nodes'
+// footprints); gradients flowing backward and op temporaries are kOther.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/config.h"
+#include "core/footprint.h"
+#include "core/tensor.h"
+#include "model/parameters.h"
+
+namespace tandem::model {
+
+// Shape and scaling of one micro-batch's pass through a node.
+struct NodeContext {
+  const ModelConfig& cfg;
+  int64_t batch;          // sequences in the micro-batch
+  int64_t seq;            // tokens per sequence
+  DType dtype;            // activation dtype (f32 to train, f64 for gradient checks)
+  double loss_scale;      // d(step loss)/d(micro-batch loss): 1 / num_microbatches
+  int64_t tokens() const { return batch * seq; }
+};
+
+struct AttentionSaved {
+  Tensor x, n1, rstd1, q, k, v, a, lse, h1, rstd2, n2;  // see footprint.h
+  Tensor probs, topk_w, topk_idx, counts, perm;           // MoE routing
+  // Kept from backward to backward_weights: gradients at the matrices' outputs.
+  Tensor d_h1, d_q, d_k, d_v, d_logits;
+};
+
+struct ExpertsSaved {
+  Tensor x_in, gate, up, act, rows_per_expert;
+  Tensor d_y, d_gate, d_up;  // kept for backward_weights
+};
+
+struct CombineSaved {
+  Tensor y;  // [N*k, H] expert outputs in expert-sorted order
+};
+
+struct MlpSaved {
+  Tensor gate, up, act;
+  Tensor d_out, d_gate, d_up;  // kept for backward_weights
+};
+
+// One layer's data for one micro-batch. Forward flow: x -> (attention) -> h1, routed | n2 ->
+// (dispatch) -> expert_in -> (experts) -> expert_out -> (combine | mlp) -> out. Backward flow
+// runs the other way through the d_ tensors.
+struct LayerActs {
+  Tensor x, h1, routed, expert_in, expert_out, out;
+  double aux_loss = 0;
+  Tensor d_out, d_expert_out, d_expert_in, d_routed, d_topk_w, d_n2, d_x;
+  AttentionSaved attn;
+  ExpertsSaved experts;
+  CombineSaved combine;
+  MlpSaved mlp;
+};
+
+struct EmbedActs {
+  Tensor ids_saved;  // [N] i32
+  Tensor out;        // [N, H] -> layer 0's x
+  Tensor d_out;
+};
+
+struct LossActs {
+  Tensor x, nf, rstd, logits, targets;  // logits [N, V]; holds dlogits after backward
+  double lm_loss = 0;                   // mean cross-entropy over the micro-batch's tokens
+  Tensor d_x;                           // [N, H]
+};
+
+// ---- embed (first stage) ----
+void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const NodeContext& c);
+void embed_backward(EmbedActs& a, const NodeContext& c);
+void embed_backward_weights(EmbedActs& a, const ModelWeights& g, const NodeContext& c);
+
+// ---- attention (norm, qkv, rope, attention, out-proj, residual, norm, router, permute) ----
+void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
+void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights& g,
+                        const NodeContext& c);
+void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
+
+// ---- dispatch / combine: the all-to-all pair (identity copies of ownership when EP = 1) ----
+void dispatch_forward(LayerActs& a, const NodeContext& c);
+void dispatch_backward(LayerActs& a, const NodeContext& c);
+void combine_forward(LayerActs& a, const NodeContext& c);
+void combine_backward(LayerActs& a, const NodeContext& c);
+
+// ---- experts (grouped SwiGLU over the rows each local expert receives) ----
+void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
+void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
+void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
+
+// ---- mlp (dense layers: SwiGLU and residual) ----
+void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
+void mlp_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
+void mlp_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
+
+// ---- loss (final norm, LM head, cross-entropy; last stage) ----
+void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const ModelWeights& w,
+                  const NodeContext& c);
+void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
+                   const NodeContext& c);
+void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c);
+
+// Bytes of distinct live storage among a node's saved tensors (for checks against footprint.h).
+int64_t live_bytes(const std::vector<const Tensor*>& tensors);
+std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a);
+std::vector<const Tensor*> saved_tensors(const EmbedActs& a);
+std::vector<const Tensor*> saved_tensors(const LossActs& a);
+
+// Allocation helpers for node code (Note [Activation categories]).
+Tensor saved_tensor(const Shape& shape, DType dtype, const char* tag);
+Tensor work_tensor(const Shape& shape, DType dtype, const char* tag);
+
+}  // namespace tandem::model

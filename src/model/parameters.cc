@@ -1,0 +1,139 @@
+// Parameter registry, flat buffers and MODEL.md's initialisation.
+#include "model/parameters.h"
+
+#include <cmath>
+#include <unordered_map>
+
+#include "core/rng.h"
+
+namespace tandem::model {
+
+ChunkSpec ChunkSpec::whole(const ModelConfig& cfg) {
+  ChunkSpec s;
+  s.layer_end = cfg.num_layers;
+  s.expert_end = cfg.num_experts;
+  return s;
+}
+
+Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype)
+    : cfg_(cfg), spec_(spec), dtype_(dtype) {
+  TANDEM_ASSERT(dtype == DType::kF32 || dtype == DType::kF64);
+  build_entries();
+  flat_params_ = Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters");
+  flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients");
+  weights_ = make_views(flat_params_);
+  grads_ = make_views(flat_grads_);
+}
+
+void Parameters::add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard,
+                     double std) {
+  entries_.push_back({name, shape, kind, shard, std, total_});
+  total_ += shape_numel(shape);
+}
+
+void Parameters::build_entries() {
+  const ModelConfig& c = cfg_;
+  const int64_t h = c.hidden_size, f = c.ffn_hidden_size;
+  const double std = 0.02, out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  if (spec_.has_embed) {
+    add("model.embed_tokens.weight", {c.vocab_size, h}, ParamKind::kEmbedding, ParamShard::kDense,
+        std);
+  }
+  for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    add(p + "input_layernorm.weight", {h}, ParamKind::kNorm, ParamShard::kDense, 0);
+    add(p + "self_attn.q_proj.weight", {c.q_width(), h}, ParamKind::kMatrix, ParamShard::kDense, std);
+    add(p + "self_attn.k_proj.weight", {c.kv_width(), h}, ParamKind::kMatrix, ParamShard::kDense, std);
+    add(p + "self_attn.v_proj.weight", {c.kv_width(), h}, ParamKind::kMatrix, ParamShard::kDense, std);
+    add(p + "self_attn.o_proj.weight", {h, c.q_width()}, ParamKind::kMatrix, ParamShard::kDense,
+        out_std);
+    add(p + "post_attention_layernorm.weight", {h}, ParamKind::kNorm, ParamShard::kDense, 0);
+    if (!c.is_moe()) {
+      add(p + "mlp.gate_proj.weight", {f, h}, ParamKind::kMatrix, ParamShard::kDense, std);
+      add(p + "mlp.up_proj.weight", {f, h}, ParamKind::kMatrix, ParamShard::kDense, std);
+      add(p + "mlp.down_proj.weight", {h, f}, ParamKind::kMatrix, ParamShard::kDense, out_std);
+      continue;
+    }
+    add(p + "block_sparse_moe.gate.weight", {c.num_experts, h}, ParamKind::kMatrix,
+        ParamShard::kDense, std);
+    for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
+      const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      add(q + "w1.weight", {f, h}, ParamKind::kMatrix, ParamShard::kExpert, std);
+      add(q + "w3.weight", {f, h}, ParamKind::kMatrix, ParamShard::kExpert, std);
+      add(q + "w2.weight", {h, f}, ParamKind::kMatrix, ParamShard::kExpert, out_std);
+    }
+  }
+  if (spec_.has_head) {
+    add("model.norm.weight", {h}, ParamKind::kNorm, ParamShard::kDense, 0);
+    add("lm_head.weight", {c.vocab_size, h}, ParamKind::kMatrix, ParamShard::kDense, std);
+  }
+}
+
+Tensor Parameters::view(const Tensor& flat, const ParamEntry& e) {
+  return flat.narrow_rows(e.offset, shape_numel(e.shape)).reshape(e.shape);
+}
+
+ModelWeights Parameters::make_views(const Tensor& flat) const {
+  std::unordered_map<std::string, const ParamEntry*> by_name;
+  for (const ParamEntry& e : entries_) by_name[e.name] = &e;
+  auto get = [&](const std::string& name) {
+    auto it = by_name.find(name);
+    TANDEM_ASSERT(it != by_name.end(), "no parameter ", name);
+    return view(flat, *it->second);
+  };
+  ModelWeights w;
+  if (spec_.has_embed) w.embed = get("model.embed_tokens.weight");
+  if (spec_.has_head) {
+    w.final_norm = get("model.norm.weight");
+    w.lm_head = get("lm_head.weight");
+  }
+  for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    LayerWeights lw;
+    lw.input_norm = get(p + "input_layernorm.weight");
+    lw.post_norm = get(p + "post_attention_layernorm.weight");
+    lw.wq = get(p + "self_attn.q_proj.weight");
+    lw.wk = get(p + "self_attn.k_proj.weight");
+    lw.wv = get(p + "self_attn.v_proj.weight");
+    lw.wo = get(p + "self_attn.o_proj.weight");
+    if (!cfg_.is_moe()) {
+      lw.w_gate = get(p + "mlp.gate_proj.weight");
+      lw.w_up = get(p + "mlp.up_proj.weight");
+      lw.w_down = get(p + "mlp.down_proj.weight");
+    } else {
+      lw.router = get(p + "block_sparse_moe.gate.weight");
+      for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
+        const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        lw.e_gate.push_back(get(q + "w1.weight"));
+        lw.e_up.push_back(get(q + "w3.weight"));
+        lw.e_down.push_back(get(q + "w2.weight"));
+      }
+    }
+    w.layers.push_back(std::move(lw));
+  }
+  return w;
+}
+
+template <typename T>
+static void fill_init(const Tensor& t, uint64_t key, double std) {
+  T* p = t.data<T>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    p[i] = std == 0 ? T(1) : static_cast<T>(std * normal01(key, static_cast<uint64_t>(i)));
+  }
+}
+
+void Parameters::initialize(uint64_t seed) {
+  for (const ParamEntry& e : entries_) {
+    const uint64_t key = splitmix64(seed) ^ hash_name(e.name);
+    if (dtype_ == DType::kF32) {
+      fill_init<float>(param(e), key, e.init_std);
+    } else {
+      fill_init<double>(param(e), key, e.init_std);
+    }
+  }
+  zero_grads();
+}
+
+void Parameters::zero_grads() { flat_grads_.zero_(); }
+
+}  // namespace tandem::model

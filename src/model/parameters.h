@@ -1,0 +1,92 @@
+// The weights of one model chunk (a range of layers, the embedding on the first stage, the head
+// on the last, a range of experts), carved from one allocation per kind (parameters, gradients,
+// Adam moments) so their lifetimes are obvious. Names and layouts are Hugging Face's (MODEL.md).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "core/tensor.h"
+
+namespace tandem::model {
+
+// What part of the model a rank holds.
+struct ChunkSpec {
+  int64_t layer_begin = 0, layer_end = 0;    // [begin, end) of the model's layers
+  bool has_embed = true;                     // first pipeline stage
+  bool has_head = true;                      // last pipeline stage: final norm + LM head
+  int64_t expert_begin = 0, expert_end = 0;  // [begin, end) of each MoE layer's experts
+
+  static ChunkSpec whole(const ModelConfig& cfg);
+};
+
+// How a parameter is treated by the optimizer and the gradient reduction.
+enum class ParamKind : uint8_t { kMatrix, kNorm, kEmbedding };
+enum class ParamShard : uint8_t { kDense, kExpert };  // expert weights reduce over expert-DP
+
+struct ParamEntry {
+  std::string name;  // Hugging Face name
+  Shape shape;       // [out, in] for matrices
+  ParamKind kind;
+  ParamShard shard;
+  double init_std;   // 0: initialised to one (norm gains)
+  int64_t offset;    // in elements, within the flat buffers
+};
+
+struct LayerWeights {
+  Tensor input_norm, post_norm;  // [H]
+  Tensor wq, wk, wv;             // [heads*D, H], [kv*D, H], [kv*D, H]
+  Tensor wo;                     // [H, heads*D]
+  Tensor w_gate, w_up, w_down;   // dense: [F, H], [F, H], [H, F]
+  Tensor router;                 // MoE: [E, H]
+  std::vector<Tensor> e_gate, e_up, e_down;  // MoE, local experts: [F, H], [F, H], [H, F]
+};
+
+struct ModelWeights {
+  Tensor embed;       // [V, H]
+  Tensor final_norm;  // [H]
+  Tensor lm_head;     // [V, H]
+  std::vector<LayerWeights> layers;  // the chunk's layers, in order
+};
+
+class Parameters {
+ public:
+  Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype);
+
+  const ModelConfig& config() const { return cfg_; }
+  const ChunkSpec& spec() const { return spec_; }
+  DType dtype() const { return dtype_; }
+  const std::vector<ParamEntry>& entries() const { return entries_; }
+  int64_t numel() const { return flat_params_.numel(); }
+
+  // Views into the flat parameter and gradient buffers.
+  const ModelWeights& weights() const { return weights_; }
+  const ModelWeights& grads() const { return grads_; }
+  Tensor param(const ParamEntry& e) const { return view(flat_params_, e); }
+  Tensor grad(const ParamEntry& e) const { return view(flat_grads_, e); }
+  const Tensor& flat_params() const { return flat_params_; }
+  const Tensor& flat_grads() const { return flat_grads_; }
+
+  // MODEL.md's initialisation, each tensor drawn from a stream keyed by (seed, name), so any
+  // chunk or expert range of the model gets the same values as the whole model.
+  void initialize(uint64_t seed);
+  void zero_grads();
+
+ private:
+  void add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard, double std);
+  void build_entries();
+  ModelWeights make_views(const Tensor& flat) const;
+  static Tensor view(const Tensor& flat, const ParamEntry& e);
+
+  ModelConfig cfg_;
+  ChunkSpec spec_;
+  DType dtype_;
+  std::vector<ParamEntry> entries_;
+  int64_t total_ = 0;
+  Tensor flat_params_, flat_grads_;
+  ModelWeights weights_, grads_;
+};
+
+}  // namespace tandem::model

@@ -1,0 +1,201 @@
+// Node FLOPs and bytes (forward, one micro-batch of N tokens on one rank), the roofline, and
+// the node-times file. Notation: H hidden, T sequence, Q = heads*D, K = kv*D, E experts,
+// k top-k, F ffn width, V vocab, R rows the local experts receive, e activation element bytes,
+// w weight element bytes.
+#include "schedule/cost_model.h"
+
+#include <algorithm>
+#include <fstream>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+
+namespace tandem::schedule {
+namespace {
+
+double dbl(int64_t v) { return static_cast<double>(v); }
+
+const char* const kPhaseKeys[] = {"forward", "backward_input", "backward_weight"};
+
+NodePhaseTimes parse_phase_times(const nlohmann::json& j, NodeKind kind, std::string_view at) {
+  TANDEM_CHECK(j.is_object() && j.contains("forward"), at,
+               ": expected an object with at least \"forward\" (seconds), e.g. "
+               "{\"forward\": 1e-4, \"backward_input\": 1e-4, \"backward_weight\": 1e-4}");
+  for (const auto& [key, value] : j.items()) {
+    TANDEM_CHECK(std::find(std::begin(kPhaseKeys), std::end(kPhaseKeys), key) != std::end(kPhaseKeys),
+                 at, ": unknown key \"", key, "\"; valid keys are forward, backward_input, "
+                 "backward_weight");
+    TANDEM_CHECK(value.is_number() && value.get<double>() >= 0, at, ".", key,
+                 ": expected a time in seconds >= 0, got ", value.dump());
+  }
+  NodePhaseTimes t;
+  t.forward_s = j["forward"].get<double>();
+  const double default_input = kind == NodeKind::kEmbed ? 0 : t.forward_s;
+  const double default_weight = node_has_weights(kind) ? t.forward_s : 0;
+  t.backward_input_s = j.value("backward_input", default_input);
+  t.backward_weight_s = j.value("backward_weight", default_weight);
+  TANDEM_CHECK(node_has_weights(kind) || t.backward_weight_s == 0, at,
+               ".backward_weight: ", node_kind_name(kind), " has no weights, so it must be 0");
+  return t;
+}
+
+}  // namespace
+
+std::string_view cost_model_name(CostModelKind kind) {
+  switch (kind) {
+    case CostModelKind::kUniform: return "uniform";
+    case CostModelKind::kRoofline: return "roofline";
+    case CostModelKind::kNodeTimes: return "node-times";
+  }
+  return "?";
+}
+
+CostModelKind parse_cost_model(std::string_view name) {
+  if (name == "uniform") return CostModelKind::kUniform;
+  if (name == "roofline") return CostModelKind::kRoofline;
+  throw Error(detail::concat("--cost-model '", name, "' is unknown: valid cost models are "
+                             "uniform and roofline (give --node-times FILE for measured times)"));
+}
+
+bool node_has_weights(NodeKind kind) {
+  return kind != NodeKind::kDispatch && kind != NodeKind::kCombine;
+}
+
+bool node_is_communication(NodeKind kind) {
+  return kind == NodeKind::kDispatch || kind == NodeKind::kCombine;
+}
+
+double alltoall_bytes(const ModelConfig& cfg, const FootprintShape& s, int64_t ep) {
+  if (!cfg.is_moe() || ep <= 1) return 0;
+  return dbl(s.tokens * cfg.moe_router_topk * cfg.hidden_size * s.elem_bytes) * dbl(ep - 1) /
+         dbl(ep);
+}
+
+int64_t p2p_bytes(const ModelConfig& cfg, const FootprintShape& s) {
+  return s.tokens * cfg.hidden_size * s.elem_bytes;
+}
+
+// Matrix FLOPs count 2 per multiply-add; the attention core is causal (half of T x T).
+// Bytes: the weights once (w each) plus each activation tensor the node produces written once
+// and read once, and its input read (e each): an estimate good to a small factor, which is
+// what a roofline needs for the memory-bound nodes (embed, norms, small layers).
+NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s,
+                           int64_t ep, int64_t w) {
+  const double n = dbl(s.tokens), h = dbl(cfg.hidden_size), t = dbl(cfg.seq_length);
+  const double q = dbl(cfg.q_width()), kv = dbl(cfg.kv_width()), e = dbl(s.elem_bytes);
+  const double experts = dbl(cfg.num_experts), f = dbl(cfg.ffn_hidden_size);
+  const double v = dbl(cfg.vocab_size), r = dbl(s.expert_rows), wb = dbl(w);
+  NodeWork out;
+  switch (kind) {
+    case NodeKind::kEmbed:
+      out.memory_bytes = n * h * (wb + e) + n * 4;
+      break;
+    case NodeKind::kAttention: {
+      out.flops = 2 * n * h * (q + 2 * kv) + 2 * n * q * h + 2 * n * t * q;
+      double weights = h * (q + 2 * kv) + q * h + 2 * h;
+      if (cfg.is_moe()) {
+        out.flops += 2 * n * h * experts;
+        weights += h * experts;
+      }
+      out.memory_bytes = weights * wb + n * (6 * h + 4 * q + 4 * kv) * e;
+      break;
+    }
+    case NodeKind::kDispatch:
+    case NodeKind::kCombine:
+      out.comm_bytes = alltoall_bytes(cfg, s, ep);
+      break;
+    case NodeKind::kExperts:
+      out.flops = 6 * r * h * f;
+      out.memory_bytes = dbl(s.local_experts) * 3 * h * f * wb + r * (2 * h + 4 * f) * e;
+      break;
+    case NodeKind::kMlp:
+      out.flops = 6 * n * h * f;
+      out.memory_bytes = 3 * h * f * wb + n * (2 * h + 4 * f) * e;
+      break;
+    case NodeKind::kLoss:
+      out.flops = 2 * n * h * v;
+      out.memory_bytes = (h * v + h) * wb + n * (2 * h + 2 * v) * e;
+      break;
+  }
+  return out;
+}
+
+NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,
+                          const FootprintShape& shape, int64_t ep) {
+  if (cost.kind == CostModelKind::kNodeTimes) {
+    const auto& entry = cost.table.nodes[static_cast<int>(kind)];
+    TANDEM_CHECK(entry.has_value(), "the node-times file has no entry for \"",
+                 node_kind_name(kind), "\", which this model needs");
+    return *entry;
+  }
+  TANDEM_ASSERT(cost.kind == CostModelKind::kRoofline, "node_times: uniform costs are per action");
+  const DeviceDesc& d = cost.device;
+  const NodeWork work = node_forward_work(kind, cfg, shape, ep, d.weight_elem_bytes);
+  NodePhaseTimes t;
+  if (node_is_communication(kind)) {
+    t.forward_s = work.comm_bytes > 0 ? d.link_latency_s + work.comm_bytes / d.link_bytes_per_s : 0;
+    t.backward_input_s = t.forward_s;
+    return t;
+  }
+  t.forward_s = std::max(work.flops / d.matrix_flops_per_s, work.memory_bytes / d.memory_bytes_per_s);
+  t.backward_input_s = kind == NodeKind::kEmbed ? 0 : t.forward_s;
+  t.backward_weight_s = t.forward_s;
+  return t;
+}
+
+double p2p_time(const CostModel& cost, int64_t bytes) {
+  switch (cost.kind) {
+    case CostModelKind::kUniform: return 0;
+    case CostModelKind::kNodeTimes:
+      if (cost.table.p2p_s) return *cost.table.p2p_s;
+      [[fallthrough]];
+    case CostModelKind::kRoofline:
+      return cost.device.link_latency_s + dbl(bytes) / cost.device.link_bytes_per_s;
+  }
+  return 0;
+}
+
+NodeTimesTable parse_node_times(std::string_view text, std::string_view source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat(source, ": not valid JSON: ", e.what()));
+  }
+  TANDEM_CHECK(j.is_object() && j.contains("nodes") && j["nodes"].is_object(), source,
+               ": expected {\"nodes\": {\"attention\": {\"forward\": ...}, ...}, \"p2p\": ...}");
+  NodeTimesTable table;
+  for (const auto& [key, value] : j.items()) {
+    TANDEM_CHECK(key == "nodes" || key == "p2p", source, ": unknown key \"", key,
+                 "\"; valid keys are nodes and p2p");
+  }
+  for (const auto& [name, value] : j["nodes"].items()) {
+    int found = -1;
+    for (int k = 0; k < kNumNodeKinds; ++k) {
+      if (node_kind_name(static_cast<NodeKind>(k)) == name) found = k;
+    }
+    TANDEM_CHECK(found >= 0, source, ": unknown node \"", name, "\"; valid nodes are embed, "
+                 "attention, dispatch, experts, combine, mlp, loss");
+    const auto kind = static_cast<NodeKind>(found);
+    table.nodes[found] = parse_phase_times(value, kind, detail::concat(source, ": nodes.", name));
+  }
+  if (j.contains("p2p")) {
+    TANDEM_CHECK(j["p2p"].is_number() && j["p2p"].get<double>() >= 0, source,
+                 ": p2p: expected the time of one pipeline message in seconds, got ",
+                 j["p2p"].dump());
+    table.p2p_s = j["p2p"].get<double>();
+  }
+  return table;
+}
+
+NodeTimesTable load_node_times(const std::string& path) {
+  std::ifstream in(path);
+  TANDEM_CHECK(in.good(), "cannot read node-times file '", path, "'");
+  std::stringstream buf;
+  buf << in.rdbuf();
+  return parse_node_times(buf.str(), path);
+}
+
+}  // namespace tandem::schedule

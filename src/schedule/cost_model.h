@@ -1,0 +1,88 @@
+// Cost of each schedule node: FLOPs and bytes from the config (a roofline against a device
+// description), per-node times read from a JSON file, or uniform unit costs for theory checks.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+
+#include "core/config.h"
+#include "core/footprint.h"
+
+namespace tandem::schedule {
+
+enum class CostModelKind : uint8_t {
+  kUniform,    // every F costs 1, every B 2 (I and W 1 each), communication 0
+  kRoofline,   // max(FLOPs / matrix rate, bytes / memory bandwidth); latency + bytes / link
+  kNodeTimes,  // per-node times from a JSON file (docs/schedules.md)
+};
+std::string_view cost_model_name(CostModelKind kind);
+// "uniform" or "roofline" (the file model is chosen by giving a file); throws naming the valid ones.
+CostModelKind parse_cost_model(std::string_view name);
+
+// A device and its links. Defaults are roughly one H200 with NVLink.
+struct DeviceDesc {
+  double matrix_flops_per_s = 790e12;   // dense bf16 matrix rate actually reached
+  double memory_bytes_per_s = 4.3e12;   // HBM bandwidth
+  double link_bytes_per_s = 350e9;      // effective per-GPU link bandwidth (all-to-all and P2P)
+  double link_latency_s = 5e-6;         // per message
+  int64_t weight_elem_bytes = 2;        // bytes per weight element read by the matrix products
+};
+
+// The work of one node's forward for one micro-batch on one rank.
+struct NodeWork {
+  double flops = 0;        // multiply-adds count 2
+  double memory_bytes = 0; // weights read + activations read and written (an estimate)
+  double comm_bytes = 0;   // bytes this rank sends in the node's all-to-all
+};
+
+// Per layer and micro-batch (forward, input-gradient and weight-gradient halves), in seconds.
+struct NodePhaseTimes {
+  double forward_s = 0;
+  double backward_input_s = 0;
+  double backward_weight_s = 0;
+};
+
+// Whether the node owns weights (and so has a weight-gradient half): all but dispatch, combine.
+bool node_has_weights(NodeKind kind);
+// Dispatch and combine are the all-to-all nodes; they run on the communication stream.
+bool node_is_communication(NodeKind kind);
+
+// Bytes one rank sends in one all-to-all (dispatch or combine) of one micro-batch:
+// tokens * k * hidden * elem_bytes * (EP - 1) / EP (balanced routing).
+double alltoall_bytes(const ModelConfig& cfg, const FootprintShape& shape, int64_t ep);
+// Bytes of one pipeline message (activation or its gradient): tokens * hidden * elem_bytes.
+int64_t p2p_bytes(const ModelConfig& cfg, const FootprintShape& shape);
+
+// The forward work of a node (formulas in cost_model.cc).
+NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape,
+                           int64_t ep, int64_t weight_elem_bytes);
+
+// Times per node kind (and of one pipeline message) read from JSON; missing kinds stay empty.
+struct NodeTimesTable {
+  std::array<std::optional<NodePhaseTimes>, kNumNodeKinds> nodes;
+  std::optional<double> p2p_s;
+};
+// Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
+NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);
+NodeTimesTable load_node_times(const std::string& path);
+
+struct CostModel {
+  CostModelKind kind = CostModelKind::kRoofline;
+  DeviceDesc device;
+  NodeTimesTable table;  // kNodeTimes only
+};
+
+// Times of one node (roofline or table; not for kUniform, which the stage builder spreads per
+// action). Backward halves: the input half repeats the forward's work, the weight half too
+// (all-to-all nodes: the input half is the reverse all-to-all, no weight half; embed: no input
+// half). Throws if the table lacks a kind the model needs.
+NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,
+                          const FootprintShape& shape, int64_t ep);
+
+// Time of one pipeline message of `bytes` (0 for kUniform).
+double p2p_time(const CostModel& cost, int64_t bytes);
+
+}  // namespace tandem::schedule

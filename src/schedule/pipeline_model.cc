@@ -1,0 +1,143 @@
+// Builds the stages (nodes, times, saved bytes) and each rank's static memory for a schedule.
+#include "schedule/pipeline_model.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace tandem::schedule {
+namespace {
+
+constexpr int64_t kFp32 = 4;
+
+int64_t layer_params(const ModelConfig& cfg, int64_t ep) {
+  const int64_t h = cfg.hidden_size, f = cfg.ffn_hidden_size;
+  int64_t n = 2 * h + h * cfg.q_width() + 2 * h * cfg.kv_width() + cfg.q_width() * h;
+  if (cfg.is_moe()) {
+    n += h * cfg.num_experts + (cfg.num_experts / ep) * 3 * h * f;
+  } else {
+    n += 3 * h * f;
+  }
+  return n;
+}
+
+FootprintShape rank_shape(const PlanInputs& in) {
+  const ModelConfig& cfg = in.model;
+  FootprintShape s;
+  s.tokens = in.micro_batch_size * cfg.seq_length;
+  // Balanced routing: each rank sends N*k rows and, on average, receives as many.
+  s.expert_rows = cfg.is_moe() ? s.tokens * cfg.moe_router_topk : 0;
+  s.local_experts = cfg.is_moe() ? cfg.num_experts / in.expert_parallel_size : 0;
+  s.elem_bytes = in.activation_elem_bytes;
+  return s;
+}
+
+void check_inputs(const Schedule& sch, const PlanInputs& in) {
+  const ModelConfig& cfg = in.model;
+  cfg.validate();
+  TANDEM_CHECK(in.micro_batch_size >= 1, "--micro-batch-size ", in.micro_batch_size,
+               " is invalid: need at least 1");
+  TANDEM_CHECK(in.expert_parallel_size >= 1, "--expert-model-parallel-size ",
+               in.expert_parallel_size, " is invalid: need at least 1");
+  if (cfg.is_moe()) {
+    TANDEM_CHECK(cfg.num_experts % in.expert_parallel_size == 0, "--expert-model-parallel-size ",
+                 in.expert_parallel_size, " does not divide --num-experts ", cfg.num_experts,
+                 ": choose a divisor of the expert count");
+  } else {
+    TANDEM_CHECK(in.expert_parallel_size == 1, "--expert-model-parallel-size ",
+                 in.expert_parallel_size, " needs experts: the model is dense (--num-experts 0)");
+  }
+  TANDEM_CHECK(in.activation_elem_bytes == 2 || in.activation_elem_bytes == 4 ||
+                   in.activation_elem_bytes == 8,
+               "--activation-bytes ", in.activation_elem_bytes, " is invalid: use 2, 4 or 8");
+  TANDEM_CHECK(cfg.num_layers >= sch.num_stages, "--num-layers ", cfg.num_layers,
+               " is fewer than the schedule's ", sch.num_stages, " stages (", sch.num_ranks,
+               " ranks x ", sch.num_stages / std::max(sch.num_ranks, 1),
+               " stages each): every stage needs at least one layer");
+}
+
+StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
+  StageNode node;
+  node.kind = kind;
+  node.layer = layer;
+  node.stream = node_is_communication(kind) ? Stream::kComm : Stream::kCompute;
+  node.saved_bytes = node_saved_bytes(kind, in.model, s);
+  if (in.cost.kind != CostModelKind::kUniform) {
+    node.times = node_times(in.cost, kind, in.model, s, in.expert_parallel_size);
+  }
+  return node;
+}
+
+// Uniform costs: an action costs 1 per half, spread evenly over the stage's compute nodes.
+void spread_uniform(Stage& stage) {
+  int compute = 0;
+  for (const StageNode& n : stage.nodes) compute += n.stream == Stream::kCompute ? 1 : 0;
+  for (StageNode& n : stage.nodes) {
+    const double share = n.stream == Stream::kCompute ? 1.0 / compute : 0.0;
+    n.times = {share, share, n.stream == Stream::kCompute ? share : 0.0};
+  }
+}
+
+Stage build_stage(int32_t index, int32_t num_stages, int32_t first_layer, int32_t num_layers,
+                  const PlanInputs& in, const FootprintShape& s) {
+  const ModelConfig& cfg = in.model;
+  Stage st;
+  st.index = index;
+  st.first_layer = first_layer;
+  st.num_layers = num_layers;
+  st.nodes_per_layer = cfg.is_moe() ? 4 : 2;
+  if (index == 0) st.nodes.push_back(make_node(NodeKind::kEmbed, -1, in, s));
+  st.first_layer_node = static_cast<int32_t>(st.nodes.size());
+  for (int32_t l = first_layer; l < first_layer + num_layers; ++l) {
+    if (cfg.is_moe()) {
+      for (NodeKind k : {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts,
+                         NodeKind::kCombine})
+        st.nodes.push_back(make_node(k, l, in, s));
+    } else {
+      for (NodeKind k : {NodeKind::kAttention, NodeKind::kMlp}) st.nodes.push_back(make_node(k, l, in, s));
+    }
+  }
+  const bool last = index == num_stages - 1;
+  if (last) st.nodes.push_back(make_node(NodeKind::kLoss, -1, in, s));
+  if (in.cost.kind == CostModelKind::kUniform) spread_uniform(st);
+  for (const StageNode& n : st.nodes) st.activation_bytes += n.saved_bytes;
+  st.num_params = stage_params(cfg, num_layers, index == 0, last, in.expert_parallel_size);
+  st.message_bytes = p2p_bytes(cfg, s);
+  st.message_s = p2p_time(in.cost, st.message_bytes);
+  return st;
+}
+
+}  // namespace
+
+int64_t stage_params(const ModelConfig& cfg, int32_t num_layers, bool first, bool last, int64_t ep) {
+  int64_t n = num_layers * layer_params(cfg, ep);
+  if (first) n += cfg.vocab_size * cfg.hidden_size;
+  if (last) n += cfg.hidden_size + cfg.hidden_size * cfg.vocab_size;
+  return n;
+}
+
+PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
+  check_inputs(sch, in);
+  PipelineModel pm;
+  pm.shape = rank_shape(in);
+  pm.cost_kind = in.cost.kind;
+  const int32_t stages = sch.num_stages;
+  const auto layers = static_cast<int32_t>(in.model.num_layers);
+  int32_t next_layer = 0;
+  for (int32_t st = 0; st < stages; ++st) {
+    const int32_t count = layers / stages + (st < layers % stages ? 1 : 0);
+    pm.stages.push_back(build_stage(st, stages, next_layer, count, in, pm.shape));
+    pm.stages.back().rank = sch.stage_rank[st];
+    next_layer += count;
+  }
+  pm.ranks.resize(sch.num_ranks);
+  for (const Stage& st : pm.stages) {
+    RankMemory& m = pm.ranks[st.rank];
+    m.param_bytes += st.num_params * kFp32;
+    m.grad_bytes += st.num_params * kFp32;
+    m.optimizer_bytes += 2 * st.num_params * kFp32;
+  }
+  return pm;
+}
+
+}  // namespace tandem::schedule

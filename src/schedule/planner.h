@@ -1,0 +1,53 @@
+// The planner = simulator + liveness: from the config, a schedule (built in or from a file) and
+// a cost model, predicts every rank's timeline, bubble, exposed communication and memory peak,
+// and writes them as a table, a JSON summary, a Chrome/Perfetto trace and an SVG chart.
+#pragma once
+
+#include <string>
+
+#include <nlohmann/json_fwd.hpp>
+
+#include "schedule/action.h"
+#include "schedule/generators.h"
+#include "schedule/pipeline_model.h"
+#include "schedule/simulator.h"
+
+namespace tandem::schedule {
+
+struct PlanRequest {
+  std::string schedule_name = "1f1b";  // a built-in schedule (schedule_kind_names())...
+  std::string schedule_file;           // ...or, when set, a schedule file (docs/schedules.md)
+  ScheduleShape shape;                 // for built-in schedules
+  PlanInputs inputs;
+};
+
+struct Plan {
+  Schedule schedule;
+  PipelineModel model;
+  SimResult sim;
+  PlanInputs inputs;
+};
+
+// Builds (or loads, adding SEND/RECV to a compute-only file) and validates the schedule.
+Schedule plan_schedule(const PlanRequest& request);
+
+// plan_schedule, build_pipeline_model and simulate. Throws tandem::Error for bad input.
+Plan make_plan(const PlanRequest& request);
+
+// A table with one row per rank (stages, busy, bubble, exposed communication, memory).
+std::string format_plan_table(const Plan& plan);
+
+// {"schedule", "pipeline_size", ..., "bubble_fraction", "step_time_s", "ranks": [{"rank",
+//  "peak_bytes", "activation_peak_bytes", "exposed_comm_s", ...}]}
+nlohmann::json plan_summary_json(const Plan& plan);
+
+// Chrome / Perfetto trace JSON: a process per rank with a compute and a comm thread, the memory
+// as a counter track. Throws tandem::Error if the file cannot be written.
+void write_trace(const Plan& plan, const std::string& path);
+std::string trace_json(const Plan& plan);
+
+// SVG Gantt chart (a row per rank and stream) with each rank's memory curve beneath.
+void write_svg(const Plan& plan, const std::string& path);
+std::string plan_svg(const Plan& plan);
+
+}  // namespace tandem::schedule

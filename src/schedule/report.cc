@@ -1,0 +1,115 @@
+// The plan as text: a table per rank and the JSON summary that `tandem plan --json` prints.
+#include <cstdio>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "schedule/planner.h"
+
+namespace tandem::schedule {
+namespace {
+
+std::string format_time(double s, CostModelKind kind) {
+  char buf[48];
+  if (kind == CostModelKind::kUniform) {
+    std::snprintf(buf, sizeof buf, "%.2f u", s);
+  } else if (s >= 1) {
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  } else if (s >= 1e-3) {
+    std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  }
+  return buf;
+}
+
+std::string format_bytes(int64_t b) {
+  char buf[48];
+  const double v = static_cast<double>(b);
+  if (v >= 1024.0 * 1024 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", v / (1024.0 * 1024 * 1024));
+  } else if (v >= 1024.0 * 1024) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", v / (1024.0 * 1024));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f KiB", v / 1024.0);
+  }
+  return buf;
+}
+
+std::string join_stages(const std::vector<int32_t>& stages) {
+  std::string out;
+  for (int32_t s : stages) out += (out.empty() ? "" : ",") + std::to_string(s);
+  return out;
+}
+
+}  // namespace
+
+std::string format_plan_table(const Plan& plan) {
+  const Schedule& s = plan.schedule;
+  const CostModelKind cm = plan.inputs.cost.kind;
+  std::ostringstream out;
+  out << "schedule " << s.name << ": " << s.num_ranks << " ranks, " << s.num_stages
+      << " stages, " << s.num_microbatches << " micro-batches, EP "
+      << plan.inputs.expert_parallel_size << ", cost model " << cost_model_name(cm) << "\n";
+  char line[320];
+  std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
+                format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
+  out << line;
+  std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %6s\n",
+                "rank", "stages", "busy%", "bubble%", "exposed comm", "exposed a2a",
+                "params+grads", "optimizer", "activations", "in flight", "peak");
+  out << line;
+  for (const RankResult& r : plan.sim.ranks) {
+    std::snprintf(line, sizeof line, "%4d  %-10s %6.1f %8.1f %13s %13s %14s %14s %14s %14s %s\n",
+                  r.rank, join_stages(r.stages).c_str(), 100 * r.busy_fraction,
+                  100 * r.bubble_fraction, format_time(r.exposed_comm_s, cm).c_str(),
+                  format_time(r.exposed_alltoall_s, cm).c_str(),
+                  format_bytes(r.static_memory.param_bytes + r.static_memory.grad_bytes).c_str(),
+                  format_bytes(r.static_memory.optimizer_bytes).c_str(),
+                  format_bytes(r.activation_peak_bytes).c_str(),
+                  format_bytes(r.in_flight_peak_bytes).c_str(), format_bytes(r.peak_bytes).c_str());
+    out << line;
+  }
+  out << "(activations and in flight: each at its own peak; peak: static + activations + in "
+         "flight at the rank's highest point)\n";
+  return out.str();
+}
+
+nlohmann::json plan_summary_json(const Plan& plan) {
+  const Schedule& s = plan.schedule;
+  nlohmann::json j;
+  j["schedule"] = s.name;
+  j["pipeline_size"] = s.num_ranks;
+  j["num_stages"] = s.num_stages;
+  j["virtual_stages"] = s.num_ranks > 0 ? s.num_stages / s.num_ranks : 0;
+  j["num_microbatches"] = s.num_microbatches;
+  j["expert_parallel_size"] = plan.inputs.expert_parallel_size;
+  j["cost_model"] = std::string(cost_model_name(plan.inputs.cost.kind));
+  j["time_unit"] = plan.inputs.cost.kind == CostModelKind::kUniform ? "uniform" : "s";
+  j["step_time_s"] = plan.sim.step_time_s;
+  j["bubble_fraction"] = plan.sim.bubble_fraction;
+  nlohmann::json ranks = nlohmann::json::array();
+  for (const RankResult& r : plan.sim.ranks) {
+    ranks.push_back({{"rank", r.rank},
+                     {"stages", r.stages},
+                     {"busy_fraction", r.busy_fraction},
+                     {"bubble_fraction", r.bubble_fraction},
+                     {"compute_busy_s", r.compute_busy_s},
+                     {"comm_busy_s", r.comm_busy_s},
+                     {"exposed_comm_s", r.exposed_comm_s},
+                     {"exposed_alltoall_s", r.exposed_alltoall_s},
+                     {"param_bytes", r.static_memory.param_bytes},
+                     {"grad_bytes", r.static_memory.grad_bytes},
+                     {"optimizer_bytes", r.static_memory.optimizer_bytes},
+                     {"activation_peak_bytes", r.activation_peak_bytes},
+                     {"in_flight_peak_bytes", r.in_flight_peak_bytes},
+                     {"peak_bytes", r.peak_bytes},
+                     {"peak_time_s", r.peak_time_s},
+                     {"peak_live_microbatches", r.peak_live_microbatches}});
+  }
+  j["ranks"] = std::move(ranks);
+  return j;
+}
+
+}  // namespace tandem::schedule

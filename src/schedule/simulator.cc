@@ -1,0 +1,199 @@
+// The simulator's driver: runs every rank's list, node by node, on two in-order streams.
+//
+// Note [Simulation model]
+//  - Each rank issues its actions in list order to two streams, compute and comm, that run
+//    in order (like CUDA streams); the host never blocks. A node starts when its stream is free
+//    and the node it reads from has ended (one dependency per data edge, across streams).
+//  - F runs the stage's nodes in order, B/I in reverse (a node's I, then its W when the
+//    backward is full); W runs the weight halves. FB interleaves a forward layer with a backward
+//    layer per DESIGN.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all
+//    of one half overlaps matrix work of the other.
+//  - SEND runs on the sender's comm stream once its tensor exists: latency + bytes / link.
+//    RECV occupies the receiver's comm stream from when both the stream is free and the send
+//    has started, until the send has ended. A send never waits for its receive to be posted.
+//  - Memory (Note [Memory accounting] in docs/schedules.md): a node's saved bytes are held from
+//    the end of its forward to the end of its backward, or of its W when the backward is split
+//    (nodes without weights: to the end of their I). A stage's output is held from the end of
+//    its forward (or input-gradient) until its SEND ends or the next stage on the same rank has
+//    consumed it; a received tensor from the start of its RECV until the first node that
+//    consumes it has ended.
+#include "schedule/simulator.h"
+
+#include <algorithm>
+#include <array>
+
+#include "core/error.h"
+#include "schedule/simulator_state.h"
+
+namespace tandem::schedule {
+namespace {
+
+struct PairStep {
+  enum class Half : uint8_t { kF, kB } half;
+  int32_t pos;  // node position within the layer
+};
+// DESIGN.md, Combined 1F1B per layer pair (MoE positions: attention 0, dispatch 1, experts 2,
+// combine 3). Compute stream: attn.f, experts.b(+w), experts.f, attn.b; comm stream:
+// combine.b, dispatch.f, dispatch.b, combine.f.
+constexpr std::array<PairStep, 8> kPairMoe = {{{PairStep::Half::kB, 3},
+                                               {PairStep::Half::kF, 0},
+                                               {PairStep::Half::kF, 1},
+                                               {PairStep::Half::kB, 2},
+                                               {PairStep::Half::kB, 1},
+                                               {PairStep::Half::kF, 2},
+                                               {PairStep::Half::kF, 3},
+                                               {PairStep::Half::kB, 0}}};
+constexpr std::array<PairStep, 4> kPairDense = {{{PairStep::Half::kF, 0},
+                                                 {PairStep::Half::kB, 1},
+                                                 {PairStep::Half::kF, 1},
+                                                 {PairStep::Half::kB, 0}}};
+
+void run_pairs(HalfRun& f, HalfRun& b) {
+  const Stage& fs = f.stage();
+  const Stage& bs = b.stage();
+  const int32_t n = std::min(fs.num_layers, bs.num_layers);
+  auto fnode = [&](int32_t i, int32_t pos) { return fs.first_layer_node + i * fs.nodes_per_layer + pos; };
+  auto bnode = [&](int32_t i, int32_t pos) { return bs.first_layer_node + i * bs.nodes_per_layer + pos; };
+  for (int32_t i = 0; i < n; ++i) {
+    const int32_t bi = bs.num_layers - 1 - i;
+    auto steps = [&](const auto& table) {
+      for (const PairStep& st : table) {
+        if (st.half == PairStep::Half::kF) f.node(fnode(i, st.pos));
+        else b.node(bnode(bi, st.pos));
+      }
+    };
+    if (fs.nodes_per_layer == 4) steps(kPairMoe);
+    else steps(kPairDense);
+  }
+  for (int32_t i = n; i < fs.num_layers; ++i) {
+    for (int32_t p = 0; p < fs.nodes_per_layer; ++p) f.node(fnode(i, p));
+  }
+  if (fs.has_loss()) f.node(static_cast<int32_t>(fs.nodes.size()) - 1);
+  for (int32_t i = bs.num_layers - 1 - n; i >= 0; --i) {
+    for (int32_t p = bs.nodes_per_layer - 1; p >= 0; --p) b.node(bnode(i, p));
+  }
+  if (bs.has_embed()) b.node(0);
+}
+
+}  // namespace
+
+void SimState::run_combined(int32_t r, int32_t index, const Action& a) {
+  HalfRun f(*this, r, index, a.forward_half());
+  HalfRun b(*this, r, index, a.backward_half());
+  if (b.stage().has_loss()) b.node(static_cast<int32_t>(b.stage().nodes.size()) - 1);
+  if (f.stage().has_embed()) f.node(0);
+  run_pairs(f, b);
+  // Real costs: each half publishes as soon as its own nodes are done (the forward's output
+  // leaves while the backward still runs). Uniform costs: the pair is one unit, as in theory.
+  const double atomic_end = model.cost_kind == CostModelKind::kUniform
+                                ? std::max(f.last_end(), b.last_end())
+                                : 0;
+  f.finish(atomic_end);
+  b.finish(atomic_end);
+}
+
+void SimState::run_single(int32_t r, int32_t index, const Action& a) {
+  HalfRun h(*this, r, index, a);
+  const auto n = static_cast<int32_t>(h.stage().nodes.size());
+  if (a.kind == ActionKind::kForward) {
+    for (int32_t k = 0; k < n; ++k) h.node(k);
+  } else {
+    for (int32_t k = n - 1; k >= 0; --k) h.node(k);
+  }
+  h.finish();
+}
+
+void SimState::run_weight(int32_t r, int32_t index, const Action& a) {
+  const Stage& stage = model.stages[a.stage];
+  const double ready = bwd_out[cell(a.stage, a.microbatch)];
+  double last = ready;
+  for (auto k = static_cast<int32_t>(stage.nodes.size()) - 1; k >= 0; --k) {
+    const StageNode& n = stage.nodes[k];
+    if (!node_has_weights(n.kind)) continue;
+    last = issue(r, Stream::kCompute, ready, n.times.backward_weight_s,
+                 node_span(index, a, n, Phase::kBackwardWeight));
+    memory(r, last, -n.saved_bytes, MemKind::kActivation);
+  }
+  ranks[r].live.push_back({last, -1});
+}
+
+void SimState::run_send(int32_t r, int32_t index, const Action& a) {
+  const size_t c = cell(a.stage, a.microbatch);
+  const bool fwd = a.kind == ActionKind::kSendF;
+  const Stage& stage = model.stages[a.stage];
+  Span proto = message_span(index, a);
+  const double ready = fwd ? fwd_out[c] : bwd_out[c];
+  const double start = std::max(ranks[r].free[1], ready);
+  const double end = issue(r, Stream::kComm, ready, stage.message_s, proto);
+  memory(r, end, -stage.message_bytes, MemKind::kInFlight);
+  (fwd ? send_f : send_b)[c] = {start, end};
+  int32_t& waiter = (fwd ? waiter_f : waiter_b)[c];
+  if (waiter >= 0) work.push_back(waiter);
+  waiter = -1;
+}
+
+bool SimState::run_recv(int32_t r, int32_t index, const Action& a) {
+  const bool fwd = a.kind == ActionKind::kRecvF;
+  const size_t from = cell(fwd ? a.stage - 1 : a.stage + 1, a.microbatch);
+  const Interval sent = (fwd ? send_f : send_b)[from];
+  if (sent.end < 0) {
+    (fwd ? waiter_f : waiter_b)[from] = r;
+    return false;
+  }
+  RankState& st = ranks[r];
+  const double start = std::max(st.free[1], sent.start);
+  const double end = std::max(start, sent.end);
+  if (end > start) {
+    Span s = message_span(index, a);
+    s.start = start;
+    s.end = end;
+    st.spans.push_back(s);
+  }
+  st.free[1] = end;
+  memory(r, start, model.stages[a.stage].message_bytes, MemKind::kInFlight);
+  (fwd ? recv_f : recv_b)[cell(a.stage, a.microbatch)] = end;
+  return true;
+}
+
+bool SimState::advance(int32_t r) {
+  RankState& st = ranks[r];
+  const auto& list = schedule.ranks[r];
+  for (; st.pc < list.size(); ++st.pc) {
+    const Action& a = list[st.pc];
+    const auto index = static_cast<int32_t>(st.pc);
+    switch (a.kind) {
+      case ActionKind::kForward:
+      case ActionKind::kBackward:
+      case ActionKind::kBackwardInput: run_single(r, index, a); break;
+      case ActionKind::kBackwardWeight: run_weight(r, index, a); break;
+      case ActionKind::kForwardBackward: run_combined(r, index, a); break;
+      case ActionKind::kSendF:
+      case ActionKind::kSendB: run_send(r, index, a); break;
+      case ActionKind::kRecvF:
+      case ActionKind::kRecvB:
+        if (!run_recv(r, index, a)) return false;
+        break;
+    }
+  }
+  return true;
+}
+
+SimResult simulate(const Schedule& schedule, const PipelineModel& model) {
+  TANDEM_ASSERT(static_cast<int32_t>(model.stages.size()) == schedule.num_stages,
+                "simulate: the pipeline model has ", model.stages.size(), " stages, the schedule ",
+                schedule.num_stages);
+  SimState sim(schedule, model);
+  for (int32_t r = schedule.num_ranks - 1; r >= 0; --r) sim.work.push_back(r);
+  while (!sim.work.empty()) {
+    const int32_t r = sim.work.back();
+    sim.work.pop_back();
+    sim.advance(r);
+  }
+  for (int32_t r = 0; r < schedule.num_ranks; ++r) {
+    TANDEM_ASSERT(sim.ranks[r].pc == schedule.ranks[r].size(), "simulate: rank ", r,
+                  " is blocked; validate_schedule must run first");
+  }
+  return summarize(sim);
+}
+
+}  // namespace tandem::schedule

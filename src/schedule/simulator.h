@@ -1,0 +1,73 @@
+// The simulator: runs a validated schedule on a compute and a communication stream per rank,
+// node by node, with a dependency per data edge, and gives each rank's timeline, busy and bubble
+// fractions, exposed communication and memory curve. Note [Simulation model] in simulator.cc.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "schedule/action.h"
+#include "schedule/pipeline_model.h"
+
+namespace tandem::schedule {
+
+enum class SpanKind : uint8_t { kNode, kSend, kRecv };
+enum class Phase : uint8_t { kForward, kBackwardInput, kBackwardWeight };
+
+// One interval of work on one stream of one rank.
+struct Span {
+  double start = 0;
+  double end = 0;
+  int32_t action = 0;  // index in the rank's list
+  int32_t layer = -1;  // global layer; -1 for embed, loss and pipeline messages
+  int32_t stage = 0;
+  int32_t microbatch = 0;
+  SpanKind kind = SpanKind::kNode;
+  Stream stream = Stream::kCompute;
+  Phase phase = Phase::kForward;
+  NodeKind node = NodeKind::kEmbed;  // kind == kNode only
+};
+
+// Memory after a change: saved activations and in-flight pipeline buffers (received inputs and
+// gradients not yet consumed, outputs not yet sent or handed to the next stage on the rank).
+struct MemorySample {
+  double time = 0;
+  int64_t activation_bytes = 0;
+  int64_t in_flight_bytes = 0;
+};
+
+struct RankResult {
+  int32_t rank = 0;
+  std::vector<int32_t> stages;
+  std::vector<Span> spans;            // compute and comm spans, each stream in time order
+  std::vector<MemorySample> memory;   // starts at time 0 with nothing held
+  RankMemory static_memory;           // parameters, gradients, optimizer state
+  double end_s = 0;                   // when the rank's last span ends
+  double compute_busy_s = 0;
+  double comm_busy_s = 0;
+  double busy_fraction = 0;           // compute busy / step time
+  double bubble_fraction = 0;         // 1 - busy_fraction
+  double exposed_comm_s = 0;          // communication while the compute stream is idle
+  double exposed_alltoall_s = 0;      // the same, for dispatch and combine only
+  int64_t activation_peak_bytes = 0;
+  int64_t in_flight_peak_bytes = 0;
+  int64_t peak_bytes = 0;             // static + activations + in flight, at its peak
+  double peak_time_s = 0;
+  int32_t peak_live_microbatches = 0; // (stage, micro-batch) pairs between forward end and
+                                      // backward end (W end when split), at most
+};
+
+struct SimResult {
+  std::vector<RankResult> ranks;
+  double step_time_s = 0;       // the last rank's end
+  double bubble_fraction = 0;   // 1 - total compute busy / (ranks x step time)
+};
+
+// Simulates a schedule that validate_schedule accepted (it asserts on one that deadlocks).
+SimResult simulate(const Schedule& schedule, const PipelineModel& model);
+
+// Measure of `a` minus `b`, both sorted lists of disjoint [start, end) intervals.
+double uncovered_time(const std::vector<std::pair<double, double>>& a,
+                      const std::vector<std::pair<double, double>>& b);
+
+}  // namespace tandem::schedule

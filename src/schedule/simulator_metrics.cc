@@ -1,0 +1,114 @@
+// Metrics of a finished simulation: busy and bubble fractions, exposed communication, the memory
+// curve and its peaks, the most (stage, micro-batch) pairs alive at once.
+#include <algorithm>
+
+#include "schedule/simulator_state.h"
+
+namespace tandem::schedule {
+namespace {
+
+using Intervals = std::vector<std::pair<double, double>>;
+
+enum class Which : uint8_t { kAll, kNodesOnly };  // kNodesOnly: not pipeline messages
+
+Intervals stream_intervals(const std::vector<Span>& spans, Stream stream, Which which) {
+  Intervals out;
+  for (const Span& s : spans) {
+    if (s.stream == stream && (which == Which::kAll || s.kind == SpanKind::kNode))
+      out.emplace_back(s.start, s.end);
+  }
+  return out;
+}
+
+double total(const Intervals& v) {
+  double t = 0;
+  for (const auto& [a, b] : v) t += b - a;
+  return t;
+}
+
+void memory_curve(RankState& st, RankResult& out) {
+  // Stable: events of one time keep the order they were simulated in, which is causal for each
+  // buffer (allocated before it is freed, even when a zero-time message ends at that instant).
+  std::stable_sort(st.mem.begin(), st.mem.end(),
+                   [](const MemEvent& a, const MemEvent& b) { return a.time < b.time; });
+  const int64_t base = out.static_memory.static_bytes();
+  int64_t act = 0, flight = 0;
+  out.memory.push_back({0, 0, 0});
+  out.peak_bytes = base;
+  for (const MemEvent& e : st.mem) {
+    (e.kind == MemKind::kActivation ? act : flight) += e.delta;
+    out.activation_peak_bytes = std::max(out.activation_peak_bytes, act);
+    out.in_flight_peak_bytes = std::max(out.in_flight_peak_bytes, flight);
+    if (base + act + flight > out.peak_bytes) {
+      out.peak_bytes = base + act + flight;
+      out.peak_time_s = e.time;
+    }
+    if (out.memory.back().time == e.time) {
+      out.memory.back() = {e.time, act, flight};
+    } else {
+      out.memory.push_back({e.time, act, flight});
+    }
+  }
+}
+
+int32_t peak_live(std::vector<std::pair<double, int>>& live) {
+  std::sort(live.begin(), live.end());  // at a tie, -1 before +1
+  int32_t now = 0, peak = 0;
+  for (const auto& [t, d] : live) {
+    now += d;
+    peak = std::max(peak, now);
+  }
+  return peak;
+}
+
+}  // namespace
+
+double uncovered_time(const Intervals& a, const Intervals& b) {
+  double out = 0;
+  size_t j = 0;
+  for (const auto& [start, end] : a) {
+    double cur = start;
+    while (j < b.size() && b[j].second <= cur) ++j;
+    for (size_t k = j; k < b.size() && b[k].first < end && cur < end; ++k) {
+      if (b[k].first > cur) out += b[k].first - cur;
+      cur = std::max(cur, b[k].second);
+    }
+    if (cur < end) out += end - cur;
+  }
+  return out;
+}
+
+SimResult summarize(SimState& sim) {
+  SimResult res;
+  const int32_t n = sim.schedule.num_ranks;
+  res.ranks.resize(n);
+  for (int32_t r = 0; r < n; ++r) {
+    RankState& st = sim.ranks[r];
+    RankResult& out = res.ranks[r];
+    out.rank = r;
+    out.stages = sim.schedule.stages_of_rank(r);
+    out.static_memory = sim.model.ranks[r];
+    out.end_s = std::max(st.free[0], st.free[1]);
+    const Intervals compute = stream_intervals(st.spans, Stream::kCompute, Which::kAll);
+    const Intervals comm = stream_intervals(st.spans, Stream::kComm, Which::kAll);
+    const Intervals a2a = stream_intervals(st.spans, Stream::kComm, Which::kNodesOnly);
+    out.compute_busy_s = total(compute);
+    out.comm_busy_s = total(comm);
+    out.exposed_comm_s = uncovered_time(comm, compute);
+    out.exposed_alltoall_s = uncovered_time(a2a, compute);
+    memory_curve(st, out);
+    out.peak_live_microbatches = peak_live(st.live);
+    out.spans = std::move(st.spans);
+    res.step_time_s = std::max(res.step_time_s, out.end_s);
+  }
+  double busy = 0;
+  for (RankResult& out : res.ranks) {
+    out.busy_fraction = res.step_time_s > 0 ? out.compute_busy_s / res.step_time_s : 0;
+    out.bubble_fraction = 1 - out.busy_fraction;
+    busy += out.compute_busy_s;
+  }
+  res.bubble_fraction = res.step_time_s > 0 ? 1 - busy / (n * res.step_time_s) : 0;
+  return res;
+}
+
+}  // namespace tandem::schedule

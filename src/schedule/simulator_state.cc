@@ -1,0 +1,134 @@
+// The simulator's per-node work: issuing spans on streams and running one half of an action
+// node by node with Note [Simulation model]'s dependencies and memory rules (simulator.cc).
+#include <algorithm>
+
+#include "schedule/simulator_state.h"
+
+namespace tandem::schedule {
+
+SimState::SimState(const Schedule& s, const PipelineModel& m)
+    : schedule(s), model(m), ranks(s.num_ranks) {
+  const size_t cells = static_cast<size_t>(s.num_stages) * s.num_microbatches;
+  fwd_out.assign(cells, -1);
+  bwd_out.assign(cells, -1);
+  recv_f.assign(cells, -1);
+  recv_b.assign(cells, -1);
+  send_f.assign(cells, Interval{});
+  send_b.assign(cells, Interval{});
+  waiter_f.assign(cells, -1);
+  waiter_b.assign(cells, -1);
+  for (int32_t r = 0; r < s.num_ranks; ++r) ranks[r].spans.reserve(s.ranks[r].size() * 4);
+}
+
+double SimState::issue(int32_t rank, Stream stream, double ready, double duration, Span proto) {
+  double& free = ranks[rank].free[static_cast<int>(stream)];
+  const double start = std::max(free, ready);
+  const double end = start + duration;
+  free = end;
+  if (duration > 0) {
+    proto.start = start;
+    proto.end = end;
+    proto.stream = stream;
+    ranks[rank].spans.push_back(proto);
+  }
+  return end;
+}
+
+void SimState::memory(int32_t rank, double time, int64_t delta, MemKind kind) {
+  if (delta != 0) ranks[rank].mem.push_back({time, delta, kind});
+}
+
+Span SimState::node_span(int32_t index, const Action& a, const StageNode& n, Phase phase) {
+  Span s;
+  s.action = index;
+  s.layer = n.layer;
+  s.stage = a.stage;
+  s.microbatch = a.microbatch;
+  s.kind = SpanKind::kNode;
+  s.phase = phase;
+  s.node = n.kind;
+  return s;
+}
+
+Span SimState::message_span(int32_t index, const Action& a) {
+  Span s;
+  s.action = index;
+  s.stage = a.stage;
+  s.microbatch = a.microbatch;
+  s.kind = a.kind == ActionKind::kSendF || a.kind == ActionKind::kSendB ? SpanKind::kSend
+                                                                         : SpanKind::kRecv;
+  s.stream = Stream::kComm;
+  s.phase = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvF ? Phase::kForward
+                                                                          : Phase::kBackwardInput;
+  return s;
+}
+
+HalfRun::HalfRun(SimState& sim, int32_t rank, int32_t index, const Action& half)
+    : sim_(sim), rank_(rank), index_(index), half_(half), stage_(sim.model.stages[half.stage]) {
+  const Schedule& s = sim.schedule;
+  const int32_t st = half.stage, mb = half.microbatch;
+  if (half.kind == ActionKind::kForward) {
+    if (st > 0) {
+      ready_ = s.stage_rank[st - 1] == rank ? sim.fwd_out[sim.cell(st - 1, mb)]
+                                            : sim.recv_f[sim.cell(st, mb)];
+    }
+  } else {
+    ready_ = sim.fwd_out[sim.cell(st, mb)];
+    if (st + 1 < s.num_stages) {
+      ready_ = std::max(ready_, s.stage_rank[st + 1] == rank ? sim.bwd_out[sim.cell(st + 1, mb)]
+                                                             : sim.recv_b[sim.cell(st, mb)]);
+    }
+  }
+  last_ = ready_;
+}
+
+void HalfRun::node(int32_t k) {
+  const StageNode& n = stage_.nodes[k];
+  const bool forward = half_.kind == ActionKind::kForward;
+  const bool has_input = forward ? stage_.index > 0 : stage_.index + 1 < sim_.schedule.num_stages;
+  double end = 0;
+  if (forward) {
+    end = sim_.issue(rank_, n.stream, ready_, n.times.forward_s,
+                     SimState::node_span(index_, half_, n, Phase::kForward));
+    sim_.memory(rank_, end, n.saved_bytes, MemKind::kActivation);
+    last_ = end;
+  } else {
+    end = sim_.issue(rank_, n.stream, ready_, n.times.backward_input_s,
+                     SimState::node_span(index_, half_, n, Phase::kBackwardInput));
+    double release = end;
+    if (half_.kind == ActionKind::kBackward && node_has_weights(n.kind)) {
+      release = sim_.issue(rank_, Stream::kCompute, end, n.times.backward_weight_s,
+                           SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
+    }
+    if (half_.kind == ActionKind::kBackward || !node_has_weights(n.kind)) {
+      sim_.memory(rank_, release, -n.saved_bytes, MemKind::kActivation);
+    }
+    last_ = std::max(last_, release);
+  }
+  // The received (or handed-over) tensor becomes the first node's own; its buffer goes.
+  if (done_ == 0 && has_input) sim_.memory(rank_, end, -stage_.message_bytes, MemKind::kInFlight);
+  ready_ = end;
+  ++done_;
+}
+
+void HalfRun::finish(double not_before) {
+  const size_t c = sim_.cell(half_.stage, half_.microbatch);
+  RankState& st = sim_.ranks[rank_];
+  if (half_.kind == ActionKind::kForward) {
+    const double out = std::max(ready_, not_before);
+    sim_.fwd_out[c] = out;
+    if (stage_.index + 1 < sim_.schedule.num_stages) {
+      sim_.memory(rank_, out, stage_.message_bytes, MemKind::kInFlight);
+    }
+    st.live.push_back({out, +1});
+    return;
+  }
+  // A full backward publishes its input gradient when the whole action (weight halves too) is
+  // done: the list's SEND follows the B, as in PyTorch's and Megatron's executors.
+  const double out = std::max(half_.kind == ActionKind::kBackward ? last_ : ready_, not_before);
+  sim_.bwd_out[c] = out;
+  if (stage_.index > 0) sim_.memory(rank_, out, stage_.message_bytes, MemKind::kInFlight);
+  if (half_.kind == ActionKind::kBackward) st.live.push_back({last_, -1});
+}
+
+}  // namespace tandem::schedule

@@ -1,0 +1,89 @@
+// Internal to the simulator (simulator*.cc): the state of a run and the node-by-node runner of
+// one forward or backward half. Not part of the library's interface.
+#pragma once
+
+#include <array>
+#include <vector>
+
+#include "schedule/simulator.h"
+
+namespace tandem::schedule {
+
+enum class MemKind : uint8_t { kActivation, kInFlight };
+
+struct MemEvent {
+  double time;
+  int64_t delta;
+  MemKind kind;
+};
+
+struct Interval {
+  double start = -1;
+  double end = -1;  // < 0: not simulated yet
+};
+
+struct RankState {
+  std::array<double, 2> free{0, 0};  // when each stream (compute, comm) is next free
+  std::vector<Span> spans;
+  std::vector<MemEvent> mem;
+  std::vector<std::pair<double, int>> live;  // (time, +1 / -1) per (stage, micro-batch)
+  size_t pc = 0;
+};
+
+struct SimState {
+  SimState(const Schedule& s, const PipelineModel& m);
+
+  const Schedule& schedule;
+  const PipelineModel& model;
+  std::vector<RankState> ranks;
+  // Per (stage, micro-batch), indexed by cell(): when the forward output / input gradient is
+  // ready, when the RECVs ended, and the SENDs' intervals; -1 until simulated.
+  std::vector<double> fwd_out, bwd_out, recv_f, recv_b;
+  std::vector<Interval> send_f, send_b;
+  std::vector<int32_t> waiter_f, waiter_b;  // rank blocked on that SEND, or -1
+  std::vector<int32_t> work;                // ranks that may advance
+
+  size_t cell(int32_t stage, int32_t mb) const {
+    return static_cast<size_t>(stage) * schedule.num_microbatches + mb;
+  }
+  // Puts `duration` of work on a stream after `ready`; records a span if it takes time.
+  double issue(int32_t rank, Stream stream, double ready, double duration, Span proto);
+  void memory(int32_t rank, double time, int64_t delta, MemKind kind);
+  static Span node_span(int32_t index, const Action& a, const StageNode& n, Phase phase);
+  static Span message_span(int32_t index, const Action& a);
+
+  bool advance(int32_t rank);  // false when blocked on a RECV
+  void run_single(int32_t rank, int32_t index, const Action& a);
+  void run_combined(int32_t rank, int32_t index, const Action& a);
+  void run_weight(int32_t rank, int32_t index, const Action& a);
+  void run_send(int32_t rank, int32_t index, const Action& a);
+  bool run_recv(int32_t rank, int32_t index, const Action& a);
+};
+
+// One half (F, B or I) of an action, run node by node: the chain of data edges through the
+// stage's nodes, the saved bytes and the pipeline buffers it holds or frees.
+class HalfRun {
+ public:
+  HalfRun(SimState& sim, int32_t rank, int32_t index, const Action& half);
+  const Stage& stage() const { return stage_; }
+  void node(int32_t k);  // runs node k of the stage (forward, or input + weight backward)
+  // Publishes the output (and allocates its buffer) when the half's data is ready, or at
+  // `not_before` if later (uniform costs treat a combined action as one atomic unit).
+  void finish(double not_before = 0);
+  double last_end() const { return last_; }
+
+ private:
+  SimState& sim_;
+  int32_t rank_;
+  int32_t index_;
+  Action half_;
+  const Stage& stage_;
+  double ready_ = 0;  // when the tensor the next node reads is ready
+  double last_ = 0;   // when the last span of this half ends
+  int32_t done_ = 0;  // nodes run so far
+};
+
+// Metrics of a finished run (simulator_metrics.cc).
+SimResult summarize(SimState& sim);
+
+}  // namespace tandem::schedule

@@ -1,0 +1,156 @@
+// SVG chart of a plan: per rank a compute row and a comm row (spans of one action closer than
+// half a pixel are merged, so the file stays small for big schedules), and beneath them the
+// rank's memory curve (static + activations + in flight), all ranks on one byte scale.
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "schedule/planner.h"
+
+namespace tandem::schedule {
+namespace {
+
+constexpr double kWidth = 1600, kLeft = 110, kRight = 20, kTop = 40, kRow = 16, kMem = 56,
+                 kGap = 14;
+
+const char* action_color(ActionKind kind, Phase phase) {
+  switch (kind) {
+    case ActionKind::kForward: return "#4e79a7";
+    case ActionKind::kBackward: return phase == Phase::kBackwardWeight ? "#3b7a35" : "#59a14f";
+    case ActionKind::kBackwardInput: return "#8cd17d";
+    case ActionKind::kBackwardWeight: return "#9c9c9c";
+    case ActionKind::kForwardBackward: return "#b07aa1";
+    case ActionKind::kSendF:
+    case ActionKind::kSendB: return "#f28e2b";
+    case ActionKind::kRecvF:
+    case ActionKind::kRecvB: return "#ffbe7d";
+  }
+  return "#000";
+}
+
+struct Canvas {
+  std::string out;
+  double step;
+  double x(double t) const { return kLeft + (step > 0 ? t / step : 0) * (kWidth - kLeft - kRight); }
+  void rect(double x0, double y, double w, double h, const char* fill, const std::string& title) {
+    char buf[384];
+    std::snprintf(buf, sizeof buf,
+                  "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\">"
+                  "<title>%s</title></rect>\n",
+                  x0, y, std::max(w, 0.3), h, fill, title.c_str());
+    out += buf;
+  }
+  void text(double x0, double y, const std::string& s, const char* extra = "") {
+    char buf[384];
+    std::snprintf(buf, sizeof buf, "<text x=\"%.1f\" y=\"%.1f\" %s>%s</text>\n", x0, y, extra,
+                  s.c_str());
+    out += buf;
+  }
+};
+
+void draw_stream(Canvas& c, const RankResult& r, const std::vector<Action>& list, Stream stream,
+                 double y) {
+  struct Box {
+    double start, end;
+    int32_t action;
+    Phase phase;
+  };
+  std::vector<Box> boxes;
+  for (const Span& s : r.spans) {
+    if (s.stream != stream) continue;
+    if (!boxes.empty() && boxes.back().action == s.action &&
+        c.x(s.start) - c.x(boxes.back().end) < 0.5) {
+      boxes.back().end = s.end;
+      continue;
+    }
+    boxes.push_back({s.start, s.end, s.action, s.phase});
+  }
+  for (const Box& b : boxes) {
+    const Action& a = list[b.action];
+    const double x0 = c.x(b.start), w = c.x(b.end) - x0;
+    const std::string label = to_string(a);
+    c.rect(x0, y, w, kRow - 2, action_color(a.kind, b.phase), label);
+    if (w >= 7.0 * static_cast<double>(label.size())) {
+      c.text(x0 + 2, y + kRow - 5, label, "font-size=\"10\" fill=\"white\"");
+    }
+  }
+}
+
+void draw_memory(Canvas& c, const RankResult& r, double y, double top_bytes) {
+  const double base = static_cast<double>(r.static_memory.static_bytes());
+  auto yv = [&](double bytes) { return y + kMem - (top_bytes > 0 ? bytes / top_bytes : 0) * kMem; };
+  // Column maxima, so a curve of a million samples draws as at most a few thousand points.
+  std::vector<double> col(static_cast<size_t>(kWidth) + 1, -1);
+  double prev = base;
+  for (const MemorySample& m : r.memory) {
+    const auto px = static_cast<size_t>(std::clamp(c.x(m.time), 0.0, kWidth));
+    const double v = base + static_cast<double>(m.activation_bytes + m.in_flight_bytes);
+    col[px] = std::max({col[px], v, prev});
+    prev = v;
+  }
+  std::string pts;
+  char buf[64];
+  double last = base;
+  for (size_t px = static_cast<size_t>(kLeft); px < col.size() - static_cast<size_t>(kRight); ++px) {
+    if (col[px] >= 0) last = col[px];
+    std::snprintf(buf, sizeof buf, "%zu,%.1f ", px, yv(last));
+    pts += buf;
+  }
+  c.out += "<polyline fill=\"none\" stroke=\"#e15759\" stroke-width=\"1\" points=\"" + pts + "\"/>\n";
+  std::snprintf(buf, sizeof buf, "%.1f", yv(base));
+  c.out += std::string("<line x1=\"") + std::to_string(kLeft) + "\" x2=\"" +
+           std::to_string(kWidth - kRight) + "\" y1=\"" + buf + "\" y2=\"" + buf +
+           "\" stroke=\"#999\" stroke-dasharray=\"3,3\"/>\n";
+  std::snprintf(buf, sizeof buf, "peak %.1f MiB", static_cast<double>(r.peak_bytes) / (1 << 20));
+  c.text(c.x(r.peak_time_s) + 3, yv(static_cast<double>(r.peak_bytes)) + 10, buf,
+         "font-size=\"10\" fill=\"#e15759\"");
+  c.text(4, y + kMem / 2 + 4, "memory", "font-size=\"11\"");
+}
+
+}  // namespace
+
+std::string plan_svg(const Plan& plan) {
+  const auto& ranks = plan.sim.ranks;
+  const double band = 2 * kRow + kMem + kGap;
+  const double height = kTop + band * static_cast<double>(ranks.size()) + 30;
+  Canvas c{"", plan.sim.step_time_s};
+  char buf[512];
+  std::snprintf(buf, sizeof buf,
+                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+                "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+                kWidth, height);
+  c.out += buf;
+  std::snprintf(buf, sizeof buf, "%s: %d ranks, %d stages, %d micro-batches; bubble %.1f%%; "
+                "F blue, B green (W dark), I light green, W grey, FB purple, SEND/RECV orange",
+                plan.schedule.name.c_str(), plan.schedule.num_ranks, plan.schedule.num_stages,
+                plan.schedule.num_microbatches, 100 * plan.sim.bubble_fraction);
+  c.text(kLeft, 20, buf, "font-size=\"13\"");
+  double top_bytes = 0;
+  for (const RankResult& r : ranks) top_bytes = std::max(top_bytes, static_cast<double>(r.peak_bytes));
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    const double y = kTop + band * static_cast<double>(i);
+    const RankResult& r = ranks[i];
+    c.text(4, y + kRow - 4, "rank " + std::to_string(r.rank) + " compute", "font-size=\"11\"");
+    c.text(4, y + 2 * kRow - 4, "comm", "font-size=\"11\"");
+    draw_stream(c, r, plan.schedule.ranks[r.rank], Stream::kCompute, y);
+    draw_stream(c, r, plan.schedule.ranks[r.rank], Stream::kComm, y + kRow);
+    draw_memory(c, r, y + 2 * kRow, top_bytes);
+  }
+  std::snprintf(buf, sizeof buf, "step time %.6g %s", plan.sim.step_time_s,
+                plan.inputs.cost.kind == CostModelKind::kUniform ? "units" : "s");
+  c.text(kLeft, height - 10, buf, "font-size=\"11\"");
+  c.out += "</svg>\n";
+  return c.out;
+}
+
+void write_svg(const Plan& plan, const std::string& path) {
+  std::ofstream f(path);
+  TANDEM_CHECK(f.good(), "cannot write the SVG file '", path, "'");
+  f << plan_svg(plan);
+  TANDEM_CHECK(f.good(), "writing the SVG file '", path, "' failed");
+}
+
+}  // namespace tandem::schedule

@@ -1,0 +1,165 @@
+// Progress reporter. Oracle: the JSON lines parsed back with nlohmann::json must equal the
+// records written; formats are compared with hand-written strings.
+#include <gtest/gtest.h>
+#include <stdlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/progress.h"
+#include "core/error.h"
+
+namespace tandem::cli {
+namespace {
+
+namespace fs = std::filesystem;
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "tandem_progress_XXXXXX").string();
+    path_ = ::mkdtemp(pattern.data());
+  }
+  ~TempDir() {
+    std::error_code ec;
+    fs::remove_all(path_, ec);
+  }
+  std::string path(const std::string& name) const { return (path_ / name).string(); }
+
+ private:
+  fs::path path_;
+};
+
+IterationRecord record(int64_t iter, std::vector<int64_t> peaks) {
+  IterationRecord r;
+  r.iter = iter;
+  r.lm_loss = 2.5 - 0.1 * static_cast<double>(iter);
+  r.aux_loss = 0.01;
+  r.loss = r.lm_loss + r.aux_loss;
+  r.lr = 3e-3;
+  r.grad_norm = 0.75;
+  r.step_seconds = 0.5;
+  r.tokens_per_s = 4096;
+  r.mem_in_use_bytes = std::vector<int64_t>(peaks.size(), int64_t{1} << 20);
+  r.mem_peak_bytes = peaks;
+  r.activation_peak_bytes = std::vector<int64_t>(peaks.size(), 4096);
+  return r;
+}
+
+TEST(Progress, JsonLinesParseBack) {
+  TempDir dir;
+  const std::string path = dir.path("log.jsonl");
+  std::ostringstream log, bar;
+  ProgressReporter reporter({.total_iters = 3,
+                             .log_interval = 1,
+                             .log_json_path = path,
+                             .verbosity = Verbosity::kQuiet,
+                             .bar = BarMode::kNever},
+                            log, bar);
+  EXPECT_FALSE(fs::exists(path)) << "the file must not exist before open()";
+  reporter.open();
+  reporter.report(record(1, {1000}));
+  IterationRecord nan_record = record(2, {1000, 2000, 3000});
+  nan_record.loss = std::nan("");
+  reporter.report(nan_record);
+  // Flushed per line: readable while the reporter is still open.
+  std::ifstream in(path);
+  std::vector<nlohmann::json> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  for (const char* key : {"iter", "loss", "lm_loss", "aux_loss", "lr", "tokens_per_s",
+                          "mem_peak_bytes", "activation_peak_bytes", "mem_in_use_bytes"}) {
+    EXPECT_TRUE(lines[0].contains(key)) << key;
+  }
+  EXPECT_EQ(lines[0]["iter"], 1);
+  EXPECT_DOUBLE_EQ(lines[0]["lm_loss"].get<double>(), 2.4);
+  EXPECT_DOUBLE_EQ(lines[0]["lr"].get<double>(), 3e-3);
+  EXPECT_EQ(lines[0]["mem_peak_bytes"], 1000);  // one rank: a number
+  EXPECT_EQ(lines[0]["activation_peak_bytes"], 4096);
+  EXPECT_EQ(lines[1]["mem_peak_bytes"], nlohmann::json({1000, 2000, 3000}));  // ranks: a list
+  EXPECT_TRUE(lines[1]["loss"].is_null());                                    // NaN: null
+  EXPECT_EQ(log.str(), "") << "quiet prints no log lines";
+}
+
+TEST(Progress, NoJsonFileWithoutOpenOrPath) {
+  TempDir dir;
+  std::ostringstream log, bar;
+  ProgressReporter reporter({.total_iters = 2, .bar = BarMode::kNever}, log, bar);
+  reporter.open();  // no path: a no-op
+  reporter.report(record(1, {1}));
+  EXPECT_TRUE(fs::is_empty(dir.path("")));
+}
+
+TEST(Progress, OpenNamesPathAndReason) {
+  TempDir dir;
+  const std::string path = dir.path("missing/log.jsonl");
+  ProgressReporter reporter({.log_json_path = path, .bar = BarMode::kNever});
+  try {
+    reporter.open();
+    FAIL() << "open() succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find(path), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos);
+  }
+}
+
+TEST(Progress, LogLinesOnIntervalAndLastStep) {
+  std::ostringstream log, bar;
+  ProgressReporter reporter({.total_iters = 5, .log_interval = 2, .bar = BarMode::kNever}, log,
+                            bar);
+  for (int64_t i = 1; i <= 5; ++i) reporter.report(record(i, {2 << 20}));
+  std::istringstream lines(log.str());
+  std::vector<std::string> got;
+  for (std::string line; std::getline(lines, line);) got.push_back(line);
+  ASSERT_EQ(got.size(), 3u) << log.str();
+  EXPECT_EQ(got[0].rfind("iter 2/5 | loss 2.3100 | lm loss 2.3000 | aux loss 0.0100", 0), 0u)
+      << got[0];
+  EXPECT_NE(got[0].find("lr 3.00e-03"), std::string::npos) << got[0];
+  EXPECT_NE(got[0].find("4.1k tok/s"), std::string::npos) << got[0];
+  EXPECT_NE(got[0].find("mem 1.0 MiB, peak 2.0 MiB"), std::string::npos) << got[0];
+  EXPECT_EQ(got[2].rfind("iter 5/5", 0), 0u);
+  EXPECT_EQ(bar.str(), "") << "no bar when it is off";
+}
+
+TEST(Progress, BarRedrawsInPlace) {
+  std::ostringstream log, bar;
+  ProgressReporter reporter({.total_iters = 4, .log_interval = 100, .bar = BarMode::kAlways}, log,
+                            bar);
+  ASSERT_TRUE(reporter.bar_enabled());
+  reporter.report(record(1, {1}));
+  reporter.report(record(4, {1}));
+  reporter.finish();
+  const std::string out = bar.str();
+  EXPECT_EQ(out.find('\n'), out.size() - 1) << "one line, ended by finish()";
+  EXPECT_NE(out.find("\r"), std::string::npos);
+  EXPECT_NE(out.find("1/4  25%"), std::string::npos) << out;
+  EXPECT_NE(out.find("4/4 100%"), std::string::npos) << out;
+  EXPECT_NE(out.find("ETA"), std::string::npos) << out;
+}
+
+TEST(Progress, QuietHasNoBar) {
+  ProgressReporter reporter({.verbosity = Verbosity::kQuiet, .bar = BarMode::kAlways});
+  EXPECT_FALSE(reporter.bar_enabled());
+}
+
+TEST(Progress, Formats) {
+  EXPECT_EQ(format_bytes(0), "0 B");
+  EXPECT_EQ(format_bytes(1023), "1023 B");
+  EXPECT_EQ(format_bytes(1536), "1.5 KiB");
+  EXPECT_EQ(format_bytes(int64_t{12897485}), "12.3 MiB");
+  EXPECT_EQ(format_bytes(int64_t{3} << 30), "3.0 GiB");
+  EXPECT_EQ(format_duration(42), "42s");
+  EXPECT_EQ(format_duration(65), "1m05s");
+  EXPECT_EQ(format_duration(7380), "2h03m");
+  EXPECT_EQ(format_duration(-1), "--");
+  IterationRecord r = record(3, {1, 2});
+  EXPECT_NE(format_log_line(r, 10).find("(max of 2 ranks)"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace tandem::cli

@@ -1,0 +1,152 @@
+// HF config.json for MixtralForCausalLM / LlamaForCausalLM. Oracle: the key names and values of
+// transformers' MixtralConfig and LlamaConfig (written out literally here) and MODEL.md's
+// mapping from Megatron names to HF keys; round trips must give back the same ModelConfig.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "core/error.h"
+#include "io/atomic_dir.h"
+#include "io/hf_config.h"
+
+namespace tandem::io {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+void expect_same(const ModelConfig& a, const ModelConfig& b) {
+  EXPECT_EQ(a.vocab_size, b.vocab_size);
+  EXPECT_EQ(a.hidden_size, b.hidden_size);
+  EXPECT_EQ(a.num_layers, b.num_layers);
+  EXPECT_EQ(a.num_attention_heads, b.num_attention_heads);
+  EXPECT_EQ(a.num_query_groups, b.num_query_groups);
+  EXPECT_EQ(a.ffn_hidden_size, b.ffn_hidden_size);
+  EXPECT_EQ(a.num_experts, b.num_experts);
+  if (a.is_moe()) {
+    EXPECT_EQ(a.moe_router_topk, b.moe_router_topk);
+    EXPECT_EQ(a.moe_aux_loss_coeff, b.moe_aux_loss_coeff);
+  }
+  EXPECT_EQ(a.rotary_base, b.rotary_base);
+  EXPECT_EQ(a.norm_epsilon, b.norm_epsilon);
+  EXPECT_EQ(a.seq_length, b.seq_length);
+}
+
+ModelConfig dense_config() {
+  ModelConfig m;
+  m.num_experts = 0;
+  m.vocab_size = 32000;
+  m.hidden_size = 512;
+  m.num_attention_heads = 16;
+  m.num_query_groups = 4;
+  m.ffn_hidden_size = 1376;
+  m.num_layers = 3;
+  m.norm_epsilon = 1e-6;
+  m.rotary_base = 500000.0;
+  m.seq_length = 512;
+  return m;
+}
+
+TEST(HfConfig, MixtralKeysAndRoundTrip) {
+  ModelConfig m;  // the demo: MoE
+  m.moe_aux_loss_coeff = 0.02;
+  const Json j = Json::parse(hf_config_json(m));
+  EXPECT_EQ(j["architectures"], Json::array({"MixtralForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "mixtral");
+  EXPECT_EQ(j["num_local_experts"], 8);
+  EXPECT_EQ(j["num_experts_per_tok"], 2);
+  EXPECT_EQ(j["router_aux_loss_coef"], 0.02);
+  EXPECT_EQ(j["output_router_logits"], false);
+  EXPECT_EQ(j["vocab_size"], 256);
+  EXPECT_EQ(j["hidden_size"], 256);
+  EXPECT_EQ(j["intermediate_size"], 512);
+  EXPECT_EQ(j["num_hidden_layers"], 4);
+  EXPECT_EQ(j["num_attention_heads"], 8);
+  EXPECT_EQ(j["num_key_value_heads"], 8);
+  EXPECT_EQ(j["rms_norm_eps"], 1e-5);
+  EXPECT_EQ(j["rope_theta"], 10000.0);
+  EXPECT_EQ(j["max_position_embeddings"], 128);
+  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["torch_dtype"], "float32");
+  EXPECT_EQ(j["hidden_act"], "silu");
+  expect_same(parse_hf_config(hf_config_json(m), "mem"), m);
+}
+
+TEST(HfConfig, LlamaKeysAndRoundTrip) {
+  const ModelConfig m = dense_config();
+  const Json j = Json::parse(hf_config_json(m));
+  EXPECT_EQ(j["architectures"], Json::array({"LlamaForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "llama");
+  EXPECT_EQ(j["mlp_bias"], false);
+  EXPECT_EQ(j["attention_bias"], false);
+  EXPECT_FALSE(j.contains("num_local_experts"));
+  EXPECT_EQ(j["num_key_value_heads"], 4);
+  EXPECT_EQ(j["rms_norm_eps"], 1e-6);
+  expect_same(parse_hf_config(hf_config_json(m), "mem"), m);
+}
+
+TEST(HfConfig, SaveAndLoadThroughAFile) {
+  const fs::path p = fs::temp_directory_path() / ("tandem_cfg_" + std::to_string(::getpid()));
+  save_hf_config(p.string(), dense_config());
+  expect_same(load_hf_config(p.string()), dense_config());
+  fs::remove(p);
+}
+
+TEST(HfConfig, AbsentKeysTakeTheHfDefaults) {
+  const ModelConfig m = parse_hf_config(
+      R"({"model_type":"llama","vocab_size":100,"hidden_size":64,"intermediate_size":128,
+          "num_hidden_layers":2,"num_attention_heads":4})",
+      "mem");
+  EXPECT_EQ(m.num_query_groups, 4);
+  EXPECT_EQ(m.norm_epsilon, 1e-6);
+  EXPECT_EQ(m.rotary_base, 10000.0);
+  EXPECT_EQ(m.num_experts, 0);
+}
+
+void expect_error(const std::string& text, const std::vector<std::string>& parts) {
+  try {
+    parse_hf_config(text, "ckpt/config.json");
+    ADD_FAILURE() << "accepted: " << text;
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("ckpt/config.json"), std::string::npos) << msg;
+    for (const std::string& part : parts) {
+      EXPECT_NE(msg.find(part), std::string::npos) << "'" << msg << "' lacks '" << part << "'";
+    }
+  }
+}
+
+TEST(HfConfig, BadConfigsNameTheKeyAndTheFile) {
+  Json good = Json::parse(hf_config_json(ModelConfig{}));
+  const auto with = [&](const std::string& key, const Json& value) {
+    Json j = good;
+    j[key] = value;
+    return j.dump();
+  };
+  const auto without = [&](const std::string& key) {
+    Json j = good;
+    j.erase(key);
+    return j.dump();
+  };
+  expect_error("not json", {"not a JSON object"});
+  expect_error(without("hidden_size"), {"key 'hidden_size' is missing"});
+  expect_error(with("hidden_size", "256"), {"key 'hidden_size'", "expected an integer"});
+  expect_error(with("rope_theta", "big"), {"key 'rope_theta'", "expected a number"});
+  expect_error(with("model_type", "gpt2"), {"key 'model_type'", "\"gpt2\""});
+  expect_error(with("architectures", Json::array({"LlamaForCausalLM"})),
+               {"key 'architectures'", "MixtralForCausalLM"});
+  expect_error(with("tie_word_embeddings", true), {"key 'tie_word_embeddings'"});
+  expect_error(with("hidden_act", "gelu"), {"key 'hidden_act'", "silu"});
+  expect_error(with("rope_scaling", Json{{"type", "linear"}}), {"key 'rope_scaling'"});
+  expect_error(with("head_dim", 64), {"key 'head_dim'", "32"});
+  expect_error(with("sliding_window", 16), {"key 'sliding_window'"});
+  expect_error(with("num_local_experts", 0), {"key 'num_local_experts'"});
+  expect_error(with("num_attention_heads", 7), {"--num-attention-heads 7"});
+  expect_error(with("num_experts_per_tok", 9), {"--moe-router-topk 9"});
+}
+
+}  // namespace
+}  // namespace tandem::io

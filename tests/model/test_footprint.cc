@@ -1,0 +1,111 @@
+// Each node's saved state against core/footprint.h, byte for byte, and release at last use:
+// the activation bytes the allocator counts after a whole forward equal the sum of the
+// footprints, every node holds zero bytes once its backward has run, and the loss node's fp32
+// logits are freed before the next node's backward starts. Oracle: footprint.h's formulas and the
+// allocator's exact statistics.
+#include <gtest/gtest.h>
+
+#include "model/chunk.h"
+#include "tiny.h"
+
+namespace tandem::model {
+namespace {
+
+struct Case {
+  bool moe;
+  DType dtype;
+};
+
+class FootprintTest : public ::testing::TestWithParam<Case> {};
+
+TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
+  const ModelConfig cfg = testing::tiny_config(GetParam().moe);
+  const DType dt = GetParam().dtype;
+  const int64_t batch = 3, n = batch * cfg.seq_length;
+  Parameters params(cfg, ChunkSpec::whole(cfg), dt);
+  params.initialize(1);
+  ModelChunk chunk(params);
+  const FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
+  Allocator& alloc = cpu_allocator();
+  const int64_t base = alloc.stats().in_use_of(MemCategory::kActivation);
+
+  MicroBatchState mb;
+  mb.ids = testing::random_ids(n, cfg.vocab_size, 3);
+  mb.targets = testing::random_ids(n, cfg.vocab_size, 4);
+  const NodeContext c = chunk.context(batch, 1.0);
+  int64_t expected_total = 0;
+  for (size_t i = 0; i < chunk.nodes().size(); ++i) {
+    chunk.forward_node(i, mb, c);
+    expected_total += node_saved_bytes(chunk.nodes()[i].kind, cfg, shape);
+  }
+  // After the whole forward every node holds exactly its footprint...
+  for (size_t i = 0; i < chunk.nodes().size(); ++i) {
+    EXPECT_EQ(chunk.node_saved_bytes_live(i, mb),
+              node_saved_bytes(chunk.nodes()[i].kind, cfg, shape))
+        << node_kind_name(chunk.nodes()[i].kind) << " of layer " << chunk.nodes()[i].layer;
+  }
+  // ...and the allocator holds nothing else as activations.
+  EXPECT_EQ(alloc.stats().in_use_of(MemCategory::kActivation) - base, expected_total);
+
+  int64_t released = 0;
+  for (size_t i = chunk.nodes().size(); i-- > 0;) {
+    const int64_t held = chunk.node_saved_bytes_live(i, mb);
+    chunk.backward_node(i, mb, c);
+    chunk.backward_weights_node(i, mb, c);
+    released += held;
+    EXPECT_EQ(chunk.node_saved_bytes_live(i, mb), 0) << node_kind_name(chunk.nodes()[i].kind);
+    EXPECT_EQ(alloc.stats().in_use_of(MemCategory::kActivation) - base, expected_total - released)
+        << "after the backward of " << node_kind_name(chunk.nodes()[i].kind);
+  }
+  EXPECT_EQ(alloc.stats().in_use_of(MemCategory::kActivation), base);
+}
+
+INSTANTIATE_TEST_SUITE_P(All, FootprintTest,
+                         ::testing::Values(Case{false, DType::kF32}, Case{true, DType::kF32},
+                                           Case{true, DType::kF64}));
+
+TEST(LossNode, LogitsFreedRightAfterLossBackward) {
+  const ModelConfig cfg = testing::tiny_config(true);
+  const int64_t batch = 2, n = batch * cfg.seq_length;
+  Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF32);
+  params.initialize(1);
+  ModelChunk chunk(params);
+  MicroBatchState mb;
+  mb.ids = testing::random_ids(n, cfg.vocab_size, 3);
+  mb.targets = testing::random_ids(n, cfg.vocab_size, 4);
+  const NodeContext c = chunk.context(batch, 1.0);
+  chunk.forward(mb, c);
+  const size_t loss = chunk.nodes().size() - 1;
+  ASSERT_EQ(chunk.nodes()[loss].kind, NodeKind::kLoss);
+  Tensor logits = mb.loss.logits;  // a second view must not keep the storage alive
+  EXPECT_GT(chunk.node_saved_bytes_live(loss, mb), n * cfg.vocab_size * 4);
+  chunk.backward_node(loss, mb, c);
+  chunk.backward_weights_node(loss, mb, c);
+  EXPECT_EQ(chunk.node_saved_bytes_live(loss, mb), 0);
+  EXPECT_TRUE(logits.released());
+  EXPECT_THROW(logits.data<float>(), Error);
+}
+
+TEST(Release, InputOnlyStateGoesAtBackwardWeightStateAtWeightBackward) {
+  const ModelConfig cfg = testing::tiny_config(false);
+  Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF32);
+  params.initialize(1);
+  ModelChunk chunk(params);
+  MicroBatchState mb;
+  mb.ids = testing::random_ids(5, cfg.vocab_size, 3);
+  mb.targets = testing::random_ids(5, cfg.vocab_size, 4);
+  const NodeContext c = chunk.context(1, 1.0);
+  chunk.forward(mb, c);
+  const size_t loss = chunk.nodes().size() - 1;
+  chunk.backward_node(loss, mb, c);
+  // The loss input is dead after the input gradient; reading it is a checked error.
+  EXPECT_TRUE(mb.loss.x.released());
+  EXPECT_THROW(mb.loss.x.data<float>(), Error);
+  // The normalised input stays until the LM head's weight gradient has been taken.
+  EXPECT_FALSE(mb.loss.nf.released());
+  chunk.backward_weights_node(loss, mb, c);
+  EXPECT_FALSE(mb.loss.nf.defined());
+}
+
+}  // namespace
+}  // namespace tandem::model

@@ -1,0 +1,228 @@
+// Elementwise ops, embedding, SwiGLU, cross-entropy and AdamW on CPU.
+// Oracles: values computed by hand or by the formula in plain loops; fp64 central finite
+// differences for every backward; the f64 op for the f32 op.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+
+#include "op_test_util.h"
+#include "ops/ops.h"
+
+namespace tandem::ops::test {
+namespace {
+
+TEST(Elementwise, AxpyAddsOrOverwrites) {
+  Tensor x = f64({3}, {1, 2, 3});
+  Tensor y = f64({3}, {10, 20, 30});
+  axpy(y, x, 2.0, Accumulate::kAdd);
+  EXPECT_EQ(values(y), (std::vector<double>{12, 24, 36}));
+  axpy(y, x, -0.5, Accumulate::kOverwrite);
+  EXPECT_EQ(values(y), (std::vector<double>{-0.5, -1, -1.5}));
+}
+
+TEST(Elementwise, ScaleSumSquaresAllFinite) {
+  Tensor x = to_f32(f64({4}, {1, -2, 3, 0.5}));
+  scale(x, 2.0);
+  EXPECT_EQ(values(x), (std::vector<double>{2, -4, 6, 1}));
+  EXPECT_EQ(sum_squares(x), 4.0 + 16 + 36 + 1);
+  EXPECT_TRUE(all_finite(x));
+  x.data<float>()[2] = INFINITY;
+  EXPECT_FALSE(all_finite(x));
+  x.data<float>()[2] = NAN;
+  EXPECT_FALSE(all_finite(x));
+}
+
+TEST(Elementwise, MismatchedDtypeThrows) {
+  Tensor y = make({3}, DType::kF64);
+  Tensor x = make({3}, DType::kF32);
+  EXPECT_THROW(axpy(y, x, 1.0), Error);
+}
+
+TEST(Embedding, ForwardCopiesRowsAndBackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(1);
+  const int64_t v = 5, h = 3;
+  Tensor table = random({v, h}, DType::kF64, rng);
+  Tensor ids = i32({4}, {3, 0, 3, 4});  // id 3 twice: its gradient rows must add up
+  Tensor out = make({4, h}, DType::kF64);
+  embedding_forward(out, ids, table);
+  for (int64_t r = 0; r < 4; ++r) {
+    for (int64_t c = 0; c < h; ++c) {
+      EXPECT_EQ(out.data<double>()[r * h + c],
+                table.data<double>()[ids.data<int32_t>()[r] * h + c]);
+    }
+  }
+  Tensor up = random({4, h}, DType::kF64, rng);
+  Tensor dtable = make({v, h}, DType::kF64);
+  embedding_backward(dtable, up, ids);
+  const auto numeric = numeric_grad(table, [&] {
+    embedding_forward(out, ids, table);
+    return dot(out, up);
+  });
+  expect_grad(dtable, numeric, "dtable");
+}
+
+TEST(Embedding, OutOfRangeIdThrowsNamingIdRowAndRange) {
+  Tensor table = make({5, 2}, DType::kF32);
+  Tensor out = make({3, 2}, DType::kF32);
+  for (int32_t bad : {5, -1}) {
+    Tensor ids = i32({3}, {0, 1, bad});
+    try {
+      embedding_forward(out, ids, table);
+      FAIL() << "no error for id " << bad;
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("id " + std::to_string(bad)), std::string::npos) << msg;
+      EXPECT_NE(msg.find("row 2"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[0, 5)"), std::string::npos) << msg;
+    }
+    Tensor dtable = make({5, 2}, DType::kF32);
+    EXPECT_THROW(embedding_backward(dtable, out, ids), Error);
+  }
+}
+
+TEST(SwiGLU, ForwardMatchesFormulaAndBackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(2);
+  Tensor gate = random({3, 4}, DType::kF64, rng, -3, 3);
+  Tensor upv = random({3, 4}, DType::kF64, rng, -3, 3);
+  Tensor out = make({3, 4}, DType::kF64);
+  swiglu_forward(out, gate, upv);
+  for (int64_t i = 0; i < 12; ++i) {
+    const double g = gate.data<double>()[i];
+    EXPECT_NEAR(out.data<double>()[i], g / (1 + std::exp(-g)) * upv.data<double>()[i], 1e-15);
+  }
+  Tensor r = random({3, 4}, DType::kF64, rng);
+  Tensor dgate = make({3, 4}, DType::kF64), dup = make({3, 4}, DType::kF64);
+  swiglu_backward(dgate, dup, r, gate, upv);
+  auto loss = [&] {
+    swiglu_forward(out, gate, upv);
+    return dot(out, r);
+  };
+  expect_grad(dgate, numeric_grad(gate, loss), "dgate");
+  expect_grad(dup, numeric_grad(upv, loss), "dup");
+  // f32 against the f64 op (out recomputed: the difference left it at a perturbed input).
+  swiglu_forward(out, gate, upv);
+  Tensor out32 = make({3, 4}, DType::kF32), dgate32 = make({3, 4}, DType::kF32);
+  Tensor dup32 = make({3, 4}, DType::kF32);
+  swiglu_forward(out32, to_f32(gate), to_f32(upv));
+  swiglu_backward(dgate32, dup32, to_f32(r), to_f32(gate), to_f32(upv));
+  expect_f32_close(out32, out, "out");
+  expect_f32_close(dgate32, dgate, "dgate");
+  expect_f32_close(dup32, dup, "dup");
+}
+
+// -log softmax(row)[t] summed over rows, by the definition in long double.
+double naive_ce(const Tensor& logits, const std::vector<int32_t>& t) {
+  const int64_t n = logits.size(0), v = logits.size(1);
+  const auto x = values(logits);
+  long double total = 0;
+  for (int64_t r = 0; r < n; ++r) {
+    long double z = 0;
+    for (int64_t j = 0; j < v; ++j) z += std::exp(static_cast<long double>(x[r * v + j]));
+    total += -std::log(std::exp(static_cast<long double>(x[r * v + t[r]])) / z);
+  }
+  return static_cast<double>(total);
+}
+
+TEST(CrossEntropy, ForwardIsSumOfRowLossesAndBackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(3);
+  const std::vector<int32_t> tv = {2, 0, 6, 6};
+  Tensor targets = i32({4}, tv);
+  Tensor logits = random({4, 7}, DType::kF64, rng, -4, 4);
+  EXPECT_NEAR(cross_entropy_forward(logits, targets), naive_ce(logits, tv), 1e-12);
+  const double s = 0.37;
+  Tensor dlogits = make({4, 7}, DType::kF64);
+  cross_entropy_backward(dlogits, logits, targets, s);
+  expect_grad(dlogits,
+              numeric_grad(logits, [&] { return s * cross_entropy_forward(logits, targets); }),
+              "dlogits");
+  // In place: dlogits aliasing logits gives the same values.
+  Tensor inplace = clone(logits);
+  cross_entropy_backward(inplace, inplace, targets, s);
+  EXPECT_EQ(values(inplace), values(dlogits));
+}
+
+TEST(CrossEntropy, LargeLogitsStayFinite) {
+  Tensor logits = f64({1, 3}, {1000, 0, -1000});
+  Tensor targets = i32({1}, {1});
+  EXPECT_NEAR(cross_entropy_forward(logits, targets), 1000.0, 1e-9);
+}
+
+TEST(CrossEntropy, F32MatchesF64) {
+  std::mt19937_64 rng(4);
+  Tensor targets = i32({5}, {0, 1, 2, 8, 3});
+  Tensor l64 = random({5, 9}, DType::kF64, rng, -5, 5);
+  Tensor l32 = to_f32(l64);
+  const double a = cross_entropy_forward(l64, targets), b = cross_entropy_forward(l32, targets);
+  EXPECT_NEAR(b, a, kF32Tol * std::fabs(a));
+  Tensor d64 = make({5, 9}, DType::kF64), d32 = make({5, 9}, DType::kF32);
+  cross_entropy_backward(d64, l64, targets, 1.0);
+  cross_entropy_backward(d32, l32, targets, 1.0);
+  expect_f32_close(d32, d64, "dlogits");
+}
+
+TEST(CrossEntropy, OutOfRangeTargetThrowsNamingTargetRowAndRange) {
+  Tensor logits = make({2, 4}, DType::kF32);
+  Tensor targets = i32({2}, {1, 4});
+  try {
+    cross_entropy_forward(logits, targets);
+    FAIL() << "no error for target 4";
+  } catch (const Error& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("target 4"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("row 1"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("[0, 4)"), std::string::npos) << msg;
+  }
+  Tensor d = make({2, 4}, DType::kF32);
+  EXPECT_THROW(cross_entropy_backward(d, logits, i32({2}, {-3, 0}), 1.0), Error);
+}
+
+// Two AdamW steps against the update written out by hand (PyTorch's AdamW).
+template <typename T>
+void check_adamw(DType dt, double tol) {
+  const std::vector<double> p0 = {0.5, -1.0, 2.0}, g1 = {0.1, -0.3, 0.0}, g2 = {-0.2, 0.4, 1e-3};
+  const AdamWParams base{1e-2, 0.9, 0.95, 1e-8, 0.1, 1};
+  Tensor p = make({3}, dt), g = make({3}, dt), m = make({3}, dt), v = make({3}, dt);
+  for (int i = 0; i < 3; ++i) p.data<T>()[i] = static_cast<T>(p0[i]);
+  std::vector<double> ep = p0, em(3, 0.0), ev(3, 0.0);
+  for (int64_t step = 1; step <= 2; ++step) {
+    const auto& gs = step == 1 ? g1 : g2;
+    for (int i = 0; i < 3; ++i) g.data<T>()[i] = static_cast<T>(gs[i]);
+    AdamWParams hp = base;
+    hp.step = step;
+    adamw_step(p, g, m, v, hp);
+    for (int i = 0; i < 3; ++i) {
+      const double gi = static_cast<T>(gs[i]);
+      ep[i] -= hp.lr * hp.weight_decay * ep[i];
+      em[i] = hp.beta1 * em[i] + (1 - hp.beta1) * gi;
+      ev[i] = hp.beta2 * ev[i] + (1 - hp.beta2) * gi * gi;
+      const double mhat = em[i] / (1 - std::pow(hp.beta1, step));
+      const double vhat = ev[i] / (1 - std::pow(hp.beta2, step));
+      ep[i] -= hp.lr * mhat / (std::sqrt(vhat) + hp.eps);
+    }
+    if (step == 1) {
+      // Adam's first step moves each parameter by lr * sign(g) after the decay (|g| >> eps).
+      for (int i = 0; i < 3; ++i) {
+        const double sign = gs[i] > 0 ? 1.0 : (gs[i] < 0 ? -1.0 : 0.0);
+        EXPECT_NEAR(p.data<T>()[i], p0[i] * (1 - 1e-3) - 1e-2 * sign, 1e-6) << "param " << i;
+      }
+    }
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_NEAR(p.data<T>()[i], ep[i], tol) << "param " << i << " step " << step;
+      EXPECT_NEAR(m.data<T>()[i], em[i], tol) << "m " << i << " step " << step;
+      EXPECT_NEAR(v.data<T>()[i], ev[i], tol) << "v " << i << " step " << step;
+    }
+  }
+}
+
+TEST(AdamW, TwoStepsMatchHandFormulaF64) { check_adamw<double>(DType::kF64, 1e-15); }
+TEST(AdamW, TwoStepsMatchHandFormulaF32) { check_adamw<float>(DType::kF32, 1e-6); }
+
+TEST(AdamW, StepZeroThrows) {
+  Tensor p = make({2}, DType::kF32), g = make({2}, DType::kF32);
+  Tensor m = make({2}, DType::kF32), v = make({2}, DType::kF32);
+  EXPECT_THROW(adamw_step(p, g, m, v, AdamWParams{1e-3, 0.9, 0.95, 1e-8, 0.0, 0}), Error);
+}
+
+}  // namespace
+}  // namespace tandem::ops::test

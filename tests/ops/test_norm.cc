@@ -1,0 +1,168 @@
+// RMSNorm and rotary embedding on CPU.
+// Oracles: the formulas of MODEL.md written out in plain loops (rope with explicit angles and an
+// explicit rotate_half vector); fp64 central finite differences for the backwards; the f64 op
+// for the f32 op.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "op_test_util.h"
+#include "ops/ops.h"
+
+namespace tandem::ops::test {
+namespace {
+
+constexpr double kEps = 1e-5;
+
+TEST(RmsNorm, ForwardMatchesFormula) {
+  std::mt19937_64 rng(10);
+  const int64_t n = 3, h = 6;
+  Tensor x = random({n, h}, DType::kF64, rng, -2, 2), g = random({h}, DType::kF64, rng);
+  Tensor y = make({n, h}, DType::kF64), rstd = make({n}, DType::kF64);
+  rmsnorm_forward(y, rstd, x, g, kEps);
+  for (int64_t r = 0; r < n; ++r) {
+    double ms = 0;
+    for (int64_t c = 0; c < h; ++c) ms += std::pow(x.data<double>()[r * h + c], 2) / h;
+    const double want_rstd = 1 / std::sqrt(ms + kEps);
+    EXPECT_NEAR(rstd.data<double>()[r], want_rstd, kF64Tol * want_rstd);
+    for (int64_t c = 0; c < h; ++c) {
+      EXPECT_NEAR(y.data<double>()[r * h + c],
+                  x.data<double>()[r * h + c] * want_rstd * g.data<double>()[c], kF64Tol);
+    }
+  }
+}
+
+TEST(RmsNorm, BackwardMatchesFiniteDifferences) {
+  std::mt19937_64 rng(11);
+  const int64_t n = 4, h = 5;
+  Tensor x = random({n, h}, DType::kF64, rng, -2, 2), g = random({h}, DType::kF64, rng);
+  Tensor y = make({n, h}, DType::kF64), rstd = make({n}, DType::kF64);
+  Tensor up = random({n, h}, DType::kF64, rng);
+  auto loss = [&] {
+    rmsnorm_forward(y, rstd, x, g, kEps);
+    return dot(y, up);
+  };
+  loss();
+  Tensor dx = random({n, h}, DType::kF64, rng);  // garbage that kOverwrite must ignore
+  Tensor dg = make({h}, DType::kF64);
+  rmsnorm_backward(dx, dg, up, x, g, rstd, Accumulate::kOverwrite);
+  expect_grad(dx, numeric_grad(x, loss), "dx");
+  expect_grad(dg, numeric_grad(g, loss), "dg");
+}
+
+TEST(RmsNorm, DxHonoursAccumulateAndDgAlwaysAdds) {
+  std::mt19937_64 rng(12);
+  const int64_t n = 3, h = 4;
+  Tensor x = random({n, h}, DType::kF64, rng), g = random({h}, DType::kF64, rng);
+  Tensor y = make({n, h}, DType::kF64), rstd = make({n}, DType::kF64);
+  Tensor up = random({n, h}, DType::kF64, rng);
+  rmsnorm_forward(y, rstd, x, g, kEps);
+  Tensor dx_ref = make({n, h}, DType::kF64), dg_ref = make({h}, DType::kF64);
+  rmsnorm_backward(dx_ref, dg_ref, up, x, g, rstd, Accumulate::kOverwrite);
+  Tensor base = random({n, h}, DType::kF64, rng), gbase = random({h}, DType::kF64, rng);
+  Tensor dx = clone(base), dg = clone(gbase);
+  rmsnorm_backward(dx, dg, up, x, g, rstd, Accumulate::kAdd);
+  for (int64_t i = 0; i < n * h; ++i) {
+    EXPECT_NEAR(dx.data<double>()[i], base.data<double>()[i] + dx_ref.data<double>()[i], 1e-15);
+  }
+  for (int64_t i = 0; i < h; ++i) {
+    EXPECT_NEAR(dg.data<double>()[i], gbase.data<double>()[i] + dg_ref.data<double>()[i], 1e-15);
+  }
+}
+
+TEST(RmsNorm, F32MatchesF64) {
+  std::mt19937_64 rng(13);
+  const int64_t n = 8, h = 32;
+  Tensor x = random({n, h}, DType::kF64, rng, -2, 2), g = random({h}, DType::kF64, rng);
+  Tensor up = random({n, h}, DType::kF64, rng);
+  Tensor res[2][4];  // y, rstd, dx, dg for f64 then f32
+  for (int i = 0; i < 2; ++i) {
+    const DType dt = i == 0 ? DType::kF64 : DType::kF32;
+    auto cvt = [&](const Tensor& t) { return i == 0 ? clone(t) : to_f32(t); };
+    Tensor xi = cvt(x), gi = cvt(g), ui = cvt(up);
+    res[i][0] = make({n, h}, dt), res[i][1] = make({n}, dt);
+    res[i][2] = make({n, h}, dt), res[i][3] = make({h}, dt);
+    rmsnorm_forward(res[i][0], res[i][1], xi, gi, kEps);
+    rmsnorm_backward(res[i][2], res[i][3], ui, xi, gi, res[i][1], Accumulate::kOverwrite);
+  }
+  const char* names[4] = {"y", "rstd", "dx", "dg"};
+  for (int j = 0; j < 4; ++j) expect_f32_close(res[1][j], res[0][j], names[j]);
+}
+
+// rope(u) at position pos written out from MODEL.md, one head of width d.
+std::vector<double> naive_rope(const double* u, int64_t d, int64_t pos, double theta) {
+  std::vector<double> cosv(d), sinv(d), rot(d), out(d);
+  for (int64_t c = 0; c < d; ++c) {
+    const int64_t i = c % (d / 2);  // cos/sin duplicated over both halves
+    const double ang = static_cast<double>(pos) * std::pow(theta, -2.0 * i / d);
+    cosv[c] = std::cos(ang);
+    sinv[c] = std::sin(ang);
+    rot[c] = c < d / 2 ? -u[c + d / 2] : u[c - d / 2];  // rotate_half
+  }
+  for (int64_t c = 0; c < d; ++c) out[c] = u[c] * cosv[c] + rot[c] * sinv[c];
+  return out;
+}
+
+TEST(Rope, ForwardMatchesExplicitAnglesAndPositionsWrapPerSequence) {
+  std::mt19937_64 rng(14);
+  const int64_t seq = 5, batch = 2, heads = 3, d = 8;
+  const double theta = 10000;
+  Tensor x = random({batch * seq, heads * d}, DType::kF64, rng);
+  Tensor out = make(x.shape(), DType::kF64);
+  rope_forward(out, x, seq, heads, d, theta);
+  for (int64_t r = 0; r < batch * seq; ++r) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const auto want = naive_rope(x.data<double>() + r * heads * d + h * d, d, r % seq, theta);
+      for (int64_t c = 0; c < d; ++c) {
+        EXPECT_NEAR(out.data<double>()[r * heads * d + h * d + c], want[c], 1e-14)
+            << "row " << r << " head " << h << " col " << c;
+      }
+    }
+  }
+  // Position 0 is the identity; the first row of the second sequence is position 0 again.
+  for (int64_t c = 0; c < heads * d; ++c) {
+    EXPECT_EQ(out.data<double>()[c], x.data<double>()[c]);
+    EXPECT_EQ(out.data<double>()[seq * heads * d + c], x.data<double>()[seq * heads * d + c]);
+  }
+  // In place gives the same values.
+  Tensor inplace = clone(x);
+  rope_forward(inplace, inplace, seq, heads, d, theta);
+  EXPECT_EQ(values(inplace), values(out));
+}
+
+TEST(Rope, BackwardMatchesFiniteDifferencesAndInvertsForward) {
+  std::mt19937_64 rng(15);
+  const int64_t seq = 4, heads = 2, d = 6;
+  const double theta = 100;  // large angles at small d, so every frequency matters
+  Tensor x = random({2 * seq, heads * d}, DType::kF64, rng);
+  Tensor out = make(x.shape(), DType::kF64), up = random(x.shape(), DType::kF64, rng);
+  Tensor dx = make(x.shape(), DType::kF64);
+  rope_backward(dx, up, seq, heads, d, theta);
+  expect_grad(dx,
+              numeric_grad(x,
+                           [&] {
+                             rope_forward(out, x, seq, heads, d, theta);
+                             return dot(out, up);
+                           }),
+              "dx");
+  // In place, and the inverse of the forward.
+  Tensor roundtrip = make(x.shape(), DType::kF64);
+  rope_forward(roundtrip, x, seq, heads, d, theta);
+  rope_backward(roundtrip, roundtrip, seq, heads, d, theta);
+  EXPECT_LE(rel_err(values(roundtrip), values(x)), 1e-15);
+}
+
+TEST(Rope, F32MatchesF64AndOddHeadDimThrows) {
+  std::mt19937_64 rng(16);
+  const int64_t seq = 128, heads = 2, d = 32;
+  Tensor x = random({seq, heads * d}, DType::kF64, rng);
+  Tensor o64 = make(x.shape(), DType::kF64), o32 = make(x.shape(), DType::kF32);
+  rope_forward(o64, x, seq, heads, d, 10000);
+  rope_forward(o32, to_f32(x), seq, heads, d, 10000);
+  expect_f32_close(o32, o64, "rope");
+  Tensor odd = make({2, 6}, DType::kF32);
+  EXPECT_THROW(rope_forward(odd, odd, 2, 2, 3, 10000), Error);
+}
+
+}  // namespace
+}  // namespace tandem::ops::test

@@ -1,0 +1,268 @@
+// Cost model and roofline simulation. Oracles: FLOPs and bytes worked out by hand for a tiny
+// config; timelines of both streams worked out by hand (in the comments) from a node-times
+// table, for 1f1b and combined-1f1b at PP = 1 and for a pipeline message at PP = 2.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "schedule/planner.h"
+
+namespace tandem::schedule {
+namespace {
+
+constexpr double kEps = 1e-9;
+
+// H 8, heads 2 (D 4), kv 1 (K 4, Q 8), E 4, k 2, F 16, V 32, T 4; micro-batch 2 -> N 8, R 16.
+ModelConfig tiny() {
+  ModelConfig c;
+  c.hidden_size = 8;
+  c.num_attention_heads = 2;
+  c.num_query_groups = 1;
+  c.num_experts = 4;
+  c.moe_router_topk = 2;
+  c.ffn_hidden_size = 16;
+  c.vocab_size = 32;
+  c.seq_length = 4;
+  c.num_layers = 1;
+  return c;
+}
+
+FootprintShape tiny_shape(int64_t ep) {
+  FootprintShape s;
+  s.tokens = 8;
+  s.expert_rows = 16;
+  s.local_experts = 4 / ep;
+  s.elem_bytes = 2;
+  return s;
+}
+
+TEST(CostModel, NodeFlopsByHand) {
+  const ModelConfig c = tiny();
+  const FootprintShape s = tiny_shape(4);
+  // attention: qkv 2*8*8*16 + out 2*8*8*8 + causal core 2*8*4*8 + router 2*8*8*4.
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kAttention, c, s, 4, 2).flops, 2048 + 1024 + 512 + 512);
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kExperts, c, s, 4, 2).flops, 6 * 16 * 8 * 16);
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kLoss, c, s, 4, 2).flops, 2 * 8 * 8 * 32);
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kEmbed, c, s, 4, 2).flops, 0);
+  ModelConfig dense = c;
+  dense.num_experts = 0;
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kMlp, dense, s, 1, 2).flops, 6 * 8 * 8 * 16);
+  // attention bytes: weights (8*16 + 8*8 + 2*8 + 8*4) * 2 + activations 8*(6*8 + 4*8 + 4*4) * 2.
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kAttention, c, s, 4, 2).memory_bytes, 480 + 1536);
+}
+
+TEST(CostModel, CommunicationBytes) {
+  const ModelConfig c = tiny();
+  // tokens * k * hidden * elem * (EP-1)/EP = 8 * 2 * 8 * 2 * 3/4.
+  EXPECT_DOUBLE_EQ(alltoall_bytes(c, tiny_shape(4), 4), 192);
+  EXPECT_DOUBLE_EQ(alltoall_bytes(c, tiny_shape(1), 1), 0);
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kDispatch, c, tiny_shape(4), 4, 2).comm_bytes, 192);
+  EXPECT_EQ(p2p_bytes(c, tiny_shape(4)), 8 * 8 * 2);
+}
+
+TEST(CostModel, RooflineTimes) {
+  CostModel cost;
+  cost.device = {1000, 1e9, 96, 1, 2};  // 1000 flop/s, 1 GB/s, 96 B/s links, 1 s latency
+  const ModelConfig c = tiny();
+  const NodePhaseTimes att = node_times(cost, NodeKind::kAttention, c, tiny_shape(4), 4);
+  EXPECT_DOUBLE_EQ(att.forward_s, 4.096);  // compute bound
+  EXPECT_DOUBLE_EQ(att.backward_input_s, 4.096);
+  EXPECT_DOUBLE_EQ(att.backward_weight_s, 4.096);
+  const NodePhaseTimes emb = node_times(cost, NodeKind::kEmbed, c, tiny_shape(4), 4);
+  EXPECT_DOUBLE_EQ(emb.forward_s, (8 * 8 * 4 + 8 * 4) / 1e9);  // memory bound
+  EXPECT_DOUBLE_EQ(emb.backward_input_s, 0);  // token ids have no gradient
+  const NodePhaseTimes disp = node_times(cost, NodeKind::kDispatch, c, tiny_shape(4), 4);
+  EXPECT_DOUBLE_EQ(disp.forward_s, 1 + 192.0 / 96);
+  EXPECT_DOUBLE_EQ(disp.backward_input_s, 3);
+  EXPECT_DOUBLE_EQ(disp.backward_weight_s, 0);
+  EXPECT_DOUBLE_EQ(node_times(cost, NodeKind::kCombine, c, tiny_shape(1), 1).forward_s, 0);
+  EXPECT_DOUBLE_EQ(p2p_time(cost, 96), 2);
+  cost.kind = CostModelKind::kUniform;
+  EXPECT_DOUBLE_EQ(p2p_time(cost, 96), 0);
+}
+
+constexpr const char* kTable = R"({
+  "nodes": {
+    "embed": {"forward": 0},
+    "attention": {"forward": 2},
+    "dispatch": {"forward": 1},
+    "experts": {"forward": 3, "backward_input": 3, "backward_weight": 3},
+    "combine": {"forward": 1},
+    "loss": {"forward": 0}
+  },
+  "p2p": 0.5
+})";
+
+TEST(CostModel, NodeTimesFile) {
+  const NodeTimesTable t = parse_node_times(kTable, "table.json");
+  const auto& att = t.nodes[static_cast<int>(NodeKind::kAttention)];
+  ASSERT_TRUE(att.has_value());
+  EXPECT_EQ(att->backward_input_s, 2);   // defaults to the forward
+  EXPECT_EQ(att->backward_weight_s, 2);
+  EXPECT_EQ(t.nodes[static_cast<int>(NodeKind::kDispatch)]->backward_weight_s, 0);
+  EXPECT_FALSE(t.nodes[static_cast<int>(NodeKind::kMlp)].has_value());
+  EXPECT_EQ(*t.p2p_s, 0.5);
+  auto error_of = [](const char* text) {
+    try {
+      parse_node_times(text, "t.json");
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of("{").find("t.json: not valid JSON"), std::string::npos);
+  EXPECT_NE(error_of("{}").find("expected {\"nodes\""), std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {"mlp2": {"forward": 1}}})").find("unknown node \"mlp2\""),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {"mlp": {"forward": -1}}})").find("nodes.mlp.forward: expected a time"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {"mlp": {"fwd": 1}}})").find("at least \"forward\""), std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {"mlp": {"forward": 1, "bwd": 1}}})").find("unknown key \"bwd\""),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {"combine": {"forward": 1, "backward_weight": 1}}})")
+                .find("combine has no weights"),
+            std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {}, "extra": 1})").find("unknown key \"extra\""), std::string::npos);
+}
+
+Plan table_plan(const char* schedule, int32_t p, int32_t m) {
+  PlanRequest req;
+  req.schedule_name = schedule;
+  req.shape = {p, 1, m};
+  req.inputs.model = tiny();
+  req.inputs.model.num_layers = p;
+  req.inputs.micro_batch_size = 2;
+  req.inputs.expert_parallel_size = 4;
+  req.inputs.activation_elem_bytes = 2;
+  req.inputs.cost.kind = CostModelKind::kNodeTimes;
+  req.inputs.cost.table = parse_node_times(kTable, "table");
+  return make_plan(req);
+}
+
+TEST(Simulator, OneFOneBExposesEveryAllToAllThatHasNothingToHideBehind) {
+  // Per layer: attention 2, dispatch 1 (comm), experts 3 (+3 weight), combine 1 (comm).
+  // F0: attn [0,2] disp [2,3] exp [3,6] comb [6,7].  B0: comb [7,8] exp I [8,11] W [11,14],
+  // disp [11,12] (hidden by the experts' W), attn I [14,16] W [16,18].  F1, B1 the same from 18.
+  // Exposed per micro-batch: dispatch and combine forward, combine backward = 3; step 36.
+  const Plan plan = table_plan("1f1b", 1, 2);
+  const RankResult& r = plan.sim.ranks[0];
+  EXPECT_NEAR(plan.sim.step_time_s, 36, kEps);
+  EXPECT_NEAR(r.compute_busy_s, 30, kEps);
+  EXPECT_NEAR(r.comm_busy_s, 8, kEps);
+  EXPECT_NEAR(r.exposed_comm_s, 6, kEps);
+  EXPECT_NEAR(r.exposed_alltoall_s, 6, kEps);
+}
+
+TEST(Simulator, CombinedOneFOneBHidesTheAllToAllOfOneHalfBehindTheOther) {
+  // F0 as above, ends 7. (F1;B0) in DESIGN.md's order: comm comb.b [7,8] | disp.f [9,10] ->
+  // disp.b [12,13] | comb.f [18,19]; compute attn.f [7,9] | exp.b [9,12] -> exp.w [12,15] ->
+  // exp.f [15,18] | attn.b [18,20] w [20,22].  B1: comb [22,23] exp [23,29] disp [26,27]
+  // attn [29,33].  Exposed: [2,3] [6,7] [22,23] = 3; step 33.
+  const Plan plan = table_plan("combined-1f1b", 1, 2);
+  const RankResult& r = plan.sim.ranks[0];
+  EXPECT_NEAR(plan.sim.step_time_s, 33, kEps);
+  EXPECT_NEAR(r.compute_busy_s, 30, kEps);
+  EXPECT_NEAR(r.exposed_comm_s, 3, kEps);
+  bool found = false;
+  for (const Span& s : r.spans) {
+    if (s.kind == SpanKind::kNode && s.node == NodeKind::kExperts && s.phase == Phase::kForward &&
+        s.microbatch == 1) {
+      EXPECT_NEAR(s.start, 15, kEps);
+      EXPECT_NEAR(s.end, 18, kEps);
+      found = true;
+    }
+  }
+  EXPECT_TRUE(found);
+}
+
+TEST(Simulator, PipelineMessagesAndTheirBuffers) {
+  // PP 2, m 1, one layer per stage, p2p 0.5. Rank 0: F0 ends 7, SEND [7,7.5]. Rank 1: RECV
+  // [7,7.5], F0 [7.5,14.5], B0 [14.5,25.5], SEND_B [25.5,26]. Rank 0: RECV_B [25.5,26],
+  // B0: comb [26,27] exp [27,33] disp [30,31] attn [33,37]. Step 37.
+  // Exposed, rank 0: disp 1 + comb 1 + send 0.5 + recv 0.5 + comb.b 1 = 4 (3 all-to-all);
+  // rank 1: recv 0.5 + disp 1 + comb 1 + comb.b 1 + send 0.5 = 4 (3 all-to-all).
+  const Plan plan = table_plan("1f1b", 2, 1);
+  EXPECT_NEAR(plan.sim.step_time_s, 37, kEps);
+  for (const RankResult& r : plan.sim.ranks) {
+    EXPECT_NEAR(r.exposed_comm_s, 4, kEps) << r.rank;
+    EXPECT_NEAR(r.exposed_alltoall_s, 3, kEps) << r.rank;
+    // One message (8 tokens x 8 hidden x 2 bytes) in flight at a time, none at the end.
+    EXPECT_EQ(r.in_flight_peak_bytes, 128) << r.rank;
+    EXPECT_EQ(r.memory.back().in_flight_bytes, 0) << r.rank;
+    EXPECT_EQ(r.memory.back().activation_bytes, 0) << r.rank;
+  }
+  EXPECT_NEAR(plan.sim.ranks[1].end_s, 26, kEps);
+}
+
+TEST(Simulator, SplitBackwardHoldsWeightedNodesUntilTheirW) {
+  // zb-h1 with one rank: 0F0 0I0 0W0. After I only the weightless combine has been freed.
+  PlanRequest req;
+  req.schedule_name = "zb-h1";
+  req.shape = {1, 1, 1};
+  req.inputs.model = tiny();
+  req.inputs.micro_batch_size = 2;
+  req.inputs.cost.kind = CostModelKind::kUniform;
+  const Plan plan = make_plan(req);
+  const Stage& st = plan.model.stages[0];
+  int64_t combine = 0;
+  for (const StageNode& n : st.nodes) combine += n.kind == NodeKind::kCombine ? n.saved_bytes : 0;
+  ASSERT_GT(combine, 0);
+  int64_t at_i_end = -1;
+  for (const MemorySample& m : plan.sim.ranks[0].memory) {
+    if (m.time <= 2.0 + kEps) at_i_end = m.activation_bytes;  // F [0,1], I [1,2], W [2,3]
+  }
+  EXPECT_EQ(at_i_end, st.activation_bytes - combine);
+  EXPECT_EQ(plan.sim.ranks[0].memory.back().activation_bytes, 0);
+  EXPECT_NEAR(plan.sim.step_time_s, 3, kEps);
+}
+
+TEST(Simulator, StaticMemoryCountsParamsGradsAndAdamAndSplitsExpertsByEp) {
+  const ModelConfig c = tiny();
+  // layer: norms 16 + q 64 + k,v 2*32 + o 64 + router 32 + experts E/EP * 3 * 8 * 16.
+  const int64_t attn = 16 + 64 + 64 + 64 + 32;
+  EXPECT_EQ(stage_params(c, 1, false, false, 1), attn + 4 * 384);
+  EXPECT_EQ(stage_params(c, 1, false, false, 4), attn + 384);
+  EXPECT_EQ(stage_params(c, 1, true, true, 4), attn + 384 + 32 * 8 + 8 + 8 * 32);
+  const Plan plan = table_plan("1f1b", 1, 1);
+  const RankMemory& m = plan.sim.ranks[0].static_memory;
+  const int64_t params = stage_params(c, 1, true, true, 4);
+  EXPECT_EQ(m.param_bytes, 4 * params);
+  EXPECT_EQ(m.grad_bytes, 4 * params);
+  EXPECT_EQ(m.optimizer_bytes, 8 * params);
+  EXPECT_EQ(plan.sim.ranks[0].peak_bytes,
+            m.static_bytes() + plan.sim.ranks[0].activation_peak_bytes);
+}
+
+TEST(Simulator, PlanInputErrorsNameTheOption) {
+  auto error_of = [](auto mutate) {
+    PlanRequest req;
+    req.schedule_name = "1f1b";
+    req.shape = {4, 1, 4};
+    mutate(req);
+    try {
+      make_plan(req);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(error_of([](PlanRequest& r) { r.inputs.model.num_layers = 3; })
+                .find("--num-layers 3 is fewer than the schedule's 4 stages"),
+            std::string::npos);
+  EXPECT_NE(error_of([](PlanRequest& r) { r.inputs.expert_parallel_size = 3; })
+                .find("--expert-model-parallel-size 3 does not divide --num-experts 8"),
+            std::string::npos);
+  EXPECT_NE(error_of([](PlanRequest& r) { r.inputs.activation_elem_bytes = 3; })
+                .find("--activation-bytes 3 is invalid"),
+            std::string::npos);
+  EXPECT_NE(error_of([](PlanRequest& r) {
+              r.inputs.cost.kind = CostModelKind::kNodeTimes;
+              r.inputs.cost.table = parse_node_times(R"({"nodes": {"attention": {"forward": 1}}})", "t");
+            }).find("no entry for \"embed\""),
+            std::string::npos);
+  EXPECT_NE(error_of([](PlanRequest& r) { r.schedule_name = "zb-v"; }).find("'zb-v' is unknown"),
+            std::string::npos);
+  EXPECT_EQ(error_of([](PlanRequest&) {}), "");
+}
+
+}  // namespace
+}  // namespace tandem::schedule

@@ -1,0 +1,144 @@
+// Planner outputs. Oracles: the JSON summary's documented keys and their agreement with the
+// simulation; the trace parsed back as JSON (a track per rank and stream, a memory counter);
+// the SVG's structure; a user's compute-only schedule file planned like the generated one.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <nlohmann/json.hpp>
+
+#include "core/error.h"
+#include "schedule/planner.h"
+
+namespace tandem::schedule {
+namespace {
+
+PlanRequest request(const char* name, int32_t p, int32_t v, int32_t m) {
+  PlanRequest req;
+  req.schedule_name = name;
+  req.shape = {p, v, m};
+  req.inputs.model.num_layers = p * v;
+  req.inputs.expert_parallel_size = 2;
+  return req;
+}
+
+TEST(Export, SummaryJson) {
+  const Plan plan = make_plan(request("interleaved-1f1b", 2, 2, 4));
+  const nlohmann::json j = plan_summary_json(plan);
+  EXPECT_EQ(j["schedule"], "interleaved-1f1b");
+  EXPECT_EQ(j["pipeline_size"], 2);
+  EXPECT_EQ(j["virtual_stages"], 2);
+  EXPECT_EQ(j["num_microbatches"], 4);
+  EXPECT_EQ(j["cost_model"], "roofline");
+  EXPECT_DOUBLE_EQ(j["bubble_fraction"].get<double>(), plan.sim.bubble_fraction);
+  EXPECT_DOUBLE_EQ(j["step_time_s"].get<double>(), plan.sim.step_time_s);
+  ASSERT_EQ(j["ranks"].size(), 2u);
+  for (int r = 0; r < 2; ++r) {
+    const auto& jr = j["ranks"][r];
+    EXPECT_EQ(jr["rank"], r);
+    EXPECT_EQ(jr["peak_bytes"], plan.sim.ranks[r].peak_bytes);
+    EXPECT_EQ(jr["activation_peak_bytes"], plan.sim.ranks[r].activation_peak_bytes);
+    EXPECT_DOUBLE_EQ(jr["exposed_comm_s"].get<double>(), plan.sim.ranks[r].exposed_comm_s);
+    EXPECT_EQ(jr["stages"], (std::vector<int>{r, r + 2}));
+    EXPECT_GT(jr["activation_peak_bytes"].get<int64_t>(), 0);
+    EXPECT_GT(jr["exposed_comm_s"].get<double>(), 0);  // EP 2: all-to-all with nothing to hide it
+  }
+}
+
+TEST(Export, ChromeTrace) {
+  const Plan plan = make_plan(request("1f1b", 2, 1, 3));
+  const nlohmann::json t = nlohmann::json::parse(trace_json(plan));
+  std::set<std::pair<int, int>> tracks;
+  int counters = 0, complete = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["ph"] == "X") {
+      tracks.insert({e["pid"].get<int>(), e["tid"].get<int>()});
+      EXPECT_GE(e["dur"].get<double>(), 0);
+      ++complete;
+    } else if (e["ph"] == "C") {
+      EXPECT_EQ(e["name"], "memory");
+      EXPECT_TRUE(e["args"].contains("activations"));
+      ++counters;
+    }
+  }
+  EXPECT_EQ(tracks, (std::set<std::pair<int, int>>{{0, 0}, {0, 1}, {1, 0}, {1, 1}}));
+  size_t spans = 0;
+  for (const RankResult& r : plan.sim.ranks) spans += r.spans.size();
+  EXPECT_EQ(complete, static_cast<int>(spans));
+  EXPECT_GT(counters, 0);
+  EXPECT_EQ(t["otherData"]["schedule"], "1f1b");
+}
+
+TEST(Export, SvgAndFiles) {
+  const Plan plan = make_plan(request("dualpipev", 2, 2, 4));
+  const std::string svg = plan_svg(plan);
+  EXPECT_EQ(svg.rfind("<svg xmlns=\"http://www.w3.org/2000/svg\"", 0), 0u);
+  EXPECT_NE(svg.find("<rect x="), std::string::npos);
+  EXPECT_NE(svg.find("<polyline"), std::string::npos);
+  EXPECT_NE(svg.find("rank 1 compute"), std::string::npos);
+  EXPECT_NE(svg.find("(0F3;3B1)"), std::string::npos);  // a combined action's tooltip
+  EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  const std::string dir = ::testing::TempDir();
+  write_svg(plan, dir + "/plan.svg");
+  write_trace(plan, dir + "/plan.json");
+  std::ifstream in(dir + "/plan.json");
+  const nlohmann::json back = nlohmann::json::parse(in);
+  EXPECT_EQ(back["otherData"]["schedule"], "dualpipev");
+  EXPECT_THROW(write_svg(plan, "/nonexistent-dir/x.svg"), Error);
+}
+
+TEST(Export, Table) {
+  const std::string table = format_plan_table(make_plan(request("zb-h1", 3, 1, 6)));
+  EXPECT_NE(table.find("schedule zb-h1: 3 ranks, 3 stages, 6 micro-batches, EP 2"), std::string::npos);
+  EXPECT_NE(table.find("exposed comm"), std::string::npos);
+  std::istringstream lines(table);
+  std::string line;
+  int rows = 0;
+  while (std::getline(lines, line)) rows += line.rfind("   ", 0) == 0 ? 1 : 0;
+  EXPECT_EQ(rows, 3);
+}
+
+TEST(Planner, ScheduleFileWithoutCommunicationIsLoweredAndMatchesTheGenerator) {
+  const std::string path = ::testing::TempDir() + "/user_1f1b.txt";
+  {
+    std::ofstream f(path);
+    f << "# 1f1b, compute only\n";
+    const Schedule s = generate_compute_schedule(ScheduleKind::k1f1b, {2, 1, 3});
+    for (int r = 0; r < 2; ++r) {
+      f << "rank " << r << ":";
+      for (const Action& a : s.ranks[r]) f << ' ' << to_string(a);
+      f << '\n';
+    }
+  }
+  PlanRequest from_file = request("1f1b", 2, 1, 3);
+  from_file.schedule_file = path;
+  const Plan a = make_plan(from_file);
+  const Plan b = make_plan(request("1f1b", 2, 1, 3));
+  EXPECT_EQ(a.schedule.ranks, b.schedule.ranks);
+  EXPECT_DOUBLE_EQ(a.sim.step_time_s, b.sim.step_time_s);
+  EXPECT_EQ(a.sim.ranks[0].peak_bytes, b.sim.ranks[0].peak_bytes);
+}
+
+TEST(Planner, BrokenScheduleFileIsRejectedBeforeSimulation) {
+  const std::string path = ::testing::TempDir() + "/broken.txt";
+  {
+    std::ofstream f(path);
+    f << "rank 0: 0F0 0SEND_F0 0B0\nrank 1: 1RECV_F0 1F0 1B0 1SEND_B0\n";
+  }
+  PlanRequest req = request("1f1b", 2, 1, 1);
+  req.schedule_file = path;
+  try {
+    make_plan(req);
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("rank 0, action #2 0B0: its output gradient has not been "
+                                         "received"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::schedule
