@@ -34,18 +34,18 @@ void args(benchmark::internal::Benchmark* b) {
 }
 
 void BM_Plan(benchmark::State& state) {
-  const PlanRequest req = request(static_cast<int32_t>(state.range(0)),
-                                  static_cast<int32_t>(state.range(1)),
-                                  static_cast<int32_t>(state.range(2)));
+  const PlanRequest req =
+      request(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)),
+              static_cast<int32_t>(state.range(2)));
   for (auto _ : state) benchmark::DoNotOptimize(make_plan(req));
   state.SetLabel("PP x VPP x micro-batches, generate + validate + simulate");
 }
 BENCHMARK(BM_Plan)->Apply(args);
 
 void BM_Generate(benchmark::State& state) {
-  const PlanRequest req = request(static_cast<int32_t>(state.range(0)),
-                                  static_cast<int32_t>(state.range(1)),
-                                  static_cast<int32_t>(state.range(2)));
+  const PlanRequest req =
+      request(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)),
+              static_cast<int32_t>(state.range(2)));
   for (auto _ : state) {
     benchmark::DoNotOptimize(generate_schedule(ScheduleKind::kInterleaved1f1b, req.shape));
   }
@@ -53,9 +53,9 @@ void BM_Generate(benchmark::State& state) {
 BENCHMARK(BM_Generate)->Apply(args);
 
 void BM_Validate(benchmark::State& state) {
-  const PlanRequest req = request(static_cast<int32_t>(state.range(0)),
-                                  static_cast<int32_t>(state.range(1)),
-                                  static_cast<int32_t>(state.range(2)));
+  const PlanRequest req =
+      request(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)),
+              static_cast<int32_t>(state.range(2)));
   const Schedule s = generate_schedule(ScheduleKind::kInterleaved1f1b, req.shape);
   for (auto _ : state) validate_schedule(s);
   state.counters["actions"] = static_cast<double>(s.num_actions());
@@ -63,9 +63,9 @@ void BM_Validate(benchmark::State& state) {
 BENCHMARK(BM_Validate)->Apply(args);
 
 void BM_Simulate(benchmark::State& state) {
-  const PlanRequest req = request(static_cast<int32_t>(state.range(0)),
-                                  static_cast<int32_t>(state.range(1)),
-                                  static_cast<int32_t>(state.range(2)));
+  const PlanRequest req =
+      request(static_cast<int32_t>(state.range(0)), static_cast<int32_t>(state.range(1)),
+              static_cast<int32_t>(state.range(2)));
   const Schedule s = generate_schedule(ScheduleKind::kInterleaved1f1b, req.shape);
   const PipelineModel model = build_pipeline_model(s, req.inputs);
   for (auto _ : state) benchmark::DoNotOptimize(simulate(s, model));

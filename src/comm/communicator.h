@@ -14,6 +14,14 @@
 
 namespace tandem::comm {
 
+// A send in flight; wait() completes it (bounded, Note [Bounded waits]). It keeps the tensor's
+// storage alive until then.
+class PendingSend {
+ public:
+  virtual ~PendingSend() = default;
+  virtual void wait() = 0;
+};
+
 class Communicator {
  public:
   virtual ~Communicator() = default;
@@ -23,6 +31,8 @@ class Communicator {
 
   // Point to point; `peer` is a group rank; matching send/recv pairs use the same tag.
   virtual void send(const Tensor& t, int peer, int tag) = 0;
+  // Starts a send and returns at once (schedules assume a SEND never waits).
+  virtual std::unique_ptr<PendingSend> isend(const Tensor& t, int peer, int tag) = 0;
   virtual void recv(const Tensor& t, int peer, int tag) = 0;
   // Rows of `in` go to each peer in group-rank order: send_rows[p] rows to peer p; `out`
   // receives recv_rows[p] rows from each peer in order. Row width is in.numel() / in.size(0).

@@ -64,6 +64,8 @@ class MpiCommunicator final : public Communicator {
     wait(req, "send to", peer);
   }
 
+  std::unique_ptr<PendingSend> isend(const Tensor& t, int peer, int tag) override;
+
   void recv(const Tensor& t, int peer, int tag) override {
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Irecv(t.raw_data(), as_count(t.numel(), "recv"), mpi_type(t.dtype()),
@@ -141,6 +143,7 @@ class MpiCommunicator final : public Communicator {
                                          const std::string& name) override;
 
  private:
+  friend class MpiPendingSend;
   void wait(MPI_Request& req, const char* op, int peer);
 
   MPI_Comm comm_;
@@ -148,6 +151,32 @@ class MpiCommunicator final : public Communicator {
   double timeout_s_;
   int rank_ = 0, size_ = 1;
 };
+
+class MpiPendingSend final : public PendingSend {
+ public:
+  MpiPendingSend(MpiCommunicator* comm, Tensor t, int peer) : comm_(comm), t_(std::move(t)), peer_(peer) {}
+  ~MpiPendingSend() override {
+    if (req_ == MPI_REQUEST_NULL) return;  // only on an error path: abandon the send
+    MPI_Cancel(&req_);
+    MPI_Request_free(&req_);
+  }
+  void wait() override {
+    if (req_ != MPI_REQUEST_NULL) comm_->wait(req_, "send to", peer_);
+  }
+  MPI_Request req_ = MPI_REQUEST_NULL;
+
+ private:
+  MpiCommunicator* comm_;
+  Tensor t_;  // keeps the storage alive until the send completes
+  int peer_;
+};
+
+std::unique_ptr<PendingSend> MpiCommunicator::isend(const Tensor& t, int peer, int tag) {
+  auto pending = std::make_unique<MpiPendingSend>(this, t, peer);
+  TANDEM_MPI_CHECK(MPI_Isend(t.raw_data(), as_count(t.numel(), "send"), mpi_type(t.dtype()), peer,
+                             tag, comm_, &pending->req_));
+  return pending;
+}
 
 void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer) {
   using Clock = std::chrono::steady_clock;

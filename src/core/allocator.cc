@@ -1,6 +1,8 @@
 // CPU allocator and the shared statistics every allocator keeps (Note [Memory categories]).
 #include "core/allocator.h"
 
+#include <malloc.h>
+
 #include <algorithm>
 #include <cstdlib>
 #include <new>
@@ -69,6 +71,14 @@ namespace {
 
 class CpuAllocator final : public Allocator {
  public:
+  CpuAllocator() {
+    // Keep freed blocks in the heap for reuse: by default glibc maps every large block afresh
+    // and unmaps it on free, so each training step would page-fault its activations back in.
+    // The statistics count requested bytes either way.
+    mallopt(M_MMAP_THRESHOLD, 1 << 30);
+    mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  }
+
   Device device() const override { return Device::kCPU; }
 
   void* allocate(int64_t bytes, MemCategory category, std::string_view tag) override {

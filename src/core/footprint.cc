@@ -44,7 +44,7 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
       return elems * es + index * kIndexBytes;
     }
     case NodeKind::kDispatch:
-      return 0;
+      return s.ep_size > 1 ? s.ep_size * s.local_experts * kIndexBytes : 0;
     case NodeKind::kExperts:
       return (s.expert_rows * h + 3 * s.expert_rows * f) * es + s.local_experts * kIndexBytes;
     case NodeKind::kCombine:

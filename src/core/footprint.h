@@ -20,6 +20,7 @@ struct FootprintShape {
   int64_t tokens = 0;       // N: tokens of one micro-batch on this rank (micro_batch * seq)
   int64_t expert_rows = 0;  // rows the local experts receive (N * k when EP = 1)
   int64_t local_experts = 0;
+  int64_t ep_size = 1;      // expert-parallel ranks
   int64_t elem_bytes = 4;   // activation element size (4 for f32, 8 for f64)
 };
 
@@ -32,7 +33,7 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //  attention: x, n1, h1, n2 [N,H]; rstd1, rstd2 [N]; q, a [N,heads*D]; k, v [N,kv*D];
 //             lse [N*heads]; MoE adds probs [N,E], topk_w [N,k], topk_idx i32 [N,k],
 //             counts i32 [E], perm i32 [N*k]
-//  dispatch:  nothing (the rows it receives are the experts' input)
+//  dispatch:  EP > 1: recv_counts i32 [EP * local E] (the rows it receives are the experts')
 //  experts:   x_in [R,H]; gate, up, act [R,F]; rows_per_expert i32 [local E]
 //  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
 //  mlp:       gate, up, act [N,F]

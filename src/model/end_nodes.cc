@@ -17,6 +17,10 @@ Tensor work_tensor(const Shape& shape, DType dtype, const char* tag) {
   return Tensor::empty(shape, dtype, MemCategory::kOther, tag);
 }
 
+Tensor comm_tensor(const Shape& shape, DType dtype, const char* tag) {
+  return Tensor::empty(shape, dtype, MemCategory::kCommunication, tag);
+}
+
 void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const NodeContext& c) {
   const int64_t n = c.tokens();
   a.ids_saved = saved_tensor({n}, DType::kI32, "embed.ids");
@@ -86,6 +90,8 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
     case NodeKind::kAttention:
       return {&s.x, &s.n1, &s.rstd1, &s.q, &s.k, &s.v, &s.a, &s.lse, &s.h1, &s.rstd2, &s.n2,
               &s.probs, &s.topk_w, &s.topk_idx, &s.counts, &s.perm};
+    case NodeKind::kDispatch:
+      return {&a.dispatch.recv_counts};
     case NodeKind::kExperts:
       return {&a.experts.x_in, &a.experts.gate, &a.experts.up, &a.experts.act,
               &a.experts.rows_per_expert};

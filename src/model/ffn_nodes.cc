@@ -1,41 +1,12 @@
-// The feed-forward side of a layer: dispatch and combine (the all-to-all pair; with one expert
-// rank they hand ownership over without copying), the experts' grouped SwiGLU, and the dense mlp.
+// The feed-forward side of a layer: the experts' grouped SwiGLU and the dense mlp.
 #include "model/nodes.h"
 #include "ops/ops.h"
+
+#include <utility>
 
 namespace tandem::model {
 
 using ops::Accumulate;
-
-void dispatch_forward(LayerActs& a, const NodeContext&) {
-  a.expert_in = std::move(a.routed);  // EP = 1: the routed rows are the experts' input
-  a.routed = Tensor();
-}
-
-void dispatch_backward(LayerActs& a, const NodeContext&) {
-  a.d_routed = std::move(a.d_expert_in);
-  a.d_expert_in = Tensor();
-}
-
-void combine_forward(LayerActs& a, const NodeContext& c) {
-  const AttentionSaved& s = a.attn;
-  a.combine.y = std::move(a.expert_out);  // (N*k, H), expert-sorted
-  a.expert_out = Tensor();
-  a.out = saved_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");
-  a.out.copy_from(a.h1);                  // residual
-  ops::combine_forward(a.out, a.combine.y, s.perm, s.topk_w);
-  a.h1 = Tensor();
-}
-
-void combine_backward(LayerActs& a, const NodeContext& c) {
-  const AttentionSaved& s = a.attn;
-  const int64_t n = c.tokens(), k = c.cfg.moe_router_topk;
-  a.d_expert_out = work_tensor({n * k, c.cfg.hidden_size}, c.dtype, "d_expert_out");
-  a.d_topk_w = work_tensor({n, k}, c.dtype, "d_topk_w");
-  ops::combine_backward(a.d_expert_out, a.d_topk_w, a.d_out, a.combine.y, s.perm, s.topk_w);
-  release_storage({&a.combine.y});
-  a.combine = CombineSaved{};
-}
 
 // Calls fn(local expert, first row, rows) for each local expert with rows.
 template <typename Fn>
@@ -54,9 +25,8 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   s.x_in = std::move(a.expert_in);  // (R, H)
   a.expert_in = Tensor();
   const int64_t r = s.x_in.size(0);
-  s.rows_per_expert = saved_tensor({static_cast<int64_t>(w.e_gate.size())}, DType::kI32,
-                                   "experts.rows");
-  s.rows_per_expert.copy_from(a.attn.counts);  // EP = 1: every expert is local
+  s.rows_per_expert = std::exchange(a.expert_rows, Tensor());  // from dispatch
+  TANDEM_ASSERT(s.rows_per_expert.numel() == static_cast<int64_t>(w.e_gate.size()));
   s.gate = saved_tensor({r, f}, c.dtype, "experts.gate");
   s.up = saved_tensor({r, f}, c.dtype, "experts.up");
   s.act = saved_tensor({r, f}, c.dtype, "experts.act");

@@ -17,6 +17,10 @@
 #include "core/tensor.h"
 #include "model/parameters.h"
 
+namespace tandem::comm {
+class Communicator;
+}
+
 namespace tandem::model {
 
 // Shape and scaling of one micro-batch's pass through a node.
@@ -26,6 +30,7 @@ struct NodeContext {
   int64_t seq;            // tokens per sequence
   DType dtype;            // activation dtype (f32 to train, f64 for gradient checks)
   double loss_scale;      // d(step loss)/d(micro-batch loss): 1 / num_microbatches
+  comm::Communicator* ep = nullptr;  // the expert-parallel group; null when EP = 1
   int64_t tokens() const { return batch * seq; }
 };
 
@@ -45,6 +50,12 @@ struct CombineSaved {
   Tensor y;  // [N*k, H] expert outputs in expert-sorted order
 };
 
+// EP > 1 only: rows received from each source rank for each local expert, [EP * local E] i32
+// (source-major); dispatch holds it until its backward, combine reads it.
+struct DispatchSaved {
+  Tensor recv_counts;
+};
+
 struct MlpSaved {
   Tensor gate, up, act;
   Tensor d_out, d_gate, d_up;  // kept for backward_weights
@@ -54,10 +65,11 @@ struct MlpSaved {
 // (dispatch) -> expert_in -> (experts) -> expert_out -> (combine | mlp) -> out. Backward flow
 // runs the other way through the d_ tensors.
 struct LayerActs {
-  Tensor x, h1, routed, expert_in, expert_out, out;
+  Tensor x, h1, routed, expert_in, expert_rows, expert_out, out;
   double aux_loss = 0;
   Tensor d_out, d_expert_out, d_expert_in, d_routed, d_topk_w, d_n2, d_x;
   AttentionSaved attn;
+  DispatchSaved dispatch;
   ExpertsSaved experts;
   CombineSaved combine;
   MlpSaved mlp;
@@ -86,7 +98,9 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
                         const NodeContext& c);
 void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
 
-// ---- dispatch / combine: the all-to-all pair (identity copies of ownership when EP = 1) ----
+// ---- dispatch / combine: the all-to-all pair (a hand-over of ownership when EP = 1) ----
+// With EP > 1, dispatch sends each expert's rows to the rank holding it (counts first, then
+// rows) and orders what arrives by local expert; combine does the reverse, then the weighted sum.
 void dispatch_forward(LayerActs& a, const NodeContext& c);
 void dispatch_backward(LayerActs& a, const NodeContext& c);
 void combine_forward(LayerActs& a, const NodeContext& c);
@@ -118,5 +132,6 @@ std::vector<const Tensor*> saved_tensors(const LossActs& a);
 // Allocation helpers for node code (Note [Activation categories]).
 Tensor saved_tensor(const Shape& shape, DType dtype, const char* tag);
 Tensor work_tensor(const Shape& shape, DType dtype, const char* tag);
+Tensor comm_tensor(const Shape& shape, DType dtype, const char* tag);
 
 }  // namespace tandem::model

@@ -101,9 +101,10 @@ void infer_layout(Schedule& s, std::string_view source) {
   int32_t max_stage = -1, max_mb = -1;
   for (const auto& list : s.ranks) {
     for (const Action& a : list) {
-      max_stage = std::max({max_stage, a.stage, a.kind == ActionKind::kForwardBackward ? a.bwd_stage : -1});
-      max_mb = std::max({max_mb, a.microbatch,
-                         a.kind == ActionKind::kForwardBackward ? a.bwd_microbatch : -1});
+      max_stage =
+          std::max({max_stage, a.stage, a.kind == ActionKind::kForwardBackward ? a.bwd_stage : -1});
+      max_mb = std::max(
+          {max_mb, a.microbatch, a.kind == ActionKind::kForwardBackward ? a.bwd_microbatch : -1});
     }
   }
   TANDEM_CHECK(max_stage >= 0, source, ": the schedule has no actions");
@@ -183,8 +184,8 @@ std::string to_string(const Action& a) {
 
 Action parse_action(std::string_view text) {
   Action a;
-  const bool ok = !text.empty() && (text.front() == '(' ? parse_combined(text, a)
-                                                        : parse_single(text, a));
+  const bool ok =
+      !text.empty() && (text.front() == '(' ? parse_combined(text, a) : parse_single(text, a));
   TANDEM_CHECK(ok, "bad action '", text, "': ", kAcceptedForms);
   return a;
 }
@@ -227,13 +228,16 @@ Schedule parse_schedule(std::string_view text, std::string_view source) {
     std::string_view line = text.substr(pos, end - pos);
     pos = end + 1;
     ++line_no;
-    if (const size_t hash = line.find('#'); hash != std::string_view::npos) line = line.substr(0, hash);
+    if (const size_t hash = line.find('#'); hash != std::string_view::npos)
+      line = line.substr(0, hash);
     const auto words = split_actions(line);
     if (words.empty()) continue;
     int32_t rank = -1;
     const bool header = words.size() >= 2 && words[0] == "rank" && words[1].size() >= 2 &&
-                        words[1].back() == ':' && parse_int(words[1].substr(0, words[1].size() - 1), rank);
-    TANDEM_CHECK(header, source, ":", line_no, ": expected 'rank <R>: <actions>', got '", line, "'");
+                        words[1].back() == ':' &&
+                        parse_int(words[1].substr(0, words[1].size() - 1), rank);
+    TANDEM_CHECK(header, source, ":", line_no, ": expected 'rank <R>: <actions>', got '", line,
+                 "'");
     TANDEM_CHECK(rank < 100000, source, ":", line_no, ": rank ", rank, " is out of range");
     if (rank >= static_cast<int32_t>(s.ranks.size())) {
       s.ranks.resize(rank + 1);

@@ -32,8 +32,8 @@ constexpr int kNumActionKinds = 9;
 // The text of a kind: "F", "B", "I", "W", "FB", "SEND_F", "RECV_F", "SEND_B", "RECV_B".
 std::string_view action_kind_name(ActionKind kind);
 
-bool is_compute(ActionKind kind);        // F, B, I, W, FB
-bool is_communication(ActionKind kind);  // SEND_*, RECV_*
+bool is_compute(ActionKind kind);            // F, B, I, W, FB
+bool is_communication(ActionKind kind);      // SEND_*, RECV_*
 bool is_backward_of_input(ActionKind kind);  // B or I: produces the input gradient
 
 // One entry of a rank's list. For kForwardBackward, (stage, microbatch) is the forward half and

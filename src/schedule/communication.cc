@@ -67,16 +67,16 @@ class Lowering {
   }
 
   static Action recv_of(const Message& m) {
-    return m.dir == Direction::kForward
-               ? Action::make(ActionKind::kRecvF, m.stage + 1, m.mb)
-               : Action::make(ActionKind::kRecvB, m.stage - 1, m.mb);
+    return m.dir == Direction::kForward ? Action::make(ActionKind::kRecvF, m.stage + 1, m.mb)
+                                        : Action::make(ActionKind::kRecvB, m.stage - 1, m.mb);
   }
 
   // Appends the RECVs on `rank` up to and including message `m` from `src`.
   void receive(std::vector<Action>& out, int32_t rank, int32_t src, const Message& m) {
     auto it = channels_.find(channel(src, rank));
     const auto pos = position_.find(key(m.dir, m.stage, m.mb));
-    if (it == channels_.end() || pos == position_.end()) return;  // never sent: the validator says so
+    if (it == channels_.end() || pos == position_.end())
+      return;  // never sent: the validator says so
     auto& queue = it->second;
     while (queue.received <= pos->second) out.push_back(recv_of(queue.messages[queue.received++]));
   }
@@ -89,12 +89,16 @@ class Lowering {
       const bool has_b = is_backward_of_input(a.kind) || a.kind == ActionKind::kForwardBackward;
       const Action f = a.forward_half(), b = a.backward_half();
       if (has_f && f.stage > 0 && s_.stage_rank[f.stage - 1] != r)
-        receive(out, r, s_.stage_rank[f.stage - 1], {Direction::kForward, f.stage - 1, f.microbatch});
+        receive(out, r, s_.stage_rank[f.stage - 1],
+                {Direction::kForward, f.stage - 1, f.microbatch});
       if (has_b && b.stage + 1 < s_.num_stages && s_.stage_rank[b.stage + 1] != r)
-        receive(out, r, s_.stage_rank[b.stage + 1], {Direction::kBackward, b.stage + 1, b.microbatch});
+        receive(out, r, s_.stage_rank[b.stage + 1],
+                {Direction::kBackward, b.stage + 1, b.microbatch});
       out.push_back(a);
-      if (has_f && sends_forward(f, r)) out.push_back(Action::make(ActionKind::kSendF, f.stage, f.microbatch));
-      if (has_b && sends_backward(b, r)) out.push_back(Action::make(ActionKind::kSendB, b.stage, b.microbatch));
+      if (has_f && sends_forward(f, r))
+        out.push_back(Action::make(ActionKind::kSendF, f.stage, f.microbatch));
+      if (has_b && sends_backward(b, r))
+        out.push_back(Action::make(ActionKind::kSendB, b.stage, b.microbatch));
     }
     return out;
   }
@@ -113,8 +117,8 @@ class Lowering {
 void add_communication(Schedule& schedule) {
   for (const auto& list : schedule.ranks) {
     for (const Action& a : list) {
-      TANDEM_CHECK(is_compute(a.kind), "add_communication: rank lists already hold ",
-                   to_string(a), "; give it a compute-only schedule");
+      TANDEM_CHECK(is_compute(a.kind), "add_communication: rank lists already hold ", to_string(a),
+                   "; give it a compute-only schedule");
     }
   }
   const Schedule compute = schedule;

@@ -6,9 +6,8 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -24,9 +23,11 @@ NodePhaseTimes parse_phase_times(const nlohmann::json& j, NodeKind kind, std::st
                ": expected an object with at least \"forward\" (seconds), e.g. "
                "{\"forward\": 1e-4, \"backward_input\": 1e-4, \"backward_weight\": 1e-4}");
   for (const auto& [key, value] : j.items()) {
-    TANDEM_CHECK(std::find(std::begin(kPhaseKeys), std::end(kPhaseKeys), key) != std::end(kPhaseKeys),
-                 at, ": unknown key \"", key, "\"; valid keys are forward, backward_input, "
-                 "backward_weight");
+    TANDEM_CHECK(
+        std::find(std::begin(kPhaseKeys), std::end(kPhaseKeys), key) != std::end(kPhaseKeys), at,
+        ": unknown key \"", key,
+        "\"; valid keys are forward, backward_input, "
+        "backward_weight");
     TANDEM_CHECK(value.is_number() && value.get<double>() >= 0, at, ".", key,
                  ": expected a time in seconds >= 0, got ", value.dump());
   }
@@ -45,9 +46,12 @@ NodePhaseTimes parse_phase_times(const nlohmann::json& j, NodeKind kind, std::st
 
 std::string_view cost_model_name(CostModelKind kind) {
   switch (kind) {
-    case CostModelKind::kUniform: return "uniform";
-    case CostModelKind::kRoofline: return "roofline";
-    case CostModelKind::kNodeTimes: return "node-times";
+    case CostModelKind::kUniform:
+      return "uniform";
+    case CostModelKind::kRoofline:
+      return "roofline";
+    case CostModelKind::kNodeTimes:
+      return "node-times";
   }
   return "?";
 }
@@ -55,7 +59,8 @@ std::string_view cost_model_name(CostModelKind kind) {
 CostModelKind parse_cost_model(std::string_view name) {
   if (name == "uniform") return CostModelKind::kUniform;
   if (name == "roofline") return CostModelKind::kRoofline;
-  throw Error(detail::concat("--cost-model '", name, "' is unknown: valid cost models are "
+  throw Error(detail::concat("--cost-model '", name,
+                             "' is unknown: valid cost models are "
                              "uniform and roofline (give --node-times FILE for measured times)"));
 }
 
@@ -126,8 +131,8 @@ NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfi
                           const FootprintShape& shape, int64_t ep) {
   if (cost.kind == CostModelKind::kNodeTimes) {
     const auto& entry = cost.table.nodes[static_cast<int>(kind)];
-    TANDEM_CHECK(entry.has_value(), "the node-times file has no entry for \"",
-                 node_kind_name(kind), "\", which this model needs");
+    TANDEM_CHECK(entry.has_value(), "the node-times file has no entry for \"", node_kind_name(kind),
+                 "\", which this model needs");
     return *entry;
   }
   TANDEM_ASSERT(cost.kind == CostModelKind::kRoofline, "node_times: uniform costs are per action");
@@ -139,7 +144,8 @@ NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfi
     t.backward_input_s = t.forward_s;
     return t;
   }
-  t.forward_s = std::max(work.flops / d.matrix_flops_per_s, work.memory_bytes / d.memory_bytes_per_s);
+  t.forward_s =
+      std::max(work.flops / d.matrix_flops_per_s, work.memory_bytes / d.memory_bytes_per_s);
   t.backward_input_s = kind == NodeKind::kEmbed ? 0 : t.forward_s;
   t.backward_weight_s = t.forward_s;
   return t;
@@ -147,7 +153,8 @@ NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfi
 
 double p2p_time(const CostModel& cost, int64_t bytes) {
   switch (cost.kind) {
-    case CostModelKind::kUniform: return 0;
+    case CostModelKind::kUniform:
+      return 0;
     case CostModelKind::kNodeTimes:
       if (cost.table.p2p_s) return *cost.table.p2p_s;
       [[fallthrough]];
@@ -176,7 +183,8 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
     for (int k = 0; k < kNumNodeKinds; ++k) {
       if (node_kind_name(static_cast<NodeKind>(k)) == name) found = k;
     }
-    TANDEM_CHECK(found >= 0, source, ": unknown node \"", name, "\"; valid nodes are embed, "
+    TANDEM_CHECK(found >= 0, source, ": unknown node \"", name,
+                 "\"; valid nodes are embed, "
                  "attention, dispatch, experts, combine, mlp, loss");
     const auto kind = static_cast<NodeKind>(found);
     table.nodes[found] = parse_phase_times(value, kind, detail::concat(source, ": nodes.", name));

@@ -19,23 +19,24 @@ enum class CostModelKind : uint8_t {
   kNodeTimes,  // per-node times from a JSON file (docs/schedules.md)
 };
 std::string_view cost_model_name(CostModelKind kind);
-// "uniform" or "roofline" (the file model is chosen by giving a file); throws naming the valid ones.
+// "uniform" or "roofline" (the file model is chosen by giving a file); throws naming the valid
+// ones.
 CostModelKind parse_cost_model(std::string_view name);
 
 // A device and its links. Defaults are roughly one H200 with NVLink.
 struct DeviceDesc {
-  double matrix_flops_per_s = 790e12;   // dense bf16 matrix rate actually reached
-  double memory_bytes_per_s = 4.3e12;   // HBM bandwidth
-  double link_bytes_per_s = 350e9;      // effective per-GPU link bandwidth (all-to-all and P2P)
-  double link_latency_s = 5e-6;         // per message
-  int64_t weight_elem_bytes = 2;        // bytes per weight element read by the matrix products
+  double matrix_flops_per_s = 790e12;  // dense bf16 matrix rate actually reached
+  double memory_bytes_per_s = 4.3e12;  // HBM bandwidth
+  double link_bytes_per_s = 350e9;     // effective per-GPU link bandwidth (all-to-all and P2P)
+  double link_latency_s = 5e-6;        // per message
+  int64_t weight_elem_bytes = 2;       // bytes per weight element read by the matrix products
 };
 
 // The work of one node's forward for one micro-batch on one rank.
 struct NodeWork {
-  double flops = 0;        // multiply-adds count 2
-  double memory_bytes = 0; // weights read + activations read and written (an estimate)
-  double comm_bytes = 0;   // bytes this rank sends in the node's all-to-all
+  double flops = 0;         // multiply-adds count 2
+  double memory_bytes = 0;  // weights read + activations read and written (an estimate)
+  double comm_bytes = 0;    // bytes this rank sends in the node's all-to-all
 };
 
 // Per layer and micro-batch (forward, input-gradient and weight-gradient halves), in seconds.

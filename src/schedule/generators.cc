@@ -88,8 +88,8 @@ ActionList interleaved_rank(int32_t r, const ScheduleShape& sh, ScheduleKind kin
   for (int32_t i = 0; i < total - warmup; ++i) {
     const Action f = order.forward(warmup + i), b = order.backward(i);
     if (combined) {
-      out.push_back(Action::combined(f.stage, f.microbatch, ActionKind::kBackward, b.stage,
-                                     b.microbatch));
+      out.push_back(
+          Action::combined(f.stage, f.microbatch, ActionKind::kBackward, b.stage, b.microbatch));
     } else {
       out.push_back(f);
       out.push_back(b);
@@ -127,14 +127,14 @@ class DualPipeVRank {
   DualPipeVRank(int32_t r, int32_t p) : s0_(r), s1_(2 * p - 1 - r) {}
 
   ActionList build(int32_t r, int32_t p, int32_t m) {
-    for (int32_t i = 0; i < (p - r - 1) * 2; ++i) forward(s0_);         // 1: F0
-    for (int32_t i = 0; i < r + 1; ++i) forward(s0_), forward(s1_);      // 2: F0 F1
-    for (int32_t i = 0; i < p - r - 1; ++i) {                            // 3: I1 W F1
+    for (int32_t i = 0; i < (p - r - 1) * 2; ++i) forward(s0_);      // 1: F0
+    for (int32_t i = 0; i < r + 1; ++i) forward(s0_), forward(s1_);  // 2: F0 F1
+    for (int32_t i = 0; i < p - r - 1; ++i) {                        // 3: I1 W F1
       backward(s1_, ActionKind::kBackwardInput);
       weight_if_pending();
       forward(s1_);
     }
-    for (int32_t i = 0; i < m - 2 * p + r + 1; ++i) {                    // 4: F0B1 F1B0
+    for (int32_t i = 0; i < m - 2 * p + r + 1; ++i) {  // 4: F0B1 F1B0
       if (i == 0 && r == p - 1) {
         forward(s0_);
         backward(s1_, ActionKind::kBackward);
@@ -143,11 +143,11 @@ class DualPipeVRank {
       }
       overlapped(s1_, s0_);
     }
-    for (int32_t i = 0; i < p - r - 1; ++i) {                            // 5: B1 F1B0
+    for (int32_t i = 0; i < p - r - 1; ++i) {  // 5: B1 F1B0
       backward(s1_, ActionKind::kBackward);
       overlapped(s1_, s0_);
     }
-    const int32_t step6 = r + 1;                                          // 6: B1 B0
+    const int32_t step6 = r + 1;  // 6: B1 B0
     bool zb = false;
     for (int32_t i = 0; i < step6; ++i) {
       if (i == step6 / 2 && r % 2 == 1) zb = true;
@@ -155,11 +155,11 @@ class DualPipeVRank {
       if (i == step6 / 2 && r % 2 == 0) zb = true;
       backward(s0_, zb ? ActionKind::kBackwardInput : ActionKind::kBackward);
     }
-    for (int32_t i = 0; i < p - r - 1; ++i) {                            // 7: W B0
+    for (int32_t i = 0; i < p - r - 1; ++i) {  // 7: W B0
       weight_if_pending();
       backward(s0_, zb ? ActionKind::kBackwardInput : ActionKind::kBackward);
     }
-    while (!weights_.empty()) weight_if_pending();                         // 8: W
+    while (!weights_.empty()) weight_if_pending();  // 8: W
     return std::move(out_);
   }
 
@@ -168,7 +168,8 @@ class DualPipeVRank {
   void backward(int32_t s, ActionKind kind) {
     const int32_t mb = next_b_[s]++;
     out_.push_back(Action::make(kind, s, mb));
-    if (kind == ActionKind::kBackwardInput) weights_.push_back(Action::make(ActionKind::kBackwardWeight, s, mb));
+    if (kind == ActionKind::kBackwardInput)
+      weights_.push_back(Action::make(ActionKind::kBackwardWeight, s, mb));
   }
   void overlapped(int32_t f_stage, int32_t b_stage) {
     out_.push_back(Action::combined(f_stage, next_f_[f_stage]++, ActionKind::kBackward, b_stage,
@@ -226,27 +227,36 @@ void check_supported(ScheduleKind kind, const ScheduleShape& sh) {
     case ScheduleKind::kGpipe:
     case ScheduleKind::k1f1b:
     case ScheduleKind::kZbH1:
-      TANDEM_CHECK(v == 1, name, " runs one stage per rank: --virtual-pipeline-model-parallel-size ",
-                   v, " is not supported (use 1, or interleaved-1f1b / dualpipev for more)");
+      TANDEM_CHECK(v == 1, name,
+                   " runs one stage per rank: --virtual-pipeline-model-parallel-size ", v,
+                   " is not supported (use 1, or interleaved-1f1b / dualpipev for more)");
       return;
     case ScheduleKind::kInterleaved1f1b:
-      TANDEM_CHECK(v >= 2, "interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
-                   "(got ", v, "); use 1f1b for one stage per rank");
+      TANDEM_CHECK(v >= 2,
+                   "interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
+                   "(got ",
+                   v, "); use 1f1b for one stage per rank");
       TANDEM_CHECK(m % p == 0, "interleaved-1f1b needs --num-microbatches (", m,
                    ") to be a multiple of --pipeline-model-parallel-size (", p, ")");
       return;
     case ScheduleKind::kCombined1f1b:
       if (v == 1) return;
-      TANDEM_CHECK(p >= 2, "combined-1f1b with --pipeline-model-parallel-size 1 runs one stage: "
-                   "--virtual-pipeline-model-parallel-size must be 1 (got ", v, ")");
+      TANDEM_CHECK(p >= 2,
+                   "combined-1f1b with --pipeline-model-parallel-size 1 runs one stage: "
+                   "--virtual-pipeline-model-parallel-size must be 1 (got ",
+                   v, ")");
       TANDEM_CHECK(m % p == 0, "combined-1f1b with virtual stages needs --num-microbatches (", m,
                    ") to be a multiple of --pipeline-model-parallel-size (", p, ")");
       return;
     case ScheduleKind::kDualPipeV:
-      TANDEM_CHECK(v == 2, "dualpipev places exactly 2 stages on each rank: "
-                   "--virtual-pipeline-model-parallel-size must be 2 (got ", v, ")");
-      TANDEM_CHECK(m >= 2 * p, "dualpipev needs --num-microbatches >= 2 x "
-                   "--pipeline-model-parallel-size = ", 2 * p, " (got ", m, ")");
+      TANDEM_CHECK(v == 2,
+                   "dualpipev places exactly 2 stages on each rank: "
+                   "--virtual-pipeline-model-parallel-size must be 2 (got ",
+                   v, ")");
+      TANDEM_CHECK(m >= 2 * p,
+                   "dualpipev needs --num-microbatches >= 2 x "
+                   "--pipeline-model-parallel-size = ",
+                   2 * p, " (got ", m, ")");
       return;
   }
 }
@@ -258,14 +268,25 @@ Schedule generate_compute_schedule(ScheduleKind kind, const ScheduleShape& sh) {
   for (int32_t r = 0; r < p; ++r) {
     auto& list = s.ranks[r];
     switch (kind) {
-      case ScheduleKind::kGpipe: list = gpipe_rank(r, m); break;
-      case ScheduleKind::k1f1b: list = one_f_one_b_rank(r, p, m, kind); break;
-      case ScheduleKind::kInterleaved1f1b: list = interleaved_rank(r, sh, kind); break;
-      case ScheduleKind::kCombined1f1b:
-        list = sh.virtual_stages == 1 ? one_f_one_b_rank(r, p, m, kind) : interleaved_rank(r, sh, kind);
+      case ScheduleKind::kGpipe:
+        list = gpipe_rank(r, m);
         break;
-      case ScheduleKind::kZbH1: list = zb_h1_rank(r, p, m); break;
-      case ScheduleKind::kDualPipeV: list = DualPipeVRank(r, p).build(r, p, m); break;
+      case ScheduleKind::k1f1b:
+        list = one_f_one_b_rank(r, p, m, kind);
+        break;
+      case ScheduleKind::kInterleaved1f1b:
+        list = interleaved_rank(r, sh, kind);
+        break;
+      case ScheduleKind::kCombined1f1b:
+        list = sh.virtual_stages == 1 ? one_f_one_b_rank(r, p, m, kind)
+                                      : interleaved_rank(r, sh, kind);
+        break;
+      case ScheduleKind::kZbH1:
+        list = zb_h1_rank(r, p, m);
+        break;
+      case ScheduleKind::kDualPipeV:
+        list = DualPipeVRank(r, p).build(r, p, m);
+        break;
     }
   }
   return s;

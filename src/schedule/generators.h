@@ -28,9 +28,9 @@ ScheduleKind parse_schedule_kind(std::string_view name);
 std::string schedule_kind_names();
 
 struct ScheduleShape {
-  int32_t pipeline_size = 1;       // P: pipeline ranks
-  int32_t virtual_stages = 1;      // V: stages per rank
-  int32_t num_microbatches = 1;    // M
+  int32_t pipeline_size = 1;     // P: pipeline ranks
+  int32_t virtual_stages = 1;    // V: stages per rank
+  int32_t num_microbatches = 1;  // M
 };
 
 // How stages sit on ranks: loop style (interleaved) puts stage s on rank s % P; V style

@@ -90,11 +90,12 @@ Stage build_stage(int32_t index, int32_t num_stages, int32_t first_layer, int32_
   st.first_layer_node = static_cast<int32_t>(st.nodes.size());
   for (int32_t l = first_layer; l < first_layer + num_layers; ++l) {
     if (cfg.is_moe()) {
-      for (NodeKind k : {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts,
-                         NodeKind::kCombine})
+      for (NodeKind k :
+           {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts, NodeKind::kCombine})
         st.nodes.push_back(make_node(k, l, in, s));
     } else {
-      for (NodeKind k : {NodeKind::kAttention, NodeKind::kMlp}) st.nodes.push_back(make_node(k, l, in, s));
+      for (NodeKind k : {NodeKind::kAttention, NodeKind::kMlp})
+        st.nodes.push_back(make_node(k, l, in, s));
     }
   }
   const bool last = index == num_stages - 1;
@@ -109,7 +110,8 @@ Stage build_stage(int32_t index, int32_t num_stages, int32_t first_layer, int32_
 
 }  // namespace
 
-int64_t stage_params(const ModelConfig& cfg, int32_t num_layers, bool first, bool last, int64_t ep) {
+int64_t stage_params(const ModelConfig& cfg, int32_t num_layers, bool first, bool last,
+                     int64_t ep) {
   int64_t n = num_layers * layer_params(cfg, ep);
   if (first) n += cfg.vocab_size * cfg.hidden_size;
   if (last) n += cfg.hidden_size + cfg.hidden_size * cfg.vocab_size;

@@ -3,9 +3,8 @@
 // and writes them as a table, a JSON summary, a Chrome/Perfetto trace and an SVG chart.
 #pragma once
 
-#include <string>
-
 #include <nlohmann/json_fwd.hpp>
+#include <string>
 
 #include "schedule/action.h"
 #include "schedule/generators.h"

@@ -1,9 +1,8 @@
 // The plan as text: a table per rank and the JSON summary that `tandem plan --json` prints.
 #include <cstdio>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
-
-#include <nlohmann/json.hpp>
 
 #include "schedule/planner.h"
 
@@ -49,16 +48,16 @@ std::string format_plan_table(const Plan& plan) {
   const Schedule& s = plan.schedule;
   const CostModelKind cm = plan.inputs.cost.kind;
   std::ostringstream out;
-  out << "schedule " << s.name << ": " << s.num_ranks << " ranks, " << s.num_stages
-      << " stages, " << s.num_microbatches << " micro-batches, EP "
-      << plan.inputs.expert_parallel_size << ", cost model " << cost_model_name(cm) << "\n";
+  out << "schedule " << s.name << ": " << s.num_ranks << " ranks, " << s.num_stages << " stages, "
+      << s.num_microbatches << " micro-batches, EP " << plan.inputs.expert_parallel_size
+      << ", cost model " << cost_model_name(cm) << "\n";
   char line[320];
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
                 format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
   out << line;
-  std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %6s\n",
-                "rank", "stages", "busy%", "bubble%", "exposed comm", "exposed a2a",
-                "params+grads", "optimizer", "activations", "in flight", "peak");
+  std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %6s\n", "rank",
+                "stages", "busy%", "bubble%", "exposed comm", "exposed a2a", "params+grads",
+                "optimizer", "activations", "in flight", "peak");
   out << line;
   for (const RankResult& r : plan.sim.ranks) {
     std::snprintf(line, sizeof line, "%4d  %-10s %6.1f %8.1f %13s %13s %14s %14s %14s %14s %s\n",

@@ -52,18 +52,26 @@ void run_pairs(HalfRun& f, HalfRun& b) {
   const Stage& fs = f.stage();
   const Stage& bs = b.stage();
   const int32_t n = std::min(fs.num_layers, bs.num_layers);
-  auto fnode = [&](int32_t i, int32_t pos) { return fs.first_layer_node + i * fs.nodes_per_layer + pos; };
-  auto bnode = [&](int32_t i, int32_t pos) { return bs.first_layer_node + i * bs.nodes_per_layer + pos; };
+  auto fnode = [&](int32_t i, int32_t pos) {
+    return fs.first_layer_node + i * fs.nodes_per_layer + pos;
+  };
+  auto bnode = [&](int32_t i, int32_t pos) {
+    return bs.first_layer_node + i * bs.nodes_per_layer + pos;
+  };
   for (int32_t i = 0; i < n; ++i) {
     const int32_t bi = bs.num_layers - 1 - i;
     auto steps = [&](const auto& table) {
       for (const PairStep& st : table) {
-        if (st.half == PairStep::Half::kF) f.node(fnode(i, st.pos));
-        else b.node(bnode(bi, st.pos));
+        if (st.half == PairStep::Half::kF)
+          f.node(fnode(i, st.pos));
+        else
+          b.node(bnode(bi, st.pos));
       }
     };
-    if (fs.nodes_per_layer == 4) steps(kPairMoe);
-    else steps(kPairDense);
+    if (fs.nodes_per_layer == 4)
+      steps(kPairMoe);
+    else
+      steps(kPairDense);
   }
   for (int32_t i = n; i < fs.num_layers; ++i) {
     for (int32_t p = 0; p < fs.nodes_per_layer; ++p) f.node(fnode(i, p));
@@ -85,9 +93,8 @@ void SimState::run_combined(int32_t r, int32_t index, const Action& a) {
   run_pairs(f, b);
   // Real costs: each half publishes as soon as its own nodes are done (the forward's output
   // leaves while the backward still runs). Uniform costs: the pair is one unit, as in theory.
-  const double atomic_end = model.cost_kind == CostModelKind::kUniform
-                                ? std::max(f.last_end(), b.last_end())
-                                : 0;
+  const double atomic_end =
+      model.cost_kind == CostModelKind::kUniform ? std::max(f.last_end(), b.last_end()) : 0;
   f.finish(atomic_end);
   b.finish(atomic_end);
 }
@@ -164,11 +171,19 @@ bool SimState::advance(int32_t r) {
     switch (a.kind) {
       case ActionKind::kForward:
       case ActionKind::kBackward:
-      case ActionKind::kBackwardInput: run_single(r, index, a); break;
-      case ActionKind::kBackwardWeight: run_weight(r, index, a); break;
-      case ActionKind::kForwardBackward: run_combined(r, index, a); break;
+      case ActionKind::kBackwardInput:
+        run_single(r, index, a);
+        break;
+      case ActionKind::kBackwardWeight:
+        run_weight(r, index, a);
+        break;
+      case ActionKind::kForwardBackward:
+        run_combined(r, index, a);
+        break;
       case ActionKind::kSendF:
-      case ActionKind::kSendB: run_send(r, index, a); break;
+      case ActionKind::kSendB:
+        run_send(r, index, a);
+        break;
       case ActionKind::kRecvF:
       case ActionKind::kRecvB:
         if (!run_recv(r, index, a)) return false;

@@ -39,28 +39,28 @@ struct MemorySample {
 struct RankResult {
   int32_t rank = 0;
   std::vector<int32_t> stages;
-  std::vector<Span> spans;            // compute and comm spans, each stream in time order
-  std::vector<MemorySample> memory;   // starts at time 0 with nothing held
-  RankMemory static_memory;           // parameters, gradients, optimizer state
-  double end_s = 0;                   // when the rank's last span ends
+  std::vector<Span> spans;           // compute and comm spans, each stream in time order
+  std::vector<MemorySample> memory;  // starts at time 0 with nothing held
+  RankMemory static_memory;          // parameters, gradients, optimizer state
+  double end_s = 0;                  // when the rank's last span ends
   double compute_busy_s = 0;
   double comm_busy_s = 0;
-  double busy_fraction = 0;           // compute busy / step time
-  double bubble_fraction = 0;         // 1 - busy_fraction
-  double exposed_comm_s = 0;          // communication while the compute stream is idle
-  double exposed_alltoall_s = 0;      // the same, for dispatch and combine only
+  double busy_fraction = 0;       // compute busy / step time
+  double bubble_fraction = 0;     // 1 - busy_fraction
+  double exposed_comm_s = 0;      // communication while the compute stream is idle
+  double exposed_alltoall_s = 0;  // the same, for dispatch and combine only
   int64_t activation_peak_bytes = 0;
   int64_t in_flight_peak_bytes = 0;
-  int64_t peak_bytes = 0;             // static + activations + in flight, at its peak
+  int64_t peak_bytes = 0;  // static + activations + in flight, at its peak
   double peak_time_s = 0;
-  int32_t peak_live_microbatches = 0; // (stage, micro-batch) pairs between forward end and
-                                      // backward end (W end when split), at most
+  int32_t peak_live_microbatches = 0;  // (stage, micro-batch) pairs between forward end and
+                                       // backward end (W end when split), at most
 };
 
 struct SimResult {
   std::vector<RankResult> ranks;
-  double step_time_s = 0;       // the last rank's end
-  double bubble_fraction = 0;   // 1 - total compute busy / (ranks x step time)
+  double step_time_s = 0;      // the last rank's end
+  double bubble_fraction = 0;  // 1 - total compute busy / (ranks x step time)
 };
 
 // Simulates a schedule that validate_schedule accepted (it asserts on one that deadlocks).

@@ -1,8 +1,8 @@
 // The simulator's per-node work: issuing spans on streams and running one half of an action
 // node by node with Note [Simulation model]'s dependencies and memory rules (simulator.cc).
-#include <algorithm>
-
 #include "schedule/simulator_state.h"
+
+#include <algorithm>
 
 namespace tandem::schedule {
 
@@ -56,10 +56,10 @@ Span SimState::message_span(int32_t index, const Action& a) {
   s.stage = a.stage;
   s.microbatch = a.microbatch;
   s.kind = a.kind == ActionKind::kSendF || a.kind == ActionKind::kSendB ? SpanKind::kSend
-                                                                         : SpanKind::kRecv;
+                                                                        : SpanKind::kRecv;
   s.stream = Stream::kComm;
   s.phase = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvF ? Phase::kForward
-                                                                          : Phase::kBackwardInput;
+                                                                         : Phase::kBackwardInput;
   return s;
 }
 

@@ -18,15 +18,22 @@ constexpr double kWidth = 1600, kLeft = 110, kRight = 20, kTop = 40, kRow = 16, 
 
 const char* action_color(ActionKind kind, Phase phase) {
   switch (kind) {
-    case ActionKind::kForward: return "#4e79a7";
-    case ActionKind::kBackward: return phase == Phase::kBackwardWeight ? "#3b7a35" : "#59a14f";
-    case ActionKind::kBackwardInput: return "#8cd17d";
-    case ActionKind::kBackwardWeight: return "#9c9c9c";
-    case ActionKind::kForwardBackward: return "#b07aa1";
+    case ActionKind::kForward:
+      return "#4e79a7";
+    case ActionKind::kBackward:
+      return phase == Phase::kBackwardWeight ? "#3b7a35" : "#59a14f";
+    case ActionKind::kBackwardInput:
+      return "#8cd17d";
+    case ActionKind::kBackwardWeight:
+      return "#9c9c9c";
+    case ActionKind::kForwardBackward:
+      return "#b07aa1";
     case ActionKind::kSendF:
-    case ActionKind::kSendB: return "#f28e2b";
+    case ActionKind::kSendB:
+      return "#f28e2b";
     case ActionKind::kRecvF:
-    case ActionKind::kRecvB: return "#ffbe7d";
+    case ActionKind::kRecvB:
+      return "#ffbe7d";
   }
   return "#000";
 }
@@ -38,8 +45,8 @@ struct Canvas {
   void rect(double x0, double y, double w, double h, const char* fill, const std::string& title) {
     char buf[384];
     std::snprintf(buf, sizeof buf,
-                  "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\">"
-                  "<title>%s</title></rect>\n",
+                  "<rect x=\"%.2f\" y=\"%.1f\" width=\"%.2f\" height=\"%.1f\" fill=\"%s\" "
+                  "stroke=\"white\" stroke-width=\"0.4\"><title>%s</title></rect>\n",
                   x0, y, std::max(w, 0.3), h, fill, title.c_str());
     out += buf;
   }
@@ -94,12 +101,14 @@ void draw_memory(Canvas& c, const RankResult& r, double y, double top_bytes) {
   std::string pts;
   char buf[64];
   double last = base;
-  for (size_t px = static_cast<size_t>(kLeft); px < col.size() - static_cast<size_t>(kRight); ++px) {
+  for (size_t px = static_cast<size_t>(kLeft); px < col.size() - static_cast<size_t>(kRight);
+       ++px) {
     if (col[px] >= 0) last = col[px];
     std::snprintf(buf, sizeof buf, "%zu,%.1f ", px, yv(last));
     pts += buf;
   }
-  c.out += "<polyline fill=\"none\" stroke=\"#e15759\" stroke-width=\"1\" points=\"" + pts + "\"/>\n";
+  c.out +=
+      "<polyline fill=\"none\" stroke=\"#e15759\" stroke-width=\"1\" points=\"" + pts + "\"/>\n";
   std::snprintf(buf, sizeof buf, "%.1f", yv(base));
   c.out += std::string("<line x1=\"") + std::to_string(kLeft) + "\" x2=\"" +
            std::to_string(kWidth - kRight) + "\" y1=\"" + buf + "\" y2=\"" + buf +
@@ -118,18 +127,21 @@ std::string plan_svg(const Plan& plan) {
   const double height = kTop + band * static_cast<double>(ranks.size()) + 30;
   Canvas c{"", plan.sim.step_time_s};
   char buf[512];
-  std::snprintf(buf, sizeof buf,
-                "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
-                "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
-                kWidth, height);
+  std::snprintf(
+      buf, sizeof buf,
+      "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
+      "font-family=\"sans-serif\">\n<rect width=\"100%%\" height=\"100%%\" fill=\"white\"/>\n",
+      kWidth, height);
   c.out += buf;
-  std::snprintf(buf, sizeof buf, "%s: %d ranks, %d stages, %d micro-batches; bubble %.1f%%; "
+  std::snprintf(buf, sizeof buf,
+                "%s: %d ranks, %d stages, %d micro-batches; bubble %.1f%%; "
                 "F blue, B green (W dark), I light green, W grey, FB purple, SEND/RECV orange",
                 plan.schedule.name.c_str(), plan.schedule.num_ranks, plan.schedule.num_stages,
                 plan.schedule.num_microbatches, 100 * plan.sim.bubble_fraction);
   c.text(kLeft, 20, buf, "font-size=\"13\"");
   double top_bytes = 0;
-  for (const RankResult& r : ranks) top_bytes = std::max(top_bytes, static_cast<double>(r.peak_bytes));
+  for (const RankResult& r : ranks)
+    top_bytes = std::max(top_bytes, static_cast<double>(r.peak_bytes));
   for (size_t i = 0; i < ranks.size(); ++i) {
     const double y = kTop + band * static_cast<double>(i);
     const RankResult& r = ranks[i];

@@ -2,9 +2,8 @@
 // stream, "X" events per node span and message, a "memory" counter track per rank.
 #include <cstdio>
 #include <fstream>
-#include <string>
-
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "core/error.h"
 #include "schedule/planner.h"

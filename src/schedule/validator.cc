@@ -13,8 +13,8 @@ namespace tandem::schedule {
 namespace {
 
 std::string where(const Schedule& s, int32_t rank, size_t index, const Action& a) {
-  return detail::concat("schedule '", s.name, "' is invalid: rank ", rank, ", action #", index,
-                        " ", to_string(a), ": ");
+  return detail::concat("schedule '", s.name, "' is invalid: rank ", rank, ", action #", index, " ",
+                        to_string(a), ": ");
 }
 
 void check_half_structure(const Schedule& s, int32_t r, size_t i, const Action& whole,
@@ -26,8 +26,8 @@ void check_half_structure(const Schedule& s, int32_t r, size_t i, const Action& 
                a.microbatch, " is out of range: the schedule has micro-batches 0..",
                s.num_microbatches - 1);
   const int32_t owner = s.stage_rank[a.stage];
-  TANDEM_CHECK(owner == r, at(), "stage ", a.stage, " belongs to rank ", owner,
-               ", not rank ", r, " (each stage lives on one rank)");
+  TANDEM_CHECK(owner == r, at(), "stage ", a.stage, " belongs to rank ", owner, ", not rank ", r,
+               " (each stage lives on one rank)");
   const bool fwd_msg = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvB;
   const bool bwd_msg = a.kind == ActionKind::kSendB || a.kind == ActionKind::kRecvF;
   if (fwd_msg) {  // talks to stage + 1
@@ -55,7 +55,8 @@ struct Cell {
 
 class Walk {
  public:
-  explicit Walk(const Schedule& s) : s_(s), cells_(static_cast<size_t>(s.num_stages) * s.num_microbatches) {}
+  explicit Walk(const Schedule& s)
+      : s_(s), cells_(static_cast<size_t>(s.num_stages) * s.num_microbatches) {}
 
   void run() {
     for (int32_t r = 0; r < s_.num_ranks; ++r) {
@@ -65,7 +66,9 @@ class Walk {
   }
 
  private:
-  Cell& cell(int32_t stage, int32_t mb) { return cells_[static_cast<size_t>(stage) * s_.num_microbatches + mb]; }
+  Cell& cell(int32_t stage, int32_t mb) {
+    return cells_[static_cast<size_t>(stage) * s_.num_microbatches + mb];
+  }
 
   // The message prefix of the action being checked; built only when a check fails.
   std::string at() const { return where(s_, rank_, index_, *action_); }
@@ -75,10 +78,16 @@ class Walk {
     index_ = i;
     action_ = &a;
     switch (a.kind) {
-      case ActionKind::kForward: forward(r, i, a); break;
+      case ActionKind::kForward:
+        forward(r, i, a);
+        break;
       case ActionKind::kBackward:
-      case ActionKind::kBackwardInput: backward(r, i, a); break;
-      case ActionKind::kBackwardWeight: weight(a); break;
+      case ActionKind::kBackwardInput:
+        backward(r, i, a);
+        break;
+      case ActionKind::kBackwardWeight:
+        weight(a);
+        break;
       case ActionKind::kForwardBackward: {
         // The halves run together, so the backward may not need the forward: check it first.
         backward(r, i, a.backward_half());
@@ -114,8 +123,8 @@ class Walk {
 
   void forward(int32_t r, size_t i, const Action& f) {
     Cell& c = cell(f.stage, f.microbatch);
-    TANDEM_CHECK(c.forward_at < 0, at(), "repeated work: ", to_string(f), " already ran at action #",
-                 c.forward_at);
+    TANDEM_CHECK(c.forward_at < 0, at(), "repeated work: ", to_string(f),
+                 " already ran at action #", c.forward_at);
     if (f.stage > 0) {
       if (s_.stage_rank[f.stage - 1] == r) {
         TANDEM_CHECK(cell(f.stage - 1, f.microbatch).forward_at >= 0, at(), "its input comes from ",
@@ -124,8 +133,8 @@ class Walk {
       } else {
         TANDEM_CHECK(c.recv_f_at >= 0, at(), "its input has not been received: no ",
                      to_string(Action::make(ActionKind::kRecvF, f.stage, f.microbatch)),
-                     " before it on rank ", r, " to receive what rank ",
-                     s_.stage_rank[f.stage - 1], " sends with ",
+                     " before it on rank ", r, " to receive what rank ", s_.stage_rank[f.stage - 1],
+                     " sends with ",
                      to_string(Action::make(ActionKind::kSendF, f.stage - 1, f.microbatch)));
       }
     }
@@ -147,8 +156,8 @@ class Walk {
       } else {
         TANDEM_CHECK(c.recv_b_at >= 0, at(), "its output gradient has not been received: no ",
                      to_string(Action::make(ActionKind::kRecvB, b.stage, b.microbatch)),
-                     " before it on rank ", r, " to receive what rank ",
-                     s_.stage_rank[b.stage + 1], " sends with ",
+                     " before it on rank ", r, " to receive what rank ", s_.stage_rank[b.stage + 1],
+                     " sends with ",
                      to_string(Action::make(ActionKind::kSendB, b.stage + 1, b.microbatch)));
       }
     }
@@ -158,7 +167,8 @@ class Walk {
 
   void weight(const Action& w) {
     Cell& c = cell(w.stage, w.microbatch);
-    TANDEM_CHECK(c.weight != WeightGrad::kNotYet, at(), "weight gradient before its input gradient ",
+    TANDEM_CHECK(c.weight != WeightGrad::kNotYet, at(),
+                 "weight gradient before its input gradient ",
                  to_string(Action::make(ActionKind::kBackwardInput, w.stage, w.microbatch)));
     TANDEM_CHECK(c.weight == WeightGrad::kPending, at(),
                  "repeated work: the weight gradient of stage ", w.stage, " micro-batch ",
@@ -220,9 +230,9 @@ void validate_structure(const Schedule& s) {
   const std::string at = detail::concat("schedule '", s.name, "' is invalid: ");
   TANDEM_CHECK(s.num_ranks >= 1 && static_cast<int32_t>(s.ranks.size()) == s.num_ranks, at,
                "it lists ", s.ranks.size(), " ranks but declares ", s.num_ranks);
-  TANDEM_CHECK(s.num_stages >= 1 && static_cast<int32_t>(s.stage_rank.size()) == s.num_stages,
-               at, "the stage -> rank map has ", s.stage_rank.size(), " entries for ",
-               s.num_stages, " stages");
+  TANDEM_CHECK(s.num_stages >= 1 && static_cast<int32_t>(s.stage_rank.size()) == s.num_stages, at,
+               "the stage -> rank map has ", s.stage_rank.size(), " entries for ", s.num_stages,
+               " stages");
   TANDEM_CHECK(s.num_microbatches >= 1, at, "it has no micro-batches");
   for (int32_t st = 0; st < s.num_stages; ++st) {
     TANDEM_CHECK(s.stage_rank[st] >= 0 && s.stage_rank[st] < s.num_ranks, at, "stage ", st,

@@ -72,7 +72,8 @@ class JointRun {
                      ", action #", pc_[r], " ", to_string(a), ": misordered receive: it expects ",
                      to_string(want), " from rank ", src, ", but the next message rank ", src,
                      " sends to rank ", r, " is ", to_string(head.send), " (its action #",
-                     head.index, "); messages between two ranks are received in the order "
+                     head.index,
+                     "); messages between two ranks are received in the order "
                      "they are sent");
         ch.queue.pop_front();
       }

@@ -89,24 +89,31 @@ TEST(Schedule, ParsesCommentsBlankLinesCommasAndAnyRankOrder) {
 }
 
 TEST(Schedule, ParseErrorsNameFileLineAndText) {
-  EXPECT_NE(error_of([] { parse_schedule("rank 0: 0F0\nrank0 0B0\n", "f.txt"); })
-                .find("f.txt:2: expected 'rank <R>: <actions>'"),
+  EXPECT_NE(error_of([] {
+              parse_schedule("rank 0: 0F0\nrank0 0B0\n", "f.txt");
+            }).find("f.txt:2: expected 'rank <R>: <actions>'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_schedule("rank 0: 0F0 0Q0\n", "f.txt"); })
-                .find("f.txt:1: rank 0: bad action '0Q0'"),
+  EXPECT_NE(error_of([] {
+              parse_schedule("rank 0: 0F0 0Q0\n", "f.txt");
+            }).find("f.txt:1: rank 0: bad action '0Q0'"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_schedule("rank 0: 0F0\nrank 0: 0B0\n", "f.txt"); })
-                .find("rank 0 was already listed on line 1"),
+  EXPECT_NE(error_of([] {
+              parse_schedule("rank 0: 0F0\nrank 0: 0B0\n", "f.txt");
+            }).find("rank 0 was already listed on line 1"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_schedule("rank 1: 0F0 0B0\n", "f.txt"); }).find("rank 0 is missing"),
+  EXPECT_NE(
+      error_of([] { parse_schedule("rank 1: 0F0 0B0\n", "f.txt"); }).find("rank 0 is missing"),
+      std::string::npos);
+  EXPECT_NE(error_of([] {
+              parse_schedule("rank 0: 0F0 0B0 2F0 2B0\n", "f.txt");
+            }).find("stage 1 has no forward or backward on any rank"),
             std::string::npos);
-  EXPECT_NE(error_of([] { parse_schedule("rank 0: 0F0 0B0 2F0 2B0\n", "f.txt"); })
-                .find("stage 1 has no forward or backward on any rank"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { parse_schedule("# nothing\n", "f.txt"); }).find("no 'rank <R>: ...' lines"),
-            std::string::npos);
-  EXPECT_NE(error_of([] { load_schedule_file("/nonexistent/sched.txt"); })
-                .find("cannot read schedule file '/nonexistent/sched.txt'"),
+  EXPECT_NE(
+      error_of([] { parse_schedule("# nothing\n", "f.txt"); }).find("no 'rank <R>: ...' lines"),
+      std::string::npos);
+  EXPECT_NE(error_of([] {
+              load_schedule_file("/nonexistent/sched.txt");
+            }).find("cannot read schedule file '/nonexistent/sched.txt'"),
             std::string::npos);
 }
 

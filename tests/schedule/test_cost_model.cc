@@ -39,7 +39,8 @@ TEST(CostModel, NodeFlopsByHand) {
   const ModelConfig c = tiny();
   const FootprintShape s = tiny_shape(4);
   // attention: qkv 2*8*8*16 + out 2*8*8*8 + causal core 2*8*4*8 + router 2*8*8*4.
-  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kAttention, c, s, 4, 2).flops, 2048 + 1024 + 512 + 512);
+  EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kAttention, c, s, 4, 2).flops,
+                   2048 + 1024 + 512 + 512);
   EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kExperts, c, s, 4, 2).flops, 6 * 16 * 8 * 16);
   EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kLoss, c, s, 4, 2).flops, 2 * 8 * 8 * 32);
   EXPECT_DOUBLE_EQ(node_forward_work(NodeKind::kEmbed, c, s, 4, 2).flops, 0);
@@ -69,7 +70,7 @@ TEST(CostModel, RooflineTimes) {
   EXPECT_DOUBLE_EQ(att.backward_weight_s, 4.096);
   const NodePhaseTimes emb = node_times(cost, NodeKind::kEmbed, c, tiny_shape(4), 4);
   EXPECT_DOUBLE_EQ(emb.forward_s, (8 * 8 * 4 + 8 * 4) / 1e9);  // memory bound
-  EXPECT_DOUBLE_EQ(emb.backward_input_s, 0);  // token ids have no gradient
+  EXPECT_DOUBLE_EQ(emb.backward_input_s, 0);                   // token ids have no gradient
   const NodePhaseTimes disp = node_times(cost, NodeKind::kDispatch, c, tiny_shape(4), 4);
   EXPECT_DOUBLE_EQ(disp.forward_s, 1 + 192.0 / 96);
   EXPECT_DOUBLE_EQ(disp.backward_input_s, 3);
@@ -96,7 +97,7 @@ TEST(CostModel, NodeTimesFile) {
   const NodeTimesTable t = parse_node_times(kTable, "table.json");
   const auto& att = t.nodes[static_cast<int>(NodeKind::kAttention)];
   ASSERT_TRUE(att.has_value());
-  EXPECT_EQ(att->backward_input_s, 2);   // defaults to the forward
+  EXPECT_EQ(att->backward_input_s, 2);  // defaults to the forward
   EXPECT_EQ(att->backward_weight_s, 2);
   EXPECT_EQ(t.nodes[static_cast<int>(NodeKind::kDispatch)]->backward_weight_s, 0);
   EXPECT_FALSE(t.nodes[static_cast<int>(NodeKind::kMlp)].has_value());
@@ -113,15 +114,18 @@ TEST(CostModel, NodeTimesFile) {
   EXPECT_NE(error_of("{}").find("expected {\"nodes\""), std::string::npos);
   EXPECT_NE(error_of(R"({"nodes": {"mlp2": {"forward": 1}}})").find("unknown node \"mlp2\""),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"nodes": {"mlp": {"forward": -1}}})").find("nodes.mlp.forward: expected a time"),
+  EXPECT_NE(
+      error_of(R"({"nodes": {"mlp": {"forward": -1}}})").find("nodes.mlp.forward: expected a time"),
+      std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {"mlp": {"fwd": 1}}})").find("at least \"forward\""),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"nodes": {"mlp": {"fwd": 1}}})").find("at least \"forward\""), std::string::npos);
   EXPECT_NE(error_of(R"({"nodes": {"mlp": {"forward": 1, "bwd": 1}}})").find("unknown key \"bwd\""),
             std::string::npos);
   EXPECT_NE(error_of(R"({"nodes": {"combine": {"forward": 1, "backward_weight": 1}}})")
                 .find("combine has no weights"),
             std::string::npos);
-  EXPECT_NE(error_of(R"({"nodes": {}, "extra": 1})").find("unknown key \"extra\""), std::string::npos);
+  EXPECT_NE(error_of(R"({"nodes": {}, "extra": 1})").find("unknown key \"extra\""),
+            std::string::npos);
 }
 
 Plan table_plan(const char* schedule, int32_t p, int32_t m) {
@@ -245,18 +249,22 @@ TEST(Simulator, PlanInputErrorsNameTheOption) {
     }
     return std::string();
   };
-  EXPECT_NE(error_of([](PlanRequest& r) { r.inputs.model.num_layers = 3; })
-                .find("--num-layers 3 is fewer than the schedule's 4 stages"),
+  EXPECT_NE(error_of([](PlanRequest& r) {
+              r.inputs.model.num_layers = 3;
+            }).find("--num-layers 3 is fewer than the schedule's 4 stages"),
             std::string::npos);
-  EXPECT_NE(error_of([](PlanRequest& r) { r.inputs.expert_parallel_size = 3; })
-                .find("--expert-model-parallel-size 3 does not divide --num-experts 8"),
+  EXPECT_NE(error_of([](PlanRequest& r) {
+              r.inputs.expert_parallel_size = 3;
+            }).find("--expert-model-parallel-size 3 does not divide --num-experts 8"),
             std::string::npos);
-  EXPECT_NE(error_of([](PlanRequest& r) { r.inputs.activation_elem_bytes = 3; })
-                .find("--activation-bytes 3 is invalid"),
+  EXPECT_NE(error_of([](PlanRequest& r) {
+              r.inputs.activation_elem_bytes = 3;
+            }).find("--activation-bytes 3 is invalid"),
             std::string::npos);
   EXPECT_NE(error_of([](PlanRequest& r) {
               r.inputs.cost.kind = CostModelKind::kNodeTimes;
-              r.inputs.cost.table = parse_node_times(R"({"nodes": {"attention": {"forward": 1}}})", "t");
+              r.inputs.cost.table =
+                  parse_node_times(R"({"nodes": {"attention": {"forward": 1}}})", "t");
             }).find("no entry for \"embed\""),
             std::string::npos);
   EXPECT_NE(error_of([](PlanRequest& r) { r.schedule_name = "zb-v"; }).find("'zb-v' is unknown"),

@@ -4,10 +4,9 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
-
-#include <nlohmann/json.hpp>
 
 #include "core/error.h"
 #include "schedule/planner.h"
@@ -91,7 +90,8 @@ TEST(Export, SvgAndFiles) {
 
 TEST(Export, Table) {
   const std::string table = format_plan_table(make_plan(request("zb-h1", 3, 1, 6)));
-  EXPECT_NE(table.find("schedule zb-h1: 3 ranks, 3 stages, 6 micro-batches, EP 2"), std::string::npos);
+  EXPECT_NE(table.find("schedule zb-h1: 3 ranks, 3 stages, 6 micro-batches, EP 2"),
+            std::string::npos);
   EXPECT_NE(table.find("exposed comm"), std::string::npos);
   std::istringstream lines(table);
   std::string line;

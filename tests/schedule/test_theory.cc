@@ -51,7 +51,8 @@ TEST(Theory, GpipeAndOneFOneBBubble) {
       for (int32_t m : {1, 3, 8, 16}) {
         const Plan plan = uniform_plan(name, p, 1, m);
         const double theory = (p - 1.0) / (m + p - 1.0);
-        EXPECT_NEAR(plan.sim.step_time_s, 3.0 * (m + p - 1), kEps) << name << " p" << p << " m" << m;
+        EXPECT_NEAR(plan.sim.step_time_s, 3.0 * (m + p - 1), kEps)
+            << name << " p" << p << " m" << m;
         EXPECT_NEAR(plan.sim.bubble_fraction, theory, kEps) << name << " p" << p << " m" << m;
         for (const RankResult& r : plan.sim.ranks) EXPECT_NEAR(r.bubble_fraction, theory, kEps);
       }
@@ -79,7 +80,8 @@ TEST(Theory, OneFOneBStageIHoldsPMinusIMicroBatchesAndGpipeHoldsM) {
       for (int32_t i = 0; i < p; ++i) {
         const int64_t stage_bytes = f1b.model.stages[i].activation_bytes;
         const int32_t held = std::min(p - i, m);
-        EXPECT_EQ(f1b.sim.ranks[i].peak_live_microbatches, held) << "p" << p << " m" << m << " i" << i;
+        EXPECT_EQ(f1b.sim.ranks[i].peak_live_microbatches, held)
+            << "p" << p << " m" << m << " i" << i;
         EXPECT_EQ(f1b.sim.ranks[i].activation_peak_bytes, held * stage_bytes);
         EXPECT_EQ(gp.sim.ranks[i].peak_live_microbatches, m);
         EXPECT_EQ(gp.sim.ranks[i].activation_peak_bytes, m * stage_bytes);
@@ -142,7 +144,8 @@ TEST(Theory, DualPipeVAgainstTheDualPipeReadmeTable) {
       // Parameters: 2x one stage (ranks other than 0, which also hold the embedding and head).
       const ModelConfig& cfg = dv.inputs.model;
       for (int32_t r = 1; r < p; ++r) {
-        EXPECT_EQ(dv.sim.ranks[r].static_memory.param_bytes, 2 * 4 * stage_params(cfg, 1, false, false, 1));
+        EXPECT_EQ(dv.sim.ranks[r].static_memory.param_bytes,
+                  2 * 4 * stage_params(cfg, 1, false, false, 1));
       }
     }
   }
@@ -181,7 +184,8 @@ std::map<std::string, std::pair<double, double>> extents(const Plan& plan, int32
     if (s.stream != Stream::kCompute) continue;
     const std::string key = to_string(plan.schedule.ranks[rank][s.action]);
     auto [it, fresh] = out.try_emplace(key, s.start, s.end);
-    if (!fresh) it->second = {std::min(it->second.first, s.start), std::max(it->second.second, s.end)};
+    if (!fresh)
+      it->second = {std::min(it->second.first, s.start), std::max(it->second.second, s.end)};
   }
   return out;
 }

@@ -32,9 +32,10 @@ TEST(Validator, Deadlock) {
   // Rank 0 waits for a gradient before it has sent the activation that would produce it.
   const std::string msg =
       error_of("rank 0: 0RECV_B0 0F0 0SEND_F0 0B0\nrank 1: 1RECV_F0 1F0 1B0 1SEND_B0\n");
-  EXPECT_MESSAGE(msg, "schedule 'broken' is invalid: deadlock: rank 0 waits at action #0 0RECV_B0 "
-                      "for rank 1's 1SEND_B0, while rank 1 is stopped at action #0 1RECV_F0; "
-                      "rank 1 waits at action #0 1RECV_F0 for rank 0's 0SEND_F0");
+  EXPECT_MESSAGE(msg,
+                 "schedule 'broken' is invalid: deadlock: rank 0 waits at action #0 0RECV_B0 "
+                 "for rank 1's 1SEND_B0, while rank 1 is stopped at action #0 1RECV_F0; "
+                 "rank 1 waits at action #0 1RECV_F0 for rank 0's 0SEND_F0");
 }
 
 TEST(Validator, DeadlockInAGeneratedScheduleWithARecvMovedUp) {
@@ -58,16 +59,18 @@ TEST(Validator, UnmatchedSendInAGeneratedSchedule) {
   auto& r2 = s.ranks[2];
   r2.erase(std::find(r2.begin(), r2.end(), Action::make(ActionKind::kRecvF, 2, 3)));
   EXPECT_MESSAGE(error_of(s), "rank 2, action #");
-  EXPECT_MESSAGE(error_of(s), "2F3: its input has not been received: no 2RECV_F3 before it on "
-                              "rank 2 to receive what rank 1 sends with 1SEND_F3");
+  EXPECT_MESSAGE(error_of(s),
+                 "2F3: its input has not been received: no 2RECV_F3 before it on "
+                 "rank 2 to receive what rank 1 sends with 1SEND_F3");
 }
 
 TEST(Validator, MisorderedSendAndReceive) {
   const std::string msg = error_of(
       "rank 0: 0F0 0SEND_F0 0F1 0SEND_F1 0RECV_B0 0B0 0RECV_B1 0B1\n"
       "rank 1: 1RECV_F1 1RECV_F0 1F0 1B0 1SEND_B0 1F1 1B1 1SEND_B1\n");
-  EXPECT_MESSAGE(msg, "rank 1, action #0 1RECV_F1: misordered receive: it expects 0SEND_F1 from "
-                      "rank 0, but the next message rank 0 sends to rank 1 is 0SEND_F0 (its action #1)");
+  EXPECT_MESSAGE(msg,
+                 "rank 1, action #0 1RECV_F1: misordered receive: it expects 0SEND_F1 from "
+                 "rank 0, but the next message rank 0 sends to rank 1 is 0SEND_F0 (its action #1)");
 }
 
 TEST(Validator, ReceiveAfterItsConsumer) {
@@ -88,7 +91,8 @@ TEST(Validator, BackwardBeforeItsForward) {
   EXPECT_MESSAGE(error_of("rank 0: 0B0 0F0\n"),
                  "rank 0, action #0 0B0: backward before its forward: 0F0 has not run on rank 0");
   // The halves of a combined action run together: the backward cannot use the forward.
-  EXPECT_MESSAGE(error_of("rank 0: (0F0;0B0)\n"), "action #0 (0F0;0B0): backward before its forward");
+  EXPECT_MESSAGE(error_of("rank 0: (0F0;0B0)\n"),
+                 "action #0 (0F0;0B0): backward before its forward");
   EXPECT_EQ(error_of("rank 0: 0F0 0F1 (0F2;0B0) 0B1 0B2\n"), "");
 }
 
@@ -106,10 +110,12 @@ TEST(Validator, RepeatedWork) {
   EXPECT_MESSAGE(error_of("rank 0: 0F0 0B0 0W0\n"),
                  "action #2 0W0: repeated work: the weight gradient of stage 0 micro-batch 0 was "
                  "already computed");
-  EXPECT_MESSAGE(error_of("rank 0: 0F0 0SEND_F0 0SEND_F0 0RECV_B0 0B0\nrank 1: 1RECV_F0 1F0 1B0 1SEND_B0\n"),
-                 "rank 0, action #2 0SEND_F0: repeated send");
-  EXPECT_MESSAGE(error_of("rank 0: 0F0 0SEND_F0 0RECV_B0 0B0\nrank 1: 1RECV_F0 1RECV_F0 1F0 1B0 1SEND_B0\n"),
-                 "rank 1, action #1 1RECV_F0: repeated receive: already received at action #0");
+  EXPECT_MESSAGE(
+      error_of("rank 0: 0F0 0SEND_F0 0SEND_F0 0RECV_B0 0B0\nrank 1: 1RECV_F0 1F0 1B0 1SEND_B0\n"),
+      "rank 0, action #2 0SEND_F0: repeated send");
+  EXPECT_MESSAGE(
+      error_of("rank 0: 0F0 0SEND_F0 0RECV_B0 0B0\nrank 1: 1RECV_F0 1RECV_F0 1F0 1B0 1SEND_B0\n"),
+      "rank 1, action #1 1RECV_F0: repeated receive: already received at action #0");
 }
 
 TEST(Validator, WeightGradientBeforeItsInputGradient) {
@@ -128,8 +134,9 @@ TEST(Validator, StageOnTwoRanksAndNeedlessMessages) {
 TEST(Validator, OutOfRangeIndices) {
   Schedule s = generate_schedule(ScheduleKind::k1f1b, {2, 1, 2});
   s.ranks[1].push_back(Action::make(ActionKind::kForward, 1, 5));
-  EXPECT_MESSAGE(error_of(s), "rank 1, action #8 1F5: micro-batch 5 is out of range: the schedule "
-                              "has micro-batches 0..1");
+  EXPECT_MESSAGE(error_of(s),
+                 "rank 1, action #8 1F5: micro-batch 5 is out of range: the schedule "
+                 "has micro-batches 0..1");
   s.ranks[1].back() = Action::make(ActionKind::kForward, 9, 0);
   EXPECT_MESSAGE(error_of(s), "stage 9 is out of range: the schedule has stages 0..1");
 }

@@ -1,0 +1,169 @@
+// `tandem plan`: run options -> PlanRequest -> schedule, validation, simulation -> a table per
+// rank (or --json), a Chrome/Perfetto trace (--trace) and an SVG chart (--svg).
+#include "cli/plan_command.h"
+
+#include <fstream>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "cli/options.h"
+#include "core/error.h"
+#include "schedule/planner.h"
+
+namespace tandem::cli {
+namespace {
+
+enum class OutputFormat : uint8_t { kTable, kJson };
+
+struct PlanOptions {
+  std::string schedule_file;
+  std::string cost_model = "roofline";
+  std::string node_times;
+  std::string svg;
+  std::string write_schedule;
+  OutputFormat format = OutputFormat::kTable;
+  int64_t activation_bytes = 4;
+  schedule::DeviceDesc device;
+};
+
+void add_plan_options(CLI::App& sub, PlanOptions& p) {
+  sub.add_option("--schedule-file", p.schedule_file,
+                 "plan your own schedule: one line per rank, `rank 0: 0F0 0F1 0SEND_F0 ...` "
+                 "(docs/schedules.md); replaces --schedule (default: none)")
+      ->check(CLI::ExistingFile)
+      ->option_text("FILE");
+  sub.add_option(
+         "--cost-model", p.cost_model,
+         "roofline (FLOPs and bytes against the device below) or uniform (F 1, B 2, "
+         "I and W 1 each, communication 0: for checking against theory) (default: roofline)")
+      ->check(CLI::IsMember({"roofline", "uniform"}))
+      ->option_text("roofline|uniform");
+  sub.add_option("--node-times", p.node_times,
+                 "per-node times in seconds from a JSON file (docs/schedules.md) instead of the "
+                 "roofline (default: none)")
+      ->check(CLI::ExistingFile)
+      ->option_text("FILE");
+  sub.add_option("--svg", p.svg,
+                 "write a Gantt chart with each rank's memory curve to FILE.svg (default: none)")
+      ->option_text("FILE");
+  sub.add_option("--write-schedule", p.write_schedule,
+                 "write the (validated) schedule in the text format to FILE, to edit and plan "
+                 "again with --schedule-file (default: none)")
+      ->option_text("FILE");
+  sub.add_flag_callback(
+      "--json", [&p] { p.format = OutputFormat::kJson; },
+      "print a JSON summary instead of the table");
+  sub.add_option("--activation-bytes", p.activation_bytes,
+                 "bytes per activation element (2 bf16, 4 f32, 8 f64) (default: 4)")
+      ->check(CLI::IsMember({2, 4, 8}))
+      ->option_text("2|4|8");
+  sub.add_option("--matrix-flops", p.device.matrix_flops_per_s,
+                 "the device's matrix rate, flop/s (default: 7.9e14, about one H200 in bf16)")
+      ->check(CLI::PositiveNumber)
+      ->option_text("FLOP/S");
+  sub.add_option("--memory-bandwidth", p.device.memory_bytes_per_s,
+                 "the device's memory bandwidth, bytes/s (default: 4.3e12)")
+      ->check(CLI::PositiveNumber)
+      ->option_text("BYTES/S");
+  sub.add_option("--link-bandwidth", p.device.link_bytes_per_s,
+                 "per-GPU link bandwidth of all-to-all and pipeline messages, bytes/s (default: "
+                 "3.5e11, NVLink)")
+      ->check(CLI::PositiveNumber)
+      ->option_text("BYTES/S");
+  sub.add_option("--link-latency", p.device.link_latency_s,
+                 "latency of one message, seconds (default: 5e-6)")
+      ->check(CLI::NonNegativeNumber)
+      ->option_text("SECONDS");
+}
+
+schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, const PlanOptions& p) {
+  schedule::PlanRequest req;
+  req.schedule_name = o.parallel.schedule;
+  req.schedule_file = p.schedule_file;
+  int64_t v = o.parallel.virtual_pipeline_model_parallel_size;
+  // dualpipev always runs two stages per rank; say so only when the user asked for another.
+  if (o.parallel.schedule == "dualpipev" &&
+      app.count("--virtual-pipeline-model-parallel-size") == 0)
+    v = 2;
+  const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches();
+  req.shape = {static_cast<int32_t>(o.parallel.pipeline_model_parallel_size),
+               static_cast<int32_t>(v), static_cast<int32_t>(m)};
+  schedule::PlanInputs& in = req.inputs;
+  in.model = o.model;
+  in.micro_batch_size = o.train.micro_batch_size;
+  in.expert_parallel_size = o.parallel.expert_model_parallel_size;
+  in.activation_elem_bytes = p.activation_bytes;
+  in.cost.device = p.device;
+  in.cost.kind = schedule::parse_cost_model(p.cost_model);
+  if (!p.node_times.empty()) {
+    TANDEM_CHECK(app.count("--cost-model") == 0, "--node-times ", p.node_times,
+                 " replaces the cost model: drop --cost-model ", p.cost_model);
+    in.cost.kind = schedule::CostModelKind::kNodeTimes;
+    in.cost.table = schedule::load_node_times(p.node_times);
+  }
+  return req;
+}
+
+// A schedule file fixes PP, the stages and the micro-batches; explicit options must agree.
+void check_file_agrees(const CLI::App& app, const RunOptions& o, const schedule::Schedule& s,
+                       const std::string& path) {
+  const ParallelConfig& par = o.parallel;
+  TANDEM_CHECK(app.count("--pipeline-model-parallel-size") == 0 ||
+                   par.pipeline_model_parallel_size == s.num_ranks,
+               "--pipeline-model-parallel-size ", par.pipeline_model_parallel_size,
+               " disagrees with --schedule-file ", path, ", which has ", s.num_ranks,
+               " ranks: drop the option or make them equal");
+  TANDEM_CHECK(app.count("--virtual-pipeline-model-parallel-size") == 0 ||
+                   par.virtual_pipeline_model_parallel_size * s.num_ranks == s.num_stages,
+               "--virtual-pipeline-model-parallel-size ", par.virtual_pipeline_model_parallel_size,
+               " disagrees with --schedule-file ", path, ", which has ", s.num_stages,
+               " stages on ", s.num_ranks, " ranks");
+  TANDEM_CHECK(app.count("--num-microbatches") == 0 || o.num_microbatches == s.num_microbatches,
+               "--num-microbatches ", o.num_microbatches, " disagrees with --schedule-file ", path,
+               ", which has ", s.num_microbatches, " micro-batches");
+}
+
+void write_text(const std::string& path, const std::string& text, const char* what) {
+  std::ofstream f(path);
+  TANDEM_CHECK(f.good(), "cannot write the ", what, " file '", path, "'");
+  f << text;
+  TANDEM_CHECK(f.good(), "writing the ", what, " file '", path, "' failed");
+}
+
+void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
+  finalize_run_options(app, o);
+  const schedule::PlanRequest req = make_request(app, o, p);
+  schedule::Plan plan;
+  plan.schedule = schedule::plan_schedule(req);
+  if (!p.schedule_file.empty()) check_file_agrees(app, o, plan.schedule, p.schedule_file);
+  plan.inputs = req.inputs;
+  plan.model = schedule::build_pipeline_model(plan.schedule, req.inputs);
+  plan.sim = schedule::simulate(plan.schedule, plan.model);
+  if (!p.write_schedule.empty()) {
+    write_text(p.write_schedule, schedule::format_schedule(plan.schedule), "schedule");
+  }
+  if (!o.trace_path.empty()) schedule::write_trace(plan, o.trace_path);
+  if (!p.svg.empty()) schedule::write_svg(plan, p.svg);
+  if (p.format == OutputFormat::kJson) {
+    std::cout << schedule::plan_summary_json(plan).dump(2) << std::endl;
+  } else {
+    std::cout << schedule::format_plan_table(plan) << std::flush;
+  }
+}
+
+}  // namespace
+
+void register_plan_command(CLI::App& app) {
+  CLI::App* sub = app.add_subcommand(
+      "plan",
+      "Predict each pipeline rank's timeline, bubble, exposed communication and memory "
+      "for a schedule, before running it");
+  auto opts = std::make_shared<RunOptions>();
+  auto plan = std::make_shared<PlanOptions>();
+  add_run_options(*sub, *opts);
+  add_plan_options(*sub, *plan);
+  sub->callback([sub, opts, plan] { run_plan(*sub, *opts, *plan); });
+}
+
+}  // namespace tandem::cli

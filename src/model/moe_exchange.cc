@@ -1,0 +1,150 @@
+// dispatch and combine: the expert all-to-all pair. Rows leave attention in expert-sorted order
+// (experts ascending), so each destination's rows are one block; they arrive source-major
+// ([source rank][local expert]) and the experts want them expert-major ([local expert][source]).
+// With one expert rank both nodes only hand tensors over.
+#include <utility>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "model/nodes.h"
+#include "ops/ops.h"
+
+namespace tandem::model {
+namespace {
+
+enum class BlockOrder : uint8_t { kSourceToExpert, kExpertToSource };
+
+// Copies the row blocks (source s, local expert e) of `in` into `out`, from source-major to
+// expert-major order or back. counts: [P * el] i32, source-major.
+void reorder_blocks(const Tensor& out, const Tensor& in, const Tensor& counts, int64_t p,
+                    int64_t el, BlockOrder order) {
+  const int32_t* c = counts.data<int32_t>();
+  std::vector<int64_t> src_major(static_cast<size_t>(p * el)), exp_major(src_major.size());
+  int64_t off = 0;
+  for (int64_t i = 0; i < p * el; ++i) src_major[i] = std::exchange(off, off + c[i]);
+  off = 0;
+  for (int64_t e = 0; e < el; ++e) {
+    for (int64_t s = 0; s < p; ++s) exp_major[s * el + e] = std::exchange(off, off + c[s * el + e]);
+  }
+  for (int64_t i = 0; i < p * el; ++i) {
+    if (c[i] == 0) continue;
+    const bool to_expert = order == BlockOrder::kSourceToExpert;
+    const int64_t from = to_expert ? src_major[i] : exp_major[i];
+    const int64_t to = to_expert ? exp_major[i] : src_major[i];
+    out.narrow_rows(to, c[i]).copy_from(in.narrow_rows(from, c[i]));
+  }
+}
+
+// Rows this rank sends to each peer (its routed rows for the peer's experts) and receives from
+// each peer (the peer's rows for this rank's experts).
+struct Exchange {
+  std::vector<int64_t> send_rows, recv_rows;
+  int64_t received = 0;
+};
+
+Exchange plan_exchange(const Tensor& counts, const Tensor& recv_counts, int64_t p, int64_t el) {
+  Exchange x;
+  x.send_rows.assign(static_cast<size_t>(p), 0);
+  x.recv_rows.assign(static_cast<size_t>(p), 0);
+  for (int64_t d = 0; d < p; ++d) {
+    for (int64_t e = 0; e < el; ++e) {
+      x.send_rows[d] += counts.data<int32_t>()[d * el + e];
+      x.recv_rows[d] += recv_counts.data<int32_t>()[d * el + e];
+    }
+    x.received += x.recv_rows[d];
+  }
+  return x;
+}
+
+int64_t local_experts(const NodeContext& c) { return c.cfg.num_experts / c.ep->size(); }
+
+}  // namespace
+
+void dispatch_forward(LayerActs& a, const NodeContext& c) {
+  if (c.ep == nullptr) {
+    a.expert_in = std::exchange(a.routed, Tensor());
+    a.expert_rows = saved_tensor({c.cfg.num_experts}, DType::kI32, "experts.rows");
+    a.expert_rows.copy_from(a.attn.counts);
+    return;
+  }
+  const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
+  Tensor recv_counts = saved_tensor({p * el}, DType::kI32, "dispatch.recv_counts");
+  const std::vector<int64_t> per_peer(static_cast<size_t>(p), el);
+  c.ep->all_to_all_v(recv_counts.reshape({p * el, 1}), per_peer,
+                     a.attn.counts.reshape({p * el, 1}), per_peer);
+  const Exchange x = plan_exchange(a.attn.counts, recv_counts, p, el);
+  Tensor received = comm_tensor({x.received, h}, c.dtype, "dispatch.recv");
+  c.ep->all_to_all_v(received, x.recv_rows, a.routed, x.send_rows);
+  release_storage({&a.routed});  // sent: nobody on this rank needs the routed rows again
+  a.routed = Tensor();
+  a.expert_in = saved_tensor({x.received, h}, c.dtype, "experts.x_in");
+  reorder_blocks(a.expert_in, received, recv_counts, p, el, BlockOrder::kSourceToExpert);
+  a.expert_rows = saved_tensor({el}, DType::kI32, "experts.rows");
+  for (int64_t e = 0; e < el; ++e) {
+    int32_t rows = 0;
+    for (int64_t s = 0; s < p; ++s) rows += recv_counts.data<int32_t>()[s * el + e];
+    a.expert_rows.data<int32_t>()[e] = rows;
+  }
+  a.dispatch.recv_counts = recv_counts;
+}
+
+void dispatch_backward(LayerActs& a, const NodeContext& c) {
+  if (c.ep == nullptr) {
+    a.d_routed = std::exchange(a.d_expert_in, Tensor());
+    return;
+  }
+  const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
+  const Tensor& recv_counts = a.dispatch.recv_counts;
+  const Exchange x = plan_exchange(a.attn.counts, recv_counts, p, el);
+  Tensor send = comm_tensor({x.received, h}, c.dtype, "dispatch.bwd_send");
+  reorder_blocks(send, a.d_expert_in, recv_counts, p, el, BlockOrder::kExpertToSource);
+  a.d_expert_in = Tensor();
+  a.d_routed = work_tensor({c.tokens() * c.cfg.moe_router_topk, h}, c.dtype, "d_routed");
+  c.ep->all_to_all_v(a.d_routed, x.send_rows, send, x.recv_rows);
+  release_storage({&a.dispatch.recv_counts});
+  a.dispatch = DispatchSaved{};
+}
+
+void combine_forward(LayerActs& a, const NodeContext& c) {
+  const AttentionSaved& s = a.attn;
+  if (c.ep == nullptr) {
+    a.combine.y = std::exchange(a.expert_out, Tensor());  // (N*k, H), expert-sorted
+  } else {
+    const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
+    const Tensor& recv_counts = a.dispatch.recv_counts;
+    const Exchange x = plan_exchange(s.counts, recv_counts, p, el);
+    Tensor send = comm_tensor({x.received, h}, c.dtype, "combine.send");
+    reorder_blocks(send, a.expert_out, recv_counts, p, el, BlockOrder::kExpertToSource);
+    release_storage({&a.expert_out});
+    a.expert_out = Tensor();
+    a.combine.y = saved_tensor({c.tokens() * c.cfg.moe_router_topk, h}, c.dtype, "combine.y");
+    c.ep->all_to_all_v(a.combine.y, x.send_rows, send, x.recv_rows);
+  }
+  a.out = saved_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");
+  a.out.copy_from(a.h1);  // residual
+  ops::combine_forward(a.out, a.combine.y, s.perm, s.topk_w);
+  a.h1 = Tensor();
+}
+
+void combine_backward(LayerActs& a, const NodeContext& c) {
+  const AttentionSaved& s = a.attn;
+  const int64_t n = c.tokens(), k = c.cfg.moe_router_topk, h = c.cfg.hidden_size;
+  Tensor d_y = work_tensor({n * k, h}, c.dtype, "d_expert_out");  // expert-sorted
+  a.d_topk_w = work_tensor({n, k}, c.dtype, "d_topk_w");
+  ops::combine_backward(d_y, a.d_topk_w, a.d_out, a.combine.y, s.perm, s.topk_w);
+  release_storage({&a.combine.y});
+  a.combine = CombineSaved{};
+  if (c.ep == nullptr) {
+    a.d_expert_out = std::move(d_y);
+    return;
+  }
+  const int64_t p = c.ep->size(), el = local_experts(c);
+  const Tensor& recv_counts = a.dispatch.recv_counts;
+  const Exchange x = plan_exchange(s.counts, recv_counts, p, el);
+  Tensor received = comm_tensor({x.received, h}, c.dtype, "combine.bwd_recv");
+  c.ep->all_to_all_v(received, x.recv_rows, d_y, x.send_rows);
+  a.d_expert_out = work_tensor({x.received, h}, c.dtype, "d_expert_out");
+  reorder_blocks(a.d_expert_out, received, recv_counts, p, el, BlockOrder::kSourceToExpert);
+}
+
+}  // namespace tandem::model

@@ -1,0 +1,262 @@
+// The pipeline trainer: a rank's schedule actions over its stages, P2P between pipeline ranks,
+// expert all-to-all inside the nodes, and the gradient reduction. See distributed.h.
+#include "runtime/distributed.h"
+
+#include <chrono>
+#include <cmath>
+#include <utility>
+
+#include "ops/ops.h"
+
+namespace tandem::runtime {
+
+using schedule::Action;
+using schedule::ActionKind;
+
+Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep) {
+  Groups g;
+  g.rank = world->rank();
+  g.layout = comm::ParallelLayout::make(world->size(), pp, ep);
+  g.pp = world->subgroup(g.layout.pp_group(g.rank), "pp");
+  g.dp = world->subgroup(g.layout.dp_group(g.rank), "dp");
+  g.ep = world->subgroup(g.layout.ep_group(g.rank), "ep");
+  g.edp = world->subgroup(g.layout.edp_group(g.rank), "expert-dp");
+  g.world = std::move(world);
+  return g;
+}
+
+model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_stages,
+                            const comm::ParallelLayout& layout, int rank) {
+  TANDEM_CHECK(m.num_layers % num_stages == 0, "--num-layers ", m.num_layers,
+               " does not divide into ", num_stages,
+               " pipeline stages (pipeline size x virtual stages): use a multiple of ",
+               num_stages);
+  const int64_t per = m.num_layers / num_stages;
+  model::ChunkSpec s;
+  s.layer_begin = stage * per;
+  s.layer_end = s.layer_begin + per;
+  s.has_embed = stage == 0;
+  s.has_head = stage == num_stages - 1;
+  if (m.is_moe()) {
+    TANDEM_CHECK(m.num_experts % layout.ep == 0, "--num-experts ", m.num_experts,
+                 " is not a multiple of --expert-model-parallel-size ", layout.ep);
+    const int64_t el = m.num_experts / layout.ep;
+    s.expert_begin = layout.ep_rank(rank) * el;
+    s.expert_end = s.expert_begin + el;
+  }
+  return s;
+}
+
+PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
+                                 const schedule::Schedule& sched, Groups& groups,
+                                 const data::Dataset& data, DType dtype)
+    : model_(m), train_(t), sched_(sched), groups_(&groups), data_(&data) {
+  const comm::ParallelLayout& L = groups.layout;
+  model_.validate();
+  train_.validate(L.dp());
+  TANDEM_CHECK(sched.num_ranks == L.pp, "schedule '", sched.name, "' has ", sched.num_ranks,
+               " pipeline ranks but --pipeline-model-parallel-size is ", L.pp);
+  num_mb_ = train_.num_microbatches(L.dp());
+  TANDEM_CHECK(sched.num_microbatches == num_mb_, "schedule '", sched.name, "' has ",
+               sched.num_microbatches, " micro-batches but the batch sizes give ", num_mb_,
+               " per data-parallel rank");
+  loss_scale_ = 1.0 / static_cast<double>(num_mb_ * L.dp());
+  for (int32_t s : sched.stages_of_rank(L.pp_rank(groups.rank))) {
+    StageRuntime st;
+    st.stage = s;
+    st.params = std::make_unique<model::Parameters>(
+        model_, stage_spec(model_, s, sched.num_stages, L, groups.rank), dtype);
+    st.params->initialize(train_.seed);
+    st.chunk = std::make_unique<model::ModelChunk>(*st.params);
+    st.optimizer = std::make_unique<AdamW>(*st.params, train_);
+    stages_.push_back(std::move(st));
+  }
+}
+
+bool PipelineTrainer::is_local(int32_t stage) const {
+  for (const StageRuntime& s : stages_) {
+    if (s.stage == stage) return true;
+  }
+  return false;
+}
+
+StageRuntime& PipelineTrainer::local(int32_t stage) {
+  for (StageRuntime& s : stages_) {
+    if (s.stage == stage) return s;
+  }
+  TANDEM_ASSERT(false, "stage ", stage, " is not on rank ", groups_->rank);
+  return stages_.front();
+}
+
+model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
+  model::NodeContext c = s.chunk->context(train_.micro_batch_size, loss_scale_);
+  c.ep = groups_->layout.ep > 1 ? groups_->ep.get() : nullptr;
+  return c;
+}
+
+void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
+  StageRuntime& s = local(stage);
+  model::MicroBatchState& state = s.mbs[mb];
+  const bool first = s.params->spec().has_embed, last = s.params->spec().has_head;
+  if (first || last) {
+    const int64_t global_mb = groups_->layout.dp_rank(groups_->rank) * num_mb_ + mb;
+    MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, global_mb);
+    if (first) state.ids = tokens.ids;
+    if (last) state.targets = tokens.targets;
+  }
+  if (!first && is_local(stage - 1)) {  // the previous stage ran on this rank (V placement)
+    state.input = std::exchange(local(stage - 1).mbs[mb].layers.back().out, Tensor());
+  }
+  TANDEM_CHECK(first || state.input.defined(), "schedule '", sched_.name, "': stage ", stage,
+               " runs the forward of micro-batch ", mb, " before its input arrived");
+  s.chunk->forward(state, context(s));
+  if (last) lm_sum_ += state.lm_loss;
+  aux_sum_ += state.aux_loss;
+}
+
+void PipelineTrainer::backward(int32_t stage, int32_t mb, model::WeightGrad wg) {
+  StageRuntime& s = local(stage);
+  model::MicroBatchState& state = s.mbs[mb];
+  if (!s.params->spec().has_head && is_local(stage + 1)) {
+    state.d_output = std::exchange(local(stage + 1).mbs[mb].layers.front().d_x, Tensor());
+  }
+  s.chunk->backward(state, context(s), wg);
+}
+
+void PipelineTrainer::weights(int32_t stage, int32_t mb) {
+  StageRuntime& s = local(stage);
+  s.chunk->backward_weights(s.mbs[mb], context(s));
+}
+
+// Note [Pipeline messages]: activations go on tag 0 and gradients on tag 1; messages between a
+// pair of ranks match in the order sent, which the validator has checked for the schedule.
+void PipelineTrainer::communicate(const Action& a) {
+  StageRuntime& s = local(a.stage);
+  model::MicroBatchState& state = s.mbs[a.microbatch];
+  const int64_t n = train_.micro_batch_size * model_.seq_length, h = model_.hidden_size;
+  const DType dt = s.params->dtype();
+  comm::Communicator& pp = *groups_->pp;
+  switch (a.kind) {
+    case ActionKind::kSendF: {
+      // Copy into a communication buffer so the activation is released now, not when the
+      // receiver gets round to it: the activation curve stays exactly the planned one.
+      Tensor& out = state.layers.back().out;
+      Tensor buf = Tensor::empty({n, h}, dt, MemCategory::kCommunication, "pp.send_f");
+      buf.copy_from(out);
+      release_storage({&out});
+      out = Tensor();
+      pending_.push_back(pp.isend(buf, sched_.stage_rank[a.stage + 1], 0));
+      return;
+    }
+    case ActionKind::kRecvF:
+      state.input = Tensor::empty({n, h}, dt, MemCategory::kActivation, "pp.recv_f");
+      pp.recv(state.input, sched_.stage_rank[a.stage - 1], 0);
+      return;
+    case ActionKind::kSendB:
+      pending_.push_back(pp.isend(std::exchange(state.layers.front().d_x, Tensor()),
+                                  sched_.stage_rank[a.stage - 1], 1));
+      return;
+    case ActionKind::kRecvB:
+      state.d_output = Tensor::empty({n, h}, dt, MemCategory::kOther, "pp.recv_b");
+      pp.recv(state.d_output, sched_.stage_rank[a.stage + 1], 1);
+      return;
+    default:
+      TANDEM_ASSERT(false, "not a communication action");
+  }
+}
+
+void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
+  switch (a.kind) {
+    case ActionKind::kForward: forward(a.stage, a.microbatch, iteration); return;
+    case ActionKind::kBackward:
+      backward(a.stage, a.microbatch, model::WeightGrad::kWithBackward);
+      return;
+    case ActionKind::kBackwardInput:
+      backward(a.stage, a.microbatch, model::WeightGrad::kDeferred);
+      return;
+    case ActionKind::kBackwardWeight: weights(a.stage, a.microbatch); return;
+    case ActionKind::kForwardBackward:
+      run_action(a.forward_half(), iteration);
+      run_action(a.backward_half(), iteration);
+      return;
+    default: communicate(a); return;
+  }
+}
+
+void PipelineTrainer::reduce_gradients() {
+  const comm::ParallelLayout& L = groups_->layout;
+  for (StageRuntime& s : stages_) {
+    for (const model::ParamEntry& e : s.params->entries()) {
+      const bool expert = e.shard == model::ParamShard::kExpert;
+      comm::Communicator& group = expert ? *groups_->edp : *groups_->dp;
+      if ((expert ? L.edp() : L.dp()) > 1) group.all_reduce_sum(s.params->grad(e));
+    }
+  }
+}
+
+double PipelineTrainer::global_grad_norm() {
+  // Dense gradients are equal across the data-parallel group and expert gradients across the
+  // expert-data-parallel group after the reduction: count each once.
+  const comm::ParallelLayout& L = groups_->layout;
+  double sq = 0;
+  for (StageRuntime& s : stages_) {
+    for (const model::ParamEntry& e : s.params->entries()) {
+      const bool expert = e.shard == model::ParamShard::kExpert;
+      if ((expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) != 0) continue;
+      sq += ops::sum_squares(s.params->grad(e));
+    }
+  }
+  Tensor t = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "grad_norm");
+  t.data<double>()[0] = sq;
+  groups_->world->all_reduce_sum(t);
+  return std::sqrt(t.data<double>()[0]);
+}
+
+StepResult PipelineTrainer::forward_backward(int64_t iteration) {
+  lm_sum_ = aux_sum_ = 0;
+  for (StageRuntime& s : stages_) {
+    s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
+  }
+  for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
+    run_action(a, iteration);
+  }
+  for (auto& p : pending_) p->wait();
+  pending_.clear();
+  for (StageRuntime& s : stages_) s.mbs.clear();
+  reduce_gradients();
+  Tensor losses = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "losses");
+  losses.data<double>()[0] = lm_sum_;
+  losses.data<double>()[1] = aux_sum_;
+  groups_->world->all_reduce_sum(losses);
+  StepResult r;
+  r.lm_loss = losses.data<double>()[0] * loss_scale_;
+  r.aux_loss = losses.data<double>()[1] * loss_scale_;
+  r.loss = r.lm_loss + r.aux_loss;
+  r.tokens = train_.global_batch_size * model_.seq_length;
+  return r;
+}
+
+StepResult PipelineTrainer::step() {
+  Allocator& alloc = cpu_allocator();
+  alloc.reset_peaks();
+  const auto start = std::chrono::steady_clock::now();
+  for (StageRuntime& s : stages_) s.params->zero_grads();
+  StepResult r = forward_backward(iteration_);
+  r.grad_norm = global_grad_norm();
+  TANDEM_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm), "iteration ",
+               iteration_ + 1, ": the loss (", r.loss, ") or the gradient norm (", r.grad_norm,
+               ") is not finite; lower --lr or check the data");
+  ++iteration_;
+  r.iteration = iteration_;
+  r.lr = learning_rate(train_, iteration_);
+  for (StageRuntime& s : stages_) {
+    clip_gradients(*s.params, r.grad_norm, train_.clip_grad);
+    s.optimizer->step(r.lr);
+  }
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  r.memory = alloc.stats();
+  r.activation_peak = r.memory.peak_of(MemCategory::kActivation);
+  return r;
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,82 @@
+// Multi-rank training: this rank's communicators (ParallelLayout groups) and the pipeline
+// trainer that runs the rank's list of schedule actions for every micro-batch of a step, then
+// reduces gradients over data-parallel (dense) and expert-data-parallel (experts) groups.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "comm/communicator.h"
+#include "comm/layout.h"
+#include "core/config.h"
+#include "data/dataset.h"
+#include "model/chunk.h"
+#include "runtime/optimizer.h"
+#include "runtime/trainer.h"
+#include "schedule/action.h"
+
+namespace tandem::runtime {
+
+struct Groups {
+  comm::ParallelLayout layout;
+  int rank = 0;  // world rank
+  std::unique_ptr<comm::Communicator> world, pp, dp, ep, edp;
+
+  // Splits `world` into the layout's groups; every rank must call it.
+  static Groups make(std::unique_ptr<comm::Communicator> world, int pp, int ep);
+};
+
+// Which part of the model a pipeline stage holds; throws when the layers do not divide evenly.
+model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_stages,
+                            const comm::ParallelLayout& layout, int rank);
+
+struct StageRuntime {
+  int32_t stage = 0;
+  std::unique_ptr<model::Parameters> params;
+  std::unique_ptr<model::ModelChunk> chunk;
+  std::unique_ptr<AdamW> optimizer;
+  std::vector<model::MicroBatchState> mbs;
+};
+
+class PipelineTrainer {
+ public:
+  // `sched` must be validated; its stages are laid on pipeline ranks by its stage_rank map.
+  PipelineTrainer(const ModelConfig& m, const TrainConfig& t, const schedule::Schedule& sched,
+                  Groups& groups, const data::Dataset& data, DType dtype = DType::kF32);
+
+  // One step's forward and backward over this rank's micro-batches, then the gradient reduction.
+  // Losses in the result are the global ones (reduced over all ranks).
+  StepResult forward_backward(int64_t iteration);
+  StepResult step();
+
+  std::vector<StageRuntime>& stages() { return stages_; }
+  int64_t iteration() const { return iteration_; }
+  int64_t microbatches_per_rank() const { return num_mb_; }
+
+ private:
+  StageRuntime& local(int32_t stage);
+  bool is_local(int32_t stage) const;
+  model::NodeContext context(const StageRuntime& s) const;
+  void run_action(const schedule::Action& a, int64_t iteration);
+  void forward(int32_t stage, int32_t mb, int64_t iteration);
+  void backward(int32_t stage, int32_t mb, model::WeightGrad wg);
+  void weights(int32_t stage, int32_t mb);
+  void communicate(const schedule::Action& a);
+  void reduce_gradients();
+  double global_grad_norm();
+
+  ModelConfig model_;
+  TrainConfig train_;
+  schedule::Schedule sched_;
+  Groups* groups_;
+  const data::Dataset* data_;
+  int64_t num_mb_ = 0;     // micro-batches per data-parallel rank
+  double loss_scale_ = 1;  // 1 / micro-batches of the whole global batch
+  std::vector<StageRuntime> stages_;
+  std::vector<std::unique_ptr<comm::PendingSend>> pending_;
+  double lm_sum_ = 0, aux_sum_ = 0;
+  int64_t iteration_ = 0;
+};
+
+}  // namespace tandem::runtime
