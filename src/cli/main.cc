@@ -7,9 +7,12 @@
 #include <iostream>
 
 #include "cli/commands.h"
+#include "comm/mpi_communicator.h"
 #include "core/error.h"
 
-int main(int argc, char** argv) {
+namespace {
+
+int run(int argc, char** argv) {
   CLI::App app{"tandem: trains Mixture-of-Experts transformers with pipeline, expert and data "
                "parallelism and the combined 1F1B schedule"};
   app.require_subcommand(1);
@@ -40,4 +43,19 @@ int main(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+// Under mpirun every rank runs this main; an error on any rank ends the whole job (MPI_Abort with
+// the same exit code), so no rank is left waiting for one that has stopped.
+int main(int argc, char** argv) {
+  const bool under_mpi = tandem::comm::launched_by_mpirun();
+  if (under_mpi) tandem::comm::mpi_initialize(&argc, &argv);
+  const int code = run(argc, argv);
+  if (under_mpi) {
+    if (code != 0) tandem::comm::mpi_abort(code);
+    tandem::comm::mpi_finalize();
+  }
+  return code;
 }

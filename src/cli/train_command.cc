@@ -7,37 +7,42 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "cli/train_checkpoint.h"
+#include "comm/mpi_communicator.h"
 #include "data/addition.h"
 #include "data/file_dataset.h"
 #include "runtime/checkpoint.h"
 #include "runtime/trainer.h"
+#include "train_common.h"
 
 namespace tandem::cli {
-namespace {
 
 std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o) {
-  if (o.data_path.empty()) return std::make_unique<data::AdditionDataset>(o.train.seed);
+  if (o.data_path.empty()) {
+    TANDEM_CHECK(o.addition_max_digits <= data::kAdditionMaxDigitsLimit, "--addition-max-digits ",
+                 o.addition_max_digits, " is invalid: it must be between 1 and ",
+                 data::kAdditionMaxDigitsLimit);
+    return std::make_unique<data::AdditionDataset>(o.train.seed,
+                                                   static_cast<int>(o.addition_max_digits));
+  }
   return data::open_dataset(o.data_path, o.data_format, o.model.vocab_size, o.train.seed,
                             o.model.seq_length + 1);
 }
 
-void check_supported(const RunOptions& o) {
-  TANDEM_CHECK(o.device == "cpu", "--device ", o.device,
-               " is not available in this build: valid is cpu (the CUDA backend is not built)");
-  const ParallelConfig& p = o.parallel;
-  TANDEM_CHECK(p.pipeline_model_parallel_size == 1 && p.expert_model_parallel_size == 1 &&
-                   p.virtual_pipeline_model_parallel_size == 1,
-               "--pipeline-model-parallel-size ", p.pipeline_model_parallel_size,
-               ", --expert-model-parallel-size ", p.expert_model_parallel_size,
-               " and --virtual-pipeline-model-parallel-size ",
-               p.virtual_pipeline_model_parallel_size,
-               ": this build trains on one rank only, so each must be 1 (use `tandem plan` to "
-               "plan a parallel layout)");
+ReporterConfig reporter_config(const RunOptions& o) {
+  ReporterConfig rc;
+  rc.total_iters = o.train.train_iters;
+  rc.log_interval = o.train.log_interval;
+  rc.log_json_path = o.log_json;
+  rc.verbosity = o.quiet ? Verbosity::kQuiet : Verbosity::kNormal;
+  return rc;
 }
 
 IterationRecord to_record(const runtime::StepResult& r) {
   IterationRecord rec;
   rec.iter = r.iteration;
+  rec.status =
+      r.status == runtime::StepStatus::kSkipped ? UpdateStatus::kSkipped : UpdateStatus::kApplied;
   rec.loss = r.loss;
   rec.lm_loss = r.lm_loss;
   rec.aux_loss = r.aux_loss;
@@ -51,17 +56,41 @@ IterationRecord to_record(const runtime::StepResult& r) {
   return rec;
 }
 
+namespace {
+
+void check_supported(const RunOptions& o) {
+  TANDEM_CHECK(o.device == "cpu", "--device ", o.device,
+               " is not available in this build: valid is cpu (the CUDA backend is not built)");
+  const ParallelConfig& p = o.parallel;
+  TANDEM_CHECK(comm::launched_by_mpirun() ||
+                   (p.pipeline_model_parallel_size == 1 && p.expert_model_parallel_size == 1),
+               "--pipeline-model-parallel-size ", p.pipeline_model_parallel_size,
+               " and --expert-model-parallel-size ", p.expert_model_parallel_size,
+               " need one process per rank: start tandem with mpirun -np N (N a multiple of ",
+               p.pipeline_model_parallel_size * p.expert_model_parallel_size, ")");
+}
+
+// Reads the first step's micro-batches, so that a bad token id stops the run before any output
+// file is created (later batches are checked as they are read).
+void check_first_step_data(const data::Dataset& data, const RunOptions& o, int64_t iteration) {
+  for (int64_t mb = 0; mb < o.train.num_microbatches(); ++mb) {
+    runtime::load_micro_batch(data, o.model, o.train, iteration, mb);
+  }
+}
+
 void run_train(const CLI::App& app, RunOptions& o) {
-  finalize_run_options(app, o);
+  finalize_run_options(app, o, checkpoint_option_values);
   check_supported(o);
+  if (comm::launched_by_mpirun()) {
+    run_train_distributed(o);
+    return;
+  }
   std::unique_ptr<data::Dataset> data = make_dataset(o);
   runtime::Trainer trainer(o.model, o.train, *data);
-  ReporterConfig rc;
-  rc.total_iters = o.train.train_iters;
-  rc.log_interval = o.train.log_interval;
-  rc.log_json_path = o.log_json;
-  rc.verbosity = o.quiet ? Verbosity::kQuiet : Verbosity::kNormal;
-  ProgressReporter reporter(rc);
+  install_test_fault_hooks(trainer);
+  const int64_t start = resume_from_checkpoint(trainer, o, std::cout);
+  check_first_step_data(*data, o, start);
+  ProgressReporter reporter(reporter_config(o));
   if (!o.quiet) {
     std::cout << "tandem train: " << trainer.params().numel() << " parameters, "
               << o.model.num_layers << " layers, "
@@ -73,17 +102,16 @@ void run_train(const CLI::App& app, RunOptions& o) {
               << " x " << o.model.seq_length << " tokens per step" << std::endl;
   }
   reporter.open();
-  for (int64_t it = 0; it < o.train.train_iters; ++it) {
+  for (int64_t it = start; it < o.train.train_iters; ++it) {
     const runtime::StepResult r = trainer.step();
     reporter.report(to_record(r));
-    const bool last = r.iteration == o.train.train_iters;
-    if (!o.save_dir.empty() &&
-        (last || (o.save_interval > 0 && r.iteration % o.save_interval == 0))) {
-      runtime::save_model_checkpoint(o.save_dir, trainer.params());
-    }
+    if (should_save(o, r.iteration)) save_training_checkpoint(trainer, o);
   }
   reporter.finish();
-  if (!o.save_dir.empty() && !o.quiet) std::cout << "saved model to " << o.save_dir << std::endl;
+  if (!o.save_dir.empty() && !o.quiet) {
+    std::cout << "saved checkpoints to " << o.save_dir << " (latest: "
+              << runtime::iteration_dir_name(trainer.iteration()) << ")" << std::endl;
+  }
 }
 
 }  // namespace

@@ -22,11 +22,12 @@ uint64_t pow10(int d) {
   return p;
 }
 
-uint64_t draw_operand(CounterRng& rng, int max_digits) {
-  const int digits = 1 + static_cast<int>(rng.below(static_cast<uint64_t>(max_digits)));
-  const uint64_t lo = digits == 1 ? 0 : pow10(digits - 1);
-  const uint64_t hi = pow10(digits);  // exclusive
-  return lo + rng.below(hi - lo);
+uint64_t draw_operand(CounterRng& rng, int max_digits) { return rng.below(pow10(max_digits)); }
+
+// v in decimal, zero-padded on the left to `width` digits.
+std::string padded(uint64_t v, int width) {
+  std::string s = std::to_string(v);
+  return std::string(static_cast<size_t>(std::max(0, width - static_cast<int>(s.size()))), '0') + s;
 }
 
 struct Operands {
@@ -55,14 +56,15 @@ AdditionSplit addition_split(uint64_t a, uint64_t b) {
   return h % kEvalOneIn == 0 ? AdditionSplit::kEval : AdditionSplit::kTrain;
 }
 
-std::string reversed_digits(uint64_t v) {
-  std::string s = std::to_string(v);
+std::string reversed_digits(uint64_t v, int width) {
+  std::string s = padded(v, width);
   std::reverse(s.begin(), s.end());
   return s;
 }
 
-std::string format_addition_problem(uint64_t a, uint64_t b) {
-  return std::to_string(a) + "+" + std::to_string(b) + "=" + reversed_digits(a + b) + "\n";
+std::string format_addition_problem(uint64_t a, uint64_t b, int max_digits) {
+  return padded(a, max_digits) + "+" + padded(b, max_digits) + "=" +
+         reversed_digits(a + b, max_digits + 1) + "\n";
 }
 
 int64_t addition_max_problem_length(int max_digits) {
@@ -83,7 +85,7 @@ void AdditionDataset::sample(int64_t index, int32_t* out, int64_t length) const 
   int64_t filled = 0;
   while (filled < length) {
     const Operands p = draw_operands(rng, max_digits_, AdditionSplit::kTrain);
-    const std::string text = format_addition_problem(p.a, p.b);
+    const std::string text = format_addition_problem(p.a, p.b, max_digits_);
     const int64_t n = std::min<int64_t>(static_cast<int64_t>(text.size()), length - filled);
     for (int64_t i = 0; i < n; ++i) out[filled + i] = static_cast<unsigned char>(text[i]);
     filled += n;
@@ -92,7 +94,7 @@ void AdditionDataset::sample(int64_t index, int32_t* out, int64_t length) const 
 
 std::string AdditionDataset::describe() const {
   return "synthetic addition (max_digits " + std::to_string(max_digits_) + ", seed " +
-         std::to_string(seed_) + ", reversed sums, byte tokens)";
+         std::to_string(seed_) + ", zero-padded operands, reversed sums, byte tokens)";
 }
 
 AdditionProblem make_eval_problem(uint64_t seed, int64_t index, int max_digits) {
@@ -100,7 +102,8 @@ AdditionProblem make_eval_problem(uint64_t seed, int64_t index, int max_digits) 
   TANDEM_CHECK(index >= 0, "addition eval index ", index, " is invalid: it must be >= 0");
   CounterRng rng(stream_key(seed, kEvalStream, static_cast<uint64_t>(index)));
   const Operands p = draw_operands(rng, max_digits, AdditionSplit::kEval);
-  return {std::to_string(p.a) + "+" + std::to_string(p.b) + "=", reversed_digits(p.a + p.b)};
+  return {padded(p.a, max_digits) + "+" + padded(p.b, max_digits) + "=",
+          reversed_digits(p.a + p.b, max_digits + 1)};
 }
 
 bool score_addition_completion(const AdditionProblem& problem, std::string_view completion) {

@@ -1,8 +1,10 @@
 // The built-in synthetic task: multi-digit addition written as text, one byte per token
-// (vocab 256). A problem reads "a+b=c\n" where c, the sum, is written least significant digit
-// first ("123+45=861\n"): a causal model then produces each answer digit right after the digits
-// and the carry it depends on, which makes the task learnable by a small model in a few hundred
-// steps (written most significant first, the first digit needs the carry of the whole sum).
+// (vocab 256). A problem reads "a+b=c\n": the operands zero-padded to max_digits and c, the sum,
+// zero-padded to max_digits + 1 and written least significant digit first ("123+045=8610\n").
+// A causal model then produces each answer digit right after the digits and the carry it depends
+// on, at fixed distances from them, which makes the task learnable by a small model in a few
+// hundred steps (written most significant first, the first digit needs the carry of the whole
+// sum; unpadded, the model must also find where each operand's digits are).
 // Invariants: every sample is a pure function of (seed, index); the evaluation problems are a
 // held-out set of (a, b) pairs that never appears in training samples (see addition_split).
 #pragma once
@@ -23,18 +25,16 @@ inline constexpr int kAdditionMaxDigitsLimit = 18;  // keeps a + b within uint64
 enum class AdditionSplit { kTrain, kEval };
 AdditionSplit addition_split(uint64_t a, uint64_t b);
 
-// Digits of v, least significant first ("861" for 168).
-std::string reversed_digits(uint64_t v);
-// The full problem text "a+b=<reversed sum>\n".
-std::string format_addition_problem(uint64_t a, uint64_t b);
-// The longest problem text for max_digits, newline included (3 * max_digits + 4 bytes).
+// Digits of v zero-padded to `width`, least significant first ("8610" for 168, width 4).
+std::string reversed_digits(uint64_t v, int width);
+// The full problem text "a+b=<reversed sum>\n", operands padded to max_digits.
+std::string format_addition_problem(uint64_t a, uint64_t b, int max_digits);
+// The length of every problem text for max_digits, newline included (3 * max_digits + 4 bytes).
 int64_t addition_max_problem_length(int max_digits);
 
 class AdditionDataset : public Dataset {
  public:
-  // max_digits in [1, kAdditionMaxDigitsLimit]. Each operand has a digit count drawn uniformly
-  // from 1..max_digits and then a value drawn uniformly among numbers of that many digits
-  // (0..9 for one digit), so short and long problems are equally frequent.
+  // max_digits in [1, kAdditionMaxDigitsLimit]. Each operand is uniform in [0, 10^max_digits).
   explicit AdditionDataset(uint64_t seed, int max_digits = kAdditionDefaultMaxDigits);
 
   // `length` bytes of consecutive training-split problems, starting at a problem boundary; the
@@ -50,8 +50,8 @@ class AdditionDataset : public Dataset {
   int max_digits_;
 };
 
-// One evaluation problem: the model is given `prompt` ("123+45=") and should emit `answer`
-// (the reversed sum, "861") followed by '\n'.
+// One evaluation problem: the model is given `prompt` ("123+045=") and should emit `answer`
+// (the reversed, padded sum, "8610") followed by '\n'.
 struct AdditionProblem {
   std::string prompt;
   std::string answer;

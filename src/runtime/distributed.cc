@@ -49,8 +49,12 @@ model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_sta
 
 PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                                  const schedule::Schedule& sched, Groups& groups,
-                                 const data::Dataset& data, DType dtype)
+                                 const data::Dataset& data, DType dtype, CommOverlap overlap)
     : model_(m), train_(t), sched_(sched), groups_(&groups), data_(&data) {
+  compute_stream_ = std::make_unique<CpuStream>("compute", StreamMode::kInline);
+  if (overlap == CommOverlap::kOn) {
+    comm_stream_ = std::make_unique<CpuStream>("comm", StreamMode::kWorker);
+  }
   const comm::ParallelLayout& L = groups.layout;
   model_.validate();
   train_.validate(L.dp());
@@ -94,7 +98,8 @@ model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
   return c;
 }
 
-void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
+model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t mb,
+                                                        int64_t iteration) {
   StageRuntime& s = local(stage);
   model::MicroBatchState& state = s.mbs[mb];
   const bool first = s.params->spec().has_embed, last = s.params->spec().has_head;
@@ -109,18 +114,45 @@ void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
   }
   TANDEM_CHECK(first || state.input.defined(), "schedule '", sched_.name, "': stage ", stage,
                " runs the forward of micro-batch ", mb, " before its input arrived");
-  s.chunk->forward(state, context(s));
-  if (last) lm_sum_ += state.lm_loss;
+  return state;
+}
+
+void PipelineTrainer::finish_forward(StageRuntime& s, const model::MicroBatchState& state) {
+  if (s.params->spec().has_head) lm_sum_ += state.lm_loss;
   aux_sum_ += state.aux_loss;
 }
 
-void PipelineTrainer::backward(int32_t stage, int32_t mb, model::WeightGrad wg) {
+void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
+  model::MicroBatchState& state = prepare_forward(stage, mb, iteration);
+  StageRuntime& s = local(stage);
+  s.chunk->forward(state, context(s));
+  finish_forward(s, state);
+}
+
+model::MicroBatchState& PipelineTrainer::prepare_backward(int32_t stage, int32_t mb) {
   StageRuntime& s = local(stage);
   model::MicroBatchState& state = s.mbs[mb];
   if (!s.params->spec().has_head && is_local(stage + 1)) {
     state.d_output = std::exchange(local(stage + 1).mbs[mb].layers.front().d_x, Tensor());
   }
+  return state;
+}
+
+void PipelineTrainer::backward(int32_t stage, int32_t mb, model::WeightGrad wg) {
+  model::MicroBatchState& state = prepare_backward(stage, mb);
+  StageRuntime& s = local(stage);
   s.chunk->backward(state, context(s), wg);
+}
+
+void PipelineTrainer::record_span(const char* stream, NodeKind kind, bool forward,
+                                  int32_t mb, std::chrono::steady_clock::time_point start) {
+  const auto now = std::chrono::steady_clock::now();
+  auto secs = [&](auto t) { return std::chrono::duration<double>(t - step_start_).count(); };
+  std::lock_guard lock(spans_mutex_);
+  spans_.push_back({stream, std::string(forward ? "F" : "B") + std::to_string(mb) + " " +
+                                std::string(node_kind_name(kind)),
+                    secs(start), secs(now)});
+  if (std::string_view(stream) == "comm") comm_busy_s_ += secs(now) - secs(start);
 }
 
 void PipelineTrainer::weights(int32_t stage, int32_t mb) {
@@ -176,8 +208,7 @@ void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
       return;
     case ActionKind::kBackwardWeight: weights(a.stage, a.microbatch); return;
     case ActionKind::kForwardBackward:
-      run_action(a.forward_half(), iteration);
-      run_action(a.backward_half(), iteration);
+      run_combined(a, iteration);
       return;
     default: communicate(a); return;
   }
@@ -214,6 +245,10 @@ double PipelineTrainer::global_grad_norm() {
 
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   lm_sum_ = aux_sum_ = 0;
+  spans_.clear();
+  comm_busy_s_ = 0;
+  step_start_ = std::chrono::steady_clock::now();
+  const double waited_before = compute_stream_->waited_seconds();
   for (StageRuntime& s : stages_) {
     s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
   }
@@ -222,6 +257,7 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   }
   for (auto& p : pending_) p->wait();
   pending_.clear();
+  comm_exposed_s_ = compute_stream_->waited_seconds() - waited_before;
   for (StageRuntime& s : stages_) s.mbs.clear();
   reduce_gradients();
   Tensor losses = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "losses");

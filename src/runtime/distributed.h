@@ -3,7 +3,10 @@
 // reduces gradients over data-parallel (dense) and expert-data-parallel (experts) groups.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
+#include <mutex>
+#include <string>
 #include <memory>
 #include <vector>
 
@@ -13,6 +16,7 @@
 #include "data/dataset.h"
 #include "model/chunk.h"
 #include "runtime/optimizer.h"
+#include "runtime/stream.h"
 #include "runtime/trainer.h"
 #include "schedule/action.h"
 
@@ -39,11 +43,23 @@ struct StageRuntime {
   std::vector<model::MicroBatchState> mbs;
 };
 
+// Whether combined forward-backward actions run their all-to-all nodes on a communication
+// stream of their own (a worker thread) or everything in order on the calling thread.
+enum class CommOverlap : uint8_t { kOff, kOn };
+
+// One measured span of the timeline (seconds since the step started).
+struct Span {
+  std::string stream;  // "compute" or "comm"
+  std::string name;    // e.g. "F3 attention", "B2 combine", "SEND_F 1"
+  double start, end;
+};
+
 class PipelineTrainer {
  public:
   // `sched` must be validated; its stages are laid on pipeline ranks by its stage_rank map.
   PipelineTrainer(const ModelConfig& m, const TrainConfig& t, const schedule::Schedule& sched,
-                  Groups& groups, const data::Dataset& data, DType dtype = DType::kF32);
+                  Groups& groups, const data::Dataset& data, DType dtype = DType::kF32,
+                  CommOverlap overlap = CommOverlap::kOn);
 
   // One step's forward and backward over this rank's micro-batches, then the gradient reduction.
   // Losses in the result are the global ones (reduced over all ranks).
@@ -53,6 +69,11 @@ class PipelineTrainer {
   std::vector<StageRuntime>& stages() { return stages_; }
   int64_t iteration() const { return iteration_; }
   int64_t microbatches_per_rank() const { return num_mb_; }
+  // The last step's measured timeline on this rank, and its communication figures: seconds the
+  // all-to-all tasks ran, and seconds the compute stream stood waiting for them (exposed).
+  const std::vector<Span>& timeline() const { return spans_; }
+  double comm_busy_seconds() const { return comm_busy_s_; }
+  double comm_exposed_seconds() const { return comm_exposed_s_; }
 
  private:
   StageRuntime& local(int32_t stage);
@@ -60,6 +81,14 @@ class PipelineTrainer {
   model::NodeContext context(const StageRuntime& s) const;
   void run_action(const schedule::Action& a, int64_t iteration);
   void forward(int32_t stage, int32_t mb, int64_t iteration);
+  model::MicroBatchState& prepare_forward(int32_t stage, int32_t mb, int64_t iteration);
+  void finish_forward(StageRuntime& s, const model::MicroBatchState& state);
+  model::MicroBatchState& prepare_backward(int32_t stage, int32_t mb);
+  void run_combined(const schedule::Action& a, int64_t iteration);
+  template <typename Issue>
+  void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue);
+  void record_span(const char* stream, NodeKind kind, bool forward, int32_t mb,
+                   std::chrono::steady_clock::time_point start);
   void backward(int32_t stage, int32_t mb, model::WeightGrad wg);
   void weights(int32_t stage, int32_t mb);
   void communicate(const schedule::Action& a);
@@ -77,6 +106,11 @@ class PipelineTrainer {
   std::vector<std::unique_ptr<comm::PendingSend>> pending_;
   double lm_sum_ = 0, aux_sum_ = 0;
   int64_t iteration_ = 0;
+  std::unique_ptr<CpuStream> compute_stream_, comm_stream_;
+  std::mutex spans_mutex_;
+  std::vector<Span> spans_;
+  std::chrono::steady_clock::time_point step_start_;
+  double comm_busy_s_ = 0, comm_exposed_s_ = 0;
 };
 
 }  // namespace tandem::runtime

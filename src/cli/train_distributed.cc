@@ -1,0 +1,181 @@
+// `tandem train` on several ranks (under mpirun): the same configuration checked on every rank,
+// the parallel layout's groups, the schedule generated and validated, the pipeline trainer's
+// steps, per-rank memory in the log, and the whole model gathered to rank 0 for --save.
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/commands.h"
+#include "cli/progress.h"
+#include "comm/mpi_communicator.h"
+#include "runtime/checkpoint.h"
+#include "runtime/distributed.h"
+#include "schedule/generators.h"
+#include "schedule/validator.h"
+#include "train_common.h"
+
+namespace tandem::cli {
+namespace {
+
+// Every setting that must agree across ranks, one "key=value" line each.
+std::string canonical_config(const RunOptions& o) {
+  const ModelConfig& m = o.model;
+  const TrainConfig& t = o.train;
+  const ParallelConfig& p = o.parallel;
+  std::ostringstream s;
+  s.precision(17);
+  s << "num-layers=" << m.num_layers << "\nhidden-size=" << m.hidden_size
+    << "\nnum-attention-heads=" << m.num_attention_heads << "\nnum-query-groups="
+    << m.num_query_groups << "\nffn-hidden-size=" << m.ffn_hidden_size << "\nnum-experts="
+    << m.num_experts << "\nmoe-router-topk=" << m.moe_router_topk << "\nmoe-aux-loss-coeff="
+    << m.moe_aux_loss_coeff << "\nvocab-size=" << m.vocab_size << "\nseq-length="
+    << m.seq_length << "\nrotary-base=" << m.rotary_base << "\nnorm-epsilon=" << m.norm_epsilon
+    << "\nmicro-batch-size=" << t.micro_batch_size << "\nglobal-batch-size="
+    << t.global_batch_size << "\ntrain-iters=" << t.train_iters << "\nlr=" << t.lr
+    << "\nmin-lr=" << t.min_lr << "\nlr-warmup-iters=" << t.lr_warmup_iters
+    << "\nlr-decay-iters=" << t.lr_decay_iters << "\nweight-decay=" << t.weight_decay
+    << "\nclip-grad=" << t.clip_grad << "\nseed=" << t.seed << "\npipeline-model-parallel-size="
+    << p.pipeline_model_parallel_size << "\nexpert-model-parallel-size="
+    << p.expert_model_parallel_size << "\nvirtual-pipeline-model-parallel-size="
+    << p.virtual_pipeline_model_parallel_size << "\nschedule=" << p.schedule
+    << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir << "\n";
+  return s.str();
+}
+
+// Throws on every rank when any rank was started with other settings, naming the first key
+// that differs and both values.
+void check_same_config(comm::Communicator& world, const RunOptions& o) {
+  const std::vector<std::string> all = world.all_gather_bytes(canonical_config(o));
+  for (int r = 1; r < static_cast<int>(all.size()); ++r) {
+    if (all[r] == all[0]) continue;
+    std::istringstream a(all[0]), b(all[r]);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+    }
+    throw Error(detail::concat("rank ", r, " was started with a different configuration than rank "
+                               "0: ", lb, " on rank ", r, " but ", la,
+                               " on rank 0; start every rank with the same options"));
+  }
+}
+
+// Test-only fault injection, TANDEM_FAULT="rank=R,iter=I,mode=exit|hang": rank R dies or hangs
+// before step I, so tests can show that the other ranks stop with an error instead of hanging.
+void maybe_inject_fault(int rank, int64_t iteration) {
+  const char* spec = std::getenv("TANDEM_FAULT");
+  if (spec == nullptr) return;
+  int r = -1;
+  long long it = -1;
+  char mode[16] = {0};
+  if (std::sscanf(spec, "rank=%d,iter=%lld,mode=%15s", &r, &it, mode) != 3) return;
+  if (r != rank || it != iteration) return;
+  if (std::string(mode) == "exit") std::_Exit(9);
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));  // hang
+}
+
+// Rank 0 gets the whole model: each tensor from the rank that owns it (data-parallel rank 0 for
+// dense tensors, expert-data-parallel rank 0 for experts), in the whole model's order.
+std::unique_ptr<model::Parameters> gather_whole_model(runtime::PipelineTrainer& trainer,
+                                                      runtime::Groups& g, const ModelConfig& m) {
+  std::map<std::string, Tensor> owned;
+  for (runtime::StageRuntime& s : trainer.stages()) {
+    for (const model::ParamEntry& e : s.params->entries()) {
+      const bool expert = e.shard == model::ParamShard::kExpert;
+      if ((expert ? g.layout.edp_rank(g.rank) : g.layout.dp_rank(g.rank)) == 0) {
+        owned[e.name] = s.params->param(e);
+      }
+    }
+  }
+  std::string names;
+  for (const auto& [name, t] : owned) names += name + "\n";
+  const std::vector<std::string> all = g.world->all_gather_bytes(names);
+  std::map<std::string, int> owner;
+  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
+    std::istringstream in(all[r]);
+    for (std::string n; std::getline(in, n);) owner[n] = r;
+  }
+  std::unique_ptr<model::Parameters> whole;
+  if (g.rank == 0) whole = std::make_unique<model::Parameters>(m, model::ChunkSpec::whole(m), DType::kF32);
+  const model::Parameters layout_only(m, model::ChunkSpec::whole(m), DType::kF32);
+  for (const model::ParamEntry& e : layout_only.entries()) {
+    const int from = owner.at(e.name);
+    if (g.rank == 0 && from == 0) whole->param(e).copy_from(owned.at(e.name));
+    if (g.rank == 0 && from != 0) g.world->recv(whole->param(e), from, 5);
+    if (g.rank != 0 && from == g.rank) g.world->send(owned.at(e.name), 0, 5);
+  }
+  return whole;
+}
+
+IterationRecord gather_record(const runtime::StepResult& r, comm::Communicator& world) {
+  IterationRecord rec = to_record(r);
+  Tensor mine = Tensor::empty({3}, DType::kI64, MemCategory::kOther, "mem");
+  mine.data<int64_t>()[0] = r.memory.total_in_use;
+  mine.data<int64_t>()[1] = r.memory.total_peak;
+  mine.data<int64_t>()[2] = r.activation_peak;
+  Tensor all = Tensor::empty({3 * world.size()}, DType::kI64, MemCategory::kOther, "mem.all");
+  world.all_gather(all, mine);
+  rec.mem_in_use_bytes.clear();
+  rec.mem_peak_bytes.clear();
+  rec.activation_peak_bytes.clear();
+  for (int p = 0; p < world.size(); ++p) {
+    rec.mem_in_use_bytes.push_back(all.data<int64_t>()[3 * p]);
+    rec.mem_peak_bytes.push_back(all.data<int64_t>()[3 * p + 1]);
+    rec.activation_peak_bytes.push_back(all.data<int64_t>()[3 * p + 2]);
+  }
+  return rec;
+}
+
+}  // namespace
+
+void run_train_distributed(RunOptions& o) {
+  auto world = comm::mpi_world(o.comm_timeout_s);
+  check_same_config(*world, o);
+  const ParallelConfig& p = o.parallel;
+  runtime::Groups groups = runtime::Groups::make(
+      std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
+      static_cast<int>(p.expert_model_parallel_size));
+  const comm::ParallelLayout& L = groups.layout;
+  o.train.validate(L.dp());
+  const schedule::ScheduleShape shape{
+      static_cast<int32_t>(L.pp), static_cast<int32_t>(p.virtual_pipeline_model_parallel_size),
+      static_cast<int32_t>(o.train.num_microbatches(L.dp()))};
+  const schedule::Schedule sched =
+      schedule::generate_schedule(schedule::parse_schedule_kind(p.schedule), shape);
+  schedule::validate_schedule(sched);
+  std::unique_ptr<data::Dataset> data = make_dataset(o);
+  runtime::PipelineTrainer trainer(o.model, o.train, sched, groups, *data);
+  const bool lead = groups.rank == 0;
+  ReporterConfig rc = reporter_config(o);
+  if (!lead) {
+    rc.verbosity = Verbosity::kQuiet;
+    rc.log_json_path.clear();
+  }
+  ProgressReporter reporter(rc);
+  if (lead && !o.quiet) {
+    std::cout << "tandem train: " << L.world << " ranks (pipeline " << L.pp << ", data "
+              << L.dp() << ", expert " << L.ep << "), schedule " << sched.name << ", "
+              << shape.num_microbatches << " micro-batches per data-parallel rank, data: "
+              << data->describe() << std::endl;
+  }
+  reporter.open();
+  for (int64_t it = 0; it < o.train.train_iters; ++it) {
+    maybe_inject_fault(groups.rank, it + 1);
+    const runtime::StepResult r = trainer.step();
+    reporter.report(gather_record(r, *groups.world));
+    const bool last = r.iteration == o.train.train_iters;
+    if (!o.save_dir.empty() &&
+        (last || (o.save_interval > 0 && r.iteration % o.save_interval == 0))) {
+      std::unique_ptr<model::Parameters> whole = gather_whole_model(trainer, groups, o.model);
+      if (lead) runtime::save_model_checkpoint(o.save_dir, *whole);
+      groups.world->barrier();
+    }
+  }
+  reporter.finish();
+  if (lead && !o.save_dir.empty() && !o.quiet) std::cout << "saved model to " << o.save_dir << "\n";
+}
+
+}  // namespace tandem::cli

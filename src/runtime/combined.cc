@@ -1,0 +1,129 @@
+// Combined 1F1B on two CPU streams (Note [Combined 1F1B on streams]): one micro-batch's forward
+// and another's backward issued layer pair by layer pair, dispatch and combine on the
+// communication stream (a worker thread), the rest on the compute stream (this thread).
+//
+// Note [Combined 1F1B on streams]: for a MoE layer pair (forward layer i of f, backward layer
+// n-1-i of b) the issue order is DESIGN.md's:
+//   comm: combine.bwd(b) | dispatch.fwd(f) -> dispatch.bwd(b) | combine.fwd(f)
+//   comp: attention.fwd(f) | experts.bwd(b) -> experts.bwd_w(b) -> experts.fwd(f) | attention.bwd(b)
+// Each node waits only for the event of the node whose output it reads (its predecessor in its
+// own micro-batch), so f's attention runs while b's combine all-to-all is in flight, and so on.
+// The gradient of a parameter is still accumulated micro-batch by micro-batch in the same order,
+// so results are bitwise those of running F then B.
+#include <chrono>
+
+#include "runtime/distributed.h"
+
+namespace tandem::runtime {
+
+
+
+// Node index ranges of a chunk: the leading embed, each layer, the trailing loss.
+struct Units {
+  std::vector<std::pair<size_t, size_t>> layers;  // [begin, end) per layer
+  bool has_embed = false, has_loss = false;
+  size_t num_nodes = 0;
+};
+
+static Units split_units(const std::vector<model::NodeRef>& nodes) {
+  Units u;
+  u.num_nodes = nodes.size();
+  for (size_t i = 0; i < nodes.size(); ++i) {
+    if (nodes[i].kind == NodeKind::kEmbed) {
+      u.has_embed = true;
+    } else if (nodes[i].kind == NodeKind::kLoss) {
+      u.has_loss = true;
+    } else if (nodes[i].kind == NodeKind::kAttention) {
+      u.layers.push_back({i, i + 1});
+    } else {
+      u.layers.back().second = i + 1;
+    }
+  }
+  return u;
+}
+
+static bool is_comm_node(NodeKind k) {
+  return k == NodeKind::kDispatch || k == NodeKind::kCombine;
+}
+
+void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration) {
+  const schedule::Action f = a.forward_half(), b = a.backward_half();
+  StageRuntime& fs = local(f.stage);
+  StageRuntime& bs = local(b.stage);
+  model::MicroBatchState& fm = prepare_forward(f.stage, f.microbatch, iteration);
+  model::MicroBatchState& bm = prepare_backward(b.stage, b.microbatch);
+  const model::NodeContext fc = context(fs), bc = context(bs);
+  const bool with_w = b.kind == schedule::ActionKind::kBackward;
+  const bool overlap = comm_stream_ != nullptr && groups_->layout.ep > 1;
+  CpuStream& comp = *compute_stream_;
+  Event f_last, b_last;
+  auto issue = [&](bool fwd, size_t i) {
+    StageRuntime& s = fwd ? fs : bs;
+    const NodeKind kind = s.chunk->nodes()[i].kind;
+    CpuStream& stream = overlap && is_comm_node(kind) ? *comm_stream_ : comp;
+    Event& last = fwd ? f_last : b_last;
+    const int32_t mb = fwd ? f.microbatch : b.microbatch;
+    last = stream.enqueue(
+        [&, fwd, i, kind, mb, is_comm = &stream != &comp] {
+          const auto t0 = std::chrono::steady_clock::now();
+          if (fwd) {
+            fs.chunk->forward_node(i, fm, fc);
+          } else {
+            bs.chunk->backward_node(i, bm, bc);
+            if (with_w) bs.chunk->backward_weights_node(i, bm, bc);
+          }
+          record_span(is_comm ? "comm" : "compute", kind, fwd, mb, t0);
+        },
+        {last});
+  };
+  const Units fu = split_units(fs.chunk->nodes()), bu = split_units(bs.chunk->nodes());
+  try {
+    issue_pairs(fu, bu, issue);
+  } catch (...) {
+    // The comm worker may still run tasks that refer to this frame: let them finish first.
+    if (comm_stream_) {
+      try {
+        comm_stream_->synchronize();
+      } catch (...) {
+      }
+    }
+    throw;
+  }
+  if (comm_stream_) comm_stream_->synchronize();
+  comp.synchronize();
+  finish_forward(fs, fm);
+}
+
+template <typename Issue>
+void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue) {
+  if (bu.has_loss) issue(false, bu.num_nodes - 1);
+  if (fu.has_embed) issue(true, 0);
+  const size_t pairs = std::max(fu.layers.size(), bu.layers.size());
+  for (size_t p = 0; p < pairs; ++p) {
+    const bool has_f = p < fu.layers.size(), has_b = p < bu.layers.size();
+    const size_t bl = bu.layers.size() - 1 - p;
+    if (has_f && has_b && fu.layers[p].second - fu.layers[p].first == 4 &&
+        bu.layers[bl].second - bu.layers[bl].first == 4) {
+      const size_t fa = fu.layers[p].first, ba = bu.layers[bl].first;  // attention indices
+      issue(false, ba + 3);  // combine.bwd(b)
+      issue(true, fa);       // attention.fwd(f)
+      issue(true, fa + 1);   // dispatch.fwd(f)
+      issue(false, ba + 2);  // experts.bwd(b) (+ weights)
+      issue(false, ba + 1);  // dispatch.bwd(b)
+      issue(true, fa + 2);   // experts.fwd(f)
+      issue(true, fa + 3);   // combine.fwd(f)
+      issue(false, ba);      // attention.bwd(b) (+ weights)
+      continue;
+    }
+    if (has_f) {
+      for (size_t i = fu.layers[p].first; i < fu.layers[p].second; ++i) issue(true, i);
+    }
+    if (has_b) {
+      for (size_t i = bu.layers[bl].second; i-- > bu.layers[bl].first;) issue(false, i);
+    }
+  }
+  if (fu.has_loss) issue(true, fu.num_nodes - 1);
+  if (bu.has_embed) issue(false, 0);
+}
+
+}  // namespace tandem::runtime
