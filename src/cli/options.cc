@@ -66,6 +66,7 @@ const std::vector<std::string> kSchedules = {"gpipe",         "1f1b",  "interlea
                                              "combined-1f1b", "zb-h1", "dualpipev"};
 const std::vector<std::string> kDataFormats = {"auto", "megatron", "tokens", "text"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
+const std::vector<std::string> kNanPolicies = {"stop", "skip"};
 
 void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
   s.push_back(
@@ -157,10 +158,20 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kNonNegative});
   s.push_back({"load",
                &o.load_dir,
-               "checkpoint directory to resume from (default: none)",
+               "checkpoint to start from: a --save directory (its latest), one iter_NNNNNNN "
+               "directory, or a Hugging Face checkpoint directory (weights only); model options "
+               "not given are taken from it (default: none)",
                Bound::kAny,
                {},
                "DIR"});
+  s.push_back({"keep-checkpoints", &o.keep_checkpoints,
+               "newest iteration directories kept under --save; older ones are deleted after a "
+               "new one is complete",
+               Bound::kPositive});
+  s.push_back({"nan-policy", &o.nan_policy,
+               "when the loss or gradients are NaN or Inf: stop with an error naming the "
+               "iteration, or skip that step's update",
+               Bound::kAny, kNanPolicies});
   s.push_back({"log-json",
                &o.log_json,
                "write one JSON object per iteration to FILE (default: none)",
@@ -175,6 +186,13 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "FILE"});
   s.push_back({"device", &o.device, "where to train", Bound::kAny, kDevices});
   s.push_back({"quiet", &o.quiet, "no progress bar and no log lines"});
+  s.push_back({"addition-max-digits", &o.addition_max_digits,
+               "operand digits of the built-in addition task (used without --data-path)",
+               Bound::kPositive});
+  s.push_back({"comm-timeout", &o.comm_timeout_s,
+               "seconds any rank waits for another before it stops with an error naming the "
+               "operation and the peer",
+               Bound::kPositive});
 }
 
 // The one table; it points into `o`, so it is rebuilt for each RunOptions.
@@ -294,7 +312,12 @@ namespace {
 
 // Where each option's final value came from, for messages.
 struct Origin {
-  enum class Source : uint8_t { kDefault, kCommandLine, kConfigFile } source = Source::kDefault;
+  enum class Source : uint8_t {
+    kDefault,
+    kCommandLine,
+    kConfigFile,
+    kCheckpoint,
+  } source = Source::kDefault;
   int64_t line = 0;  // in the config file
 };
 using Origins = std::map<std::string, Origin>;
@@ -571,9 +594,86 @@ void check_paths(const RunOptions& o) {
   check_output_parent("--trace", o.trace_path);
 }
 
+// A checkpoint's value as the spec's type; nullopt when the JSON type does not fit.
+std::optional<Value> json_value(const OptionSpec& spec, const nlohmann::json& v) {
+  const bool is_int = v.is_number_integer() &&
+                      (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX});
+  return std::visit(
+      Overloaded{
+          [&](int64_t*) { return is_int ? std::optional<Value>(v.get<int64_t>()) : std::nullopt; },
+          [&](uint64_t*) {
+            const bool ok = v.is_number_unsigned() || (is_int && v.get<int64_t>() >= 0);
+            return ok ? std::optional<Value>(v.get<uint64_t>()) : std::nullopt;
+          },
+          [&](double*) {
+            return v.is_number() ? std::optional<Value>(v.get<double>()) : std::nullopt;
+          },
+          [&](std::string*) {
+            return v.is_string() ? std::optional<Value>(v.get<std::string>()) : std::nullopt;
+          },
+          [&](bool*) {
+            return v.is_boolean() ? std::optional<Value>(v.get<bool>()) : std::nullopt;
+          }},
+      spec.target);
+}
+
+// Whether a checkpoint's value must equal a given one, or only fills in for an absent one.
+enum class FromCheckpoint : uint8_t { kFixed, kDefault };
+
+// Note [Options from a checkpoint], for one of its two maps.
+void apply_checkpoint_map(const std::vector<OptionSpec>& specs, const nlohmann::json& values,
+                          FromCheckpoint kind, const RunOptions& opts, Origins& origins) {
+  if (values.is_null()) return;
+  TANDEM_ASSERT(values.is_object(), "checkpoint options are not an object");
+  for (const auto& [name, v] : values.items()) {
+    const OptionSpec* spec = find_spec(specs, name);
+    TANDEM_ASSERT(spec != nullptr, "a checkpoint sets the unknown option ", name);
+    const std::optional<Value> value = json_value(*spec, v);
+    TANDEM_CHECK(value.has_value() && value_problem(*spec, *value).empty(), "--load ",
+                 opts.load_dir, ": the checkpoint's ", name, " is ", v.dump(), "; it must be ",
+                 valid_text(*spec));
+    const auto it = origins.find(name);
+    if (it == origins.end() || it->second.source == Origin::Source::kDefault) {
+      store_value(*spec, *value);
+      origins[name].source = Origin::Source::kCheckpoint;
+      continue;
+    }
+    if (kind == FromCheckpoint::kDefault) continue;
+    const Value given = current_value(*spec);
+    const std::string where =
+        it->second.source == Origin::Source::kConfigFile
+            ? detail::concat("in ", opts.config_file, ", line ", it->second.line)
+            : std::string("on the command line");
+    TANDEM_CHECK(given == *value, "--", name, " ", to_text(given), " (given ", where,
+                 ") differs from the checkpoint's ", name, " ", to_text(*value), " (--load ",
+                 opts.load_dir, "): leave --", name, " out to take the checkpoint's value");
+  }
+}
+
+void apply_checkpoint_values(const std::vector<OptionSpec>& specs, const nlohmann::json& values,
+                             const RunOptions& opts, Origins& origins) {
+  TANDEM_ASSERT(values.is_object(), "checkpoint options are not an object");
+  apply_checkpoint_map(specs, values.value("fixed", nlohmann::json()), FromCheckpoint::kFixed, opts,
+                       origins);
+  apply_checkpoint_map(specs, values.value("defaults", nlohmann::json()), FromCheckpoint::kDefault,
+                       opts, origins);
+}
+
 }  // namespace
 
-void finalize_run_options(const CLI::App& app, RunOptions& opts) {
+nlohmann::json model_option_values(const ModelConfig& model) {
+  ModelConfig copy = model;
+  std::vector<OptionSpec> specs;
+  add_model_specs(specs, copy);
+  nlohmann::json out = nlohmann::json::object();
+  for (const OptionSpec& spec : specs) {
+    out[spec.name] = std::visit([](auto* p) { return nlohmann::json(*p); }, spec.target);
+  }
+  return out;
+}
+
+void finalize_run_options(const CLI::App& app, RunOptions& opts,
+                          const CheckpointOptionsReader& read_checkpoint) {
   const std::vector<OptionSpec> specs = option_specs(opts);
   Origins origins;
   for (const OptionSpec& spec : specs) {
@@ -581,6 +681,12 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts) {
   }
   check_command_line_values(specs, origins);
   if (!opts.config_file.empty()) apply_config_file(app, specs, opts.config_file, origins);
+  if (!opts.load_dir.empty() && read_checkpoint) {
+    check_readable("--load", opts.load_dir);
+    apply_checkpoint_values(specs, read_checkpoint(opts.load_dir), opts, origins);
+  }
+  opts.train.non_finite_policy =
+      opts.nan_policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
   try {
     check_combinations(opts);
   } catch (const Error& e) {

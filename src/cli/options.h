@@ -3,6 +3,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <nlohmann/json.hpp>
 #include <string>
 
 #include <CLI/CLI.hpp>
@@ -10,9 +12,6 @@
 #include "core/config.h"
 
 namespace tandem::cli {
-
-// How a NaN or Inf in the loss or gradients is handled.
-enum class NonFinitePolicy : uint8_t { kStop, kSkip };
 
 struct RunOptions {
   ModelConfig model;
@@ -25,10 +24,14 @@ struct RunOptions {
   std::string save_dir;          // --save
   int64_t save_interval = 0;     // --save-interval (0: only at the end when --save is set)
   std::string load_dir;          // --load
+  int64_t keep_checkpoints = 2;  // --keep-checkpoints: iteration directories kept under --save
+  std::string nan_policy = "stop";  // --nan-policy stop | skip (sets train.non_finite_policy)
   std::string log_json;          // --log-json FILE: one JSON object per iteration
   std::string trace_path;        // --trace FILE.json: the measured timeline
   std::string device = "cpu";    // --device cpu | cuda
   bool quiet = false;            // --quiet: no progress bar, no log lines
+  int64_t addition_max_digits = 3;  // --addition-max-digits: the built-in task's operand digits
+  double comm_timeout_s = 120;   // --comm-timeout: bound on every wait for another rank
 };
 
 // Registers every run option on `app`, bound into `opts`, with MODEL.md's demo defaults.
@@ -37,6 +40,18 @@ void add_run_options(CLI::App& app, RunOptions& opts);
 // After app.parse(): fills in what the --config file sets and the command line did not, then
 // validates the whole configuration. Throws tandem::Error naming the bad key or value (and the
 // file and line for the config file) and what would be valid.
-void finalize_run_options(const CLI::App& app, RunOptions& opts);
+//
+// Note [Options from a checkpoint]: with --load, `read_checkpoint(load_dir)` returns what the
+// checkpoint says about the run as {"fixed": {...}, "defaults": {...}}, each mapping option names
+// to values (e.g. {"fixed": {"num-layers": 4, "seed": 1234}, "defaults": {"lr": 0.003}}). An
+// option that neither the command line nor the config file gives takes the checkpoint's value;
+// a given one wins over a "defaults" value, and must equal a "fixed" one (otherwise an error
+// names the option and both values). (`tandem train` passes cli::checkpoint_option_values.)
+using CheckpointOptionsReader = std::function<nlohmann::json(const std::string& load_dir)>;
+void finalize_run_options(const CLI::App& app, RunOptions& opts,
+                          const CheckpointOptionsReader& read_checkpoint = {});
+
+// The model options of `model` as {"num-layers": 4, ...}, keyed by the option names of --help.
+nlohmann::json model_option_values(const ModelConfig& model);
 
 }  // namespace tandem::cli

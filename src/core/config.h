@@ -8,6 +8,10 @@
 
 namespace tandem {
 
+// What a training step does when its loss or gradient norm is NaN or Inf (--nan-policy): stop
+// with an error naming the iteration, or skip the update (no weight or optimizer change).
+enum class NonFinitePolicy : uint8_t { kStop, kSkip };
+
 struct ModelConfig {
   int64_t vocab_size = 256;
   int64_t hidden_size = 256;
@@ -45,6 +49,7 @@ struct TrainConfig {
   double clip_grad = 1.0;
   uint64_t seed = 1234;
   int64_t log_interval = 10;
+  NonFinitePolicy non_finite_policy = NonFinitePolicy::kStop;
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

@@ -54,6 +54,10 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
                " is fewer than the schedule's ", sch.num_stages, " stages (", sch.num_ranks,
                " ranks x ", sch.num_stages / std::max(sch.num_ranks, 1),
                " stages each): every stage needs at least one layer");
+  // The same split as the pipeline trainer (runtime/distributed.cc), so plan and run agree.
+  TANDEM_CHECK(cfg.num_layers % sch.num_stages == 0, "--num-layers ", cfg.num_layers,
+               " does not divide into the schedule's ", sch.num_stages,
+               " stages: use a multiple of ", sch.num_stages);
 }
 
 StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
@@ -127,7 +131,7 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   const auto layers = static_cast<int32_t>(in.model.num_layers);
   int32_t next_layer = 0;
   for (int32_t st = 0; st < stages; ++st) {
-    const int32_t count = layers / stages + (st < layers % stages ? 1 : 0);
+    const int32_t count = layers / stages;
     pm.stages.push_back(build_stage(st, stages, next_layer, count, in, pm.shape));
     pm.stages.back().rank = sch.stage_rank[st];
     next_layer += count;

@@ -63,8 +63,8 @@ struct PipelineModel {
   CostModelKind cost_kind = CostModelKind::kRoofline;
 };
 
-// Layers split over stages as evenly as possible (the first L mod S stages get one more).
-// Throws tandem::Error if there are fewer layers than stages or EP does not divide the experts.
+// Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws
+// tandem::Error if S does not divide L or EP does not divide the experts.
 PipelineModel build_pipeline_model(const Schedule& schedule, const PlanInputs& in);
 
 // Parameters of one stage: embedding on stage 0, layers (experts divided by EP), final norm and

@@ -107,6 +107,15 @@ nlohmann::json plan_summary_json(const Plan& plan) {
                      {"peak_time_s", r.peak_time_s},
                      {"peak_live_microbatches", r.peak_live_microbatches}});
   }
+  for (size_t i = 0; i < plan.sim.ranks.size(); ++i) {
+    nlohmann::json by_node = nlohmann::json::object();
+    const auto& at_peak = plan.sim.ranks[i].activation_at_peak_by_node;
+    for (int k = 0; k < kNumNodeKinds; ++k) {
+      if (at_peak[k] != 0)
+        by_node[std::string(node_kind_name(static_cast<NodeKind>(k)))] = at_peak[k];
+    }
+    ranks[i]["activation_bytes_at_peak_by_node"] = std::move(by_node);
+  }
   j["ranks"] = std::move(ranks);
   return j;
 }

@@ -3,6 +3,7 @@
 // fractions, exposed communication and memory curve. Note [Simulation model] in simulator.cc.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <vector>
 
@@ -53,6 +54,7 @@ struct RankResult {
   int64_t in_flight_peak_bytes = 0;
   int64_t peak_bytes = 0;  // static + activations + in flight, at its peak
   double peak_time_s = 0;
+  std::array<int64_t, kNumNodeKinds> activation_at_peak_by_node{};  // at peak_time_s
   int32_t peak_live_microbatches = 0;  // (stage, micro-batch) pairs between forward end and
                                        // backward end (W end when split), at most
 };

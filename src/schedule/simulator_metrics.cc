@@ -1,6 +1,7 @@
 // Metrics of a finished simulation: busy and bubble fractions, exposed communication, the memory
 // curve and its peaks, the most (stage, micro-batch) pairs alive at once.
 #include <algorithm>
+#include <array>
 
 #include "schedule/simulator_state.h"
 
@@ -33,15 +34,18 @@ void memory_curve(RankState& st, RankResult& out) {
                    [](const MemEvent& a, const MemEvent& b) { return a.time < b.time; });
   const int64_t base = out.static_memory.static_bytes();
   int64_t act = 0, flight = 0;
+  std::array<int64_t, kNumNodeKinds> by_node{};
   out.memory.push_back({0, 0, 0});
   out.peak_bytes = base;
   for (const MemEvent& e : st.mem) {
     (e.kind == MemKind::kActivation ? act : flight) += e.delta;
+    if (e.kind == MemKind::kActivation) by_node[static_cast<int>(e.node)] += e.delta;
     out.activation_peak_bytes = std::max(out.activation_peak_bytes, act);
     out.in_flight_peak_bytes = std::max(out.in_flight_peak_bytes, flight);
     if (base + act + flight > out.peak_bytes) {
       out.peak_bytes = base + act + flight;
       out.peak_time_s = e.time;
+      out.activation_at_peak_by_node = by_node;
     }
     if (out.memory.back().time == e.time) {
       out.memory.back() = {e.time, act, flight};

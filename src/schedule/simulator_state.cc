@@ -17,7 +17,10 @@ SimState::SimState(const Schedule& s, const PipelineModel& m)
   send_b.assign(cells, Interval{});
   waiter_f.assign(cells, -1);
   waiter_b.assign(cells, -1);
-  for (int32_t r = 0; r < s.num_ranks; ++r) ranks[r].spans.reserve(s.ranks[r].size() * 4);
+  for (int32_t r = 0; r < s.num_ranks; ++r) {
+    ranks[r].spans.reserve(s.ranks[r].size() * 4);
+    ranks[r].mem.reserve(s.ranks[r].size() * 4);
+  }
 }
 
 double SimState::issue(int32_t rank, Stream stream, double ready, double duration, Span proto) {
@@ -34,8 +37,8 @@ double SimState::issue(int32_t rank, Stream stream, double ready, double duratio
   return end;
 }
 
-void SimState::memory(int32_t rank, double time, int64_t delta, MemKind kind) {
-  if (delta != 0) ranks[rank].mem.push_back({time, delta, kind});
+void SimState::memory(int32_t rank, double time, int64_t delta, MemKind kind, NodeKind node) {
+  if (delta != 0) ranks[rank].mem.push_back({time, delta, kind, node});
 }
 
 Span SimState::node_span(int32_t index, const Action& a, const StageNode& n, Phase phase) {
@@ -90,7 +93,7 @@ void HalfRun::node(int32_t k) {
   if (forward) {
     end = sim_.issue(rank_, n.stream, ready_, n.times.forward_s,
                      SimState::node_span(index_, half_, n, Phase::kForward));
-    sim_.memory(rank_, end, n.saved_bytes, MemKind::kActivation);
+    sim_.memory(rank_, end, n.saved_bytes, MemKind::kActivation, n.kind);
     last_ = end;
   } else {
     end = sim_.issue(rank_, n.stream, ready_, n.times.backward_input_s,
@@ -101,7 +104,7 @@ void HalfRun::node(int32_t k) {
                            SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
     }
     if (half_.kind == ActionKind::kBackward || !node_has_weights(n.kind)) {
-      sim_.memory(rank_, release, -n.saved_bytes, MemKind::kActivation);
+      sim_.memory(rank_, release, -n.saved_bytes, MemKind::kActivation, n.kind);
     }
     last_ = std::max(last_, release);
   }

@@ -15,6 +15,7 @@ struct MemEvent {
   double time;
   int64_t delta;
   MemKind kind;
+  NodeKind node;  // kActivation: whose saved bytes
 };
 
 struct Interval {
@@ -48,7 +49,8 @@ struct SimState {
   }
   // Puts `duration` of work on a stream after `ready`; records a span if it takes time.
   double issue(int32_t rank, Stream stream, double ready, double duration, Span proto);
-  void memory(int32_t rank, double time, int64_t delta, MemKind kind);
+  void memory(int32_t rank, double time, int64_t delta, MemKind kind,
+              NodeKind node = NodeKind::kEmbed);
   static Span node_span(int32_t index, const Action& a, const StageNode& n, Phase phase);
   static Span message_span(int32_t index, const Action& a);
 

@@ -254,6 +254,10 @@ TEST(Simulator, PlanInputErrorsNameTheOption) {
             }).find("--num-layers 3 is fewer than the schedule's 4 stages"),
             std::string::npos);
   EXPECT_NE(error_of([](PlanRequest& r) {
+              r.inputs.model.num_layers = 6;
+            }).find("--num-layers 6 does not divide into the schedule's 4 stages"),
+            std::string::npos);
+  EXPECT_NE(error_of([](PlanRequest& r) {
               r.inputs.expert_parallel_size = 3;
             }).find("--expert-model-parallel-size 3 does not divide --num-experts 8"),
             std::string::npos);

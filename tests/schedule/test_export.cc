@@ -43,6 +43,12 @@ TEST(Export, SummaryJson) {
     EXPECT_EQ(jr["stages"], (std::vector<int>{r, r + 2}));
     EXPECT_GT(jr["activation_peak_bytes"].get<int64_t>(), 0);
     EXPECT_GT(jr["exposed_comm_s"].get<double>(), 0);  // EP 2: all-to-all with nothing to hide it
+    int64_t by_node = 0;
+    for (const auto& [node, bytes] : jr["activation_bytes_at_peak_by_node"].items()) {
+      by_node += bytes.get<int64_t>();
+    }
+    EXPECT_GT(by_node, 0);
+    EXPECT_LE(by_node, plan.sim.ranks[r].activation_peak_bytes);
   }
 }
 

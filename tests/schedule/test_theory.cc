@@ -226,6 +226,13 @@ TEST(Theory, ActivationBytesAreFootprintNodeSavedBytes) {
   const int64_t stage1 = 2 * layer + node_saved_bytes(NodeKind::kLoss, cfg, s);
   EXPECT_EQ(plan.sim.ranks[0].activation_peak_bytes, 3 * stage0);
   EXPECT_EQ(plan.sim.ranks[1].activation_peak_bytes, 3 * stage1);
+  // At the peak (all forwards done) every micro-batch's nodes are held, per node kind.
+  const auto& by_node = plan.sim.ranks[1].activation_at_peak_by_node;
+  EXPECT_EQ(by_node[static_cast<int>(NodeKind::kAttention)],
+            3 * 2 * node_saved_bytes(NodeKind::kAttention, cfg, s));
+  EXPECT_EQ(by_node[static_cast<int>(NodeKind::kLoss)],
+            3 * node_saved_bytes(NodeKind::kLoss, cfg, s));
+  EXPECT_EQ(by_node[static_cast<int>(NodeKind::kEmbed)], 0);
   for (const RankResult& r : plan.sim.ranks) EXPECT_EQ(r.memory.back().activation_bytes, 0);
 }
 

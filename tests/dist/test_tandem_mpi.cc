@@ -1,0 +1,112 @@
+// The tandem program under mpirun. Oracles: the one-rank run's loss curve (the same global batch
+// on one rank), and for faults the exit status, the time taken and the message.
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <array>
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+namespace {
+
+struct Result {
+  int code;
+  std::string output;
+  double seconds;
+};
+
+Result run(const std::string& command) {
+  const auto start = std::chrono::steady_clock::now();
+  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
+  std::string out;
+  std::array<char, 4096> buf;
+  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
+  const int status = pclose(pipe);
+  const double secs =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, secs};
+}
+
+const std::string kMpirun = std::string(TANDEM_MPIEXEC) +
+                            " --oversubscribe --allow-run-as-root --bind-to none "
+                            "-x OMPI_MCA_btl=self,vader -x OPENBLAS_NUM_THREADS=1";
+const std::string kModel =
+    " --num-layers 4 --hidden-size 32 --num-attention-heads 4 --num-query-groups 2 "
+    "--ffn-hidden-size 48 --num-experts 4 --seq-length 32 --micro-batch-size 2 "
+    "--global-batch-size 16 --addition-max-digits 2 --quiet";
+
+std::vector<double> losses(const std::string& path) {
+  std::vector<double> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
+  }
+  return out;
+}
+
+std::string temp_dir(const std::string& name) {
+  const std::string dir = ::testing::TempDir() + "/tandem_mpi_" + name;
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+TEST(TandemMpi, FourRanksPp2Ep2CombinedMatchesOneRank) {
+  const std::string dir = temp_dir("curve");
+  const Result one = run(std::string(TANDEM_BIN) + " train" + kModel + " --train-iters 6 --log-json " +
+                         dir + "/one.jsonl");
+  ASSERT_EQ(one.code, 0) << one.output;
+  const Result four =
+      run(kMpirun + " -np 4 " + TANDEM_BIN + " train" + kModel +
+          " --train-iters 6 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2"
+          " --schedule combined-1f1b --log-json " + dir + "/four.jsonl");
+  ASSERT_EQ(four.code, 0) << four.output;
+  const std::vector<double> a = losses(dir + "/one.jsonl"), b = losses(dir + "/four.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+  // Per-rank memory is a list with one entry per rank.
+  std::ifstream in(dir + "/four.jsonl");
+  std::string line;
+  std::getline(in, line);
+  const auto j = nlohmann::json::parse(line);
+  ASSERT_TRUE(j.at("mem_peak_bytes").is_array());
+  EXPECT_EQ(j.at("mem_peak_bytes").size(), 4u);
+  EXPECT_EQ(j.at("activation_peak_bytes").size(), 4u);
+}
+
+TEST(TandemMpi, HungRankMakesTheOthersStopWithinTheTimeout) {
+  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=hang " + kMpirun + " -x TANDEM_FAULT -np 2 " +
+                       TANDEM_BIN + " train" + kModel +
+                       " --train-iters 4 --pipeline-model-parallel-size 2 --comm-timeout 3");
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.seconds, 60);
+  EXPECT_NE(r.output.find("did not complete within 3 s"), std::string::npos) << r.output;
+}
+
+TEST(TandemMpi, DeadRankEndsTheJob) {
+  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=exit " + kMpirun + " -x TANDEM_FAULT -np 2 " +
+                       TANDEM_BIN + " train" + kModel +
+                       " --train-iters 4 --pipeline-model-parallel-size 2 --comm-timeout 10");
+  EXPECT_NE(r.code, 0);
+  EXPECT_LT(r.seconds, 60);
+}
+
+TEST(TandemMpi, RanksWithDifferentConfigurationsStopWithAClearError) {
+  const Result r = run(kMpirun + " -np 1 " + TANDEM_BIN + " train" + kModel +
+                       " --train-iters 2 --lr 1e-3 : -np 1 " + TANDEM_BIN + " train" + kModel +
+                       " --train-iters 2 --lr 2e-3");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("rank 1 was started with a different configuration"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("lr=0.002"), std::string::npos) << r.output;
+}
+
+}  // namespace
