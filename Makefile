@@ -1,17 +1,21 @@
 # tandem's front door. On a fresh Debian 12 machine, as root:
 #   make demo   trains the built-in demo model and shows what it learned
 #   make test   builds everything and runs every test
+#   make fuzz   builds the safetensors fuzzer with clang (build-fuzz/) and runs it for a bounded
+#               time (FUZZ_SECONDS)
 # Each target first installs the Debian packages it needs that are missing.
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
 
 APT_PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
-  libtomlplusplus-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin
+  libtomlplusplus-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin \
+  clang libclang-rt-14-dev
 JOBS ?= $(shell nproc)
 DEMO_DIR ?= demo-run
+FUZZ_SECONDS ?= 20
 
-.PHONY: deps build test test-asan demo clean
+.PHONY: deps build test test-asan fuzz demo clean
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -34,12 +38,24 @@ test-asan: deps
 	ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/lsan.supp UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
 
-demo: build
+fuzz: deps
+	cmake -S fuzz -B build-fuzz -G Ninja -DCMAKE_CXX_COMPILER=clang++ \
+	  -DTANDEM_FUZZ_SECONDS=$(FUZZ_SECONDS) >/dev/null
+	cmake --build build-fuzz -j $(JOBS)
+	ctest --test-dir build-fuzz --output-on-failure
+
+# The demo builds only the program (not the tests) so that it finishes in a few minutes.
+DEMO_ARGS ?= --addition-max-digits 2 --micro-batch-size 8 --global-batch-size 8 --train-iters 400
+
+demo: deps
+	cmake --preset release >/dev/null
+	cmake --build build -j $(JOBS) --target tandem
 	@echo "== training the demo model (MODEL.md's defaults) on the built-in addition task =="
 	mkdir -p $(DEMO_DIR)
-	build/tandem train --save $(DEMO_DIR)/model --log-json $(DEMO_DIR)/log.jsonl
+	rm -rf $(DEMO_DIR)/model
+	build/tandem train $(DEMO_ARGS) --save $(DEMO_DIR)/model --log-json $(DEMO_DIR)/log.jsonl
 	@echo "== sampling held-out problems from the trained model =="
-	build/tandem generate --load $(DEMO_DIR)/model
+	build/tandem generate --load $(DEMO_DIR)/model --max-digits 2
 
 clean:
-	rm -rf build build-dev build-asan $(DEMO_DIR)
+	rm -rf build build-dev build-asan build-fuzz $(DEMO_DIR)

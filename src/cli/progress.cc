@@ -94,6 +94,7 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
     const size_t ranks = std::max(r.mem_in_use_bytes.size(), r.mem_peak_bytes.size());
     if (ranks > 1) line += " (max of " + std::to_string(ranks) + " ranks)";
   }
+  if (r.status == UpdateStatus::kSkipped) line += " | skipped: loss or gradients not finite";
   return line;
 }
 
@@ -112,6 +113,7 @@ std::string format_bar(const IterationRecord& r, int64_t total_iters, double eta
 std::string to_json_line(const IterationRecord& r) {
   const nlohmann::json j = {
       {"iter", r.iter},
+      {"skipped", r.status == UpdateStatus::kSkipped},
       {"loss", number(r.loss)},
       {"lm_loss", number(r.lm_loss)},
       {"aux_loss", number(r.aux_loss)},

@@ -12,10 +12,15 @@
 
 namespace tandem::cli {
 
+// Whether a step updated the weights (kSkipped: its loss or gradients were not finite and
+// --nan-policy is skip).
+enum class UpdateStatus : uint8_t { kApplied, kSkipped };
+
 // What the trainer reports after each optimizer step. The memory fields hold one entry per
 // pipeline/expert rank; with one entry the JSON value is a plain number, with several a list.
 struct IterationRecord {
   int64_t iter = 0;                       // 1-based number of the step just finished
+  UpdateStatus status = UpdateStatus::kApplied;
   double loss = 0;                        // lm_loss + aux_loss, the step's mean over micro-batches
   double lm_loss = 0;                     // cross-entropy part
   double aux_loss = 0;                    // sum over layers of the load-balancing loss
@@ -86,9 +91,9 @@ std::string format_duration(double seconds);
 std::string format_log_line(const IterationRecord& record, int64_t total_iters);
 // The bar (no \r): "[#####.....]  45/300  15% loss 2.345 | 12.3k tok/s | ETA 1m05s".
 std::string format_bar(const IterationRecord& record, int64_t total_iters, double eta_seconds);
-// One JSON object (no newline) with the keys iter, loss, lm_loss, aux_loss, lr, grad_norm,
-// step_seconds, tokens_per_s, mem_in_use_bytes, mem_peak_bytes, activation_peak_bytes.
-// Non-finite numbers become null.
+// One JSON object (no newline) with the keys iter, skipped (true or false), loss, lm_loss,
+// aux_loss, lr, grad_norm, step_seconds, tokens_per_s, mem_in_use_bytes, mem_peak_bytes,
+// activation_peak_bytes. Non-finite numbers become null.
 std::string to_json_line(const IterationRecord& record);
 
 }  // namespace tandem::cli

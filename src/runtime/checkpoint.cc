@@ -1,50 +1,556 @@
-// Model checkpoint directories (Hugging Face layout) over io/safetensors and io/hf_config.
+// Checkpoint directories on disk (Notes [Checkpoint layout], [Checkpoint commit] in
+// checkpoint.h): the trainer_state.json schema, saving with retention, resolving `latest`, and
+// loading with every file validated before any tensor is handed out.
 #include "runtime/checkpoint.h"
 
+#include <stdlib.h>  // mkdtemp
+#include <unistd.h>
+
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <map>
+#include <set>
+#include <thread>
 
 #include "core/error.h"
 #include "io/atomic_dir.h"
+#include "io/checksum.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 
 namespace tandem::runtime {
+namespace {
 
 namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr const char* kModelFile = "model.safetensors";
+constexpr const char* kModelIndexFile = "model.safetensors.index.json";
+constexpr const char* kConfigFile = "config.json";
+constexpr const char* kOptimizerFile = "optimizer.safetensors";
+constexpr const char* kStateFile = "trainer_state.json";
+constexpr const char* kLatestFile = "latest";
+constexpr const char* kFormatName = "tandem";
+constexpr int64_t kMaxJsonBytes = int64_t{64} << 20;
+
+std::string strip_trailing_slashes(std::string path) {
+  while (path.size() > 1 && path.back() == '/') path.pop_back();
+  return path;
+}
+
+bool path_exists(const std::string& path) {
+  std::error_code ec;
+  return fs::exists(fs::symlink_status(path, ec));
+}
+
+// The iteration of an "iter_NNNNNNN" name (at least 7 digits), or -1 for any other name.
+int64_t parse_iteration_name(const std::string& name) {
+  constexpr size_t kPrefix = 5;  // "iter_"
+  if (name.rfind("iter_", 0) != 0 || name.size() < kPrefix + 7 || name.size() > kPrefix + 18) {
+    return -1;
+  }
+  int64_t value = 0;
+  for (size_t i = kPrefix; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return -1;
+    value = value * 10 + (name[i] - '0');
+  }
+  return value;
+}
+
+// Test hook of save_checkpoint (see checkpoint.h): announce the stage, then wait.
+void save_stage(const std::string& name, const char* stage) {
+  const char* delay = std::getenv("TANDEM_TEST_SAVE_DELAY_MS");
+  if (delay == nullptr) return;
+  std::fprintf(stderr, "tandem-test: save %s stage %s\n", name.c_str(), stage);
+  std::fflush(stderr);
+  const char* only = std::getenv("TANDEM_TEST_SAVE_DELAY_STAGE");
+  if (only != nullptr && std::strcmp(only, stage) != 0) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+}
+
+// Typed, required access to the keys of one JSON object; errors name `where` and the key.
+class JsonFields {
+ public:
+  JsonFields(const Json& j, std::string where) : j_(j), where_(std::move(where)) {
+    TANDEM_CHECK(j_.is_object(), where_, "is ", j_.is_null() ? "missing" : j_.dump(),
+                 ", expected a JSON object");
+  }
+  const Json& get(const std::string& key) const {
+    TANDEM_CHECK(j_.contains(key), where_, "key '", key, "' is missing");
+    return j_[key];
+  }
+  int64_t integer(const std::string& key) const {
+    const Json& v = get(key);
+    const bool fits = v.is_number_integer() &&
+                      (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX});
+    TANDEM_CHECK(fits, where_, "key '", key, "' is ", v.dump(), ", expected an integer");
+    return v.get<int64_t>();
+  }
+  uint64_t unsigned_integer(const std::string& key) const {
+    const Json& v = get(key);
+    TANDEM_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), where_,
+                 "key '", key, "' is ", v.dump(), ", expected an integer >= 0");
+    return v.get<uint64_t>();
+  }
+  double number(const std::string& key) const {
+    const Json& v = get(key);
+    TANDEM_CHECK(v.is_number(), where_, "key '", key, "' is ", v.dump(), ", expected a number");
+    return v.get<double>();
+  }
+  std::string string(const std::string& key) const {
+    const Json& v = get(key);
+    TANDEM_CHECK(v.is_string(), where_, "key '", key, "' is ", v.dump(), ", expected a string");
+    return v.get<std::string>();
+  }
+  const std::string& where() const { return where_; }
+
+ private:
+  const Json& j_;
+  std::string where_;
+};
+
+Json read_json_file(const std::string& path) {
+  const std::string text = io::read_file(path, kMaxJsonBytes);
+  Json j = Json::parse(text, nullptr, /*allow_exceptions=*/false);
+  TANDEM_CHECK(!j.is_discarded() && j.is_object(), "checkpoint file '", path,
+               "' is not a JSON object (it is truncated or corrupt)");
+  return j;
+}
+
+// {"bytes": N, "crc32c": "xxxxxxxx"} of a file, as trainer_state.json records it.
+Json file_record(const std::string& path) {
+  std::error_code ec;
+  const auto bytes = static_cast<int64_t>(fs::file_size(path, ec));
+  TANDEM_CHECK(!ec, "cannot stat '", path, "': ", ec.message());
+  return {{"bytes", bytes}, {"crc32c", io::crc32c_hex(io::file_crc32c(path))}};
+}
+
+const std::vector<std::string>& recorded_files() {
+  static const std::vector<std::string> files = {kModelFile, kConfigFile, kOptimizerFile};
+  return files;
+}
+
+// Checks a kTandem trainer_state.json: format, version, position, configs and file records.
+void validate_trainer_state(const Json& state, const std::string& path) {
+  const JsonFields f(state, "checkpoint file '" + path + "': ");
+  const std::string format = f.string("format");
+  TANDEM_CHECK(format == kFormatName, f.where(), "format is \"", format, "\", expected \"",
+               kFormatName, "\"");
+  const int64_t version = f.integer("format_version");
+  TANDEM_CHECK(
+      version == kCheckpointFormatVersion, f.where(), "format_version is ", version,
+      "; this tandem reads version ", kCheckpointFormatVersion,
+      version > kCheckpointFormatVersion ? " (the checkpoint is from a newer tandem)" : "");
+  read_training_position(state, f.where());
+  const JsonFields files(f.get("files"), f.where() + "'files': ");
+  for (const std::string& name : recorded_files()) {
+    const JsonFields record(files.get(name), files.where() + "'" + name + "': ");
+    TANDEM_CHECK(record.integer("bytes") >= 0, record.where(), "bytes is negative");
+    TANDEM_CHECK(record.string("crc32c").size() == 8, record.where(), "crc32c is not 8 hex digits");
+  }
+}
+
+// Every file trainer_state.json records must have its recorded size and CRC-32C.
+void verify_recorded_files(const std::string& dir, const Json& state) {
+  for (const std::string& name : recorded_files()) {
+    const std::string path = dir + "/" + name;
+    const Json& record = state["files"][name];
+    const auto bytes = record["bytes"].get<int64_t>();
+    std::error_code ec;
+    const auto size = static_cast<int64_t>(fs::file_size(path, ec));
+    TANDEM_CHECK(!ec, "checkpoint ", dir, ": ", name, " is missing or unreadable (", ec.message(),
+                 "); trainer_state.json records it");
+    TANDEM_CHECK(size == bytes, "checkpoint file '", path, "' is ", size,
+                 " bytes but trainer_state.json records ", bytes, ": the file is ",
+                 size < bytes ? "truncated" : "longer than written", " or was replaced");
+    const std::string crc = io::crc32c_hex(io::file_crc32c(path));
+    const std::string recorded = record["crc32c"].get<std::string>();
+    TANDEM_CHECK(crc == recorded, "checkpoint file '", path, "' has CRC-32C ", crc,
+                 " but trainer_state.json records ", recorded, ": the file is corrupt");
+  }
+}
+
+NamedTensors read_tensors(const std::string& path) {
+  std::map<std::string, Tensor> stored = io::load_safetensors(path, MemCategory::kOther);
+  NamedTensors out;
+  for (auto& [name, tensor] : stored) {
+    const DType t = tensor.dtype();
+    TANDEM_CHECK(t == DType::kF32 || t == DType::kF64 || t == DType::kBF16, "safetensors file '",
+                 path, "': tensor '", name, "' has dtype ", io::safetensors_dtype_name(t),
+                 "; weights and optimizer state must be F32, F64 or BF16");
+    out.emplace_back(name, std::move(tensor));
+  }
+  return out;
+}
+
+// An HF checkpoint's weights: model.safetensors, or the shards a model.safetensors.index.json
+// maps every weight to (each shard's tensors must be exactly the ones mapped to it).
+NamedTensors read_hf_weights(const std::string& dir) {
+  if (path_exists(dir + "/" + kModelFile)) return read_tensors(dir + "/" + kModelFile);
+  const std::string index_path = dir + "/" + kModelIndexFile;
+  TANDEM_CHECK(path_exists(index_path), "checkpoint ", dir, " has config.json but neither ",
+               kModelFile, " nor ", kModelIndexFile);
+  const Json index = read_json_file(index_path);
+  const JsonFields f(index, "checkpoint file '" + index_path + "': ");
+  const Json& map = f.get("weight_map");
+  TANDEM_CHECK(map.is_object(), f.where(), "weight_map is not an object");
+  std::map<std::string, std::set<std::string>> by_file;
+  for (const auto& [name, file] : map.items()) {
+    const std::string shard = file.is_string() ? file.get<std::string>() : std::string();
+    TANDEM_CHECK(
+        !shard.empty() && shard.find('/') == std::string::npos && shard != ".." && shard != ".",
+        f.where(), "weight_map maps '", name, "' to ", file.dump(),
+        "; expected a file name in the same directory");
+    by_file[shard].insert(name);
+  }
+  NamedTensors out;
+  for (const auto& [shard, names] : by_file) {
+    NamedTensors part = read_tensors(dir + "/" + shard);
+    TANDEM_CHECK(part.size() == names.size(), "checkpoint file '", dir, "/", shard, "' holds ",
+                 part.size(), " tensors but ", kModelIndexFile, " maps ", names.size(), " to it");
+    for (auto& item : part) {
+      TANDEM_CHECK(names.count(item.first) == 1, "checkpoint file '", dir, "/", shard,
+                   "' holds tensor '", item.first, "', which ", kModelIndexFile,
+                   " does not map to it");
+      out.push_back(std::move(item));
+    }
+  }
+  return out;
+}
+
+// Optimizer tensors must be exactly "<w>.exp_avg" and "<w>.exp_avg_sq" for each weight w, with
+// w's shape.
+void check_optimizer_tensors(const CheckpointState& st) {
+  const std::string where = "checkpoint file '" + st.dir + "/" + kOptimizerFile + "': ";
+  std::map<std::string, const Tensor*> weights;
+  for (const auto& [name, t] : st.model) weights[name] = &t;
+  std::set<std::string> seen;
+  for (const auto& [name, t] : st.optimizer) {
+    const size_t dot = name.rfind('.');
+    const std::string suffix = dot == std::string::npos ? "" : name.substr(dot + 1);
+    const auto it = weights.find(name.substr(0, dot == std::string::npos ? 0 : dot));
+    TANDEM_CHECK((suffix == "exp_avg" || suffix == "exp_avg_sq") && it != weights.end(), where,
+                 "tensor '", name,
+                 "' is not <weight>.exp_avg or <weight>.exp_avg_sq of a weight "
+                 "in model.safetensors");
+    TANDEM_CHECK(t.shape() == it->second->shape(), where, "tensor '", name, "' has shape ",
+                 shape_str(t.shape()), " but the weight has ", shape_str(it->second->shape()));
+    seen.insert(name);
+  }
+  for (const auto& [name, t] : weights) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      TANDEM_CHECK(seen.count(name + suffix) == 1, where, "tensor '", name, suffix, "' is missing");
+    }
+  }
+}
+
+// Removes what an interrupted save into `root` left (Note [Checkpoint commit]): directories and
+// files of ours with a .tmp-/.old- suffix (io::recover_atomic_dir) and .deleted- directories.
+void recover_save_root(const std::string& root) {
+  std::set<std::string> bases;
+  std::vector<std::string> trash;
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    for (const char* marker : {".tmp-", ".old-", ".deleted-"}) {
+      const size_t at = name.find(marker);
+      if (at == std::string::npos) continue;
+      const std::string base = name.substr(0, at);
+      if (base != kLatestFile && parse_iteration_name(base) < 0) continue;
+      if (std::string(marker) == ".deleted-") {
+        trash.push_back(e.path().string());
+      } else {
+        bases.insert(base);
+      }
+    }
+  }
+  for (const std::string& base : bases) io::recover_atomic_dir(root + "/" + base);
+  for (const std::string& path : trash) fs::remove_all(path, ec);
+}
+
+// Deletes one old checkpoint directory: renamed aside first, so its name never holds a partly
+// deleted checkpoint. Failures become warnings.
+void delete_checkpoint_dir(const std::string& dir, SavedCheckpoint& out) {
+  std::string aside = dir + ".deleted-XXXXXX";
+  std::error_code ec;
+  if (::mkdtemp(aside.data()) == nullptr || ::rename(dir.c_str(), aside.c_str()) != 0) {
+    out.warnings.push_back("could not delete old checkpoint " + dir + ": " + std::strerror(errno));
+    fs::remove(aside, ec);
+    return;
+  }
+  fs::remove_all(aside, ec);
+  if (ec) out.warnings.push_back("could not delete " + aside + ": " + ec.message());
+  out.removed.push_back(dir);
+}
+
+void apply_retention(const std::string& root, int64_t written, int64_t keep, SavedCheckpoint& out) {
+  std::vector<std::pair<int64_t, std::string>> others;  // (iteration, name)
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
+    const std::string name = e.path().filename().string();
+    const int64_t it = parse_iteration_name(name);
+    if (it >= 0 && it != written && e.is_directory(ec)) others.emplace_back(it, name);
+  }
+  // Newest first: iterations up to `written` by number, then those above it (an older run's).
+  std::sort(others.begin(), others.end(), [written](const auto& a, const auto& b) {
+    const bool a_ours = a.first <= written, b_ours = b.first <= written;
+    return a_ours != b_ours ? a_ours : a.first > b.first;
+  });
+  for (size_t i = static_cast<size_t>(keep - 1); i < others.size(); ++i) {
+    delete_checkpoint_dir(root + "/" + others[i].second, out);
+  }
+  if (!out.removed.empty()) io::fsync_path(root);
+}
+
+CheckpointKind detect_kind(const std::string& dir) {
+  if (path_exists(dir + "/" + kStateFile)) return CheckpointKind::kTandem;
+  TANDEM_CHECK(path_exists(dir + "/" + kConfigFile), "--load ", dir,
+               ": not a checkpoint: it has no `latest` (a --save directory), no ", kStateFile,
+               " (a tandem iteration directory) and no ", kConfigFile,
+               " (a Hugging Face checkpoint)");
+  return CheckpointKind::kHuggingFace;
+}
+
+}  // namespace
+
+std::string iteration_dir_name(int64_t iteration) {
+  TANDEM_ASSERT(iteration >= 0, "iteration ", iteration);
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "iter_%07lld", static_cast<long long>(iteration));
+  return buf;
+}
+
+Json config_to_json(const ModelConfig& m) {
+  return {{"vocab_size", m.vocab_size},
+          {"hidden_size", m.hidden_size},
+          {"num_layers", m.num_layers},
+          {"num_attention_heads", m.num_attention_heads},
+          {"num_query_groups", m.num_query_groups},
+          {"ffn_hidden_size", m.ffn_hidden_size},
+          {"num_experts", m.num_experts},
+          {"moe_router_topk", m.moe_router_topk},
+          {"moe_aux_loss_coeff", m.moe_aux_loss_coeff},
+          {"rotary_base", m.rotary_base},
+          {"norm_epsilon", m.norm_epsilon},
+          {"seq_length", m.seq_length}};
+}
+
+Json config_to_json(const TrainConfig& t) {
+  return {{"micro_batch_size", t.micro_batch_size},
+          {"global_batch_size", t.global_batch_size},
+          {"train_iters", t.train_iters},
+          {"lr", t.lr},
+          {"min_lr", t.min_lr},
+          {"lr_warmup_iters", t.lr_warmup_iters},
+          {"lr_decay_iters", t.lr_decay_iters},
+          {"weight_decay", t.weight_decay},
+          {"adam_beta1", t.adam_beta1},
+          {"adam_beta2", t.adam_beta2},
+          {"adam_eps", t.adam_eps},
+          {"clip_grad", t.clip_grad},
+          {"seed", t.seed},
+          {"log_interval", t.log_interval},
+          {"nan_policy", t.non_finite_policy == NonFinitePolicy::kSkip ? "skip" : "stop"}};
+}
+
+ModelConfig model_config_from_json(const Json& j, const std::string& where) {
+  const JsonFields f(j, where);
+  ModelConfig m;
+  m.vocab_size = f.integer("vocab_size");
+  m.hidden_size = f.integer("hidden_size");
+  m.num_layers = f.integer("num_layers");
+  m.num_attention_heads = f.integer("num_attention_heads");
+  m.num_query_groups = f.integer("num_query_groups");
+  m.ffn_hidden_size = f.integer("ffn_hidden_size");
+  m.num_experts = f.integer("num_experts");
+  m.moe_router_topk = f.integer("moe_router_topk");
+  m.moe_aux_loss_coeff = f.number("moe_aux_loss_coeff");
+  m.rotary_base = f.number("rotary_base");
+  m.norm_epsilon = f.number("norm_epsilon");
+  m.seq_length = f.integer("seq_length");
+  try {
+    m.validate();
+  } catch (const Error& e) {
+    throw Error(where + e.what());
+  }
+  return m;
+}
+
+TrainConfig train_config_from_json(const Json& j, const std::string& where) {
+  const JsonFields f(j, where);
+  TrainConfig t;
+  t.micro_batch_size = f.integer("micro_batch_size");
+  t.global_batch_size = f.integer("global_batch_size");
+  t.train_iters = f.integer("train_iters");
+  t.lr = f.number("lr");
+  t.min_lr = f.number("min_lr");
+  t.lr_warmup_iters = f.integer("lr_warmup_iters");
+  t.lr_decay_iters = f.integer("lr_decay_iters");
+  t.weight_decay = f.number("weight_decay");
+  t.adam_beta1 = f.number("adam_beta1");
+  t.adam_beta2 = f.number("adam_beta2");
+  t.adam_eps = f.number("adam_eps");
+  t.clip_grad = f.number("clip_grad");
+  t.seed = f.unsigned_integer("seed");
+  t.log_interval = f.integer("log_interval");
+  const std::string policy = f.string("nan_policy");
+  TANDEM_CHECK(policy == "stop" || policy == "skip", where, "key 'nan_policy' is \"", policy,
+               "\"; valid: \"stop\", \"skip\"");
+  t.non_finite_policy = policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
+  try {
+    t.validate();
+  } catch (const Error& e) {
+    throw Error(where + e.what());
+  }
+  return t;
+}
+
+TrainingPosition read_training_position(const Json& trainer_state, const std::string& where) {
+  const JsonFields f(trainer_state, where);
+  TrainingPosition p;
+  p.iteration = f.integer("iteration");
+  p.optimizer_steps = f.integer("optimizer_steps");
+  p.samples_consumed = f.integer("samples_consumed");
+  p.model = model_config_from_json(f.get("model"), where + "'model': ");
+  p.train = train_config_from_json(f.get("train"), where + "'train': ");
+  TANDEM_CHECK(p.iteration >= 0, where, "iteration ", p.iteration, " is negative");
+  TANDEM_CHECK(p.optimizer_steps >= 0 && p.optimizer_steps <= p.iteration, where,
+               "optimizer_steps ", p.optimizer_steps, " is outside [0, iteration ", p.iteration,
+               "]");
+  TANDEM_CHECK(p.iteration <= INT64_MAX / p.train.global_batch_size &&
+                   p.samples_consumed == p.iteration * p.train.global_batch_size,
+               where, "samples_consumed ", p.samples_consumed, " is not iteration ", p.iteration,
+               " x global_batch_size ", p.train.global_batch_size);
+  TANDEM_CHECK(f.unsigned_integer("seed") == p.train.seed, where, "seed ",
+               f.unsigned_integer("seed"), " differs from the train config's ", p.train.seed);
+  return p;
+}
+
+SavedCheckpoint save_checkpoint(const std::string& root_in, int64_t iteration,
+                                const CheckpointState& state, int64_t keep) {
+  TANDEM_CHECK(keep >= 1, "--keep-checkpoints ", keep, " is invalid: keep at least 1");
+  TANDEM_ASSERT(state.kind == CheckpointKind::kTandem && state.trainer_state.is_object() &&
+                    state.trainer_state.value("iteration", int64_t{-1}) == iteration,
+                "save_checkpoint needs a trainer state of iteration ", iteration);
+  const std::string root = strip_trailing_slashes(root_in);
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  TANDEM_CHECK(!ec && fs::is_directory(root, ec), "--save ", root,
+               ": cannot create the directory (", ec.message(), ")");
+  recover_save_root(root);
+  const std::string name = iteration_dir_name(iteration);
+  SavedCheckpoint out;
+  out.dir = root + "/" + name;
+  {
+    io::AtomicDirWriter writer(out.dir);
+    save_stage(name, "model");
+    io::save_safetensors(writer.file_path(kModelFile), state.model, {{"format", "pt"}});
+    save_stage(name, "config");
+    io::save_hf_config(writer.file_path(kConfigFile), state.model_config);
+    save_stage(name, "optimizer");
+    io::save_safetensors(writer.file_path(kOptimizerFile), state.optimizer, {{"format", "pt"}});
+    save_stage(name, "trainer_state");
+    Json trainer_state = state.trainer_state;
+    trainer_state["format"] = kFormatName;
+    trainer_state["format_version"] = kCheckpointFormatVersion;
+    for (const std::string& file : recorded_files()) {
+      trainer_state["files"][file] = file_record(writer.file_path(file));
+    }
+    io::write_file_atomic(writer.file_path(kStateFile), trainer_state.dump(2) + "\n");
+    save_stage(name, "commit");
+    writer.commit();
+  }
+  save_stage(name, "latest");
+  io::write_file_atomic(root + "/" + kLatestFile, name + "\n");
+  save_stage(name, "prune");
+  apply_retention(root, iteration, keep, out);
+  save_stage(name, "done");
+  return out;
+}
+
+std::string resolve_checkpoint_dir(const std::string& dir_in) {
+  const std::string dir = strip_trailing_slashes(dir_in);
+  std::error_code ec;
+  TANDEM_CHECK(fs::is_directory(dir, ec), "--load ", dir,
+               ": no such directory; give a --save directory, one of its iter_NNNNNNN "
+               "directories, or a Hugging Face checkpoint directory");
+  const std::string latest = dir + "/" + kLatestFile;
+  if (!path_exists(latest)) return dir;
+  std::string name = io::read_file(latest, 4096);
+  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
+  const bool printable = std::all_of(name.begin(), name.end(), [](char c) { return c >= 32; });
+  TANDEM_CHECK(parse_iteration_name(name) >= 0, "checkpoint pointer '", latest, "' holds '",
+               printable ? name : std::string("(binary data)"),
+               "'; expected the name of an iteration directory such as iter_0000100");
+  const std::string target = dir + "/" + name;
+  // A crash while a directory of that name was being replaced can leave only its .old- copy.
+  if (!path_exists(target)) io::recover_atomic_dir(target);
+  TANDEM_CHECK(fs::is_directory(target, ec), "checkpoint pointer '", latest, "' names ", name,
+               " but ", target,
+               " does not exist (deleted or moved?); pass one of the "
+               "iter_NNNNNNN directories in ",
+               dir, " to --load instead");
+  return target;
+}
+
+CheckpointInfo inspect_checkpoint(const std::string& dir) {
+  CheckpointInfo info;
+  info.dir = resolve_checkpoint_dir(dir);
+  info.kind = detect_kind(info.dir);
+  info.model_config = io::load_hf_config(info.dir + "/" + kConfigFile);
+  if (info.kind == CheckpointKind::kHuggingFace) return info;
+  const std::string state_path = info.dir + "/" + kStateFile;
+  info.trainer_state = read_json_file(state_path);
+  validate_trainer_state(info.trainer_state, state_path);
+  const Json recorded = info.trainer_state["model"];
+  const Json in_config = config_to_json(info.model_config);
+  for (const auto& [key, value] : in_config.items()) {
+    TANDEM_CHECK(recorded[key] == value, "checkpoint ", info.dir, ": ", kConfigFile, " and ",
+                 kStateFile, " disagree on ", key, " (", value.dump(), " vs ", recorded[key].dump(),
+                 ")");
+  }
+  return info;
+}
+
+CheckpointState load_checkpoint(const std::string& dir) {
+  const CheckpointInfo info = inspect_checkpoint(dir);
+  CheckpointState st;
+  st.kind = info.kind;
+  st.dir = info.dir;
+  st.model_config = info.model_config;
+  st.trainer_state = info.trainer_state;
+  if (st.kind == CheckpointKind::kHuggingFace) {
+    st.model = read_hf_weights(st.dir);
+    return st;
+  }
+  verify_recorded_files(st.dir, st.trainer_state);
+  st.model = read_tensors(st.dir + "/" + kModelFile);
+  st.optimizer = read_tensors(st.dir + "/" + kOptimizerFile);
+  check_optimizer_tensors(st);
+  return st;
+}
 
 void save_model_checkpoint(const std::string& dir, const model::Parameters& params) {
-  const fs::path final_dir = fs::path(dir).lexically_normal();
-  std::string final_str = final_dir.string();
-  while (final_str.size() > 1 && final_str.back() == '/') final_str.pop_back();
-  const fs::path parent = fs::path(final_str).parent_path();
+  const std::string final_dir = strip_trailing_slashes(fs::path(dir).lexically_normal().string());
+  const fs::path parent = fs::path(final_dir).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
-  std::vector<std::pair<std::string, Tensor>> tensors;
-  for (const model::ParamEntry& e : params.entries()) tensors.emplace_back(e.name, params.param(e));
-  io::AtomicDirWriter writer(final_str);
-  io::save_safetensors(writer.file_path("model.safetensors"), tensors, {{"format", "pt"}});
-  io::save_hf_config(writer.file_path("config.json"), params.config());
+  io::AtomicDirWriter writer(final_dir);
+  io::save_safetensors(writer.file_path(kModelFile), model_tensors(params), {{"format", "pt"}});
+  io::save_hf_config(writer.file_path(kConfigFile), params.config());
   writer.commit();
 }
 
 std::unique_ptr<model::Parameters> load_model_checkpoint(const std::string& dir) {
-  TANDEM_CHECK(fs::is_directory(dir), "--load ", dir,
-               " is not a directory: pass a directory written by `tandem train --save`");
-  const ModelConfig cfg = io::load_hf_config((fs::path(dir) / "config.json").string());
-  const std::string weights = (fs::path(dir) / "model.safetensors").string();
-  std::map<std::string, Tensor> stored = io::load_safetensors(weights, MemCategory::kOther);
-  auto params = std::make_unique<model::Parameters>(cfg, model::ChunkSpec::whole(cfg), DType::kF32);
-  for (const model::ParamEntry& e : params->entries()) {
-    auto it = stored.find(e.name);
-    TANDEM_CHECK(it != stored.end(), weights, ": tensor ", e.name, " is missing (the model of ",
-                 "config.json needs it)");
-    TANDEM_CHECK(it->second.shape() == e.shape, weights, ": tensor ", e.name, " has shape ",
-                 shape_str(it->second.shape()), " but config.json implies ", shape_str(e.shape));
-    params->param(e).copy_from(io::to_float(it->second, DType::kF32));
-    stored.erase(it);
-  }
-  TANDEM_CHECK(stored.empty(), weights, ": tensor ", stored.empty() ? "" : stored.begin()->first,
-               " is not part of the model that config.json describes");
+  const CheckpointState st = load_checkpoint(dir);
+  auto params = std::make_unique<model::Parameters>(
+      st.model_config, model::ChunkSpec::whole(st.model_config), DType::kF32);
+  restore_model(*params, st);
   return params;
 }
 

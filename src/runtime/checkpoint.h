@@ -1,20 +1,160 @@
-// Model checkpoints in Hugging Face layout: a directory with model.safetensors (MODEL.md's names,
-// weights [out, in]) and config.json, written to a temporary sibling and renamed into place.
+// Checkpoints: whole-model named tensors (Hugging Face names and layout) plus optimizer state and
+// the training position, written crash-safely, read back with everything validated first.
+//
+// Note [Checkpoint layout]
+//   <save>/iter_NNNNNNN/model.safetensors      weights, MODEL.md's HF names, F32, [out, in]
+//                       config.json            HF config: MixtralForCausalLM or LlamaForCausalLM
+//                       optimizer.safetensors  "<weight name>.exp_avg", "<weight name>.exp_avg_sq"
+//                       trainer_state.json     format + version, iteration, optimizer steps,
+//                                              samples consumed, seed, the model and train
+//                                              configs, the data (path, format, bytes), and the
+//                                              size and CRC-32C of the three files above
+//   <save>/latest                              "iter_NNNNNNN\n": the newest complete checkpoint
+// An iteration directory alone loads in `transformers` (from_pretrained). A directory with
+// config.json and model.safetensors (or a sharded model.safetensors.index.json) but no
+// trainer_state.json is a plain HF checkpoint: weights only (BF16 accepted), no optimizer state.
+//
+// Note [Checkpoint commit]
+// save_checkpoint writes the iteration directory under a temporary sibling name, syncs every file
+// and the directory and renames it into place (io::AtomicDirWriter), then replaces `latest` the
+// same way (tmp file, fsync, rename, directory fsync), and only then deletes directories beyond
+// `keep`. A directory is deleted by renaming it to `<name>.deleted-XXXXXX` first, so no partly
+// deleted directory ever carries a checkpoint's name. A crash at any point leaves `latest`
+// naming a complete checkpoint; the next save into the same root removes the leftovers.
+// Retention keeps the directory just written and the `keep - 1` newest others, where newest is
+// the highest iteration not above the one just written (directories numbered above it were left
+// by an earlier run that got further, and count as older than all of these).
 #pragma once
 
+#include <cstdint>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.h"
+#include "core/tensor.h"
 #include "model/parameters.h"
+#include "runtime/optimizer.h"
 
 namespace tandem::runtime {
 
-// Writes params (a whole model) and its config into `dir` atomically.
-void save_model_checkpoint(const std::string& dir, const model::Parameters& params);
+class Trainer;
 
-// Reads config.json and model.safetensors from `dir` into a new whole-model Parameters (f32).
-// Throws tandem::Error naming the file and what is missing or malformed.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
+inline constexpr int64_t kCheckpointFormatVersion = 1;
+inline constexpr int64_t kDefaultKeepCheckpoints = 2;
+
+enum class CheckpointKind : uint8_t {
+  kTandem,       // written by save_checkpoint: weights, optimizer state, training position
+  kHuggingFace,  // config.json + weights only
+};
+
+// A whole-model checkpoint in memory, independent of the parallel layout: a rank saves or
+// restores the names it holds, so shards from several ranks can be gathered into one state.
+struct CheckpointState {
+  CheckpointKind kind = CheckpointKind::kTandem;
+  std::string dir;               // the directory it was read from (messages); empty when built
+  ModelConfig model_config;
+  NamedTensors model;            // HF weight names
+  NamedTensors optimizer;        // "<name>.exp_avg" / "<name>.exp_avg_sq"; empty for HF
+  nlohmann::json trainer_state;  // Note [Checkpoint layout]; null for kHuggingFace
+};
+
+// What save_checkpoint did.
+struct SavedCheckpoint {
+  std::string dir;                    // the iteration directory written
+  std::vector<std::string> removed;   // older directories deleted by retention
+  std::vector<std::string> warnings;  // a failed delete is reported here; the save stands
+};
+
+// "iter_0000042" (Megatron's directory names).
+std::string iteration_dir_name(int64_t iteration);
+
+// The configs as trainer_state.json stores them: an object keyed by the structs' field names
+// (which are the command-line options with '_' for '-'; the policy is "nan_policy").
+nlohmann::json config_to_json(const ModelConfig& model);
+nlohmann::json config_to_json(const TrainConfig& train);
+// Back from JSON, every key required and type-checked; errors name `where` and the key.
+ModelConfig model_config_from_json(const nlohmann::json& j, const std::string& where);
+TrainConfig train_config_from_json(const nlohmann::json& j, const std::string& where);
+
+// The training position a kTandem trainer_state.json records, validated.
+struct TrainingPosition {
+  int64_t iteration = 0;         // steps taken, skipped ones included: the lr schedule's position
+  int64_t optimizer_steps = 0;   // AdamW updates applied (its bias correction), <= iteration
+  int64_t samples_consumed = 0;  // iteration * global batch size: the data position
+  ModelConfig model;
+  TrainConfig train;
+};
+TrainingPosition read_training_position(const nlohmann::json& trainer_state,
+                                        const std::string& where);
+
+// Writes `state` as <root>/iter_NNNNNNN, points <root>/latest at it and keeps the newest `keep`
+// (>= 1) iteration directories (Notes [Checkpoint layout], [Checkpoint commit]). state.kind must
+// be kTandem and state.trainer_state["iteration"] must equal `iteration`. Creates `root` if
+// needed. Test hook: with TANDEM_TEST_SAVE_DELAY_MS=N in the environment, each stage prints
+// "tandem-test: save iter_NNNNNNN stage S" to stderr and then sleeps N ms (S: model, config,
+// optimizer, trainer_state, commit, latest, prune, done), so a test can kill the process there;
+// with TANDEM_TEST_SAVE_DELAY_STAGE=S as well, it sleeps at that stage only.
+SavedCheckpoint save_checkpoint(const std::string& root, int64_t iteration,
+                                const CheckpointState& state, int64_t keep);
+
+// The directory that `dir` designates: a save root (with `latest`) resolves to the iteration
+// directory `latest` names; an iteration or HF directory resolves to itself. Throws
+// tandem::Error naming the path and what is missing or malformed.
+std::string resolve_checkpoint_dir(const std::string& dir);
+
+// The cheap part of a checkpoint, read before a run is built (options come from it): its kind,
+// the resolved directory, config.json and, for kTandem, trainer_state.json (validated).
+struct CheckpointInfo {
+  CheckpointKind kind = CheckpointKind::kTandem;
+  std::string dir;
+  ModelConfig model_config;      // for kTandem: seq_length is the one trained with
+  nlohmann::json trainer_state;  // null for kHuggingFace
+};
+CheckpointInfo inspect_checkpoint(const std::string& dir);
+
+// Resolves `dir` and reads the whole checkpoint, validating before returning: trainer_state.json
+// (format, version, fields), every file's size and CRC-32C against it, config.json, every
+// safetensors header, dtypes, and the optimizer tensors against the weights (names, shapes).
+// Changes nothing on disk except to finish an interrupted directory swap (io::recover_atomic_dir)
+// when the directory `latest` names is missing. Throws tandem::Error naming the file and what
+// is wrong.
+CheckpointState load_checkpoint(const std::string& dir);
+
+// ---- Glue to the parameters, the optimizer and the trainer (checkpoint_restore.cc) ----
+
+// Views of the parameters by name (no copy), in the registry's order.
+NamedTensors model_tensors(const model::Parameters& params);
+// Views of Adam's moments, named "<weight name>.exp_avg" and "<weight name>.exp_avg_sq".
+NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& optimizer);
+
+// Copies the weights `params` holds (any chunk: a range of layers or experts) from `state`.
+// Checks first, changing nothing on failure: the model configs agree (for kHuggingFace except
+// seq_length, which HF stores only as a limit), and every weight is present with its shape (for
+// a whole model, nothing else is present).
+void restore_model(model::Parameters& params, const CheckpointState& state);
+
+// The trainer's whole state as a checkpoint: weights, Adam moments (in the parameters' dtype,
+// F32 when training) and trainer_state with iteration, optimizer steps, samples consumed, seed,
+// the model and train configs and `data` (the run's description of its data set).
+CheckpointState trainer_checkpoint(const Trainer& trainer, const nlohmann::json& data);
+
+// Restores weights, Adam moments and step count, and the iteration from a kTandem state, so the
+// following steps are bitwise those of an uninterrupted run; from a kHuggingFace state only the
+// weights (iteration 0, fresh optimizer). Checks everything first (configs, names, shapes, the
+// seed and global batch size that fix the data position) and changes nothing on failure.
+void restore_trainer(Trainer& trainer, const CheckpointState& state);
+
+// ---- Model only (tandem generate) ----
+
+// Writes params (a whole model) as model.safetensors + config.json into `dir` atomically.
+void save_model_checkpoint(const std::string& dir, const model::Parameters& params);
+// The weights of the checkpoint `dir` designates (resolve_checkpoint_dir) as a new whole-model
+// Parameters (f32).
 std::unique_ptr<model::Parameters> load_model_checkpoint(const std::string& dir);
 
 }  // namespace tandem::runtime

@@ -3,6 +3,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
 namespace tandem::runtime {
@@ -59,21 +61,46 @@ StepResult Trainer::forward_backward(int64_t iteration) {
   return r;
 }
 
+namespace {
+
+// Which of the loss and the gradients is non-finite, for the message of --nan-policy stop.
+std::string non_finite_parts(double loss, double grad_norm) {
+  const bool bad_loss = !std::isfinite(loss), bad_grads = !std::isfinite(grad_norm);
+  if (bad_loss && bad_grads) return "the loss and the gradients are";
+  return bad_loss ? "the loss is" : "the gradients are";
+}
+
+}  // namespace
+
 StepResult Trainer::step() {
   Allocator& alloc = cpu_allocator();
   alloc.reset_peaks();
   const auto start = std::chrono::steady_clock::now();
   params_->zero_grads();
   StepResult r = forward_backward(iteration_);
-  r.grad_norm = std::sqrt(grad_sum_squares(*params_));
-  TANDEM_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm), "iteration ",
-               iteration_ + 1, ": the loss (", r.loss, ") or the gradient norm (", r.grad_norm,
-               ") is not finite; lower --lr or check the data");
-  clip_gradients(*params_, r.grad_norm, train_.clip_grad);
-  ++iteration_;
+  const int64_t this_iteration = iteration_ + 1;
+  if (after_backward_) after_backward_(*params_, this_iteration);
+  const double grad_sum_sq = grad_sum_squares(*params_);
+  r.grad_norm = std::sqrt(grad_sum_sq);
+  // Note [Non-finite steps]: the decision is taken from this one value.
+  const double verdict =
+      grad_sum_sq + (std::isfinite(r.loss) ? 0.0 : std::numeric_limits<double>::infinity());
+  const bool finite = std::isfinite(verdict);
+  TANDEM_CHECK(finite || train_.non_finite_policy == NonFinitePolicy::kSkip, "iteration ",
+               this_iteration, ": ", non_finite_parts(r.loss, r.grad_norm),
+               " not finite (loss ", r.loss, ", gradient norm ", r.grad_norm,
+               "); stopped before the optimizer update, so the last checkpoint is intact. Lower "
+               "--lr, check the data, or pass --nan-policy skip to skip such steps");
+  iteration_ = this_iteration;
   r.iteration = iteration_;
   r.lr = learning_rate(train_, iteration_);
-  optimizer_->step(r.lr);
+  if (finite) {
+    clip_gradients(*params_, r.grad_norm, train_.clip_grad);
+    optimizer_->step(r.lr);
+  } else {
+    params_->zero_grads();
+    r.status = StepStatus::kSkipped;
+  }
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);

@@ -161,5 +161,16 @@ TEST(Progress, Formats) {
   EXPECT_NE(format_log_line(r, 10).find("(max of 2 ranks)"), std::string::npos);
 }
 
+// --nan-policy skip: a skipped step says so in the log line and in the JSON; others do not.
+TEST(Progress, SkippedStepIsFlagged) {
+  IterationRecord applied = record(1, {1});
+  IterationRecord skipped = record(2, {1});
+  skipped.status = UpdateStatus::kSkipped;
+  EXPECT_EQ(nlohmann::json::parse(to_json_line(applied))["skipped"], false);
+  EXPECT_EQ(nlohmann::json::parse(to_json_line(skipped))["skipped"], true);
+  EXPECT_EQ(format_log_line(applied, 2).find("skipped"), std::string::npos);
+  EXPECT_NE(format_log_line(skipped, 2).find("skipped"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem::cli

@@ -1,0 +1,132 @@
+// --load / --save for `tandem train` over runtime/checkpoint.h, and the test fault hook.
+#include "cli/train_checkpoint.h"
+
+#include <cstdlib>
+#include <iostream>
+#include <limits>
+
+#include "core/error.h"
+#include "data/file_dataset.h"
+#include "data/mapped_file.h"
+#include "runtime/checkpoint.h"
+
+namespace tandem::cli {
+namespace {
+
+// Size of the data file, or of a Megatron prefix's .bin and .idx together; -1 when unreadable.
+int64_t data_bytes(const std::string& path) {
+  const int64_t size = data::regular_file_size(path);
+  if (size >= 0) return size;
+  const int64_t bin = data::regular_file_size(path + ".bin");
+  const int64_t idx = data::regular_file_size(path + ".idx");
+  return bin >= 0 && idx >= 0 ? bin + idx : -1;
+}
+
+// A note when the checkpoint was trained on other data than this run reads: the run continues
+// by sample index, which then selects other samples than an uninterrupted run would have.
+void warn_if_data_differs(const nlohmann::json& recorded, const nlohmann::json& now,
+                          std::ostream& log) {
+  if (!recorded.is_object()) return;
+  for (const char* key : {"format", "bytes", "addition_max_digits"}) {
+    if (recorded.value(key, nlohmann::json()) != now.value(key, nlohmann::json())) {
+      log << "tandem train: note: the checkpoint was trained on " << recorded.dump()
+          << " but this run reads " << now.dump()
+          << "; training continues by sample index, so it is not an exact resume" << std::endl;
+      return;
+    }
+  }
+}
+
+}  // namespace
+
+nlohmann::json checkpoint_option_values(const std::string& load_dir) {
+  const runtime::CheckpointInfo info = runtime::inspect_checkpoint(load_dir);
+  nlohmann::json fixed = model_option_values(info.model_config);
+  if (info.kind == runtime::CheckpointKind::kHuggingFace) {
+    fixed.erase("seq-length");
+    return {{"fixed", fixed}};
+  }
+  const runtime::TrainingPosition pos =
+      runtime::read_training_position(info.trainer_state, "checkpoint " + info.dir + ": ");
+  fixed["seed"] = pos.train.seed;
+  fixed["global-batch-size"] = pos.train.global_batch_size;
+  // The optimizer and schedule settings, so that `--load DIR --train-iters N` alone continues the
+  // run exactly; the log interval and the length of the run stay the command line's.
+  nlohmann::json defaults;
+  const nlohmann::json train = runtime::config_to_json(pos.train);
+  for (const auto& [key, value] : train.items()) {
+    if (key == "train_iters" || key == "log_interval" || key == "seed" ||
+        key == "global_batch_size") {
+      continue;
+    }
+    std::string option = key;
+    for (char& c : option) c = c == '_' ? '-' : c;
+    defaults[option] = value;
+  }
+  return {{"fixed", fixed}, {"defaults", defaults}};
+}
+
+nlohmann::json describe_data(const RunOptions& o) {
+  if (o.data_path.empty()) {
+    return {{"format", "addition"}, {"addition_max_digits", o.addition_max_digits}};
+  }
+  return {{"path", o.data_path}, {"format", o.data_format}, {"bytes", data_bytes(o.data_path)}};
+}
+
+int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, std::ostream& log) {
+  if (o.load_dir.empty()) return 0;
+  const runtime::CheckpointState st = runtime::load_checkpoint(o.load_dir);
+  if (st.kind == runtime::CheckpointKind::kTandem) {
+    const runtime::TrainingPosition pos =
+        runtime::read_training_position(st.trainer_state, "checkpoint " + st.dir + ": ");
+    TANDEM_CHECK(pos.iteration < o.train.train_iters, "--load ", st.dir, " is at iteration ",
+                 pos.iteration, " but --train-iters is ", o.train.train_iters,
+                 ": nothing is left to train; raise --train-iters above ", pos.iteration);
+  }
+  runtime::restore_trainer(trainer, st);
+  if (st.kind == runtime::CheckpointKind::kHuggingFace) {
+    if (!o.quiet) {
+      log << "tandem train: loaded the weights of the Hugging Face checkpoint " << st.dir
+          << "; it holds no optimizer state or training position, so training starts at "
+             "iteration 0 with fresh optimizer state"
+          << std::endl;
+    }
+    return 0;
+  }
+  if (!o.quiet) {
+    log << "tandem train: resumed from " << st.dir << " at iteration " << trainer.iteration()
+        << " (" << trainer.optimizer().steps() << " optimizer steps)" << std::endl;
+  }
+  warn_if_data_differs(st.trainer_state.value("data", nlohmann::json()), describe_data(o),
+                       std::cerr);
+  return trainer.iteration();
+}
+
+bool should_save(const RunOptions& o, int64_t iteration) {
+  if (o.save_dir.empty()) return false;
+  return iteration == o.train.train_iters ||
+         (o.save_interval > 0 && iteration % o.save_interval == 0);
+}
+
+void save_training_checkpoint(const runtime::Trainer& trainer, const RunOptions& o) {
+  const runtime::SavedCheckpoint saved = runtime::save_checkpoint(
+      o.save_dir, trainer.iteration(), runtime::trainer_checkpoint(trainer, describe_data(o)),
+      o.keep_checkpoints);
+  for (const std::string& warning : saved.warnings) {
+    std::cerr << "tandem: warning: " << warning << std::endl;
+  }
+}
+
+void install_test_fault_hooks(runtime::Trainer& trainer) {
+  const char* poison = std::getenv("TANDEM_TEST_POISON_GRAD_ITER");
+  if (poison == nullptr) return;
+  const int64_t at = std::atoll(poison);
+  trainer.set_after_backward_hook([at](model::Parameters& params, int64_t iteration) {
+    if (iteration != at) return;
+    const Tensor& g = params.flat_grads();
+    if (g.dtype() == DType::kF32) g.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+    if (g.dtype() == DType::kF64) g.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+  });
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,41 @@
+// `tandem train`'s side of checkpoints: the options a --load checkpoint fixes, resuming a
+// trainer from it, saving under --save, and the test-only fault injection the checkpoint and
+// --nan-policy tests use.
+#pragma once
+
+#include <cstdint>
+#include <iosfwd>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "cli/options.h"
+#include "runtime/trainer.h"
+
+namespace tandem::cli {
+
+// For finalize_run_options (Note [Options from a checkpoint]). Fixed: every model option of the
+// checkpoint's config (for a plain HF checkpoint all but --seq-length, which HF stores only as a
+// limit, max_position_embeddings) and, for a tandem checkpoint, --seed and --global-batch-size,
+// which fix the data position. Defaults (tandem checkpoints): the other train options except
+// --train-iters and --log-interval (lr, schedule, Adam, clipping, micro-batch size, nan policy).
+nlohmann::json checkpoint_option_values(const std::string& load_dir);
+
+// The data set as trainer_state.json records it: path, format and size in bytes (the built-in
+// task: format "addition" and its operand digits).
+nlohmann::json describe_data(const RunOptions& o);
+
+// With --load: reads and validates the checkpoint, restores the trainer from it (nothing changes
+// when anything is wrong) and says on `log` what was loaded; a checkpoint already at or past
+// --train-iters is an error. Returns the iteration training continues from (0 without --load).
+int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, std::ostream& log);
+
+// Whether the step that ends at `iteration` is saved: every --save-interval, and the last one.
+bool should_save(const RunOptions& o, int64_t iteration);
+// Saves the trainer under --save (runtime::save_checkpoint) and prints retention warnings.
+void save_training_checkpoint(const runtime::Trainer& trainer, const RunOptions& o);
+
+// Test hook: TANDEM_TEST_POISON_GRAD_ITER=N in the environment makes step N's first gradient
+// element NaN after the backward pass (for the --nan-policy tests of the real program).
+void install_test_fault_hooks(runtime::Trainer& trainer);
+
+}  // namespace tandem::cli

@@ -1,0 +1,183 @@
+// Checkpoints to and from the live objects: parameters, AdamW and the trainer. Every restore
+// checks all it will copy (configs, names, shapes, the data position) before changing anything,
+// so a rejected checkpoint leaves the run exactly as it was.
+#include <map>
+#include <string>
+
+#include "core/error.h"
+#include "io/safetensors.h"
+#include "runtime/checkpoint.h"
+#include "runtime/trainer.h"
+
+namespace tandem::runtime {
+namespace {
+
+using Json = nlohmann::json;
+using TensorIndex = std::map<std::string, const Tensor*>;
+
+TensorIndex index_tensors(const NamedTensors& tensors) {
+  TensorIndex index;
+  for (const auto& [name, t] : tensors) index[name] = &t;
+  return index;
+}
+
+std::string where_of(const CheckpointState& st) {
+  return st.dir.empty() ? std::string("checkpoint: ") : "checkpoint " + st.dir + ": ";
+}
+
+std::string option_of(std::string key) {
+  for (char& c : key) c = c == '_' ? '-' : c;
+  return "--" + key;
+}
+
+// The first key whose value differs between the checkpoint's config and the run's, as a
+// message; "" when they agree. HF checkpoints store seq_length only as a limit, so it is skipped.
+std::string config_difference(const CheckpointState& st, const ModelConfig& run) {
+  const Json ckpt = config_to_json(st.model_config), mine = config_to_json(run);
+  for (const auto& [key, value] : ckpt.items()) {
+    if (st.kind == CheckpointKind::kHuggingFace && key == "seq_length") continue;
+    if (mine[key] != value) {
+      return detail::concat(key, " is ", value.dump(), " in the checkpoint but ", mine[key].dump(),
+                            " in this run (", option_of(key), ")");
+    }
+  }
+  return "";
+}
+
+bool holds_whole_model(const model::Parameters& params) {
+  const model::ChunkSpec& s = params.spec();
+  const ModelConfig& c = params.config();
+  return s.layer_begin == 0 && s.layer_end == c.num_layers && s.has_embed && s.has_head &&
+         s.expert_begin == 0 && s.expert_end == c.num_experts;
+}
+
+// The model config, and every weight `params` holds with its shape (and, for a whole model,
+// nothing else).
+void check_weights(const model::Parameters& params, const TensorIndex& weights,
+                   const CheckpointState& st) {
+  const std::string where = where_of(st);
+  const std::string diff = config_difference(st, params.config());
+  TANDEM_CHECK(diff.empty(), where, "the model differs: ", diff);
+  for (const model::ParamEntry& e : params.entries()) {
+    const auto it = weights.find(e.name);
+    TANDEM_CHECK(it != weights.end(), where, "weight ", e.name,
+                 " is missing (the model of config.json needs it)");
+    TANDEM_CHECK(it->second->shape() == e.shape, where, "weight ", e.name, " has shape ",
+                 shape_str(it->second->shape()), " but config.json implies ", shape_str(e.shape));
+  }
+  if (!holds_whole_model(params) || weights.size() == params.entries().size()) return;
+  for (const auto& [name, t] : weights) {
+    bool known = false;
+    for (const model::ParamEntry& e : params.entries()) known = known || e.name == name;
+    TANDEM_CHECK(known, where, "tensor ", name,
+                 " is not part of the model that config.json describes");
+  }
+}
+
+void check_moments(const model::Parameters& params, const TensorIndex& moments,
+                   const CheckpointState& st) {
+  for (const model::ParamEntry& e : params.entries()) {
+    for (const char* suffix : {".exp_avg", ".exp_avg_sq"}) {
+      const auto it = moments.find(e.name + suffix);
+      TANDEM_CHECK(it != moments.end() && it->second->shape() == e.shape, where_of(st),
+                   "optimizer tensor ", e.name, suffix, " is missing or has the wrong shape");
+    }
+  }
+}
+
+void copy_weights(model::Parameters& params, const TensorIndex& weights) {
+  for (const model::ParamEntry& e : params.entries()) {
+    params.param(e).copy_from(io::to_float(*weights.at(e.name), params.dtype()));
+  }
+}
+
+// Adam's flat moment buffers, viewed per weight (the optimizer exposes them as const handles to
+// the buffers it owns; writing through them is the restore the handles exist for).
+Tensor moment_view(const Tensor& flat, const model::ParamEntry& e) {
+  return flat.narrow_rows(e.offset, shape_numel(e.shape)).reshape(e.shape);
+}
+
+void copy_moments(const model::Parameters& params, AdamW& optimizer, const TensorIndex& moments) {
+  for (const model::ParamEntry& e : params.entries()) {
+    moment_view(optimizer.exp_avg(), e)
+        .copy_from(io::to_float(*moments.at(e.name + ".exp_avg"), params.dtype()));
+    moment_view(optimizer.exp_avg_sq(), e)
+        .copy_from(io::to_float(*moments.at(e.name + ".exp_avg_sq"), params.dtype()));
+  }
+}
+
+// The seed and the global batch size fix which samples each later iteration reads.
+void check_data_position(const TrainingPosition& pos, const TrainConfig& run,
+                         const CheckpointState& st) {
+  TANDEM_CHECK(pos.train.seed == run.seed, where_of(st), "seed is ", pos.train.seed,
+               " in the checkpoint but ", run.seed,
+               " in this run (--seed): the data order after resuming would differ");
+  TANDEM_CHECK(pos.train.global_batch_size == run.global_batch_size, where_of(st),
+               "global_batch_size is ", pos.train.global_batch_size, " in the checkpoint but ",
+               run.global_batch_size,
+               " in this run (--global-batch-size): the data position would not match");
+}
+
+}  // namespace
+
+NamedTensors model_tensors(const model::Parameters& params) {
+  NamedTensors out;
+  for (const model::ParamEntry& e : params.entries()) out.emplace_back(e.name, params.param(e));
+  return out;
+}
+
+NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& optimizer) {
+  NamedTensors out;
+  for (const model::ParamEntry& e : params.entries()) {
+    out.emplace_back(e.name + ".exp_avg", moment_view(optimizer.exp_avg(), e));
+    out.emplace_back(e.name + ".exp_avg_sq", moment_view(optimizer.exp_avg_sq(), e));
+  }
+  return out;
+}
+
+void restore_model(model::Parameters& params, const CheckpointState& state) {
+  const TensorIndex weights = index_tensors(state.model);
+  check_weights(params, weights, state);
+  copy_weights(params, weights);
+}
+
+CheckpointState trainer_checkpoint(const Trainer& trainer, const Json& data) {
+  CheckpointState st;
+  st.kind = CheckpointKind::kTandem;
+  st.model_config = trainer.model_config();
+  st.model = model_tensors(trainer.params());
+  st.optimizer = optimizer_tensors(trainer.params(), trainer.optimizer());
+  const TrainConfig& t = trainer.train_config();
+  st.trainer_state = {{"iteration", trainer.iteration()},
+                      {"optimizer_steps", trainer.optimizer().steps()},
+                      {"samples_consumed", trainer.iteration() * t.global_batch_size},
+                      {"seed", t.seed},
+                      {"model", config_to_json(trainer.model_config())},
+                      {"train", config_to_json(t)},
+                      {"data", data}};
+  return st;
+}
+
+void restore_trainer(Trainer& trainer, const CheckpointState& state) {
+  model::Parameters& params = trainer.params();
+  const TensorIndex weights = index_tensors(state.model);
+  check_weights(params, weights, state);
+  if (state.kind == CheckpointKind::kHuggingFace) {
+    copy_weights(params, weights);
+    trainer.optimizer().exp_avg().zero_();
+    trainer.optimizer().exp_avg_sq().zero_();
+    trainer.optimizer().set_steps(0);
+    trainer.set_iteration(0);
+    return;
+  }
+  const TrainingPosition pos = read_training_position(state.trainer_state, where_of(state));
+  check_data_position(pos, trainer.train_config(), state);
+  const TensorIndex moments = index_tensors(state.optimizer);
+  check_moments(params, moments, state);
+  copy_weights(params, weights);
+  copy_moments(params, trainer.optimizer(), moments);
+  trainer.optimizer().set_steps(pos.optimizer_steps);
+  trainer.set_iteration(pos.iteration);
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,356 @@
+// A table of bad inputs to `tandem train`: options, config files, data files and checkpoints.
+// Oracle, for every case: exit code 2 (main's code for bad input), stderr holding the expected
+// words (the bad value, the file, what is wrong), and the working directory, which holds the
+// case's input files, exactly as before: no file created, changed or removed (names, sizes,
+// modification times and contents compared), checkpoints included.
+#include <gtest/gtest.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "tandem_process.h"
+
+namespace tandem::test {
+namespace {
+
+// Model options small enough that building the trainer takes no time.
+const std::vector<std::string> kSmall = {
+    "--num-layers",       "1",  "--hidden-size",      "32", "--num-attention-heads", "4",
+    "--num-query-groups", "2",  "--ffn-hidden-size",  "32", "--num-experts",         "2",
+    "--seq-length",       "16", "--micro-batch-size", "2",  "--global-batch-size",   "4"};
+
+std::vector<std::string> small(std::vector<std::string> more) {
+  std::vector<std::string> args = kSmall;
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+// An llm.c token file: 256 int32 header (magic, version, count), then uint16 tokens.
+std::string llmc(int32_t magic, int32_t version, int32_t count, const std::vector<int>& tokens) {
+  std::string out;
+  put_le(out, static_cast<uint32_t>(magic), 4);
+  put_le(out, static_cast<uint32_t>(version), 4);
+  put_le(out, static_cast<uint32_t>(count), 4);
+  out.resize(1024, '\0');
+  for (int t : tokens) put_le(out, static_cast<uint32_t>(t), 2);
+  return out;
+}
+
+// A Megatron index header: magic, version, dtype code, sequence and document counts.
+std::string megatron_idx(const std::string& magic, uint64_t seqs, uint64_t docs) {
+  std::string out = magic;
+  put_le(out, 1, 8);
+  out.push_back(8);  // uint16 tokens
+  put_le(out, seqs, 8);
+  put_le(out, docs, 8);
+  return out;
+}
+
+void flip_byte(const fs::path& file, int64_t offset) {
+  std::string bytes = slurp(file);
+  bytes[static_cast<size_t>(offset)] = static_cast<char>(bytes[static_cast<size_t>(offset)] ^ 0x40);
+  write_text(file, bytes);
+}
+
+std::string replace_in(const fs::path& file, const std::string& from, const std::string& to) {
+  std::string text = slurp(file);
+  const size_t at = text.find(from);
+  if (at != std::string::npos) text.replace(at, from.size(), to);
+  write_text(file, text);
+  return text;
+}
+
+struct BadInput {
+  std::string name;
+  std::vector<std::string> args;  // after `tandem train`
+  std::vector<std::string> expected;
+  std::function<void(const fs::path& work)> setup = [](const fs::path&) {};
+};
+
+class BadInputs : public ::testing::Test {
+ protected:
+  // One valid tandem checkpoint (ck/, a --save directory) and one plain HF directory (hf/),
+  // made once by the real program; cases copy and damage them.
+  static void SetUpTestSuite() {
+    fixtures_ = new TempDir("tandem_bad_fixtures");
+    TempDir capture;
+    std::vector<std::string> args = {"train"};
+    args.insert(args.end(), kSmall.begin(), kSmall.end());
+    for (const char* a : {"--train-iters", "1", "--save", "ck", "--quiet"}) args.push_back(a);
+    const RunResult r = run_tandem(args, fixtures_->path(), capture.path());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    fs::create_directories(*fixtures_ / "hf");
+    fs::copy_file(*fixtures_ / "ck/iter_0000001/model.safetensors",
+                  *fixtures_ / "hf/model.safetensors");
+    fs::copy_file(*fixtures_ / "ck/iter_0000001/config.json", *fixtures_ / "hf/config.json");
+  }
+  static void TearDownTestSuite() { delete fixtures_; }
+
+  static void copy_fixture(const fs::path& work, const std::string& name) {
+    fs::copy(*fixtures_ / name, work / name, fs::copy_options::recursive);
+  }
+  static inline TempDir* fixtures_ = nullptr;
+};
+
+std::vector<BadInput> option_cases() {
+  return {
+      {"non-number", {"--num-layers", "abc"}, {"abc"}},
+      {"unknown option", {"--no-such-option", "1"}, {"--no-such-option"}},
+      {"nan policy", {"--nan-policy", "sometimes"}, {"sometimes"}},
+      {"keep nothing",
+       small({"--keep-checkpoints", "0", "--save", "out"}),
+       {"--keep-checkpoints 0", ">= 1"}},
+      {"negative interval", {"--save-interval", "-2"}, {"-2"}},
+      {"heads",
+       {"--hidden-size", "30", "--num-attention-heads", "4"},
+       {"--num-attention-heads 4", "--hidden-size 30"}},
+      {"batch",
+       {"--global-batch-size", "20", "--log-json", "log.jsonl"},
+       {"--global-batch-size 20", "multiple"}},
+      {"vocab for the task", {"--vocab-size", "100"}, {"--vocab-size 100", ">= 256"}},
+      {"top-k", {"--moe-router-topk", "9", "--save", "out"}, {"--moe-router-topk 9"}},
+      {"log dir", small({"--log-json", "nodir/log.jsonl"}), {"nodir", "does not exist"}},
+      {"save is a file",
+       small({"--save", "afile"}),
+       {"afile", "not a directory"},
+       [](const fs::path& w) { write_text(w / "afile", "x"); }},
+      {"no iterations", {"--train-iters", "0"}, {"--train-iters 0"}},
+  };
+}
+
+std::vector<BadInput> config_cases() {
+  const auto config = [](const std::string& text) {
+    return [text](const fs::path& w) { write_text(w / "run.toml", text); };
+  };
+  return {
+      {"malformed TOML",
+       {"--config", "run.toml"},
+       {"run.toml", "line 1", "TOML syntax error"},
+       config("num-layers = = 4\n")},
+      {"unknown key",
+       {"--config", "run.toml"},
+       {"run.toml", "num-layer", "did you mean"},
+       config("num-layer = 4\n")},
+      {"wrong type",
+       {"--config", "run.toml"},
+       {"num-layers", "expected an integer"},
+       config("num-layers = \"four\"\n")},
+      {"key twice",
+       {"--config", "run.toml"},
+       {"line 2", "already set on line 1"},
+       config("num-layers = 2\nnum_layers = 3\n")},
+      {"table",
+       {"--config", "run.toml"},
+       {"tables are not supported"},
+       config("[model]\nnum-layers = 2\n")},
+      {"bad value", {"--config", "run.toml"}, {"lr", "value -1", "invalid"}, config("lr = -1.0\n")},
+      {"bad choice",
+       {"--config", "run.toml"},
+       {"nan-policy", "maybe"},
+       config("nan-policy = \"maybe\"\n")},
+      {"missing config", {"--config", "none.toml"}, {"none.toml", "cannot open"}},
+  };
+}
+
+std::vector<BadInput> data_cases() {
+  const auto file = [](const std::string& name, const std::string& bytes) {
+    return [name, bytes](const fs::path& w) { write_text(w / name, bytes); };
+  };
+  return {
+      {"missing data", small({"--data-path", "missing.bin"}), {"missing.bin", "cannot read"}},
+      {"data is a directory",
+       small({"--data-path", "d"}),
+       {"--data-path d", "is a directory"},
+       [](const fs::path& w) { fs::create_directories(w / "d"); }},
+      {"token id over vocab",
+       small({"--data-path", "t.bin", "--log-json", "log.jsonl"}),
+       {"t.bin", "has id 300", "byte offset", "--vocab-size"},
+       file("t.bin", llmc(20240520, 1, 200, std::vector<int>(200, 300)))},
+      {"truncated llm.c header",
+       small({"--data-path", "t.bin", "--data-format", "tokens"}),
+       {"t.bin", "shorter than the 1024-byte llm.c header"},
+       file("t.bin", llmc(20240520, 1, 10, {}).substr(0, 100))},
+      {"llm.c count beyond file",
+       small({"--data-path", "t.bin"}),
+       {"t.bin", "1000", "truncated"},
+       file("t.bin", llmc(20240520, 1, 1000, std::vector<int>(500, 1)))},
+      {"llm.c version",
+       small({"--data-path", "t.bin", "--data-format", "tokens"}),
+       {"t.bin", "version 3"},
+       file("t.bin", llmc(20240520, 3, 10, std::vector<int>(10, 1)))},
+      {"Megatron magic",
+       small({"--data-path", "m", "--data-format", "megatron"}),
+       {"m.idx", "MMIDIDX"},
+       [](const fs::path& w) {
+         write_text(w / "m.bin", std::string(64, '\1'));
+         write_text(w / "m.idx", megatron_idx("NOTANIDX!", 1, 1));
+       }},
+      {"Megatron counts",
+       small({"--data-path", "m", "--data-format", "megatron"}),
+       {"m.idx", "more than its"},
+       [](const fs::path& w) {
+         write_text(w / "m.bin", std::string(64, '\1'));
+         write_text(w / "m.idx", megatron_idx(std::string("MMIDIDX\0\0", 9), uint64_t{1} << 60, 1));
+       }},
+      {"data too short",
+       small({"--data-path", "short.txt"}),
+       {"short.txt", "fewer tokens than one sample"},
+       file("short.txt", "0123456789")},
+  };
+}
+
+void run_case(const BadInput& c, const fs::path& capture,
+              const std::function<void(const fs::path&)>& prepare) {
+  TempDir work("tandem_bad");
+  prepare(work.path());
+  c.setup(work.path());
+  const auto before = snapshot(work.path());
+  std::vector<std::string> args = {"train"};
+  args.insert(args.end(), c.args.begin(), c.args.end());
+  std::string line;
+  for (const std::string& a : args) line += " " + a;
+  const RunResult r = run_tandem(args, work.path(), capture);
+  EXPECT_EQ(r.exit_code, 2) << c.name << ": tandem" << line << "\nstderr: " << r.err;
+  for (const std::string& part : c.expected) {
+    EXPECT_NE(r.err.find(part), std::string::npos)
+        << c.name << ": tandem" << line << "\nstderr lacks '" << part << "': " << r.err;
+  }
+  EXPECT_EQ(snapshot(work.path()), before) << c.name << ": tandem" << line << " changed files";
+}
+
+TEST_F(BadInputs, OptionsConfigFilesAndDataFiles) {
+  TempDir capture;
+  int count = 0;
+  for (const auto& cases : {option_cases(), config_cases(), data_cases()}) {
+    for (const BadInput& c : cases) {
+      run_case(c, capture.path(), [](const fs::path&) {});
+      ++count;
+    }
+  }
+  EXPECT_GE(count, 25);
+}
+
+// Checkpoint cases: each starts from a copy of the valid checkpoint (ck/) or HF directory (hf/).
+std::vector<BadInput> checkpoint_table() {
+  const std::vector<std::string> hf_run = {
+      "--load", "hf", "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "4"};
+  const auto hf = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = hf_run;
+    args.insert(args.end(), more.begin(), more.end());
+    return args;
+  };
+  const std::string st = "ck/iter_0000001/";
+  return {
+      {"missing checkpoint", {"--load", "nothing"}, {"--load nothing", "cannot read"}},
+      {"not a checkpoint",
+       {"--load", "empty"},
+       {"empty", "not a checkpoint"},
+       [](const fs::path& w) { fs::create_directories(w / "empty"); }},
+      {"latest names a missing directory",
+       {"--load", "ck", "--save", "ck"},
+       {"ck/latest", "iter_0000009", "does not exist"},
+       [](const fs::path& w) { write_text(w / "ck/latest", "iter_0000009\n"); }},
+      {"latest is garbage",
+       {"--load", "ck"},
+       {"ck/latest", "expected the name of an iteration"},
+       [](const fs::path& w) { write_text(w / "ck/latest", "\x01\x02garbage"); }},
+      {"truncated weights",
+       {"--load", "ck", "--train-iters", "3"},
+       {st + "model.safetensors", "truncated"},
+       [=](const fs::path& w) { fs::resize_file(w / (st + "model.safetensors"), 1000); }},
+      {"bit flip in the weights header",
+       {"--load", "ck", "--train-iters", "3"},
+       {st + "model.safetensors", "CRC-32C", "corrupt"},
+       [=](const fs::path& w) { flip_byte(w / (st + "model.safetensors"), 20); }},
+      {"bit flip in the optimizer state",
+       {"--load", "ck", "--train-iters", "3"},
+       {st + "optimizer.safetensors", "CRC-32C"},
+       [=](const fs::path& w) {
+         const fs::path f = w / (st + "optimizer.safetensors");
+         flip_byte(f, static_cast<int64_t>(fs::file_size(f)) - 5);
+       }},
+      {"optimizer state missing",
+       {"--load", "ck", "--train-iters", "3"},
+       {"optimizer.safetensors", "missing"},
+       [=](const fs::path& w) { fs::remove(w / (st + "optimizer.safetensors")); }},
+      {"trainer state inconsistent",
+       {"--load", "ck", "--train-iters", "3"},
+       {"trainer_state.json", "samples_consumed 5"},
+       [=](const fs::path& w) {
+         replace_in(w / (st + "trainer_state.json"), "\"samples_consumed\": 4",
+                    "\"samples_consumed\": 5");
+       }},
+      {"model option differs",
+       {"--load", "ck", "--num-layers", "3", "--train-iters", "3"},
+       {"--num-layers 3 (given on the command line) differs from the checkpoint's num-layers 1"}},
+      {"seed differs",
+       {"--load", "ck", "--seed", "7", "--train-iters", "3"},
+       {"--seed 7", "checkpoint's seed 1234"}},
+      {"nothing left to train",
+       {"--load", "ck", "--train-iters", "1", "--save", "ck"},
+       {"iteration 1", "--train-iters is 1", "nothing is left to train"}},
+      {"HF header does not start with {",
+       hf({}),
+       {"hf/model.safetensors", "'{'"},
+       [](const fs::path& w) { flip_byte(w / "hf/model.safetensors", 8); }},
+      {"HF weights truncated",
+       hf({}),
+       {"hf/model.safetensors", "past the end of the file"},
+       [](const fs::path& w) { fs::resize_file(w / "hf/model.safetensors", 100); }},
+      {"HF weights of another shape",
+       hf({}),
+       {"has shape", "config.json implies"},
+       [](const fs::path& w) {
+         replace_in(w / "hf/config.json", "\"intermediate_size\": 32", "\"intermediate_size\": 64");
+       }},
+      {"HF config of another model",
+       hf({}),
+       {"hf/config.json", "model_type", "gpt2"},
+       [](const fs::path& w) {
+         replace_in(w / "hf/config.json", "\"model_type\": \"mixtral\"",
+                    "\"model_type\": \"gpt2\"");
+       }},
+      {"HF config this model cannot be",
+       hf({}),
+       {"tie_word_embeddings"},
+       [](const fs::path& w) {
+         replace_in(w / "hf/config.json", "\"tie_word_embeddings\": false",
+                    "\"tie_word_embeddings\": true");
+       }},
+      {"HF extra tensor",
+       hf({}),
+       {"extra.weight", "not part of the model"},
+       [](const fs::path& w) {
+         auto tensors =
+             io::load_safetensors((w / "hf/model.safetensors").string(), MemCategory::kOther);
+         std::vector<std::pair<std::string, Tensor>> named(tensors.begin(), tensors.end());
+         named.emplace_back("extra.weight", Tensor::zeros({2}, DType::kF32, MemCategory::kOther));
+         io::save_safetensors((w / "hf/model.safetensors").string(), named);
+       }},
+      {"HF weights missing",
+       hf({}),
+       {"hf", "neither model.safetensors"},
+       [](const fs::path& w) { fs::remove(w / "hf/model.safetensors"); }},
+  };
+}
+
+TEST_F(BadInputs, Checkpoints) {
+  TempDir capture;
+  const auto cases = checkpoint_table();
+  for (const BadInput& c : cases) {
+    run_case(c, capture.path(), [](const fs::path& w) {
+      copy_fixture(w, "ck");
+      copy_fixture(w, "hf");
+    });
+  }
+  EXPECT_GE(cases.size(), 15u);
+}
+
+}  // namespace
+}  // namespace tandem::test

@@ -1,0 +1,194 @@
+// `tandem train --save/--load` and --nan-policy through the real program. Oracles: an
+// uninterrupted run (losses, gradient norms and the final weights file of a stopped-and-resumed
+// run are bitwise equal to it); the bytes of the previous checkpoint before a run was killed
+// mid-save (unchanged after, and `latest` still loads to the same weights); the exit code and
+// message of a stopped run; the JSON log of a run with a skipped step.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "io/safetensors.h"
+#include "runtime/checkpoint.h"
+#include "tandem_process.h"
+
+namespace tandem::test {
+namespace {
+
+// A model small enough that a step takes milliseconds.
+std::vector<std::string> tiny(std::vector<std::string> more) {
+  std::vector<std::string> args = {"train", "--num-layers",
+                                   "2",     "--hidden-size",
+                                   "32",    "--num-attention-heads",
+                                   "4",     "--num-query-groups",
+                                   "2",     "--ffn-hidden-size",
+                                   "48",    "--num-experts",
+                                   "4",     "--seq-length",
+                                   "16",    "--micro-batch-size",
+                                   "2",     "--global-batch-size",
+                                   "4",     "--lr-warmup-iters",
+                                   "2",     "--quiet"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+std::vector<nlohmann::json> json_lines(const std::string& path) {
+  std::vector<nlohmann::json> lines;
+  std::istringstream in(slurp(path));
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+std::set<std::string> entries_of(const std::string& dir) {
+  std::set<std::string> out;
+  for (const auto& e : fs::directory_iterator(dir)) out.insert(e.path().filename().string());
+  return out;
+}
+
+// name -> raw bytes of every weight a checkpoint loads to.
+std::map<std::string, std::string> loaded_weights(const std::string& dir) {
+  std::map<std::string, std::string> out;
+  for (const auto& [name, t] : runtime::load_checkpoint(dir).model) {
+    out[name] = std::string(static_cast<const char*>(t.raw_data()), t.nbytes());
+  }
+  return out;
+}
+
+TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
+  TempDir work, capture;
+  RunResult r = run_tandem(tiny({"--train-iters", "6", "--lr-decay-iters", "6", "--log-json",
+                                 "full.jsonl", "--save", "full"}),
+                           work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_tandem(
+      tiny({"--train-iters", "3", "--lr-decay-iters", "6", "--save", "ck", "--save-interval", "1"}),
+      work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(entries_of(work / "ck"),
+            (std::set<std::string>{"iter_0000002", "iter_0000003", "latest"}));
+  // No model or optimizer option: they come from the checkpoint (Note [Options from a
+  // checkpoint]).
+  r = run_tandem({"train", "--load", "ck", "--train-iters", "6", "--save", "ck", "--log-json",
+                  "resumed.jsonl"},
+                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("resumed from ck/iter_0000003 at iteration 3"), std::string::npos) << r.out;
+  const auto full = json_lines(work / "full.jsonl");
+  const auto resumed = json_lines(work / "resumed.jsonl");
+  ASSERT_EQ(full.size(), 6u);
+  ASSERT_EQ(resumed.size(), 3u);
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed[i]["iter"], full[3 + i]["iter"]);
+    EXPECT_EQ(resumed[i]["loss"].get<double>(), full[3 + i]["loss"].get<double>()) << i;
+    EXPECT_EQ(resumed[i]["grad_norm"].get<double>(), full[3 + i]["grad_norm"].get<double>()) << i;
+  }
+  EXPECT_EQ(slurp(work / "ck/iter_0000006/model.safetensors"),
+            slurp(work / "full/iter_0000006/model.safetensors"));
+  EXPECT_EQ(slurp(work / "ck/iter_0000006/optimizer.safetensors"),
+            slurp(work / "full/iter_0000006/optimizer.safetensors"));
+}
+
+// Killed at each stage of saving iteration 3 (Note [Checkpoint commit]): the checkpoints of
+// iterations 1 and 2 keep their bytes, `latest` loads to the weights it named before (or, once
+// the pointer was replaced, to iteration 3), and the next run cleans up and carries on.
+TEST(CheckpointProgram, KilledMidSaveLeavesTheLastCheckpointIntact) {
+  TempDir work, capture;
+  RunResult r = run_tandem(tiny({"--train-iters", "2", "--lr-decay-iters", "4", "--save", "base",
+                                 "--save-interval", "1"}),
+                           work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto weights_before = loaded_weights(work / "base");
+  const std::vector<std::string> stages = {"model",  "config", "optimizer", "trainer_state",
+                                           "commit", "latest", "prune"};
+  for (const std::string& stage : stages) {
+    SCOPED_TRACE("killed at stage " + stage);
+    const std::string ck = work / ("ck_" + stage);
+    fs::copy(work / "base", ck, fs::copy_options::recursive);
+    const auto before = snapshot(ck);
+    {
+      LiveTandem run({"train", "--load", ck, "--train-iters", "4", "--save", ck, "--save-interval",
+                      "1", "--quiet"},
+                     work.path(),
+                     {"TANDEM_TEST_SAVE_DELAY_MS=20000", "TANDEM_TEST_SAVE_DELAY_STAGE=" + stage});
+      ASSERT_TRUE(run.wait_for("save iter_0000003 stage " + stage + "\n", 60))
+          << run.stderr_so_far();
+      run.kill();
+    }
+    for (const auto& [path, contents] : before) {
+      if (path == "latest") continue;
+      EXPECT_EQ(snapshot(ck).at(path), contents) << path;
+    }
+    const bool pointer_moved = stage == "prune";
+    EXPECT_EQ(slurp(ck + "/latest"), pointer_moved ? "iter_0000003\n" : "iter_0000002\n");
+    if (pointer_moved) {
+      EXPECT_EQ(runtime::load_checkpoint(ck).dir, ck + "/iter_0000003");
+    } else {
+      EXPECT_EQ(loaded_weights(ck), weights_before);
+    }
+    // The next run resumes from `latest`, removes the debris and keeps the newest two.
+    r = run_tandem({"train", "--load", ck, "--train-iters", "4", "--save", ck, "--save-interval",
+                    "1", "--quiet"},
+                   work.path(), capture.path());
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_EQ(entries_of(ck), (std::set<std::string>{"iter_0000003", "iter_0000004", "latest"}));
+  }
+}
+
+TEST(CheckpointProgram, NanPolicyStopNamesTheIterationAndKeepsTheCheckpoint) {
+  TempDir work, capture;
+  const RunResult r = run_tandem(
+      tiny({"--train-iters", "4", "--save", "ck", "--save-interval", "2", "--log-json", "log"}),
+      work.path(), capture.path(), {"TANDEM_TEST_POISON_GRAD_ITER=3"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("iteration 3: the gradients are not finite"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--nan-policy skip"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(work / "ck/latest"), "iter_0000002\n");
+  EXPECT_EQ(entries_of(work / "ck"), (std::set<std::string>{"iter_0000002", "latest"}));
+  EXPECT_EQ(runtime::load_checkpoint(work / "ck").trainer_state["iteration"], 2);
+  EXPECT_EQ(json_lines(work / "log").size(), 2u);
+}
+
+TEST(CheckpointProgram, NanPolicySkipSkipsOneUpdateAndContinues) {
+  TempDir work, capture;
+  const RunResult r = run_tandem(
+      tiny({"--train-iters", "4", "--save", "ck", "--log-json", "log", "--nan-policy", "skip"}),
+      work.path(), capture.path(), {"TANDEM_TEST_POISON_GRAD_ITER=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = json_lines(work / "log");
+  ASSERT_EQ(lines.size(), 4u);
+  for (size_t i = 0; i < 4; ++i) EXPECT_EQ(lines[i]["skipped"], i == 2) << "iteration " << i + 1;
+  EXPECT_TRUE(lines[2]["grad_norm"].is_null());  // NaN is written as null
+  const nlohmann::json state = runtime::load_checkpoint(work / "ck").trainer_state;
+  EXPECT_EQ(state["iteration"], 4);
+  EXPECT_EQ(state["optimizer_steps"], 3);
+  EXPECT_EQ(state["train"]["nan_policy"], "skip");
+}
+
+// A Hugging Face directory (BF16 weights and config.json, nothing else) starts a run at
+// iteration 0 with the model options of its config.json.
+TEST(CheckpointProgram, HuggingFaceCheckpointStartsARun) {
+  TempDir work, capture;
+  RunResult r =
+      run_tandem(tiny({"--train-iters", "1", "--save", "ck"}), work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  fs::create_directories(work / "hf");
+  runtime::NamedTensors bf16;
+  for (const auto& [name, t] : runtime::load_checkpoint(work / "ck").model) {
+    bf16.emplace_back(name, io::to_bf16(t));
+  }
+  io::save_safetensors(work / "hf/model.safetensors", bf16);
+  fs::copy_file(work / "ck/iter_0000001/config.json", work / "hf/config.json");
+  r = run_tandem({"train", "--load", "hf", "--train-iters", "2", "--seq-length", "16",
+                  "--micro-batch-size", "2", "--global-batch-size", "4", "--log-interval", "1"},
+                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Hugging Face checkpoint hf"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iteration 0 with fresh optimizer state"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 layers, 4 experts top-2"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("iter 2/2"), std::string::npos) << r.out;
+}
+
+}  // namespace
+}  // namespace tandem::test
