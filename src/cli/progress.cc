@@ -125,7 +125,11 @@ std::string to_json_line(const IterationRecord& r) {
       {"mem_peak_bytes", per_rank(r.mem_peak_bytes)},
       {"activation_peak_bytes", per_rank(r.activation_peak_bytes)},
   };
-  return j.dump();
+  if (r.comm_seconds < 0) return j.dump();
+  nlohmann::json with_comm = j;
+  with_comm["alltoall_s"] = number(r.comm_seconds);
+  with_comm["exposed_alltoall_s"] = number(r.exposed_comm_seconds);
+  return with_comm.dump();
 }
 
 ProgressReporter::ProgressReporter(ReporterConfig config, std::ostream& log_out,

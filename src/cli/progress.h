@@ -31,6 +31,10 @@ struct IterationRecord {
   std::vector<int64_t> mem_in_use_bytes;  // allocator bytes in use after the step
   std::vector<int64_t> mem_peak_bytes;    // allocator peak during the step
   std::vector<int64_t> activation_peak_bytes;  // peak of activations and saved tensors
+  // Multi-rank only (negative: not measured): seconds rank 0's all-to-all tasks ran during the
+  // step, and of those the seconds its compute stream stood waiting for them (exposed).
+  double comm_seconds = -1;
+  double exposed_comm_seconds = -1;
 };
 
 enum class Verbosity : uint8_t { kNormal, kQuiet };       // kQuiet: no bar, no log lines

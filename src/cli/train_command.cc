@@ -103,7 +103,15 @@ void run_train(const CLI::App& app, RunOptions& o) {
   }
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
+    const bool trace_this = !o.trace_path.empty() && it + 1 == o.train.train_iters;
+    if (trace_this) cpu_allocator().set_trace(true);
     const runtime::StepResult r = trainer.step();
+    if (trace_this) {  // the measured timeline of the last step
+      runtime::write_trace_file(
+          o.trace_path, {runtime::rank_trace_events(0, trainer.timeline(), cpu_allocator().trace(),
+                                                    trainer.step_start_seconds())});
+      cpu_allocator().set_trace(false);
+    }
     reporter.report(to_record(r));
     if (should_save(o, r.iteration)) save_training_checkpoint(trainer, o);
   }

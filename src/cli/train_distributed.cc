@@ -110,6 +110,16 @@ std::unique_ptr<model::Parameters> gather_whole_model(runtime::PipelineTrainer& 
   return whole;
 }
 
+// Every rank's timeline of the last step, written by rank 0 as one trace file.
+void write_measured_trace(const std::string& path, runtime::PipelineTrainer& trainer,
+                          comm::Communicator& world) {
+  const std::string mine = runtime::rank_trace_events(
+      world.rank(), trainer.timeline(), cpu_allocator().trace(), trainer.step_start_seconds());
+  cpu_allocator().set_trace(false);
+  const std::vector<std::string> all = world.all_gather_bytes(mine);
+  if (world.rank() == 0) runtime::write_trace_file(path, all);
+}
+
 IterationRecord gather_record(const runtime::StepResult& r, comm::Communicator& world) {
   IterationRecord rec = to_record(r);
   Tensor mine = Tensor::empty({3}, DType::kI64, MemCategory::kOther, "mem");
@@ -164,8 +174,14 @@ void run_train_distributed(RunOptions& o) {
   reporter.open();
   for (int64_t it = 0; it < o.train.train_iters; ++it) {
     maybe_inject_fault(groups.rank, it + 1);
+    const bool trace_this = !o.trace_path.empty() && it + 1 == o.train.train_iters;
+    if (trace_this) cpu_allocator().set_trace(true);
     const runtime::StepResult r = trainer.step();
-    reporter.report(gather_record(r, *groups.world));
+    if (trace_this) write_measured_trace(o.trace_path, trainer, *groups.world);
+    IterationRecord rec = gather_record(r, *groups.world);
+    rec.comm_seconds = trainer.comm_busy_seconds();
+    rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
+    reporter.report(rec);
     const bool last = r.iteration == o.train.train_iters;
     if (!o.save_dir.empty() &&
         (last || (o.save_interval > 0 && r.iteration % o.save_interval == 0))) {

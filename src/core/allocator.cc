@@ -4,6 +4,7 @@
 #include <malloc.h>
 
 #include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <new>
 
@@ -21,6 +22,11 @@ std::string_view category_name(MemCategory c) {
     case MemCategory::kOther: return "other";
   }
   return "?";
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
+      .count();
 }
 
 MemoryStats Allocator::stats() const {
@@ -53,7 +59,7 @@ void Allocator::note_alloc(int64_t bytes, MemCategory category, std::string_view
   stats_.total_in_use += bytes;
   stats_.total_peak = std::max(stats_.total_peak, stats_.total_in_use);
   ++stats_.num_allocs;
-  if (tracing_) trace_.push_back({seq_, bytes, category, std::string(tag)});
+  if (tracing_) trace_.push_back({seq_, now_seconds(), bytes, category, std::string(tag)});
   ++seq_;
 }
 
@@ -63,7 +69,7 @@ void Allocator::note_free(int64_t bytes, MemCategory category) {
   stats_.in_use[c] -= bytes;
   stats_.total_in_use -= bytes;
   TANDEM_ASSERT(stats_.in_use[c] >= 0, "category ", category_name(category), " went negative");
-  if (tracing_) trace_.push_back({seq_, -bytes, category, {}});
+  if (tracing_) trace_.push_back({seq_, now_seconds(), -bytes, category, {}});
   ++seq_;
 }
 

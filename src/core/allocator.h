@@ -43,6 +43,7 @@ struct MemoryStats {
 // One allocation or free, in order; `bytes` is negative for a free.
 struct MemEvent {
   int64_t seq;
+  double time;  // seconds on the steady clock
   int64_t bytes;
   MemCategory category;
   std::string tag;
@@ -74,6 +75,9 @@ class Allocator {
   int64_t seq_ = 0;
   std::vector<MemEvent> trace_;
 };
+
+// Seconds on the steady clock (the time base of MemEvent and of measured timelines).
+double now_seconds();
 
 // The process-wide CPU allocator (64-byte aligned, from the system heap).
 Allocator& cpu_allocator();

@@ -144,6 +144,19 @@ void PipelineTrainer::backward(int32_t stage, int32_t mb, model::WeightGrad wg) 
   s.chunk->backward(state, context(s), wg);
 }
 
+double PipelineTrainer::step_start_seconds() const {
+  return std::chrono::duration<double>(step_start_.time_since_epoch()).count();
+}
+
+void PipelineTrainer::record_action_span(const Action& a,
+                                         std::chrono::steady_clock::time_point start) {
+  auto secs = [&](auto t) { return std::chrono::duration<double>(t - step_start_).count(); };
+  const auto now = std::chrono::steady_clock::now();
+  std::lock_guard lock(spans_mutex_);
+  spans_.push_back({schedule::is_communication(a.kind) ? "comm" : "compute",
+                    schedule::to_string(a), secs(start), secs(now)});
+}
+
 void PipelineTrainer::record_span(const char* stream, NodeKind kind, bool forward,
                                   int32_t mb, std::chrono::steady_clock::time_point start) {
   const auto now = std::chrono::steady_clock::now();
@@ -253,7 +266,9 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
     s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
   }
   for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
+    const auto start = std::chrono::steady_clock::now();
     run_action(a, iteration);
+    if (a.kind != ActionKind::kForwardBackward) record_action_span(a, start);
   }
   for (auto& p : pending_) p->wait();
   pending_.clear();

@@ -17,6 +17,7 @@
 #include "model/chunk.h"
 #include "runtime/optimizer.h"
 #include "runtime/stream.h"
+#include "runtime/timeline.h"
 #include "runtime/trainer.h"
 #include "schedule/action.h"
 
@@ -47,13 +48,6 @@ struct StageRuntime {
 // stream of their own (a worker thread) or everything in order on the calling thread.
 enum class CommOverlap : uint8_t { kOff, kOn };
 
-// One measured span of the timeline (seconds since the step started).
-struct Span {
-  std::string stream;  // "compute" or "comm"
-  std::string name;    // e.g. "F3 attention", "B2 combine", "SEND_F 1"
-  double start, end;
-};
-
 class PipelineTrainer {
  public:
   // `sched` must be validated; its stages are laid on pipeline ranks by its stage_rank map.
@@ -74,6 +68,8 @@ class PipelineTrainer {
   const std::vector<Span>& timeline() const { return spans_; }
   double comm_busy_seconds() const { return comm_busy_s_; }
   double comm_exposed_seconds() const { return comm_exposed_s_; }
+  // Steady-clock seconds at which the last step started (the timeline's zero).
+  double step_start_seconds() const;
 
  private:
   StageRuntime& local(int32_t stage);
@@ -89,6 +85,7 @@ class PipelineTrainer {
   void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue);
   void record_span(const char* stream, NodeKind kind, bool forward, int32_t mb,
                    std::chrono::steady_clock::time_point start);
+  void record_action_span(const schedule::Action& a, std::chrono::steady_clock::time_point start);
   void backward(int32_t stage, int32_t mb, model::WeightGrad wg);
   void weights(int32_t stage, int32_t mb);
   void communicate(const schedule::Action& a);

@@ -46,13 +46,22 @@ StepResult Trainer::forward_backward(int64_t iteration) {
   const model::NodeContext ctx =
       chunk_->context(train_.micro_batch_size, 1.0 / static_cast<double>(num_mb));
   StepResult r;
+  timeline_.clear();
+  step_start_ = now_seconds();
+  auto span = [&](const std::string& name, double start) {
+    timeline_.push_back({"compute", name, start - step_start_, now_seconds() - step_start_});
+  };
   for (int64_t mb = 0; mb < num_mb; ++mb) {
     MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, mb);
     model::MicroBatchState state;
     state.ids = tokens.ids;
     state.targets = tokens.targets;
+    const double f0 = now_seconds();
     chunk_->forward(state, ctx);
+    span("0F" + std::to_string(mb), f0);
+    const double b0 = now_seconds();
     chunk_->backward(state, ctx);
+    span("0B" + std::to_string(mb), b0);
     r.lm_loss += state.lm_loss / static_cast<double>(num_mb);
     r.aux_loss += state.aux_loss / static_cast<double>(num_mb);
   }

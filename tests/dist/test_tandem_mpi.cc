@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -80,6 +81,44 @@ TEST(TandemMpi, FourRanksPp2Ep2CombinedMatchesOneRank) {
   ASSERT_TRUE(j.at("mem_peak_bytes").is_array());
   EXPECT_EQ(j.at("mem_peak_bytes").size(), 4u);
   EXPECT_EQ(j.at("activation_peak_bytes").size(), 4u);
+}
+
+TEST(TandemMpi, CombinedStepWritesTheMeasuredTimelineAndExposedAllToAll) {
+  const std::string dir = temp_dir("trace");
+  const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel +
+                       " --train-iters 2 --expert-model-parallel-size 2 --schedule combined-1f1b"
+                       " --trace " + dir + "/t.json --log-json " + dir + "/log.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  std::ifstream f(dir + "/t.json");
+  const auto trace = nlohmann::json::parse(f);
+  int comm_spans = 0, compute_spans = 0, counters = 0;
+  std::set<int> ranks;
+  for (const auto& e : trace.at("traceEvents")) {
+    if (e.at("ph") == "C") ++counters;
+    if (e.at("ph") != "X") continue;
+    ranks.insert(e.at("pid").get<int>());
+    const std::string name = e.at("name");
+    if (e.at("tid") == 1) {
+      ++comm_spans;
+      EXPECT_TRUE(name.find("dispatch") != std::string::npos ||
+                  name.find("combine") != std::string::npos ||
+                  name.find("SEND") != std::string::npos || name.find("RECV") != std::string::npos)
+          << name;
+    } else {
+      ++compute_spans;
+    }
+  }
+  EXPECT_EQ(ranks, (std::set<int>{0, 1}));
+  EXPECT_GT(comm_spans, 0);
+  EXPECT_GT(compute_spans, 0);
+  EXPECT_GT(counters, 0);
+  std::ifstream log(dir + "/log.jsonl");
+  std::string line, last;
+  while (std::getline(log, line)) last = line;
+  const auto j = nlohmann::json::parse(last);
+  EXPECT_GT(j.at("alltoall_s").get<double>(), 0);
+  EXPECT_GE(j.at("exposed_alltoall_s").get<double>(), 0);
+  EXPECT_LE(j.at("exposed_alltoall_s").get<double>(), j.at("step_seconds").get<double>());
 }
 
 TEST(TandemMpi, HungRankMakesTheOthersStopWithinTheTimeout) {
