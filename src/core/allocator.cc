@@ -34,6 +34,21 @@ MemoryStats Allocator::stats() const {
   return stats_;
 }
 
+void Allocator::move_category(int64_t bytes, MemCategory from, MemCategory to) {
+  if (from == to) return;
+  std::lock_guard lock(mutex_);
+  const int f = static_cast<int>(from), t = static_cast<int>(to);
+  stats_.in_use[f] -= bytes;
+  stats_.in_use[t] += bytes;
+  stats_.peak[t] = std::max(stats_.peak[t], stats_.in_use[t]);
+  TANDEM_ASSERT(stats_.in_use[f] >= 0, "category ", category_name(from), " went negative");
+  if (tracing_) {
+    const double now = now_seconds();
+    trace_.push_back({seq_++, now, -bytes, from, {}});
+    trace_.push_back({seq_++, now, bytes, to, {}});
+  }
+}
+
 void Allocator::reset_peaks() {
   std::lock_guard lock(mutex_);
   stats_.peak = stats_.in_use;

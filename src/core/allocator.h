@@ -58,6 +58,8 @@ class Allocator {
   virtual void deallocate(void* ptr, int64_t bytes, MemCategory category) = 0;
 
   MemoryStats stats() const;
+  // Counts `bytes` already allocated under `from` as `to` from now on (a tensor handed over).
+  void move_category(int64_t bytes, MemCategory from, MemCategory to);
   // Starts the peaks again from what is in use now.
   void reset_peaks();
   // Records every allocation and free from now on, when on; clears the record.

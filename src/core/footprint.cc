@@ -57,4 +57,26 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
   return 0;
 }
 
+int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
+  constexpr int64_t kIndexBytes = 4;
+  const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes;
+  switch (kind) {
+    case NodeKind::kEmbed:
+      return n * kIndexBytes;
+    case NodeKind::kAttention:
+      return (2 * n * h + n * cfg.q_width()) * es;
+    case NodeKind::kExperts:
+      return (s.expert_rows * h + s.expert_rows * cfg.ffn_hidden_size) * es +
+             s.local_experts * kIndexBytes;
+    case NodeKind::kMlp:
+      return n * cfg.ffn_hidden_size * es;
+    case NodeKind::kLoss:
+      return (n * h + n * cfg.vocab_size) * es;
+    case NodeKind::kDispatch:
+    case NodeKind::kCombine:
+      return 0;
+  }
+  return 0;
+}
+
 }  // namespace tandem

@@ -40,4 +40,11 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]
 int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
 
+// Of those, the bytes a node still holds after its input-gradient backward when the weight
+// gradient is deferred (W-split schedules); the rest is freed at that backward.
+//  embed: ids; attention: n1, n2 [N,H], a [N,heads*D]; experts: x_in [R,H], act [R,F],
+//  rows_per_expert; mlp: act [N,F]; loss: nf [N,H], logits [N,V] (holding dlogits);
+//  dispatch, combine: nothing.
+int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
+
 }  // namespace tandem

@@ -37,6 +37,16 @@ void StorageImpl::release() {
   released_ = true;
 }
 
+void StorageImpl::set_category(MemCategory category) {
+  if (released_ || category == category_) return;
+  allocator_->move_category(bytes_, category_, category);
+  category_ = category;
+}
+
+void adopt_as_activation(const Tensor& t) {
+  if (t.defined()) t.storage()->set_category(MemCategory::kActivation);
+}
+
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, std::string_view tag,
                      Device device) {
   for (int64_t s : shape) TANDEM_ASSERT(s >= 0, "negative size in ", shape_str(shape));

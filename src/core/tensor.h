@@ -36,6 +36,8 @@ class StorageImpl {
   const std::string& tag() const { return tag_; }
   // Returns the bytes to the allocator now (Note [Early release]).
   void release();
+  // Counts this storage under another category from now on (Note [Hand-over] in tensor.h).
+  void set_category(MemCategory category);
 
  private:
   Allocator* allocator_;
@@ -101,5 +103,12 @@ class Tensor {
 // stream's use is recorded first so the block is reused only after that work completes.
 void release_storage(std::initializer_list<const Tensor*> tensors);
 void release_storage(const std::vector<Tensor>& tensors);
+
+// Note [Hand-over]: a tensor one node produces for the next (a layer's output, the routed rows,
+// the expert outputs, a received activation) is counted as other or communication while it is in
+// flight, and becomes an activation when the node that keeps it for its backward adopts it, at
+// the start of that node's forward. The activation bytes in use are then, at every node
+// boundary, the sum of the footprints (core/footprint.h) of the nodes that ran.
+void adopt_as_activation(const Tensor& t);
 
 }  // namespace tandem

@@ -14,6 +14,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   const int64_t n = c.tokens(), h = cfg.hidden_size;
   AttentionSaved& s = a.attn;
   s.x = a.x;                                                      // (N, H)
+  adopt_as_activation(s.x);                                       // Note [Hand-over]
   s.n1 = saved_tensor({n, h}, c.dtype, "attn.n1");
   s.rstd1 = saved_tensor({n}, c.dtype, "attn.rstd1");
   ops::rmsnorm_forward(s.n1, s.rstd1, s.x, w.input_norm, cfg.norm_epsilon);
@@ -50,7 +51,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
   ops::moe_permutation(s.perm, s.counts, s.topk_idx, e);
   a.aux_loss = ops::router_aux_loss(s.probs, s.counts, k, cfg.moe_aux_loss_coeff);
-  a.routed = saved_tensor({n * k, h}, c.dtype, "routed");         // held by experts
+  a.routed = work_tensor({n * k, h}, c.dtype, "routed");          // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }
 

@@ -25,7 +25,7 @@ void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const
   const int64_t n = c.tokens();
   a.ids_saved = saved_tensor({n}, DType::kI32, "embed.ids");
   a.ids_saved.copy_from(ids);
-  a.out = saved_tensor({n, c.cfg.hidden_size}, c.dtype, "embed.out");  // held by layer 0
+  a.out = work_tensor({n, c.cfg.hidden_size}, c.dtype, "embed.out");  // handed to layer 0
   ops::embedding_forward(a.out, a.ids_saved, w.embed);
 }
 
@@ -42,6 +42,7 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   const ModelConfig& cfg = c.cfg;
   const int64_t n = c.tokens(), h = cfg.hidden_size;
   a.x = x;  // (N, H)
+  adopt_as_activation(a.x);  // Note [Hand-over]
   a.nf = saved_tensor({n, h}, c.dtype, "loss.nf");
   a.rstd = saved_tensor({n}, c.dtype, "loss.rstd");
   ops::rmsnorm_forward(a.nf, a.rstd, a.x, w.final_norm, cfg.norm_epsilon);

@@ -24,13 +24,14 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   ExpertsSaved& s = a.experts;
   s.x_in = std::move(a.expert_in);  // (R, H)
   a.expert_in = Tensor();
+  adopt_as_activation(s.x_in);  // Note [Hand-over]
   const int64_t r = s.x_in.size(0);
   s.rows_per_expert = std::exchange(a.expert_rows, Tensor());  // from dispatch
   TANDEM_ASSERT(s.rows_per_expert.numel() == static_cast<int64_t>(w.e_gate.size()));
   s.gate = saved_tensor({r, f}, c.dtype, "experts.gate");
   s.up = saved_tensor({r, f}, c.dtype, "experts.up");
   s.act = saved_tensor({r, f}, c.dtype, "experts.act");
-  a.expert_out = saved_tensor({r, h}, c.dtype, "expert_out");  // held by combine
+  a.expert_out = work_tensor({r, h}, c.dtype, "expert_out");  // handed to combine
   for_each_expert(s.rows_per_expert, [&](int64_t e, int64_t begin, int64_t rows) {
     const Tensor x = s.x_in.narrow_rows(begin, rows), gate = s.gate.narrow_rows(begin, rows);
     const Tensor up = s.up.narrow_rows(begin, rows), act = s.act.narrow_rows(begin, rows);
@@ -87,7 +88,7 @@ void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   ops::linear_forward(s.gate, n2, w.w_gate);
   ops::linear_forward(s.up, n2, w.w_up);
   ops::swiglu_forward(s.act, s.gate, s.up);
-  a.out = saved_tensor({n, h}, c.dtype, "layer.out");
+  a.out = work_tensor({n, h}, c.dtype, "layer.out");  // handed to the next layer or the loss
   a.out.copy_from(a.h1);  // residual
   ops::linear_forward(a.out, s.act, w.w_down, Accumulate::kAdd);
   a.h1 = Tensor();

@@ -109,6 +109,7 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
   const AttentionSaved& s = a.attn;
   if (c.ep == nullptr) {
     a.combine.y = std::exchange(a.expert_out, Tensor());  // (N*k, H), expert-sorted
+    adopt_as_activation(a.combine.y);                     // Note [Hand-over]
   } else {
     const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
     const Tensor& recv_counts = a.dispatch.recv_counts;
@@ -120,7 +121,7 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
     a.combine.y = saved_tensor({c.tokens() * c.cfg.moe_router_topk, h}, c.dtype, "combine.y");
     c.ep->all_to_all_v(a.combine.y, x.send_rows, send, x.recv_rows);
   }
-  a.out = saved_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");
+  a.out = work_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");  // handed on
   a.out.copy_from(a.h1);  // residual
   ops::combine_forward(a.out, a.combine.y, s.perm, s.topk_w);
   a.h1 = Tensor();

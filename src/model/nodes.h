@@ -6,7 +6,9 @@
 //
 // Note [Activation categories]: tensors a forward leaves for a backward are kActivation (each
 // is held by exactly one node, so the activation bytes in use are the sum of the live nodes'
-// footprints); gradients flowing backward and op temporaries are kOther.
+// footprints); gradients flowing backward and op temporaries are kOther; a tensor one node
+// hands to the next is kOther until the receiving node adopts it (Note [Hand-over] in
+// core/tensor.h).
 #pragma once
 
 #include <cstdint>

@@ -183,8 +183,8 @@ void PipelineTrainer::communicate(const Action& a) {
   comm::Communicator& pp = *groups_->pp;
   switch (a.kind) {
     case ActionKind::kSendF: {
-      // Copy into a communication buffer so the activation is released now, not when the
-      // receiver gets round to it: the activation curve stays exactly the planned one.
+      // The stage output is in flight (not an activation); copy it into a communication buffer
+      // so its storage goes now rather than when the receiver gets round to it.
       Tensor& out = state.layers.back().out;
       Tensor buf = Tensor::empty({n, h}, dt, MemCategory::kCommunication, "pp.send_f");
       buf.copy_from(out);
@@ -194,7 +194,8 @@ void PipelineTrainer::communicate(const Action& a) {
       return;
     }
     case ActionKind::kRecvF:
-      state.input = Tensor::empty({n, h}, dt, MemCategory::kActivation, "pp.recv_f");
+      // In flight until layer 0's attention adopts it (Note [Hand-over]).
+      state.input = Tensor::empty({n, h}, dt, MemCategory::kCommunication, "pp.recv_f");
       pp.recv(state.input, sched_.stage_rank[a.stage - 1], 0);
       return;
     case ActionKind::kSendB:

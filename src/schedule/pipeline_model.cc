@@ -66,6 +66,7 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.layer = layer;
   node.stream = node_is_communication(kind) ? Stream::kComm : Stream::kCompute;
   node.saved_bytes = node_saved_bytes(kind, in.model, s);
+  node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
   if (in.cost.kind != CostModelKind::kUniform) {
     node.times = node_times(in.cost, kind, in.model, s, in.expert_parallel_size);
   }

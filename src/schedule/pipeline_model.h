@@ -20,6 +20,7 @@ struct StageNode {
   int32_t layer = -1;  // global layer index; -1 for embed and loss
   Stream stream = Stream::kCompute;
   int64_t saved_bytes = 0;  // node_saved_bytes(kind, cfg, shape)
+  int64_t weight_saved_bytes = 0;  // node_weight_saved_bytes: held from I to W when split
   NodePhaseTimes times;
 };
 

@@ -119,7 +119,7 @@ void SimState::run_weight(int32_t r, int32_t index, const Action& a) {
     if (!node_has_weights(n.kind)) continue;
     last = issue(r, Stream::kCompute, ready, n.times.backward_weight_s,
                  node_span(index, a, n, Phase::kBackwardWeight));
-    memory(r, last, -n.saved_bytes, MemKind::kActivation, n.kind);
+    memory(r, last, -n.weight_saved_bytes, MemKind::kActivation, n.kind);
   }
   ranks[r].live.push_back({last, -1});
 }

@@ -105,6 +105,9 @@ void HalfRun::node(int32_t k) {
     }
     if (half_.kind == ActionKind::kBackward || !node_has_weights(n.kind)) {
       sim_.memory(rank_, release, -n.saved_bytes, MemKind::kActivation, n.kind);
+    } else {  // I: what only the input gradient needed goes now, the rest at W
+      sim_.memory(rank_, end, -(n.saved_bytes - n.weight_saved_bytes), MemKind::kActivation,
+                  n.kind);
     }
     last_ = std::max(last_, release);
   }

@@ -60,6 +60,29 @@ TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
   EXPECT_EQ(alloc.stats().in_use_of(MemCategory::kActivation), base);
 }
 
+TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
+  const ModelConfig cfg = testing::tiny_config(GetParam().moe);
+  const DType dt = GetParam().dtype;
+  const int64_t batch = 2, n = batch * cfg.seq_length;
+  Parameters params(cfg, ChunkSpec::whole(cfg), dt);
+  params.initialize(1);
+  ModelChunk chunk(params);
+  const FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
+  MicroBatchState mb;
+  mb.ids = testing::random_ids(n, cfg.vocab_size, 3);
+  mb.targets = testing::random_ids(n, cfg.vocab_size, 4);
+  const NodeContext c = chunk.context(batch, 1.0);
+  chunk.forward(mb, c);
+  chunk.backward(mb, c, WeightGrad::kDeferred);  // every node's I, no W yet
+  for (size_t i = 0; i < chunk.nodes().size(); ++i) {
+    EXPECT_EQ(chunk.node_saved_bytes_live(i, mb),
+              node_weight_saved_bytes(chunk.nodes()[i].kind, cfg, shape))
+        << node_kind_name(chunk.nodes()[i].kind) << " of layer " << chunk.nodes()[i].layer;
+  }
+  chunk.backward_weights(mb, c);
+  for (size_t i = 0; i < chunk.nodes().size(); ++i) EXPECT_EQ(chunk.node_saved_bytes_live(i, mb), 0);
+}
+
 INSTANTIATE_TEST_SUITE_P(All, FootprintTest,
                          ::testing::Values(Case{false, DType::kF32}, Case{true, DType::kF32},
                                            Case{true, DType::kF64}));

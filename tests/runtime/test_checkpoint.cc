@@ -231,7 +231,7 @@ TEST_F(CheckpointTest, CorruptCheckpointsAreRejectedNamingFileAndProblem) {
   RandomTokens data(32);
   Trainer t(small_model(Ffn::kMoe), small_train(10), data);
   t.step();
-  const std::string good = save_trainer(path("good"), t).dir;
+  save_trainer(path("good"), t);
   struct Case {
     std::string name;
     std::function<void(const std::string& root)> damage;
@@ -285,7 +285,6 @@ TEST_F(CheckpointTest, CorruptCheckpointsAreRejectedNamingFileAndProblem) {
   }
   expect_error([&] { load_checkpoint(path("nowhere")); }, {"nowhere", "no such directory"});
   expect_error([&] { load_checkpoint(dir_); }, {"not a checkpoint"});
-  (void)good;
 }
 
 TEST_F(CheckpointTest, RejectedRestoreLeavesTheTrainerUnchanged) {

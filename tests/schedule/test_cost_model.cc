@@ -198,7 +198,8 @@ TEST(Simulator, PipelineMessagesAndTheirBuffers) {
 }
 
 TEST(Simulator, SplitBackwardHoldsWeightedNodesUntilTheirW) {
-  // zb-h1 with one rank: 0F0 0I0 0W0. After I only the weightless combine has been freed.
+  // zb-h1 with one rank: 0F0 0I0 0W0. After I, each node with weights still holds what its
+  // weight gradient needs (node_weight_saved_bytes); the weightless nodes hold nothing.
   PlanRequest req;
   req.schedule_name = "zb-h1";
   req.shape = {1, 1, 1};
@@ -207,14 +208,19 @@ TEST(Simulator, SplitBackwardHoldsWeightedNodesUntilTheirW) {
   req.inputs.cost.kind = CostModelKind::kUniform;
   const Plan plan = make_plan(req);
   const Stage& st = plan.model.stages[0];
-  int64_t combine = 0;
-  for (const StageNode& n : st.nodes) combine += n.kind == NodeKind::kCombine ? n.saved_bytes : 0;
+  int64_t kept = 0, combine = 0;
+  for (const StageNode& n : st.nodes) {
+    kept += n.weight_saved_bytes;
+    combine += n.kind == NodeKind::kCombine ? n.saved_bytes : 0;
+  }
   ASSERT_GT(combine, 0);
+  ASSERT_GT(kept, 0);
+  ASSERT_LT(kept, st.activation_bytes - combine);
   int64_t at_i_end = -1;
   for (const MemorySample& m : plan.sim.ranks[0].memory) {
     if (m.time <= 2.0 + kEps) at_i_end = m.activation_bytes;  // F [0,1], I [1,2], W [2,3]
   }
-  EXPECT_EQ(at_i_end, st.activation_bytes - combine);
+  EXPECT_EQ(at_i_end, kept);
   EXPECT_EQ(plan.sim.ranks[0].memory.back().activation_bytes, 0);
   EXPECT_NEAR(plan.sim.step_time_s, 3, kEps);
 }
