@@ -78,13 +78,13 @@ void Allocator::note_alloc(int64_t bytes, MemCategory category, std::string_view
   ++seq_;
 }
 
-void Allocator::note_free(int64_t bytes, MemCategory category) {
+void Allocator::note_free(int64_t bytes, MemCategory category, std::string_view tag) {
   std::lock_guard lock(mutex_);
   const int c = static_cast<int>(category);
   stats_.in_use[c] -= bytes;
   stats_.total_in_use -= bytes;
   TANDEM_ASSERT(stats_.in_use[c] >= 0, "category ", category_name(category), " went negative");
-  if (tracing_) trace_.push_back({seq_, now_seconds(), -bytes, category, {}});
+  if (tracing_) trace_.push_back({seq_, now_seconds(), -bytes, category, std::string(tag)});
   ++seq_;
 }
 
@@ -112,9 +112,10 @@ class CpuAllocator final : public Allocator {
     return p;
   }
 
-  void deallocate(void* ptr, int64_t bytes, MemCategory category) override {
+  void deallocate(void* ptr, int64_t bytes, MemCategory category,
+                  std::string_view tag) override {
     std::free(ptr);
-    note_free(bytes, category);
+    note_free(bytes, category, tag);
   }
 };
 

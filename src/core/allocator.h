@@ -55,7 +55,9 @@ class Allocator {
   virtual Device device() const = 0;
   // Returns memory for `bytes` (>= 0) bytes; throws tandem::Error when none is left.
   virtual void* allocate(int64_t bytes, MemCategory category, std::string_view tag) = 0;
-  virtual void deallocate(void* ptr, int64_t bytes, MemCategory category) = 0;
+  // `tag` names the freed storage in the trace.
+  virtual void deallocate(void* ptr, int64_t bytes, MemCategory category,
+                          std::string_view tag) = 0;
 
   MemoryStats stats() const;
   // Counts `bytes` already allocated under `from` as `to` from now on (a tensor handed over).
@@ -68,7 +70,7 @@ class Allocator {
 
  protected:
   void note_alloc(int64_t bytes, MemCategory category, std::string_view tag);
-  void note_free(int64_t bytes, MemCategory category);
+  void note_free(int64_t bytes, MemCategory category, std::string_view tag);
 
  private:
   mutable std::mutex mutex_;

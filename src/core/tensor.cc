@@ -32,7 +32,7 @@ StorageImpl::~StorageImpl() { release(); }
 
 void StorageImpl::release() {
   if (released_) return;
-  allocator_->deallocate(data_, bytes_, category_);
+  allocator_->deallocate(data_, bytes_, category_, tag_);
   data_ = nullptr;
   released_ = true;
 }

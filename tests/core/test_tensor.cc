@@ -73,6 +73,7 @@ TEST(Tensor, TraceRecordsAllocationsAndFreesInOrder) {
   EXPECT_EQ(trace[0].bytes, 8);
   EXPECT_EQ(trace[0].tag, "traced");
   EXPECT_EQ(trace[1].bytes, -8);
+  EXPECT_EQ(trace[1].tag, "traced");  // frees name the storage too
   EXPECT_LT(trace[0].seq, trace[1].seq);
 }
 

@@ -7,6 +7,8 @@
 //    expert GEMMs over rows from several ranks sum in another order.
 #include <gtest/gtest.h>
 
+#include "common/random_tokens.h"
+
 #include <cmath>
 #include <map>
 #include <iostream>
@@ -23,20 +25,7 @@ namespace {
 
 using testing::g_world;
 
-class RandomTokens : public data::Dataset {
- public:
-  explicit RandomTokens(int64_t vocab) : vocab_(vocab) {}
-  void sample(int64_t index, int32_t* out, int64_t length) const override {
-    for (int64_t i = 0; i < length; ++i) {
-      out[i] = static_cast<int32_t>(uniform01(static_cast<uint64_t>(index) + 77, i) * vocab_);
-    }
-  }
-  int64_t vocab_size() const override { return vocab_; }
-  std::string describe() const override { return "random tokens"; }
-
- private:
-  int64_t vocab_;
-};
+using testing::RandomTokens;
 
 ModelConfig tiny(bool moe) {
   ModelConfig m;

@@ -4,6 +4,8 @@
 // planner), which never sees the runtime's allocations; both use core/footprint.h.
 #include <gtest/gtest.h>
 
+#include "common/random_tokens.h"
+
 #include <algorithm>
 #include <iostream>
 
@@ -17,16 +19,7 @@ namespace {
 
 using testing::g_world;
 
-class Tokens : public data::Dataset {
- public:
-  void sample(int64_t index, int32_t* out, int64_t length) const override {
-    for (int64_t i = 0; i < length; ++i) {
-      out[i] = static_cast<int32_t>(uniform01(static_cast<uint64_t>(index), i) * 16);
-    }
-  }
-  int64_t vocab_size() const override { return 16; }
-  std::string describe() const override { return "random"; }
-};
+using testing::RandomTokens;
 
 TEST(MemoryTruth, MeasuredActivationPeakAgainstPlan) {
   ModelConfig m;
@@ -62,7 +55,7 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlan) {
         for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
         return all;
       }(), "world"), pp, 1);
-      Tokens data;
+      RandomTokens data(16);
       PipelineTrainer trainer(m, t, plan.schedule, groups, data, DType::kF32, CommOverlap::kOff);
       cpu_allocator().reset_peaks();  // the peaks of this step only
       const int64_t base = cpu_allocator().stats().in_use_of(MemCategory::kActivation);
@@ -75,6 +68,59 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlan) {
     }
   }
   EXPECT_GE(checked, pp == 1 ? 5 : 6);
+}
+
+}  // namespace
+}  // namespace tandem::runtime
+
+namespace tandem::runtime {
+namespace {
+
+// Inside a combined forward-backward step, the loss node's fp32 logits are freed during its
+// backward, before the next node of the step starts. Oracle: the measured timeline (node spans)
+// and the allocator's trace of the same step.
+TEST(MemoryTruth, LogitsFreedBeforeTheNextNodeOfACombinedStep) {
+  ModelConfig m;
+  m.vocab_size = 20;
+  m.hidden_size = 8;
+  m.num_layers = 2;
+  m.num_attention_heads = 2;
+  m.num_query_groups = 1;
+  m.ffn_hidden_size = 12;
+  m.num_experts = 4;
+  m.seq_length = 6;
+  TrainConfig t;
+  t.micro_batch_size = 1;
+  t.global_batch_size = 3;
+  schedule::PlanRequest req;
+  req.schedule_name = "combined-1f1b";
+  req.shape = {1, 1, 3};
+  req.inputs.model = m;
+  const schedule::Plan plan = schedule::make_plan(req);
+  // Every rank runs the case on its own (a group of one).
+  Groups groups = Groups::make(g_world->subgroup({g_world->rank()}, "self"), 1, 1);
+  RandomTokens data(16);
+  PipelineTrainer trainer(m, t, plan.schedule, groups, data);
+  cpu_allocator().set_trace(true);
+  trainer.forward_backward(0);
+  const std::vector<MemEvent> mem = cpu_allocator().trace();
+  cpu_allocator().set_trace(false);
+  const double t0 = trainer.step_start_seconds();
+  const std::vector<Span>& spans = trainer.timeline();
+  int checked = 0;
+  for (size_t i = 0; i + 1 < spans.size(); ++i) {
+    if (spans[i].name.rfind("B", 0) != 0 || spans[i].name.find(" loss") == std::string::npos) continue;
+    // The loss backward of a combined step: find the logits' free inside it.
+    int frees = 0;
+    for (const MemEvent& e : mem) {
+      if (e.tag != "loss.logits" || e.bytes >= 0) continue;
+      const double at = e.time - t0;
+      if (at >= spans[i].start && at <= spans[i + 1].start) ++frees;
+    }
+    EXPECT_EQ(frees, 1) << spans[i].name << " then " << spans[i + 1].name;
+    ++checked;
+  }
+  EXPECT_GE(checked, 2) << "combined steps with a loss backward";
 }
 
 }  // namespace

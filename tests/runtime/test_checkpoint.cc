@@ -4,6 +4,8 @@
 // the trainer's own state before a rejected restore (it must be bitwise unchanged).
 #include <gtest/gtest.h>
 
+#include "common/random_tokens.h"
+
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -25,20 +27,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class RandomTokens : public data::Dataset {
- public:
-  explicit RandomTokens(int64_t vocab) : vocab_(vocab) {}
-  void sample(int64_t index, int32_t* out, int64_t length) const override {
-    for (int64_t i = 0; i < length; ++i) {
-      out[i] = static_cast<int32_t>(uniform01(static_cast<uint64_t>(index) + 77, i) * vocab_);
-    }
-  }
-  int64_t vocab_size() const override { return vocab_; }
-  std::string describe() const override { return "random tokens"; }
-
- private:
-  int64_t vocab_;
-};
+using testing::RandomTokens;
 
 enum class Ffn { kDense, kMoe };
 

@@ -3,6 +3,8 @@
 // loss falling on a learnable task, and a saved-then-loaded checkpoint giving the same logits.
 #include <gtest/gtest.h>
 
+#include "common/random_tokens.h"
+
 #include <filesystem>
 
 #include "core/rng.h"
@@ -13,21 +15,7 @@
 namespace tandem::runtime {
 namespace {
 
-// Random tokens from a stream keyed by the sample index.
-class RandomTokens : public data::Dataset {
- public:
-  explicit RandomTokens(int64_t vocab) : vocab_(vocab) {}
-  void sample(int64_t index, int32_t* out, int64_t length) const override {
-    for (int64_t i = 0; i < length; ++i) {
-      out[i] = static_cast<int32_t>(uniform01(static_cast<uint64_t>(index), i) * vocab_);
-    }
-  }
-  int64_t vocab_size() const override { return vocab_; }
-  std::string describe() const override { return "random tokens"; }
-
- private:
-  int64_t vocab_;
-};
+using testing::RandomTokens;
 
 ModelConfig small_model(bool moe) {
   ModelConfig m;
