@@ -45,7 +45,7 @@ fuzz: deps
 	ctest --test-dir build-fuzz --output-on-failure
 
 # The demo builds only the program (not the tests) so that it finishes in a few minutes.
-DEMO_ARGS ?= --addition-max-digits 2 --micro-batch-size 8 --global-batch-size 8 --train-iters 400
+DEMO_ARGS ?= --addition-max-digits 2 --micro-batch-size 8 --global-batch-size 8 --train-iters 300
 
 demo: deps
 	cmake --preset release >/dev/null
