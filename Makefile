@@ -45,7 +45,8 @@ fuzz: deps
 	ctest --test-dir build-fuzz --output-on-failure
 
 # The demo builds only the program (not the tests) so that it finishes in a few minutes.
-DEMO_ARGS ?= --addition-max-digits 2 --micro-batch-size 8 --global-batch-size 8 --train-iters 300
+DEMO_DIGITS ?= 2
+DEMO_ARGS ?= --micro-batch-size 8 --global-batch-size 8 --train-iters 300
 
 demo: deps
 	cmake --preset release >/dev/null
@@ -53,9 +54,9 @@ demo: deps
 	@echo "== training the demo model (MODEL.md's defaults) on the built-in addition task =="
 	mkdir -p $(DEMO_DIR)
 	rm -rf $(DEMO_DIR)/model
-	build/tandem train $(DEMO_ARGS) --save $(DEMO_DIR)/model --log-json $(DEMO_DIR)/log.jsonl
+	build/tandem train --addition-max-digits $(DEMO_DIGITS) $(DEMO_ARGS) --save $(DEMO_DIR)/model --log-json $(DEMO_DIR)/log.jsonl
 	@echo "== sampling held-out problems from the trained model =="
-	build/tandem generate --load $(DEMO_DIR)/model --max-digits 2
+	build/tandem generate --load $(DEMO_DIR)/model --max-digits $(DEMO_DIGITS)
 
 clean:
 	rm -rf build build-dev build-asan build-fuzz $(DEMO_DIR)
