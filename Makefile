@@ -46,7 +46,7 @@ fuzz: deps
 
 # The demo builds only the program (not the tests) so that it finishes in a few minutes.
 DEMO_DIGITS ?= 2
-DEMO_ARGS ?= --micro-batch-size 8 --global-batch-size 8 --train-iters 300
+DEMO_ARGS ?= --micro-batch-size 8 --global-batch-size 8 --train-iters 200
 
 demo: deps
 	cmake --preset release >/dev/null
