@@ -32,7 +32,27 @@ constexpr std::string_view dtype_name(DType t) {
   return "?";
 }
 
+// A bf16 value on the host (storage only: convert to float to compute).
+struct BF16 {
+  uint16_t bits;
+};
+// Round to nearest even (NaN stays NaN).
+inline BF16 bf16_from_float(float f) {
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return BF16{static_cast<uint16_t>((u >> 16) | 0x40)};
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return BF16{static_cast<uint16_t>(u >> 16)};
+}
+inline float bf16_to_float(BF16 b) {
+  const uint32_t u = static_cast<uint32_t>(b.bits) << 16;
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+}
+
 template <typename T> struct DTypeOf;
+template <> struct DTypeOf<BF16> { static constexpr DType value = DType::kBF16; };
 template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
 template <> struct DTypeOf<double> { static constexpr DType value = DType::kF64; };
 template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };

@@ -50,10 +50,10 @@ void adopt_as_activation(const Tensor& t) {
 Tensor Tensor::empty(const Shape& shape, DType dtype, MemCategory category, std::string_view tag,
                      Device device) {
   for (int64_t s : shape) TANDEM_ASSERT(s >= 0, "negative size in ", shape_str(shape));
-  TANDEM_CHECK(device == Device::kCPU, "tensor '", tag,
-               "': the CUDA allocator is not built into this binary");
+  Allocator& allocator =
+      device == Device::kCPU ? cpu_allocator() : *device_backend(device).allocator;
   Tensor t;
-  t.storage_ = std::make_shared<StorageImpl>(cpu_allocator(), shape_numel(shape) * dtype_size(dtype),
+  t.storage_ = std::make_shared<StorageImpl>(allocator, shape_numel(shape) * dtype_size(dtype),
                                              category, tag);
   t.dtype_ = dtype;
   t.shape_ = shape;
@@ -106,13 +106,31 @@ Tensor Tensor::narrow_rows(int64_t begin, int64_t length) const {
 }
 
 void Tensor::zero_() const {
-  if (numel() > 0) std::memset(raw_data(), 0, static_cast<size_t>(nbytes()));
+  if (numel() == 0) return;
+  if (device() == Device::kCPU) {
+    std::memset(raw_data(), 0, static_cast<size_t>(nbytes()));
+  } else {
+    device_backend(device()).zero(raw_data(), static_cast<size_t>(nbytes()));
+  }
 }
 
 void Tensor::copy_from(const Tensor& src) const {
   TANDEM_ASSERT(src.dtype_ == dtype_ && src.numel() == numel(), "copy ", shape_str(src.shape_),
                 " into ", shape_str(shape_));
-  if (numel() > 0) std::memcpy(raw_data(), src.raw_data(), static_cast<size_t>(nbytes()));
+  if (numel() == 0) return;
+  if (device() == Device::kCPU && src.device() == Device::kCPU) {
+    std::memcpy(raw_data(), src.raw_data(), static_cast<size_t>(nbytes()));
+  } else {
+    const Device gpu = device() == Device::kCPU ? src.device() : device();
+    device_backend(gpu).copy(raw_data(), device(), src.raw_data(), src.device(),
+                             static_cast<size_t>(nbytes()));
+  }
+}
+
+Tensor Tensor::to(Device device, MemCategory category) const {
+  Tensor t = empty(shape_, dtype_, category, storage_ ? storage_->tag() : "", device);
+  t.copy_from(*this);
+  return t;
 }
 
 void release_storage(std::initializer_list<const Tensor*> tensors) {

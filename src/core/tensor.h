@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/allocator.h"
+#include "core/device.h"
 #include "core/dtype.h"
 #include "core/error.h"
 
@@ -55,9 +56,9 @@ class Tensor {
 
   // A new contiguous tensor with uninitialised contents, counted under `category`.
   static Tensor empty(const Shape& shape, DType dtype, MemCategory category,
-                      std::string_view tag = {}, Device device = Device::kCPU);
+                      std::string_view tag = {}, Device device = current_device());
   static Tensor zeros(const Shape& shape, DType dtype, MemCategory category,
-                      std::string_view tag = {}, Device device = Device::kCPU);
+                      std::string_view tag = {}, Device device = current_device());
 
   bool defined() const { return storage_ != nullptr; }
   bool released() const { return storage_ && storage_->released(); }
@@ -86,8 +87,11 @@ class Tensor {
   Tensor narrow_rows(int64_t begin, int64_t length) const;
   // Fills every element with zero.
   void zero_() const;
-  // Copies src's elements (same dtype and numel) into this tensor.
+  // Copies src's elements (same dtype and numel) into this tensor, across devices too (ordered
+  // on the current stream; a copy to the host returns once the data is there).
   void copy_from(const Tensor& src) const;
+  // A contiguous copy of this tensor on `device` (a new allocation counted under `category`).
+  Tensor to(Device device, MemCategory category = MemCategory::kOther) const;
 
  private:
   void check_live(DType want) const;

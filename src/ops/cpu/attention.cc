@@ -5,9 +5,9 @@
 #include <vector>
 
 #include "ops/cpu/common.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace tandem::ops {
+namespace tandem::ops::cpu {
 
 using cpu::Trans;
 
@@ -172,4 +172,4 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   });
 }
 
-}  // namespace tandem::ops
+}  // namespace tandem::ops::cpu

@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "ops/cpu/common.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace tandem::ops {
+namespace tandem::ops::cpu {
 
 using cpu::dispatch_float;
 using cpu::expect;
@@ -190,4 +190,4 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   });
 }
 
-}  // namespace tandem::ops
+}  // namespace tandem::ops::cpu

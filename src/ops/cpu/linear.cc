@@ -1,9 +1,9 @@
 // CPU linear layers without bias through BLAS; weights [out, in] as Hugging Face stores them.
 // M may be 0 (an expert that received no token): kOverwrite then still zeroes the output.
 #include "ops/cpu/common.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace tandem::ops {
+namespace tandem::ops::cpu {
 
 using cpu::expect;
 using cpu::Trans;
@@ -60,4 +60,4 @@ void linear_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x,
   });
 }
 
-}  // namespace tandem::ops
+}  // namespace tandem::ops::cpu

@@ -3,9 +3,9 @@
 #include <cmath>
 
 #include "ops/cpu/common.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace tandem::ops {
+namespace tandem::ops::cpu {
 namespace {
 
 // log(sum_j exp(row[j])) over one row of v logits, in double.
@@ -69,4 +69,4 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const T
   });
 }
 
-}  // namespace tandem::ops
+}  // namespace tandem::ops::cpu

@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "ops/cpu/common.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace tandem::ops {
+namespace tandem::ops::cpu {
 
 using cpu::expect;
 
@@ -292,4 +292,4 @@ void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dou
   });
 }
 
-}  // namespace tandem::ops
+}  // namespace tandem::ops::cpu

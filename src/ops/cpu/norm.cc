@@ -4,9 +4,9 @@
 #include <vector>
 
 #include "ops/cpu/common.h"
-#include "ops/ops.h"
+#include "ops/cpu/cpu_ops.h"
 
-namespace tandem::ops {
+namespace tandem::ops::cpu {
 
 using cpu::dispatch_float;
 using cpu::expect;
@@ -136,4 +136,4 @@ void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t head
   rope_apply("rope_backward", dx, dy, seq, heads, head_dim, theta, -1.0);
 }
 
-}  // namespace tandem::ops
+}  // namespace tandem::ops::cpu

@@ -1,0 +1,151 @@
+// The process-wide CUDA context (context.h).
+#include "core/cuda/context.h"
+
+#include <map>
+#include <mutex>
+#include <sstream>
+
+#include "core/cuda/check.h"
+#include "core/cuda/cuda_allocator.h"
+#include "core/device.h"
+
+namespace tandem::cuda {
+
+const char* cublas_status_name(cublasStatus_t status) {
+  switch (status) {
+    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+  }
+  return "unknown cuBLAS status";
+}
+
+namespace {
+
+constexpr size_t kWorkspaceBytes = size_t{32} << 20;  // cuBLASLt's recommendation for Hopper
+
+struct Context {
+  int device = -1;
+  cudaStream_t stream = nullptr;
+  cublasLtHandle_t lt = nullptr;
+  int sms = 0;
+  std::mutex mutex;
+  std::map<cudaStream_t, void*> workspaces;
+};
+
+Context& context() {
+  static Context* c = new Context();  // never destroyed: tensors may outlive main's statics
+  return *c;
+}
+
+thread_local cudaStream_t t_stream = nullptr;
+thread_local bool t_stream_set = false;
+
+void zero_hook(void* ptr, size_t bytes) {
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(ptr, 0, bytes, current_stream()));
+}
+
+void copy_hook(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
+  cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
+  if (dst_device == Device::kCPU && src_device == Device::kCPU) kind = cudaMemcpyHostToHost;
+  else if (dst_device == Device::kCPU) kind = cudaMemcpyDeviceToHost;
+  else if (src_device == Device::kCPU) kind = cudaMemcpyHostToDevice;
+  const cudaStream_t s = current_stream();
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
+  // The host side of a copy may go away (or be read) as soon as we return.
+  if (kind != cudaMemcpyDeviceToDevice) TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+}
+
+}  // namespace
+
+int device_count() {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return n;
+}
+
+void initialize(int device_index) {
+  Context& c = context();
+  std::lock_guard lock(c.mutex);
+  if (c.device == device_index) return;
+  TANDEM_CHECK(c.device < 0, "CUDA is already initialised on GPU ", c.device,
+               "; one process uses one GPU");
+  const int n = device_count();
+  TANDEM_CHECK(device_index >= 0 && device_index < n, "GPU ", device_index,
+               " does not exist: this machine has ", n, " visible GPU(s)");
+  TANDEM_CUDA_CHECK(cudaSetDevice(device_index));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&c.stream, cudaStreamNonBlocking));
+  TANDEM_CUBLAS_CHECK(cublasLtCreate(&c.lt));
+  TANDEM_CUDA_CHECK(cudaDeviceGetAttribute(&c.sms, cudaDevAttrMultiProcessorCount, device_index));
+  c.device = device_index;
+  DeviceBackend backend;
+  backend.allocator = &cuda_allocator();
+  backend.zero = zero_hook;
+  backend.copy = copy_hook;
+  register_device_backend(Device::kCUDA, backend);
+}
+
+bool initialized() { return context().device >= 0; }
+
+std::string device_description() {
+  const Context& c = context();
+  if (c.device < 0) return "no GPU initialised";
+  cudaDeviceProp prop{};
+  TANDEM_CUDA_CHECK(cudaGetDeviceProperties(&prop, c.device));
+  std::ostringstream out;
+  out << prop.name << " (sm_" << prop.major << prop.minor << ", "
+      << static_cast<double>(prop.totalGlobalMem) / double(1 << 30) << " GiB, "
+      << prop.multiProcessorCount << " SMs)";
+  return out.str();
+}
+
+cudaStream_t default_stream() {
+  TANDEM_CHECK(initialized(), "CUDA is not initialised: call cuda::initialize() first");
+  return context().stream;
+}
+
+cudaStream_t current_stream() { return t_stream_set ? t_stream : default_stream(); }
+
+StreamScope::StreamScope(cudaStream_t stream) : previous_(t_stream_set ? t_stream : nullptr) {
+  t_stream = stream;
+  t_stream_set = true;
+}
+
+StreamScope::~StreamScope() {
+  t_stream = previous_;
+  t_stream_set = previous_ != nullptr;
+}
+
+void synchronize_current() { TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+
+cublasLtHandle_t cublaslt_handle() {
+  TANDEM_CHECK(initialized(), "CUDA is not initialised: call cuda::initialize() first");
+  return context().lt;
+}
+
+void* cublaslt_workspace(cudaStream_t stream) {
+  Context& c = context();
+  std::lock_guard lock(c.mutex);
+  auto it = c.workspaces.find(stream);
+  if (it != c.workspaces.end()) return it->second;
+  void* p = nullptr;
+  TANDEM_CUDA_CHECK(cudaMalloc(&p, kWorkspaceBytes));
+  c.workspaces.emplace(stream, p);
+  return p;
+}
+
+size_t cublaslt_workspace_bytes() { return kWorkspaceBytes; }
+
+int multiprocessor_count() { return context().sms; }
+
+}  // namespace tandem::cuda

@@ -1,0 +1,149 @@
+// The device dispatch of ops.h: each op runs on the device of its first tensor (the backend
+// checks that the others are there too). Written out from op_decls.inc, one function per op.
+#include "ops/cpu/cpu_ops.h"
+#include "ops/ops.h"
+#if TANDEM_WITH_CUDA
+#include "ops/cuda/cuda_ops.h"
+#endif
+
+namespace tandem::ops {
+
+#if TANDEM_WITH_CUDA
+#define TANDEM_OP(first, name, ...)                                      \
+  if ((first).defined() && (first).device() == Device::kCUDA) return cuda::name(__VA_ARGS__); \
+  return cpu::name(__VA_ARGS__)
+#else
+#define TANDEM_OP(first, name, ...) return cpu::name(__VA_ARGS__)
+#endif
+
+void axpy(const Tensor& y, const Tensor& x, double alpha, Accumulate acc) {
+  TANDEM_OP(y, axpy, y, x, alpha, acc);
+}
+
+void scale(const Tensor& x, double alpha) {
+  TANDEM_OP(x, scale, x, alpha);
+}
+
+double sum_squares(const Tensor& x) {
+  TANDEM_OP(x, sum_squares, x);
+}
+
+bool all_finite(const Tensor& x) {
+  TANDEM_OP(x, all_finite, x);
+}
+
+void convert(const Tensor& dst, const Tensor& src) {
+  TANDEM_OP(dst, convert, dst, src);
+}
+
+void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table) {
+  TANDEM_OP(out, embedding_forward, out, ids, table);
+}
+
+void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  TANDEM_OP(dtable, embedding_backward, dtable, dout, ids);
+}
+
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& g, double eps) {
+  TANDEM_OP(y, rmsnorm_forward, y, rstd, x, g, eps);
+}
+
+void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& rstd, Accumulate acc_dx) {
+  TANDEM_OP(dx, rmsnorm_backward, dx, dg, dy, x, g, rstd, acc_dx);
+}
+
+void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, Accumulate acc) {
+  TANDEM_OP(y, linear_forward, y, x, w, acc);
+}
+
+void linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w, Accumulate acc) {
+  TANDEM_OP(dx, linear_backward_input, dx, dy, w, acc);
+}
+
+void linear_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, Accumulate acc) {
+  TANDEM_OP(dw, linear_backward_weight, dw, dy, x, acc);
+}
+
+void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim, double theta) {
+  TANDEM_OP(out, rope_forward, out, x, seq, heads, head_dim, theta);
+}
+
+void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim, double theta) {
+  TANDEM_OP(dx, rope_backward, dx, dy, seq, heads, head_dim, theta);
+}
+
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s) {
+  TANDEM_OP(out, attention_forward, out, lse, q, k, v, s);
+}
+
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionShape& s) {
+  TANDEM_OP(dq, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, s);
+}
+
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  TANDEM_OP(out, swiglu_forward, out, gate, up);
+}
+
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
+  TANDEM_OP(dgate, swiglu_backward, dgate, dup, dout, gate, up);
+}
+
+void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& logits) {
+  TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits);
+}
+
+void router_counts(const Tensor& counts, const Tensor& topk_idx) {
+  TANDEM_OP(counts, router_counts, counts, topk_idx);
+}
+
+double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
+  TANDEM_OP(probs, router_aux_loss, probs, counts, k, coeff);
+}
+
+void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k, double coeff, double aux_scale) {
+  TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff, aux_scale);
+}
+
+void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx, int64_t num_experts) {
+  TANDEM_OP(perm, moe_permutation, perm, counts, topk_idx, num_experts);
+}
+
+void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int64_t k) {
+  TANDEM_OP(out, permute_forward, out, x, perm, k);
+}
+
+void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, int64_t k, Accumulate acc) {
+  TANDEM_OP(dx, permute_backward, dx, dout, perm, k, acc);
+}
+
+void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
+  TANDEM_OP(out, combine_forward, out, y, perm, topk_w);
+}
+
+void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dout, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
+  TANDEM_OP(dy, combine_backward, dy, dtopk_w, dout, y, perm, topk_w);
+}
+
+double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
+  TANDEM_OP(logits, cross_entropy_forward, logits, targets);
+}
+
+void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale) {
+  TANDEM_OP(dlogits, cross_entropy_backward, dlogits, logits, targets, scale);
+}
+
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& hp) {
+  TANDEM_OP(param, adamw_step, param, grad, m, v, hp);
+}
+
+double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w, const Tensor& targets) {
+  TANDEM_OP(lse, lm_head_ce_forward, lse, x, w, targets);
+}
+
+void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& lse, double scale, Accumulate acc_dw) {
+  TANDEM_OP(dx, lm_head_ce_backward, dx, dw, x, w, targets, lse, scale, acc_dw);
+}
+
+#undef TANDEM_OP
+
+}  // namespace tandem::ops

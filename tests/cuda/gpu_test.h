@@ -1,0 +1,92 @@
+// Helpers of the GPU tests: random host tensors, copies to and from the GPU, and the tolerance
+// table per dtype that every CUDA op is held to against the CPU reference.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace tandem::testing_gpu {
+
+// Tolerances of a CUDA result against the CPU reference (f32 on the CPU, inputs already rounded
+// to the GPU's storage dtype): |gpu - ref| <= atol + rtol * |ref| elementwise.
+//   f32 outputs: fp32 arithmetic in another order (and fp32-accumulated bf16 products).
+//   bf16 outputs: one bf16 rounding of the output (2^-8 relative) plus accumulation order.
+struct Tolerance {
+  double rtol, atol;
+};
+inline Tolerance tolerance_for(DType output) {
+  switch (output) {
+    case DType::kF32: return {1e-4, 1e-5};
+    case DType::kBF16: return {1.6e-2, 1e-3};
+    default: return {0, 0};
+  }
+}
+
+// A host f32 tensor of uniform values in [-scale, scale) from `seed`.
+inline Tensor random_host(const Shape& shape, uint64_t seed, double scale = 1.0) {
+  Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kOther, "random", Device::kCPU);
+  float* p = t.data<float>();
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const double u = static_cast<double>(splitmix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i)) >> 11) *
+                     (1.0 / 9007199254740992.0);
+    p[i] = static_cast<float>((2 * u - 1) * scale);
+  }
+  return t;
+}
+
+// `host` (f32) rounded to `dtype` and placed on the GPU.
+inline Tensor to_gpu(const Tensor& host, DType dtype) {
+  Tensor cast = Tensor::empty(host.shape(), dtype, MemCategory::kOther, "cast", Device::kCPU);
+  ops::convert(cast, host);
+  return cast.to(Device::kCUDA);
+}
+
+// A GPU tensor (f32 or bf16) back on the host as f32.
+inline Tensor to_host_f32(const Tensor& gpu) {
+  Tensor host = gpu.to(Device::kCPU);
+  if (host.dtype() == DType::kF32) return host;
+  Tensor f = Tensor::empty(host.shape(), DType::kF32, MemCategory::kOther, "f32", Device::kCPU);
+  ops::convert(f, host);
+  return f;
+}
+
+// The host f32 tensor as the GPU sees it after rounding to `dtype` (the reference's input).
+inline Tensor rounded(const Tensor& host, DType dtype) {
+  if (dtype == DType::kF32) return host;
+  Tensor cast = Tensor::empty(host.shape(), dtype, MemCategory::kOther, "cast", Device::kCPU);
+  ops::convert(cast, host);
+  Tensor back = Tensor::empty(host.shape(), DType::kF32, MemCategory::kOther, "f32", Device::kCPU);
+  ops::convert(back, cast);
+  return back;
+}
+
+// Asserts |got - want| <= atol + rtol |want| for every element (host f32 tensors); reports the
+// worst element.
+inline void expect_close(const Tensor& got, const Tensor& want, Tolerance tol,
+                         const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const float* g = got.data<float>();
+  const float* w = want.data<float>();
+  int64_t worst = -1;
+  double worst_excess = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double err = std::fabs(double(g[i]) - double(w[i]));
+    const double bound = tol.atol + tol.rtol * std::fabs(double(w[i]));
+    if (!(err <= bound) && (worst < 0 || err - bound > worst_excess)) {
+      worst = i;
+      worst_excess = err - bound;
+    }
+  }
+  EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? g[worst] : 0)
+                      << ", reference " << (worst >= 0 ? w[worst] : 0) << " (rtol " << tol.rtol
+                      << ", atol " << tol.atol << ")";
+}
+
+}  // namespace tandem::testing_gpu
