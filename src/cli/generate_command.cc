@@ -1,9 +1,14 @@
 // `tandem generate`: loads a saved model and samples from it: the built-in addition task's
-// held-out problems with the model's accuracy, or a continuation of --prompt.
+// held-out problems with the model's accuracy, or a continuation of --prompt; or, with
+// --eval-tokens, prints the loss of a fixed batch (for tests/python/check_hf_load.py).
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -21,6 +26,7 @@ namespace {
 struct GenerateOptions {
   std::string load_dir;
   std::string prompt;
+  std::string eval_tokens;  // --eval-tokens FILE
   int64_t max_new_tokens = 32;
   int64_t num_problems = 200;
   int64_t show = 10;
@@ -71,9 +77,83 @@ std::string printable(const std::string& s) {
   return r;
 }
 
+// The rows of --eval-tokens: one sequence per line, token ids separated by white space, every
+// line the same length, from 2 tokens up to a training sample's seq_length + 1 (the last token
+// is only a target: no prediction is made from it); ids in [0, vocab).
+std::vector<std::vector<int32_t>> read_token_rows(const std::string& path, const ModelConfig& cfg) {
+  std::error_code ec;
+  TANDEM_CHECK(std::filesystem::is_regular_file(path, ec), "--eval-tokens ", path,
+               ": no such file (give a text file of token ids, one sequence per line)");
+  std::ifstream in(path);
+  TANDEM_CHECK(in.good(), "--eval-tokens ", path, ": cannot open the file");
+  std::vector<std::vector<int32_t>> rows;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    std::istringstream words(line);
+    std::vector<int32_t> row;
+    for (std::string word; words >> word;) {
+      size_t used = 0;
+      long long id = -1;
+      try {
+        id = std::stoll(word, &used);
+      } catch (const std::exception&) {
+      }
+      TANDEM_CHECK(used == word.size() && id >= 0 && id < cfg.vocab_size, "--eval-tokens ", path,
+                   " line ", number, ": '", word, "' is not a token id; valid are integers 0 to ",
+                   cfg.vocab_size - 1, " (the model's vocab size is ", cfg.vocab_size, ")");
+      row.push_back(static_cast<int32_t>(id));
+    }
+    if (row.empty()) continue;
+    TANDEM_CHECK(row.size() >= 2 && static_cast<int64_t>(row.size()) <= cfg.seq_length + 1,
+                 "--eval-tokens ", path, " line ", number, " has ", row.size(),
+                 " tokens; each line needs 2 to ", cfg.seq_length + 1,
+                 " (a training sample: the sequence length the model was trained with, plus 1)");
+    TANDEM_CHECK(rows.empty() || row.size() == rows[0].size(), "--eval-tokens ", path, " line ",
+                 number, " has ", row.size(), " tokens but the first line has ", rows[0].size(),
+                 "; every line (a row of the batch) must have the same length");
+    rows.push_back(std::move(row));
+  }
+  TANDEM_CHECK(!rows.empty(), "--eval-tokens ", path,
+               ": no token ids; write one sequence per line, ids separated by spaces");
+  return rows;
+}
+
+// The mean next-token cross-entropy over every row and position (token t + 1 predicted from the
+// tokens up to t), as Hugging Face computes the loss with labels = input ids; in double from the
+// f32 logits. No router aux loss: transformers leaves it out unless output_router_logits is set.
+double eval_loss(const model::ModelChunk& chunk, const std::vector<std::vector<int32_t>>& rows) {
+  const int64_t batch = static_cast<int64_t>(rows.size());
+  const int64_t seq = static_cast<int64_t>(rows[0].size());
+  const int64_t vocab = chunk.params().config().vocab_size;
+  Tensor ids = Tensor::empty({batch * seq}, DType::kI32, MemCategory::kOther, "eval.ids");
+  for (int64_t r = 0; r < batch; ++r) {
+    std::copy(rows[r].begin(), rows[r].end(), ids.data<int32_t>() + r * seq);
+  }
+  const Tensor logits = chunk.infer_logits(ids, batch, seq);  // (batch * seq, V) f32
+  double sum = 0;
+  for (int64_t r = 0; r < batch; ++r) {
+    for (int64_t t = 0; t + 1 < seq; ++t) {
+      const float* row = logits.data<float>() + (r * seq + t) * vocab;
+      const double top = *std::max_element(row, row + vocab);
+      double z = 0;
+      for (int64_t v = 0; v < vocab; ++v) z += std::exp(static_cast<double>(row[v]) - top);
+      sum += top + std::log(z) - static_cast<double>(row[rows[r][t + 1]]);
+    }
+  }
+  return sum / static_cast<double>(batch * (seq - 1));
+}
+
 void run_generate(const GenerateOptions& o) {
   std::unique_ptr<model::Parameters> params = runtime::load_model_checkpoint(o.load_dir);
   const model::ModelChunk chunk(*params);
+  if (!o.eval_tokens.empty()) {
+    const std::vector<std::vector<int32_t>> rows = read_token_rows(o.eval_tokens, params->config());
+    char text[64];
+    std::snprintf(text, sizeof text, "%.17g", eval_loss(chunk, rows));
+    std::cout << "loss: " << text << " (" << rows.size() << " x " << rows[0].size()
+              << " tokens, mean next-token cross-entropy)\n";
+    return;
+  }
   if (!o.prompt.empty()) {
     std::cout << o.prompt << complete(chunk, o.prompt, o.max_new_tokens, -1, o, o.seed) << "\n";
     return;
@@ -107,7 +187,13 @@ void register_generate_command(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   sub->add_option("--load", o->load_dir, "Model directory written by `tandem train --save`")
       ->required();
-  sub->add_option("--prompt", o->prompt, "Text to continue (bytes as tokens) instead of the task");
+  CLI::Option* prompt = sub->add_option("--prompt", o->prompt,
+                                        "Text to continue (bytes as tokens) instead of the task");
+  sub->add_option("--eval-tokens", o->eval_tokens,
+                  "Instead of sampling, print the mean next-token cross-entropy of the token ids "
+                  "in this file (one sequence per line, ids separated by spaces, all lines the "
+                  "same length): the loss transformers computes with labels = input ids")
+      ->excludes(prompt);
   sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate after --prompt")
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub->add_option("--num-problems", o->num_problems, "Held-out addition problems to score")

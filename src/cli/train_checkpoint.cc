@@ -1,4 +1,5 @@
-// --load / --save for `tandem train` over runtime/checkpoint.h, and the test fault hook.
+// --load / --save for `tandem train` over runtime/checkpoint.h (one rank) and
+// runtime/checkpoint_parallel.h (under mpirun), and the test fault hooks.
 #include "cli/train_checkpoint.h"
 
 #include <cstdlib>
@@ -9,6 +10,7 @@
 #include "data/file_dataset.h"
 #include "data/mapped_file.h"
 #include "runtime/checkpoint.h"
+#include "runtime/checkpoint_parallel.h"
 
 namespace tandem::cli {
 namespace {
@@ -73,9 +75,11 @@ nlohmann::json describe_data(const RunOptions& o) {
   return {{"path", o.data_path}, {"format", o.data_format}, {"bytes", data_bytes(o.data_path)}};
 }
 
-int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, std::ostream& log) {
-  if (o.load_dir.empty()) return 0;
-  const runtime::CheckpointState st = runtime::load_checkpoint(o.load_dir);
+namespace {
+
+// --load read and validated; a checkpoint already at or past --train-iters is an error.
+runtime::CheckpointState load_for_resume(const RunOptions& o) {
+  runtime::CheckpointState st = runtime::load_checkpoint(o.load_dir);
   if (st.kind == runtime::CheckpointKind::kTandem) {
     const runtime::TrainingPosition pos =
         runtime::read_training_position(st.trainer_state, "checkpoint " + st.dir + ": ");
@@ -83,7 +87,12 @@ int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, s
                  pos.iteration, " but --train-iters is ", o.train.train_iters,
                  ": nothing is left to train; raise --train-iters above ", pos.iteration);
   }
-  runtime::restore_trainer(trainer, st);
+  return st;
+}
+
+// What was loaded, on `log`; a note on stderr when the data set differs.
+void report_resume(const runtime::CheckpointState& st, int64_t iteration, int64_t optimizer_steps,
+                   const RunOptions& o, std::ostream& log) {
   if (st.kind == runtime::CheckpointKind::kHuggingFace) {
     if (!o.quiet) {
       log << "tandem train: loaded the weights of the Hugging Face checkpoint " << st.dir
@@ -91,14 +100,37 @@ int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, s
              "iteration 0 with fresh optimizer state"
           << std::endl;
     }
-    return 0;
+    return;
   }
   if (!o.quiet) {
-    log << "tandem train: resumed from " << st.dir << " at iteration " << trainer.iteration()
-        << " (" << trainer.optimizer().steps() << " optimizer steps)" << std::endl;
+    log << "tandem train: resumed from " << st.dir << " at iteration " << iteration << " ("
+        << optimizer_steps << " optimizer steps)" << std::endl;
   }
   warn_if_data_differs(st.trainer_state.value("data", nlohmann::json()), describe_data(o),
                        std::cerr);
+}
+
+}  // namespace
+
+int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, std::ostream& log) {
+  if (o.load_dir.empty()) return 0;
+  const runtime::CheckpointState st = load_for_resume(o);
+  runtime::restore_trainer(trainer, st);
+  report_resume(st, trainer.iteration(), trainer.optimizer().steps(), o, log);
+  return trainer.iteration();
+}
+
+int64_t resume_pipeline_from_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o,
+                                        std::ostream& log) {
+  if (o.load_dir.empty()) return 0;
+  runtime::CheckpointState st;
+  runtime::run_agreeing(*trainer.groups().world, [&] {
+    st = load_for_resume(o);
+    runtime::restore_pipeline(trainer, st);
+  });
+  if (trainer.groups().rank == 0) {
+    report_resume(st, trainer.iteration(), trainer.stages().front().optimizer->steps(), o, log);
+  }
   return trainer.iteration();
 }
 
@@ -117,15 +149,26 @@ void save_training_checkpoint(const runtime::Trainer& trainer, const RunOptions&
   }
 }
 
+void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o) {
+  // Heartbeats well inside --comm-timeout (Note [Saving on rank 0]).
+  const runtime::SavedCheckpoint saved = runtime::save_checkpoint_parallel(
+      o.save_dir, trainer, describe_data(o), o.keep_checkpoints, o.comm_timeout_s / 4);
+  for (const std::string& warning : saved.warnings) {
+    std::cerr << "tandem: warning: " << warning << std::endl;
+  }
+}
+
+void poison_gradient(const Tensor& g) {
+  if (g.dtype() == DType::kF32) g.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  if (g.dtype() == DType::kF64) g.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+}
+
 void install_test_fault_hooks(runtime::Trainer& trainer) {
   const char* poison = std::getenv("TANDEM_TEST_POISON_GRAD_ITER");
   if (poison == nullptr) return;
   const int64_t at = std::atoll(poison);
   trainer.set_after_backward_hook([at](model::Parameters& params, int64_t iteration) {
-    if (iteration != at) return;
-    const Tensor& g = params.flat_grads();
-    if (g.dtype() == DType::kF32) g.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-    if (g.dtype() == DType::kF64) g.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+    if (iteration == at) poison_gradient(params.flat_grads());
   });
 }
 

@@ -1,6 +1,7 @@
 // `tandem train` on several ranks (under mpirun): the same configuration checked on every rank,
-// the parallel layout's groups, the schedule generated and validated, the pipeline trainer's
-// steps, per-rank memory in the log, and the whole model gathered to rank 0 for --save.
+// the parallel layout's groups, the schedule generated and validated, --load restored into every
+// rank's chunks, the pipeline trainer's steps, per-rank memory in the log, and checkpoints
+// gathered to rank 0 for --save (docs/checkpoints.md, "Several ranks").
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
@@ -12,6 +13,7 @@
 
 #include "cli/commands.h"
 #include "cli/progress.h"
+#include "cli/train_checkpoint.h"
 #include "comm/mpi_communicator.h"
 #include "runtime/checkpoint.h"
 #include "runtime/distributed.h"
@@ -43,7 +45,9 @@ std::string canonical_config(const RunOptions& o) {
     << p.pipeline_model_parallel_size << "\nexpert-model-parallel-size="
     << p.expert_model_parallel_size << "\nvirtual-pipeline-model-parallel-size="
     << p.virtual_pipeline_model_parallel_size << "\nschedule=" << p.schedule
-    << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir << "\n";
+    << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir << "\nsave-interval="
+    << o.save_interval << "\nkeep-checkpoints=" << o.keep_checkpoints << "\nload=" << o.load_dir
+    << "\nnan-policy=" << o.nan_policy << "\n";
   return s.str();
 }
 
@@ -63,51 +67,40 @@ void check_same_config(comm::Communicator& world, const RunOptions& o) {
   }
 }
 
-// Test-only fault injection, TANDEM_FAULT="rank=R,iter=I,mode=exit|hang": rank R dies or hangs
-// before step I, so tests can show that the other ranks stop with an error instead of hanging.
-void maybe_inject_fault(int rank, int64_t iteration) {
+// Test-only fault injection, TANDEM_FAULT="rank=R,iter=I,mode=exit|hang|nan": rank R dies or
+// hangs before step I, so tests can show that the other ranks stop with an error instead of
+// hanging; or (nan) the first gradient element of rank R's first stage becomes NaN after step I's
+// gradient reduction, a copy the other ranks do not see (Note [Non-finite steps on several
+// ranks] in runtime/distributed.cc).
+struct Fault {
+  int rank = -1;
+  int64_t iteration = -1;
+  std::string mode;
+};
+
+Fault test_fault() {
   const char* spec = std::getenv("TANDEM_FAULT");
-  if (spec == nullptr) return;
+  if (spec == nullptr) return {};
   int r = -1;
   long long it = -1;
   char mode[16] = {0};
-  if (std::sscanf(spec, "rank=%d,iter=%lld,mode=%15s", &r, &it, mode) != 3) return;
-  if (r != rank || it != iteration) return;
-  if (std::string(mode) == "exit") std::_Exit(9);
-  for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));  // hang
+  if (std::sscanf(spec, "rank=%d,iter=%lld,mode=%15s", &r, &it, mode) != 3) return {};
+  return {r, static_cast<int64_t>(it), mode};
 }
 
-// Rank 0 gets the whole model: each tensor from the rank that owns it (data-parallel rank 0 for
-// dense tensors, expert-data-parallel rank 0 for experts), in the whole model's order.
-std::unique_ptr<model::Parameters> gather_whole_model(runtime::PipelineTrainer& trainer,
-                                                      runtime::Groups& g, const ModelConfig& m) {
-  std::map<std::string, Tensor> owned;
-  for (runtime::StageRuntime& s : trainer.stages()) {
-    for (const model::ParamEntry& e : s.params->entries()) {
-      const bool expert = e.shard == model::ParamShard::kExpert;
-      if ((expert ? g.layout.edp_rank(g.rank) : g.layout.dp_rank(g.rank)) == 0) {
-        owned[e.name] = s.params->param(e);
-      }
-    }
-  }
-  std::string names;
-  for (const auto& [name, t] : owned) names += name + "\n";
-  const std::vector<std::string> all = g.world->all_gather_bytes(names);
-  std::map<std::string, int> owner;
-  for (int r = 0; r < static_cast<int>(all.size()); ++r) {
-    std::istringstream in(all[r]);
-    for (std::string n; std::getline(in, n);) owner[n] = r;
-  }
-  std::unique_ptr<model::Parameters> whole;
-  if (g.rank == 0) whole = std::make_unique<model::Parameters>(m, model::ChunkSpec::whole(m), DType::kF32);
-  const model::Parameters layout_only(m, model::ChunkSpec::whole(m), DType::kF32);
-  for (const model::ParamEntry& e : layout_only.entries()) {
-    const int from = owner.at(e.name);
-    if (g.rank == 0 && from == 0) whole->param(e).copy_from(owned.at(e.name));
-    if (g.rank == 0 && from != 0) g.world->recv(whole->param(e), from, 5);
-    if (g.rank != 0 && from == g.rank) g.world->send(owned.at(e.name), 0, 5);
-  }
-  return whole;
+void maybe_inject_fault(const Fault& fault, int rank, int64_t iteration) {
+  if (fault.rank != rank || fault.iteration != iteration) return;
+  if (fault.mode == "exit") std::_Exit(9);
+  if (fault.mode != "hang") return;
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+void install_nan_fault(const Fault& fault, runtime::PipelineTrainer& trainer) {
+  if (fault.mode != "nan" || fault.rank != trainer.groups().rank) return;
+  const int64_t at = fault.iteration;
+  trainer.set_after_backward_hook([at](std::vector<runtime::StageRuntime>& stages, int64_t it) {
+    if (it == at) poison_gradient(stages.front().params->flat_grads());
+  });
 }
 
 // Every rank's timeline of the last step, written by rank 0 as one trace file.
@@ -158,7 +151,10 @@ void run_train_distributed(RunOptions& o) {
   schedule::validate_schedule(sched);
   std::unique_ptr<data::Dataset> data = make_dataset(o);
   runtime::PipelineTrainer trainer(o.model, o.train, sched, groups, *data);
+  const Fault fault = test_fault();
+  install_nan_fault(fault, trainer);
   const bool lead = groups.rank == 0;
+  const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   ReporterConfig rc = reporter_config(o);
   if (!lead) {
     rc.verbosity = Verbosity::kQuiet;
@@ -172,8 +168,8 @@ void run_train_distributed(RunOptions& o) {
               << data->describe() << std::endl;
   }
   reporter.open();
-  for (int64_t it = 0; it < o.train.train_iters; ++it) {
-    maybe_inject_fault(groups.rank, it + 1);
+  for (int64_t it = start; it < o.train.train_iters; ++it) {
+    maybe_inject_fault(fault, groups.rank, it + 1);
     const bool trace_this = !o.trace_path.empty() && it + 1 == o.train.train_iters;
     if (trace_this) cpu_allocator().set_trace(true);
     const runtime::StepResult r = trainer.step();
@@ -182,16 +178,13 @@ void run_train_distributed(RunOptions& o) {
     rec.comm_seconds = trainer.comm_busy_seconds();
     rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
     reporter.report(rec);
-    const bool last = r.iteration == o.train.train_iters;
-    if (!o.save_dir.empty() &&
-        (last || (o.save_interval > 0 && r.iteration % o.save_interval == 0))) {
-      std::unique_ptr<model::Parameters> whole = gather_whole_model(trainer, groups, o.model);
-      if (lead) runtime::save_model_checkpoint(o.save_dir, *whole);
-      groups.world->barrier();
-    }
+    if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
   }
   reporter.finish();
-  if (lead && !o.save_dir.empty() && !o.quiet) std::cout << "saved model to " << o.save_dir << "\n";
+  if (lead && !o.save_dir.empty() && !o.quiet) {
+    std::cout << "saved checkpoints to " << o.save_dir << " (latest: "
+              << runtime::iteration_dir_name(trainer.iteration()) << ")" << std::endl;
+  }
 }
 
 }  // namespace tandem::cli

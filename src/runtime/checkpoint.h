@@ -138,15 +138,35 @@ NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& opt
 // a whole model, nothing else is present).
 void restore_model(model::Parameters& params, const CheckpointState& state);
 
+// The training position as trainer_state.json records it (without format and files): iteration,
+// optimizer steps, samples consumed, seed, the model and train configs and `data` (the run's
+// description of its data set). One rank's and several ranks' saves both write this.
+nlohmann::json training_position_json(int64_t iteration, int64_t optimizer_steps,
+                                      const ModelConfig& model, const TrainConfig& train,
+                                      const nlohmann::json& data);
+
 // The trainer's whole state as a checkpoint: weights, Adam moments (in the parameters' dtype,
-// F32 when training) and trainer_state with iteration, optimizer steps, samples consumed, seed,
-// the model and train configs and `data` (the run's description of its data set).
+// F32 when training) and training_position_json.
 CheckpointState trainer_checkpoint(const Trainer& trainer, const nlohmann::json& data);
+
+// One chunk of the model on this rank (a range of layers and experts) and its optimizer.
+struct ChunkRef {
+  model::Parameters* params;
+  AdamW* optimizer;
+};
+
+// Restores every chunk of a rank from a whole-model `state`: weights, Adam moments and step count
+// from a kTandem state (after checking the seed and global batch size of `run`, which fix the data
+// position); from a kHuggingFace state the weights only, with zeroed moments and 0 steps. Checks
+// every chunk (configs, names, shapes) before copying anything, so a rejected checkpoint leaves
+// them all unchanged. Returns the iteration to continue from (0 for kHuggingFace).
+int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& run,
+                       const CheckpointState& state);
 
 // Restores weights, Adam moments and step count, and the iteration from a kTandem state, so the
 // following steps are bitwise those of an uninterrupted run; from a kHuggingFace state only the
-// weights (iteration 0, fresh optimizer). Checks everything first (configs, names, shapes, the
-// seed and global batch size that fix the data position) and changes nothing on failure.
+// weights (iteration 0, fresh optimizer). restore_chunks with the trainer's one chunk: checks
+// everything first and changes nothing on failure.
 void restore_trainer(Trainer& trainer, const CheckpointState& state);
 
 // ---- Model only (tandem generate) ----

@@ -3,6 +3,7 @@
 // so a rejected checkpoint leaves the run exactly as it was.
 #include <map>
 #include <string>
+#include <vector>
 
 #include "core/error.h"
 #include "io/safetensors.h"
@@ -89,6 +90,12 @@ void copy_weights(model::Parameters& params, const TensorIndex& weights) {
   for (const model::ParamEntry& e : params.entries()) {
     params.param(e).copy_from(io::to_float(*weights.at(e.name), params.dtype()));
   }
+  params.refresh_compute_copy();  // Note [Compute copy] in model/parameters.h
+}
+
+// A host tensor for the checkpoint writer: the view itself on the CPU, a copy from a GPU.
+Tensor on_host(const Tensor& t) {
+  return t.device() == Device::kCPU ? t : t.to(Device::kCPU);
 }
 
 // Adam's flat moment buffers, viewed per weight (the optimizer exposes them as const handles to
@@ -122,15 +129,17 @@ void check_data_position(const TrainingPosition& pos, const TrainConfig& run,
 
 NamedTensors model_tensors(const model::Parameters& params) {
   NamedTensors out;
-  for (const model::ParamEntry& e : params.entries()) out.emplace_back(e.name, params.param(e));
+  for (const model::ParamEntry& e : params.entries()) {
+    out.emplace_back(e.name, on_host(params.param(e)));
+  }
   return out;
 }
 
 NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& optimizer) {
   NamedTensors out;
   for (const model::ParamEntry& e : params.entries()) {
-    out.emplace_back(e.name + ".exp_avg", moment_view(optimizer.exp_avg(), e));
-    out.emplace_back(e.name + ".exp_avg_sq", moment_view(optimizer.exp_avg_sq(), e));
+    out.emplace_back(e.name + ".exp_avg", on_host(moment_view(optimizer.exp_avg(), e)));
+    out.emplace_back(e.name + ".exp_avg_sq", on_host(moment_view(optimizer.exp_avg_sq(), e)));
   }
   return out;
 }
@@ -141,43 +150,57 @@ void restore_model(model::Parameters& params, const CheckpointState& state) {
   copy_weights(params, weights);
 }
 
+Json training_position_json(int64_t iteration, int64_t optimizer_steps, const ModelConfig& m,
+                            const TrainConfig& t, const Json& data) {
+  return {{"iteration", iteration},
+          {"optimizer_steps", optimizer_steps},
+          {"samples_consumed", iteration * t.global_batch_size},
+          {"seed", t.seed},
+          {"model", config_to_json(m)},
+          {"train", config_to_json(t)},
+          {"data", data}};
+}
+
 CheckpointState trainer_checkpoint(const Trainer& trainer, const Json& data) {
   CheckpointState st;
   st.kind = CheckpointKind::kTandem;
   st.model_config = trainer.model_config();
   st.model = model_tensors(trainer.params());
   st.optimizer = optimizer_tensors(trainer.params(), trainer.optimizer());
-  const TrainConfig& t = trainer.train_config();
-  st.trainer_state = {{"iteration", trainer.iteration()},
-                      {"optimizer_steps", trainer.optimizer().steps()},
-                      {"samples_consumed", trainer.iteration() * t.global_batch_size},
-                      {"seed", t.seed},
-                      {"model", config_to_json(trainer.model_config())},
-                      {"train", config_to_json(t)},
-                      {"data", data}};
+  st.trainer_state = training_position_json(trainer.iteration(), trainer.optimizer().steps(),
+                                            trainer.model_config(), trainer.train_config(), data);
   return st;
 }
 
-void restore_trainer(Trainer& trainer, const CheckpointState& state) {
-  model::Parameters& params = trainer.params();
+int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& run,
+                       const CheckpointState& state) {
   const TensorIndex weights = index_tensors(state.model);
-  check_weights(params, weights, state);
-  if (state.kind == CheckpointKind::kHuggingFace) {
-    copy_weights(params, weights);
-    trainer.optimizer().exp_avg().zero_();
-    trainer.optimizer().exp_avg_sq().zero_();
-    trainer.optimizer().set_steps(0);
-    trainer.set_iteration(0);
-    return;
-  }
-  const TrainingPosition pos = read_training_position(state.trainer_state, where_of(state));
-  check_data_position(pos, trainer.train_config(), state);
   const TensorIndex moments = index_tensors(state.optimizer);
-  check_moments(params, moments, state);
-  copy_weights(params, weights);
-  copy_moments(params, trainer.optimizer(), moments);
-  trainer.optimizer().set_steps(pos.optimizer_steps);
-  trainer.set_iteration(pos.iteration);
+  TrainingPosition pos;  // iteration 0, 0 steps: a Hugging Face checkpoint
+  if (state.kind == CheckpointKind::kTandem) {
+    pos = read_training_position(state.trainer_state, where_of(state));
+    check_data_position(pos, run, state);
+  }
+  for (const ChunkRef& c : chunks) {
+    check_weights(*c.params, weights, state);
+    if (state.kind == CheckpointKind::kTandem) check_moments(*c.params, moments, state);
+  }
+  for (const ChunkRef& c : chunks) {
+    copy_weights(*c.params, weights);
+    if (state.kind == CheckpointKind::kTandem) {
+      copy_moments(*c.params, *c.optimizer, moments);
+    } else {
+      c.optimizer->exp_avg().zero_();
+      c.optimizer->exp_avg_sq().zero_();
+    }
+    c.optimizer->set_steps(pos.optimizer_steps);
+  }
+  return pos.iteration;
+}
+
+void restore_trainer(Trainer& trainer, const CheckpointState& state) {
+  trainer.set_iteration(
+      restore_chunks({{&trainer.params(), &trainer.optimizer()}}, trainer.train_config(), state));
 }
 
 }  // namespace tandem::runtime

@@ -4,6 +4,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <utility>
 
 #include "ops/ops.h"
@@ -186,7 +188,8 @@ void PipelineTrainer::communicate(const Action& a) {
       // The stage output is in flight (not an activation); copy it into a communication buffer
       // so its storage goes now rather than when the receiver gets round to it.
       Tensor& out = state.layers.back().out;
-      Tensor buf = Tensor::empty({n, h}, dt, MemCategory::kCommunication, "pp.send_f");
+      Tensor buf = Tensor::empty({n, h}, dt, MemCategory::kCommunication, "pp.send_f",
+                                 current_device());
       buf.copy_from(out);
       release_storage({&out});
       out = Tensor();
@@ -195,7 +198,8 @@ void PipelineTrainer::communicate(const Action& a) {
     }
     case ActionKind::kRecvF:
       // In flight until layer 0's attention adopts it (Note [Hand-over]).
-      state.input = Tensor::empty({n, h}, dt, MemCategory::kCommunication, "pp.recv_f");
+      state.input = Tensor::empty({n, h}, dt, MemCategory::kCommunication, "pp.recv_f",
+                                  current_device());
       pp.recv(state.input, sched_.stage_rank[a.stage - 1], 0);
       return;
     case ActionKind::kSendB:
@@ -203,7 +207,8 @@ void PipelineTrainer::communicate(const Action& a) {
                                   sched_.stage_rank[a.stage - 1], 1));
       return;
     case ActionKind::kRecvB:
-      state.d_output = Tensor::empty({n, h}, dt, MemCategory::kOther, "pp.recv_b");
+      state.d_output = Tensor::empty({n, h}, dt, MemCategory::kOther, "pp.recv_b",
+                                     current_device());
       pp.recv(state.d_output, sched_.stage_rank[a.stage + 1], 1);
       return;
     default:
@@ -239,21 +244,28 @@ void PipelineTrainer::reduce_gradients() {
   }
 }
 
+// Note [Non-finite steps on several ranks]: the step's verdict must be the same on every rank,
+// or some ranks would update and others not. The norm counts each gradient once (dense ones on
+// data-parallel rank 0, experts on expert-data-parallel rank 0), so a NaN in a copy that is not
+// counted would go unseen; each rank therefore also adds a flag, 1 when any of its own gradients
+// is not finite, and the flags are summed with the norm in one all-reduce. The result (NaN when
+// any flag is set) is the same on every rank, and so is the global loss.
 double PipelineTrainer::global_grad_norm() {
-  // Dense gradients are equal across the data-parallel group and expert gradients across the
-  // expert-data-parallel group after the reduction: count each once.
   const comm::ParallelLayout& L = groups_->layout;
-  double sq = 0;
+  double sq = 0, non_finite = 0;
   for (StageRuntime& s : stages_) {
     for (const model::ParamEntry& e : s.params->entries()) {
+      const double part = ops::sum_squares(s.params->grad(e));
+      if (!std::isfinite(part)) non_finite = 1;
       const bool expert = e.shard == model::ParamShard::kExpert;
-      if ((expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) != 0) continue;
-      sq += ops::sum_squares(s.params->grad(e));
+      if ((expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0) sq += part;
     }
   }
-  Tensor t = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "grad_norm");
+  Tensor t = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "grad_norm");
   t.data<double>()[0] = sq;
+  t.data<double>()[1] = non_finite;
   groups_->world->all_reduce_sum(t);
+  if (t.data<double>()[1] > 0) return std::numeric_limits<double>::quiet_NaN();
   return std::sqrt(t.data<double>()[0]);
 }
 
@@ -288,23 +300,46 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   return r;
 }
 
+namespace {
+
+// Which of the loss and the gradients is non-finite, for the message of --nan-policy stop (the
+// same words as Trainer::step).
+std::string non_finite_parts(double loss, double grad_norm) {
+  const bool bad_loss = !std::isfinite(loss), bad_grads = !std::isfinite(grad_norm);
+  if (bad_loss && bad_grads) return "the loss and the gradients are";
+  return bad_loss ? "the loss is" : "the gradients are";
+}
+
+}  // namespace
+
 StepResult PipelineTrainer::step() {
   Allocator& alloc = cpu_allocator();
   alloc.reset_peaks();
   const auto start = std::chrono::steady_clock::now();
   for (StageRuntime& s : stages_) s.params->zero_grads();
   StepResult r = forward_backward(iteration_);
+  const int64_t this_iteration = iteration_ + 1;
+  if (after_backward_) after_backward_(stages_, this_iteration);
   r.grad_norm = global_grad_norm();
-  TANDEM_CHECK(std::isfinite(r.loss) && std::isfinite(r.grad_norm), "iteration ",
-               iteration_ + 1, ": the loss (", r.loss, ") or the gradient norm (", r.grad_norm,
-               ") is not finite; lower --lr or check the data");
-  ++iteration_;
+  // Note [Non-finite steps on several ranks]: both values are the same on every rank.
+  const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+  TANDEM_CHECK(finite || train_.non_finite_policy == NonFinitePolicy::kSkip, "iteration ",
+               this_iteration, ": ", non_finite_parts(r.loss, r.grad_norm),
+               " not finite (loss ", r.loss, ", gradient norm ", r.grad_norm,
+               "); stopped before the optimizer update, so the last checkpoint is intact. Lower "
+               "--lr, check the data, or pass --nan-policy skip to skip such steps");
+  iteration_ = this_iteration;
   r.iteration = iteration_;
   r.lr = learning_rate(train_, iteration_);
   for (StageRuntime& s : stages_) {
-    clip_gradients(*s.params, r.grad_norm, train_.clip_grad);
-    s.optimizer->step(r.lr);
+    if (finite) {
+      clip_gradients(*s.params, r.grad_norm, train_.clip_grad);
+      s.optimizer->step(r.lr);
+    } else {
+      s.params->zero_grads();
+    }
   }
+  if (!finite) r.status = StepStatus::kSkipped;
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);

@@ -5,6 +5,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <mutex>
 #include <string>
 #include <memory>
@@ -58,10 +59,26 @@ class PipelineTrainer {
   // One step's forward and backward over this rank's micro-batches, then the gradient reduction.
   // Losses in the result are the global ones (reduced over all ranks).
   StepResult forward_backward(int64_t iteration);
+  // One whole step: forward_backward, the global gradient norm, clipping and AdamW on every local
+  // stage. --nan-policy as in Trainer::step (Note [Non-finite steps] in trainer.h); every rank
+  // takes the same decision because the verdict is all-reduced: the global loss, the global sum
+  // of squares and a count of ranks whose local gradients (counted in the norm or not) are not
+  // finite (Note [Non-finite steps on several ranks] in distributed.cc).
   StepResult step();
 
   std::vector<StageRuntime>& stages() { return stages_; }
+  const std::vector<StageRuntime>& stages() const { return stages_; }
   int64_t iteration() const { return iteration_; }
+  // The position a restored checkpoint continues from (runtime/checkpoint_parallel.h).
+  void set_iteration(int64_t iteration) { iteration_ = iteration; }
+  const ModelConfig& model_config() const { return model_; }
+  const TrainConfig& train_config() const { return train_; }
+  Groups& groups() { return *groups_; }
+
+  // Test hook: called in step() after the gradient reduction with this rank's stages and the
+  // 1-based iteration of the step, e.g. to poison one rank's gradient with NaN.
+  using GradientHook = std::function<void(std::vector<StageRuntime>& stages, int64_t iteration)>;
+  void set_after_backward_hook(GradientHook hook) { after_backward_ = std::move(hook); }
   int64_t microbatches_per_rank() const { return num_mb_; }
   // The last step's measured timeline on this rank, and its communication figures: seconds the
   // all-to-all tasks ran, and seconds the compute stream stood waiting for them (exposed).
@@ -108,6 +125,7 @@ class PipelineTrainer {
   std::vector<Span> spans_;
   std::chrono::steady_clock::time_point step_start_;
   double comm_busy_s_ = 0, comm_exposed_s_ = 0;
+  GradientHook after_backward_;
 };
 
 }  // namespace tandem::runtime

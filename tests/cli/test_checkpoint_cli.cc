@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "io/safetensors.h"
+#include "model/chunk.h"
 #include "runtime/checkpoint.h"
 #include "tandem_process.h"
 
@@ -188,6 +189,45 @@ TEST(CheckpointProgram, HuggingFaceCheckpointStartsARun) {
   EXPECT_NE(r.out.find("iteration 0 with fresh optimizer state"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("2 layers, 4 experts top-2"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("iter 2/2"), std::string::npos) << r.out;
+}
+
+// `tandem generate --eval-tokens` (the value tests/python/check_hf_load.py compares with
+// transformers): the loss of a batch of training samples (seq_length + 1 tokens each) equals the
+// training forward's mean cross-entropy on them, computed in-process from the same checkpoint.
+TEST(CheckpointProgram, EvalTokensPrintsTheTrainingForwardsLoss) {
+  TempDir work, capture;
+  RunResult r =
+      run_tandem(tiny({"--train-iters", "2", "--save", "ck"}), work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  constexpr int64_t kBatch = 2, kSeq = 16;  // tiny()'s --seq-length
+  std::string text;
+  model::MicroBatchState state;
+  state.ids = Tensor::empty({kBatch * kSeq}, DType::kI32, MemCategory::kOther, "ids");
+  state.targets = Tensor::empty({kBatch * kSeq}, DType::kI32, MemCategory::kOther, "targets");
+  for (int64_t b = 0; b < kBatch; ++b) {
+    for (int64_t t = 0; t <= kSeq; ++t) {
+      const int32_t id = static_cast<int32_t>((37 * b + 11 * t * t + 5) % 256);
+      text += std::to_string(id) + (t == kSeq ? "\n" : " ");
+      if (t < kSeq) state.ids.data<int32_t>()[b * kSeq + t] = id;
+      if (t > 0) state.targets.data<int32_t>()[b * kSeq + t - 1] = id;
+    }
+  }
+  write_text(work / "tokens.txt", text);
+  r = run_tandem({"generate", "--load", "ck", "--eval-tokens", "tokens.txt"}, work.path(),
+                 capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(r.out.rfind("loss: ", 0), 0u) << r.out;
+  const double printed = std::stod(r.out.substr(6));
+  const auto params = runtime::load_model_checkpoint(work / "ck");
+  const model::ModelChunk chunk(*params);
+  chunk.forward(state, chunk.context(kBatch, 1.0));
+  EXPECT_NEAR(printed, state.lm_loss, 1e-6 * state.lm_loss) << r.out;
+
+  write_text(work / "short.txt", "1 2 3\n4 5\n");
+  r = run_tandem({"generate", "--load", "ck", "--eval-tokens", "short.txt"}, work.path(),
+                 capture.path());
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("line 2 has 2 tokens but the first line has 3"), std::string::npos) << r.err;
 }
 
 }  // namespace

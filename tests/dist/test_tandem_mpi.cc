@@ -1,43 +1,23 @@
 // The tandem program under mpirun. Oracles: the one-rank run's loss curve (the same global batch
 // on one rank), and for faults the exit status, the time taken and the message.
 #include <gtest/gtest.h>
-#include <sys/wait.h>
 
-#include <array>
-#include <chrono>
-#include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <set>
-#include <sstream>
 #include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
 
+#include "mpi_process.h"
+
 namespace {
 
-struct Result {
-  int code;
-  std::string output;
-  double seconds;
-};
+using tandem::test::kMpirun;
+using tandem::test::Result;
+using tandem::test::run;
+using tandem::test::temp_dir;
 
-Result run(const std::string& command) {
-  const auto start = std::chrono::steady_clock::now();
-  FILE* pipe = popen((command + " 2>&1").c_str(), "r");
-  std::string out;
-  std::array<char, 4096> buf;
-  while (size_t n = fread(buf.data(), 1, buf.size(), pipe)) out.append(buf.data(), n);
-  const int status = pclose(pipe);
-  const double secs =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-  return {WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status), out, secs};
-}
-
-const std::string kMpirun = std::string(TANDEM_MPIEXEC) +
-                            " --oversubscribe --allow-run-as-root --bind-to none "
-                            "-x OMPI_MCA_btl=self,vader -x OPENBLAS_NUM_THREADS=1";
 const std::string kModel =
     " --num-layers 4 --hidden-size 32 --num-attention-heads 4 --num-query-groups 2 "
     "--ffn-hidden-size 48 --num-experts 4 --seq-length 32 --micro-batch-size 2 "
@@ -45,18 +25,8 @@ const std::string kModel =
 
 std::vector<double> losses(const std::string& path) {
   std::vector<double> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) {
-    out.push_back(nlohmann::json::parse(line).at("loss").get<double>());
-  }
+  for (const auto& j : tandem::test::json_lines(path)) out.push_back(j.at("loss").get<double>());
   return out;
-}
-
-std::string temp_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/tandem_mpi_" + name;
-  std::filesystem::remove_all(dir);
-  std::filesystem::create_directories(dir);
-  return dir;
 }
 
 TEST(TandemMpi, FourRanksPp2Ep2CombinedMatchesOneRank) {

@@ -1,0 +1,300 @@
+// Multi-rank checkpoints in-process (runtime/checkpoint_parallel.h) and the multi-rank
+// --nan-policy verdict. Oracles: the one-rank trainer's checkpoint state (restored into any
+// layout and gathered back, every weight and Adam moment is bitwise the same, in the same order,
+// with the same trainer state); the weights before a skipped step; the error every rank must
+// throw when one rank fails.
+#include <gtest/gtest.h>
+#include <stdlib.h>  // mkdtemp
+
+#include <cstring>
+#include <filesystem>
+#include <iostream>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "common/random_tokens.h"
+#include "dist_env.h"
+#include "runtime/checkpoint_parallel.h"
+#include "schedule/generators.h"
+#include "schedule/validator.h"
+
+namespace tandem::runtime {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::g_world;
+using testing::RandomTokens;
+
+ModelConfig tiny_moe() {
+  ModelConfig m;
+  m.vocab_size = 16;
+  m.hidden_size = 8;
+  m.num_layers = 8;
+  m.num_attention_heads = 2;
+  m.num_query_groups = 1;
+  m.ffn_hidden_size = 12;
+  m.num_experts = 4;
+  m.moe_router_topk = 2;
+  m.moe_aux_loss_coeff = 0.05;
+  m.seq_length = 6;
+  return m;
+}
+
+TrainConfig train_for(int dp) {
+  TrainConfig t;
+  t.micro_batch_size = 1;
+  t.global_batch_size = 4 * dp;
+  t.train_iters = 10;
+  t.lr_warmup_iters = 1;
+  return t;
+}
+
+std::unique_ptr<comm::Communicator> world_copy() {
+  std::vector<int> all;
+  for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
+  return g_world->subgroup(all, "world");
+}
+
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  return a.nbytes() == b.nbytes() && std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0;
+}
+
+// Names, order and bytes of two tensor lists.
+void expect_same_tensors(const NamedTensors& got, const NamedTensors& want,
+                         const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t i = 0; i < got.size(); ++i) {
+    EXPECT_EQ(got[i].first, want[i].first) << what;
+    EXPECT_EQ(got[i].second.shape(), want[i].second.shape()) << what << ": " << want[i].first;
+    EXPECT_TRUE(same_bytes(got[i].second, want[i].second)) << what << ": " << want[i].first;
+  }
+}
+
+struct Layout {
+  int pp, ep, v;
+};
+
+std::vector<Layout> layouts_of_this_world() {
+  std::vector<Layout> out;
+  const int world = g_world->size();
+  for (int pp : {1, 2, 4}) {
+    if (world % pp != 0) continue;
+    for (int ep : {1, 2}) {
+      if ((world / pp) % ep != 0) continue;
+      for (int v : {1, 2}) out.push_back({pp, ep, v});
+    }
+  }
+  return out;
+}
+
+// A checkpoint of the one-rank trainer (computed on every rank) restored into every layout of
+// this world size and gathered back to rank 0: the same tensors, bytes, order and trainer state.
+// So a checkpoint moves between layouts (1 rank -> PP x EP, and back) without a bit changing.
+TEST(CheckpointDist, AnyLayoutRestoresAndGathersTheOneRankStateBitwise) {
+  const ModelConfig m = tiny_moe();
+  const nlohmann::json data = {{"format", "test"}};
+  int checked = 0;
+  for (const Layout& l : layouts_of_this_world()) {
+    const int dp = g_world->size() / l.pp;
+    const TrainConfig t = train_for(dp);
+    const schedule::ScheduleKind kind =
+        l.v == 1 ? schedule::ScheduleKind::k1f1b : schedule::ScheduleKind::kInterleaved1f1b;
+    const schedule::ScheduleShape shape{l.pp, l.v, 4};
+    try {
+      schedule::check_supported(kind, shape);
+    } catch (const Error&) {
+      continue;
+    }
+    RandomTokens tokens(m.vocab_size);
+    Trainer one(m, t, tokens);
+    one.step();
+    one.step();
+    const CheckpointState want = trainer_checkpoint(one, data);
+
+    const schedule::Schedule sched = schedule::generate_schedule(kind, shape);
+    schedule::validate_schedule(sched);
+    Groups groups = Groups::make(world_copy(), l.pp, l.ep);
+    PipelineTrainer trainer(m, t, sched, groups, tokens);
+    run_agreeing(*groups.world, [&] { EXPECT_EQ(restore_pipeline(trainer, want), 2); });
+    for (const StageRuntime& s : trainer.stages()) EXPECT_EQ(s.optimizer->steps(), 2);
+    const CheckpointState got = gather_checkpoint(trainer, data);
+    std::ostringstream what;
+    what << "pp" << l.pp << " ep" << l.ep << " dp" << dp << " v" << l.v;
+    if (groups.rank == 0) {
+      expect_same_tensors(got.model, want.model, what.str() + " weights");
+      expect_same_tensors(got.optimizer, want.optimizer, what.str() + " moments");
+      EXPECT_EQ(got.trainer_state, want.trainer_state) << what.str();
+      std::cout << "  checked " << what.str() << "\n";
+    } else {
+      EXPECT_TRUE(got.model.empty());
+    }
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// A run trained under a layout, gathered, restored into the one-rank trainer: its checkpoint is
+// the gathered one (PP x EP -> 1 rank).
+TEST(CheckpointDist, GatheredStateRestoresIntoOneRank) {
+  const ModelConfig m = tiny_moe();
+  const nlohmann::json data = {{"format", "test"}};
+  const int world = g_world->size();
+  const int pp = world % 2 == 0 ? 2 : 1, ep = (world / pp) % 2 == 0 ? 2 : 1;
+  const TrainConfig t = train_for(world / pp);
+  const schedule::Schedule sched =
+      schedule::generate_schedule(schedule::ScheduleKind::k1f1b, {pp, 1, 4});
+  RandomTokens tokens(m.vocab_size);
+  Groups groups = Groups::make(world_copy(), pp, ep);
+  PipelineTrainer trainer(m, t, sched, groups, tokens);
+  trainer.step();
+  trainer.step();
+  trainer.step();
+  const CheckpointState gathered = gather_checkpoint(trainer, data);
+  if (groups.rank != 0) return;
+  Trainer one(m, t, tokens);
+  restore_trainer(one, gathered);
+  EXPECT_EQ(one.iteration(), 3);
+  EXPECT_EQ(one.optimizer().steps(), 3);
+  const CheckpointState again = trainer_checkpoint(one, data);
+  expect_same_tensors(again.model, gathered.model, "weights");
+  expect_same_tensors(again.optimizer, gathered.optimizer, "moments");
+  EXPECT_EQ(again.trainer_state, gathered.trainer_state);
+}
+
+// A directory every rank can see, made by rank 0; removed by rank 0 at the end of the scope.
+class SharedTempDir {
+ public:
+  SharedTempDir() {
+    std::string mine;
+    if (g_world->rank() == 0) {
+      std::string pattern = (fs::temp_directory_path() / "tandem_ckpt_dist_XXXXXX").string();
+      mine = ::mkdtemp(pattern.data());
+    }
+    path_ = g_world->all_gather_bytes(mine)[0];
+  }
+  ~SharedTempDir() {
+    g_world->barrier();
+    std::error_code ec;
+    if (g_world->rank() == 0) fs::remove_all(path_, ec);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// Rank 0 cannot replace `latest` (a directory has its name), after writing for longer than the
+// heartbeat: every rank throws rank 0's tandem::Error, with its message, instead of hanging.
+TEST(CheckpointDist, FailedSaveOnRankZeroFailsEveryRankWithItsMessage) {
+  const ModelConfig m = tiny_moe();
+  const int world = g_world->size();
+  const TrainConfig t = train_for(world);
+  const schedule::Schedule sched =
+      schedule::generate_schedule(schedule::ScheduleKind::k1f1b, {1, 1, 4});
+  RandomTokens tokens(m.vocab_size);
+  Groups groups = Groups::make(world_copy(), 1, 1);
+  PipelineTrainer trainer(m, t, sched, groups, tokens);
+  trainer.step();
+  SharedTempDir dir;
+  if (groups.rank == 0) fs::create_directories(dir.path() + "/latest/blocker");
+  g_world->barrier();
+  std::string message;
+  try {
+    save_checkpoint_parallel(dir.path(), trainer, {}, 2, 0.001);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  EXPECT_NE(message.find("latest"), std::string::npos) << message;
+  const std::vector<std::string> all = g_world->all_gather_bytes(message);
+  for (const std::string& m_r : all) EXPECT_EQ(m_r, all[0]);
+  // The iteration directory itself was committed before the pointer failed: nothing is lost.
+  if (groups.rank == 0) {
+    EXPECT_TRUE(fs::is_directory(dir.path() + "/iter_0000001"));
+  }
+
+  // And a save that succeeds returns on every rank with the directory.
+  SharedTempDir good;
+  const SavedCheckpoint saved = save_checkpoint_parallel(good.path(), trainer, {}, 2, 0.001);
+  EXPECT_EQ(saved.dir, good.path() + "/iter_0000001");
+  if (groups.rank == 0) {
+    EXPECT_TRUE(fs::is_regular_file(saved.dir + "/trainer_state.json"));
+  }
+}
+
+TEST(CheckpointDist, RunAgreeingThrowsTheLowestFailingRanksError) {
+  const int world = g_world->size(), me = g_world->rank();
+  EXPECT_NO_THROW(run_agreeing(*g_world, [] {}));
+  try {
+    run_agreeing(*g_world, [&] {
+      if (me >= world / 2) throw Error("bad weight on rank " + std::to_string(me));
+    });
+    ADD_FAILURE() << "no rank threw";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "bad weight on rank " + std::to_string(world / 2));
+  }
+  // Anything but a tandem::Error stays an internal error (exit code 1, not 2).
+  bool internal = false;
+  try {
+    run_agreeing(*g_world, [&] {
+      if (me == world - 1) throw std::logic_error("broken");
+    });
+  } catch (const Error&) {
+  } catch (const std::runtime_error& e) {
+    internal = std::string(e.what()) == "broken";
+  }
+  EXPECT_TRUE(internal);
+}
+
+// Note [Non-finite steps on several ranks]: the last rank's copy of a dense gradient becomes NaN
+// after the reduction (a copy no other rank reads, and not counted in the norm when it is not
+// data-parallel rank 0). Every rank must take the same decision: skip (no update anywhere) or
+// stop (every rank throws).
+TEST(CheckpointDist, NonFiniteGradientOnOneRankIsEveryRanksVerdict) {
+  const ModelConfig m = tiny_moe();
+  const int world = g_world->size();
+  for (const NonFinitePolicy policy : {NonFinitePolicy::kSkip, NonFinitePolicy::kStop}) {
+    TrainConfig t = train_for(world);
+    t.non_finite_policy = policy;
+    const schedule::Schedule sched =
+        schedule::generate_schedule(schedule::ScheduleKind::k1f1b, {1, 1, 4});
+    RandomTokens tokens(m.vocab_size);
+    Groups groups = Groups::make(world_copy(), 1, 1);
+    PipelineTrainer trainer(m, t, sched, groups, tokens);
+    trainer.step();
+    trainer.set_after_backward_hook([&](std::vector<StageRuntime>& stages, int64_t it) {
+      if (it == 2 && groups.rank == world - 1) {
+        stages.front().params->flat_grads().data<float>()[0] =
+            std::numeric_limits<float>::quiet_NaN();
+      }
+    });
+    const model::Parameters& params = *trainer.stages().front().params;
+    const std::vector<float> before(params.flat_params().data<float>(),
+                                    params.flat_params().data<float>() + params.numel());
+    if (policy == NonFinitePolicy::kStop) {
+      try {
+        trainer.step();
+        ADD_FAILURE() << "rank " << groups.rank << " took the step";
+      } catch (const Error& e) {
+        EXPECT_NE(std::string(e.what()).find("iteration 2: the gradients are not finite"),
+                  std::string::npos)
+            << e.what();
+      }
+      EXPECT_EQ(trainer.iteration(), 1);
+    } else {
+      const StepResult r = trainer.step();
+      EXPECT_EQ(r.status, StepStatus::kSkipped);
+      EXPECT_EQ(trainer.iteration(), 2);
+      EXPECT_EQ(trainer.stages().front().optimizer->steps(), 1);
+      EXPECT_EQ(std::memcmp(before.data(), params.flat_params().data<float>(),
+                            before.size() * sizeof(float)),
+                0);
+      EXPECT_EQ(trainer.step().status, StepStatus::kApplied);  // the next step goes on
+    }
+    g_world->barrier();
+  }
+}
+
+}  // namespace
+}  // namespace tandem::runtime
