@@ -184,7 +184,10 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kAny,
                {},
                "FILE"});
-  s.push_back({"device", &o.device, "where to train", Bound::kAny, kDevices});
+  s.push_back({"device", &o.device,
+               "where to train: cpu (OpenBLAS, f32) or cuda (one GPU per process, bf16 "
+               "activations, f32 master weights; needs a binary built with CUDA)",
+               Bound::kAny, kDevices});
   s.push_back({"quiet", &o.quiet, "no progress bar and no log lines"});
   s.push_back({"addition-max-digits", &o.addition_max_digits,
                "operand digits of the built-in addition task (used without --data-path)",
@@ -685,6 +688,7 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
     check_readable("--load", opts.load_dir);
     apply_checkpoint_values(specs, read_checkpoint(opts.load_dir), opts, origins);
   }
+  opts.train.device = opts.device == "cuda" ? Device::kCUDA : Device::kCPU;
   opts.train.non_finite_policy =
       opts.nan_policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
   try {

@@ -9,6 +9,10 @@
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"
 #include "comm/mpi_communicator.h"
+#include "core/device.h"
+#if TANDEM_WITH_CUDA
+#include "core/cuda/context.h"
+#endif
 #include "data/addition.h"
 #include "data/file_dataset.h"
 #include "runtime/checkpoint.h"
@@ -58,9 +62,24 @@ IterationRecord to_record(const runtime::StepResult& r) {
 
 namespace {
 
+// Opens the GPU for --device cuda (one GPU per process: under mpirun, the rank's local index).
+void open_device(const RunOptions& o) {
+  if (o.train.device == Device::kCPU) return;
+#if TANDEM_WITH_CUDA
+  const int gpus = cuda::device_count();
+  TANDEM_CHECK(gpus > 0, "--device cuda: no GPU is visible on this machine (valid here: "
+               "--device cpu)");
+  const int local = comm::launched_by_mpirun() ? comm::local_rank() : 0;
+  TANDEM_CHECK(local < gpus, "--device cuda: local rank ", local, " needs GPU ", local,
+               " but this machine has ", gpus, "; start at most ", gpus, " ranks per machine");
+  cuda::initialize(local);
+#else
+  TANDEM_CHECK(false, "--device ", o.device,
+               " is not available in this build: valid is cpu (built without CUDA)");
+#endif
+}
+
 void check_supported(const RunOptions& o) {
-  TANDEM_CHECK(o.device == "cpu", "--device ", o.device,
-               " is not available in this build: valid is cpu (the CUDA backend is not built)");
   const ParallelConfig& p = o.parallel;
   TANDEM_CHECK(comm::launched_by_mpirun() ||
                    (p.pipeline_model_parallel_size == 1 && p.expert_model_parallel_size == 1),
@@ -81,6 +100,7 @@ void check_first_step_data(const data::Dataset& data, const RunOptions& o, int64
 void run_train(const CLI::App& app, RunOptions& o) {
   finalize_run_options(app, o, checkpoint_option_values);
   check_supported(o);
+  open_device(o);
   if (comm::launched_by_mpirun()) {
     run_train_distributed(o);
     return;
@@ -99,18 +119,26 @@ void run_train(const CLI::App& app, RunOptions& o) {
                                    : std::string("dense"))
               << ", data: " << data->describe() << ", "
               << o.train.num_microbatches() << " micro-batches of " << o.train.micro_batch_size
-              << " x " << o.model.seq_length << " tokens per step" << std::endl;
+              << " x " << o.model.seq_length << " tokens per step, on "
+              << (o.train.device == Device::kCPU ? std::string("the CPU")
+#if TANDEM_WITH_CUDA
+                                                 : cuda::device_description())
+#else
+                                                 : std::string("a GPU"))
+#endif
+              << std::endl;
   }
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
     const bool trace_this = !o.trace_path.empty() && it + 1 == o.train.train_iters;
-    if (trace_this) cpu_allocator().set_trace(true);
+    Allocator& alloc = allocator_for(o.train.device);
+    if (trace_this) alloc.set_trace(true);
     const runtime::StepResult r = trainer.step();
     if (trace_this) {  // the measured timeline of the last step
       runtime::write_trace_file(
-          o.trace_path, {runtime::rank_trace_events(0, trainer.timeline(), cpu_allocator().trace(),
+          o.trace_path, {runtime::rank_trace_events(0, trainer.timeline(), alloc.trace(),
                                                     trainer.step_start_seconds())});
-      cpu_allocator().set_trace(false);
+      alloc.set_trace(false);
     }
     reporter.report(to_record(r));
     if (should_save(o, r.iteration)) save_training_checkpoint(trainer, o);

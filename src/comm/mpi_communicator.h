@@ -16,6 +16,9 @@ namespace tandem::comm {
 bool mpi_initialize(int* argc, char*** argv);
 // True when the environment says mpirun/mpiexec started this process.
 bool launched_by_mpirun();
+// This process's index among the ranks on its machine (OMPI_COMM_WORLD_LOCAL_RANK and the like;
+// 0 when not started by mpirun): the GPU it uses.
+int local_rank();
 // Finalizes MPI if it was started; safe to call more than once.
 void mpi_finalize();
 // Ends every rank of the job with `code` (after a fatal error on one rank).

@@ -6,6 +6,8 @@
 #include <cstdint>
 #include <string>
 
+#include "core/dtype.h"
+
 namespace tandem {
 
 // What a training step does when its loss or gradient norm is NaN or Inf (--nan-policy): stop
@@ -50,6 +52,7 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int64_t log_interval = 10;
   NonFinitePolicy non_finite_policy = NonFinitePolicy::kStop;
+  Device device = Device::kCPU;  // --device cpu | cuda (one GPU per process)
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

@@ -3,6 +3,7 @@
 
 #include <array>
 
+#include "core/allocator.h"
 #include "core/error.h"
 
 namespace tandem {
@@ -34,6 +35,14 @@ const DeviceBackend& device_backend(Device device) {
 }
 
 Device current_device() { return t_current; }
+
+Allocator& allocator_for(Device device) {
+  return device == Device::kCPU ? cpu_allocator() : *device_backend(device).allocator;
+}
+
+void synchronize_device(Device device) {
+  if (device != Device::kCPU) device_backend(device).synchronize();
+}
 
 DeviceScope::DeviceScope(Device device) : previous_(t_current) {
   if (device != Device::kCPU) device_backend(device);  // throws when absent

@@ -24,7 +24,14 @@ struct DeviceBackend {
   // stream; returns once a host destination holds the data.
   void (*copy)(void* dst, Device dst_device, const void* src, Device src_device,
                size_t bytes) = nullptr;
+  // Waits until all work enqueued on the device so far has finished.
+  void (*synchronize)() = nullptr;
 };
+
+// The allocator of `device` (the CPU allocator or the registered device's).
+Allocator& allocator_for(Device device);
+// Waits for the device's queued work (nothing to do for the CPU).
+void synchronize_device(Device device);
 
 // Installs the hooks for `device` (not the CPU); called once by the backend's initialisation.
 void register_device_backend(Device device, const DeviceBackend& backend);

@@ -34,14 +34,14 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     case NodeKind::kEmbed:
       return n * kIndexBytes;
     case NodeKind::kAttention: {
-      int64_t elems = 4 * n * h + 2 * n + 2 * n * cfg.q_width() + 2 * n * cfg.kv_width() +
-                      n * cfg.num_attention_heads;
+      const int64_t elems = 4 * n * h + 2 * n * cfg.q_width() + 2 * n * cfg.kv_width();
+      int64_t stats = 2 * n + n * cfg.num_attention_heads;
       int64_t index = 0;
       if (cfg.is_moe()) {
-        elems += n * e + n * k;
+        stats += n * e + n * k;
         index = n * k + e + n * k;
       }
-      return elems * es + index * kIndexBytes;
+      return elems * es + stats * s.stat_size() + index * kIndexBytes;
     }
     case NodeKind::kDispatch:
       return s.ep_size > 1 ? s.ep_size * s.local_experts * kIndexBytes : 0;
@@ -52,7 +52,8 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     case NodeKind::kMlp:
       return 3 * n * f * es;
     case NodeKind::kLoss:
-      return (2 * n * h + n + n * cfg.vocab_size) * es + n * kIndexBytes;
+      if (s.fused_lm_head) return 2 * n * h * es + 2 * n * s.stat_size() + n * kIndexBytes;
+      return (2 * n * h + n * cfg.vocab_size) * es + n * s.stat_size() + n * kIndexBytes;
   }
   return 0;
 }
@@ -71,7 +72,7 @@ int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const Foo
     case NodeKind::kMlp:
       return n * cfg.ffn_hidden_size * es;
     case NodeKind::kLoss:
-      return (n * h + n * cfg.vocab_size) * es;
+      return s.fused_lm_head ? 0 : (n * h + n * cfg.vocab_size) * es;
     case NodeKind::kDispatch:
     case NodeKind::kCombine:
       return 0;

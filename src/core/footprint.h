@@ -21,7 +21,12 @@ struct FootprintShape {
   int64_t expert_rows = 0;  // rows the local experts receive (N * k when EP = 1)
   int64_t local_experts = 0;
   int64_t ep_size = 1;      // expert-parallel ranks
-  int64_t elem_bytes = 4;   // activation element size (4 for f32, 8 for f64)
+  int64_t elem_bytes = 4;   // activation element size (4 for f32, 8 for f64, 2 for bf16)
+  int64_t stat_bytes = 0;   // statistics' element size (norm rstd, attention lse, router
+                            // probabilities and weights); 0: the same as elem_bytes. The GPU
+                            // keeps bf16 activations and f32 statistics (docs/cuda.md).
+  bool fused_lm_head = false;  // the loss node runs ops::lm_head_ce_* (the GPU's loss node)
+  int64_t stat_size() const { return stat_bytes > 0 ? stat_bytes : elem_bytes; }
 };
 
 // The shape of one micro-batch with EP = 1 (every routed row stays local).
@@ -30,14 +35,15 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 
 // Bytes a node holds from the end of its forward until its backward (and weight backward) ran.
 //  embed:     ids i32 [N]
-//  attention: x, n1, h1, n2 [N,H]; rstd1, rstd2 [N]; q, a [N,heads*D]; k, v [N,kv*D];
-//             lse [N*heads]; MoE adds probs [N,E], topk_w [N,k], topk_idx i32 [N,k],
-//             counts i32 [E], perm i32 [N*k]
+//  attention: x, n1, h1, n2 [N,H]; q, a [N,heads*D]; k, v [N,kv*D]; statistics rstd1,
+//             rstd2 [N], lse [N*heads]; MoE adds statistics probs [N,E], topk_w [N,k], and
+//             topk_idx i32 [N,k], counts i32 [E], perm i32 [N*k]
 //  dispatch:  EP > 1: recv_counts i32 [EP * local E] (the rows it receives are the experts')
 //  experts:   x_in [R,H]; gate, up, act [R,F]; rows_per_expert i32 [local E]
 //  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
 //  mlp:       gate, up, act [N,F]
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]
+//             fused LM head: x, nf [N,H]; statistics rstd, lse [N]; targets i32 [N]
 int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
 
 // Of those, the bytes a node still holds after its input-gradient backward when the weight

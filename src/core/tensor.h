@@ -54,11 +54,13 @@ class Tensor {
  public:
   Tensor() = default;
 
-  // A new contiguous tensor with uninitialised contents, counted under `category`.
+  // A new contiguous tensor with uninitialised contents, counted under `category`, on `device`
+  // (the CPU unless named: code that follows the current device, Note [Current device], asks
+  // for current_device() explicitly, as the model's nodes do).
   static Tensor empty(const Shape& shape, DType dtype, MemCategory category,
-                      std::string_view tag = {}, Device device = current_device());
+                      std::string_view tag = {}, Device device = Device::kCPU);
   static Tensor zeros(const Shape& shape, DType dtype, MemCategory category,
-                      std::string_view tag = {}, Device device = current_device());
+                      std::string_view tag = {}, Device device = Device::kCPU);
 
   bool defined() const { return storage_ != nullptr; }
   bool released() const { return storage_ && storage_->released(); }

@@ -16,7 +16,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.x = a.x;                                                      // (N, H)
   adopt_as_activation(s.x);                                       // Note [Hand-over]
   s.n1 = saved_tensor({n, h}, c.dtype, "attn.n1");
-  s.rstd1 = saved_tensor({n}, c.dtype, "attn.rstd1");
+  s.rstd1 = saved_tensor({n}, c.stat_dtype(), "attn.rstd1");
   ops::rmsnorm_forward(s.n1, s.rstd1, s.x, w.input_norm, cfg.norm_epsilon);
   s.q = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q");     // (N, heads*D)
   s.k = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k");    // (N, kv*D)
@@ -29,23 +29,23 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                                   cfg.head_dim()};
   s.a = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.a");
-  s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.dtype, "attn.lse");
+  s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.stat_dtype(), "attn.lse");
   ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, shape);
   s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
   ops::linear_forward(s.h1, s.a, w.wo);
   ops::axpy(s.h1, s.x, 1.0);                                      // residual
   s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
-  s.rstd2 = saved_tensor({n}, c.dtype, "attn.rstd2");
+  s.rstd2 = saved_tensor({n}, c.stat_dtype(), "attn.rstd2");
   ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
   a.h1 = s.h1;
   if (!cfg.is_moe()) return;
 
   const int64_t e = cfg.num_experts, k = cfg.moe_router_topk;
-  Tensor logits = work_tensor({n, e}, c.dtype, "attn.router_logits");
+  Tensor logits = work_tensor({n, e}, c.stat_dtype(), "attn.router_logits");
   ops::linear_forward(logits, s.n2, w.router);
   s.topk_idx = saved_tensor({n, k}, DType::kI32, "attn.topk_idx");
-  s.topk_w = saved_tensor({n, k}, c.dtype, "attn.topk_w");
-  s.probs = saved_tensor({n, e}, c.dtype, "attn.probs");
+  s.topk_w = saved_tensor({n, k}, c.stat_dtype(), "attn.topk_w");
+  s.probs = saved_tensor({n, e}, c.stat_dtype(), "attn.probs");
   ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits);
   s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");

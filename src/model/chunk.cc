@@ -22,13 +22,15 @@ ModelChunk::ModelChunk(const Parameters& params) : params_(&params) {
 }
 
 NodeContext ModelChunk::context(int64_t batch, double loss_scale) const {
-  return NodeContext{params_->config(), batch, params_->config().seq_length, params_->dtype(),
-                     loss_scale};
+  NodeContext c{params_->config(), batch, params_->config().seq_length,
+                params_->activation_dtype(), loss_scale};
+  c.fused_lm_head = params_->device() != Device::kCPU;
+  return c;
 }
 
 void ModelChunk::forward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const {
   const NodeRef& node = nodes_.at(i);
-  const ModelWeights& w = params_->weights();
+  const ModelWeights& w = params_->compute_weights();
   if (mb.layers.empty()) mb.layers.resize(w.layers.size());
   switch (node.kind) {
     case NodeKind::kEmbed:
@@ -73,7 +75,7 @@ static Tensor take_layer_output_grad(MicroBatchState& mb, int64_t layer, bool ha
 
 void ModelChunk::backward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const {
   const NodeRef& node = nodes_.at(i);
-  const ModelWeights& w = params_->weights();
+  const ModelWeights& w = params_->compute_weights();
   const ModelWeights& g = params_->grads();
   const bool has_head = params_->spec().has_head;
   switch (node.kind) {
@@ -145,6 +147,8 @@ void ModelChunk::backward_weights(MicroBatchState& mb, const NodeContext& c) con
 
 Tensor ModelChunk::infer_logits(const Tensor& ids, int64_t batch, int64_t seq) const {
   TANDEM_ASSERT(params_->spec().has_embed && params_->spec().has_head);
+  TANDEM_CHECK(params_->device() == Device::kCPU,
+               "generation runs on the CPU: load the checkpoint there");
   ModelConfig cfg = params_->config();
   cfg.seq_length = seq;
   const NodeContext c{cfg, batch, seq, params_->dtype(), 1.0};

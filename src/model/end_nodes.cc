@@ -10,15 +10,15 @@ namespace tandem::model {
 using ops::Accumulate;
 
 Tensor saved_tensor(const Shape& shape, DType dtype, const char* tag) {
-  return Tensor::empty(shape, dtype, MemCategory::kActivation, tag);
+  return Tensor::empty(shape, dtype, MemCategory::kActivation, tag, current_device());
 }
 
 Tensor work_tensor(const Shape& shape, DType dtype, const char* tag) {
-  return Tensor::empty(shape, dtype, MemCategory::kOther, tag);
+  return Tensor::empty(shape, dtype, MemCategory::kOther, tag, current_device());
 }
 
 Tensor comm_tensor(const Shape& shape, DType dtype, const char* tag) {
-  return Tensor::empty(shape, dtype, MemCategory::kCommunication, tag);
+  return Tensor::empty(shape, dtype, MemCategory::kCommunication, tag, current_device());
 }
 
 void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const NodeContext& c) {
@@ -44,8 +44,16 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   a.x = x;  // (N, H)
   adopt_as_activation(a.x);  // Note [Hand-over]
   a.nf = saved_tensor({n, h}, c.dtype, "loss.nf");
-  a.rstd = saved_tensor({n}, c.dtype, "loss.rstd");
+  a.rstd = saved_tensor({n}, c.stat_dtype(), "loss.rstd");
   ops::rmsnorm_forward(a.nf, a.rstd, a.x, w.final_norm, cfg.norm_epsilon);
+  if (c.fused_lm_head) {
+    // The logits exist only block by block inside the op; lse is what the backward needs.
+    a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
+    a.targets.copy_from(targets);
+    a.lse = saved_tensor({n}, c.stat_dtype(), "loss.lse");
+    a.lm_loss = ops::lm_head_ce_forward(a.lse, a.nf, w.lm_head, a.targets) / static_cast<double>(n);
+    return;
+  }
   a.logits = saved_tensor({n, cfg.vocab_size}, c.dtype, "loss.logits");  // (N, V)
   ops::linear_forward(a.logits, a.nf, w.lm_head);
   a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
@@ -56,6 +64,18 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
 void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
                    const NodeContext& c) {
   const int64_t n = c.tokens(), h = c.cfg.hidden_size;
+  if (c.fused_lm_head) {
+    // The LM head's input and weight gradients come together, so nothing waits for a W step.
+    Tensor d_nf = work_tensor({n, h}, c.dtype, "loss.d_nf");
+    ops::lm_head_ce_backward(d_nf, g.lm_head, a.nf, w.lm_head, a.targets, a.lse,
+                             c.loss_scale / static_cast<double>(n), Accumulate::kAdd);
+    release_storage({&a.nf, &a.lse, &a.targets});
+    a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");
+    ops::rmsnorm_backward(a.d_x, g.final_norm, d_nf, a.x, w.final_norm, a.rstd,
+                          Accumulate::kOverwrite);
+    release_storage({&a.x, &a.rstd});
+    return;
+  }
   // dlogits overwrite the logits in place: the fp32 logits die the moment their gradient exists.
   ops::cross_entropy_backward(a.logits, a.logits, a.targets,
                               c.loss_scale / static_cast<double>(n));
@@ -67,8 +87,8 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
   release_storage({&a.x, &a.rstd, &a.targets});  // dlogits and nf stay for the LM head's gradient
 }
 
-void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext&) {
-  ops::linear_backward_weight(g.lm_head, a.logits, a.nf);
+void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c) {
+  if (!c.fused_lm_head) ops::linear_backward_weight(g.lm_head, a.logits, a.nf);
   release_storage({&a.logits, &a.nf});
   Tensor d_x = std::move(a.d_x);
   a = LossActs{};
@@ -108,7 +128,21 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
 std::vector<const Tensor*> saved_tensors(const EmbedActs& a) { return {&a.ids_saved}; }
 
 std::vector<const Tensor*> saved_tensors(const LossActs& a) {
-  return {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets};
+  return {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets, &a.lse};
+}
+
+std::vector<int32_t> host_ints(const Tensor& t) {
+  TANDEM_ASSERT(t.dtype() == DType::kI32);
+  std::vector<int32_t> out(static_cast<size_t>(t.numel()));
+  if (t.device() == Device::kCPU) {
+    const int32_t* p = t.data<int32_t>();
+    out.assign(p, p + t.numel());
+  } else {
+    const Tensor host = t.to(Device::kCPU);
+    const int32_t* p = host.data<int32_t>();
+    out.assign(p, p + t.numel());
+  }
+  return out;
 }
 
 }  // namespace tandem::model

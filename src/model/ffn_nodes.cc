@@ -10,11 +10,10 @@ using ops::Accumulate;
 
 // Calls fn(local expert, first row, rows) for each local expert with rows.
 template <typename Fn>
-static void for_each_expert(const Tensor& rows_per_expert, Fn fn) {
-  const int32_t* rows = rows_per_expert.data<int32_t>();
+static void for_each_expert(const std::vector<int32_t>& rows, Fn fn) {
   int64_t begin = 0;
-  for (int64_t e = 0; e < rows_per_expert.numel(); ++e) {
-    if (rows[e] > 0) fn(e, begin, static_cast<int64_t>(rows[e]));
+  for (size_t e = 0; e < rows.size(); ++e) {
+    if (rows[e] > 0) fn(static_cast<int64_t>(e), begin, static_cast<int64_t>(rows[e]));
     begin += rows[e];
   }
 }
@@ -28,11 +27,12 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   const int64_t r = s.x_in.size(0);
   s.rows_per_expert = std::exchange(a.expert_rows, Tensor());  // from dispatch
   TANDEM_ASSERT(s.rows_per_expert.numel() == static_cast<int64_t>(w.e_gate.size()));
+  s.rows_host = host_ints(s.rows_per_expert);
   s.gate = saved_tensor({r, f}, c.dtype, "experts.gate");
   s.up = saved_tensor({r, f}, c.dtype, "experts.up");
   s.act = saved_tensor({r, f}, c.dtype, "experts.act");
   a.expert_out = work_tensor({r, h}, c.dtype, "expert_out");  // handed to combine
-  for_each_expert(s.rows_per_expert, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     const Tensor x = s.x_in.narrow_rows(begin, rows), gate = s.gate.narrow_rows(begin, rows);
     const Tensor up = s.up.narrow_rows(begin, rows), act = s.act.narrow_rows(begin, rows);
     ops::linear_forward(gate, x, w.e_gate[e]);
@@ -53,7 +53,7 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   s.d_up = work_tensor({r, f}, c.dtype, "d_up");
   a.d_expert_in = work_tensor({r, h}, c.dtype, "d_expert_in");
   a.d_expert_in.zero_();  // rows of experts that received none stay zero
-  for_each_expert(s.rows_per_expert, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     const Tensor dg = s.d_gate.narrow_rows(begin, rows), du = s.d_up.narrow_rows(begin, rows);
     const Tensor dact = d_act.narrow_rows(begin, rows), dx = a.d_expert_in.narrow_rows(begin, rows);
     ops::linear_backward_input(dact, s.d_y.narrow_rows(begin, rows), w.e_down[e]);
@@ -67,7 +67,7 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
 
 void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
   ExpertsSaved& s = a.experts;
-  for_each_expert(s.rows_per_expert, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     const Tensor x = s.x_in.narrow_rows(begin, rows);
     ops::linear_backward_weight(g.e_down[e], s.d_y.narrow_rows(begin, rows),
                                 s.act.narrow_rows(begin, rows));

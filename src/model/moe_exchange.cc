@@ -131,7 +131,7 @@ void combine_backward(LayerActs& a, const NodeContext& c) {
   const AttentionSaved& s = a.attn;
   const int64_t n = c.tokens(), k = c.cfg.moe_router_topk, h = c.cfg.hidden_size;
   Tensor d_y = work_tensor({n * k, h}, c.dtype, "d_expert_out");  // expert-sorted
-  a.d_topk_w = work_tensor({n, k}, c.dtype, "d_topk_w");
+  a.d_topk_w = work_tensor({n, k}, c.stat_dtype(), "d_topk_w");
   ops::combine_backward(d_y, a.d_topk_w, a.d_out, a.combine.y, s.perm, s.topk_w);
   release_storage({&a.combine.y});
   a.combine = CombineSaved{};

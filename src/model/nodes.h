@@ -30,10 +30,16 @@ struct NodeContext {
   const ModelConfig& cfg;
   int64_t batch;          // sequences in the micro-batch
   int64_t seq;            // tokens per sequence
-  DType dtype;            // activation dtype (f32 to train, f64 for gradient checks)
+  DType dtype;            // activation dtype (f32 to train, f64 for gradient checks, bf16 on
+                          // the GPU)
   double loss_scale;      // d(step loss)/d(micro-batch loss): 1 / num_microbatches
   comm::Communicator* ep = nullptr;  // the expert-parallel group; null when EP = 1
+  // The loss node through ops::lm_head_ce_* (no [N, V] logits; the GPU's choice).
+  bool fused_lm_head = false;
   int64_t tokens() const { return batch * seq; }
+  // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
+  // activations are bf16 (docs/cuda.md "Numerics on the GPU").
+  DType stat_dtype() const { return dtype == DType::kBF16 ? DType::kF32 : dtype; }
 };
 
 struct AttentionSaved {
@@ -45,6 +51,7 @@ struct AttentionSaved {
 
 struct ExpertsSaved {
   Tensor x_in, gate, up, act, rows_per_expert;
+  std::vector<int32_t> rows_host;  // rows_per_expert read once (a GPU copy waits for the stream)
   Tensor d_y, d_gate, d_up;  // kept for backward_weights
 };
 
@@ -85,6 +92,7 @@ struct EmbedActs {
 
 struct LossActs {
   Tensor x, nf, rstd, logits, targets;  // logits [N, V]; holds dlogits after backward
+  Tensor lse;                           // fused LM head: [N] f32 instead of the logits
   double lm_loss = 0;                   // mean cross-entropy over the micro-batch's tokens
   Tensor d_x;                           // [N, H]
 };
@@ -135,5 +143,8 @@ std::vector<const Tensor*> saved_tensors(const LossActs& a);
 Tensor saved_tensor(const Shape& shape, DType dtype, const char* tag);
 Tensor work_tensor(const Shape& shape, DType dtype, const char* tag);
 Tensor comm_tensor(const Shape& shape, DType dtype, const char* tag);
+// The values of a small i32 tensor (routing counts) on the host; a device tensor is copied
+// (which waits for the current stream).
+std::vector<int32_t> host_ints(const Tensor& t);
 
 }  // namespace tandem::model

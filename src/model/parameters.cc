@@ -5,6 +5,7 @@
 #include <unordered_map>
 
 #include "core/rng.h"
+#include "ops/ops.h"
 
 namespace tandem::model {
 
@@ -15,14 +16,33 @@ ChunkSpec ChunkSpec::whole(const ModelConfig& cfg) {
   return s;
 }
 
-Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype)
-    : cfg_(cfg), spec_(spec), dtype_(dtype) {
+Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype, Device device)
+    : cfg_(cfg), spec_(spec), dtype_(dtype), device_(device) {
   TANDEM_ASSERT(dtype == DType::kF32 || dtype == DType::kF64);
+  TANDEM_CHECK(device == Device::kCPU || dtype == DType::kF32,
+               "GPU parameters are f32 (master weights), not ", dtype_name(dtype));
   build_entries();
-  flat_params_ = Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters");
-  flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients");
+  flat_params_ =
+      Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters", device);
+  flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients", device);
   weights_ = make_views(flat_params_);
   grads_ = make_views(flat_grads_);
+  if (device != Device::kCPU) {
+    flat_compute_ = Tensor::zeros({total_}, DType::kBF16, MemCategory::kParameter,
+                                  "parameters.bf16", device);
+    compute_ = make_views(flat_compute_);
+  }
+}
+
+void Parameters::refresh_compute_copy() {
+  if (device_ != Device::kCPU) ops::convert(flat_compute_, flat_params_);
+}
+
+void Parameters::copy_weights_from(const Parameters& other) {
+  TANDEM_CHECK(other.total_ == total_ && other.dtype_ == dtype_,
+               "copying weights between different parameter layouts");
+  flat_params_.copy_from(other.flat_params_);
+  refresh_compute_copy();
 }
 
 void Parameters::add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard,
@@ -123,14 +143,21 @@ static void fill_init(const Tensor& t, uint64_t key, double std) {
 }
 
 void Parameters::initialize(uint64_t seed) {
+  // Filled on the host (bitwise the same values on every device), then copied.
+  const Tensor host = device_ == Device::kCPU
+                          ? flat_params_
+                          : Tensor::empty({total_}, dtype_, MemCategory::kOther,
+                                          "parameters.init", Device::kCPU);
   for (const ParamEntry& e : entries_) {
     const uint64_t key = splitmix64(seed) ^ hash_name(e.name);
     if (dtype_ == DType::kF32) {
-      fill_init<float>(param(e), key, e.init_std);
+      fill_init<float>(view(host, e), key, e.init_std);
     } else {
-      fill_init<double>(param(e), key, e.init_std);
+      fill_init<double>(view(host, e), key, e.init_std);
     }
   }
+  if (device_ != Device::kCPU) flat_params_.copy_from(host);
+  refresh_compute_copy();
   zero_grads();
 }
 

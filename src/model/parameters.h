@@ -53,17 +53,31 @@ struct ModelWeights {
 
 class Parameters {
  public:
-  Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype);
+  // dtype: of the master weights, gradients and optimizer state (f32, or f64 for gradient
+  // checks). On the GPU the buffers live in device memory and a bf16 copy of the weights feeds
+  // the matrix products (Note [Compute copy]).
+  Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype,
+             Device device = Device::kCPU);
 
   const ModelConfig& config() const { return cfg_; }
   const ChunkSpec& spec() const { return spec_; }
   DType dtype() const { return dtype_; }
+  Device device() const { return device_; }
+  // The activations' dtype: bf16 on the GPU, else the master dtype.
+  DType activation_dtype() const { return device_ == Device::kCPU ? dtype_ : DType::kBF16; }
   const std::vector<ParamEntry>& entries() const { return entries_; }
   int64_t numel() const { return flat_params_.numel(); }
 
   // Views into the flat parameter and gradient buffers.
   const ModelWeights& weights() const { return weights_; }
   const ModelWeights& grads() const { return grads_; }
+  // Note [Compute copy]: what the nodes multiply with. On the CPU the master weights
+  // themselves; on the GPU a bf16 copy, refreshed by refresh_compute_copy() after every change
+  // of the master weights (initialisation, optimizer step, loading).
+  const ModelWeights& compute_weights() const {
+    return device_ == Device::kCPU ? weights_ : compute_;
+  }
+  void refresh_compute_copy();
   Tensor param(const ParamEntry& e) const { return view(flat_params_, e); }
   Tensor grad(const ParamEntry& e) const { return view(flat_grads_, e); }
   const Tensor& flat_params() const { return flat_params_; }
@@ -72,6 +86,8 @@ class Parameters {
   // MODEL.md's initialisation, each tensor drawn from a stream keyed by (seed, name), so any
   // chunk or expert range of the model gets the same values as the whole model.
   void initialize(uint64_t seed);
+  // Copies every master weight from `other` (same entries; any device); refreshes the copy.
+  void copy_weights_from(const Parameters& other);
   void zero_grads();
 
  private:
@@ -83,10 +99,11 @@ class Parameters {
   ModelConfig cfg_;
   ChunkSpec spec_;
   DType dtype_;
+  Device device_;
   std::vector<ParamEntry> entries_;
   int64_t total_ = 0;
-  Tensor flat_params_, flat_grads_;
-  ModelWeights weights_, grads_;
+  Tensor flat_params_, flat_grads_, flat_compute_;
+  ModelWeights weights_, grads_, compute_;
 };
 
 }  // namespace tandem::model

@@ -23,8 +23,10 @@ double learning_rate(const TrainConfig& t, int64_t iter) {
 AdamW::AdamW(model::Parameters& params, const TrainConfig& t)
     : params_(&params),
       hp_(t),
-      m_(Tensor::zeros({params.numel()}, params.dtype(), MemCategory::kOptimizer, "adam.m")),
-      v_(Tensor::zeros({params.numel()}, params.dtype(), MemCategory::kOptimizer, "adam.v")) {}
+      m_(Tensor::zeros({params.numel()}, params.dtype(), MemCategory::kOptimizer, "adam.m",
+                       params.device())),
+      v_(Tensor::zeros({params.numel()}, params.dtype(), MemCategory::kOptimizer, "adam.v",
+                       params.device())) {}
 
 void AdamW::step(double lr) {
   ++step_;

@@ -35,13 +35,18 @@ Trainer::Trainer(const ModelConfig& m, const TrainConfig& t, const data::Dataset
   TANDEM_CHECK(data.vocab_size() <= m.vocab_size, "the data set (", data.describe(),
                ") has token ids up to ", data.vocab_size() - 1, " but --vocab-size is ",
                m.vocab_size, ": use --vocab-size ", data.vocab_size(), " or more");
-  params_ = std::make_unique<model::Parameters>(model_, model::ChunkSpec::whole(model_), dtype);
+  TANDEM_CHECK(train_.device == Device::kCPU || dtype == DType::kF32,
+               "GPU training keeps f32 master weights; ", dtype_name(dtype), " is CPU-only");
+  DeviceScope on(train_.device);
+  params_ = std::make_unique<model::Parameters>(model_, model::ChunkSpec::whole(model_), dtype,
+                                                train_.device);
   params_->initialize(train_.seed);
   chunk_ = std::make_unique<model::ModelChunk>(*params_);
   optimizer_ = std::make_unique<AdamW>(*params_, train_);
 }
 
 StepResult Trainer::forward_backward(int64_t iteration) {
+  DeviceScope on(train_.device);
   const int64_t num_mb = train_.num_microbatches();
   const model::NodeContext ctx =
       chunk_->context(train_.micro_batch_size, 1.0 / static_cast<double>(num_mb));
@@ -82,7 +87,8 @@ std::string non_finite_parts(double loss, double grad_norm) {
 }  // namespace
 
 StepResult Trainer::step() {
-  Allocator& alloc = cpu_allocator();
+  DeviceScope on(train_.device);
+  Allocator& alloc = allocator_for(train_.device);
   alloc.reset_peaks();
   const auto start = std::chrono::steady_clock::now();
   params_->zero_grads();
@@ -106,10 +112,12 @@ StepResult Trainer::step() {
   if (finite) {
     clip_gradients(*params_, r.grad_norm, train_.clip_grad);
     optimizer_->step(r.lr);
+    params_->refresh_compute_copy();
   } else {
     params_->zero_grads();
     r.status = StepStatus::kSkipped;
   }
+  synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);

@@ -1,1 +1,610 @@
-// (being written)
+// CUDA elementwise, reduction, embedding, norm, rope, SwiGLU, router and permutation ops against
+// the CPU reference (ops::cpu through ops.h, f32, inputs rounded to the GPU's storage dtype),
+// within gpu_test.h's tolerance per output dtype. Oracles: the CPU op for every float output;
+// exact equality for integer outputs (top-k ids, counts, permutations), for pure copies
+// (embedding rows, permuted rows) and for f32 <-> bf16 conversion bits; a second identical run
+// for the ops that promise run-to-run reproducibility.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <iterator>
+#include <limits>
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "gpu_test.h"
+
+namespace tandem::testing_gpu {
+namespace {
+
+using ops::Accumulate;
+constexpr DType kF32 = DType::kF32;
+constexpr DType kBF16 = DType::kBF16;
+constexpr Accumulate kModes[] = {Accumulate::kOverwrite, Accumulate::kAdd};
+constexpr Tolerance kExact{0, 0};
+
+std::string name(DType dt) { return std::string(dtype_name(dt)); }
+std::string name(Accumulate acc) { return acc == Accumulate::kAdd ? "add" : "overwrite"; }
+
+Tensor host(const Shape& shape, DType dt = kF32) {
+  return Tensor::zeros(shape, dt, MemCategory::kOther, "host", Device::kCPU);
+}
+
+// The reference's copy of an input as the GPU stores it, in fresh host memory (ops write to it).
+Tensor ref_copy(const Tensor& h, DType dt) { return rounded(h, dt).to(Device::kCPU); }
+
+// Uniform ids in [0, limit) from `seed` (repeats likely when limit is small).
+Tensor random_ids(const Shape& shape, int64_t limit, uint64_t seed) {
+  Tensor t = host(shape, DType::kI32);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    t.data<int32_t>()[i] = static_cast<int32_t>(splitmix64(seed * 1000003 + uint64_t(i)) %
+                                                uint64_t(limit));
+  }
+  return t;
+}
+
+std::vector<int32_t> ints(const Tensor& t) {
+  Tensor h = t.device() == Device::kCPU ? t : t.to(Device::kCPU);
+  const int32_t* p = h.data<int32_t>();
+  return std::vector<int32_t>(p, p + h.numel());
+}
+
+// `h` on the GPU as `dt`, in a view that starts one element past an aligned address: the
+// kernels' scalar path (no 16-byte vectors).
+Tensor misaligned_gpu(const Tensor& h, DType dt) {
+  Tensor flat = host({h.numel() + 1});
+  for (int64_t i = 0; i < h.numel(); ++i) flat.data<float>()[i + 1] = h.data<float>()[i];
+  return to_gpu(flat, dt).narrow_rows(1, h.numel()).reshape(h.shape());
+}
+
+// ---- elementwise and reductions ----
+
+TEST(CudaElementwise, AxpyEveryDtypeMixAndMode) {
+  for (DType ty : {kF32, kBF16}) {
+    for (DType tx : {kF32, kBF16}) {
+      for (Accumulate acc : kModes) {
+        for (int64_t n : {0, 7, 4096 + 5}) {
+          for (bool misaligned : {false, true}) {
+            const std::string what = "axpy y " + name(ty) + " x " + name(tx) + " " + name(acc) +
+                                     " n " + std::to_string(n) + (misaligned ? " misaligned" : "");
+            Tensor y0 = random_host({n}, 1), x0 = random_host({n}, 2);
+            Tensor y = misaligned ? misaligned_gpu(y0, ty) : to_gpu(y0, ty);
+            Tensor x = to_gpu(x0, tx);
+            ops::axpy(y, x, 0.75, acc);
+            Tensor want = ref_copy(y0, ty);
+            ops::axpy(want, ref_copy(x0, tx), 0.75, acc);
+            expect_close(to_host_f32(y), want, tolerance_for(ty), what);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaElementwise, ScaleBothDtypes) {
+  for (DType dt : {kF32, kBF16}) {
+    for (int64_t n : {5, 4096 + 3}) {
+      for (bool misaligned : {false, true}) {
+        Tensor x0 = random_host({n}, 3);
+        Tensor x = misaligned ? misaligned_gpu(x0, dt) : to_gpu(x0, dt);
+        ops::scale(x, -1.5);
+        Tensor want = ref_copy(x0, dt);
+        ops::scale(want, -1.5);
+        expect_close(to_host_f32(x), want, tolerance_for(dt), "scale " + name(dt));
+      }
+    }
+  }
+}
+
+TEST(CudaElementwise, SumSquaresMatchesDoubleSum) {
+  for (DType dt : {kF32, kBF16}) {
+    for (int64_t n : {0, 1, 13, (1 << 20) + 3}) {
+      Tensor x0 = random_host({n}, 4, 3.0);
+      const double got = ops::sum_squares(to_gpu(x0, dt));
+      const double want = ops::sum_squares(rounded(x0, dt));
+      // Both sum exact double products in double; only the order differs.
+      EXPECT_NEAR(got, want, 1e-12 * want) << name(dt) << " n " << n;
+    }
+    Tensor odd = random_host({1001}, 5);
+    EXPECT_NEAR(ops::sum_squares(misaligned_gpu(odd, dt)), ops::sum_squares(rounded(odd, dt)),
+                1e-12 * ops::sum_squares(rounded(odd, dt)));
+  }
+}
+
+TEST(CudaElementwise, AllFiniteFindsNanAndInf) {
+  for (DType dt : {kF32, kBF16}) {
+    for (int64_t n : {1, 9, 10000}) {
+      Tensor x0 = random_host({n}, 6);
+      EXPECT_TRUE(ops::all_finite(to_gpu(x0, dt))) << name(dt) << " n " << n;
+      for (float bad : {std::numeric_limits<float>::quiet_NaN(),
+                        std::numeric_limits<float>::infinity(),
+                        -std::numeric_limits<float>::infinity()}) {
+        for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
+          Tensor y0 = x0.to(Device::kCPU);
+          y0.data<float>()[at] = bad;
+          EXPECT_FALSE(ops::all_finite(to_gpu(y0, dt))) << name(dt) << " n " << n << " at " << at;
+          EXPECT_FALSE(ops::all_finite(misaligned_gpu(y0, dt))) << name(dt) << " misaligned";
+        }
+      }
+    }
+    EXPECT_TRUE(ops::all_finite(to_gpu(host({0}), dt)));
+  }
+}
+
+// f32 -> bf16 must give the host's bits exactly: ties to even, NaN, infinities, denormals.
+TEST(CudaElementwise, ConvertMatchesHostBits) {
+  const float specials[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f),
+                            std::numeric_limits<float>::infinity(),
+                            -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -3e-39f,
+                            std::numeric_limits<float>::max(), 65504.0f, 0x1.fffffep-1f};
+  const int64_t n = 1000 + int64_t(std::size(specials));
+  Tensor src = random_host({n}, 7, 1000.0);
+  for (size_t i = 0; i < std::size(specials); ++i) src.data<float>()[i * 37] = specials[i];
+  for (bool misaligned : {false, true}) {
+    Tensor gsrc = misaligned ? misaligned_gpu(src, kF32) : to_gpu(src, kF32);
+    Tensor gdst = Tensor::empty({n}, kBF16, MemCategory::kOther, "dst", Device::kCUDA);
+    ops::convert(gdst, gsrc);
+    Tensor want = host({n}, kBF16);
+    ops::convert(want, src);
+    Tensor got = gdst.to(Device::kCPU);
+    for (int64_t i = 0; i < n; ++i) {
+      ASSERT_EQ(got.data<BF16>()[i].bits, want.data<BF16>()[i].bits)
+          << "element " << i << " = " << src.data<float>()[i];
+    }
+    // bf16 -> f32 is exact.
+    Tensor back = Tensor::empty({n}, kF32, MemCategory::kOther, "back", Device::kCUDA);
+    ops::convert(back, gdst);
+    Tensor back_want = host({n});
+    ops::convert(back_want, want);
+    Tensor back_got = back.to(Device::kCPU);
+    for (int64_t i = 0; i < n; ++i) {
+      const float g = back_got.data<float>()[i], w = back_want.data<float>()[i];
+      ASSERT_TRUE(g == w || (std::isnan(g) && std::isnan(w))) << "element " << i;
+    }
+  }
+}
+
+TEST(CudaElementwise, ConvertSameDtypeCopiesAcrossShapes) {
+  for (DType dt : {kF32, kBF16}) {
+    Tensor src0 = random_host({6, 7}, 8);
+    Tensor src = to_gpu(src0, dt);
+    Tensor dst = Tensor::empty({42}, dt, MemCategory::kOther, "dst", Device::kCUDA);
+    ops::convert(dst, src);
+    expect_close(to_host_f32(dst), rounded(src0, dt).reshape({42}), kExact, "copy " + name(dt));
+  }
+  Tensor a = Tensor::empty({5}, kF32, MemCategory::kOther, "a", Device::kCUDA);
+  Tensor b = Tensor::empty({6}, kBF16, MemCategory::kOther, "b", Device::kCUDA);
+  EXPECT_THROW(ops::convert(a, b), Error);
+}
+
+// ---- embedding ----
+
+TEST(CudaEmbedding, ForwardCopiesRowsExactly) {
+  const int64_t v = 50, n = 37;
+  for (DType dt : {kF32, kBF16}) {
+    for (int64_t h : {256, 12, 7}) {
+      Tensor table0 = random_host({v, h}, 9);
+      Tensor ids = random_ids({n}, v, 10);
+      Tensor out = Tensor::empty({n, h}, kBF16, MemCategory::kOther, "out", Device::kCUDA);
+      ops::embedding_forward(out, ids.to(Device::kCUDA), to_gpu(table0, dt));
+      Tensor want = host({n, h});
+      ops::embedding_forward(want, ids, rounded(table0, dt));
+      // One bf16 rounding of the table value, the same rounding on both sides.
+      expect_close(to_host_f32(out), rounded(want, kBF16), kExact,
+                   "embedding " + name(dt) + " h " + std::to_string(h));
+    }
+  }
+}
+
+TEST(CudaEmbedding, ForwardRejectsBadIdsNamingIdRowAndRange) {
+  const int64_t v = 50, n = 12, h = 16;
+  Tensor table = to_gpu(random_host({v, h}, 11), kBF16);
+  Tensor out = Tensor::empty({n, h}, kBF16, MemCategory::kOther, "out", Device::kCUDA);
+  for (int32_t bad : {50, -1, 1 << 30}) {
+    Tensor ids = random_ids({n}, v, 12);
+    ids.data<int32_t>()[5] = bad;
+    ids.data<int32_t>()[9] = 77;  // a later bad row: the first one is reported
+    try {
+      ops::embedding_forward(out, ids.to(Device::kCUDA), table);
+      ADD_FAILURE() << "id " << bad << " was accepted";
+    } catch (const Error& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("id " + std::to_string(bad) + " at row 5"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("[0, 50)"), std::string::npos) << msg;
+    }
+  }
+  // Empty batches do nothing.
+  ops::embedding_forward(Tensor::empty({0, h}, kBF16, MemCategory::kOther, "o", Device::kCUDA),
+                         host({0}, DType::kI32).to(Device::kCUDA), table);
+}
+
+TEST(CudaEmbedding, BackwardSumsRepeatedIdsInTokenOrder) {
+  for (int64_t h : {64, 13}) {
+    const int64_t v = 5, n = 300;  // every id repeats many times
+    Tensor dtable0 = random_host({v + 2, h}, 13);
+    Tensor dout0 = random_host({n, h}, 14);
+    Tensor ids = random_ids({n}, v, 15);  // rows v, v + 1 receive nothing
+    Tensor dtable = dtable0.to(Device::kCUDA);
+    ops::embedding_backward(dtable, to_gpu(dout0, kBF16), ids.to(Device::kCUDA));
+    Tensor want = dtable0.to(Device::kCPU);
+    ops::embedding_backward(want, rounded(dout0, kBF16), ids);
+    const Tensor got = dtable.to(Device::kCPU);
+    expect_close(got, want, tolerance_for(kF32), "embedding_backward h " + std::to_string(h));
+    // A second run from the same start gives the same bits (no atomics).
+    Tensor again = dtable0.to(Device::kCUDA);
+    ops::embedding_backward(again, to_gpu(dout0, kBF16), ids.to(Device::kCUDA));
+    expect_close(again.to(Device::kCPU), got, kExact, "embedding_backward rerun");
+  }
+}
+
+// ---- rmsnorm ----
+
+struct NormCase {
+  int64_t n, h;
+};
+// Widths for each kernel variant: forward warp-per-row with 1, 2, 4, 8, 16 register groups
+// per lane (256/24/64, 384, 1000, 2048, 4096) and reloading (8192, 12288); backward warp-per-row
+// (<= 512 columns), block-per-row with 1, 2, 4 groups per thread (1000, 4096, 8192) and
+// reloading (12288); widths that are not multiples of 8 (scalar kernels); one row; no rows; more
+// rows than blocks.
+constexpr NormCase kNormCases[] = {{37, 256}, {50, 384}, {5, 4096}, {3, 8192},  {2, 12288},
+                                   {7, 2048}, {33, 1000}, {1, 24},  {9, 100},   {4, 7},
+                                   {0, 64},   {3000, 64}};
+
+TEST(CudaNorm, RmsnormForward) {
+  for (const NormCase& c : kNormCases) {
+    for (DType gdt : {kF32, kBF16}) {
+      for (bool misaligned : {false, true}) {
+        const std::string what = "rmsnorm_forward n " + std::to_string(c.n) + " h " +
+                                 std::to_string(c.h) + " g " + name(gdt) +
+                                 (misaligned ? " misaligned" : "");
+        Tensor x0 = random_host({c.n, c.h}, 16, 2.0), g0 = random_host({c.h}, 17);
+        Tensor x = misaligned ? misaligned_gpu(x0, kBF16) : to_gpu(x0, kBF16);
+        Tensor y = Tensor::empty({c.n, c.h}, kBF16, MemCategory::kOther, "y", Device::kCUDA);
+        Tensor rstd = Tensor::empty({c.n}, kF32, MemCategory::kOther, "rstd", Device::kCUDA);
+        ops::rmsnorm_forward(y, rstd, x, to_gpu(g0, gdt), 1e-5);
+        Tensor y_want = host({c.n, c.h}), rstd_want = host({c.n});
+        ops::rmsnorm_forward(y_want, rstd_want, rounded(x0, kBF16), rounded(g0, gdt), 1e-5);
+        expect_close(to_host_f32(y), y_want, tolerance_for(kBF16), what + " y");
+        expect_close(to_host_f32(rstd), rstd_want, tolerance_for(kF32), what + " rstd");
+      }
+    }
+  }
+}
+
+TEST(CudaNorm, RmsnormBackwardBothModes) {
+  for (const NormCase& c : kNormCases) {
+    for (DType gdt : {kF32, kBF16}) {
+      for (Accumulate acc : kModes) {
+        const std::string what = "rmsnorm_backward n " + std::to_string(c.n) + " h " +
+                                 std::to_string(c.h) + " g " + name(gdt) + " " + name(acc);
+        Tensor x0 = random_host({c.n, c.h}, 18, 2.0), g0 = random_host({c.h}, 19);
+        Tensor dy0 = random_host({c.n, c.h}, 20), dx0 = random_host({c.n, c.h}, 21);
+        Tensor dg0 = random_host({c.h}, 22);
+        const Tensor xr = rounded(x0, kBF16), gr = rounded(g0, gdt);
+        Tensor y_ref = host({c.n, c.h}), rstd = host({c.n});
+        ops::rmsnorm_forward(y_ref, rstd, xr, gr, 1e-5);
+
+        Tensor dx = to_gpu(dx0, kBF16), dg = dg0.to(Device::kCUDA);
+        const Tensor dy = to_gpu(dy0, kBF16), x = to_gpu(x0, kBF16), g = to_gpu(g0, gdt);
+        const Tensor rstd_gpu = rstd.to(Device::kCUDA);
+        ops::rmsnorm_backward(dx, dg, dy, x, g, rstd_gpu, acc);
+        Tensor dx_want = ref_copy(dx0, kBF16), dg_want = dg0.to(Device::kCPU);
+        ops::rmsnorm_backward(dx_want, dg_want, rounded(dy0, kBF16), xr, gr, rstd, acc);
+        expect_close(to_host_f32(dx), dx_want, tolerance_for(kBF16), what + " dx");
+        const Tensor dg_got = dg.to(Device::kCPU);
+        expect_close(dg_got, dg_want, tolerance_for(kF32), what + " dg");
+
+        // Run to run, dg has the same bits (blocks reduced in a fixed order).
+        Tensor dg_again = dg0.to(Device::kCUDA), dx_again = to_gpu(dx0, kBF16);
+        ops::rmsnorm_backward(dx_again, dg_again, dy, x, g, rstd_gpu, acc);
+        expect_close(dg_again.to(Device::kCPU), dg_got, kExact, what + " dg rerun");
+      }
+    }
+  }
+}
+
+TEST(CudaNorm, RmsnormBackwardInPlaceAndMisaligned) {
+  for (const NormCase& c : {NormCase{37, 256}, NormCase{9, 100}, NormCase{5, 4096}}) {
+    Tensor x0 = random_host({c.n, c.h}, 23), g0 = random_host({c.h}, 24);
+    Tensor dy0 = random_host({c.n, c.h}, 25), dg0 = random_host({c.h}, 26);
+    const Tensor xr = rounded(x0, kBF16);
+    Tensor y_ref = host({c.n, c.h}), rstd = host({c.n});
+    ops::rmsnorm_forward(y_ref, rstd, xr, g0, 1e-5);
+    Tensor dx_want = ref_copy(dy0, kBF16), dg_want = dg0.to(Device::kCPU);
+    ops::rmsnorm_backward(dx_want, dg_want, dx_want, xr, g0, rstd, Accumulate::kOverwrite);
+    // dx aliases dy.
+    Tensor dxy = to_gpu(dy0, kBF16), dg = dg0.to(Device::kCUDA);
+    ops::rmsnorm_backward(dxy, dg, dxy, to_gpu(x0, kBF16), to_gpu(g0, kF32), rstd.to(Device::kCUDA),
+                          Accumulate::kOverwrite);
+    expect_close(to_host_f32(dxy), dx_want, tolerance_for(kBF16), "in-place dx");
+    expect_close(dg.to(Device::kCPU), dg_want, tolerance_for(kF32), "in-place dg");
+    // Misaligned x: the scalar kernel.
+    Tensor dx = Tensor::empty({c.n, c.h}, kBF16, MemCategory::kOther, "dx", Device::kCUDA);
+    Tensor dg2 = dg0.to(Device::kCUDA);
+    ops::rmsnorm_backward(dx, dg2, to_gpu(dy0, kBF16), misaligned_gpu(x0, kBF16),
+                          to_gpu(g0, kF32), rstd.to(Device::kCUDA), Accumulate::kOverwrite);
+    expect_close(to_host_f32(dx), dx_want, tolerance_for(kBF16), "misaligned dx");
+    expect_close(dg2.to(Device::kCPU), dg_want, tolerance_for(kF32), "misaligned dg");
+  }
+}
+
+// ---- rope ----
+
+struct RopeCase {
+  int64_t batch, seq, heads, head_dim;
+  double theta;
+};
+// Vector path (D/2 a multiple of 8), scalar path (D/2 = 3, 1), heads not a multiple of the
+// 4 a thread serves, and long positions with a large theta.
+constexpr RopeCase kRopeCases[] = {{2, 37, 3, 64, 10000.0}, {1, 5, 5, 6, 10000.0},
+                                   {3, 16, 1, 16, 10000.0}, {2, 9, 7, 2, 10000.0},
+                                   {1, 4096, 1, 128, 500000.0}, {0, 4, 2, 64, 10000.0}};
+
+TEST(CudaRope, ForwardAndBackwardOutOfPlaceAndInPlace) {
+  for (const RopeCase& c : kRopeCases) {
+    const int64_t n = c.batch * c.seq, w = c.heads * c.head_dim;
+    for (bool backward : {false, true}) {
+      for (bool in_place : {false, true}) {
+        const std::string what = std::string(backward ? "rope_backward" : "rope_forward") +
+                                 " seq " + std::to_string(c.seq) + " heads " +
+                                 std::to_string(c.heads) + " D " + std::to_string(c.head_dim) +
+                                 (in_place ? " in place" : "");
+        auto rope = backward ? ops::rope_backward : ops::rope_forward;
+        Tensor x0 = random_host({n, w}, 27, 2.0);
+        Tensor x = to_gpu(x0, kBF16);
+        Tensor out = in_place ? x : Tensor::empty({n, w}, kBF16, MemCategory::kOther, "out",
+                                                  Device::kCUDA);
+        rope(out, x, c.seq, c.heads, c.head_dim, c.theta);
+        Tensor want = host({n, w});
+        rope(want, rounded(x0, kBF16), c.seq, c.heads, c.head_dim, c.theta);
+        expect_close(to_host_f32(out), want, tolerance_for(kBF16), what);
+      }
+    }
+  }
+}
+
+TEST(CudaRope, MisalignedAndBadShapes) {
+  const int64_t n = 8, heads = 2, d = 16;
+  Tensor x0 = random_host({n, heads * d}, 28);
+  Tensor x = misaligned_gpu(x0, kBF16);
+  Tensor out = Tensor::empty({n, heads * d}, kBF16, MemCategory::kOther, "out", Device::kCUDA);
+  ops::rope_forward(out, x, 4, heads, d, 10000.0);
+  Tensor want = host({n, heads * d});
+  ops::rope_forward(want, rounded(x0, kBF16), 4, heads, d, 10000.0);
+  expect_close(to_host_f32(out), want, tolerance_for(kBF16), "rope misaligned");
+  EXPECT_THROW(ops::rope_forward(out, x, 4, heads, 15, 10000.0), Error);  // odd head_dim
+  EXPECT_THROW(ops::rope_forward(out, x, 4, 3, d, 10000.0), Error);       // width mismatch
+  EXPECT_THROW(ops::rope_forward(out, x, 0, heads, d, 10000.0), Error);   // seq 0
+}
+
+// ---- SwiGLU ----
+
+TEST(CudaSwiglu, ForwardAndBackward) {
+  for (const Shape& shape : {Shape{37, 129}, Shape{64, 256}, Shape{3, 5}, Shape{0, 8}}) {
+    for (bool misaligned : {false, true}) {
+      const std::string what = "swiglu " + shape_str(shape) + (misaligned ? " misaligned" : "");
+      Tensor g0 = random_host(shape, 29, 6.0), u0 = random_host(shape, 30, 2.0);
+      Tensor d0 = random_host(shape, 31);
+      Tensor gate = misaligned ? misaligned_gpu(g0, kBF16) : to_gpu(g0, kBF16);
+      Tensor up = to_gpu(u0, kBF16), dout = to_gpu(d0, kBF16);
+      const Tensor gr = rounded(g0, kBF16), ur = rounded(u0, kBF16), dr = rounded(d0, kBF16);
+      Tensor out = Tensor::empty(shape, kBF16, MemCategory::kOther, "out", Device::kCUDA);
+      ops::swiglu_forward(out, gate, up);
+      Tensor out_want = host(shape);
+      ops::swiglu_forward(out_want, gr, ur);
+      expect_close(to_host_f32(out), out_want, tolerance_for(kBF16), what + " forward");
+      Tensor dgate = Tensor::empty(shape, kBF16, MemCategory::kOther, "dg", Device::kCUDA);
+      Tensor dup = Tensor::empty(shape, kBF16, MemCategory::kOther, "du", Device::kCUDA);
+      ops::swiglu_backward(dgate, dup, dout, gate, up);
+      Tensor dg_want = host(shape), du_want = host(shape);
+      ops::swiglu_backward(dg_want, du_want, dr, gr, ur);
+      expect_close(to_host_f32(dgate), dg_want, tolerance_for(kBF16), what + " dgate");
+      expect_close(to_host_f32(dup), du_want, tolerance_for(kBF16), what + " dup");
+    }
+  }
+}
+
+// ---- router ----
+
+struct RouterCase {
+  int64_t n, e, k;
+};
+// E below, at and above a warp; k up to E; an empty batch.
+constexpr RouterCase kRouterCases[] = {{37, 8, 2},  {100, 64, 4}, {19, 37, 3},
+                                       {5, 100, 1}, {7, 3, 3},    {0, 8, 2}};
+
+// Logits in steps of 0.25 over a few values: many exact ties, broken toward the lower index.
+Tensor tied_logits(int64_t n, int64_t e, uint64_t seed) {
+  Tensor t = random_host({n, e}, seed, 1.0);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    t.data<float>()[i] = std::round(t.data<float>()[i] * 4) / 4;
+  }
+  return t;
+}
+
+TEST(CudaRouter, ForwardTopKTiesAndSoftmax) {
+  for (const RouterCase& c : kRouterCases) {
+    for (bool ties : {false, true}) {
+      const std::string what = "router_forward n " + std::to_string(c.n) + " E " +
+                               std::to_string(c.e) + " k " + std::to_string(c.k) +
+                               (ties ? " ties" : "");
+      Tensor logits = ties ? tied_logits(c.n, c.e, 32) : random_host({c.n, c.e}, 32, 3.0);
+      Tensor idx = Tensor::empty({c.n, c.k}, DType::kI32, MemCategory::kOther, "i", Device::kCUDA);
+      Tensor w = Tensor::empty({c.n, c.k}, kF32, MemCategory::kOther, "w", Device::kCUDA);
+      Tensor probs = Tensor::empty({c.n, c.e}, kF32, MemCategory::kOther, "p", Device::kCUDA);
+      ops::router_forward(idx, w, probs, logits.to(Device::kCUDA));
+      Tensor idx_want = host({c.n, c.k}, DType::kI32), w_want = host({c.n, c.k});
+      Tensor probs_want = host({c.n, c.e});
+      ops::router_forward(idx_want, w_want, probs_want, logits);
+      EXPECT_EQ(ints(idx), ints(idx_want)) << what;
+      expect_close(w.to(Device::kCPU), w_want, tolerance_for(kF32), what + " topk_w");
+      expect_close(probs.to(Device::kCPU), probs_want, tolerance_for(kF32), what + " probs");
+    }
+  }
+}
+
+TEST(CudaRouter, CountsAndAuxLoss) {
+  for (const RouterCase& c : kRouterCases) {
+    const std::string what = "router n " + std::to_string(c.n) + " E " + std::to_string(c.e);
+    Tensor logits = random_host({c.n, c.e}, 33, 3.0);
+    Tensor idx = host({c.n, c.k}, DType::kI32), w = host({c.n, c.k}), probs = host({c.n, c.e});
+    ops::router_forward(idx, w, probs, logits);
+    Tensor counts = Tensor::empty({c.e}, DType::kI32, MemCategory::kOther, "c", Device::kCUDA);
+    ops::router_counts(counts, idx.to(Device::kCUDA));
+    Tensor counts_want = host({c.e}, DType::kI32);
+    ops::router_counts(counts_want, idx);
+    EXPECT_EQ(ints(counts), ints(counts_want)) << what;
+    const double got = ops::router_aux_loss(probs.to(Device::kCUDA), counts_want.to(Device::kCUDA),
+                                            c.k, 0.01);
+    const double want = ops::router_aux_loss(probs, counts_want, c.k, 0.01);
+    // Column sums in double in another order.
+    EXPECT_NEAR(got, want, 1e-12 * std::fabs(want)) << what;
+  }
+  // Many rows: the column sums span several chunks.
+  const int64_t n = 20000, e = 8;
+  Tensor probs = random_host({n, e}, 34);
+  Tensor counts = random_ids({e}, 5000, 35);
+  const double got = ops::router_aux_loss(probs.to(Device::kCUDA), counts.to(Device::kCUDA), 2,
+                                          0.01);
+  EXPECT_NEAR(got, ops::router_aux_loss(probs, counts, 2, 0.01), 1e-12 * std::fabs(got));
+}
+
+TEST(CudaRouter, BackwardSelectedAndAuxTerms) {
+  for (const RouterCase& c : kRouterCases) {
+    // aux_only: dtopk_w = 0 and a large aux_scale, so the (otherwise ~1e-5) aux term is checked
+    // at full weight against the tolerance.
+    for (bool aux_only : {false, true}) {
+      for (DType dt : {kF32, kBF16}) {
+        const std::string what = "router_backward n " + std::to_string(c.n) + " E " +
+                                 std::to_string(c.e) + " k " + std::to_string(c.k) + " " +
+                                 name(dt) + (aux_only ? " aux only" : "");
+        Tensor logits = random_host({c.n, c.e}, 36, 3.0);
+        Tensor idx = host({c.n, c.k}, DType::kI32), w = host({c.n, c.k});
+        Tensor probs = host({c.n, c.e}), counts = host({c.e}, DType::kI32);
+        ops::router_forward(idx, w, probs, logits);
+        ops::router_counts(counts, idx);
+        Tensor dw = aux_only ? host({c.n, c.k}) : random_host({c.n, c.k}, 37);
+        const double coeff = 0.01, aux_scale = aux_only ? 1000.0 * double(c.n) : 0.5;
+        Tensor dl = Tensor::empty({c.n, c.e}, dt, MemCategory::kOther, "dl", Device::kCUDA);
+        ops::router_backward(dl, dw.to(Device::kCUDA), idx.to(Device::kCUDA), w.to(Device::kCUDA),
+                             probs.to(Device::kCUDA), counts.to(Device::kCUDA), c.k, coeff,
+                             aux_scale);
+        Tensor dl_want = host({c.n, c.e});
+        ops::router_backward(dl_want, dw, idx, w, probs, counts, c.k, coeff, aux_scale);
+        expect_close(to_host_f32(dl), dl_want, tolerance_for(dt), what);
+      }
+    }
+  }
+}
+
+// ---- token permutation ----
+
+struct PermCase {
+  int64_t n, k, e;
+};
+constexpr PermCase kPermCases[] = {{1000, 2, 8}, {37, 3, 37}, {513, 4, 256},
+                                   {10, 1, 1},   {5, 2, 64},  {0, 2, 8}};
+
+TEST(CudaMoe, PermutationIsTheCpuOrderExactly) {
+  for (const PermCase& c : kPermCases) {
+    const std::string what = "moe_permutation n " + std::to_string(c.n) + " k " +
+                             std::to_string(c.k) + " E " + std::to_string(c.e);
+    Tensor idx = random_ids({c.n, c.k}, c.e, 38);  // repeats within a token allowed
+    Tensor perm = Tensor::empty({c.n * c.k}, DType::kI32, MemCategory::kOther, "p", Device::kCUDA);
+    Tensor counts = Tensor::empty({c.e}, DType::kI32, MemCategory::kOther, "c", Device::kCUDA);
+    ops::moe_permutation(perm, counts, idx.to(Device::kCUDA), c.e);
+    Tensor perm_want = host({c.n * c.k}, DType::kI32), counts_want = host({c.e}, DType::kI32);
+    ops::moe_permutation(perm_want, counts_want, idx, c.e);
+    EXPECT_EQ(ints(perm), ints(perm_want)) << what;
+    EXPECT_EQ(ints(counts), ints(counts_want)) << what;
+  }
+}
+
+// The permutation of a random routing, on the host.
+Tensor host_perm(const PermCase& c, uint64_t seed) {
+  Tensor idx = random_ids({c.n, c.k}, c.e, seed);
+  Tensor perm = host({c.n * c.k}, DType::kI32), counts = host({c.e}, DType::kI32);
+  ops::moe_permutation(perm, counts, idx, c.e);
+  return perm;
+}
+
+constexpr int64_t kWidths[] = {256, 13, 64};
+
+TEST(CudaMoe, PermuteForwardAndBackward) {
+  for (const PermCase& c : kPermCases) {
+    for (int64_t h : kWidths) {
+      const std::string what = "permute n " + std::to_string(c.n) + " k " + std::to_string(c.k) +
+                               " h " + std::to_string(h);
+      const Tensor perm = host_perm(c, 39), perm_gpu = perm.to(Device::kCUDA);
+      Tensor x0 = random_host({c.n, h}, 40);
+      Tensor out = Tensor::empty({c.n * c.k, h}, kBF16, MemCategory::kOther, "o", Device::kCUDA);
+      ops::permute_forward(out, to_gpu(x0, kBF16), perm_gpu, c.k);
+      Tensor out_want = host({c.n * c.k, h});
+      ops::permute_forward(out_want, rounded(x0, kBF16), perm, c.k);
+      expect_close(to_host_f32(out), out_want, kExact, what + " forward");
+      for (Accumulate acc : kModes) {
+        Tensor d0 = random_host({c.n * c.k, h}, 41), dx0 = random_host({c.n, h}, 42);
+        Tensor dx = to_gpu(dx0, kBF16);
+        ops::permute_backward(dx, to_gpu(d0, kBF16), perm_gpu, c.k, acc);
+        Tensor dx_want = ref_copy(dx0, kBF16);
+        ops::permute_backward(dx_want, rounded(d0, kBF16), perm, c.k, acc);
+        expect_close(to_host_f32(dx), dx_want, tolerance_for(kBF16),
+                     what + " backward " + name(acc));
+      }
+    }
+  }
+}
+
+TEST(CudaMoe, CombineForwardAndBackward) {
+  for (const PermCase& c : kPermCases) {
+    for (int64_t h : kWidths) {
+      const std::string what = "combine n " + std::to_string(c.n) + " k " + std::to_string(c.k) +
+                               " h " + std::to_string(h);
+      const Tensor perm = host_perm(c, 43), perm_gpu = perm.to(Device::kCUDA);
+      Tensor y0 = random_host({c.n * c.k, h}, 44), out0 = random_host({c.n, h}, 45);
+      Tensor w = random_host({c.n, c.k}, 46);
+      Tensor out = to_gpu(out0, kBF16);
+      ops::combine_forward(out, to_gpu(y0, kBF16), perm_gpu, w.to(Device::kCUDA));
+      Tensor out_want = ref_copy(out0, kBF16);
+      ops::combine_forward(out_want, rounded(y0, kBF16), perm, w);
+      expect_close(to_host_f32(out), out_want, tolerance_for(kBF16), what + " forward");
+
+      Tensor d0 = random_host({c.n, h}, 47);
+      Tensor dy = Tensor::empty({c.n * c.k, h}, kBF16, MemCategory::kOther, "dy", Device::kCUDA);
+      Tensor dw = Tensor::empty({c.n, c.k}, kF32, MemCategory::kOther, "dw", Device::kCUDA);
+      ops::combine_backward(dy, dw, to_gpu(d0, kBF16), to_gpu(y0, kBF16), perm_gpu,
+                            w.to(Device::kCUDA));
+      Tensor dy_want = host({c.n * c.k, h}), dw_want = host({c.n, c.k});
+      ops::combine_backward(dy_want, dw_want, rounded(d0, kBF16), rounded(y0, kBF16), perm, w);
+      expect_close(to_host_f32(dy), dy_want, tolerance_for(kBF16), what + " dy");
+      // dtopk_w: an fp32 dot over h <= 256 products of values in [-1, 1] against the CPU's
+      // double sum; its rounding (~1e-6) is within the f32 row of the table.
+      expect_close(dw.to(Device::kCPU), dw_want, tolerance_for(kF32), what + " dtopk_w");
+    }
+  }
+}
+
+// ---- argument checks ----
+
+TEST(CudaChecks, BadArgumentsThrowTandemErrors) {
+  Tensor y = to_gpu(random_host({8}, 48), kF32);
+  EXPECT_THROW(ops::axpy(y, random_host({8}, 49), 1.0), Error);               // x on the CPU
+  EXPECT_THROW(ops::axpy(y, to_gpu(random_host({9}, 49), kF32), 1.0), Error);  // shape
+  Tensor x32 = to_gpu(random_host({4, 8}, 50), kF32);  // rmsnorm takes bf16 activations
+  Tensor y16 = Tensor::empty({4, 8}, kBF16, MemCategory::kOther, "y", Device::kCUDA);
+  Tensor rstd = Tensor::empty({4}, kF32, MemCategory::kOther, "r", Device::kCUDA);
+  EXPECT_THROW(ops::rmsnorm_forward(y16, rstd, x32, to_gpu(random_host({8}, 51), kF32), 1e-5),
+               Error);
+  Tensor logits = to_gpu(random_host({4, 8}, 52), kF32);
+  Tensor idx = Tensor::empty({4, 9}, DType::kI32, MemCategory::kOther, "i", Device::kCUDA);
+  Tensor w = Tensor::empty({4, 9}, kF32, MemCategory::kOther, "w", Device::kCUDA);
+  Tensor probs = Tensor::empty({4, 8}, kF32, MemCategory::kOther, "p", Device::kCUDA);
+  EXPECT_THROW(ops::router_forward(idx, w, probs, logits), Error);  // k = 9 > E = 8
+}
+
+}  // namespace
+}  // namespace tandem::testing_gpu

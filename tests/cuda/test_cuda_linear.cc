@@ -1,1 +1,467 @@
-// (being written)
+// GPU tests of the cuBLASLt products (linear layers), the cross-entropy, the fused LM head and
+// AdamW. Oracle: the CPU ops (through ops.h) on the same inputs rounded to the GPU's storage
+// dtypes, held to gpu_test.h's tolerance table. Where rounding the GPU must do makes the error
+// depend on the data (bf16 dlogits inside the LM head's products, fp32 sums over a long k), the
+// test adds the standard product error bound c * (|A| @ |B|), computed per element on the CPU.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/rng.h"
+#include "cuda/gpu_test.h"
+#include "ops/cuda/gemm.h"
+#include "ops/ops.h"
+
+namespace tandem::ops::cuda {
+// Defined in lm_head.cu (the op has no private header): rows per block, 0 for the op's choice;
+// returns the previous value.
+int64_t set_lm_head_block_rows_for_testing(int64_t rows);
+}  // namespace tandem::ops::cuda
+
+namespace tandem::testing_gpu {
+namespace {
+
+using ops::Accumulate;
+
+Tensor host_f32(const Shape& shape) {
+  return Tensor::zeros(shape, DType::kF32, MemCategory::kOther, "ref", Device::kCPU);
+}
+
+// Targets in [0, v) from `seed`, on the host.
+Tensor random_targets(int64_t n, int64_t v, uint64_t seed) {
+  Tensor t = Tensor::empty({n}, DType::kI32, MemCategory::kOther, "targets", Device::kCPU);
+  for (int64_t i = 0; i < n; ++i)
+    t.data<int32_t>()[i] =
+        static_cast<int32_t>(splitmix64(seed * 7919 + uint64_t(i)) % uint64_t(v));
+  return t;
+}
+
+Tensor abs_of(const Tensor& host) {
+  Tensor a = host_f32(host.shape());
+  for (int64_t i = 0; i < host.numel(); ++i) a.data<float>()[i] = std::fabs(host.data<float>()[i]);
+  return a;
+}
+
+Tensor copy_of(const Tensor& host) { return host.to(Device::kCPU); }
+
+// |got - want| <= tol.atol + tol.rtol |want| + extra[i] elementwise (host f32); reports the worst.
+void expect_close_plus(const Tensor& got, const Tensor& want, Tolerance tol, const Tensor& extra,
+                       const std::string& what) {
+  ASSERT_EQ(got.shape(), want.shape()) << what;
+  const float *g = got.data<float>(), *w = want.data<float>(), *e = extra.data<float>();
+  int64_t worst = -1;
+  double worst_excess = 0;
+  for (int64_t i = 0; i < got.numel(); ++i) {
+    const double err = std::fabs(double(g[i]) - double(w[i]));
+    const double bound = tol.atol + tol.rtol * std::fabs(double(w[i])) + double(e[i]);
+    if (!(err <= bound) && (worst < 0 || err - bound > worst_excess)) {
+      worst = i;
+      worst_excess = err - bound;
+    }
+  }
+  EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? g[worst] : 0)
+                      << ", reference " << (worst >= 0 ? w[worst] : 0) << ", allowed extra "
+                      << (worst >= 0 ? e[worst] : 0);
+}
+
+Tensor scaled(Tensor t, double c) {
+  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= static_cast<float>(c);
+  return t;
+}
+
+// The message of the tandem::Error `f` throws ("" when it throws none).
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+// ---- linear layers ----
+
+enum class LinearOp { kForward, kBackwardInput, kBackwardWeight };
+
+struct LinearShape {
+  int64_t m, in, out;
+};
+
+// The two operands' and the output's shapes of `op`, and the op itself (any device).
+struct LinearCall {
+  Shape a, b, c;
+  std::function<void(const Tensor&, const Tensor&, const Tensor&, Accumulate)> run;
+};
+LinearCall linear_call(LinearOp op, const LinearShape& s) {
+  switch (op) {
+    case LinearOp::kForward:  // y[m, out] = x[m, in] @ w[out, in]^T
+      return {
+          {s.m, s.in}, {s.out, s.in}, {s.m, s.out}, [](auto& y, auto& x, auto& w, Accumulate a) {
+            ops::linear_forward(y, x, w, a);
+          }};
+    case LinearOp::kBackwardInput:  // dx[m, in] = dy[m, out] @ w[out, in]
+      return {
+          {s.m, s.out}, {s.out, s.in}, {s.m, s.in}, [](auto& dx, auto& dy, auto& w, Accumulate a) {
+            ops::linear_backward_input(dx, dy, w, a);
+          }};
+    case LinearOp::kBackwardWeight:  // dw[out, in] = dy[m, out]^T @ x[m, in]
+      return {
+          {s.m, s.out}, {s.m, s.in}, {s.out, s.in}, [](auto& dw, auto& dy, auto& x, Accumulate a) {
+            ops::linear_backward_weight(dw, dy, x, a);
+          }};
+  }
+  return {};
+}
+
+// What the operands hold: uniform values in [-1, 1), or small integers, whose products and
+// sums (below 2^24) every f32 order computes exactly.
+enum class Operands { kUniform, kSmallIntegers };
+
+Tensor integers_host(const Shape& shape, uint64_t seed, int64_t bound) {
+  Tensor t = host_f32(shape);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    const uint64_t r = splitmix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
+    t.data<float>()[i] = static_cast<float>(int64_t(r % uint64_t(2 * bound + 1)) - bound);
+  }
+  return t;
+}
+
+// Runs `op` on the GPU (bf16 operands, `out` result starting from other values) and on the CPU
+// (the operands rounded to bf16, in f32), and compares: by the table, or exactly for integer
+// operands and an f32 result.
+void check_linear(LinearOp op, const LinearShape& s, DType out, Accumulate acc, uint64_t seed,
+                  Operands kind = Operands::kUniform) {
+  SCOPED_TRACE(::testing::Message()
+               << "op " << int(op) << ", m=" << s.m << " in=" << s.in << " out=" << s.out << ", "
+               << dtype_name(out) << ", " << (acc == Accumulate::kAdd ? "add" : "overwrite"));
+  const LinearCall call = linear_call(op, s);
+  const bool ints = kind == Operands::kSmallIntegers;
+  const Tensor a = ints ? integers_host(call.a, seed, 2) : random_host(call.a, seed);
+  const Tensor b = ints ? integers_host(call.b, seed + 1, 2) : random_host(call.b, seed + 1);
+  const Tensor c0 = ints ? integers_host(call.c, seed + 2, 8) : random_host(call.c, seed + 2);
+  const Tensor gc = to_gpu(c0, out);
+  call.run(gc, to_gpu(a, DType::kBF16), to_gpu(b, DType::kBF16), acc);
+  const Tensor rc = copy_of(rounded(c0, out));
+  call.run(rc, rounded(a, DType::kBF16), rounded(b, DType::kBF16), acc);
+  Tolerance tol = ints && out == DType::kF32 ? Tolerance{0, 0} : tolerance_for(out);
+  if (out == DType::kBF16 && acc == Accumulate::kAdd && !ints) {
+    // cuBLASLt rounds the product to bf16 before adding a bf16 C (seen on the H200: errors of
+    // one bf16 ulp of the product where product and C cancel), as PyTorch's bf16 gradient
+    // accumulation does: allow half a bf16 ulp (2^-8 relative) of the largest product element.
+    Tensor prod = host_f32(call.c);
+    prod.zero_();
+    call.run(prod, rounded(a, DType::kBF16), rounded(b, DType::kBF16), Accumulate::kOverwrite);
+    double max_prod = 0;
+    for (int64_t i = 0; i < prod.numel(); ++i) {
+      max_prod = std::max(max_prod, std::fabs(double(prod.data<float>()[i])));
+    }
+    tol.atol += max_prod * 0x1p-8;
+  }
+  expect_close(to_host_f32(gc), rc, tol, "linear result");
+}
+
+// {37, 29, 53}: odd everywhere, rows 2-byte aligned; {0, 16, 8}: an expert with no token (the
+// weight gradient's k == 0); {6, 0, 3}: in == 0 (the forward's k == 0). With k <= 256 and
+// uniform operands the two f32 summation orders differ by a few 1e-6 at most, inside the table.
+constexpr LinearShape kLinearShapes[] = {
+    {37, 29, 53}, {64, 256, 128}, {1, 5, 7}, {0, 16, 8}, {6, 0, 3}};
+
+TEST(CudaLinear, EveryOpMatchesCpuForEveryOutputDtypeAndMode) {
+  uint64_t seed = 100;
+  for (LinearOp op : {LinearOp::kForward, LinearOp::kBackwardInput, LinearOp::kBackwardWeight})
+    for (const LinearShape& s : kLinearShapes)
+      for (DType out : {DType::kF32, DType::kBF16})
+        for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd})
+          check_linear(op, s, out, acc, seed += 3);
+}
+
+TEST(CudaLinear, LongReductionsAreExactOnIntegers) {
+  // k = 4096: uniform operands would leave the two fp32 summation orders up to k * 2^-24 *
+  // (|A| @ |B|) apart, beyond the table; integer operands make every order exact, so the
+  // transposes and leading dimensions of the long-k paths are checked bit for bit.
+  for (DType out : {DType::kF32, DType::kBF16}) {
+    check_linear(LinearOp::kForward, {16, 4096, 32}, out, Accumulate::kOverwrite, 7,
+                 Operands::kSmallIntegers);
+    check_linear(LinearOp::kBackwardInput, {16, 48, 4096}, out, Accumulate::kAdd, 8,
+                 Operands::kSmallIntegers);
+    check_linear(LinearOp::kBackwardWeight, {4096, 24, 40}, out, Accumulate::kAdd, 9,
+                 Operands::kSmallIntegers);
+  }
+}
+
+TEST(CudaLinear, UnalignedViewsAndRepeatedShapesGiveTheSameProduct) {
+  // x is rows [1, 38) of a [38, 29] bf16 tensor: its data starts 58 bytes into the block, which
+  // a plan built for aligned pointers must not be used for (Note [GEMM plan cache]).
+  const int64_t m = 37, in = 29, out = 53;
+  const Tensor x_full = random_host({m + 1, in}, 40), w = random_host({out, in}, 41);
+  const Tensor gx = to_gpu(x_full, DType::kBF16).narrow_rows(1, m);
+  const Tensor gw = to_gpu(w, DType::kBF16);
+  const Tensor ref = host_f32({m, out});
+  ops::linear_forward(ref, rounded(x_full, DType::kBF16).narrow_rows(1, m),
+                      rounded(w, DType::kBF16));
+  const Tensor y1 = Tensor::empty({m, out}, DType::kF32, MemCategory::kOther, "y", Device::kCUDA);
+  const Tensor y2 = Tensor::empty({m, out}, DType::kF32, MemCategory::kOther, "y", Device::kCUDA);
+  ops::linear_forward(y1, gx, gw);
+  ops::linear_forward(y2, gx, gw);  // the cached plan
+  const Tensor h1 = to_host_f32(y1), h2 = to_host_f32(y2);
+  expect_close(h1, ref, tolerance_for(DType::kF32), "unaligned x");
+  for (int64_t i = 0; i < h1.numel(); ++i)
+    ASSERT_EQ(h1.data<float>()[i], h2.data<float>()[i]) << "element " << i;
+}
+
+TEST(CudaLinear, RejectsWrongDtypesAndShapes) {
+  const Tensor x32 = to_gpu(random_host({4, 3}, 1), DType::kF32);
+  const Tensor w = to_gpu(random_host({5, 3}, 2), DType::kBF16);
+  const Tensor y = Tensor::empty({4, 5}, DType::kF32, MemCategory::kOther, "y", Device::kCUDA);
+  const std::string dtype = error_of([&] { ops::linear_forward(y, x32, w); });
+  EXPECT_NE(dtype.find("linear_forward: tensor 'x' is f32, expected bf16"), std::string::npos)
+      << dtype;
+  const Tensor y_bad = Tensor::empty({4, 6}, DType::kF32, MemCategory::kOther, "y", Device::kCUDA);
+  const Tensor x = to_gpu(random_host({4, 3}, 3), DType::kBF16);
+  const std::string shape = error_of([&] { ops::linear_forward(y_bad, x, w); });
+  EXPECT_NE(shape.find("tensor 'y' has shape"), std::string::npos) << shape;
+}
+
+TEST(CudaGemm, MeasuresAPlausibleMatrixRate) {
+  const double tflops = ops::cuda::measure_bf16_matmul_tflops(512, 512, 512, 5);
+  EXPECT_GT(tflops, 0.0);
+  EXPECT_LT(tflops, 1e4);
+}
+
+// ---- cross-entropy ----
+
+TEST(CudaCrossEntropy, ForwardMatchesCpu) {
+  // V = 50257 (odd): every row starts at another alignment, so each takes the scalar head, the
+  // 16-byte body and the scalar tail; the narrowed view shifts the whole tensor by one row.
+  struct Case {
+    int64_t n, v;
+    bool narrowed;
+  };
+  for (const Case c :
+       {Case{37, 53, false}, Case{8, 1000, false}, Case{3, 50257, false}, Case{5, 1001, true}}) {
+    for (DType dt : {DType::kF32, DType::kBF16}) {
+      SCOPED_TRACE(::testing::Message() << c.n << "x" << c.v << " " << dtype_name(dt)
+                                        << (c.narrowed ? " narrowed" : ""));
+      const int64_t rows = c.n + (c.narrowed ? 1 : 0);
+      const Tensor logits = random_host({rows, c.v}, uint64_t(c.v) + rows, 4.0);
+      const Tensor targets = random_targets(c.n, c.v, uint64_t(c.n));
+      const int64_t first = c.narrowed ? 1 : 0;
+      const double got = ops::cross_entropy_forward(to_gpu(logits, dt).narrow_rows(first, c.n),
+                                                    targets.to(Device::kCUDA));
+      const double want =
+          ops::cross_entropy_forward(rounded(logits, dt).narrow_rows(first, c.n), targets);
+      // Per row an f32 log-sum-exp against the CPU's double one; the sum is in double on both.
+      const Tolerance tol = tolerance_for(DType::kF32);
+      EXPECT_NEAR(got, want, tol.rtol * std::fabs(want) + tol.atol * double(c.n));
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, BackwardMatchesCpuForEveryDtypeMixAndInPlace) {
+  const int64_t n = 7;
+  for (const int64_t v : {int64_t{53}, int64_t{4099}}) {
+    const Tensor logits = random_host({n, v}, uint64_t(v), 4.0);
+    const Tensor targets = random_targets(n, v, 3);
+    const Tensor gt = targets.to(Device::kCUDA);
+    for (DType in : {DType::kF32, DType::kBF16}) {
+      const Tensor want = host_f32({n, v});
+      ops::cross_entropy_backward(want, rounded(logits, in), targets, 0.37);
+      for (DType out : {DType::kF32, DType::kBF16}) {
+        for (bool in_place : {false, true}) {
+          if (in_place && in != out) continue;
+          SCOPED_TRACE(::testing::Message() << "v " << v << ", " << dtype_name(in) << " -> "
+                                            << dtype_name(out) << (in_place ? " in place" : ""));
+          const Tensor gl = to_gpu(logits, in);
+          const Tensor gd =
+              in_place ? gl
+                       : Tensor::empty({n, v}, out, MemCategory::kOther, "dlogits", Device::kCUDA);
+          ops::cross_entropy_backward(gd, gl, gt, 0.37);
+          expect_close(to_host_f32(gd), want, tolerance_for(out), "dlogits");
+        }
+      }
+    }
+  }
+}
+
+TEST(CudaCrossEntropy, BadTargetsThrowNamingTheRow) {
+  const Tensor logits = to_gpu(random_host({6, 53}, 5), DType::kF32);
+  Tensor targets = random_targets(6, 53, 6);
+  targets.data<int32_t>()[3] = 53;
+  const Tensor gt = targets.to(Device::kCUDA);
+  const std::string fwd = error_of([&] { (void)ops::cross_entropy_forward(logits, gt); });
+  EXPECT_NE(fwd.find("cross_entropy_forward: target 53 at row 3 is outside [0, 53)"),
+            std::string::npos)
+      << fwd;
+  targets.data<int32_t>()[3] = 0;
+  targets.data<int32_t>()[5] = -1;
+  const Tensor gt2 = targets.to(Device::kCUDA);
+  const Tensor d = Tensor::empty({6, 53}, DType::kF32, MemCategory::kOther, "d", Device::kCUDA);
+  const std::string bwd = error_of([&] { ops::cross_entropy_backward(d, logits, gt2, 1.0); });
+  EXPECT_NE(bwd.find("cross_entropy_backward: target -1 at row 5 is outside [0, 53)"),
+            std::string::npos)
+      << bwd;
+}
+
+// ---- LM head fused with cross-entropy ----
+
+// Forces the LM head's rows per block for one scope.
+class LmHeadBlockRows {
+ public:
+  explicit LmHeadBlockRows(int64_t rows)
+      : previous_(ops::cuda::set_lm_head_block_rows_for_testing(rows)) {}
+  ~LmHeadBlockRows() { ops::cuda::set_lm_head_block_rows_for_testing(previous_); }
+  LmHeadBlockRows(const LmHeadBlockRows&) = delete;
+  LmHeadBlockRows& operator=(const LmHeadBlockRows&) = delete;
+
+ private:
+  int64_t previous_;
+};
+
+struct LmHeadCase {
+  int64_t n, h, v, block_rows;  // block_rows 0: the op's own choice (one block here)
+};
+constexpr LmHeadCase kLmHeadCases[] = {
+    {37, 29, 53, 8},  // 4 full blocks and one of 5 rows
+    {37, 29, 53, 0},
+    {300, 64, 1000, 128},
+    {5, 16, 50257, 2},  // odd V: padded logit rows, scalar tails
+};
+
+TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
+  uint64_t seed = 500;
+  for (const LmHeadCase& c : kLmHeadCases) {
+    for (Accumulate acc : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+      SCOPED_TRACE(::testing::Message()
+                   << "n=" << c.n << " h=" << c.h << " v=" << c.v << " block " << c.block_rows
+                   << ", dw " << (acc == Accumulate::kAdd ? "add" : "overwrite"));
+      const LmHeadBlockRows block(c.block_rows);
+      const Tensor x = random_host({c.n, c.h}, seed += 3), w = random_host({c.v, c.h}, seed + 1);
+      const Tensor dw0 = random_host({c.v, c.h}, seed + 2, 0.1);
+      const Tensor targets = random_targets(c.n, c.v, seed);
+      const Tensor xr = rounded(x, DType::kBF16), wr = rounded(w, DType::kBF16);
+      const Tensor gx = to_gpu(x, DType::kBF16), gw = to_gpu(w, DType::kBF16);
+      const Tensor gt = targets.to(Device::kCUDA);
+      const double scale = 1.0 / double(c.n);
+
+      // Forward: lse per row and the summed loss.
+      const Tensor glse =
+          Tensor::empty({c.n}, DType::kF32, MemCategory::kOther, "lse", Device::kCUDA);
+      const Tensor lse = host_f32({c.n});
+      const double got = ops::lm_head_ce_forward(glse, gx, gw, gt);
+      const double want = ops::lm_head_ce_forward(lse, xr, wr, targets);
+      const Tolerance f32 = tolerance_for(DType::kF32);
+      EXPECT_NEAR(got, want, f32.rtol * std::fabs(want) + f32.atol * double(c.n)) << "loss";
+      expect_close(to_host_f32(glse), lse, f32, "lse");
+
+      // Backward, each side from its own forward's lse.
+      const Tensor gdx =
+          Tensor::empty({c.n, c.h}, DType::kBF16, MemCategory::kOther, "dx", Device::kCUDA);
+      const Tensor gdw = to_gpu(dw0, DType::kF32);
+      ops::lm_head_ce_backward(gdx, gdw, gx, gw, gt, glse, scale, acc);
+      const Tensor dx = host_f32({c.n, c.h}), dw = copy_of(dw0);
+      ops::lm_head_ce_backward(dx, dw, xr, wr, targets, lse, scale, acc);
+
+      // The GPU rounds dlogits to bf16 (2^-9 relative) before both products; the CPU keeps
+      // them in f32. Bound: 2^-8 * (|dlogits| @ |w|) for dx, 2^-8 * (|dlogits|^T @ |x|) for dw.
+      const Tensor logits = host_f32({c.n, c.v}), dl = host_f32({c.n, c.v});
+      ops::linear_forward(logits, xr, wr);
+      ops::cross_entropy_backward(dl, logits, targets, scale);
+      const Tensor dx_extra = host_f32({c.n, c.h}), dw_extra = host_f32({c.v, c.h});
+      ops::linear_backward_input(dx_extra, abs_of(dl), abs_of(wr));
+      ops::linear_backward_weight(dw_extra, abs_of(dl), abs_of(xr), Accumulate::kOverwrite);
+      const double rel = std::ldexp(1.0, -8);
+      expect_close_plus(to_host_f32(gdx), dx, tolerance_for(DType::kBF16), scaled(dx_extra, rel),
+                        "dx");
+      expect_close_plus(to_host_f32(gdw), dw, f32, scaled(dw_extra, rel), "dw");
+    }
+  }
+}
+
+TEST(CudaLmHead, NoRowsLeaveLossZeroAndHonourAccumulate) {
+  const int64_t h = 8, v = 11;
+  const auto empty = [](const Shape& s, DType t) {
+    return Tensor::empty(s, t, MemCategory::kOther, "empty", Device::kCUDA);
+  };
+  const Tensor x = empty({0, h}, DType::kBF16), dx = empty({0, h}, DType::kBF16);
+  const Tensor lse = empty({0}, DType::kF32), targets = empty({0}, DType::kI32);
+  const Tensor w = to_gpu(random_host({v, h}, 1), DType::kBF16);
+  EXPECT_EQ(ops::lm_head_ce_forward(lse, x, w, targets), 0.0);
+  const Tensor dw0 = random_host({v, h}, 2);
+  const Tensor kept = to_gpu(dw0, DType::kF32);
+  ops::lm_head_ce_backward(dx, kept, x, w, targets, lse, 1.0, Accumulate::kAdd);
+  expect_close(to_host_f32(kept), dw0, {0, 0}, "dw with kAdd and no rows");
+  const Tensor zeroed = to_gpu(dw0, DType::kF32);
+  ops::lm_head_ce_backward(dx, zeroed, x, w, targets, lse, 1.0, Accumulate::kOverwrite);
+  expect_close(to_host_f32(zeroed), host_f32({v, h}), {0, 0}, "dw with kOverwrite and no rows");
+}
+
+TEST(CudaLmHead, BadTargetsThrowNamingTheRow) {
+  const LmHeadBlockRows block(8);  // the bad row sits in the third block
+  const int64_t n = 24, h = 16, v = 53;
+  const Tensor x = to_gpu(random_host({n, h}, 1), DType::kBF16);
+  const Tensor w = to_gpu(random_host({v, h}, 2), DType::kBF16);
+  const Tensor lse = Tensor::empty({n}, DType::kF32, MemCategory::kOther, "lse", Device::kCUDA);
+  Tensor targets = random_targets(n, v, 3);
+  targets.data<int32_t>()[20] = 70000;
+  const Tensor gt = targets.to(Device::kCUDA);
+  const std::string fwd = error_of([&] { (void)ops::lm_head_ce_forward(lse, x, w, gt); });
+  EXPECT_NE(fwd.find("lm_head_ce_forward: target 70000 at row 20 is outside [0, 53)"),
+            std::string::npos)
+      << fwd;
+  targets.data<int32_t>()[20] = 0;
+  targets.data<int32_t>()[6] = -2;
+  const Tensor gt2 = targets.to(Device::kCUDA);
+  const Tensor dx = Tensor::empty({n, h}, DType::kBF16, MemCategory::kOther, "dx", Device::kCUDA);
+  const Tensor dw = Tensor::zeros({v, h}, DType::kF32, MemCategory::kOther, "dw", Device::kCUDA);
+  const std::string bwd = error_of([&] { ops::lm_head_ce_backward(dx, dw, x, w, gt2, lse, 1.0); });
+  EXPECT_NE(bwd.find("lm_head_ce_backward: target -2 at row 6 is outside [0, 53)"),
+            std::string::npos)
+      << bwd;
+}
+
+// ---- AdamW ----
+
+TEST(CudaAdamW, SeveralStepsMatchCpuAlignedAndNot) {
+  // 4099 elements: the float4 body plus a 3-element tail; the unaligned case (every tensor a view
+  // one element into its block) takes the scalar kernel throughout.
+  const int64_t n = 4099;
+  for (bool unaligned : {false, true}) {
+    SCOPED_TRACE(unaligned ? "unaligned" : "aligned");
+    const int64_t skip = unaligned ? 1 : 0;
+    const auto gpu = [&](const Tensor& host) {
+      const Tensor full =
+          Tensor::zeros({n + skip}, DType::kF32, MemCategory::kOther, "adamw", Device::kCUDA);
+      const Tensor view = full.narrow_rows(skip, n);
+      view.copy_from(host);
+      return view;
+    };
+    const Tensor p = random_host({n}, 11), zeros = host_f32({n});
+    const Tensor gp = gpu(p), gm = gpu(zeros), gv = gpu(zeros);
+    const Tensor cp = copy_of(p), cm = copy_of(zeros), cv = copy_of(zeros);
+    for (int64_t step = 1; step <= 5; ++step) {
+      const Tensor g = random_host({n}, 20 + uint64_t(step), 0.1);
+      const ops::AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1, step};
+      ops::adamw_step(gp, gpu(g), gm, gv, hp);
+      ops::adamw_step(cp, g, cm, cv, hp);
+    }
+    const Tolerance tol = tolerance_for(DType::kF32);
+    expect_close(to_host_f32(gp), cp, tol, "param");
+    expect_close(to_host_f32(gm), cm, tol, "m");
+    expect_close(to_host_f32(gv), cv, tol, "v");
+  }
+}
+
+TEST(CudaAdamW, RejectsAStepBelowOne) {
+  const Tensor t = Tensor::zeros({4}, DType::kF32, MemCategory::kOther, "t", Device::kCUDA);
+  const std::string msg = error_of([&] {
+    ops::adamw_step(t, t, t, t, ops::AdamWParams{1e-3, 0.9, 0.999, 1e-8, 0, 0});
+  });
+  EXPECT_NE(msg.find("adamw_step: step is 0"), std::string::npos) << msg;
+}
+
+}  // namespace
+}  // namespace tandem::testing_gpu

@@ -14,6 +14,7 @@ namespace {
 struct Case {
   bool moe;
   DType dtype;
+  bool fused = false;  // the loss node through ops::lm_head_ce_* (no logits kept)
 };
 
 class FootprintTest : public ::testing::TestWithParam<Case> {};
@@ -25,14 +26,16 @@ TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
   Parameters params(cfg, ChunkSpec::whole(cfg), dt);
   params.initialize(1);
   ModelChunk chunk(params);
-  const FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
+  FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
+  shape.fused_lm_head = GetParam().fused;
   Allocator& alloc = cpu_allocator();
   const int64_t base = alloc.stats().in_use_of(MemCategory::kActivation);
 
   MicroBatchState mb;
   mb.ids = testing::random_ids(n, cfg.vocab_size, 3);
   mb.targets = testing::random_ids(n, cfg.vocab_size, 4);
-  const NodeContext c = chunk.context(batch, 1.0);
+  NodeContext c = chunk.context(batch, 1.0);
+  c.fused_lm_head = GetParam().fused;
   int64_t expected_total = 0;
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
     chunk.forward_node(i, mb, c);
@@ -67,11 +70,13 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
   Parameters params(cfg, ChunkSpec::whole(cfg), dt);
   params.initialize(1);
   ModelChunk chunk(params);
-  const FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
+  FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
+  shape.fused_lm_head = GetParam().fused;
   MicroBatchState mb;
   mb.ids = testing::random_ids(n, cfg.vocab_size, 3);
   mb.targets = testing::random_ids(n, cfg.vocab_size, 4);
-  const NodeContext c = chunk.context(batch, 1.0);
+  NodeContext c = chunk.context(batch, 1.0);
+  c.fused_lm_head = GetParam().fused;
   chunk.forward(mb, c);
   chunk.backward(mb, c, WeightGrad::kDeferred);  // every node's I, no W yet
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
@@ -85,7 +90,8 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
 
 INSTANTIATE_TEST_SUITE_P(All, FootprintTest,
                          ::testing::Values(Case{false, DType::kF32}, Case{true, DType::kF32},
-                                           Case{true, DType::kF64}));
+                                           Case{true, DType::kF64}, Case{false, DType::kF32, true},
+                                           Case{true, DType::kF64, true}));
 
 TEST(LossNode, LogitsFreedRightAfterLossBackward) {
   const ModelConfig cfg = testing::tiny_config(true);

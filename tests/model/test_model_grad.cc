@@ -12,19 +12,26 @@
 namespace tandem::model {
 namespace {
 
+// fused: the loss node through ops::lm_head_ce_* (the GPU's loss node), here in fp64 on the CPU.
+NodeContext context_of(const ModelChunk& chunk, int64_t batch, bool fused) {
+  NodeContext c = chunk.context(batch, 1.0);
+  c.fused_lm_head = fused;
+  return c;
+}
+
 double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor& targets, int64_t batch,
-                MicroBatchState* keep = nullptr) {
+                bool fused, MicroBatchState* keep = nullptr) {
   MicroBatchState mb;
   mb.ids = ids;
   mb.targets = targets;
-  const NodeContext c = chunk.context(batch, 1.0);
+  const NodeContext c = context_of(chunk, batch, fused);
   chunk.forward(mb, c);
   const double loss = mb.lm_loss + mb.aux_loss;
   if (keep) *keep = std::move(mb);
   return loss;
 }
 
-void check_gradients(bool moe) {
+void check_gradients(bool moe, bool fused = false) {
   const ModelConfig cfg = testing::tiny_config(moe);
   const int64_t batch = 2, n = batch * cfg.seq_length;
   Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
@@ -39,8 +46,8 @@ void check_gradients(bool moe) {
 
   params.zero_grads();
   MicroBatchState mb;
-  run_loss(chunk, ids, targets, batch, &mb);
-  chunk.backward(mb, chunk.context(batch, 1.0));
+  run_loss(chunk, ids, targets, batch, fused, &mb);
+  chunk.backward(mb, context_of(chunk, batch, fused));
 
   const double eps = 1e-6;
   double* p = params.flat_params().data<double>();
@@ -52,9 +59,9 @@ void check_gradients(bool moe) {
       const int64_t i = e.offset + j;
       const double saved = p[i];
       p[i] = saved + eps;
-      const double up = run_loss(chunk, ids, targets, batch);
+      const double up = run_loss(chunk, ids, targets, batch, fused);
       p[i] = saved - eps;
-      const double down = run_loss(chunk, ids, targets, batch);
+      const double down = run_loss(chunk, ids, targets, batch, fused);
       p[i] = saved;
       const double numeric = (up - down) / (2 * eps);
       const double tol = 1e-6 * std::max(1.0, std::abs(numeric)) + 1e-8;
@@ -67,6 +74,7 @@ void check_gradients(bool moe) {
 
 TEST(ModelGradient, DenseMatchesFiniteDifferences) { check_gradients(false); }
 TEST(ModelGradient, MoeMatchesFiniteDifferences) { check_gradients(true); }
+TEST(ModelGradient, FusedLmHeadMatchesFiniteDifferences) { check_gradients(true, true); }
 
 TEST(ModelGradient, ForwardIsDeterministic) {
   const ModelConfig cfg = testing::tiny_config(true);
@@ -75,8 +83,8 @@ TEST(ModelGradient, ForwardIsDeterministic) {
   ModelChunk chunk(params);
   const Tensor ids = testing::random_ids(10, cfg.vocab_size, 5);
   const Tensor targets = testing::random_ids(10, cfg.vocab_size, 6);
-  const double a = run_loss(chunk, ids, targets, 2);
-  const double b = run_loss(chunk, ids, targets, 2);
+  const double a = run_loss(chunk, ids, targets, 2, false);
+  const double b = run_loss(chunk, ids, targets, 2, false);
   EXPECT_EQ(a, b);
   EXPECT_GT(a, 0.5 * std::log(11.0));
 }

@@ -92,6 +92,7 @@ void initialize(int device_index) {
   backend.allocator = &cuda_allocator();
   backend.zero = zero_hook;
   backend.copy = copy_hook;
+  backend.synchronize = [] { TANDEM_CUDA_CHECK(cudaDeviceSynchronize()); };
   register_device_backend(Device::kCUDA, backend);
 }
 
@@ -114,7 +115,17 @@ cudaStream_t default_stream() {
   return context().stream;
 }
 
-cudaStream_t current_stream() { return t_stream_set ? t_stream : default_stream(); }
+thread_local bool t_device_set = false;
+
+cudaStream_t current_stream() {
+  // Every thread that enqueues work (the comm worker too) works on this process's GPU.
+  if (!t_device_set) {
+    TANDEM_CHECK(initialized(), "CUDA is not initialised: call cuda::initialize() first");
+    TANDEM_CUDA_CHECK(cudaSetDevice(context().device));
+    t_device_set = true;
+  }
+  return t_stream_set ? t_stream : default_stream();
+}
 
 StreamScope::StreamScope(cudaStream_t stream) : previous_(t_stream_set ? t_stream : nullptr) {
   t_stream = stream;

@@ -26,7 +26,8 @@ LmHeadDims check_lm_head(const char* op, const Tensor& lse, const Tensor& x, con
   expect_rank(op, "w", w, 2);
   const int64_t v = w.size(0);
   expect(op, "w", w, dt, {v, h});
-  expect(op, "lse", lse, DType::kF32, {n});
+  if (lse.dtype() != dt) expect(op, "lse", lse, DType::kF32, {n});  // f32, or x's dtype
+  else expect(op, "lse", lse, dt, {n});
   expect(op, "targets", targets, DType::kI32, {n});
   expect_indices(op, "target", targets.data<int32_t>(), n, v);
   return {n, h, v, dt};
@@ -38,7 +39,6 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
                           const Tensor& targets) {
   const LmHeadDims d = check_lm_head("lm_head_ce_forward", lse, x, w, targets);
   const int32_t* pt = targets.data<int32_t>();
-  float* pl = lse.data<float>();
   return dispatch_float(d.dt, [&](auto tag) {
     using T = decltype(tag);
     std::vector<T> logits(static_cast<size_t>(std::min(kBlockRows, d.n) * d.v));
@@ -53,7 +53,8 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
         for (int64_t j = 0; j < d.v; ++j) mx = std::max(mx, static_cast<double>(row[j]));
         for (int64_t j = 0; j < d.v; ++j) s += std::exp(static_cast<double>(row[j]) - mx);
         const double l = mx + std::log(s);
-        pl[r0 + r] = static_cast<float>(l);
+        if (lse.dtype() == DType::kF32) lse.data<float>()[r0 + r] = static_cast<float>(l);
+        else lse.data<T>()[r0 + r] = static_cast<T>(l);
         loss += l - static_cast<double>(row[pt[r0 + r]]);
       }
     }
@@ -69,7 +70,6 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
   expect(op, "dx", dx, d.dt, {d.n, d.h});
   expect(op, "dw", dw, d.dt, {d.v, d.h});
   const int32_t* pt = targets.data<int32_t>();
-  const float* pl = lse.data<float>();
   dispatch_float(d.dt, [&](auto tag) {
     using T = decltype(tag);
     std::vector<T> dlogits(static_cast<size_t>(std::min(kBlockRows, d.n) * d.v));
@@ -82,7 +82,8 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
            dlogits.data(), d.v);
       for (int64_t r = 0; r < rows; ++r) {
         T* row = dlogits.data() + r * d.v;
-        const double l = pl[r0 + r];
+        const double l = lse.dtype() == DType::kF32 ? double(lse.data<float>()[r0 + r])
+                                                     : double(lse.data<T>()[r0 + r]);
         for (int64_t j = 0; j < d.v; ++j) {
           const double p = std::exp(static_cast<double>(row[j]) - l);
           row[j] = static_cast<T>((p - (j == pt[r0 + r] ? 1.0 : 0.0)) * scale);

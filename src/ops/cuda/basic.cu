@@ -1,42 +1,605 @@
-// PLACEHOLDER: these ops throw until their kernels are written.
+// CUDA elementwise ops and reductions, dtype conversion, embedding lookup and SwiGLU
+// (docs/cuda.md "Op dtypes"). Elementwise kernels move 16-byte vectors where every pointer is
+// 16-byte aligned and fall back to scalar loads otherwise; reductions use a fixed grid and a fixed
+// combination order, so every result is bitwise reproducible run to run on one GPU.
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+
+#include <bit>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+
+#include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace tandem::ops::cuda {
 
-void axpy(const Tensor&, const Tensor&, double, Accumulate) {
-  TANDEM_CHECK(false, "ops::cuda::axpy is not written yet");
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// ---- helpers: vectors of 8 elements (16 bytes of bf16, two float4 of f32) ----
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;
+
+__device__ __forceinline__ void load8(const float* p, float (&v)[kVec]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load8(const bf16* p, float (&v)[kVec]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store8(float* p, const float (&v)[kVec]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store8(bf16* p, const float (&v)[kVec]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+__device__ __forceinline__ float load1(const float* p) { return *p; }
+__device__ __forceinline__ float load1(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store1(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store1(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+__device__ __forceinline__ int64_t global_thread() {
+  return int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() { return int64_t{gridDim.x} * blockDim.x; }
+
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
 }
 
-void scale(const Tensor&, double) {
-  TANDEM_CHECK(false, "ops::cuda::scale is not written yet");
+// The sum over the block, returned to every thread (the same bits in each: the xor butterfly is
+// symmetric). `shared` holds 32 values; the leading barrier lets callers reuse it.
+template <typename T>
+__device__ T block_sum(T v, T* shared) {
+  v = warp_sum(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
+  __syncthreads();
+  const unsigned warps = (blockDim.x + 31) / 32;
+  v = (threadIdx.x & 31) < warps ? shared[threadIdx.x & 31] : T(0);
+  return warp_sum(v);
 }
 
-double sum_squares(const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::sum_squares is not written yet");
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls f(std::type_identity<float or bf16>) for a tensor's dtype (checked to be one of them).
+template <typename F>
+void dispatch_act(DType dt, F&& f) {
+  if (dt == DType::kBF16) f(std::type_identity<bf16>{});
+  else f(std::type_identity<float>{});
 }
 
-bool all_finite(const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::all_finite is not written yet");
+// Note [Op scratch]: an op that needs temporary device memory borrows the current stream's
+// cuBLASLt workspace (core/cuda/context.h). Ops are serial per stream, so nothing else touches it
+// between this op's launches, and nothing is allocated (or counted against the memory plan).
+class Scratch {
+ public:
+  explicit Scratch(const char* op)
+      : op_(op),
+        base_(static_cast<char*>(tandem::cuda::cublaslt_workspace(stream()))),
+        capacity_(tandem::cuda::cublaslt_workspace_bytes()) {}
+  template <typename T>
+  T* take(int64_t count) {
+    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
+    TANDEM_CHECK(used_ + bytes <= capacity_, op_, ": needs more than the ", capacity_,
+                 " bytes of the stream's scratch workspace");
+    T* p = reinterpret_cast<T*>(base_ + used_);
+    used_ += bytes;
+    return p;
+  }
+  void* take_bytes(size_t bytes) { return take<char>(static_cast<int64_t>(bytes)); }
+
+ private:
+  const char* op_;
+  char* base_;
+  size_t capacity_;
+  size_t used_ = 0;
+};
+
+// ---- axpy, scale ----
+
+template <typename TY, typename TX>
+__global__ void __launch_bounds__(kThreads)
+    axpy_kernel(TY* y, const TX* x, float a, bool add, int64_t n, int64_t nvec) {
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float xv[kVec], yv[kVec];
+    load8(x + v * kVec, xv);
+    if (add) load8(y + v * kVec, yv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) yv[j] = add ? yv[j] + a * xv[j] : a * xv[j];
+    store8(y + v * kVec, yv);
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    const float xv = load1(x + i);
+    store1(y + i, add ? load1(y + i) + a * xv : a * xv);
+  }
 }
 
-void convert(const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::convert is not written yet");
+template <typename T>
+__global__ void __launch_bounds__(kThreads) scale_kernel(T* x, float a, int64_t n, int64_t nvec) {
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float xv[kVec];
+    load8(x + v * kVec, xv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) xv[j] *= a;
+    store8(x + v * kVec, xv);
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    store1(x + i, load1(x + i) * a);
+  }
 }
 
-void embedding_forward(const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::embedding_forward is not written yet");
+// Vectors of 8 when every pointer is aligned (the scalar tail covers n % 8); none otherwise.
+int64_t vec_count(int64_t n, std::initializer_list<const void*> ptrs) {
+  for (const void* p : ptrs) {
+    if (!aligned16(p)) return 0;
+  }
+  return n / kVec;
 }
 
-void embedding_backward(const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::embedding_backward is not written yet");
+// Blocks for a grid-stride kernel with `nvec` vectors and a scalar tail.
+unsigned elementwise_blocks(int64_t n, int64_t nvec) {
+  return blocks_for(nvec > 0 ? nvec : n, kThreads);
 }
 
-void swiglu_forward(const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::swiglu_forward is not written yet");
+// ---- sum_squares, all_finite ----
+
+// partial[block] = sum of x^2 over the block's elements, in double.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    sum_squares_kernel(double* partial, const T* x, int64_t n, int64_t nvec) {
+  __shared__ double shared[32];
+  double s = 0;
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float xv[kVec];
+    load8(x + v * kVec, xv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) s += static_cast<double>(xv[j]) * xv[j];
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    const double xv = load1(x + i);
+    s += xv * xv;
+  }
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-void swiglu_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::swiglu_backward is not written yet");
+// out[0] = sum of partial[0, count), in a fixed order (one block).
+__global__ void __launch_bounds__(kThreads)
+    sum_partials_kernel(double* out, const double* partial, int count) {
+  __shared__ double shared[32];
+  double s = 0;
+  for (int i = threadIdx.x; i < count; i += blockDim.x) s += partial[i];
+  s = block_sum(s, shared);
+  if (threadIdx.x == 0) out[0] = s;
+}
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    all_finite_kernel(int* bad, const T* x, int64_t n, int64_t nvec) {
+  bool ok = true;
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float xv[kVec];
+    load8(x + v * kVec, xv);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) ok = ok && isfinite(xv[j]);
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    ok = ok && isfinite(load1(x + i));
+  }
+  if (__syncthreads_or(!ok) && threadIdx.x == 0) *bad = 1;
+}
+
+// ---- convert ----
+
+// f32 -> bf16 bits, round to nearest even, NaN kept quiet with its sign: the same bits as the
+// host's bf16_from_float (core/dtype.h), so a conversion on either device agrees bit for bit.
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    f32_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n, int64_t nvec) {
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float xv[kVec];
+    load8(src + v * kVec, xv);
+    uint4 u;
+    u.x = bf16_bits(xv[0]) | (uint32_t{bf16_bits(xv[1])} << 16);
+    u.y = bf16_bits(xv[2]) | (uint32_t{bf16_bits(xv[3])} << 16);
+    u.z = bf16_bits(xv[4]) | (uint32_t{bf16_bits(xv[5])} << 16);
+    u.w = bf16_bits(xv[6]) | (uint32_t{bf16_bits(xv[7])} << 16);
+    *reinterpret_cast<uint4*>(dst + v * kVec) = u;
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    dst[i] = bf16_bits(src[i]);
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    bf16_to_f32_kernel(float* dst, const bf16* src, int64_t n, int64_t nvec) {
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float xv[kVec];
+    load8(src + v * kVec, xv);
+    store8(dst + v * kVec, xv);
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    dst[i] = load1(src + i);
+  }
+}
+
+// ---- embedding ----
+
+constexpr int kRowsPerBlock = kThreads / 32;  // one warp per row
+
+// out[r, :] = table[ids[r], :] for every valid id; the lowest row holding an id outside [0, v)
+// goes to *bad_row (which starts above every row), and that row is left unwritten.
+template <typename TT>
+__global__ void __launch_bounds__(kThreads)
+    embedding_forward_kernel(bf16* out, int* bad_row, const int32_t* ids, const TT* table,
+                             int64_t n, int64_t v, int64_t h, bool vec) {
+  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (row >= n) return;
+  const int64_t id = ids[row];
+  if (id < 0 || id >= v) {
+    if (lane == 0) atomicMin(bad_row, static_cast<int>(row));
+    return;
+  }
+  const TT* src = table + id * h;
+  bf16* dst = out + row * h;
+  if (vec) {
+#pragma unroll 4
+    for (int64_t c = lane; c < h / kVec; c += 32) {
+      float xv[kVec];
+      load8(src + c * kVec, xv);
+      store8(dst + c * kVec, xv);
+    }
+  } else {
+    for (int64_t c = lane; c < h; c += 32) store1(dst + c, load1(src + c));
+  }
+}
+
+// keys[i] = ids[i], or v for an id outside [0, v) (sorted last and skipped); tokens[i] = i.
+__global__ void __launch_bounds__(kThreads)
+    embedding_keys_kernel(int32_t* keys, int32_t* tokens, const int32_t* ids, int64_t n,
+                          int64_t v) {
+  for (int64_t i = global_thread(); i < n; i += grid_threads()) {
+    const int32_t id = ids[i];
+    keys[i] = id >= 0 && id < v ? id : static_cast<int32_t>(v);
+    tokens[i] = static_cast<int32_t>(i);
+  }
+}
+
+// One warp per position of the id-sorted order; the warp at the start of each id's run adds that
+// id's dout rows into its dtable row in token order (the CPU's order: bitwise the same sums).
+// Each dtable row has one writer, so no atomics and no run-to-run variation.
+__global__ void __launch_bounds__(kThreads)
+    embedding_backward_kernel(float* dtable, const bf16* dout, const int32_t* keys,
+                              const int32_t* tokens, int64_t n, int64_t v, int64_t h, bool vec) {
+  const int64_t i = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int lane = threadIdx.x & 31;
+  if (i >= n) return;
+  const int32_t key = keys[i];
+  if (key >= v || (i > 0 && keys[i - 1] == key)) return;
+  // The run's end: the first position past i whose key differs, searched 32 at a time.
+  int64_t end = i + 1;
+  for (;; end += 32) {
+    const int64_t p = end + lane;
+    const unsigned differs = __ballot_sync(0xffffffffu, p >= n || keys[p] != key);
+    if (differs) {
+      end += __ffs(differs) - 1;
+      break;
+    }
+  }
+  float* dst = dtable + key * h;
+  if (vec) {
+    for (int64_t c = lane; c < h / kVec; c += 32) {
+      float acc[kVec];
+      load8(dst + c * kVec, acc);
+#pragma unroll 4
+      for (int64_t j = i; j < end; ++j) {
+        float d[kVec];
+        load8(dout + int64_t{tokens[j]} * h + c * kVec, d);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] += d[e];
+      }
+      store8(dst + c * kVec, acc);
+    }
+  } else {
+    for (int64_t c = lane; c < h; c += 32) {
+      float acc = dst[c];
+      for (int64_t j = i; j < end; ++j) acc += load1(dout + int64_t{tokens[j]} * h + c);
+      dst[c] = acc;
+    }
+  }
+}
+
+// ---- SwiGLU ----
+
+__device__ __forceinline__ float sigmoid(float g) { return __frcp_rn(1.0f + __expf(-g)); }
+
+__global__ void __launch_bounds__(kThreads)
+    swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n, int64_t nvec) {
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float g[kVec], u[kVec];
+    load8(gate + v * kVec, g);
+    load8(up + v * kVec, u);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
+    store8(out + v * kVec, g);
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    const float g = load1(gate + i);
+    store1(out + i, g * sigmoid(g) * load1(up + i));
+  }
+}
+
+// d silu(g)/dg = s (1 + g (1 - s)) with s = sigmoid(g).
+__device__ __forceinline__ void swiglu_grad(float d, float g, float u, float& dg, float& du) {
+  const float s = sigmoid(g);
+  dg = d * u * s * (1.0f + g * (1.0f - s));
+  du = d * g * s;
+}
+
+__global__ void __launch_bounds__(kThreads)
+    swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
+                           const bf16* up, int64_t n, int64_t nvec) {
+  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
+    float d[kVec], g[kVec], u[kVec], dg[kVec], du[kVec];
+    load8(dout + v * kVec, d);
+    load8(gate + v * kVec, g);
+    load8(up + v * kVec, u);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) swiglu_grad(d[j], g[j], u[j], dg[j], du[j]);
+    store8(dgate + v * kVec, dg);
+    store8(dup + v * kVec, du);
+  }
+  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+    float dg, du;
+    swiglu_grad(load1(dout + i), load1(gate + i), load1(up + i), dg, du);
+    store1(dgate + i, dg);
+    store1(dup + i, du);
+  }
+}
+
+constexpr std::initializer_list<DType> kFloat = {DType::kF32, DType::kBF16};
+
+}  // namespace
+
+// ---- elementwise and reductions ----
+
+void axpy(const Tensor& y, const Tensor& x, double alpha, Accumulate acc) {
+  const char* op = "axpy";
+  expect_cuda_rank(op, "y", y, kFloat, -1);
+  expect_cuda(op, "x", x, kFloat, y.shape());
+  const int64_t n = y.numel();
+  if (n == 0) return;
+  const int64_t nvec = vec_count(n, {y.raw_data(), x.raw_data()});
+  dispatch_act(y.dtype(), [&](auto ty) {
+    using TY = typename decltype(ty)::type;
+    dispatch_act(x.dtype(), [&](auto tx) {
+      using TX = typename decltype(tx)::type;
+      axpy_kernel<TY, TX><<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
+          static_cast<TY*>(y.raw_data()), static_cast<const TX*>(x.raw_data()),
+          static_cast<float>(alpha), acc == Accumulate::kAdd, n, nvec);
+      TANDEM_CUDA_CHECK_LAUNCH();
+    });
+  });
+}
+
+void scale(const Tensor& x, double alpha) {
+  expect_cuda_rank("scale", "x", x, kFloat, -1);
+  const int64_t n = x.numel();
+  if (n == 0) return;
+  const int64_t nvec = vec_count(n, {x.raw_data()});
+  dispatch_act(x.dtype(), [&](auto tx) {
+    using T = typename decltype(tx)::type;
+    scale_kernel<T><<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
+        static_cast<T*>(x.raw_data()), static_cast<float>(alpha), n, nvec);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  });
+}
+
+double sum_squares(const Tensor& x) {
+  const char* op = "sum_squares";
+  expect_cuda_rank(op, "x", x, kFloat, -1);
+  const int64_t n = x.numel();
+  if (n == 0) return 0.0;
+  const int64_t nvec = vec_count(n, {x.raw_data()});
+  const unsigned blocks = elementwise_blocks(n, nvec);
+  Scratch scratch(op);
+  double* partial = scratch.take<double>(blocks);
+  double* total = scratch.take<double>(1);
+  dispatch_act(x.dtype(), [&](auto tx) {
+    using T = typename decltype(tx)::type;
+    sum_squares_kernel<T><<<blocks, kThreads, 0, stream()>>>(
+        partial, static_cast<const T*>(x.raw_data()), n, nvec);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  });
+  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(total, partial, static_cast<int>(blocks));
+  TANDEM_CUDA_CHECK_LAUNCH();
+  double result = 0;
+  TANDEM_CUDA_CHECK(
+      cudaMemcpyAsync(&result, total, sizeof(double), cudaMemcpyDeviceToHost, stream()));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return result;
+}
+
+bool all_finite(const Tensor& x) {
+  const char* op = "all_finite";
+  expect_cuda_rank(op, "x", x, kFloat, -1);
+  const int64_t n = x.numel();
+  if (n == 0) return true;
+  const int64_t nvec = vec_count(n, {x.raw_data()});
+  Scratch scratch(op);
+  int* bad = scratch.take<int>(1);
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(bad, 0, sizeof(int), stream()));
+  dispatch_act(x.dtype(), [&](auto tx) {
+    using T = typename decltype(tx)::type;
+    all_finite_kernel<T><<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
+        bad, static_cast<const T*>(x.raw_data()), n, nvec);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  });
+  int result = 0;
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(&result, bad, sizeof(int), cudaMemcpyDeviceToHost, stream()));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  return result == 0;
+}
+
+void convert(const Tensor& dst, const Tensor& src) {
+  const char* op = "convert";
+  expect_cuda_rank(op, "dst", dst, kFloat, -1);
+  expect_cuda_rank(op, "src", src, kFloat, -1);
+  TANDEM_CHECK(dst.numel() == src.numel(), op, ": dst has ", dst.numel(), " elements, src ",
+               src.numel());
+  const int64_t n = src.numel();
+  if (n == 0) return;
+  if (dst.dtype() == src.dtype()) {
+    if (dst.raw_data() == src.raw_data()) return;
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst.raw_data(), src.raw_data(),
+                                      static_cast<size_t>(dst.nbytes()), cudaMemcpyDeviceToDevice,
+                                      stream()));
+    return;
+  }
+  const int64_t nvec = vec_count(n, {dst.raw_data(), src.raw_data()});
+  if (dst.dtype() == DType::kBF16) {
+    f32_to_bf16_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
+        static_cast<uint16_t*>(dst.raw_data()), static_cast<const float*>(src.raw_data()), n,
+        nvec);
+  } else {
+    bf16_to_f32_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
+        static_cast<float*>(dst.raw_data()), static_cast<const bf16*>(src.raw_data()), n, nvec);
+  }
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+// ---- embedding ----
+
+void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table) {
+  const char* op = "embedding_forward";
+  expect_cuda_rank(op, "table", table, kFloat, 2);
+  expect_cuda_rank(op, "ids", ids, {DType::kI32}, 1);
+  const int64_t n = ids.size(0), v = table.size(0), h = table.size(1);
+  expect_cuda(op, "out", out, {DType::kBF16}, {n, h});
+  constexpr int kNoRow = 0x7f7f7f7f;  // what a memset of 0x7f bytes leaves in an int
+  TANDEM_CHECK(n < kNoRow, op, ": ", n, " ids; at most ", kNoRow - 1, " are supported");
+  if (n == 0 || h == 0) return;
+  const bool vec = h % kVec == 0 && aligned16(out.raw_data()) && aligned16(table.raw_data());
+  Scratch scratch(op);
+  int* bad_row = scratch.take<int>(1);
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int), stream()));
+  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  dispatch_act(table.dtype(), [&](auto tt) {
+    using TT = typename decltype(tt)::type;
+    embedding_forward_kernel<TT><<<blocks, kThreads, 0, stream()>>>(
+        static_cast<bf16*>(out.raw_data()), bad_row, ids.data<int32_t>(),
+        static_cast<const TT*>(table.raw_data()), n, v, h, vec);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  });
+  int bad = 0;
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(&bad, bad_row, sizeof(int), cudaMemcpyDeviceToHost, stream()));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  if (bad < n) {
+    int32_t id = 0;
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(&id, ids.data<int32_t>() + bad, sizeof(int32_t),
+                                      cudaMemcpyDeviceToHost, stream()));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    TANDEM_CHECK(false, op, ": id ", id, " at row ", bad, " is outside [0, ", v, ")");
+  }
+}
+
+// Ids are sorted (stable, by CUB's radix sort) so each vocabulary row is summed by one warp in
+// token order: deterministic, unlike atomics. An id outside [0, V) is skipped: the forward of
+// the same batch has already rejected it, and checking again here would cost a host sync.
+void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
+  const char* op = "embedding_backward";
+  expect_cuda_rank(op, "dtable", dtable, {DType::kF32}, 2);
+  expect_cuda_rank(op, "ids", ids, {DType::kI32}, 1);
+  const int64_t n = ids.size(0), v = dtable.size(0), h = dtable.size(1);
+  expect_cuda(op, "dout", dout, {DType::kBF16}, {n, h});
+  TANDEM_CHECK(n < INT_MAX && v < INT_MAX, op, ": ", n, " ids over ", v,
+               " rows; both must be below ", INT_MAX);
+  if (n == 0 || h == 0) return;
+  Scratch scratch(op);
+  int32_t* keys_in = scratch.take<int32_t>(n);
+  int32_t* keys = scratch.take<int32_t>(n);
+  int32_t* tokens_in = scratch.take<int32_t>(n);
+  int32_t* tokens = scratch.take<int32_t>(n);
+  const int end_bit = std::bit_width(static_cast<uint64_t>(v));  // covers the sentinel v
+  size_t temp_bytes = 0;
+  TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys, tokens_in,
+                                                    tokens, static_cast<int>(n), 0, end_bit,
+                                                    stream()));
+  void* temp = scratch.take_bytes(temp_bytes);
+  embedding_keys_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(
+      keys_in, tokens_in, ids.data<int32_t>(), n, v);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys, tokens_in,
+                                                    tokens, static_cast<int>(n), 0, end_bit,
+                                                    stream()));
+  const bool vec = h % kVec == 0 && aligned16(dtable.raw_data()) && aligned16(dout.raw_data());
+  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  embedding_backward_kernel<<<blocks, kThreads, 0, stream()>>>(
+      dtable.data<float>(), static_cast<const bf16*>(dout.raw_data()), keys, tokens, n, v, h,
+      vec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+// ---- SwiGLU ----
+
+void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+  const char* op = "swiglu_forward";
+  expect_cuda_rank(op, "gate", gate, {DType::kBF16}, 2);
+  expect_cuda(op, "up", up, {DType::kBF16}, gate.shape());
+  expect_cuda(op, "out", out, {DType::kBF16}, gate.shape());
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  const int64_t nvec = vec_count(n, {out.raw_data(), gate.raw_data(), up.raw_data()});
+  swiglu_forward_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(gate.raw_data()),
+      static_cast<const bf16*>(up.raw_data()), n, nvec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
+                     const Tensor& up) {
+  const char* op = "swiglu_backward";
+  expect_cuda_rank(op, "gate", gate, {DType::kBF16}, 2);
+  expect_cuda(op, "up", up, {DType::kBF16}, gate.shape());
+  expect_cuda(op, "dout", dout, {DType::kBF16}, gate.shape());
+  expect_cuda(op, "dgate", dgate, {DType::kBF16}, gate.shape());
+  expect_cuda(op, "dup", dup, {DType::kBF16}, gate.shape());
+  const int64_t n = gate.numel();
+  if (n == 0) return;
+  const int64_t nvec = vec_count(
+      n, {dgate.raw_data(), dup.raw_data(), dout.raw_data(), gate.raw_data(), up.raw_data()});
+  swiglu_backward_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(dgate.raw_data()), static_cast<bf16*>(dup.raw_data()),
+      static_cast<const bf16*>(dout.raw_data()), static_cast<const bf16*>(gate.raw_data()),
+      static_cast<const bf16*>(up.raw_data()), n, nvec);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tandem::ops::cuda

@@ -1,1 +1,263 @@
-// (being written)
+// cuBLASLt behind gemm.h: the row-major to column-major mapping, the per-shape plan cache
+// (Note [GEMM plan cache]) and the matrix-rate measurement of the benchmark.
+#include "ops/cuda/gemm.h"
+
+#include <cublasLt.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <compare>
+#include <map>
+#include <memory>
+#include <mutex>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "core/tensor.h"
+
+namespace tandem::ops::cuda {
+
+namespace {
+
+// Note [GEMM plan cache]: a plan (the matmul descriptor, the three layouts and the algorithm
+// cuBLASLt's heuristic picked) depends on the dtypes, transposes, sizes, leading dimensions,
+// whether C is read (beta != 0) and the operands' pointer alignment (the heuristic may only pick
+// kernels whose alignment needs the pointers meet; a view into the middle of a tensor can be
+// 2-byte aligned). Plans are immutable once built and shared by pointer, so a lookup holds the
+// mutex only for the map access and cublasLtMatmul runs unlocked. Sizes that vary per step
+// (expert row counts) could grow the map without bound: past kMaxPlans it is cleared and
+// refilled (a heuristic query costs microseconds; in-flight users keep their plan alive).
+constexpr size_t kMaxPlans = 4096;
+
+struct GemmKey {
+  DType c_dtype;
+  Trans trans_a, trans_b;
+  int64_t m, n, k, lda, ldb, ldc;
+  bool reads_c;
+  uint32_t align_a, align_b, align_c;
+  auto operator<=>(const GemmKey&) const = default;
+};
+
+struct GemmPlan {
+  cublasLtMatmulDesc_t op = nullptr;
+  // cuBLASLt's operands: `first` is our B, `second` our A (see make_plan); `c` serves C and D.
+  cublasLtMatrixLayout_t first = nullptr, second = nullptr, c = nullptr;
+  cublasLtMatmulAlgo_t algo{};
+
+  GemmPlan() = default;
+  GemmPlan(const GemmPlan&) = delete;
+  GemmPlan& operator=(const GemmPlan&) = delete;
+  ~GemmPlan() {
+    // Destruction cannot fail in a way we could act on; statuses are ignored.
+    if (c) (void)cublasLtMatrixLayoutDestroy(c);
+    if (second) (void)cublasLtMatrixLayoutDestroy(second);
+    if (first) (void)cublasLtMatrixLayoutDestroy(first);
+    if (op) (void)cublasLtMatmulDescDestroy(op);
+  }
+};
+
+struct PlanCache {
+  std::mutex mutex;
+  std::map<GemmKey, std::shared_ptr<const GemmPlan>> plans;
+};
+
+PlanCache& plan_cache() {
+  static PlanCache* cache = new PlanCache();  // never destroyed: outlives every static caller
+  return *cache;
+}
+
+// The largest power of two (at most 256, cuBLASLt's default assumption) dividing `p`.
+uint32_t alignment_of(const void* p) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  const uintptr_t low = a & (~a + 1);
+  return (low == 0 || low > 256) ? 256u : static_cast<uint32_t>(low);
+}
+
+cudaDataType_t cuda_dtype(DType t) { return t == DType::kBF16 ? CUDA_R_16BF : CUDA_R_32F; }
+
+template <typename T>
+void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttributes_t attr, T value) {
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
+}
+
+// Picks the heuristic's best algorithm for `plan` under `key`'s alignment; throws when none fits.
+void choose_algo(GemmPlan& plan, const GemmKey& key) {
+  cublasLtMatmulPreference_t pref = nullptr;
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
+  std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)>
+      guard(pref, &cublasLtMatmulPreferenceDestroy);
+  set_pref<uint64_t>(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
+                     tandem::cuda::cublaslt_workspace_bytes());
+  // A split-k reduction "in place" or "in the output type" would round partial sums to bf16.
+  if (key.c_dtype == DType::kBF16) {
+    set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
+                       CUBLASLT_REDUCTION_SCHEME_COMPUTE_TYPE);
+  }
+  set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_A_BYTES, key.align_b);
+  set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
+  set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
+  set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
+  cublasLtMatmulHeuristicResult_t result{};
+  int found = 0;
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(tandem::cuda::cublaslt_handle(), plan.op,
+                                                     plan.first, plan.second, plan.c, plan.c, pref,
+                                                     1, &result, &found));
+  TANDEM_CHECK(found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+               "gemm: cuBLASLt has no algorithm for m=", key.m, " n=", key.n, " k=", key.k,
+               " (trans_a ", key.trans_a == Trans::kYes, ", trans_b ", key.trans_b == Trans::kYes,
+               ", lda ", key.lda, ", ldb ", key.ldb, ", ldc ", key.ldc, ", C ",
+               dtype_name(key.c_dtype), ", alignment ", key.align_a, "/", key.align_b, "/",
+               key.align_c, " bytes)");
+  plan.algo = result.algo;
+}
+
+// cuBLASLt is column-major. A row-major [r, c] matrix with leading dimension ld is the
+// column-major [c, r] matrix with the same ld, so row-major C = op(A) op(B) is column-major
+// C^T = op(B)^T op(A)^T: cuBLASLt's first operand is our B and its second our A, each with the
+// same transpose flag as ours (B stored [k, n] is column-major [n, k] = op(B)^T untransposed).
+std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key) {
+  auto plan = std::make_shared<GemmPlan>();
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
+  const cublasOperation_t op_first = key.trans_b == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  const cublasOperation_t op_second = key.trans_a == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSA,
+                                                     &op_first, sizeof(op_first)));
+  TANDEM_CUBLAS_CHECK(cublasLtMatmulDescSetAttribute(plan->op, CUBLASLT_MATMUL_DESC_TRANSB,
+                                                     &op_second, sizeof(op_second)));
+  // Column-major (rows, cols) of each operand as stored: rows is the row-major width.
+  const bool tb = key.trans_b == Trans::kYes, ta = key.trans_a == Trans::kYes;
+  const auto u = [](int64_t x) { return static_cast<uint64_t>(x); };
+  TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->first, CUDA_R_16BF, u(tb ? key.k : key.n),
+                                                 u(tb ? key.n : key.k), key.ldb));
+  TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutCreate(&plan->second, CUDA_R_16BF, u(ta ? key.m : key.k),
+                                                 u(ta ? key.k : key.m), key.lda));
+  TANDEM_CUBLAS_CHECK(
+      cublasLtMatrixLayoutCreate(&plan->c, cuda_dtype(key.c_dtype), u(key.n), u(key.m), key.ldc));
+  choose_algo(*plan, key);
+  return plan;
+}
+
+std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key) {
+  PlanCache& cache = plan_cache();
+  {
+    std::lock_guard lock(cache.mutex);
+    auto it = cache.plans.find(key);
+    if (it != cache.plans.end()) return it->second;
+  }
+  // Built unlocked: two threads may both build the same plan; the first one stored wins.
+  std::shared_ptr<const GemmPlan> plan = make_plan(key);
+  std::lock_guard lock(cache.mutex);
+  if (cache.plans.size() >= kMaxPlans) cache.plans.clear();
+  return cache.plans.emplace(key, std::move(plan)).first->second;
+}
+
+}  // namespace
+
+void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+          int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype,
+          int64_t ldc) {
+  TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
+  TANDEM_CHECK(c_dtype == DType::kF32 || c_dtype == DType::kBF16, "gemm: C is ",
+               dtype_name(c_dtype), ", expected f32 or bf16");
+  const int64_t a_width = trans_a == Trans::kYes ? m : k;
+  const int64_t b_width = trans_b == Trans::kYes ? k : n;
+  TANDEM_CHECK(lda >= a_width && ldb >= b_width && ldc >= n, "gemm: leading dimensions lda=", lda,
+               " ldb=", ldb, " ldc=", ldc, " are below the row widths ", a_width, ", ", b_width,
+               ", ", n);
+  if (m == 0 || n == 0) return;
+  TANDEM_CHECK(c != nullptr, "gemm: C is null for a ", m, "x", n, " product");
+  const cudaStream_t stream = tandem::cuda::current_stream();
+  if (k == 0) {
+    // An empty sum: C = beta * C. Only the two values the ops use are supported.
+    TANDEM_CHECK(beta == 0.0f || beta == 1.0f, "gemm: k == 0 supports beta 0 or 1, not ", beta);
+    if (beta == 0.0f) {
+      const auto esz = static_cast<size_t>(dtype_size(c_dtype));
+      TANDEM_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<size_t>(ldc) * esz, 0,
+                                          static_cast<size_t>(n) * esz, static_cast<size_t>(m),
+                                          stream));
+    }
+    return;
+  }
+  TANDEM_CHECK(a != nullptr && b != nullptr, "gemm: operand A or B is null for m=", m, " n=", n,
+               " k=", k);
+  const GemmKey key{.c_dtype = c_dtype,
+                    .trans_a = trans_a,
+                    .trans_b = trans_b,
+                    .m = m,
+                    .n = n,
+                    .k = k,
+                    .lda = lda,
+                    .ldb = ldb,
+                    .ldc = ldc,
+                    .reads_c = beta != 0.0f,
+                    .align_a = alignment_of(a),
+                    .align_b = alignment_of(b),
+                    .align_c = alignment_of(c)};
+  const std::shared_ptr<const GemmPlan> plan = find_plan(key);
+  TANDEM_CUBLAS_CHECK(cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan->op, &alpha, b,
+                                     plan->first, a, plan->second, &beta, c, plan->c, c, plan->c,
+                                     &plan->algo, tandem::cuda::cublaslt_workspace(stream),
+                                     tandem::cuda::cublaslt_workspace_bytes(), stream));
+}
+
+namespace {
+
+// A device bf16 tensor of deterministic values in [-1, 1) (not zeros: a product of zeros draws
+// less power and would overstate the sustained rate).
+Tensor pattern_bf16(const Shape& shape, uint64_t seed, const char* tag) {
+  Tensor host = Tensor::empty(shape, DType::kBF16, MemCategory::kOther, tag, Device::kCPU);
+  BF16* p = host.data<BF16>();
+  uint64_t state = seed;
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const float u = static_cast<float>(state >> 40) * (1.0f / 16777216.0f);  // [0, 1)
+    p[i] = bf16_from_float(2.0f * u - 1.0f);
+  }
+  Tensor dev = Tensor::empty(shape, DType::kBF16, MemCategory::kOther, tag, Device::kCUDA);
+  dev.copy_from(host);
+  return dev;
+}
+
+struct EventPair {
+  cudaEvent_t start = nullptr, stop = nullptr;
+  EventPair() {
+    TANDEM_CUDA_CHECK(cudaEventCreate(&start));
+    TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  }
+  ~EventPair() {
+    (void)cudaEventDestroy(stop);
+    (void)cudaEventDestroy(start);
+  }
+  EventPair(const EventPair&) = delete;
+  EventPair& operator=(const EventPair&) = delete;
+};
+
+}  // namespace
+
+double measure_bf16_matmul_tflops(int64_t m, int64_t n, int64_t k, int iters) {
+  TANDEM_CHECK(m > 0 && n > 0 && k > 0 && iters > 0, "measure_bf16_matmul_tflops: sizes m=", m,
+               " n=", n, " k=", k, " and iters=", iters, " must be positive");
+  // y[m, n] = x[m, k] @ w[n, k]^T, the linear layers' forward.
+  const Tensor x = pattern_bf16({m, k}, 1, "gemm.bench.x");
+  const Tensor w = pattern_bf16({n, k}, 2, "gemm.bench.w");
+  const Tensor y =
+      Tensor::empty({m, n}, DType::kBF16, MemCategory::kOther, "gemm.bench.y", Device::kCUDA);
+  const auto run = [&] {
+    gemm(Trans::kNo, Trans::kYes, m, n, k, 1.0f, x.raw_data(), k, w.raw_data(), k, 0.0f,
+         y.raw_data(), DType::kBF16, n);
+  };
+  const cudaStream_t stream = tandem::cuda::current_stream();
+  for (int i = 0; i < 3; ++i) run();  // plan built, clocks up
+  EventPair events;
+  TANDEM_CUDA_CHECK(cudaEventRecord(events.start, stream));
+  for (int i = 0; i < iters; ++i) run();
+  TANDEM_CUDA_CHECK(cudaEventRecord(events.stop, stream));
+  TANDEM_CUDA_CHECK(cudaEventSynchronize(events.stop));
+  float ms = 0;
+  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, events.start, events.stop));
+  TANDEM_CHECK(ms > 0, "measure_bf16_matmul_tflops: the timed products took no time");
+  const double flops = 2.0 * double(m) * double(n) * double(k) * double(iters);
+  return flops / (double(ms) * 1e-3) / 1e12;
+}
+
+}  // namespace tandem::ops::cuda

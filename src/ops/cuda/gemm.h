@@ -1,1 +1,30 @@
-// (being written)
+// The one matrix product of the CUDA ops: a row-major cuBLASLt GEMM with bf16 operands, fp32
+// accumulation and a bf16 or f32 result, enqueued on the current stream (Note [Current stream]).
+// Descriptors and the heuristic's algorithm are cached per shape, so a repeated shape costs one
+// map look-up. Private to src/ops/cuda.
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace tandem::ops::cuda {
+
+enum class Trans : uint8_t { kNo, kYes };
+
+// C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, all row-major.
+//   a: bf16, stored [m, k] (kNo) or [k, m] (kYes), lda elements between its rows (>= its width);
+//   b: bf16, stored [k, n] (kNo) or [n, k] (kYes), ldb likewise;
+//   c: `c_dtype` (f32 or bf16), [m, n] with ldc >= n; read only when beta != 0.
+// Accumulates in fp32 (CUBLAS_COMPUTE_32F); a bf16 C is rounded once, at the end (split-k
+// partial sums stay fp32). m == 0 or n == 0 does nothing; k == 0 sets C = beta * C (beta 0 or 1
+// only). Throws tandem::Error for a bad argument or when cuBLASLt has no algorithm for it.
+void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
+          int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype, int64_t ldc);
+
+// Rate of a bf16 [m, k] @ [k, n] product with a bf16 result on this GPU, in TFLOP/s (2mnk flops
+// per product): `iters` products timed with CUDA events on the current stream after a warm-up.
+// Allocates its operands (counted as other memory) and synchronises the current stream.
+double measure_bf16_matmul_tflops(int64_t m, int64_t n, int64_t k, int iters);
+
+}  // namespace tandem::ops::cuda

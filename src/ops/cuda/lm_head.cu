@@ -1,14 +1,335 @@
-// PLACEHOLDER: these ops throw until their kernels are written.
+// CUDA LM head fused with cross-entropy (ops.h): rows go in blocks; a block's logits are formed
+// by cuBLASLt in fp32 into one workspace, reduced to the log-sum-exp (forward) or turned in place
+// into bf16 dlogits (backward, Note [In-place dlogits]), and overwritten by the next block, so the
+// [N, V] logits never exist. Forward sums the row losses in double in a fixed order and reads
+// the sum back with one copy. The row helpers have twins in loss.cu; change both together.
+//
+// Why fp32 logits: a bf16 logit is off by up to 2^-9 |logit| (0.03 at |logit| = 16), which would
+// land unattenuated in each row's loss and as a ~3% error on its softmax probabilities. The cost
+// is 2 more bytes written and read per logit, next to the 2H flops that form it (H = 4096: about
+// 13% of the product's time against 7% in bf16).
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cfloat>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/gemm.h"
 
 namespace tandem::ops::cuda {
 
-double lm_head_ce_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::lm_head_ce_forward is not written yet");
+namespace {
+
+constexpr int kThreads = 256;      // per row
+constexpr int kSumThreads = 1024;  // the one block that sums the row losses
+constexpr int64_t kMaxBlockRows = 8192;
+constexpr int64_t kMaxBlockBytes = int64_t{256} << 20;  // the f32 logits of one block
+
+std::atomic<int64_t> g_block_rows_for_testing{0};
+
+// ---- device helpers (twins in loss.cu) ----
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
 }
 
-void lm_head_ce_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, double, Accumulate) {
-  TANDEM_CHECK(false, "ops::cuda::lm_head_ce_backward is not written yet");
+// A running max m and sum s of exp(x - m); m starts at -FLT_MAX (see loss.cu).
+struct MaxSum {
+  float m, s;
+};
+__device__ __forceinline__ void add_value(MaxSum& a, float x) {
+  const float mn = fmaxf(a.m, x);
+  a.s = a.s * __expf(a.m - mn) + __expf(x - mn);
+  a.m = mn;
+}
+__device__ __forceinline__ void add_values(MaxSum& a, float4 v) {
+  const float mn = fmaxf(a.m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+  a.s = a.s * __expf(a.m - mn) +
+        ((__expf(v.x - mn) + __expf(v.y - mn)) + (__expf(v.z - mn) + __expf(v.w - mn)));
+  a.m = mn;
+}
+__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
+  const float mn = fmaxf(a.m, b.m);
+  return MaxSum{mn, a.s * __expf(a.m - mn) + b.s * __expf(b.m - mn)};
+}
+
+// The block's combined MaxSum for every thread (blockDim.x a multiple of 32); call once.
+__device__ MaxSum block_max_sum(MaxSum a) {
+  __shared__ MaxSum warp_part[32];
+  __shared__ MaxSum total;
+  for (int off = 16; off > 0; off /= 2)
+    a = merge(a, MaxSum{__shfl_xor_sync(~0u, a.m, off), __shfl_xor_sync(~0u, a.s, off)});
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_part[warp] = a;
+  __syncthreads();
+  if (warp == 0) {
+    a = lane < int(blockDim.x / 32) ? warp_part[lane] : MaxSum{-FLT_MAX, 0.0f};
+    for (int off = 16; off > 0; off /= 2)
+      a = merge(a, MaxSum{__shfl_xor_sync(~0u, a.m, off), __shfl_xor_sync(~0u, a.s, off)});
+    if (lane == 0) total = a;
+  }
+  __syncthreads();
+  return total;
+}
+
+// For each of the block's rows r (one thread block each): lse[r], row_loss[r] = lse[r] -
+// logits[r, targets[r]]; a target outside [0, v) gives loss 0 and lowers *bad_row to row0 + r.
+// logits: [rows, ld] f32, rows 16-byte aligned (ld % 4 == 0, aligned base); pointers already
+// offset to the block.
+__global__ void __launch_bounds__(kThreads)
+    lse_kernel(float* lse, float* row_loss, unsigned* bad_row, const float* logits, int64_t ld,
+               int64_t v, const int32_t* targets, int64_t row0) {
+  const int64_t r = blockIdx.x;
+  const float* row = logits + r * ld;
+  const auto* vec = reinterpret_cast<const float4*>(row);
+  const int64_t nvec = v / 4, stride = blockDim.x;
+  MaxSum acc{-FLT_MAX, 0.0f};
+  int64_t i = threadIdx.x;
+  for (; i + stride < nvec; i += 2 * stride) {  // two loads in flight per thread
+    const float4 a = vec[i], b = vec[i + stride];
+    add_values(acc, a);
+    add_values(acc, b);
+  }
+  if (i < nvec) add_values(acc, vec[i]);
+  for (int64_t j = nvec * 4 + threadIdx.x; j < v; j += stride) add_value(acc, row[j]);
+  acc = block_max_sum(acc);
+  if (threadIdx.x == 0) {
+    const float l = acc.m + logf(acc.s);
+    lse[r] = l;
+    const int32_t t = targets[r];
+    if (t >= 0 && t < v) {
+      row_loss[r] = l - row[t];
+    } else {
+      row_loss[r] = 0.0f;
+      atomicMin(bad_row, static_cast<unsigned>(row0 + r));
+    }
+  }
+}
+
+// Note [In-place dlogits]: the block's f32 logits [rows, ld] become bf16 dlogits [rows, 2*ld]
+// over the same bytes: bf16 row r starts where f32 row r does, and bf16 element j lies inside
+// f32 element j/2 of that row. A row goes in chunks of kChunkLoads float4 per thread; chunk c
+// (elements [cC, (c+1)C)) writes over f32 elements [cC/2, (c+1)C/2), all of which the block has
+// read once every thread has loaded chunk c, hence the one barrier per chunk between the loads
+// and the stores; the next chunk's loads start at (c+1)C, past anything written so far.
+// dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale.
+constexpr int kChunkLoads = 2;
+
+__global__ void __launch_bounds__(kThreads)
+    dlogits_kernel(float* logits, int64_t ld, int64_t v, const int32_t* targets, const float* lse,
+                   float scale) {
+  const int64_t r = blockIdx.x;
+  float* row = logits + r * ld;
+  __nv_bfloat16* drow = reinterpret_cast<__nv_bfloat16*>(row);
+  const float l = lse[r];
+  const int64_t t = targets[r];
+  const int64_t chunk = int64_t{blockDim.x} * 4 * kChunkLoads;
+  for (int64_t c0 = 0; c0 < v; c0 += chunk) {
+    float x[kChunkLoads][4] = {};
+    int64_t j[kChunkLoads];
+#pragma unroll
+    for (int q = 0; q < kChunkLoads; ++q) {
+      j[q] = c0 + (int64_t{q} * blockDim.x + threadIdx.x) * 4;
+      if (j[q] + 4 <= v) {
+        const float4 f = *reinterpret_cast<const float4*>(row + j[q]);
+        x[q][0] = f.x, x[q][1] = f.y, x[q][2] = f.z, x[q][3] = f.w;
+      } else {
+        for (int e = 0; e < 4 && j[q] + e < v; ++e) x[q][e] = row[j[q] + e];
+      }
+    }
+    __syncthreads();  // every load of this chunk before any store into its bytes
+#pragma unroll
+    for (int q = 0; q < kChunkLoads; ++q) {
+      float d[4];
+#pragma unroll
+      for (int e = 0; e < 4; ++e)
+        d[e] = (__expf(x[q][e] - l) - (j[q] + e == t ? 1.0f : 0.0f)) * scale;
+      if (j[q] + 4 <= v) {
+        // 8-byte aligned: the row is 16-byte aligned and j is a multiple of 4.
+        *reinterpret_cast<uint2*>(drow + j[q]) =
+            make_uint2(pack_bf16x2(d[0], d[1]), pack_bf16x2(d[2], d[3]));
+      } else {
+        for (int e = 0; e < 4 && j[q] + e < v; ++e) drow[j[q] + e] = __float2bfloat16_rn(d[e]);
+      }
+    }
+  }
+}
+
+// *sum = the n row losses added in double, in a fixed order.
+__global__ void __launch_bounds__(kSumThreads)
+    sum_rows_kernel(double* sum, const float* x, int64_t n) {
+  __shared__ double warp_part[32];
+  double acc = 0;
+  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
+  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(~0u, acc, off);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_part[warp] = acc;
+  __syncthreads();
+  if (warp == 0) {
+    acc = lane < int(blockDim.x / 32) ? warp_part[lane] : 0.0;
+    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(~0u, acc, off);
+    if (lane == 0) *sum = acc;
+  }
+}
+
+// ---- host side ----
+
+// What the forward reads back: the loss and the first row with a bad target (~0u: none).
+struct LossStatus {
+  double loss;
+  uint32_t bad_row;
+  uint32_t unused;
+};
+static_assert(sizeof(LossStatus) == 16);
+
+struct LmHeadDims {
+  int64_t n, h, v;
+};
+
+LmHeadDims check_lm_head(const char* op, const Tensor& lse, const Tensor& x, const Tensor& w,
+                         const Tensor& targets) {
+  expect_cuda_rank(op, "x", x, {DType::kBF16}, 2);
+  expect_cuda_rank(op, "w", w, {DType::kBF16}, 2);
+  const int64_t n = x.size(0), h = x.size(1), v = w.size(0);
+  expect_cuda(op, "w", w, {DType::kBF16}, {v, h});
+  expect_cuda(op, "lse", lse, {DType::kF32}, {n});
+  expect_cuda(op, "targets", targets, {DType::kI32}, {n});
+  TANDEM_CHECK(v > 0 || n == 0, op, ": the vocabulary is empty (w is ", shape_str(w.shape()),
+               ") but there are ", n, " targets");
+  TANDEM_CHECK(n < (int64_t{1} << 31), op, ": ", n, " rows, at most 2^31 - 1 are supported");
+  return {n, h, v};
+}
+
+// The f32 logits' row stride: V rounded up to 8 floats, so every row starts 32-byte aligned
+// (vector loads here, aligned operands for cuBLASLt) and the bf16 dlogits' rows 16-byte aligned.
+int64_t padded_vocab(int64_t v) { return (v + 7) / 8 * 8; }
+
+// Rows per block: the block's f32 logits stay within kMaxBlockBytes, at most kMaxBlockRows.
+int64_t block_rows(int64_t n, int64_t ld) {
+  const int64_t forced = g_block_rows_for_testing.load();
+  const int64_t rows =
+      forced > 0 ? forced : std::clamp(kMaxBlockBytes / (ld * 4), int64_t{1}, kMaxBlockRows);
+  return std::min(rows, n);
+}
+
+// A workspace of `rows` x `ld` f32 logits, checked to meet the kernels' 16-byte alignment.
+Tensor logits_block(int64_t rows, int64_t ld) {
+  Tensor t =
+      Tensor::empty({rows, ld}, DType::kF32, MemCategory::kOther, "lm_head.block", Device::kCUDA);
+  TANDEM_ASSERT(reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0,
+                "the CUDA allocator returned a block that is not 16-byte aligned");
+  return t;
+}
+
+// Copies the targets to the host once and checks each is in [0, v), as the CPU op does.
+void expect_targets(const char* op, const Tensor& targets, int64_t v) {
+  std::vector<int32_t> host(static_cast<size_t>(targets.numel()));
+  if (host.empty()) return;
+  const cudaStream_t s = stream();
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host.data(), targets.raw_data(), host.size() * sizeof(int32_t),
+                                    cudaMemcpyDeviceToHost, s));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  for (size_t r = 0; r < host.size(); ++r) {
+    TANDEM_CHECK(host[r] >= 0 && host[r] < v, op, ": target ", host[r], " at row ", r,
+                 " is outside [0, ", v, ")");
+  }
+}
+
+const __nv_bfloat16* bf16_rows(const Tensor& t, int64_t row0) {
+  return static_cast<const __nv_bfloat16*>(t.raw_data()) + row0 * t.size(1);
+}
+
+}  // namespace
+
+// The lm-head block size for the tests (0: the size above); returns the previous value. Declared
+// where it is used (tests/cuda/test_cuda_linear.cc): the op has no private header.
+int64_t set_lm_head_block_rows_for_testing(int64_t rows) {
+  return g_block_rows_for_testing.exchange(rows);
+}
+
+double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
+                          const Tensor& targets) {
+  const char* op = "lm_head_ce_forward";
+  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  if (d.n == 0) return 0.0;
+  const cudaStream_t s = stream();
+  const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
+  const Tensor logits = logits_block(max_rows, ld);  // [rows, ld] f32
+  const Tensor row_loss =
+      Tensor::empty({d.n}, DType::kF32, MemCategory::kOther, "lm_head.row_loss", Device::kCUDA);
+  const Tensor status =
+      Tensor::empty({2}, DType::kI64, MemCategory::kOther, "lm_head.status", Device::kCUDA);
+  auto* sum = static_cast<double*>(status.raw_data());
+  auto* bad_row = reinterpret_cast<unsigned*>(static_cast<char*>(status.raw_data()) + 8);
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(bad_row, 0xff, sizeof(unsigned), s));
+  for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
+    const int64_t rows = std::min(max_rows, d.n - r0);
+    // logits[rows, V] = x[r0 : r0 + rows] @ w^T.
+    gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, bf16_rows(x, r0), d.h, w.raw_data(), d.h,
+         0.0f, logits.raw_data(), DType::kF32, ld);
+    lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+        lse.data<float>() + r0, row_loss.data<float>() + r0, bad_row, logits.data<float>(), ld, d.v,
+        targets.data<int32_t>() + r0, r0);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  }
+  sum_rows_kernel<<<1, kSumThreads, 0, s>>>(sum, row_loss.data<float>(), d.n);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  LossStatus host{};
+  TANDEM_CUDA_CHECK(
+      cudaMemcpyAsync(&host, status.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, s));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  if (host.bad_row != ~0u) {
+    int32_t t = 0;
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(&t, targets.data<int32_t>() + host.bad_row, sizeof(t),
+                                      cudaMemcpyDeviceToHost, s));
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+    TANDEM_CHECK(false, op, ": target ", t, " at row ", host.bad_row, " is outside [0, ", d.v, ")");
+  }
+  return host.loss;
+}
+
+void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                         const Tensor& targets, const Tensor& lse, double scale,
+                         Accumulate acc_dw) {
+  const char* op = "lm_head_ce_backward";
+  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  expect_cuda(op, "dx", dx, {DType::kBF16}, {d.n, d.h});
+  expect_cuda(op, "dw", dw, {DType::kF32}, {d.v, d.h});
+  expect_targets(op, targets, d.v);
+  if (d.n == 0) {
+    if (acc_dw == Accumulate::kOverwrite) dw.zero_();
+    return;
+  }
+  const cudaStream_t s = stream();
+  const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
+  const Tensor logits = logits_block(max_rows, ld);  // f32 [rows, ld], then bf16 [rows, 2 ld]
+  float dw_beta = acc_dw == Accumulate::kAdd ? 1.0f : 0.0f;
+  for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
+    const int64_t rows = std::min(max_rows, d.n - r0);
+    const __nv_bfloat16* xb = bf16_rows(x, r0);  // [rows, H]
+    gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, xb, d.h, w.raw_data(), d.h, 0.0f,
+         logits.raw_data(), DType::kF32, ld);
+    dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+        logits.data<float>(), ld, d.v, targets.data<int32_t>() + r0, lse.data<float>() + r0,
+        static_cast<float>(scale));
+    TANDEM_CUDA_CHECK_LAUNCH();
+    const void* dlogits = logits.raw_data();  // bf16 [rows, V], leading dimension 2 ld
+    // dx[r0 : r0 + rows] = dlogits @ w.
+    gemm(Trans::kNo, Trans::kNo, rows, d.h, d.v, 1.0f, dlogits, 2 * ld, w.raw_data(), d.h, 0.0f,
+         static_cast<__nv_bfloat16*>(dx.raw_data()) + r0 * d.h, DType::kBF16, d.h);
+    // dw (+)= dlogits^T @ x[r0 : r0 + rows]; later blocks add.
+    gemm(Trans::kYes, Trans::kNo, d.v, d.h, rows, 1.0f, dlogits, 2 * ld, xb, d.h, dw_beta,
+         dw.raw_data(), DType::kF32, d.h);
+    dw_beta = 1.0f;
+  }
 }
 
 }  // namespace tandem::ops::cuda

@@ -1,42 +1,640 @@
-// PLACEHOLDER: these ops throw until their kernels are written.
+// CUDA Mixtral router (top-k, softmax over the selected logits, switch aux loss) and the dropless
+// token permutation by expert. The permutation is CUB's stable radix sort of the slots by expert,
+// so it is exactly the CPU's order; every reduction runs in a fixed order (no float atomics), so
+// every result is bitwise reproducible run to run on one GPU.
+//
+// Index tensors that our own ops produce (topk_idx, perm) are trusted rather than checked on the
+// host (that would cost a sync per op): an entry out of range is skipped (or gives a zero row),
+// never read or written out of bounds.
+#include <cub/device/device_radix_sort.cuh>
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <bit>
+#include <climits>
+#include <cstdint>
+#include <type_traits>
+#include <vector>
+
+#include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
 
 namespace tandem::ops::cuda {
 
-void router_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::router_forward is not written yet");
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+// ---- helpers: vectors of 8 bf16 (16 bytes) ----
+
+constexpr int kThreads = 256;
+constexpr int kVec = 8;
+constexpr int kRowsPerBlock = kThreads / 32;  // row kernels: one warp per row
+constexpr int kMaxTopK = 32;                  // one lane per selected expert
+constexpr int kMaxExperts = 64 * 32;          // a 64-bit mask of taken experts per lane
+
+__device__ __forceinline__ void load8(const bf16* p, float (&v)[kVec]) {
+  const uint4 u = *reinterpret_cast<const uint4*>(p);
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
+  }
+}
+__device__ __forceinline__ void store8(bf16* p, const float (&v)[kVec]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+__device__ __forceinline__ float load1(const bf16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store1(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
+__device__ __forceinline__ void store1(float* p, float v) { *p = v; }
+
+__device__ __forceinline__ int64_t global_thread() {
+  return int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() { return int64_t{gridDim.x} * blockDim.x; }
+__device__ __forceinline__ int64_t warp_row() {
+  return int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
 }
 
-void router_counts(const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::router_counts is not written yet");
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
-double router_aux_loss(const Tensor&, const Tensor&, int64_t, double) {
-  TANDEM_CHECK(false, "ops::cuda::router_aux_loss is not written yet");
+bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+unsigned row_blocks(int64_t rows) {
+  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
-void router_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, int64_t, double, double) {
-  TANDEM_CHECK(false, "ops::cuda::router_backward is not written yet");
+// Note [Op scratch]: an op that needs temporary device memory borrows the current stream's
+// cuBLASLt workspace (core/cuda/context.h). Ops are serial per stream, so nothing else touches it
+// between this op's launches, and nothing is allocated (or counted against the memory plan).
+class Scratch {
+ public:
+  explicit Scratch(const char* op)
+      : op_(op),
+        base_(static_cast<char*>(tandem::cuda::cublaslt_workspace(stream()))),
+        capacity_(tandem::cuda::cublaslt_workspace_bytes()) {}
+  template <typename T>
+  T* take(int64_t count) {
+    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
+    TANDEM_CHECK(used_ + bytes <= capacity_, op_, ": needs more than the ", capacity_,
+                 " bytes of the stream's scratch workspace");
+    T* p = reinterpret_cast<T*>(base_ + used_);
+    used_ += bytes;
+    return p;
+  }
+
+ private:
+  const char* op_;
+  char* base_;
+  size_t capacity_;
+  size_t used_ = 0;
+};
+
+// ---- router ----
+
+// Whether candidate (v, i) beats (bv, bi): higher logit, ties (and unordered NaN) to the lower
+// index; i < 0 is "no candidate".
+__device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
+  if (i < 0) return false;
+  if (bi < 0 || v > bv) return true;
+  if (v < bv) return false;
+  return i < bi;
 }
 
-void moe_permutation(const Tensor&, const Tensor&, const Tensor&, int64_t) {
-  TANDEM_CHECK(false, "ops::cuda::moe_permutation is not written yet");
+// One warp per row: probs = softmax(logits row); the top k in descending order (a warp arg-max
+// per pick; lane j keeps pick j), then their softmax.
+__global__ void __launch_bounds__(kThreads)
+    router_forward_kernel(int32_t* topk_idx, float* topk_w, float* probs, const float* logits,
+                          int64_t n, int e, int k) {
+  const int64_t row = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (row >= n) return;
+  const float* lr = logits + row * e;
+  const int rounds = (e + 31) / 32;  // lane holds experts lane + 32 m
+  float mx = -INFINITY;
+  for (int c = lane; c < e; c += 32) mx = fmaxf(mx, lr[c]);
+  mx = warp_max(mx);
+  float sum = 0;
+  for (int c = lane; c < e; c += 32) sum += expf(lr[c] - mx);
+  sum = warp_sum(sum);
+  for (int c = lane; c < e; c += 32) probs[row * e + c] = expf(lr[c] - mx) / sum;
+
+  uint64_t taken = 0;  // bit m: expert lane + 32 m already picked
+  float pick_v = -INFINITY;
+  int pick_i = 0;
+  for (int j = 0; j < k; ++j) {
+    float bv = 0;
+    int bi = -1;
+    for (int m = 0; m < rounds; ++m) {
+      const int c = lane + 32 * m;
+      if (c < e && !((taken >> m) & 1u) && beats(lr[c], c, bv, bi)) bv = lr[c], bi = c;
+    }
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) {
+      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+      if (beats(ov, oi, bv, bi)) bv = ov, bi = oi;
+    }
+    // Lane 0's winner for all (the same in every lane unless NaNs make the order partial).
+    bv = __shfl_sync(0xffffffffu, bv, 0);
+    bi = __shfl_sync(0xffffffffu, bi, 0);
+    if ((bi & 31) == lane) taken |= uint64_t{1} << (bi >> 5);
+    if (lane == j) pick_v = bv, pick_i = bi;
+  }
+  const float pmax = warp_max(lane < k ? pick_v : -INFINITY);
+  const float ex = lane < k ? expf(pick_v - pmax) : 0.0f;
+  const float psum = warp_sum(ex);
+  if (lane < k) {
+    topk_idx[row * k + lane] = pick_i;
+    topk_w[row * k + lane] = ex / psum;
+  }
 }
 
-void permute_forward(const Tensor&, const Tensor&, const Tensor&, int64_t) {
-  TANDEM_CHECK(false, "ops::cuda::permute_forward is not written yet");
+// counts[id] += occurrences of each id in [0, e) (counts zeroed by the caller). Integer adds:
+// the order does not matter.
+__global__ void __launch_bounds__(kThreads)
+    histogram_kernel(int32_t* counts, const int32_t* ids, int64_t count, int e, bool in_shared) {
+  extern __shared__ int hist[];  // [e] when in_shared
+  if (in_shared) {
+    for (int c = threadIdx.x; c < e; c += blockDim.x) hist[c] = 0;
+    __syncthreads();
+  }
+  for (int64_t i = global_thread(); i < count; i += grid_threads()) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id < e) atomicAdd(in_shared ? &hist[id] : &counts[id], 1);
+  }
+  if (in_shared) {
+    __syncthreads();
+    for (int c = threadIdx.x; c < e; c += blockDim.x) {
+      if (hist[c] != 0) atomicAdd(&counts[c], hist[c]);
+    }
+  }
 }
 
-void permute_backward(const Tensor&, const Tensor&, const Tensor&, int64_t, Accumulate) {
-  TANDEM_CHECK(false, "ops::cuda::permute_backward is not written yet");
+void launch_counts(int32_t* counts, const int32_t* ids, int64_t count, int64_t e) {
+  TANDEM_CUDA_CHECK(cudaMemsetAsync(counts, 0, static_cast<size_t>(e) * sizeof(int32_t), stream()));
+  if (count == 0) return;
+  const bool in_shared = e * int64_t{sizeof(int)} <= 48 * 1024;
+  histogram_kernel<<<blocks_for(count, kThreads), kThreads,
+                     in_shared ? static_cast<size_t>(e) * sizeof(int) : 0, stream()>>>(
+      counts, ids, count, static_cast<int>(e), in_shared);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
-void combine_forward(const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::combine_forward is not written yet");
+// partial[chunk, c] = sum of probs[r, c] over the chunk's rows, in double. Block (32, 8): 32
+// columns, 8 strided row slices combined in a fixed order.
+__global__ void __launch_bounds__(kThreads)
+    column_sums_kernel(double* partial, const float* probs, int64_t n, int e, int64_t chunk_rows) {
+  __shared__ double slice[8][33];
+  const int c = blockIdx.x * 32 + threadIdx.x;
+  const int64_t r0 = int64_t{blockIdx.y} * chunk_rows;
+  const int64_t r1 = std::min(n, r0 + chunk_rows);
+  double s = 0;
+  if (c < e) {
+    for (int64_t r = r0 + threadIdx.y; r < r1; r += 8) s += probs[r * e + c];
+  }
+  slice[threadIdx.y][threadIdx.x] = s;
+  __syncthreads();
+  if (threadIdx.y == 0 && c < e) {
+    double total = 0;
+#pragma unroll
+    for (int y = 0; y < 8; ++y) total += slice[y][threadIdx.x];
+    partial[int64_t{blockIdx.y} * e + c] = total;
+  }
 }
 
-void combine_backward(const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&, const Tensor&) {
-  TANDEM_CHECK(false, "ops::cuda::combine_backward is not written yet");
+// One warp per row: dl[x] = aux_scale p_x (c_x - sum_x' p_x' c_x') with c_x = cscale counts[x],
+// then dl[idx_j] += w_j (dw_j - sum_i w_i dw_i) (lane j holds pick j), in the CPU's order: the
+// aux term rounded to f32 first, the selected term added in f32.
+template <typename TD>
+__global__ void __launch_bounds__(kThreads)
+    router_backward_kernel(TD* dlogits, const float* dtopk_w, const int32_t* topk_idx,
+                           const float* topk_w, const float* probs, const int32_t* counts,
+                           int64_t n, int e, int k, double cscale, double aux_scale) {
+  const int64_t row = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (row >= n) return;
+  const float* p = probs + row * e;
+  const bool picks = lane < k;
+  const double w = picks ? topk_w[row * k + lane] : 0.0;
+  const double dw = picks ? dtopk_w[row * k + lane] : 0.0;
+  const int32_t idx = picks ? topk_idx[row * k + lane] : -1;
+  const double dot = warp_sum(w * dw);
+  const float sel = static_cast<float>(w * (dw - dot));
+  double pc = 0;
+  for (int c = lane; c < e; c += 32) pc += static_cast<double>(p[c]) * (cscale * counts[c]);
+  pc = warp_sum(pc);
+  const int rounds = (e + 31) / 32;
+  for (int m = 0; m < rounds; ++m) {
+    const int c = lane + 32 * m;
+    const bool live = c < e;
+    float d = live ? static_cast<float>(aux_scale * p[c] * (cscale * counts[c] - pc)) : 0.0f;
+    for (int j = 0; j < k; ++j) {
+      const int32_t ij = __shfl_sync(0xffffffffu, idx, j);
+      const float sj = __shfl_sync(0xffffffffu, sel, j);
+      if (ij == c) d += sj;
+    }
+    if (live) store1(dlogits + row * e + c, d);
+  }
+}
+
+// ---- token permutation ----
+
+// keys[i] = expert of slot i, or e for an id outside [0, e) (sorted last); slots[i] = i.
+__global__ void __launch_bounds__(kThreads)
+    slot_keys_kernel(int32_t* keys, int32_t* slots, const int32_t* ids, int64_t count, int e) {
+  for (int64_t i = global_thread(); i < count; i += grid_threads()) {
+    const int32_t id = ids[i];
+    keys[i] = id >= 0 && id < e ? id : e;
+    slots[i] = static_cast<int32_t>(i);
+  }
+}
+
+// inv[perm[i]] = i (inv preset to -1, so a slot no row holds stays -1).
+__global__ void __launch_bounds__(kThreads)
+    invert_kernel(int32_t* inv, const int32_t* perm, int64_t count) {
+  for (int64_t i = global_thread(); i < count; i += grid_threads()) {
+    const int32_t s = perm[i];
+    if (s >= 0 && s < count) inv[s] = static_cast<int32_t>(i);
+  }
+}
+
+// inv: [count] in scratch, the row of the expert-sorted order holding each slot (-1: none).
+int32_t* inverse_perm(Scratch& scratch, const Tensor& perm, int64_t count) {
+  int32_t* inv = scratch.take<int32_t>(count);
+  TANDEM_CUDA_CHECK(
+      cudaMemsetAsync(inv, 0xff, static_cast<size_t>(count) * sizeof(int32_t), stream()));
+  invert_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(
+      inv, perm.data<int32_t>(), count);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return inv;
+}
+
+// One warp per row of the sorted order: out[i, :] = x[perm[i] / k, :] (zeros for a bad entry).
+__global__ void __launch_bounds__(kThreads)
+    permute_forward_kernel(bf16* out, const bf16* x, const int32_t* perm, int64_t count,
+                           int64_t k, int64_t h, bool vec) {
+  const int64_t i = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (i >= count) return;
+  const int32_t slot = perm[i];
+  const bool ok = slot >= 0 && slot < count;
+  const bf16* src = x + (ok ? slot / k : 0) * h;
+  bf16* dst = out + i * h;
+  if (vec) {
+#pragma unroll 4
+    for (int64_t c = lane; c < h / kVec; c += 32) {
+      float v[kVec] = {};
+      if (ok) load8(src + c * kVec, v);
+      store8(dst + c * kVec, v);
+    }
+  } else {
+    for (int64_t c = lane; c < h; c += 32) store1(dst + c, ok ? load1(src + c) : 0.0f);
+  }
+}
+
+// One warp per token: dx[t] (+)= sum over j of dout[inv[t k + j]], in slot order.
+__global__ void __launch_bounds__(kThreads)
+    permute_backward_kernel(bf16* dx, const bf16* dout, const int32_t* inv, int64_t n, int64_t k,
+                            int64_t h, bool add, bool vec) {
+  const int64_t t = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (t >= n) return;
+  const int32_t* rows = inv + t * k;
+  bf16* dst = dx + t * h;
+  if (vec) {
+    for (int64_t c = lane; c < h / kVec; c += 32) {
+      float acc[kVec] = {};
+      if (add) load8(dst + c * kVec, acc);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = rows[j];
+        if (r < 0) continue;
+        float d[kVec];
+        load8(dout + r * h + c * kVec, d);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] += d[e];
+      }
+      store8(dst + c * kVec, acc);
+    }
+  } else {
+    for (int64_t c = lane; c < h; c += 32) {
+      float acc = add ? load1(dst + c) : 0.0f;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = rows[j];
+        if (r >= 0) acc += load1(dout + r * h + c);
+      }
+      store1(dst + c, acc);
+    }
+  }
+}
+
+// One warp per token: out[t] += sum over j of w[t, j] y[inv[t k + j]], in slot order.
+__global__ void __launch_bounds__(kThreads)
+    combine_forward_kernel(bf16* out, const bf16* y, const int32_t* inv, const float* topk_w,
+                           int64_t n, int64_t k, int64_t h, bool vec) {
+  const int64_t t = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (t >= n) return;
+  const int32_t* rows = inv + t * k;
+  const float* w = topk_w + t * k;
+  bf16* dst = out + t * h;
+  if (vec) {
+    for (int64_t c = lane; c < h / kVec; c += 32) {
+      float acc[kVec];
+      load8(dst + c * kVec, acc);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = rows[j];
+        if (r < 0) continue;
+        const float wj = w[j];
+        float v[kVec];
+        load8(y + r * h + c * kVec, v);
+#pragma unroll
+        for (int e = 0; e < kVec; ++e) acc[e] += wj * v[e];
+      }
+      store8(dst + c * kVec, acc);
+    }
+  } else {
+    for (int64_t c = lane; c < h; c += 32) {
+      float acc = load1(dst + c);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t r = rows[j];
+        if (r >= 0) acc += w[j] * load1(y + r * h + c);
+      }
+      store1(dst + c, acc);
+    }
+  }
+}
+
+// One warp per row i of the sorted order, slot s = perm[i], token s / k:
+// dy[i] = topk_w[s] dout[token]; dtopk_w[s] = <dout[token], y[i]> (fp32, a warp reduction).
+__global__ void __launch_bounds__(kThreads)
+    combine_backward_kernel(bf16* dy, float* dtopk_w, const bf16* dout, const bf16* y,
+                            const int32_t* perm, const float* topk_w, int64_t count, int64_t k,
+                            int64_t h, bool vec) {
+  const int64_t i = warp_row();
+  const int lane = threadIdx.x & 31;
+  if (i >= count) return;
+  const int32_t slot = perm[i];
+  const bool ok = slot >= 0 && slot < count;
+  const float w = ok ? topk_w[slot] : 0.0f;
+  const bf16* d = dout + (ok ? slot / k : 0) * h;
+  const bf16* yr = y + i * h;
+  bf16* dyr = dy + i * h;
+  float dot = 0;
+  if (vec) {
+#pragma unroll 2
+    for (int64_t c = lane; c < h / kVec; c += 32) {
+      float dv[kVec], yv[kVec], out[kVec];
+      load8(d + c * kVec, dv);
+      load8(yr + c * kVec, yv);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) {
+        out[e] = w * dv[e];
+        dot += dv[e] * yv[e];
+      }
+      store8(dyr + c * kVec, out);
+    }
+  } else {
+    for (int64_t c = lane; c < h; c += 32) {
+      const float dv = load1(d + c);
+      store1(dyr + c, w * dv);
+      dot += dv * load1(yr + c);
+    }
+  }
+  dot = warp_sum(dot);
+  if (ok && lane == 0) dtopk_w[slot] = dot;
+}
+
+void expect_slot_count(const char* op, int64_t count) {
+  TANDEM_CHECK(count < INT_MAX, op, ": ", count, " token slots; at most ", INT_MAX - 1,
+               " are supported (perm is i32)");
+}
+
+}  // namespace
+
+// ---- router ----
+
+void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs,
+                    const Tensor& logits) {
+  const char* op = "router_forward";
+  expect_cuda_rank(op, "logits", logits, {DType::kF32}, 2);
+  expect_cuda_rank(op, "topk_idx", topk_idx, {DType::kI32}, 2);
+  const int64_t n = logits.size(0), e = logits.size(1), k = topk_idx.size(1);
+  TANDEM_CHECK(k >= 1 && k <= e, op, ": k = ", k, " must lie in [1, ", e, "] (the experts)");
+  TANDEM_CHECK(k <= kMaxTopK && e <= kMaxExperts, op, ": k = ", k, " over ", e,
+               " experts; the GPU router takes k <= ", kMaxTopK, " and at most ", kMaxExperts,
+               " experts");
+  expect_cuda(op, "topk_idx", topk_idx, {DType::kI32}, {n, k});
+  expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
+  expect_cuda(op, "probs", probs, {DType::kF32}, {n, e});
+  if (n == 0) return;
+  router_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+      topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(),
+      n, static_cast<int>(e), static_cast<int>(k));
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+// An expert id outside [0, E) is not counted (topk_idx comes from router_forward; see the top).
+void router_counts(const Tensor& counts, const Tensor& topk_idx) {
+  const char* op = "router_counts";
+  expect_cuda_rank(op, "counts", counts, {DType::kI32}, 1);
+  expect_cuda_rank(op, "topk_idx", topk_idx, {DType::kI32}, 2);
+  const int64_t e = counts.size(0);
+  TANDEM_CHECK(e <= INT_MAX, op, ": ", e, " experts is too many");
+  if (e == 0) return;
+  launch_counts(counts.data<int32_t>(), topk_idx.data<int32_t>(), topk_idx.numel(), e);
+}
+
+// Column sums of probs in double on the GPU (fixed chunks), the rest on the host in the CPU's
+// order.
+double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
+  const char* op = "router_aux_loss";
+  expect_cuda_rank(op, "probs", probs, {DType::kF32}, 2);
+  const int64_t n = probs.size(0), e = probs.size(1);
+  expect_cuda(op, "counts", counts, {DType::kI32}, {e});
+  TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
+  TANDEM_CHECK(e <= INT_MAX, op, ": ", e, " experts is too many");
+  if (n == 0 || e == 0) return 0.0;
+  constexpr int64_t kMaxChunks = 64;
+  const int64_t chunk_rows = std::max<int64_t>(256, (n + kMaxChunks - 1) / kMaxChunks);
+  const int64_t chunks = (n + chunk_rows - 1) / chunk_rows;
+  Scratch scratch(op);
+  double* partial = scratch.take<double>(chunks * e);
+  column_sums_kernel<<<dim3(static_cast<unsigned>((e + 31) / 32), static_cast<unsigned>(chunks)),
+                       dim3(32, 8), 0, stream()>>>(partial, probs.data<float>(), n,
+                                                   static_cast<int>(e), chunk_rows);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  std::vector<double> host_partial(static_cast<size_t>(chunks * e));
+  std::vector<int32_t> host_counts(static_cast<size_t>(e));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_partial.data(), partial,
+                                    host_partial.size() * sizeof(double), cudaMemcpyDeviceToHost,
+                                    stream()));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.data<int32_t>(),
+                                    host_counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
+                                    stream()));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  const double nd = static_cast<double>(n);
+  double s = 0;
+  for (int64_t c = 0; c < e; ++c) {
+    double col = 0;
+    for (int64_t b = 0; b < chunks; ++b) col += host_partial[static_cast<size_t>(b * e + c)];
+    s += (host_counts[static_cast<size_t>(c)] / (nd * static_cast<double>(k))) * (col / nd);
+  }
+  return coeff * static_cast<double>(e) * s;
+}
+
+void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
+                     const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
+                     double coeff, double aux_scale) {
+  const char* op = "router_backward";
+  expect_cuda_rank(op, "probs", probs, {DType::kF32}, 2);
+  const int64_t n = probs.size(0), e = probs.size(1);
+  TANDEM_CHECK(k >= 1 && k <= e, op, ": k = ", k, " must lie in [1, ", e, "] (the experts)");
+  TANDEM_CHECK(k <= kMaxTopK && e <= INT_MAX, op, ": k = ", k, " over ", e,
+               " experts; the GPU router takes k <= ", kMaxTopK);
+  expect_cuda(op, "dlogits", dlogits, {DType::kF32, DType::kBF16}, {n, e});
+  expect_cuda(op, "dtopk_w", dtopk_w, {DType::kF32}, {n, k});
+  expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
+  expect_cuda(op, "topk_idx", topk_idx, {DType::kI32}, {n, k});
+  expect_cuda(op, "counts", counts, {DType::kI32}, {e});
+  if (n == 0) return;
+  const double nd = static_cast<double>(n);
+  const double cscale = coeff * static_cast<double>(e) / (nd * static_cast<double>(k)) / nd;
+  auto launch = [&](auto* pd) {
+    router_backward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+        pd, dtopk_w.data<float>(), topk_idx.data<int32_t>(), topk_w.data<float>(),
+        probs.data<float>(), counts.data<int32_t>(), n, static_cast<int>(e), static_cast<int>(k),
+        cscale, aux_scale);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  };
+  if (dlogits.dtype() == DType::kBF16) launch(static_cast<bf16*>(dlogits.raw_data()));
+  else launch(dlogits.data<float>());
+}
+
+// ---- token permutation ----
+
+void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,
+                     int64_t num_experts) {
+  const char* op = "moe_permutation";
+  TANDEM_CHECK(num_experts >= 1 && num_experts < INT_MAX, op, ": num_experts is ", num_experts,
+               ", expected at least 1");
+  expect_cuda_rank(op, "topk_idx", topk_idx, {DType::kI32}, 2);
+  const int64_t count = topk_idx.numel();
+  expect_slot_count(op, count);
+  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
+  expect_cuda(op, "counts", counts, {DType::kI32}, {num_experts});
+  const int32_t* ids = topk_idx.data<int32_t>();
+  launch_counts(counts.data<int32_t>(), ids, count, num_experts);
+  if (count == 0) return;
+  // Stable radix sort of the slots (token, then slot: their flat order) by expert.
+  Scratch scratch(op);
+  int32_t* keys_in = scratch.take<int32_t>(count);
+  int32_t* keys_out = scratch.take<int32_t>(count);
+  int32_t* slots = scratch.take<int32_t>(count);
+  const int end_bit = std::bit_width(static_cast<uint64_t>(num_experts));  // covers sentinel E
+  const int items = static_cast<int>(count);
+  size_t temp_bytes = 0;
+  TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, slots,
+                                                    perm.data<int32_t>(), items, 0, end_bit,
+                                                    stream()));
+  void* temp = scratch.take<char>(static_cast<int64_t>(temp_bytes));
+  slot_keys_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(
+      keys_in, slots, ids, count, static_cast<int>(num_experts));
+  TANDEM_CUDA_CHECK_LAUNCH();
+  TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, slots,
+                                                    perm.data<int32_t>(), items, 0, end_bit,
+                                                    stream()));
+}
+
+void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int64_t k) {
+  const char* op = "permute_forward";
+  expect_cuda_rank(op, "x", x, {DType::kBF16}, 2);
+  TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
+  const int64_t n = x.size(0), h = x.size(1), count = n * k;
+  expect_slot_count(op, count);
+  expect_cuda(op, "out", out, {DType::kBF16}, {count, h});
+  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
+  if (count == 0 || h == 0) return;
+  const bool vec = h % kVec == 0 && aligned16(out.raw_data()) && aligned16(x.raw_data());
+  permute_forward_kernel<<<row_blocks(count), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(x.raw_data()),
+      perm.data<int32_t>(), count, k, h, vec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, int64_t k,
+                      Accumulate acc) {
+  const char* op = "permute_backward";
+  expect_cuda_rank(op, "dx", dx, {DType::kBF16}, 2);
+  TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
+  const int64_t n = dx.size(0), h = dx.size(1), count = n * k;
+  expect_slot_count(op, count);
+  expect_cuda(op, "dout", dout, {DType::kBF16}, {count, h});
+  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
+  if (count == 0 || h == 0) return;
+  Scratch scratch(op);
+  const int32_t* inv = inverse_perm(scratch, perm, count);
+  const bool vec = h % kVec == 0 && aligned16(dx.raw_data()) && aligned16(dout.raw_data());
+  permute_backward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(dx.raw_data()), static_cast<const bf16*>(dout.raw_data()), inv, n, k, h,
+      acc == Accumulate::kAdd, vec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
+  const char* op = "combine_forward";
+  expect_cuda_rank(op, "out", out, {DType::kBF16}, 2);
+  expect_cuda_rank(op, "topk_w", topk_w, {DType::kF32}, 2);
+  const int64_t n = out.size(0), h = out.size(1), k = topk_w.size(1), count = n * k;
+  expect_slot_count(op, count);
+  expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
+  expect_cuda(op, "y", y, {DType::kBF16}, {count, h});
+  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
+  if (count == 0 || h == 0) return;
+  Scratch scratch(op);
+  const int32_t* inv = inverse_perm(scratch, perm, count);
+  const bool vec = h % kVec == 0 && aligned16(out.raw_data()) && aligned16(y.raw_data());
+  combine_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(y.raw_data()), inv,
+      topk_w.data<float>(), n, k, h, vec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dout, const Tensor& y,
+                      const Tensor& perm, const Tensor& topk_w) {
+  const char* op = "combine_backward";
+  expect_cuda_rank(op, "dout", dout, {DType::kBF16}, 2);
+  expect_cuda_rank(op, "topk_w", topk_w, {DType::kF32}, 2);
+  const int64_t n = dout.size(0), h = dout.size(1), k = topk_w.size(1), count = n * k;
+  expect_slot_count(op, count);
+  expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
+  expect_cuda(op, "dtopk_w", dtopk_w, {DType::kF32}, {n, k});
+  expect_cuda(op, "y", y, {DType::kBF16}, {count, h});
+  expect_cuda(op, "dy", dy, {DType::kBF16}, {count, h});
+  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
+  if (count == 0) return;
+  const bool vec = h % kVec == 0 && aligned16(dy.raw_data()) && aligned16(dout.raw_data()) &&
+                   aligned16(y.raw_data());
+  combine_backward_kernel<<<row_blocks(count), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(dy.raw_data()), dtopk_w.data<float>(),
+      static_cast<const bf16*>(dout.raw_data()), static_cast<const bf16*>(y.raw_data()),
+      perm.data<int32_t>(), topk_w.data<float>(), count, k, h, vec);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace tandem::ops::cuda

@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# Stages what a run on the GPU machine needs into devrun/ (ignored by git): stripped binaries
+# from build/, the Debian libraries that machine lacks (xz-compressed) and the peer script.
+# The machine has CUDA 13, NCCL, Open MPI and PyTorch but none of our Debian -dev packages.
+# Usage: tools/stage_device.sh [binary ...]   (paths relative to build/)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bins=("$@")
+[ ${#bins[@]} -gt 0 ] || bins=(tandem bench/gpu_train_bench tests/cuda/test_cuda_allocator
+                               tests/cuda/test_cuda_ops)
+rm -rf devrun && mkdir -p devrun/bin devrun/lib
+for b in "${bins[@]}"; do
+  [ -f "build/$b" ] || { echo "stage_device: build/$b is missing; build it first" >&2; exit 1; }
+  strip -s -o "devrun/bin/$(basename "$b")" "build/$b"
+done
+libs=(libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libtomlplusplus.so.3)
+for l in "${libs[@]}"; do cp -L "/lib/x86_64-linux-gnu/$l" devrun/lib/; done
+tar -C devrun -cJf devrun/lib.tar.xz lib && rm -rf devrun/lib
+[ -f ../shared/peers/torch_peer.py ] && cp ../shared/peers/torch_peer.py devrun/
+cp bench/gpu_suite.sh devrun/
+du -sh devrun
