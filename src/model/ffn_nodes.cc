@@ -26,6 +26,7 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   adopt_as_activation(s.x_in);  // Note [Hand-over]
   const int64_t r = s.x_in.size(0);
   s.rows_per_expert = std::exchange(a.expert_rows, Tensor());  // from dispatch
+  adopt_as_activation(s.rows_per_expert);
   TANDEM_ASSERT(s.rows_per_expert.numel() == static_cast<int64_t>(w.e_gate.size()));
   s.rows_host = host_ints(s.rows_per_expert);
   s.gate = saved_tensor({r, f}, c.dtype, "experts.gate");

@@ -63,7 +63,7 @@ int64_t local_experts(const NodeContext& c) { return c.cfg.num_experts / c.ep->s
 void dispatch_forward(LayerActs& a, const NodeContext& c) {
   if (c.ep == nullptr) {
     a.expert_in = std::exchange(a.routed, Tensor());
-    a.expert_rows = saved_tensor({c.cfg.num_experts}, DType::kI32, "experts.rows");
+    a.expert_rows = work_tensor({c.cfg.num_experts}, DType::kI32, "experts.rows");  // handed on
     a.expert_rows.copy_from(a.attn.counts);
     return;
   }
@@ -77,9 +77,11 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   c.ep->all_to_all_v(received, x.recv_rows, a.routed, x.send_rows);
   release_storage({&a.routed});  // sent: nobody on this rank needs the routed rows again
   a.routed = Tensor();
-  a.expert_in = saved_tensor({x.received, h}, c.dtype, "experts.x_in");
+  // Both handed to the experts node, which adopts them (Note [Hand-over]): the planner counts
+  // them from the end of the experts' forward.
+  a.expert_in = work_tensor({x.received, h}, c.dtype, "experts.x_in");
   reorder_blocks(a.expert_in, received, recv_counts, p, el, BlockOrder::kSourceToExpert);
-  a.expert_rows = saved_tensor({el}, DType::kI32, "experts.rows");
+  a.expert_rows = work_tensor({el}, DType::kI32, "experts.rows");
   for (int64_t e = 0; e < el; ++e) {
     int32_t rows = 0;
     for (int64_t s = 0; s < p; ++s) rows += recv_counts.data<int32_t>()[s * el + e];

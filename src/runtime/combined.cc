@@ -91,7 +91,7 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
   }
   if (comm_stream_) comm_stream_->synchronize();
   comp.synchronize();
-  finish_forward(fs, fm);
+  finish_forward(fs, f.microbatch, fm);
 }
 
 template <typename Issue>

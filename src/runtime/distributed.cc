@@ -2,6 +2,7 @@
 // expert all-to-all inside the nodes, and the gradient reduction. See distributed.h.
 #include "runtime/distributed.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <limits>
@@ -119,16 +120,41 @@ model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t 
   return state;
 }
 
-void PipelineTrainer::finish_forward(StageRuntime& s, const model::MicroBatchState& state) {
+void PipelineTrainer::finish_forward(StageRuntime& s, int32_t mb,
+                                     const model::MicroBatchState& state) {
   if (s.params->spec().has_head) lm_sum_ += state.lm_loss;
   aux_sum_ += state.aux_loss;
+  if (routing_.empty()) return;
+  // The experts node keeps its input rows [R, H] until its backward: R is what it received.
+  const auto first = static_cast<int32_t>(s.params->spec().layer_begin);
+  for (size_t l = 0; l < state.layers.size(); ++l) {
+    routing_.at(mb, first + static_cast<int32_t>(l)) = state.layers[l].experts.x_in.size(0);
+  }
+}
+
+schedule::RoutingCounts PipelineTrainer::pipeline_routing_counts() {
+  if (routing_.empty()) return routing_;
+  const auto n = static_cast<int64_t>(routing_.expert_rows.size());
+  comm::Communicator& pp = *groups_->pp;
+  Tensor mine = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "routing.mine");
+  std::copy(routing_.expert_rows.begin(), routing_.expert_rows.end(), mine.data<int64_t>());
+  Tensor all = Tensor::empty({pp.size() * n}, DType::kI64, MemCategory::kOther, "routing.all");
+  pp.all_gather(all, mine);
+  // Each layer lives on one pipeline rank; the others report -1 for it.
+  schedule::RoutingCounts out = routing_;
+  for (int p = 0; p < pp.size(); ++p) {
+    for (int64_t i = 0; i < n; ++i) {
+      out.expert_rows[i] = std::max(out.expert_rows[i], all.data<int64_t>()[p * n + i]);
+    }
+  }
+  return out;
 }
 
 void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
   model::MicroBatchState& state = prepare_forward(stage, mb, iteration);
   StageRuntime& s = local(stage);
   s.chunk->forward(state, context(s));
-  finish_forward(s, state);
+  finish_forward(s, mb, state);
 }
 
 model::MicroBatchState& PipelineTrainer::prepare_backward(int32_t stage, int32_t mb) {
@@ -277,6 +303,10 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   const double waited_before = compute_stream_->waited_seconds();
   for (StageRuntime& s : stages_) {
     s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
+  }
+  if (model_.is_moe()) {
+    routing_ = schedule::RoutingCounts(static_cast<int32_t>(num_mb_),
+                                       static_cast<int32_t>(model_.num_layers));
   }
   for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
     const auto start = std::chrono::steady_clock::now();

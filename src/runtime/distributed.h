@@ -21,6 +21,7 @@
 #include "runtime/timeline.h"
 #include "runtime/trainer.h"
 #include "schedule/action.h"
+#include "schedule/pipeline_model.h"
 
 namespace tandem::runtime {
 
@@ -87,6 +88,14 @@ class PipelineTrainer {
   double comm_exposed_seconds() const { return comm_exposed_s_; }
   // Steady-clock seconds at which the last step started (the timeline's zero).
   double step_start_seconds() const;
+  // Rows this rank's experts received in the last step for each (micro-batch, global layer) of
+  // its own stages, -1 for the other layers; empty for a dense model. Note [Measured routing]
+  // in schedule/pipeline_model.h.
+  const schedule::RoutingCounts& routing_counts() const { return routing_; }
+  // The same table for this rank's whole pipeline (every layer), the planner's input for an
+  // exact plan of this rank: gathered over the pipeline group, so every rank of the group must
+  // call it.
+  schedule::RoutingCounts pipeline_routing_counts();
 
  private:
   StageRuntime& local(int32_t stage);
@@ -95,7 +104,7 @@ class PipelineTrainer {
   void run_action(const schedule::Action& a, int64_t iteration);
   void forward(int32_t stage, int32_t mb, int64_t iteration);
   model::MicroBatchState& prepare_forward(int32_t stage, int32_t mb, int64_t iteration);
-  void finish_forward(StageRuntime& s, const model::MicroBatchState& state);
+  void finish_forward(StageRuntime& s, int32_t mb, const model::MicroBatchState& state);
   model::MicroBatchState& prepare_backward(int32_t stage, int32_t mb);
   void run_combined(const schedule::Action& a, int64_t iteration);
   template <typename Issue>
@@ -125,6 +134,7 @@ class PipelineTrainer {
   std::vector<Span> spans_;
   std::chrono::steady_clock::time_point step_start_;
   double comm_busy_s_ = 0, comm_exposed_s_ = 0;
+  schedule::RoutingCounts routing_;  // this step's, this rank's layers
   GradientHook after_backward_;
 };
 

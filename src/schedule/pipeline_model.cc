@@ -28,8 +28,30 @@ FootprintShape rank_shape(const PlanInputs& in) {
   // Balanced routing: each rank sends N*k rows and, on average, receives as many.
   s.expert_rows = cfg.is_moe() ? s.tokens * cfg.moe_router_topk : 0;
   s.local_experts = cfg.is_moe() ? cfg.num_experts / in.expert_parallel_size : 0;
+  s.ep_size = in.expert_parallel_size;
   s.elem_bytes = in.activation_elem_bytes;
   return s;
+}
+
+// Note [Measured routing] in pipeline_model.h: the table must cover every (micro-batch, layer).
+void check_routing(const Schedule& sch, const PlanInputs& in) {
+  const RoutingCounts& r = in.routing;
+  if (r.empty()) return;
+  TANDEM_CHECK(in.model.is_moe(), "routing counts were given for a dense model (--num-experts 0)");
+  TANDEM_CHECK(r.num_microbatches == sch.num_microbatches && r.num_layers == in.model.num_layers &&
+                   r.expert_rows.size() == static_cast<size_t>(r.num_microbatches) * r.num_layers,
+               "routing counts cover ", r.num_microbatches, " micro-batches x ", r.num_layers,
+               " layers (", r.expert_rows.size(), " entries) but the plan has ",
+               sch.num_microbatches, " micro-batches x ", in.model.num_layers, " layers");
+  const int64_t most = in.micro_batch_size * in.model.seq_length * in.model.moe_router_topk *
+                       in.expert_parallel_size;
+  for (int32_t mb = 0; mb < r.num_microbatches; ++mb) {
+    for (int32_t l = 0; l < r.num_layers; ++l) {
+      TANDEM_CHECK(r.at(mb, l) >= 0 && r.at(mb, l) <= most, "routing counts: micro-batch ", mb,
+                   " layer ", l, " has ", r.at(mb, l), " expert rows; valid: 0 to ", most,
+                   " (tokens x top-k x expert ranks), every entry measured");
+    }
+  }
 }
 
 void check_inputs(const Schedule& sch, const PlanInputs& in) {
@@ -58,6 +80,7 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
   TANDEM_CHECK(cfg.num_layers % sch.num_stages == 0, "--num-layers ", cfg.num_layers,
                " does not divide into the schedule's ", sch.num_stages,
                " stages: use a multiple of ", sch.num_stages);
+  check_routing(sch, in);
 }
 
 StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
@@ -69,6 +92,14 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
   if (in.cost.kind != CostModelKind::kUniform) {
     node.times = node_times(in.cost, kind, in.model, s, in.expert_parallel_size);
+  }
+  if (kind == NodeKind::kExperts && !in.routing.empty()) {  // Note [Measured routing]
+    for (int32_t mb = 0; mb < in.routing.num_microbatches; ++mb) {
+      FootprintShape measured = s;
+      measured.expert_rows = in.routing.at(mb, layer);
+      node.saved_bytes_by_mb.push_back(node_saved_bytes(kind, in.model, measured));
+      node.weight_saved_bytes_by_mb.push_back(node_weight_saved_bytes(kind, in.model, measured));
+    }
   }
   return node;
 }

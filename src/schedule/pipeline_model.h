@@ -1,6 +1,8 @@
 // What the simulator needs to know about the model cut into stages: each stage's nodes (with
 // times and the bytes each saves for backward, from core/footprint.h), its pipeline message
-// size, and each rank's parameter, gradient and optimizer bytes.
+// size, and each rank's parameter, gradient and optimizer bytes. With measured routing
+// (RoutingCounts) an experts node's bytes differ per micro-batch; everything else is the same for
+// every micro-batch.
 #pragma once
 
 #include <cstdint>
@@ -19,9 +21,19 @@ struct StageNode {
   NodeKind kind = NodeKind::kAttention;
   int32_t layer = -1;  // global layer index; -1 for embed and loss
   Stream stream = Stream::kCompute;
-  int64_t saved_bytes = 0;  // node_saved_bytes(kind, cfg, shape)
+  int64_t saved_bytes = 0;         // node_saved_bytes(kind, cfg, shape)
   int64_t weight_saved_bytes = 0;  // node_weight_saved_bytes: held from I to W when split
+  // Measured routing (experts nodes only): the two figures for each micro-batch, from its
+  // received rows; empty: saved_bytes and weight_saved_bytes hold for every micro-batch.
+  std::vector<int64_t> saved_bytes_by_mb, weight_saved_bytes_by_mb;
   NodePhaseTimes times;
+
+  int64_t saved(int32_t mb) const {
+    return saved_bytes_by_mb.empty() ? saved_bytes : saved_bytes_by_mb[mb];
+  }
+  int64_t weight_saved(int32_t mb) const {
+    return weight_saved_bytes_by_mb.empty() ? weight_saved_bytes : weight_saved_bytes_by_mb[mb];
+  }
 };
 
 struct Stage {
@@ -33,7 +45,8 @@ struct Stage {
   int32_t nodes_per_layer = 0;   // 4 (MoE: attention, dispatch, experts, combine) or 2 (dense)
   std::vector<StageNode> nodes;  // forward order: [embed], layers, [loss]
   int64_t num_params = 0;
-  int64_t activation_bytes = 0;  // sum of saved_bytes: one micro-batch's activations
+  int64_t activation_bytes = 0;  // sum of saved_bytes: one micro-batch's activations (balanced
+                                 // routing)
   int64_t message_bytes = 0;     // one pipeline message (activation or gradient)
   double message_s = 0;          // time of one pipeline message
 
@@ -48,6 +61,33 @@ struct RankMemory {
   int64_t static_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
 };
 
+// Note [Measured routing]: with EP > 1 the rows a rank's experts receive depend on the router,
+// so the balanced figure (N k rows, FootprintShape::expert_rows) is only an estimate. A
+// RoutingCounts table, recorded by the runtime during a step (PipelineTrainer::routing_counts),
+// gives the rows the experts of one pipeline (one data-parallel / expert-parallel rank's
+// pipeline) received for each (micro-batch, global layer); the layer names the stage and the
+// experts node. Only those rows depend on the routing: every rank sends all its N k routed rows
+// (its own share too), and the dispatch and combine nodes' saved tensors are sized by N k and
+// the expert count. The node times keep balanced routing.
+struct RoutingCounts {
+  int32_t num_microbatches = 0;      // per data-parallel rank (the schedule's)
+  int32_t num_layers = 0;            // the model's, all stages
+  std::vector<int64_t> expert_rows;  // [micro-batch * num_layers + layer]; -1: not measured
+
+  RoutingCounts() = default;
+  RoutingCounts(int32_t microbatches, int32_t layers)
+      : num_microbatches(microbatches),
+        num_layers(layers),
+        expert_rows(static_cast<size_t>(microbatches) * layers, -1) {}
+  bool empty() const { return expert_rows.empty(); }
+  int64_t& at(int32_t mb, int32_t layer) {
+    return expert_rows[static_cast<size_t>(mb) * num_layers + layer];
+  }
+  int64_t at(int32_t mb, int32_t layer) const {
+    return expert_rows[static_cast<size_t>(mb) * num_layers + layer];
+  }
+};
+
 // The inputs of the plan that are not the schedule.
 struct PlanInputs {
   ModelConfig model;
@@ -55,6 +95,7 @@ struct PlanInputs {
   int64_t expert_parallel_size = 1;
   int64_t activation_elem_bytes = 4;  // the FootprintShape element size (4: f32)
   CostModel cost;
+  RoutingCounts routing;  // measured rows per experts node; empty: balanced (N k)
 };
 
 struct PipelineModel {

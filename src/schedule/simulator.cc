@@ -7,7 +7,9 @@
 //  - F runs the stage's nodes in order, B/I in reverse (a node's I, then its W when the
 //    backward is full); W runs the weight halves. FB interleaves a forward layer with a backward
 //    layer per DESIGN.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all
-//    of one half overlaps matrix work of the other.
+//    of one half overlaps matrix work of the other. Under uniform costs the pair is one unit:
+//    both halves start once both inputs are there (as the executor, which receives both before
+//    it runs the pair, so its memory changes in the runtime's order) and publish together.
 //  - SEND runs on the sender's comm stream once its tensor exists: latency + bytes / link.
 //    RECV occupies the receiver's comm stream from when both the stream is free and the send
 //    has started, until the send has ended. A send never waits for its receive to be posted.
@@ -88,13 +90,18 @@ void run_pairs(HalfRun& f, HalfRun& b) {
 void SimState::run_combined(int32_t r, int32_t index, const Action& a) {
   HalfRun f(*this, r, index, a.forward_half());
   HalfRun b(*this, r, index, a.backward_half());
+  const bool atomic = model.cost_kind == CostModelKind::kUniform;
+  if (atomic) {  // one unit, Note [Simulation model]: it starts once both inputs are there
+    const double start = std::max(f.ready(), b.ready());
+    f.start_not_before(start);
+    b.start_not_before(start);
+  }
   if (b.stage().has_loss()) b.node(static_cast<int32_t>(b.stage().nodes.size()) - 1);
   if (f.stage().has_embed()) f.node(0);
   run_pairs(f, b);
   // Real costs: each half publishes as soon as its own nodes are done (the forward's output
   // leaves while the backward still runs). Uniform costs: the pair is one unit, as in theory.
-  const double atomic_end =
-      model.cost_kind == CostModelKind::kUniform ? std::max(f.last_end(), b.last_end()) : 0;
+  const double atomic_end = atomic ? std::max(f.last_end(), b.last_end()) : 0;
   f.finish(atomic_end);
   b.finish(atomic_end);
 }
@@ -119,7 +126,7 @@ void SimState::run_weight(int32_t r, int32_t index, const Action& a) {
     if (!node_has_weights(n.kind)) continue;
     last = issue(r, Stream::kCompute, ready, n.times.backward_weight_s,
                  node_span(index, a, n, Phase::kBackwardWeight));
-    memory(r, last, -n.weight_saved_bytes, MemKind::kActivation, n.kind);
+    memory(r, last, -n.weight_saved(a.microbatch), MemKind::kActivation, n.kind);
   }
   ranks[r].live.push_back({last, -1});
 }

@@ -85,6 +85,11 @@ HalfRun::HalfRun(SimState& sim, int32_t rank, int32_t index, const Action& half)
   last_ = ready_;
 }
 
+void HalfRun::start_not_before(double t) {
+  ready_ = std::max(ready_, t);
+  last_ = std::max(last_, ready_);
+}
+
 void HalfRun::node(int32_t k) {
   const StageNode& n = stage_.nodes[k];
   const bool forward = half_.kind == ActionKind::kForward;
@@ -93,7 +98,7 @@ void HalfRun::node(int32_t k) {
   if (forward) {
     end = sim_.issue(rank_, n.stream, ready_, n.times.forward_s,
                      SimState::node_span(index_, half_, n, Phase::kForward));
-    sim_.memory(rank_, end, n.saved_bytes, MemKind::kActivation, n.kind);
+    sim_.memory(rank_, end, n.saved(half_.microbatch), MemKind::kActivation, n.kind);
     last_ = end;
   } else {
     end = sim_.issue(rank_, n.stream, ready_, n.times.backward_input_s,
@@ -103,11 +108,11 @@ void HalfRun::node(int32_t k) {
       release = sim_.issue(rank_, Stream::kCompute, end, n.times.backward_weight_s,
                            SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
     }
+    const int32_t mb = half_.microbatch;
     if (half_.kind == ActionKind::kBackward || !node_has_weights(n.kind)) {
-      sim_.memory(rank_, release, -n.saved_bytes, MemKind::kActivation, n.kind);
+      sim_.memory(rank_, release, -n.saved(mb), MemKind::kActivation, n.kind);
     } else {  // I: what only the input gradient needed goes now, the rest at W
-      sim_.memory(rank_, end, -(n.saved_bytes - n.weight_saved_bytes), MemKind::kActivation,
-                  n.kind);
+      sim_.memory(rank_, end, -(n.saved(mb) - n.weight_saved(mb)), MemKind::kActivation, n.kind);
     }
     last_ = std::max(last_, release);
   }

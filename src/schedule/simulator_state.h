@@ -68,6 +68,9 @@ class HalfRun {
  public:
   HalfRun(SimState& sim, int32_t rank, int32_t index, const Action& half);
   const Stage& stage() const { return stage_; }
+  double ready() const { return ready_; }
+  // Holds the half's first node back until `t` (a combined action that starts as one unit).
+  void start_not_before(double t);
   void node(int32_t k);  // runs node k of the stage (forward, or input + weight backward)
   // Publishes the output (and allocates its buffer) when the half's data is ready, or at
   // `not_before` if later (uniform costs treat a combined action as one atomic unit).

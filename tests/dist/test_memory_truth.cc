@@ -1,7 +1,10 @@
 // Each rank's measured activation peak equals the planner's prediction for the same schedule,
 // exactly, in bytes: every schedule and virtual-stage count the generators allow, every pipeline
-// size with data-parallel size 1 or 2 on 1, 2, 4 and 8 ranks, MoE with one expert rank. Oracle: schedule::make_plan (the
-// planner), which never sees the runtime's allocations; both use core/footprint.h.
+// size with data-parallel size 1 or 2 on 1, 2, 4 and 8 ranks (MoE with one expert rank), and
+// pipeline size 1 or 2 with two expert ranks and the rest data-parallel. With expert ranks the
+// plan takes the routing the step measured (Note [Measured routing] in schedule/pipeline_model.h).
+// Oracle: schedule::make_plan (the planner), which never sees the runtime's allocations; both use
+// core/footprint.h.
 #include <gtest/gtest.h>
 
 #include "common/random_tokens.h"
@@ -21,11 +24,39 @@ using testing::g_world;
 
 using testing::RandomTokens;
 
-// Runs every schedule the generators allow on pipeline size pp with dp data-parallel ranks and
-// compares this rank's measured activation peak with the plan's for its pipeline rank. Returns
-// how many schedules were compared.
-int check_layout(const ModelConfig& m, int pp, int dp) {
-  int checked = 0;
+struct Checked {
+  int schedules = 0;        // schedules compared on this layout
+  int64_t uneven_rows = 0;  // (micro-batch, layer) entries of this rank's pipeline with R != N k
+  int balanced_misses = 0;  // schedules whose balanced plan (N k rows) missed the measured peak
+};
+
+// With expert ranks: the pipeline's measured routing (and checks that the expert-parallel group
+// received exactly what it sent, EP N k rows per (micro-batch, layer), and that this rank's
+// entries are the ones it recorded).
+schedule::RoutingCounts measured_routing(PipelineTrainer& trainer, Groups& groups,
+                                         const ModelConfig& m, Checked& checked) {
+  schedule::RoutingCounts counts = trainer.pipeline_routing_counts();
+  const schedule::RoutingCounts& own = trainer.routing_counts();
+  const auto n = static_cast<int64_t>(counts.expert_rows.size());
+  Tensor total = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "routing.total");
+  std::copy(counts.expert_rows.begin(), counts.expert_rows.end(), total.data<int64_t>());
+  groups.ep->all_reduce_sum(total);
+  const int64_t sent = m.seq_length * m.moe_router_topk;  // N k, micro-batch 1
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(total.data<int64_t>()[i], groups.layout.ep * sent) << "entry " << i;
+    if (own.expert_rows[i] >= 0) {
+      EXPECT_EQ(own.expert_rows[i], counts.expert_rows[i]) << "entry " << i;
+    }
+    checked.uneven_rows += counts.expert_rows[i] != sent ? 1 : 0;
+  }
+  return counts;
+}
+
+// Runs every schedule the generators allow on pipeline size pp with dp data-parallel ranks (ep
+// of them expert-parallel) and compares this rank's measured activation peak with the plan's
+// for its pipeline rank.
+Checked check_layout(const ModelConfig& m, int pp, int dp, int ep) {
+  Checked checked;
   for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "combined-1f1b", "dualpipev"}) {
     for (int v : {1, 2}) {
       TrainConfig t;
@@ -36,6 +67,7 @@ int check_layout(const ModelConfig& m, int pp, int dp) {
       req.shape = {pp, v, static_cast<int32_t>(4 * pp)};
       req.inputs.model = m;
       req.inputs.micro_batch_size = 1;
+      req.inputs.expert_parallel_size = ep;
       req.inputs.cost.kind = schedule::CostModelKind::kUniform;
       schedule::Plan plan;
       try {
@@ -45,24 +77,29 @@ int check_layout(const ModelConfig& m, int pp, int dp) {
       }
       std::vector<int> all;
       for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
-      Groups groups = Groups::make(g_world->subgroup(all, "world"), pp, 1);
+      Groups groups = Groups::make(g_world->subgroup(all, "world"), pp, ep);
       RandomTokens data(16);
       PipelineTrainer trainer(m, t, plan.schedule, groups, data, DType::kF32, CommOverlap::kOff);
       cpu_allocator().reset_peaks();  // the peaks of this step only
       const int64_t base = cpu_allocator().stats().in_use_of(MemCategory::kActivation);
       trainer.forward_backward(0);
       const int64_t measured = cpu_allocator().stats().peak_of(MemCategory::kActivation) - base;
-      const int64_t planned =
-          plan.sim.ranks[groups.layout.pp_rank(g_world->rank())].activation_peak_bytes;
-      EXPECT_EQ(measured, planned) << name << " v" << v << " pp" << pp << " dp" << dp
+      const int32_t pp_rank = groups.layout.pp_rank(g_world->rank());
+      if (ep > 1) {  // plan again with what this rank's pipeline's experts received
+        checked.balanced_misses += plan.sim.ranks[pp_rank].activation_peak_bytes != measured;
+        req.inputs.routing = measured_routing(trainer, groups, m, checked);
+        plan = schedule::make_plan(req);
+      }
+      const int64_t planned = plan.sim.ranks[pp_rank].activation_peak_bytes;
+      EXPECT_EQ(measured, planned) << name << " v" << v << " pp" << pp << " dp" << dp << " ep" << ep
                                    << " rank " << g_world->rank();
-      ++checked;
+      ++checked.schedules;
     }
   }
   return checked;
 }
 
-TEST(MemoryTruth, MeasuredActivationPeakAgainstPlan) {
+ModelConfig truth_model() {
   ModelConfig m;
   m.vocab_size = 16;
   m.hidden_size = 8;
@@ -72,13 +109,43 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlan) {
   m.ffn_hidden_size = 12;
   m.num_experts = 4;
   m.seq_length = 6;
+  return m;
+}
+
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlan) {
+  const ModelConfig m = truth_model();
   // Every pipeline size that leaves a data-parallel size of 1 or 2 on this many ranks.
   int checked = 0;
   for (int dp : {1, 2}) {
     if (g_world->size() % dp != 0) continue;
-    checked += check_layout(m, g_world->size() / dp, dp);
+    checked += check_layout(m, g_world->size() / dp, dp, 1).schedules;
   }
   EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
+}
+
+// Two expert ranks: the plan made from the measured routing counts is exact too.
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithExpertRanks) {
+  constexpr int kEp = 2;
+  if (g_world->size() < kEp) GTEST_SKIP() << "needs " << kEp << " ranks";
+  const ModelConfig m = truth_model();
+  int checked = 0;
+  Tensor t = Tensor::zeros({2}, DType::kI64, MemCategory::kOther, "uneven");  // over all ranks
+  for (int pp : {1, 2}) {
+    if (g_world->size() % (pp * kEp) != 0) continue;  // EP divides DP = world / PP
+    const Checked c = check_layout(m, pp, g_world->size() / pp, kEp);
+    checked += c.schedules;
+    t.data<int64_t>()[0] += c.uneven_rows;
+    t.data<int64_t>()[1] += c.balanced_misses;
+  }
+  EXPECT_GE(checked, 6);
+  // The routing was uneven, and the balanced figure alone would have missed some peaks.
+  g_world->all_reduce_sum(t);
+  EXPECT_GT(t.data<int64_t>()[0], 0);
+  EXPECT_GT(t.data<int64_t>()[1], 0);
+  if (g_world->rank() == 0) {
+    std::cout << "EP = 2: " << checked << " schedules per rank, " << t.data<int64_t>()[1]
+              << " (rank, schedule) peaks that balanced routing would have missed\n";
+  }
 }
 
 }  // namespace

@@ -8,12 +8,16 @@
 //  - zb-h1: bubble (p-1)(F+B-2W) = p-1 per rank, i.e. (p-1)/(3m+p-1), memory as 1f1b's peak (p);
 //  - dualpipev with PP = 2p stages on p ranks: bubble (PP/2-1)(F&B + B - 3W) = 2(p-1) per rank
 //    (F&B = F + B under uniform costs), parameters 2x a stage, activations PP+1 (1f1b: PP);
-//  - a hand-computed 1f1b timeline for p = 2, m = 2.
+//  - a hand-computed 1f1b timeline for p = 2, m = 2, and one combined action of
+//    combined-1f1b, which starts as one unit once both of its inputs are there;
+//  - measured routing (Note [Measured routing]): each micro-batch's experts hold
+//    node_saved_bytes for the rows they received, the balanced table changes nothing.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <map>
 
+#include "core/error.h"
 #include "core/footprint.h"
 #include "schedule/planner.h"
 
@@ -234,6 +238,95 @@ TEST(Theory, ActivationBytesAreFootprintNodeSavedBytes) {
             3 * node_saved_bytes(NodeKind::kLoss, cfg, s));
   EXPECT_EQ(by_node[static_cast<int>(NodeKind::kEmbed)], 0);
   for (const RankResult& r : plan.sim.ranks) EXPECT_EQ(r.memory.back().activation_bytes, 0);
+}
+
+TEST(Theory, CombinedActionStartsOnceBothInputsAreThere) {
+  // p = 2, m = 4. Rank 0: F0 [0,1] F1 [1,2] F2 [2,3]; rank 1: F0 [1,2], (F1;B0) [2,5], so rank 0's
+  // (F3;B0) has B0's gradient at 5 and runs [5,8] as one unit: its forward half does not start
+  // at 3 (the runtime receives both inputs before it runs the pair).
+  const Plan plan = uniform_plan("combined-1f1b", 2, 1, 4);
+  const auto got0 = extents(plan, 0), got1 = extents(plan, 1);
+  EXPECT_NEAR(got1.at("(1F1;1B0)").first, 2, kEps);
+  EXPECT_NEAR(got1.at("(1F1;1B0)").second, 5, kEps);
+  EXPECT_NEAR(got0.at("0F2").second, 3, kEps);
+  EXPECT_NEAR(got0.at("(0F3;0B0)").first, 5, kEps);
+  EXPECT_NEAR(got0.at("(0F3;0B0)").second, 8, kEps);
+}
+
+FootprintShape ep2_shape(const ModelConfig& cfg, int64_t rows) {
+  FootprintShape s;
+  s.tokens = 2 * cfg.seq_length;
+  s.expert_rows = rows;
+  s.local_experts = cfg.num_experts / 2;
+  s.ep_size = 2;
+  s.elem_bytes = 4;
+  return s;
+}
+
+TEST(Theory, MeasuredRoutingSetsEachMicroBatchsExpertBytes) {
+  // gpipe, 2 ranks x 2 layers, 3 micro-batches, EP 2: at the peak every micro-batch is held, so
+  // each rank's peak is the balanced one plus, per (micro-batch, layer) of its stage, the experts'
+  // bytes for the measured rows minus those for N k rows (oracle: core/footprint.h).
+  PlanRequest req = uniform_request("gpipe", 2, 1, 3, 2);
+  req.inputs.expert_parallel_size = 2;
+  const ModelConfig& cfg = req.inputs.model;
+  const int64_t nk = 2 * cfg.seq_length * cfg.moe_router_topk;
+  const Plan balanced = make_plan(req);
+  RoutingCounts even(3, 4);
+  std::fill(even.expert_rows.begin(), even.expert_rows.end(), nk);
+  req.inputs.routing = even;
+  const Plan same = make_plan(req);
+  for (int32_t r = 0; r < 2; ++r) {
+    ASSERT_EQ(same.sim.ranks[r].memory.size(), balanced.sim.ranks[r].memory.size());
+    for (size_t i = 0; i < same.sim.ranks[r].memory.size(); ++i) {
+      EXPECT_EQ(same.sim.ranks[r].memory[i].activation_bytes,
+                balanced.sim.ranks[r].memory[i].activation_bytes);
+    }
+  }
+  RoutingCounts measured(3, 4);
+  int64_t extra[2] = {0, 0};
+  const int64_t at_nk = node_saved_bytes(NodeKind::kExperts, cfg, ep2_shape(cfg, nk));
+  for (int32_t mb = 0; mb < 3; ++mb) {
+    for (int32_t l = 0; l < 4; ++l) {
+      measured.at(mb, l) = (5 * mb + 7 * l) % (2 * nk + 1);  // 0 .. 2 N k: all to one rank
+      const FootprintShape shape = ep2_shape(cfg, measured.at(mb, l));
+      extra[l / 2] += node_saved_bytes(NodeKind::kExperts, cfg, shape) - at_nk;
+    }
+  }
+  req.inputs.routing = measured;
+  const Plan plan = make_plan(req);
+  for (int32_t r = 0; r < 2; ++r) {
+    EXPECT_EQ(plan.sim.ranks[r].activation_peak_bytes,
+              balanced.sim.ranks[r].activation_peak_bytes + extra[r])
+        << r;
+    EXPECT_EQ(plan.sim.ranks[r].memory.back().activation_bytes, 0);
+  }
+  EXPECT_NE(extra[0], 0);
+  EXPECT_NE(extra[1], 0);
+}
+
+TEST(Theory, MeasuredRoutingMustCoverThePlan) {
+  PlanRequest req = uniform_request("1f1b", 2, 1, 3);
+  req.inputs.expert_parallel_size = 2;
+  const int64_t nk = 2 * req.inputs.model.seq_length * req.inputs.model.moe_router_topk;
+  auto plan_with = [&](RoutingCounts counts) {
+    PlanRequest r = req;
+    r.inputs.routing = std::move(counts);
+    return make_plan(r);
+  };
+  RoutingCounts full(3, 2);
+  std::fill(full.expert_rows.begin(), full.expert_rows.end(), nk);
+  EXPECT_NO_THROW(plan_with(full));
+  EXPECT_THROW(plan_with(RoutingCounts(2, 2)), Error);  // the plan has 3 micro-batches
+  RoutingCounts missing = full;
+  missing.at(1, 1) = -1;
+  EXPECT_THROW(plan_with(missing), Error);
+  RoutingCounts too_many = full;
+  too_many.at(0, 0) = 2 * nk + 1;  // more than every rank's routed rows
+  EXPECT_THROW(plan_with(too_many), Error);
+  req.inputs.model.num_experts = 0;
+  req.inputs.expert_parallel_size = 1;
+  EXPECT_THROW(plan_with(full), Error);  // a dense model has no experts
 }
 
 }  // namespace
