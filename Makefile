@@ -1,6 +1,6 @@
 # tandem's front door. On a fresh Debian 12 machine, as root:
 #   make demo   trains the built-in demo model and shows what it learned
-#   make test   builds everything and runs every test
+#   make test   builds everything and runs every test (the GPU tests only with make test-gpu)
 #   make fuzz   builds the safetensors fuzzer with clang (build-fuzz/) and runs it for a bounded
 #               time (FUZZ_SECONDS)
 # Each target first installs the Debian packages it needs that are missing.
@@ -15,7 +15,7 @@ JOBS ?= $(shell nproc)
 DEMO_DIR ?= demo-run
 FUZZ_SECONDS ?= 20
 
-.PHONY: deps build test test-asan fuzz demo clean
+.PHONY: deps build test test-gpu test-asan fuzz demo clean
 
 deps:
 	@missing=$$(for p in $(APT_PACKAGES); do dpkg-query -W -f='$${Status}' $$p 2>/dev/null | grep -q 'install ok installed' || echo $$p; done); \
@@ -26,11 +26,17 @@ deps:
 	fi
 
 build: deps
-	cmake --preset release >/dev/null
+	cmake --preset release -DTANDEM_GPU_TESTS=OFF >/dev/null
 	cmake --build build -j $(JOBS)
 
 test: build
 	ctest --test-dir build --output-on-failure -j $(JOBS)
+
+# On a machine with a GPU: the GPU tests (tests/cuda) through ctest as well.
+test-gpu: deps
+	cmake --preset release -DTANDEM_GPU_TESTS=ON >/dev/null
+	cmake --build build -j $(JOBS)
+	ctest --test-dir build --output-on-failure -L gpu
 
 test-asan: deps
 	cmake --preset asan >/dev/null

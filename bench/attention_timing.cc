@@ -1,7 +1,7 @@
 // Times the GPU flash attention (ops::attention_forward / backward on CUDA tensors) with CUDA
-// events on the two benchmark shapes and prints TFLOP/s. Causal FLOPs: forward 2*2*b*h*s*s*D/2
-// (the two products over the lower triangle), backward 2.5x that. Standalone (no Google
-// Benchmark): `attention_timing [iterations]`.
+// events on the two benchmark shapes (and one D 128 shape) and prints TFLOP/s. Causal FLOPs:
+// forward 2*2*b*h*s*s*D/2 (the two products over the lower triangle), backward 2.5x that.
+// Standalone (no Google Benchmark): `attention_timing [iterations]`.
 #include <cuda_runtime.h>
 
 #include <cstdio>
@@ -94,6 +94,7 @@ int main(int argc, char** argv) {
     std::printf("GPU: %s, %d iterations\n", tandem::cuda::device_description().c_str(), iters);
     bench({8, 1024, 12, 12, 64}, iters);
     bench({2, 2048, 16, 8, 64}, iters);
+    bench({4, 1024, 16, 16, 128}, iters);  // D 128 (the other tensor-core path)
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_timing: %s\n", e.what());

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
-# then the benchmarks named in $SUITE (tests, train, attn, bench-a, bench-b, peer-a, peer-b),
+# then the benchmarks named in $SUITE (tests, nccl, train, multi, attn, bench-a, bench-b,
+# peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -9,6 +10,11 @@ mkdir -p /tmp/devlib && tar -C /tmp/devlib -xJf devrun/lib.tar.xz
 export LD_LIBRARY_PATH=/tmp/devlib/lib:${LD_LIBRARY_PATH:-}
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 B=devrun/bin
+# NCCL: the system's, else the one PyTorch's wheels carry.
+if ! ldconfig -p | grep -q libnccl.so.2 && [ ! -e /usr/local/cuda/lib64/libnccl.so.2 ]; then
+  nccl=$(find / -name libnccl.so.2 -not -path "/proc/*" 2>/dev/null | head -1)
+  [ -n "$nccl" ] && export LD_LIBRARY_PATH=$(dirname "$nccl"):$LD_LIBRARY_PATH
+fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 SHAPE_A="--num-experts 0 --num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12 --ffn-hidden-size 2048 --vocab-size 50304 --seq-length 1024 --micro-batch-size 8 --num-microbatches 4"
 SHAPE_B="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2 --num-microbatches 8"
@@ -23,6 +29,21 @@ for s in $SUITE; do
       timeout 300 $B/tandem train --device cuda --addition-max-digits 2 --micro-batch-size 8 \
         --global-batch-size 8 --train-iters 100 --log-interval 20 --log-json "$OUT/train.jsonl" \
         > "$OUT/train.log" 2>&1; echo "train rc=$?"; tail -8 "$OUT/train.log" ;;
+    nccl)
+      timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+        $B/test_nccl > "$OUT/test_nccl.log" 2>&1; echo "nccl rc=$?"; grep -E "FAILED|PASSED|NCCL " "$OUT/test_nccl.log" | tail -20 ;;
+    multi)
+      # 2 GPUs against 1: the same 30 steps of the demo model (fp32 masters, bf16 activations)
+      # under PP2 (1f1b, interleaved), EP2 and DP2; losses compared by bench/compare_losses.py.
+      A="--device cuda --addition-max-digits 2 --micro-batch-size 4 --global-batch-size 16 --train-iters 30 --log-interval 10 --seed 7"
+      M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+      timeout 120 $B/tandem train $A --log-json "$OUT/one.jsonl" > "$OUT/one.log" 2>&1; echo "one rc=$?"
+      timeout 180 $M $B/tandem train $A --pipeline-model-parallel-size 2 --schedule 1f1b --log-json "$OUT/pp2.jsonl" > "$OUT/pp2.log" 2>&1; echo "pp2 rc=$?"
+      timeout 180 $M $B/tandem train $A --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --log-json "$OUT/vpp2.jsonl" > "$OUT/vpp2.log" 2>&1; echo "vpp2 rc=$?"
+      timeout 180 $M $B/tandem train $A --expert-model-parallel-size 2 --log-json "$OUT/ep2.jsonl" > "$OUT/ep2.log" 2>&1; echo "ep2 rc=$?"
+      timeout 180 $M $B/tandem train $A --log-json "$OUT/dp2.jsonl" > "$OUT/dp2.log" 2>&1; echo "dp2 rc=$?"
+      for f in pp2 vpp2 ep2 dp2; do tail -3 "$OUT/$f.log"; done
+      python3 devrun/compare_losses.py "$OUT/one.jsonl" "$OUT"/pp2.jsonl "$OUT"/vpp2.jsonl "$OUT"/ep2.jsonl "$OUT"/dp2.jsonl ;;
     attn)
       [ -x $B/attention_timing ] && timeout 120 $B/attention_timing > "$OUT/attn.log" 2>&1; cat "$OUT/attn.log" ;;
     bench-a) timeout 300 $B/gpu_train_bench $SHAPE_A --steps 10 --warmup-steps 3 2> "$OUT/bench_a.err" | tee -a "$OUT/results.jsonl"; tail -3 "$OUT/bench_a.err" ;;

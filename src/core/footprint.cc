@@ -52,7 +52,7 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     case NodeKind::kMlp:
       return 3 * n * f * es;
     case NodeKind::kLoss:
-      if (s.fused_lm_head) return 2 * n * h * es + 2 * n * s.stat_size() + n * kIndexBytes;
+      if (s.fused_lm_head) return 2 * n * h * es + n * s.stat_size();
       return (2 * n * h + n * cfg.vocab_size) * es + n * s.stat_size() + n * kIndexBytes;
   }
   return 0;

@@ -25,7 +25,8 @@ struct FootprintShape {
   int64_t stat_bytes = 0;   // statistics' element size (norm rstd, attention lse, router
                             // probabilities and weights); 0: the same as elem_bytes. The GPU
                             // keeps bf16 activations and f32 statistics (docs/cuda.md).
-  bool fused_lm_head = false;  // the loss node runs ops::lm_head_ce_* (the GPU's loss node)
+  bool fused_lm_head = false;  // the loss node runs ops::lm_head_ce_forward_backward (the
+                               // GPU's loss node, gradients formed in the forward)
   int64_t stat_size() const { return stat_bytes > 0 ? stat_bytes : elem_bytes; }
 };
 
@@ -43,7 +44,8 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
 //  mlp:       gate, up, act [N,F]
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]
-//             fused LM head: x, nf [N,H]; statistics rstd, lse [N]; targets i32 [N]
+//             fused LM head (training): x, d_nf [N,H]; statistic rstd [N] (the gradient is
+//             formed in the forward)
 int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
 
 // Of those, the bytes a node still holds after its input-gradient backward when the weight

@@ -25,6 +25,7 @@ NodeContext ModelChunk::context(int64_t batch, double loss_scale) const {
   NodeContext c{params_->config(), batch, params_->config().seq_length,
                 params_->activation_dtype(), loss_scale};
   c.fused_lm_head = params_->device() != Device::kCPU;
+  c.grads = &params_->grads();
   return c;
 }
 

@@ -46,6 +46,24 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   a.nf = saved_tensor({n, h}, c.dtype, "loss.nf");
   a.rstd = saved_tensor({n}, c.stat_dtype(), "loss.rstd");
   ops::rmsnorm_forward(a.nf, a.rstd, a.x, w.final_norm, cfg.norm_epsilon);
+  if (c.fused_lm_head && c.grads != nullptr) {
+    // Note [Loss gradient in the forward]: the loss is the last node of its micro-batch's
+    // forward and its gradient depends on nothing later, so when training, the fused node forms
+    // it at once: one LM-head product per block serves the loss and both gradients, the LM
+    // head's weight gradient lands in c.grads now, and what waits for the backward is d_nf (the
+    // size of the nf it replaces). nf, lse and targets are op temporaries here.
+    Tensor tgt = work_tensor({n}, DType::kI32, "loss.targets");
+    tgt.copy_from(targets);
+    Tensor lse = work_tensor({n}, c.stat_dtype(), "loss.lse");
+    a.d_nf = saved_tensor({n, h}, c.dtype, "loss.d_nf");
+    a.lm_loss = ops::lm_head_ce_forward_backward(a.d_nf, c.grads->lm_head, lse, a.nf, w.lm_head,
+                                                 tgt, c.loss_scale / static_cast<double>(n),
+                                                 Accumulate::kAdd) /
+                static_cast<double>(n);
+    release_storage({&a.nf});
+    a.nf = Tensor();
+    return;
+  }
   if (c.fused_lm_head) {
     // The logits exist only block by block inside the op; lse is what the backward needs.
     a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
@@ -64,6 +82,13 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
 void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
                    const NodeContext& c) {
   const int64_t n = c.tokens(), h = c.cfg.hidden_size;
+  if (a.d_nf.defined()) {  // formed in the forward (Note [Loss gradient in the forward])
+    a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");
+    ops::rmsnorm_backward(a.d_x, g.final_norm, a.d_nf, a.x, w.final_norm, a.rstd,
+                          Accumulate::kOverwrite);
+    release_storage({&a.x, &a.rstd, &a.d_nf});
+    return;
+  }
   if (c.fused_lm_head) {
     // The LM head's input and weight gradients come together, so nothing waits for a W step.
     Tensor d_nf = work_tensor({n, h}, c.dtype, "loss.d_nf");
@@ -128,7 +153,7 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
 std::vector<const Tensor*> saved_tensors(const EmbedActs& a) { return {&a.ids_saved}; }
 
 std::vector<const Tensor*> saved_tensors(const LossActs& a) {
-  return {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets, &a.lse};
+  return {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets, &a.lse, &a.d_nf};
 }
 
 std::vector<int32_t> host_ints(const Tensor& t) {

@@ -18,7 +18,7 @@ enum class BlockOrder : uint8_t { kSourceToExpert, kExpertToSource };
 // expert-major order or back. counts: [P * el] i32, source-major.
 void reorder_blocks(const Tensor& out, const Tensor& in, const Tensor& counts, int64_t p,
                     int64_t el, BlockOrder order) {
-  const int32_t* c = counts.data<int32_t>();
+  const std::vector<int32_t> c = host_ints(counts);  // a GPU copy waits for the stream
   std::vector<int64_t> src_major(static_cast<size_t>(p * el)), exp_major(src_major.size());
   int64_t off = 0;
   for (int64_t i = 0; i < p * el; ++i) src_major[i] = std::exchange(off, off + c[i]);
@@ -46,10 +46,11 @@ Exchange plan_exchange(const Tensor& counts, const Tensor& recv_counts, int64_t 
   Exchange x;
   x.send_rows.assign(static_cast<size_t>(p), 0);
   x.recv_rows.assign(static_cast<size_t>(p), 0);
+  const std::vector<int32_t> sent = host_ints(counts), got = host_ints(recv_counts);
   for (int64_t d = 0; d < p; ++d) {
     for (int64_t e = 0; e < el; ++e) {
-      x.send_rows[d] += counts.data<int32_t>()[d * el + e];
-      x.recv_rows[d] += recv_counts.data<int32_t>()[d * el + e];
+      x.send_rows[d] += sent[d * el + e];
+      x.recv_rows[d] += got[d * el + e];
     }
     x.received += x.recv_rows[d];
   }
@@ -82,11 +83,14 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   a.expert_in = work_tensor({x.received, h}, c.dtype, "experts.x_in");
   reorder_blocks(a.expert_in, received, recv_counts, p, el, BlockOrder::kSourceToExpert);
   a.expert_rows = work_tensor({el}, DType::kI32, "experts.rows");
+  const std::vector<int32_t> got = host_ints(recv_counts);
+  Tensor rows_host = Tensor::empty({el}, DType::kI32, MemCategory::kOther, "experts.rows.host");
   for (int64_t e = 0; e < el; ++e) {
     int32_t rows = 0;
-    for (int64_t s = 0; s < p; ++s) rows += recv_counts.data<int32_t>()[s * el + e];
-    a.expert_rows.data<int32_t>()[e] = rows;
+    for (int64_t s = 0; s < p; ++s) rows += got[s * el + e];
+    rows_host.data<int32_t>()[e] = rows;
   }
+  a.expert_rows.copy_from(rows_host);
   a.dispatch.recv_counts = recv_counts;
 }
 

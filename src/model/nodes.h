@@ -36,6 +36,10 @@ struct NodeContext {
   comm::Communicator* ep = nullptr;  // the expert-parallel group; null when EP = 1
   // The loss node through ops::lm_head_ce_* (no [N, V] logits; the GPU's choice).
   bool fused_lm_head = false;
+  // Where a fused loss node's forward adds the LM head's weight gradient when it forms its
+  // gradients at once (Note [Loss gradient in the forward] in end_nodes.cc); null: it does not
+  // (a forward without backward, e.g. evaluation).
+  const ModelWeights* grads = nullptr;
   int64_t tokens() const { return batch * seq; }
   // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
   // activations are bf16 (docs/cuda.md "Numerics on the GPU").
@@ -93,6 +97,7 @@ struct EmbedActs {
 struct LossActs {
   Tensor x, nf, rstd, logits, targets;  // logits [N, V]; holds dlogits after backward
   Tensor lse;                           // fused LM head: [N] f32 instead of the logits
+  Tensor d_nf;                          // fused, gradient formed in the forward: [N, H]
   double lm_loss = 0;                   // mean cross-entropy over the micro-batch's tokens
   Tensor d_x;                           // [N, H]
 };

@@ -9,14 +9,21 @@
 #include <string>
 #include <utility>
 
+#include "core/device.h"
 #include "ops/ops.h"
+#if TANDEM_WITH_CUDA
+#include "comm/nccl_communicator.h"
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_allocator.h"
+#endif
 
 namespace tandem::runtime {
 
 using schedule::Action;
 using schedule::ActionKind;
 
-Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep) {
+Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, Device device) {
   Groups g;
   g.rank = world->rank();
   g.layout = comm::ParallelLayout::make(world->size(), pp, ep);
@@ -24,6 +31,22 @@ Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep) {
   g.dp = world->subgroup(g.layout.dp_group(g.rank), "dp");
   g.ep = world->subgroup(g.layout.ep_group(g.rank), "ep");
   g.edp = world->subgroup(g.layout.edp_group(g.rank), "expert-dp");
+  if (device == Device::kCUDA) {
+#if TANDEM_WITH_CUDA
+    // Note [Pipeline streams on the GPU]: NCCL runs a communicator's operations in the order
+    // they were issued, and a send waits on the GPU for its receive. Activations and gradients
+    // flow in opposite directions, so one communicator for both would deadlock (each rank's
+    // first operation a send); one per direction keeps each in the validated schedule's order.
+    const double timeout = 120.0;
+    g.pp_fwd_dev = comm::make_nccl_communicator(*g.pp, timeout);
+    g.pp_bwd_dev = comm::make_nccl_communicator(*g.pp, timeout);
+    g.dp_dev = comm::make_nccl_communicator(*g.dp, timeout);
+    g.ep_dev = comm::make_nccl_communicator(*g.ep, timeout);
+    g.edp_dev = comm::make_nccl_communicator(*g.edp, timeout);
+#else
+    TANDEM_CHECK(false, "device groups need a binary built with CUDA");
+#endif
+  }
   g.world = std::move(world);
   return g;
 }
@@ -50,11 +73,44 @@ model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_sta
   return s;
 }
 
+// The GPU's pipeline streams: one per direction, each paired with its NCCL communicator
+// (Note [Pipeline streams on the GPU]); the compute stream is the thread's current stream.
+struct PipelineTrainer::DeviceStreams {
+#if TANDEM_WITH_CUDA
+  cudaStream_t fwd = nullptr, bwd = nullptr;
+  DeviceStreams() {
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&fwd, cudaStreamNonBlocking));
+    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&bwd, cudaStreamNonBlocking));
+  }
+  ~DeviceStreams() {
+    (void)cudaStreamSynchronize(fwd);
+    (void)cudaStreamSynchronize(bwd);
+    (void)cudaStreamDestroy(fwd);
+    (void)cudaStreamDestroy(bwd);
+  }
+  // `to` waits for the work enqueued on `from` so far (an event per data edge).
+  static void wait(cudaStream_t to, cudaStream_t from) {
+    cudaEvent_t e = nullptr;
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    TANDEM_CUDA_CHECK(cudaEventRecord(e, from));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
+    TANDEM_CUDA_CHECK(cudaEventDestroy(e));  // released once the wait has fired
+  }
+#endif
+};
+
 PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                                  const schedule::Schedule& sched, Groups& groups,
                                  const data::Dataset& data, DType dtype, CommOverlap overlap)
     : model_(m), train_(t), sched_(sched), groups_(&groups), data_(&data) {
+  DeviceScope on(train_.device);
   compute_stream_ = std::make_unique<CpuStream>("compute", StreamMode::kInline);
+  if (train_.device != Device::kCPU) {
+    // The GPU runs every node on one stream for now (no comm thread): Note [Pipeline streams
+    // on the GPU] gives the pipeline's own streams.
+    overlap = CommOverlap::kOff;
+    dev_ = std::make_unique<DeviceStreams>();
+  }
   if (overlap == CommOverlap::kOn) {
     comm_stream_ = std::make_unique<CpuStream>("comm", StreamMode::kWorker);
   }
@@ -72,13 +128,15 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     StageRuntime st;
     st.stage = s;
     st.params = std::make_unique<model::Parameters>(
-        model_, stage_spec(model_, s, sched.num_stages, L, groups.rank), dtype);
+        model_, stage_spec(model_, s, sched.num_stages, L, groups.rank), dtype, train_.device);
     st.params->initialize(train_.seed);
     st.chunk = std::make_unique<model::ModelChunk>(*st.params);
     st.optimizer = std::make_unique<AdamW>(*st.params, train_);
     stages_.push_back(std::move(st));
   }
 }
+
+PipelineTrainer::~PipelineTrainer() = default;
 
 bool PipelineTrainer::is_local(int32_t stage) const {
   for (const StageRuntime& s : stages_) {
@@ -97,7 +155,7 @@ StageRuntime& PipelineTrainer::local(int32_t stage) {
 
 model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
   model::NodeContext c = s.chunk->context(train_.micro_batch_size, loss_scale_);
-  c.ep = groups_->layout.ep > 1 ? groups_->ep.get() : nullptr;
+  c.ep = groups_->layout.ep > 1 ? &groups_->ep_data() : nullptr;
   return c;
 }
 
@@ -204,6 +262,10 @@ void PipelineTrainer::weights(int32_t stage, int32_t mb) {
 // Note [Pipeline messages]: activations go on tag 0 and gradients on tag 1; messages between a
 // pair of ranks match in the order sent, which the validator has checked for the schedule.
 void PipelineTrainer::communicate(const Action& a) {
+  if (dev_) {
+    communicate_on_device(a);
+    return;
+  }
   StageRuntime& s = local(a.stage);
   model::MicroBatchState& state = s.mbs[a.microbatch];
   const int64_t n = train_.micro_batch_size * model_.seq_length, h = model_.hidden_size;
@@ -242,6 +304,54 @@ void PipelineTrainer::communicate(const Action& a) {
   }
 }
 
+// The GPU's pipeline messages (Note [Pipeline streams on the GPU]): each goes on its
+// direction's stream after an event from the compute stream (the tensor is ready, and a
+// received buffer's block is no longer used there), and a received tensor is used on the
+// compute stream only after an event from the pipeline stream.
+void PipelineTrainer::communicate_on_device(const Action& a) {
+#if TANDEM_WITH_CUDA
+  StageRuntime& s = local(a.stage);
+  model::MicroBatchState& state = s.mbs[a.microbatch];
+  const int64_t n = train_.micro_batch_size * model_.seq_length, h = model_.hidden_size;
+  const DType dt = s.params->activation_dtype();
+  const cudaStream_t compute = cuda::current_stream();
+  const bool fwd = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvF;
+  const cudaStream_t side = fwd ? dev_->fwd : dev_->bwd;
+  comm::Communicator& group = fwd ? groups_->pp_fwd() : groups_->pp_bwd();
+  DeviceStreams::wait(side, compute);
+  switch (a.kind) {
+    case ActionKind::kSendF:
+    case ActionKind::kSendB: {
+      Tensor& src = a.kind == ActionKind::kSendF ? state.layers.back().out
+                                                 : state.layers.front().d_x;
+      Tensor buf = std::exchange(src, Tensor());
+      const int peer = sched_.stage_rank[a.kind == ActionKind::kSendF ? a.stage + 1 : a.stage - 1];
+      cuda::StreamScope on_side(side);
+      pending_.push_back(group.isend(buf, peer, fwd ? 0 : 1));
+      return;
+    }
+    case ActionKind::kRecvF:
+    case ActionKind::kRecvB: {
+      Tensor& dst = a.kind == ActionKind::kRecvF ? state.input : state.d_output;
+      dst = Tensor::empty({n, h}, dt,
+                          fwd ? MemCategory::kCommunication : MemCategory::kOther,
+                          fwd ? "pp.recv_f" : "pp.recv_b", current_device());
+      DeviceStreams::wait(side, compute);  // the new block's last use was on the compute stream
+      {
+        cuda::StreamScope on_side(side);
+        group.recv(dst, sched_.stage_rank[fwd ? a.stage - 1 : a.stage + 1], fwd ? 0 : 1);
+      }
+      DeviceStreams::wait(compute, side);
+      return;
+    }
+    default:
+      TANDEM_ASSERT(false, "not a communication action");
+  }
+#else
+  (void)a;
+#endif
+}
+
 void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
   switch (a.kind) {
     case ActionKind::kForward: forward(a.stage, a.microbatch, iteration); return;
@@ -264,7 +374,7 @@ void PipelineTrainer::reduce_gradients() {
   for (StageRuntime& s : stages_) {
     for (const model::ParamEntry& e : s.params->entries()) {
       const bool expert = e.shard == model::ParamShard::kExpert;
-      comm::Communicator& group = expert ? *groups_->edp : *groups_->dp;
+      comm::Communicator& group = expert ? groups_->edp_data() : groups_->dp_data();
       if ((expert ? L.edp() : L.dp()) > 1) group.all_reduce_sum(s.params->grad(e));
     }
   }
@@ -296,6 +406,7 @@ double PipelineTrainer::global_grad_norm() {
 }
 
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
+  DeviceScope on(train_.device);
   lm_sum_ = aux_sum_ = 0;
   spans_.clear();
   comm_busy_s_ = 0;
@@ -343,7 +454,8 @@ std::string non_finite_parts(double loss, double grad_norm) {
 }  // namespace
 
 StepResult PipelineTrainer::step() {
-  Allocator& alloc = cpu_allocator();
+  DeviceScope on(train_.device);
+  Allocator& alloc = allocator_for(train_.device);
   alloc.reset_peaks();
   const auto start = std::chrono::steady_clock::now();
   for (StageRuntime& s : stages_) s.params->zero_grads();
@@ -365,11 +477,13 @@ StepResult PipelineTrainer::step() {
     if (finite) {
       clip_gradients(*s.params, r.grad_norm, train_.clip_grad);
       s.optimizer->step(r.lr);
+      s.params->refresh_compute_copy();
     } else {
       s.params->zero_grads();
     }
   }
   if (!finite) r.status = StepStatus::kSkipped;
+  synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);

@@ -28,10 +28,22 @@ namespace tandem::runtime {
 struct Groups {
   comm::ParallelLayout layout;
   int rank = 0;  // world rank
+  // Host groups (MPI): CPU tensors, and the host-side reductions of every run (losses, norms).
   std::unique_ptr<comm::Communicator> world, pp, dp, ep, edp;
+  // Device groups (NCCL; only for a GPU run, else null and the host groups serve): one per
+  // group, and two for the pipeline, one per direction (Note [Pipeline streams on the GPU] in
+  // distributed.cc).
+  std::unique_ptr<comm::Communicator> pp_fwd_dev, pp_bwd_dev, dp_dev, ep_dev, edp_dev;
 
-  // Splits `world` into the layout's groups; every rank must call it.
-  static Groups make(std::unique_ptr<comm::Communicator> world, int pp, int ep);
+  // Splits `world` into the layout's groups; every rank must call it. device: kCUDA also builds
+  // the NCCL groups (cuda::initialize must have run).
+  static Groups make(std::unique_ptr<comm::Communicator> world, int pp, int ep,
+                     Device device = Device::kCPU);
+  comm::Communicator& pp_fwd() { return pp_fwd_dev ? *pp_fwd_dev : *pp; }
+  comm::Communicator& pp_bwd() { return pp_bwd_dev ? *pp_bwd_dev : *pp; }
+  comm::Communicator& dp_data() { return dp_dev ? *dp_dev : *dp; }
+  comm::Communicator& ep_data() { return ep_dev ? *ep_dev : *ep; }
+  comm::Communicator& edp_data() { return edp_dev ? *edp_dev : *edp; }
 };
 
 // Which part of the model a pipeline stage holds; throws when the layers do not divide evenly.
@@ -56,6 +68,9 @@ class PipelineTrainer {
   PipelineTrainer(const ModelConfig& m, const TrainConfig& t, const schedule::Schedule& sched,
                   Groups& groups, const data::Dataset& data, DType dtype = DType::kF32,
                   CommOverlap overlap = CommOverlap::kOn);
+  ~PipelineTrainer();
+  PipelineTrainer(const PipelineTrainer&) = delete;
+  PipelineTrainer& operator=(const PipelineTrainer&) = delete;
 
   // One step's forward and backward over this rank's micro-batches, then the gradient reduction.
   // Losses in the result are the global ones (reduced over all ranks).
@@ -115,6 +130,7 @@ class PipelineTrainer {
   void backward(int32_t stage, int32_t mb, model::WeightGrad wg);
   void weights(int32_t stage, int32_t mb);
   void communicate(const schedule::Action& a);
+  void communicate_on_device(const schedule::Action& a);
   void reduce_gradients();
   double global_grad_norm();
 
@@ -130,6 +146,8 @@ class PipelineTrainer {
   double lm_sum_ = 0, aux_sum_ = 0;
   int64_t iteration_ = 0;
   std::unique_ptr<CpuStream> compute_stream_, comm_stream_;
+  struct DeviceStreams;  // the GPU's pipeline streams (distributed.cc); null on the CPU
+  std::unique_ptr<DeviceStreams> dev_;
   std::mutex spans_mutex_;
   std::vector<Span> spans_;
   std::chrono::steady_clock::time_point step_start_;

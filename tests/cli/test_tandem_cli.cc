@@ -95,6 +95,8 @@ TEST(TandemProgram, BadCommandLinesExitWithTwoAndWriteNothing) {
       {{"--num-layers"}, "--num-layers"},
       {{"--schedule", "zigzag"}, "zigzag"},
       {{"--device", "tpu"}, "tpu"},
+      // No GPU on the test machine (or no CUDA in the build): refused before anything is written.
+      {{"--device", "cuda", "--save", "ckpt", "--log-json", "out.json"}, "--device cuda"},
       {{"--log-json", "out.json", "--num-layers", "-3"}, "-3"},
       {{"--log-json", "out.json", "--moe-router-topk", "9"}, "--moe-router-topk 9"},
       {{"--log-json", "out.json", "--trace", "trace.json", "--lr", "-1"}, "--lr -1"},

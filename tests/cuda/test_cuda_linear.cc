@@ -14,13 +14,8 @@
 #include "core/rng.h"
 #include "cuda/gpu_test.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/lm_head.h"
 #include "ops/ops.h"
-
-namespace tandem::ops::cuda {
-// Defined in lm_head.cu (the op has no private header): rows per block, 0 for the op's choice;
-// returns the previous value.
-int64_t set_lm_head_block_rows_for_testing(int64_t rows);
-}  // namespace tandem::ops::cuda
 
 namespace tandem::testing_gpu {
 namespace {
@@ -377,6 +372,20 @@ TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
       expect_close_plus(to_host_f32(gdx), dx, tolerance_for(DType::kBF16), scaled(dx_extra, rel),
                         "dx");
       expect_close_plus(to_host_f32(gdw), dw, f32, scaled(dw_extra, rel), "dw");
+
+      // Forward and backward in one call: the same kernels and products in the same order as
+      // the two calls above, so the same bits.
+      const Tensor glse2 =
+          Tensor::empty({c.n}, DType::kF32, MemCategory::kOther, "lse2", Device::kCUDA);
+      const Tensor gdx2 =
+          Tensor::empty({c.n, c.h}, DType::kBF16, MemCategory::kOther, "dx2", Device::kCUDA);
+      const Tensor gdw2 = to_gpu(dw0, DType::kF32);
+      const double got2 =
+          ops::lm_head_ce_forward_backward(gdx2, gdw2, glse2, gx, gw, gt, scale, acc);
+      EXPECT_EQ(got2, got) << "loss of the one-call op";
+      expect_close(to_host_f32(glse2), to_host_f32(glse), {0, 0}, "lse of the one-call op");
+      expect_close(to_host_f32(gdx2), to_host_f32(gdx), {0, 0}, "dx of the one-call op");
+      expect_close(to_host_f32(gdw2), to_host_f32(gdw), {0, 0}, "dw of the one-call op");
     }
   }
 }

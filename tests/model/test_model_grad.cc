@@ -24,7 +24,10 @@ double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor& target
   MicroBatchState mb;
   mb.ids = ids;
   mb.targets = targets;
-  const NodeContext c = context_of(chunk, batch, fused);
+  NodeContext c = context_of(chunk, batch, fused);
+  // The finite-difference evaluations only want the loss: a fused loss node without grads
+  // neither forms nor accumulates gradients (the analytic run, with `keep`, does).
+  if (keep == nullptr) c.grads = nullptr;
   chunk.forward(mb, c);
   const double loss = mb.lm_loss + mb.aux_loss;
   if (keep) *keep = std::move(mb);

@@ -8,10 +8,11 @@
 #include <bit>
 #include <climits>
 #include <cstdint>
-#include <type_traits>
 
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/scratch.h"
 
 namespace tandem::ops::cuda {
 
@@ -19,101 +20,8 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// ---- helpers: vectors of 8 elements (16 bytes of bf16, two float4 of f32) ----
-
 constexpr int kThreads = 256;
-constexpr int kVec = 8;
-
-__device__ __forceinline__ void load8(const float* p, float (&v)[kVec]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ void load8(const bf16* p, float (&v)[kVec]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void store8(float* p, const float (&v)[kVec]) {
-  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
-  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
-}
-__device__ __forceinline__ void store8(bf16* p, const float (&v)[kVec]) {
-  uint4 u;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-  *reinterpret_cast<uint4*>(p) = u;
-}
-__device__ __forceinline__ float load1(const float* p) { return *p; }
-__device__ __forceinline__ float load1(const bf16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store1(float* p, float v) { *p = v; }
-__device__ __forceinline__ void store1(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
-
-__device__ __forceinline__ int64_t global_thread() {
-  return int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_threads() { return int64_t{gridDim.x} * blockDim.x; }
-
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// The sum over the block, returned to every thread (the same bits in each: the xor butterfly is
-// symmetric). `shared` holds 32 values; the leading barrier lets callers reuse it.
-template <typename T>
-__device__ T block_sum(T v, T* shared) {
-  v = warp_sum(v);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
-  __syncthreads();
-  const unsigned warps = (blockDim.x + 31) / 32;
-  v = (threadIdx.x & 31) < warps ? shared[threadIdx.x & 31] : T(0);
-  return warp_sum(v);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Calls f(std::type_identity<float or bf16>) for a tensor's dtype (checked to be one of them).
-template <typename F>
-void dispatch_act(DType dt, F&& f) {
-  if (dt == DType::kBF16) f(std::type_identity<bf16>{});
-  else f(std::type_identity<float>{});
-}
-
-// Note [Op scratch]: an op that needs temporary device memory borrows the current stream's
-// cuBLASLt workspace (core/cuda/context.h). Ops are serial per stream, so nothing else touches it
-// between this op's launches, and nothing is allocated (or counted against the memory plan).
-class Scratch {
- public:
-  explicit Scratch(const char* op)
-      : op_(op),
-        base_(static_cast<char*>(tandem::cuda::cublaslt_workspace(stream()))),
-        capacity_(tandem::cuda::cublaslt_workspace_bytes()) {}
-  template <typename T>
-  T* take(int64_t count) {
-    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
-    TANDEM_CHECK(used_ + bytes <= capacity_, op_, ": needs more than the ", capacity_,
-                 " bytes of the stream's scratch workspace");
-    T* p = reinterpret_cast<T*>(base_ + used_);
-    used_ += bytes;
-    return p;
-  }
-  void* take_bytes(size_t bytes) { return take<char>(static_cast<int64_t>(bytes)); }
-
- private:
-  const char* op_;
-  char* base_;
-  size_t capacity_;
-  size_t used_ = 0;
-};
+constexpr int kVec = 8;  // elements of a vector: 16 bytes of bf16, two float4 of f32 (common.cuh)
 
 // ---- axpy, scale ----
 
@@ -122,11 +30,11 @@ __global__ void __launch_bounds__(kThreads)
     axpy_kernel(TY* y, const TX* x, float a, bool add, int64_t n, int64_t nvec) {
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float xv[kVec], yv[kVec];
-    load8(x + v * kVec, xv);
-    if (add) load8(y + v * kVec, yv);
+    load_vec(x + v * kVec, xv);
+    if (add) load_vec(y + v * kVec, yv);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) yv[j] = add ? yv[j] + a * xv[j] : a * xv[j];
-    store8(y + v * kVec, yv);
+    store_vec(y + v * kVec, yv);
   }
   for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
     const float xv = load1(x + i);
@@ -138,10 +46,10 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) scale_kernel(T* x, float a, int64_t n, int64_t nvec) {
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float xv[kVec];
-    load8(x + v * kVec, xv);
+    load_vec(x + v * kVec, xv);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) xv[j] *= a;
-    store8(x + v * kVec, xv);
+    store_vec(x + v * kVec, xv);
   }
   for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
     store1(x + i, load1(x + i) * a);
@@ -171,7 +79,7 @@ __global__ void __launch_bounds__(kThreads)
   double s = 0;
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float xv[kVec];
-    load8(x + v * kVec, xv);
+    load_vec(x + v * kVec, xv);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) s += static_cast<double>(xv[j]) * xv[j];
   }
@@ -199,7 +107,7 @@ __global__ void __launch_bounds__(kThreads)
   bool ok = true;
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float xv[kVec];
-    load8(x + v * kVec, xv);
+    load_vec(x + v * kVec, xv);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) ok = ok && isfinite(xv[j]);
   }
@@ -224,7 +132,7 @@ __global__ void __launch_bounds__(kThreads)
     f32_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n, int64_t nvec) {
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float xv[kVec];
-    load8(src + v * kVec, xv);
+    load_vec(src + v * kVec, xv);
     uint4 u;
     u.x = bf16_bits(xv[0]) | (uint32_t{bf16_bits(xv[1])} << 16);
     u.y = bf16_bits(xv[2]) | (uint32_t{bf16_bits(xv[3])} << 16);
@@ -241,8 +149,8 @@ __global__ void __launch_bounds__(kThreads)
     bf16_to_f32_kernel(float* dst, const bf16* src, int64_t n, int64_t nvec) {
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float xv[kVec];
-    load8(src + v * kVec, xv);
-    store8(dst + v * kVec, xv);
+    load_vec(src + v * kVec, xv);
+    store_vec(dst + v * kVec, xv);
   }
   for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
     dst[i] = load1(src + i);
@@ -273,8 +181,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 4
     for (int64_t c = lane; c < h / kVec; c += 32) {
       float xv[kVec];
-      load8(src + c * kVec, xv);
-      store8(dst + c * kVec, xv);
+      load_vec(src + c * kVec, xv);
+      store_vec(dst + c * kVec, xv);
     }
   } else {
     for (int64_t c = lane; c < h; c += 32) store1(dst + c, load1(src + c));
@@ -317,15 +225,15 @@ __global__ void __launch_bounds__(kThreads)
   if (vec) {
     for (int64_t c = lane; c < h / kVec; c += 32) {
       float acc[kVec];
-      load8(dst + c * kVec, acc);
+      load_vec(dst + c * kVec, acc);
 #pragma unroll 4
       for (int64_t j = i; j < end; ++j) {
         float d[kVec];
-        load8(dout + int64_t{tokens[j]} * h + c * kVec, d);
+        load_vec(dout + int64_t{tokens[j]} * h + c * kVec, d);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[e] += d[e];
       }
-      store8(dst + c * kVec, acc);
+      store_vec(dst + c * kVec, acc);
     }
   } else {
     for (int64_t c = lane; c < h; c += 32) {
@@ -344,11 +252,11 @@ __global__ void __launch_bounds__(kThreads)
     swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n, int64_t nvec) {
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float g[kVec], u[kVec];
-    load8(gate + v * kVec, g);
-    load8(up + v * kVec, u);
+    load_vec(gate + v * kVec, g);
+    load_vec(up + v * kVec, u);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
-    store8(out + v * kVec, g);
+    store_vec(out + v * kVec, g);
   }
   for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
     const float g = load1(gate + i);
@@ -368,13 +276,13 @@ __global__ void __launch_bounds__(kThreads)
                            const bf16* up, int64_t n, int64_t nvec) {
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
     float d[kVec], g[kVec], u[kVec], dg[kVec], du[kVec];
-    load8(dout + v * kVec, d);
-    load8(gate + v * kVec, g);
-    load8(up + v * kVec, u);
+    load_vec(dout + v * kVec, d);
+    load_vec(gate + v * kVec, g);
+    load_vec(up + v * kVec, u);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) swiglu_grad(d[j], g[j], u[j], dg[j], du[j]);
-    store8(dgate + v * kVec, dg);
-    store8(dup + v * kVec, du);
+    store_vec(dgate + v * kVec, dg);
+    store_vec(dup + v * kVec, du);
   }
   for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
     float dg, du;

@@ -1,27 +1,116 @@
-// Device-side helpers of the CUDA ops: loads and stores of f32 or bf16 elements chosen at run
-// time (a warp-uniform branch), so one kernel serves both storage types without template bloat.
+// Device-side helpers of the CUDA ops, included by their .cu files only: loads and stores of f32 or
+// bf16 elements (one at a time or as 16-byte vectors), warp and block
+// sums, the grid-stride indices, and the host's dispatch on the storage dtype. Private to
+// src/ops/cuda.
 #pragma once
 
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
 
 #include "core/dtype.h"
 
 namespace tandem::ops::cuda {
 
-// A float array stored as f32 or bf16.
-struct FloatPtr {
-  void* p;
-  bool bf16;
-  __device__ __forceinline__ float load(int64_t i) const {
-    return bf16 ? __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i])
-                : static_cast<const float*>(p)[i];
+// ---- one element ----
+
+__device__ __forceinline__ float load1(const float* p) { return *p; }
+__device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+__device__ __forceinline__ void store1(float* p, float v) { *p = v; }
+__device__ __forceinline__ void store1(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// ---- 16-byte vectors: N floats at p stored as f32 or bf16, p aligned to min(16, N * element size)
+// bytes; N = 8 of f32 is two 16-byte vectors ----
+
+// lo and hi rounded to bf16, packed with lo in the low half (its lower address in memory).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
+  uint32_t u;
+  memcpy(&u, &h, sizeof(u));
+  return u;
+}
+// The 8 bf16 of one 16-byte vector as floats.
+__device__ __forceinline__ void unpack8(uint4 u, float (&v)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x, v[2 * i + 1] = f.y;
   }
-  __device__ __forceinline__ void store(int64_t i, float v) const {
-    if (bf16) static_cast<__nv_bfloat16*>(p)[i] = __float2bfloat16_rn(v);
-    else static_cast<float*>(p)[i] = v;
-  }
-};
+}
+
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[4]) {
+  const float4 a = *reinterpret_cast<const float4*>(p);
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w;
+}
+__device__ __forceinline__ void load_vec(const float* p, float (&v)[8]) {
+  const float4 a = reinterpret_cast<const float4*>(p)[0];
+  const float4 b = reinterpret_cast<const float4*>(p)[1];
+  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
+}
+__device__ __forceinline__ void load_vec(const __nv_bfloat16* p, float (&v)[8]) {
+  unpack8(*reinterpret_cast<const uint4*>(p), v);
+}
+
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[4]) {
+  *reinterpret_cast<float4*>(p) = make_float4(v[0], v[1], v[2], v[3]);
+}
+__device__ __forceinline__ void store_vec(float* p, const float (&v)[8]) {
+  reinterpret_cast<float4*>(p)[0] = make_float4(v[0], v[1], v[2], v[3]);
+  reinterpret_cast<float4*>(p)[1] = make_float4(v[4], v[5], v[6], v[7]);
+}
+__device__ __forceinline__ void store_vec(__nv_bfloat16* p, const float (&v)[4]) {
+  *reinterpret_cast<uint2*>(p) = make_uint2(pack_bf16x2(v[0], v[1]), pack_bf16x2(v[2], v[3]));
+}
+__device__ __forceinline__ void store_vec(__nv_bfloat16* p, const float (&v)[8]) {
+  uint4 u;
+  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
+  *reinterpret_cast<uint4*>(p) = u;
+}
+
+// ---- indices and reductions ----
+
+// This thread's index in a 1-D grid, and the grid's thread count (the grid-stride loops' step).
+__device__ __forceinline__ int64_t global_thread() {
+  return int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
+}
+__device__ __forceinline__ int64_t grid_threads() { return int64_t{gridDim.x} * blockDim.x; }
+
+// The sum over the warp, returned to every lane (the same bits in each: the xor butterfly is
+// symmetric).
+template <typename T>
+__device__ __forceinline__ T warp_sum(T v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// The sum over the block, returned to every thread (the same bits in each, as warp_sum).
+// `shared` holds 32 values; the leading barrier lets callers reuse it.
+template <typename T>
+__device__ T block_sum(T v, T* shared) {
+  v = warp_sum(v);
+  __syncthreads();
+  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
+  __syncthreads();
+  const unsigned warps = (blockDim.x + 31) / 32;
+  v = (threadIdx.x & 31) < warps ? shared[threadIdx.x & 31] : T(0);
+  return warp_sum(v);
+}
+
+// ---- host side ----
+
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
+// Calls f(std::type_identity<float or bf16>) for a tensor's dtype (checked to be one of them).
+template <typename F>
+void dispatch_act(DType dt, F&& f) {
+  if (dt == DType::kBF16) f(std::type_identity<__nv_bfloat16>{});
+  else f(std::type_identity<float>{});
+}
 
 }  // namespace tandem::ops::cuda

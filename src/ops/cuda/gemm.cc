@@ -26,7 +26,13 @@ namespace {
 // 2-byte aligned). Plans are immutable once built and shared by pointer, so a lookup holds the
 // mutex only for the map access and cublasLtMatmul runs unlocked. Sizes that vary per step
 // (expert row counts) could grow the map without bound: past kMaxPlans it is cleared and
-// refilled (a heuristic query costs microseconds; in-flight users keep their plan alive).
+// refilled (in-flight users keep their plan alive).
+// Note [Algorithm buckets]: expert row counts change every step, and a heuristic query costs
+// tens of microseconds, thousands of them a step for a MoE model. So the algorithm is chosen
+// once per bucket of the varying sizes (m and k rounded up to a power of two, at least 64) and
+// reused for every exact shape in the bucket; a new exact shape then costs only its layouts.
+// Should cuBLASLt reject a bucket's algorithm for some exact shape, that shape gets its own
+// heuristic query and the product is retried (gemm() below).
 constexpr size_t kMaxPlans = 4096;
 
 struct GemmKey {
@@ -43,6 +49,7 @@ struct GemmPlan {
   // cuBLASLt's operands: `first` is our B, `second` our A (see make_plan); `c` serves C and D.
   cublasLtMatrixLayout_t first = nullptr, second = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
+  bool from_bucket = false;  // algo chosen for another shape of its bucket (Note [Algorithm buckets])
 
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
@@ -59,7 +66,24 @@ struct GemmPlan {
 struct PlanCache {
   std::mutex mutex;
   std::map<GemmKey, std::shared_ptr<const GemmPlan>> plans;
+  std::map<GemmKey, cublasLtMatmulAlgo_t> bucket_algos;  // Note [Algorithm buckets]
 };
+
+int64_t bucket_size(int64_t v) {
+  int64_t b = 64;
+  while (b < v) b *= 2;
+  return b;
+}
+
+// The key under which `key`'s algorithm is shared: sizes bucketed, leading dimensions dropped
+// to the bucket too (they follow the sizes for contiguous operands).
+GemmKey bucket_key(const GemmKey& key) {
+  GemmKey b = key;
+  b.m = bucket_size(key.m);
+  b.k = bucket_size(key.k);
+  b.lda = b.ldb = b.ldc = 0;
+  return b;
+}
 
 PlanCache& plan_cache() {
   static PlanCache* cache = new PlanCache();  // never destroyed: outlives every static caller
@@ -115,7 +139,7 @@ void choose_algo(GemmPlan& plan, const GemmKey& key) {
 // column-major [c, r] matrix with the same ld, so row-major C = op(A) op(B) is column-major
 // C^T = op(B)^T op(A)^T: cuBLASLt's first operand is our B and its second our A, each with the
 // same transpose flag as ours (B stored [k, n] is column-major [n, k] = op(B)^T untransposed).
-std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key) {
+std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key, bool exact) {
   auto plan = std::make_shared<GemmPlan>();
   TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_first = key.trans_b == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -133,22 +157,38 @@ std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key) {
                                                  u(ta ? key.k : key.m), key.lda));
   TANDEM_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&plan->c, cuda_dtype(key.c_dtype), u(key.n), u(key.m), key.ldc));
+  PlanCache& cache = plan_cache();
+  if (!exact) {
+    std::lock_guard lock(cache.mutex);
+    auto it = cache.bucket_algos.find(bucket_key(key));
+    if (it != cache.bucket_algos.end()) {
+      plan->algo = it->second;
+      plan->from_bucket = true;
+      return plan;
+    }
+  }
   choose_algo(*plan, key);
+  if (!exact) {
+    std::lock_guard lock(cache.mutex);
+    cache.bucket_algos.emplace(bucket_key(key), plan->algo);
+  }
   return plan;
 }
 
-std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key) {
+// exact: query the heuristic for this very shape (after a bucket's algorithm was rejected).
+std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key, bool exact = false) {
   PlanCache& cache = plan_cache();
-  {
+  if (!exact) {
     std::lock_guard lock(cache.mutex);
     auto it = cache.plans.find(key);
     if (it != cache.plans.end()) return it->second;
   }
-  // Built unlocked: two threads may both build the same plan; the first one stored wins.
-  std::shared_ptr<const GemmPlan> plan = make_plan(key);
+  // Built unlocked: two threads may both build the same plan; the last one stored wins.
+  std::shared_ptr<const GemmPlan> plan = make_plan(key, exact);
   std::lock_guard lock(cache.mutex);
   if (cache.plans.size() >= kMaxPlans) cache.plans.clear();
-  return cache.plans.emplace(key, std::move(plan)).first->second;
+  cache.plans[key] = plan;
+  return plan;
 }
 
 }  // namespace
@@ -193,11 +233,19 @@ void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float a
                     .align_a = alignment_of(a),
                     .align_b = alignment_of(b),
                     .align_c = alignment_of(c)};
-  const std::shared_ptr<const GemmPlan> plan = find_plan(key);
-  TANDEM_CUBLAS_CHECK(cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan->op, &alpha, b,
-                                     plan->first, a, plan->second, &beta, c, plan->c, c, plan->c,
-                                     &plan->algo, tandem::cuda::cublaslt_workspace(stream),
-                                     tandem::cuda::cublaslt_workspace_bytes(), stream));
+  std::shared_ptr<const GemmPlan> plan = find_plan(key);
+  const auto run = [&] {
+    return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan->op, &alpha, b, plan->first, a,
+                          plan->second, &beta, c, plan->c, c, plan->c, &plan->algo,
+                          tandem::cuda::cublaslt_workspace(stream),
+                          tandem::cuda::cublaslt_workspace_bytes(), stream);
+  };
+  cublasStatus_t status = run();
+  if (status != CUBLAS_STATUS_SUCCESS && plan->from_bucket) {
+    plan = find_plan(key, /*exact=*/true);  // Note [Algorithm buckets]
+    status = run();
+  }
+  TANDEM_CUBLAS_CHECK(status);
 }
 
 namespace {

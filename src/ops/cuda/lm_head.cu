@@ -2,7 +2,7 @@
 // by cuBLASLt in fp32 into one workspace, reduced to the log-sum-exp (forward) or turned in place
 // into bf16 dlogits (backward, Note [In-place dlogits]), and overwritten by the next block, so the
 // [N, V] logits never exist. Forward sums the row losses in double in a fixed order and reads
-// the sum back with one copy. The row helpers have twins in loss.cu; change both together.
+// the sum back with one copy. The row helpers shared with loss.cu are in rows.cuh.
 //
 // Why fp32 logits: a bf16 logit is off by up to 2^-9 |logit| (0.03 at |logit| = 16), which would
 // land unattenuated in each row's loss and as a ~3% error on its softmax probabilities. The cost
@@ -14,70 +14,32 @@
 #include <atomic>
 #include <cfloat>
 #include <cstdint>
-#include <cstring>
-#include <vector>
 
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/gemm.h"
+#include "ops/cuda/lm_head.h"
+#include "ops/cuda/rows.cuh"
 
 namespace tandem::ops::cuda {
 
 namespace {
 
-constexpr int kThreads = 256;      // per row
-constexpr int kSumThreads = 1024;  // the one block that sums the row losses
+constexpr int kThreads = 256;  // per row
 constexpr int64_t kMaxBlockRows = 8192;
 constexpr int64_t kMaxBlockBytes = int64_t{256} << 20;  // the f32 logits of one block
 
 std::atomic<int64_t> g_block_rows_for_testing{0};
 
-// ---- device helpers (twins in loss.cu) ----
+// ---- device helpers (the shared ones in rows.cuh) ----
 
-__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
-  const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
-  uint32_t u;
-  memcpy(&u, &h, sizeof(u));
-  return u;
-}
-
-// A running max m and sum s of exp(x - m); m starts at -FLT_MAX (see loss.cu).
-struct MaxSum {
-  float m, s;
-};
-__device__ __forceinline__ void add_value(MaxSum& a, float x) {
-  const float mn = fmaxf(a.m, x);
-  a.s = a.s * __expf(a.m - mn) + __expf(x - mn);
-  a.m = mn;
-}
+// Four values added to a MaxSum (rows.cuh) at once, their exps summed in pairs.
 __device__ __forceinline__ void add_values(MaxSum& a, float4 v) {
   const float mn = fmaxf(a.m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
   a.s = a.s * __expf(a.m - mn) +
         ((__expf(v.x - mn) + __expf(v.y - mn)) + (__expf(v.z - mn) + __expf(v.w - mn)));
   a.m = mn;
-}
-__device__ __forceinline__ MaxSum merge(MaxSum a, MaxSum b) {
-  const float mn = fmaxf(a.m, b.m);
-  return MaxSum{mn, a.s * __expf(a.m - mn) + b.s * __expf(b.m - mn)};
-}
-
-// The block's combined MaxSum for every thread (blockDim.x a multiple of 32); call once.
-__device__ MaxSum block_max_sum(MaxSum a) {
-  __shared__ MaxSum warp_part[32];
-  __shared__ MaxSum total;
-  for (int off = 16; off > 0; off /= 2)
-    a = merge(a, MaxSum{__shfl_xor_sync(~0u, a.m, off), __shfl_xor_sync(~0u, a.s, off)});
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_part[warp] = a;
-  __syncthreads();
-  if (warp == 0) {
-    a = lane < int(blockDim.x / 32) ? warp_part[lane] : MaxSum{-FLT_MAX, 0.0f};
-    for (int off = 16; off > 0; off /= 2)
-      a = merge(a, MaxSum{__shfl_xor_sync(~0u, a.m, off), __shfl_xor_sync(~0u, a.s, off)});
-    if (lane == 0) total = a;
-  }
-  __syncthreads();
-  return total;
 }
 
 // For each of the block's rows r (one thread block each): lse[r], row_loss[r] = lse[r] -
@@ -104,13 +66,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     const float l = acc.m + logf(acc.s);
     lse[r] = l;
-    const int32_t t = targets[r];
-    if (t >= 0 && t < v) {
-      row_loss[r] = l - row[t];
-    } else {
-      row_loss[r] = 0.0f;
-      atomicMin(bad_row, static_cast<unsigned>(row0 + r));
-    }
+    record_row_loss(row_loss, bad_row, r, l, row, v, targets, row0 + r);
   }
 }
 
@@ -139,8 +95,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int q = 0; q < kChunkLoads; ++q) {
       j[q] = c0 + (int64_t{q} * blockDim.x + threadIdx.x) * 4;
       if (j[q] + 4 <= v) {
-        const float4 f = *reinterpret_cast<const float4*>(row + j[q]);
-        x[q][0] = f.x, x[q][1] = f.y, x[q][2] = f.z, x[q][3] = f.w;
+        load_vec(row + j[q], x[q]);
       } else {
         for (int e = 0; e < 4 && j[q] + e < v; ++e) x[q][e] = row[j[q] + e];
       }
@@ -150,12 +105,9 @@ __global__ void __launch_bounds__(kThreads)
     for (int q = 0; q < kChunkLoads; ++q) {
       float d[4];
 #pragma unroll
-      for (int e = 0; e < 4; ++e)
-        d[e] = (__expf(x[q][e] - l) - (j[q] + e == t ? 1.0f : 0.0f)) * scale;
+      for (int e = 0; e < 4; ++e) d[e] = ce_grad(x[q][e], l, j[q] + e, t, scale);
       if (j[q] + 4 <= v) {
-        // 8-byte aligned: the row is 16-byte aligned and j is a multiple of 4.
-        *reinterpret_cast<uint2*>(drow + j[q]) =
-            make_uint2(pack_bf16x2(d[0], d[1]), pack_bf16x2(d[2], d[3]));
+        store_vec(drow + j[q], d);  // 8-byte aligned: the row is 16-byte aligned, j % 4 == 0
       } else {
         for (int e = 0; e < 4 && j[q] + e < v; ++e) drow[j[q] + e] = __float2bfloat16_rn(d[e]);
       }
@@ -163,32 +115,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// *sum = the n row losses added in double, in a fixed order.
-__global__ void __launch_bounds__(kSumThreads)
-    sum_rows_kernel(double* sum, const float* x, int64_t n) {
-  __shared__ double warp_part[32];
-  double acc = 0;
-  for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
-  for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(~0u, acc, off);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_part[warp] = acc;
-  __syncthreads();
-  if (warp == 0) {
-    acc = lane < int(blockDim.x / 32) ? warp_part[lane] : 0.0;
-    for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(~0u, acc, off);
-    if (lane == 0) *sum = acc;
-  }
-}
-
 // ---- host side ----
-
-// What the forward reads back: the loss and the first row with a bad target (~0u: none).
-struct LossStatus {
-  double loss;
-  uint32_t bad_row;
-  uint32_t unused;
-};
-static_assert(sizeof(LossStatus) == 16);
 
 struct LmHeadDims {
   int64_t n, h, v;
@@ -229,28 +156,13 @@ Tensor logits_block(int64_t rows, int64_t ld) {
   return t;
 }
 
-// Copies the targets to the host once and checks each is in [0, v), as the CPU op does.
-void expect_targets(const char* op, const Tensor& targets, int64_t v) {
-  std::vector<int32_t> host(static_cast<size_t>(targets.numel()));
-  if (host.empty()) return;
-  const cudaStream_t s = stream();
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host.data(), targets.raw_data(), host.size() * sizeof(int32_t),
-                                    cudaMemcpyDeviceToHost, s));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
-  for (size_t r = 0; r < host.size(); ++r) {
-    TANDEM_CHECK(host[r] >= 0 && host[r] < v, op, ": target ", host[r], " at row ", r,
-                 " is outside [0, ", v, ")");
-  }
-}
-
 const __nv_bfloat16* bf16_rows(const Tensor& t, int64_t row0) {
   return static_cast<const __nv_bfloat16*>(t.raw_data()) + row0 * t.size(1);
 }
 
 }  // namespace
 
-// The lm-head block size for the tests (0: the size above); returns the previous value. Declared
-// where it is used (tests/cuda/test_cuda_linear.cc): the op has no private header.
+// Declared in lm_head.h.
 int64_t set_lm_head_block_rows_for_testing(int64_t rows) {
   return g_block_rows_for_testing.exchange(rows);
 }
@@ -263,51 +175,28 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
   const cudaStream_t s = stream();
   const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
   const Tensor logits = logits_block(max_rows, ld);  // [rows, ld] f32
-  const Tensor row_loss =
-      Tensor::empty({d.n}, DType::kF32, MemCategory::kOther, "lm_head.row_loss", Device::kCUDA);
-  const Tensor status =
-      Tensor::empty({2}, DType::kI64, MemCategory::kOther, "lm_head.status", Device::kCUDA);
-  auto* sum = static_cast<double*>(status.raw_data());
-  auto* bad_row = reinterpret_cast<unsigned*>(static_cast<char*>(status.raw_data()) + 8);
-  TANDEM_CUDA_CHECK(cudaMemsetAsync(bad_row, 0xff, sizeof(unsigned), s));
+  const RowLosses losses(d.n, "lm_head.row_loss", "lm_head.status", s);
   for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
     const int64_t rows = std::min(max_rows, d.n - r0);
     // logits[rows, V] = x[r0 : r0 + rows] @ w^T.
     gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, bf16_rows(x, r0), d.h, w.raw_data(), d.h,
          0.0f, logits.raw_data(), DType::kF32, ld);
     lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-        lse.data<float>() + r0, row_loss.data<float>() + r0, bad_row, logits.data<float>(), ld, d.v,
-        targets.data<int32_t>() + r0, r0);
+        lse.data<float>() + r0, losses.row_loss() + r0, losses.bad_row(), logits.data<float>(), ld,
+        d.v, targets.data<int32_t>() + r0, r0);
     TANDEM_CUDA_CHECK_LAUNCH();
   }
-  sum_rows_kernel<<<1, kSumThreads, 0, s>>>(sum, row_loss.data<float>(), d.n);
-  TANDEM_CUDA_CHECK_LAUNCH();
-  LossStatus host{};
-  TANDEM_CUDA_CHECK(
-      cudaMemcpyAsync(&host, status.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, s));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
-  if (host.bad_row != ~0u) {
-    int32_t t = 0;
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(&t, targets.data<int32_t>() + host.bad_row, sizeof(t),
-                                      cudaMemcpyDeviceToHost, s));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
-    TANDEM_CHECK(false, op, ": target ", t, " at row ", host.bad_row, " is outside [0, ", d.v, ")");
-  }
-  return host.loss;
+  return losses.finish(op, targets, d.v);
 }
 
-void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
-                         const Tensor& targets, const Tensor& lse, double scale,
-                         Accumulate acc_dw) {
-  const char* op = "lm_head_ce_backward";
-  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
-  expect_cuda(op, "dx", dx, {DType::kBF16}, {d.n, d.h});
-  expect_cuda(op, "dw", dw, {DType::kF32}, {d.v, d.h});
-  expect_targets(op, targets, d.v);
-  if (d.n == 0) {
-    if (acc_dw == Accumulate::kOverwrite) dw.zero_();
-    return;
-  }
+namespace {
+
+// The backward's blocks: each block's logits formed once, then (with `losses`, the one-call op)
+// its log-sum-exp and row losses, then dlogits in place, dx and dw. Arguments checked by the
+// callers.
+void backward_blocks(const LmHeadDims& d, const Tensor& dx, const Tensor& dw, const Tensor& x,
+                     const Tensor& w, const Tensor& targets, const Tensor& lse, double scale,
+                     Accumulate acc_dw, const RowLosses* losses) {
   const cudaStream_t s = stream();
   const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
   const Tensor logits = logits_block(max_rows, ld);  // f32 [rows, ld], then bf16 [rows, 2 ld]
@@ -317,6 +206,14 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
     const __nv_bfloat16* xb = bf16_rows(x, r0);  // [rows, H]
     gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, xb, d.h, w.raw_data(), d.h, 0.0f,
          logits.raw_data(), DType::kF32, ld);
+    if (losses != nullptr) {
+      // A bad target leaves its row's dlogits without the one-hot; the caller's finish() throws
+      // before anyone reads dx or dw.
+      lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+          lse.data<float>() + r0, losses->row_loss() + r0, losses->bad_row(),
+          logits.data<float>(), ld, d.v, targets.data<int32_t>() + r0, r0);
+      TANDEM_CUDA_CHECK_LAUNCH();
+    }
     dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
         logits.data<float>(), ld, d.v, targets.data<int32_t>() + r0, lse.data<float>() + r0,
         static_cast<float>(scale));
@@ -330,6 +227,39 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
          dw.raw_data(), DType::kF32, d.h);
     dw_beta = 1.0f;
   }
+}
+
+}  // namespace
+
+void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                         const Tensor& targets, const Tensor& lse, double scale,
+                         Accumulate acc_dw) {
+  const char* op = "lm_head_ce_backward";
+  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  expect_cuda(op, "dx", dx, {DType::kBF16}, {d.n, d.h});
+  expect_cuda(op, "dw", dw, {DType::kF32}, {d.v, d.h});
+  expect_targets(op, targets, d.v);
+  if (d.n == 0) {
+    if (acc_dw == Accumulate::kOverwrite) dw.zero_();
+    return;
+  }
+  backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, nullptr);
+}
+
+double lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
+                                   const Tensor& x, const Tensor& w, const Tensor& targets,
+                                   double scale, Accumulate acc_dw) {
+  const char* op = "lm_head_ce_forward_backward";
+  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  expect_cuda(op, "dx", dx, {DType::kBF16}, {d.n, d.h});
+  expect_cuda(op, "dw", dw, {DType::kF32}, {d.v, d.h});
+  if (d.n == 0) {
+    if (acc_dw == Accumulate::kOverwrite) dw.zero_();
+    return 0.0;
+  }
+  const RowLosses losses(d.n, "lm_head.row_loss", "lm_head.status", stream());
+  backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, &losses);
+  return losses.finish(op, targets, d.v);
 }
 
 }  // namespace tandem::ops::cuda

@@ -16,8 +16,10 @@
 #include <type_traits>
 #include <vector>
 
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/scratch.h"
 
 namespace tandem::ops::cuda {
 
@@ -25,85 +27,25 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// ---- helpers: vectors of 8 bf16 (16 bytes) ----
-
 constexpr int kThreads = 256;
-constexpr int kVec = 8;
+constexpr int kVec = 8;                       // bf16 of a 16-byte vector (common.cuh)
 constexpr int kRowsPerBlock = kThreads / 32;  // row kernels: one warp per row
 constexpr int kMaxTopK = 32;                  // one lane per selected expert
 constexpr int kMaxExperts = 64 * 32;          // a 64-bit mask of taken experts per lane
 
-__device__ __forceinline__ void load8(const bf16* p, float (&v)[kVec]) {
-  const uint4 u = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void store8(bf16* p, const float (&v)[kVec]) {
-  uint4 u;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-  *reinterpret_cast<uint4*>(p) = u;
-}
-__device__ __forceinline__ float load1(const bf16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store1(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
-__device__ __forceinline__ void store1(float* p, float v) { *p = v; }
-
-__device__ __forceinline__ int64_t global_thread() {
-  return int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_threads() { return int64_t{gridDim.x} * blockDim.x; }
 __device__ __forceinline__ int64_t warp_row() {
   return int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
 }
 
-template <typename T>
-__device__ __forceinline__ T warp_sum(T v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
 unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
-
-// Note [Op scratch]: an op that needs temporary device memory borrows the current stream's
-// cuBLASLt workspace (core/cuda/context.h). Ops are serial per stream, so nothing else touches it
-// between this op's launches, and nothing is allocated (or counted against the memory plan).
-class Scratch {
- public:
-  explicit Scratch(const char* op)
-      : op_(op),
-        base_(static_cast<char*>(tandem::cuda::cublaslt_workspace(stream()))),
-        capacity_(tandem::cuda::cublaslt_workspace_bytes()) {}
-  template <typename T>
-  T* take(int64_t count) {
-    const size_t bytes = (static_cast<size_t>(count) * sizeof(T) + 255) / 256 * 256;
-    TANDEM_CHECK(used_ + bytes <= capacity_, op_, ": needs more than the ", capacity_,
-                 " bytes of the stream's scratch workspace");
-    T* p = reinterpret_cast<T*>(base_ + used_);
-    used_ += bytes;
-    return p;
-  }
-
- private:
-  const char* op_;
-  char* base_;
-  size_t capacity_;
-  size_t used_ = 0;
-};
 
 // ---- router ----
 
@@ -300,8 +242,8 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 4
     for (int64_t c = lane; c < h / kVec; c += 32) {
       float v[kVec] = {};
-      if (ok) load8(src + c * kVec, v);
-      store8(dst + c * kVec, v);
+      if (ok) load_vec(src + c * kVec, v);
+      store_vec(dst + c * kVec, v);
     }
   } else {
     for (int64_t c = lane; c < h; c += 32) store1(dst + c, ok ? load1(src + c) : 0.0f);
@@ -320,16 +262,16 @@ __global__ void __launch_bounds__(kThreads)
   if (vec) {
     for (int64_t c = lane; c < h / kVec; c += 32) {
       float acc[kVec] = {};
-      if (add) load8(dst + c * kVec, acc);
+      if (add) load_vec(dst + c * kVec, acc);
       for (int64_t j = 0; j < k; ++j) {
         const int64_t r = rows[j];
         if (r < 0) continue;
         float d[kVec];
-        load8(dout + r * h + c * kVec, d);
+        load_vec(dout + r * h + c * kVec, d);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[e] += d[e];
       }
-      store8(dst + c * kVec, acc);
+      store_vec(dst + c * kVec, acc);
     }
   } else {
     for (int64_t c = lane; c < h; c += 32) {
@@ -356,17 +298,17 @@ __global__ void __launch_bounds__(kThreads)
   if (vec) {
     for (int64_t c = lane; c < h / kVec; c += 32) {
       float acc[kVec];
-      load8(dst + c * kVec, acc);
+      load_vec(dst + c * kVec, acc);
       for (int64_t j = 0; j < k; ++j) {
         const int64_t r = rows[j];
         if (r < 0) continue;
         const float wj = w[j];
         float v[kVec];
-        load8(y + r * h + c * kVec, v);
+        load_vec(y + r * h + c * kVec, v);
 #pragma unroll
         for (int e = 0; e < kVec; ++e) acc[e] += wj * v[e];
       }
-      store8(dst + c * kVec, acc);
+      store_vec(dst + c * kVec, acc);
     }
   } else {
     for (int64_t c = lane; c < h; c += 32) {
@@ -400,14 +342,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 2
     for (int64_t c = lane; c < h / kVec; c += 32) {
       float dv[kVec], yv[kVec], out[kVec];
-      load8(d + c * kVec, dv);
-      load8(yr + c * kVec, yv);
+      load_vec(d + c * kVec, dv);
+      load_vec(yr + c * kVec, yv);
 #pragma unroll
       for (int e = 0; e < kVec; ++e) {
         out[e] = w * dv[e];
         dot += dv[e] * yv[e];
       }
-      store8(dyr + c * kVec, out);
+      store_vec(dyr + c * kVec, out);
     }
   } else {
     for (int64_t c = lane; c < h; c += 32) {
@@ -423,6 +365,47 @@ __global__ void __launch_bounds__(kThreads)
 void expect_slot_count(const char* op, int64_t count) {
   TANDEM_CHECK(count < INT_MAX, op, ": ", count, " token slots; at most ", INT_MAX - 1,
                " are supported (perm is i32)");
+}
+
+// Sizes of a permutation or combine: n tokens of h columns, k slots each, count = n k slots.
+struct SlotDims {
+  int64_t n, h, k, count;
+};
+
+// Checks, in order, the tokens' tensor [n, h] bf16 (`tokens_name`: x, dx), k, the slots' tensor
+// [n k, h] bf16 (`slots_name`: out, dout) and perm [n k] i32 of permute_forward/backward.
+SlotDims check_permute(const char* op, const char* tokens_name, const Tensor& tokens,
+                       const char* slots_name, const Tensor& slots, const Tensor& perm,
+                       int64_t k) {
+  expect_cuda_rank(op, tokens_name, tokens, {DType::kBF16}, 2);
+  TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
+  const int64_t n = tokens.size(0), h = tokens.size(1), count = n * k;
+  expect_slot_count(op, count);
+  expect_cuda(op, slots_name, slots, {DType::kBF16}, {count, h});
+  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
+  return {n, h, k, count};
+}
+
+// Checks, in order, the tokens' tensor [n, h] bf16 (`tokens_name`: out, dout) and topk_w [n, k]
+// f32 of combine_forward/backward, whose other tensors the caller checks against the sizes.
+SlotDims check_combine(const char* op, const char* tokens_name, const Tensor& tokens,
+                       const Tensor& topk_w) {
+  expect_cuda_rank(op, tokens_name, tokens, {DType::kBF16}, 2);
+  expect_cuda_rank(op, "topk_w", topk_w, {DType::kF32}, 2);
+  const int64_t n = tokens.size(0), h = tokens.size(1), k = topk_w.size(1), count = n * k;
+  expect_slot_count(op, count);
+  expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
+  return {n, h, k, count};
+}
+
+// Whether rows of h bf16 go as 16-byte vectors: h a multiple of 8 and every tensor's data
+// 16-byte aligned.
+bool vec_rows(int64_t h, std::initializer_list<const Tensor*> tensors) {
+  if (h % kVec != 0) return false;
+  for (const Tensor* t : tensors) {
+    if (!aligned16(t->raw_data())) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -552,7 +535,7 @@ void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& top
   TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(nullptr, temp_bytes, keys_in, keys_out, slots,
                                                     perm.data<int32_t>(), items, 0, end_bit,
                                                     stream()));
-  void* temp = scratch.take<char>(static_cast<int64_t>(temp_bytes));
+  void* temp = scratch.take_bytes(temp_bytes);
   slot_keys_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(
       keys_in, slots, ids, count, static_cast<int>(num_experts));
   TANDEM_CUDA_CHECK_LAUNCH();
@@ -563,52 +546,38 @@ void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& top
 
 void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int64_t k) {
   const char* op = "permute_forward";
-  expect_cuda_rank(op, "x", x, {DType::kBF16}, 2);
-  TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
-  const int64_t n = x.size(0), h = x.size(1), count = n * k;
-  expect_slot_count(op, count);
-  expect_cuda(op, "out", out, {DType::kBF16}, {count, h});
-  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
-  if (count == 0 || h == 0) return;
-  const bool vec = h % kVec == 0 && aligned16(out.raw_data()) && aligned16(x.raw_data());
-  permute_forward_kernel<<<row_blocks(count), kThreads, 0, stream()>>>(
+  const SlotDims d = check_permute(op, "x", x, "out", out, perm, k);
+  if (d.count == 0 || d.h == 0) return;
+  const bool vec = vec_rows(d.h, {&out, &x});
+  permute_forward_kernel<<<row_blocks(d.count), kThreads, 0, stream()>>>(
       static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(x.raw_data()),
-      perm.data<int32_t>(), count, k, h, vec);
+      perm.data<int32_t>(), d.count, k, d.h, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, int64_t k,
                       Accumulate acc) {
   const char* op = "permute_backward";
-  expect_cuda_rank(op, "dx", dx, {DType::kBF16}, 2);
-  TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
-  const int64_t n = dx.size(0), h = dx.size(1), count = n * k;
-  expect_slot_count(op, count);
-  expect_cuda(op, "dout", dout, {DType::kBF16}, {count, h});
-  expect_cuda(op, "perm", perm, {DType::kI32}, {count});
-  if (count == 0 || h == 0) return;
+  const SlotDims d = check_permute(op, "dx", dx, "dout", dout, perm, k);
+  if (d.count == 0 || d.h == 0) return;
   Scratch scratch(op);
-  const int32_t* inv = inverse_perm(scratch, perm, count);
-  const bool vec = h % kVec == 0 && aligned16(dx.raw_data()) && aligned16(dout.raw_data());
-  permute_backward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
-      static_cast<bf16*>(dx.raw_data()), static_cast<const bf16*>(dout.raw_data()), inv, n, k, h,
-      acc == Accumulate::kAdd, vec);
+  const int32_t* inv = inverse_perm(scratch, perm, d.count);
+  const bool vec = vec_rows(d.h, {&dx, &dout});
+  permute_backward_kernel<<<row_blocks(d.n), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(dx.raw_data()), static_cast<const bf16*>(dout.raw_data()), inv, d.n, k,
+      d.h, acc == Accumulate::kAdd, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
   const char* op = "combine_forward";
-  expect_cuda_rank(op, "out", out, {DType::kBF16}, 2);
-  expect_cuda_rank(op, "topk_w", topk_w, {DType::kF32}, 2);
-  const int64_t n = out.size(0), h = out.size(1), k = topk_w.size(1), count = n * k;
-  expect_slot_count(op, count);
-  expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
+  const auto [n, h, k, count] = check_combine(op, "out", out, topk_w);
   expect_cuda(op, "y", y, {DType::kBF16}, {count, h});
   expect_cuda(op, "perm", perm, {DType::kI32}, {count});
   if (count == 0 || h == 0) return;
   Scratch scratch(op);
   const int32_t* inv = inverse_perm(scratch, perm, count);
-  const bool vec = h % kVec == 0 && aligned16(out.raw_data()) && aligned16(y.raw_data());
+  const bool vec = vec_rows(h, {&out, &y});
   combine_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
       static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(y.raw_data()), inv,
       topk_w.data<float>(), n, k, h, vec);
@@ -618,18 +587,13 @@ void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, con
 void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dout, const Tensor& y,
                       const Tensor& perm, const Tensor& topk_w) {
   const char* op = "combine_backward";
-  expect_cuda_rank(op, "dout", dout, {DType::kBF16}, 2);
-  expect_cuda_rank(op, "topk_w", topk_w, {DType::kF32}, 2);
-  const int64_t n = dout.size(0), h = dout.size(1), k = topk_w.size(1), count = n * k;
-  expect_slot_count(op, count);
-  expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
+  const auto [n, h, k, count] = check_combine(op, "dout", dout, topk_w);
   expect_cuda(op, "dtopk_w", dtopk_w, {DType::kF32}, {n, k});
   expect_cuda(op, "y", y, {DType::kBF16}, {count, h});
   expect_cuda(op, "dy", dy, {DType::kBF16}, {count, h});
   expect_cuda(op, "perm", perm, {DType::kI32}, {count});
   if (count == 0) return;
-  const bool vec = h % kVec == 0 && aligned16(dy.raw_data()) && aligned16(dout.raw_data()) &&
-                   aligned16(y.raw_data());
+  const bool vec = vec_rows(h, {&dy, &dout, &y});
   combine_backward_kernel<<<row_blocks(count), kThreads, 0, stream()>>>(
       static_cast<bf16*>(dy.raw_data()), dtopk_w.data<float>(),
       static_cast<const bf16*>(dout.raw_data()), static_cast<const bf16*>(y.raw_data()),

@@ -6,8 +6,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <type_traits>
 
+#include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
 
@@ -17,71 +17,10 @@ namespace {
 
 using bf16 = __nv_bfloat16;
 
-// ---- helpers: vectors of 8 elements (16 bytes of bf16, two float4 of f32) ----
-
 constexpr int kThreads = 256;
-constexpr int kVec = 8;
+constexpr int kVec = 8;  // elements of a vector: 16 bytes of bf16, two float4 of f32 (common.cuh)
 constexpr int kRowsPerBlock = kThreads / 32;  // warp-per-row kernels: rows a block holds
 constexpr int kMaxWarpCache = 2;  // backward: warp per row up to 32 * 8 * 2 = 512 columns
-
-__device__ __forceinline__ void unpack8(uint4 u, float (&v)[kVec]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x, v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void load8(const bf16* p, float (&v)[kVec]) {
-  unpack8(*reinterpret_cast<const uint4*>(p), v);
-}
-__device__ __forceinline__ void load8(const float* p, float (&v)[kVec]) {
-  const float4 a = reinterpret_cast<const float4*>(p)[0];
-  const float4 b = reinterpret_cast<const float4*>(p)[1];
-  v[0] = a.x, v[1] = a.y, v[2] = a.z, v[3] = a.w, v[4] = b.x, v[5] = b.y, v[6] = b.z, v[7] = b.w;
-}
-__device__ __forceinline__ void store8(bf16* p, const float (&v)[kVec]) {
-  uint4 u;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&u);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-  *reinterpret_cast<uint4*>(p) = u;
-}
-__device__ __forceinline__ float load1(const float* p) { return *p; }
-__device__ __forceinline__ float load1(const bf16* p) { return __bfloat162float(*p); }
-__device__ __forceinline__ void store1(bf16* p, float v) { *p = __float2bfloat16_rn(v); }
-
-__device__ __forceinline__ int64_t global_thread() {
-  return int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-}
-__device__ __forceinline__ int64_t grid_threads() { return int64_t{gridDim.x} * blockDim.x; }
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-// The sum over the block, returned to every thread (the same bits in each: the xor butterfly is
-// symmetric). `shared` holds 32 values; the leading barrier lets callers reuse it.
-__device__ float block_sum(float v, float* shared) {
-  v = warp_sum(v);
-  __syncthreads();
-  if ((threadIdx.x & 31) == 0) shared[threadIdx.x >> 5] = v;
-  __syncthreads();
-  const unsigned warps = (blockDim.x + 31) / 32;
-  v = (threadIdx.x & 31) < warps ? shared[threadIdx.x & 31] : 0.0f;
-  return warp_sum(v);
-}
-
-bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
-
-// Calls f(std::type_identity<float or bf16>) for a tensor's dtype (checked to be one of them).
-template <typename F>
-void dispatch_act(DType dt, F&& f) {
-  if (dt == DType::kBF16) f(std::type_identity<bf16>{});
-  else f(std::type_identity<float>{});
-}
 
 // ---- rmsnorm forward: one warp per row ----
 
@@ -115,7 +54,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll 4
     for (int64_t c = lane; c < groups; c += 32) {
       float v[kVec];
-      load8(xr + c * kVec, v);
+      load_vec(xr + c * kVec, v);
 #pragma unroll
       for (int j = 0; j < kVec; ++j) ss = fmaf(v[j], v[j], ss);
     }
@@ -125,10 +64,10 @@ __global__ void __launch_bounds__(kThreads)
   if (lane == 0) rstd[row] = rs;
   auto finish = [&](int64_t c, const float (&v)[kVec]) {
     float gv[kVec], out[kVec];
-    load8(g + c * kVec, gv);
+    load_vec(g + c * kVec, gv);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) out[j] = v[j] * rs * gv[j];
-    store8(yr + c * kVec, out);
+    store_vec(yr + c * kVec, out);
   };
   if constexpr (kCache > 0) {
 #pragma unroll
@@ -143,7 +82,7 @@ __global__ void __launch_bounds__(kThreads)
   } else {
     for (int64_t c = lane; c < groups; c += 32) {
       float v[kVec];
-      load8(xr + c * kVec, v);
+      load_vec(xr + c * kVec, v);
       finish(c, v);
     }
   }
@@ -199,7 +138,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
   for (int m = 0; m < kCache; ++m) {
     const int64_t c = lane + 32 * m;
-    if (c < groups) load8(g + c * kVec, gc[m]);
+    if (c < groups) load_vec(g + c * kVec, gc[m]);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) acc[m][j] = 0.0f;
   }
@@ -233,14 +172,14 @@ __global__ void __launch_bounds__(kThreads)
         float dyv[kVec], xv[kVec], d[kVec], old[kVec];
         unpack8(cdy[m], dyv);
         unpack8(cx[m], xv);
-        if (a.add) load8(dxr + c * kVec, old);
+        if (a.add) load_vec(dxr + c * kVec, old);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           d[j] = dyv[j] * gc[m][j] * rs - coef * xv[j];
           if (a.add) d[j] += old[j];
           acc[m][j] += dyv[j] * xv[j] * rs;
         }
-        store8(dxr + c * kVec, d);
+        store_vec(dxr + c * kVec, d);
       }
     }
   }
@@ -280,7 +219,7 @@ __global__ void __launch_bounds__(kThreads)
   if constexpr (kCache > 0) {
 #pragma unroll
     for (int m = 0; m < kCache; ++m) {
-      if (t + nt * m < groups) load8(g + (t + nt * m) * kVec, gc[m]);
+      if (t + nt * m < groups) load_vec(g + (t + nt * m) * kVec, gc[m]);
     }
   }
   // Pass 2 of one group: dx and this thread's dg columns.
@@ -288,14 +227,14 @@ __global__ void __launch_bounds__(kThreads)
                     const float (&gv)[kVec], float rs, float coef) {
     float d[kVec], old[kVec];
     bf16* dxp = a.dx + row * a.h + c * kVec;
-    if (a.add) load8(dxp, old);
+    if (a.add) load_vec(dxp, old);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       d[j] = dyv[j] * gv[j] * rs - coef * xv[j];
       if (a.add) d[j] += old[j];
       sdg[c * kVec + j] += dyv[j] * xv[j] * rs;
     }
-    store8(dxp, d);
+    store_vec(dxp, d);
   };
   for (int64_t row = blockIdx.x; row < a.n; row += gridDim.x) {
     const float rs = a.rstd[row];
@@ -320,9 +259,9 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       for (int64_t c = t; c < groups; c += nt) {
         float dyv[kVec], xv[kVec], gv[kVec];
-        load8(dyr + c * kVec, dyv);
-        load8(xr + c * kVec, xv);
-        load8(g + c * kVec, gv);
+        load_vec(dyr + c * kVec, dyv);
+        load_vec(xr + c * kVec, xv);
+        load_vec(g + c * kVec, gv);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) dot += dyv[j] * gv[j] * xv[j];
       }
@@ -343,9 +282,9 @@ __global__ void __launch_bounds__(kThreads)
     } else {
       for (int64_t c = t; c < groups; c += nt) {
         float dyv[kVec], xv[kVec], gv[kVec];
-        load8(dyr + c * kVec, dyv);
-        load8(xr + c * kVec, xv);
-        load8(g + c * kVec, gv);
+        load_vec(dyr + c * kVec, dyv);
+        load_vec(xr + c * kVec, xv);
+        load_vec(g + c * kVec, gv);
         finish(c, row, dyv, xv, gv, rs, coef);
       }
     }
@@ -436,12 +375,12 @@ __device__ __forceinline__ void rope_cos_sin(double ang, float sign, float& c, f
 
 template <int kV>
 __device__ __forceinline__ void load_v(const bf16* p, float (&v)[kV]) {
-  if constexpr (kV == kVec) load8(p, v);
+  if constexpr (kV == kVec) load_vec(p, v);
   else v[0] = load1(p);
 }
 template <int kV>
 __device__ __forceinline__ void store_v(bf16* p, const float (&v)[kV]) {
-  if constexpr (kV == kVec) store8(p, v);
+  if constexpr (kV == kVec) store_vec(p, v);
   else store1(p, v[0]);
 }
 
@@ -517,9 +456,8 @@ void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq,
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
-// Note [Op scratch]: an op that needs temporary device memory borrows the current stream's
-// cuBLASLt workspace (core/cuda/context.h). Ops are serial per stream, so nothing else touches it
-// between this op's launches, and nothing is allocated (or counted against the memory plan).
+// The backward's dg partials [blocks, h] f32, borrowed from the stream's scratch workspace
+// (Note [Op scratch], scratch.h); the caller sized `blocks` to fit it.
 float* dg_partials(int64_t blocks, int64_t h) {
   TANDEM_ASSERT(blocks * h * int64_t{sizeof(float)} <=
                     static_cast<int64_t>(tandem::cuda::cublaslt_workspace_bytes()),
