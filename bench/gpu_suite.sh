@@ -44,6 +44,32 @@ for s in $SUITE; do
       timeout 180 $M $B/tandem train $A --log-json "$OUT/dp2.jsonl" > "$OUT/dp2.log" 2>&1; echo "dp2 rc=$?"
       for f in pp2 vpp2 ep2 dp2; do tail -3 "$OUT/$f.log"; done
       python3 devrun/compare_losses.py "$OUT/one.jsonl" "$OUT"/pp2.jsonl "$OUT"/vpp2.jsonl "$OUT"/ep2.jsonl "$OUT"/dp2.jsonl ;;
+    equiv)
+      # 2 GPUs against 1 at a small learning rate (trajectories stay comparable): 20 steps.
+      A="--device cuda --addition-max-digits 2 --micro-batch-size 4 --global-batch-size 16 --train-iters 20 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 2 --log-interval 10 --seed 7 --quiet"
+      M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+      T=/tmp/equiv; mkdir -p $T
+      timeout 120 $B/tandem train $A --log-json $T/one.jsonl > $T/one.log 2>&1; echo "one rc=$?"
+      timeout 180 $M $B/tandem train $A --pipeline-model-parallel-size 2 --log-json $T/pp2.jsonl > $T/pp2.log 2>&1; echo "pp2 rc=$?"
+      timeout 180 $M $B/tandem train $A --expert-model-parallel-size 2 --log-json $T/ep2.jsonl > $T/ep2.log 2>&1; echo "ep2 rc=$?"
+      timeout 180 $M $B/tandem train $A --log-json $T/dp2.jsonl > $T/dp2.log 2>&1; echo "dp2 rc=$?"
+      python3 devrun/compare_losses.py --rtol=1e-2 $T/one.jsonl $T/pp2.jsonl $T/ep2.jsonl $T/dp2.jsonl | tee "$OUT/equiv.txt"
+      cat $T/*.jsonl > "$OUT/equiv.jsonl" ;;
+    multi-b)
+      # Shape (b) on 2 GPUs: tandem PP2 (1f1b, interleaved) and EP2 x DP2 beside torch's pp and ep.
+      SB="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
+      M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+      T=/tmp/multib; mkdir -p $T
+      for run in "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16" \
+                 "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
+                 "ep2 --expert-model-parallel-size 2 --global-batch-size 32"; do
+        set -- $run; name=$1; shift
+        timeout 240 $M $B/tandem train --device cuda $SB "$@" --train-iters 8 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
+        echo "tandem $name rc=$? $(python3 -c "import json,statistics as s;r=[json.loads(l) for l in open('$T/$name.jsonl')][3:];print('tokens/s', round(s.median(x['tokens_per_s'] for x in r)), 'peak GiB', [round(b/2**30,2) for b in r[-1]['mem_peak_bytes']])" 2>&1)" | tee -a "$OUT/multi_b.txt"
+      done
+      for m in "pp --schedule 1F1B --compile --num-microbatches 8" "ep --num-microbatches 8"; do
+        timeout 300 torchrun --nproc-per-node 2 devrun/torch_peer.py --mode $m $SB --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/multi_b.txt"
+      done ;;
     attn)
       [ -x $B/attention_timing ] && timeout 120 $B/attention_timing > "$OUT/attn.log" 2>&1; cat "$OUT/attn.log" ;;
     bench-a) timeout 300 $B/gpu_train_bench $SHAPE_A --steps 10 --warmup-steps 3 2> "$OUT/bench_a.err" | tee -a "$OUT/results.jsonl"; tail -3 "$OUT/bench_a.err" ;;
