@@ -70,6 +70,18 @@ for s in $SUITE; do
       for m in "pp --schedule 1F1B --compile --num-microbatches 8" "ep --num-microbatches 8"; do
         timeout 300 torchrun --nproc-per-node 2 devrun/torch_peer.py --mode $m $SB --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/multi_b.txt"
       done ;;
+    hf)
+      # transformers loads tandem checkpoints (MoE -> Mixtral, dense -> Llama) with the same loss.
+      T=/tmp/hf; mkdir -p $T
+      printf '12+34=640\n45+19=460\n' | python3 -c "import sys;[print(' '.join(str(b) for b in l.encode())) for l in sys.stdin.read().split()]" > $T/tokens.txt
+      for kind in moe dense; do
+        E=""; [ $kind = dense ] && E="--num-experts 0"
+        timeout 120 $B/tandem train $E --train-iters 20 --save $T/$kind --quiet > $T/$kind.train.log 2>&1
+        L=$($B/tandem generate --load $T/$kind --eval-tokens $T/tokens.txt | grep -o "loss: [0-9.e+-]*" | cut -d" " -f2)
+        echo "$kind: tandem loss $L"
+        timeout 300 python3 devrun/check_hf_load.py $T/$kind $T/tokens.txt $L > $T/$kind.check 2>&1
+        rc=$?; tail -3 $T/$kind.check; echo "$kind check rc=$rc"
+      done ;;
     attn)
       [ -x $B/attention_timing ] && timeout 120 $B/attention_timing > "$OUT/attn.log" 2>&1; cat "$OUT/attn.log" ;;
     bench-a) timeout 300 $B/gpu_train_bench $SHAPE_A --steps 10 --warmup-steps 3 2> "$OUT/bench_a.err" | tee -a "$OUT/results.jsonl"; tail -3 "$OUT/bench_a.err" ;;
