@@ -441,18 +441,6 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   return r;
 }
 
-namespace {
-
-// Which of the loss and the gradients is non-finite, for the message of --nan-policy stop (the
-// same words as Trainer::step).
-std::string non_finite_parts(double loss, double grad_norm) {
-  const bool bad_loss = !std::isfinite(loss), bad_grads = !std::isfinite(grad_norm);
-  if (bad_loss && bad_grads) return "the loss and the gradients are";
-  return bad_loss ? "the loss is" : "the gradients are";
-}
-
-}  // namespace
-
 StepResult PipelineTrainer::step() {
   DeviceScope on(train_.device);
   Allocator& alloc = allocator_for(train_.device);
@@ -465,11 +453,7 @@ StepResult PipelineTrainer::step() {
   r.grad_norm = global_grad_norm();
   // Note [Non-finite steps on several ranks]: both values are the same on every rank.
   const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
-  TANDEM_CHECK(finite || train_.non_finite_policy == NonFinitePolicy::kSkip, "iteration ",
-               this_iteration, ": ", non_finite_parts(r.loss, r.grad_norm),
-               " not finite (loss ", r.loss, ", gradient norm ", r.grad_norm,
-               "); stopped before the optimizer update, so the last checkpoint is intact. Lower "
-               "--lr, check the data, or pass --nan-policy skip to skip such steps");
+  check_step_verdict(train_, this_iteration, r.loss, r.grad_norm, finite);
   iteration_ = this_iteration;
   r.iteration = iteration_;
   r.lr = learning_rate(train_, iteration_);

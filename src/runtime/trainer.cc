@@ -86,6 +86,15 @@ std::string non_finite_parts(double loss, double grad_norm) {
 
 }  // namespace
 
+void check_step_verdict(const TrainConfig& t, int64_t iteration, double loss, double grad_norm,
+                        bool finite) {
+  TANDEM_CHECK(finite || t.non_finite_policy == NonFinitePolicy::kSkip, "iteration ", iteration,
+               ": ", non_finite_parts(loss, grad_norm), " not finite (loss ", loss,
+               ", gradient norm ", grad_norm,
+               "); stopped before the optimizer update, so the last checkpoint is intact. Lower "
+               "--lr, check the data, or pass --nan-policy skip to skip such steps");
+}
+
 StepResult Trainer::step() {
   DeviceScope on(train_.device);
   Allocator& alloc = allocator_for(train_.device);
@@ -101,11 +110,7 @@ StepResult Trainer::step() {
   const double verdict =
       grad_sum_sq + (std::isfinite(r.loss) ? 0.0 : std::numeric_limits<double>::infinity());
   const bool finite = std::isfinite(verdict);
-  TANDEM_CHECK(finite || train_.non_finite_policy == NonFinitePolicy::kSkip, "iteration ",
-               this_iteration, ": ", non_finite_parts(r.loss, r.grad_norm),
-               " not finite (loss ", r.loss, ", gradient norm ", r.grad_norm,
-               "); stopped before the optimizer update, so the last checkpoint is intact. Lower "
-               "--lr, check the data, or pass --nan-policy skip to skip such steps");
+  check_step_verdict(train_, this_iteration, r.loss, r.grad_norm, finite);
   iteration_ = this_iteration;
   r.iteration = iteration_;
   r.lr = learning_rate(train_, iteration_);

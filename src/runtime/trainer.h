@@ -47,6 +47,12 @@ struct MicroBatchTokens {
 MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& m,
                                   const TrainConfig& t, int64_t iteration, int64_t mb);
 
+// Note [Non-finite steps]'s stop: throws tandem::Error naming the iteration and whether the loss
+// or the gradients were at fault when `finite` is false and the policy is kStop (the one
+// message of every trainer); otherwise returns.
+void check_step_verdict(const TrainConfig& t, int64_t iteration, double loss, double grad_norm,
+                        bool finite);
+
 class Trainer {
  public:
   // dtype: kF32 to train; kF64 for gradient checks.
