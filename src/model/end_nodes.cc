@@ -158,16 +158,9 @@ std::vector<const Tensor*> saved_tensors(const LossActs& a) {
 
 std::vector<int32_t> host_ints(const Tensor& t) {
   TANDEM_ASSERT(t.dtype() == DType::kI32);
-  std::vector<int32_t> out(static_cast<size_t>(t.numel()));
-  if (t.device() == Device::kCPU) {
-    const int32_t* p = t.data<int32_t>();
-    out.assign(p, p + t.numel());
-  } else {
-    const Tensor host = t.to(Device::kCPU);
-    const int32_t* p = host.data<int32_t>();
-    out.assign(p, p + t.numel());
-  }
-  return out;
+  const Tensor host = t.device() == Device::kCPU ? t : t.to(Device::kCPU);
+  const int32_t* p = host.data<int32_t>();
+  return std::vector<int32_t>(p, p + t.numel());
 }
 
 }  // namespace tandem::model

@@ -15,10 +15,9 @@ namespace {
 enum class BlockOrder : uint8_t { kSourceToExpert, kExpertToSource };
 
 // Copies the row blocks (source s, local expert e) of `in` into `out`, from source-major to
-// expert-major order or back. counts: [P * el] i32, source-major.
-void reorder_blocks(const Tensor& out, const Tensor& in, const Tensor& counts, int64_t p,
+// expert-major order or back. c: the rows received per block, [P * el], source-major.
+void reorder_blocks(const Tensor& out, const Tensor& in, const std::vector<int32_t>& c, int64_t p,
                     int64_t el, BlockOrder order) {
-  const std::vector<int32_t> c = host_ints(counts);  // a GPU copy waits for the stream
   std::vector<int64_t> src_major(static_cast<size_t>(p * el)), exp_major(src_major.size());
   int64_t off = 0;
   for (int64_t i = 0; i < p * el; ++i) src_major[i] = std::exchange(off, off + c[i]);
@@ -36,9 +35,12 @@ void reorder_blocks(const Tensor& out, const Tensor& in, const Tensor& counts, i
 }
 
 // Rows this rank sends to each peer (its routed rows for the peer's experts) and receives from
-// each peer (the peer's rows for this rank's experts).
+// each peer (the peer's rows for this rank's experts), and the received rows per (source,
+// local expert) block. The counts are read to the host once per exchange (on a GPU each read
+// waits for the stream).
 struct Exchange {
   std::vector<int64_t> send_rows, recv_rows;
+  std::vector<int32_t> recv_blocks;  // [P * el], source-major
   int64_t received = 0;
 };
 
@@ -46,11 +48,12 @@ Exchange plan_exchange(const Tensor& counts, const Tensor& recv_counts, int64_t 
   Exchange x;
   x.send_rows.assign(static_cast<size_t>(p), 0);
   x.recv_rows.assign(static_cast<size_t>(p), 0);
-  const std::vector<int32_t> sent = host_ints(counts), got = host_ints(recv_counts);
+  const std::vector<int32_t> sent = host_ints(counts);
+  x.recv_blocks = host_ints(recv_counts);
   for (int64_t d = 0; d < p; ++d) {
     for (int64_t e = 0; e < el; ++e) {
       x.send_rows[d] += sent[d * el + e];
-      x.recv_rows[d] += got[d * el + e];
+      x.recv_rows[d] += x.recv_blocks[d * el + e];
     }
     x.received += x.recv_rows[d];
   }
@@ -81,13 +84,12 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   // Both handed to the experts node, which adopts them (Note [Hand-over]): the planner counts
   // them from the end of the experts' forward.
   a.expert_in = work_tensor({x.received, h}, c.dtype, "experts.x_in");
-  reorder_blocks(a.expert_in, received, recv_counts, p, el, BlockOrder::kSourceToExpert);
+  reorder_blocks(a.expert_in, received, x.recv_blocks, p, el, BlockOrder::kSourceToExpert);
   a.expert_rows = work_tensor({el}, DType::kI32, "experts.rows");
-  const std::vector<int32_t> got = host_ints(recv_counts);
   Tensor rows_host = Tensor::empty({el}, DType::kI32, MemCategory::kOther, "experts.rows.host");
   for (int64_t e = 0; e < el; ++e) {
     int32_t rows = 0;
-    for (int64_t s = 0; s < p; ++s) rows += got[s * el + e];
+    for (int64_t s = 0; s < p; ++s) rows += x.recv_blocks[s * el + e];
     rows_host.data<int32_t>()[e] = rows;
   }
   a.expert_rows.copy_from(rows_host);
@@ -103,7 +105,7 @@ void dispatch_backward(LayerActs& a, const NodeContext& c) {
   const Tensor& recv_counts = a.dispatch.recv_counts;
   const Exchange x = plan_exchange(a.attn.counts, recv_counts, p, el);
   Tensor send = comm_tensor({x.received, h}, c.dtype, "dispatch.bwd_send");
-  reorder_blocks(send, a.d_expert_in, recv_counts, p, el, BlockOrder::kExpertToSource);
+  reorder_blocks(send, a.d_expert_in, x.recv_blocks, p, el, BlockOrder::kExpertToSource);
   a.d_expert_in = Tensor();
   a.d_routed = work_tensor({c.tokens() * c.cfg.moe_router_topk, h}, c.dtype, "d_routed");
   c.ep->all_to_all_v(a.d_routed, x.send_rows, send, x.recv_rows);
@@ -121,7 +123,7 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
     const Tensor& recv_counts = a.dispatch.recv_counts;
     const Exchange x = plan_exchange(s.counts, recv_counts, p, el);
     Tensor send = comm_tensor({x.received, h}, c.dtype, "combine.send");
-    reorder_blocks(send, a.expert_out, recv_counts, p, el, BlockOrder::kExpertToSource);
+    reorder_blocks(send, a.expert_out, x.recv_blocks, p, el, BlockOrder::kExpertToSource);
     release_storage({&a.expert_out});
     a.expert_out = Tensor();
     a.combine.y = saved_tensor({c.tokens() * c.cfg.moe_router_topk, h}, c.dtype, "combine.y");
@@ -151,7 +153,7 @@ void combine_backward(LayerActs& a, const NodeContext& c) {
   Tensor received = comm_tensor({x.received, h}, c.dtype, "combine.bwd_recv");
   c.ep->all_to_all_v(received, x.recv_rows, d_y, x.send_rows);
   a.d_expert_out = work_tensor({x.received, h}, c.dtype, "d_expert_out");
-  reorder_blocks(a.d_expert_out, received, recv_counts, p, el, BlockOrder::kSourceToExpert);
+  reorder_blocks(a.d_expert_out, received, x.recv_blocks, p, el, BlockOrder::kSourceToExpert);
 }
 
 }  // namespace tandem::model

@@ -336,7 +336,8 @@ void PipelineTrainer::communicate_on_device(const Action& a) {
       dst = Tensor::empty({n, h}, dt,
                           fwd ? MemCategory::kCommunication : MemCategory::kOther,
                           fwd ? "pp.recv_f" : "pp.recv_b", current_device());
-      DeviceStreams::wait(side, compute);  // the new block's last use was on the compute stream
+      // The wait above already orders the receive after the new block's last use on the
+      // compute stream (allocating enqueues nothing).
       {
         cuda::StreamScope on_side(side);
         group.recv(dst, sched_.stage_rank[fwd ? a.stage - 1 : a.stage + 1], fwd ? 0 : 1);
