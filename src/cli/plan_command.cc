@@ -55,7 +55,9 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
       "--json", [&p] { p.format = OutputFormat::kJson; },
       "print a JSON summary instead of the table");
   sub.add_option("--activation-bytes", p.activation_bytes,
-                 "bytes per activation element (2 bf16, 4 f32, 8 f64) (default: 4)")
+                 "bytes per activation element (2 bf16, 4 f32, 8 f64) (default: 4; 2 with "
+                 "--device cuda, which also plans f32 statistics, the fused LM head and the "
+                 "weights' bf16 copy)")
       ->check(CLI::IsMember({2, 4, 8}))
       ->option_text("2|4|8");
   sub.add_option("--matrix-flops", p.device.matrix_flops_per_s,
@@ -94,6 +96,9 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   in.micro_batch_size = o.train.micro_batch_size;
   in.expert_parallel_size = o.parallel.expert_model_parallel_size;
   in.activation_elem_bytes = p.activation_bytes;
+  // --device cuda plans the GPU trainer: bf16 activations unless --activation-bytes says else.
+  in.gpu = o.device == "cuda";
+  if (in.gpu && app.count("--activation-bytes") == 0) in.activation_elem_bytes = 2;
   in.cost.device = p.device;
   in.cost.kind = schedule::parse_cost_model(p.cost_model);
   if (!p.node_times.empty()) {

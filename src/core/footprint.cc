@@ -1,5 +1,9 @@
 // Saved-bytes formulas of footprint.h; tests/model checks each against the nodes' real tensors.
+// The workspace figures (Note [Node workspace]) follow the GPU nodes' work tensors and ops'
+// buffers (src/model/*.cc, ops/cuda) and are estimates of each phase's peak.
 #include "core/footprint.h"
+
+#include <algorithm>
 
 namespace tandem {
 
@@ -78,6 +82,113 @@ int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const Foo
       return 0;
   }
   return 0;
+}
+
+int64_t lm_head_padded_vocab(int64_t vocab) { return (vocab + 7) / 8 * 8; }
+
+int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab) {
+  if (n <= 0) return 1;
+  constexpr int64_t kF32 = 4;
+  const int64_t most =
+      std::clamp(kLmHeadMaxBlockBytes / (padded_vocab * kF32), int64_t{1}, kLmHeadMaxBlockRows);
+  const int64_t blocks = (n + most - 1) / most;
+  return std::max<int64_t>(1, (n + blocks - 1) / blocks);
+}
+
+namespace {
+
+constexpr int64_t kF32 = 4;
+constexpr int64_t kI32 = 4;
+
+// Attention's phases (attention_node.cc; the op's buffers in ops/cuda/attention.cu).
+NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& s) {
+  const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes, st = s.stat_size();
+  const int64_t k = cfg.moe_router_topk, e = cfg.num_experts;
+  const bool moe = cfg.is_moe();
+  NodeWorkspace w;
+  if (moe) w.forward = n * e * st + n * k * h * es;  // router logits, routed rows
+  const int64_t d_logits = moe ? n * e * es : 0;
+  const int64_t d_n2 = n * h * es;
+  const int64_t start = n * h * es + d_n2 + d_logits + (moe ? n * k * h * es + n * k * st : 0);
+  const int64_t held =  // d_n2, d_logits, d_h1, d_a, d_q, d_k, d_v
+      d_n2 + d_logits + n * h * es + 2 * n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
+  const int64_t op = n * cfg.q_width() * kF32 + n * cfg.num_attention_heads * kF32;
+  w.backward_input = std::max({start, held + op, held + 2 * n * h * es});
+  w.backward_weight = d_logits + n * h * es + n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
+  w.incoming_grad = moe ? n * k * h * es : d_n2;  // d_routed or the mlp's d_n2
+  return w;
+}
+
+// dispatch and combine (moe_exchange.cc): with EP = 1 hand-overs, with EP > 1 the send and
+// receive buffers beside the rows they reorder.
+NodeWorkspace exchange_workspace(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
+  const int64_t es = s.elem_bytes, h = cfg.hidden_size;
+  const int64_t routed = s.tokens * cfg.moe_router_topk * h * es, rows = s.expert_rows * h * es;
+  const int64_t layer_grad = s.tokens * h * es + s.tokens * cfg.moe_router_topk * s.stat_size();
+  const bool ep = s.ep_size > 1;
+  NodeWorkspace w;
+  if (kind == NodeKind::kDispatch) {
+    w.forward = ep ? rows + std::max(routed, rows) : routed;
+    w.backward_input = layer_grad + (ep ? rows + std::max(rows, routed) : routed);
+    w.incoming_grad = rows;  // d_expert_in
+  } else {
+    const int64_t out = s.tokens * h * es;
+    w.forward = ep ? rows + std::max(rows, out) : out;
+    w.backward_input = layer_grad + routed + (ep ? 2 * rows : 0);
+    w.incoming_grad = out;  // d_out
+  }
+  return w;
+}
+
+// experts and mlp (ffn_nodes.cc): the SwiGLU's three gradients beside the incoming gradient and
+// the input gradient; `rows` is R or N.
+NodeWorkspace ffn_workspace(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
+  const int64_t es = s.elem_bytes, h = cfg.hidden_size, f = cfg.ffn_hidden_size;
+  const bool experts = kind == NodeKind::kExperts;
+  const int64_t rows = experts ? s.expert_rows : s.tokens;
+  NodeWorkspace w;
+  w.forward = rows * h * es;        // expert_out or the layer's out, handed on
+  w.incoming_grad = rows * h * es;  // d_y or d_out
+  // + d_act, d_gate, d_up and the input gradient (d_expert_in or d_n2)
+  w.backward_input = w.incoming_grad + 3 * rows * f * es + rows * h * es;
+  if (experts) {  // the layer's d_out and d_topk_w, held until attention
+    w.backward_input += s.tokens * h * es + s.tokens * cfg.moe_router_topk * s.stat_size();
+  }
+  w.backward_weight = w.incoming_grad + 2 * rows * f * es;
+  return w;
+}
+
+NodeWorkspace loss_workspace(const ModelConfig& cfg, const FootprintShape& s) {
+  const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes;
+  const int64_t ld = lm_head_padded_vocab(cfg.vocab_size);
+  NodeWorkspace w;
+  w.forward = lm_head_block_rows(n, ld) * ld * kF32 + n * h * es +
+              n * (kI32 + s.stat_size() + kF32);  // block, nf, targets, lse, row losses
+  w.backward_input = n * h * es;                  // d_x
+  return w;
+}
+
+}  // namespace
+
+NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
+  if (!s.fused_lm_head) return {};
+  switch (kind) {
+    case NodeKind::kEmbed: {
+      const int64_t out = s.tokens * cfg.hidden_size * s.elem_bytes;
+      return {.forward = out, .backward_input = 0, .backward_weight = out, .incoming_grad = 0};
+    }
+    case NodeKind::kAttention:
+      return attention_workspace(cfg, s);
+    case NodeKind::kDispatch:
+    case NodeKind::kCombine:
+      return exchange_workspace(kind, cfg, s);
+    case NodeKind::kExperts:
+    case NodeKind::kMlp:
+      return ffn_workspace(kind, cfg, s);
+    case NodeKind::kLoss:
+      return loss_workspace(cfg, s);
+  }
+  return {};
 }
 
 }  // namespace tandem

@@ -55,4 +55,64 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
 //  dispatch, combine: nothing.
 int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
 
+// The fused LM head's blocks (ops/cuda/lm_head.cu forms the f32 logits of one block of rows at
+// a time): a block's f32 logits [rows, padded_vocab] stay within kLmHeadMaxBlockBytes, at most
+// kLmHeadMaxBlockRows rows, and the blocks of n rows are as even as that allows. The op and the
+// planner both call lm_head_block_rows, so the planned block is the one the op allocates.
+constexpr int64_t kLmHeadMaxBlockRows = 8192;
+constexpr int64_t kLmHeadMaxBlockBytes = int64_t{384} << 20;
+// V rounded up to 8 floats: the logits' row stride (lm_head.cu's padded_vocab).
+int64_t lm_head_padded_vocab(int64_t vocab);
+// Rows per block for n rows (1 when n <= 0).
+int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab);
+
+// Note [Node workspace]: op temporaries, the bytes a node's phase allocates beyond its saved
+// bytes (node_saved_bytes) and frees by the time the phase ends: work tensors, communication
+// buffers, the output it hands to the next node, the gradients it reads that its layer still
+// holds, and ops' own buffers. Each figure counts the tensors alive at the phase's own peak (the
+// larger of the moments listed), not a byte-exact trace of the allocator; that suffices for
+// the planner's memory peak (percent of the total), not for the exact activation checks. The
+// tensor a forward adopts as saved (x, x_in, y) is counted by the node that made it until that
+// node ends and as saved bytes from this node's end, not while it runs. With balanced routing
+// (R = N k rows). GPU layout (shape.fused_lm_head) only; every figure is 0 otherwise.
+struct NodeWorkspace {
+  int64_t forward = 0;
+  int64_t backward_input = 0;   // the input-gradient half (I, or the first part of a full B)
+  int64_t backward_weight = 0;  // the weight half, run right after the I or later on its own
+  // Of backward_input, the gradient the node is handed (the pipeline message when the node is
+  // the first of its stage's backward, which the planner counts as in flight instead).
+  int64_t incoming_grad = 0;
+};
+
+//  embed:     F out [N,H] (handed to layer 0); W d_out [N,H] (the gradient it scatters)
+//  attention: F MoE: router logits [N,E] stat, routed [N*k,H] (handed to dispatch)
+//             I the largest of: at the start d_out [N,H], d_n2 [N,H], MoE d_routed [N*k,H],
+//               d_topk_w [N,k] stat, d_logits [N,E]; mid: d_n2, d_logits, d_h1 [N,H],
+//               d_a, d_q [N,heads*D], d_k, d_v [N,kv*D], the attention op's dq_acc
+//               [N,heads*D] f32 and delta [N*heads] f32; at the end the same with d_n1, d_x
+//               [N,H] instead of the op's buffers
+//             W d_h1, d_q, d_k, d_v, MoE d_logits (kept from I for W)
+//  dispatch:  F EP = 1: the routed rows handed on [N*k,H]; EP > 1: recv [R,H] and the larger of
+//               routed [N*k,H] and x_in [R,H]
+//             I d_out [N,H], d_topk_w [N,k] stat (the layer's, held until attention), and
+//               EP = 1: the rows handed on [N*k,H]; EP > 1: send [R,H] and the larger of
+//               d_expert_in [R,H] and d_routed [N*k,H]
+//  experts:   F expert_out [R,H] (handed to combine)
+//             I d_out [N,H], d_topk_w [N,k] stat, d_y [R,H] (incoming), d_act, d_gate, d_up
+//               [R,F], d_expert_in [R,H]
+//             W d_y [R,H], d_gate, d_up [R,F]
+//  combine:   F out [N,H] (handed on); EP > 1: send [R,H] and the larger of expert_out [R,H]
+//               and out
+//             I d_out [N,H] (incoming), d_y [N*k,H], d_topk_w [N,k] stat; EP > 1: recv, and
+//               d_expert_out [R,H]
+//  mlp:       F out [N,H] (handed on)
+//             I d_out [N,H] (incoming, kept for W), d_act, d_gate, d_up [N,F], d_n2 [N,H]
+//             W d_out [N,H], d_gate, d_up [N,F]
+//  loss:      F (gradients formed in the forward) the f32 logits block [block rows,
+//               padded V] f32, nf [N,H], targets i32 [N], lse [N] stat, row losses [N] f32
+//             I d_x [N,H]
+// The layer's gradient passed on by a full B's I (d_x, d_expert_in) is not counted during its W.
+NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg,
+                                   const FootprintShape& shape);
+
 }  // namespace tandem

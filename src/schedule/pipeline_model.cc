@@ -30,6 +30,10 @@ FootprintShape rank_shape(const PlanInputs& in) {
   s.local_experts = cfg.is_moe() ? cfg.num_experts / in.expert_parallel_size : 0;
   s.ep_size = in.expert_parallel_size;
   s.elem_bytes = in.activation_elem_bytes;
+  if (in.gpu) {
+    s.stat_bytes = kFp32;
+    s.fused_lm_head = true;
+  }
   return s;
 }
 
@@ -90,6 +94,7 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.stream = node_is_communication(kind) ? Stream::kComm : Stream::kCompute;
   node.saved_bytes = node_saved_bytes(kind, in.model, s);
   node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
+  node.workspace = node_workspace_bytes(kind, in.model, s);  // balanced routing's rows
   if (in.cost.kind != CostModelKind::kUniform) {
     node.times = node_times(in.cost, kind, in.model, s, in.expert_parallel_size);
   }
@@ -174,6 +179,7 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
     m.param_bytes += st.num_params * kFp32;
     m.grad_bytes += st.num_params * kFp32;
     m.optimizer_bytes += 2 * st.num_params * kFp32;
+    if (in.gpu) m.compute_copy_bytes += st.num_params * 2;
   }
   return pm;
 }

@@ -23,6 +23,7 @@ struct StageNode {
   Stream stream = Stream::kCompute;
   int64_t saved_bytes = 0;         // node_saved_bytes(kind, cfg, shape)
   int64_t weight_saved_bytes = 0;  // node_weight_saved_bytes: held from I to W when split
+  NodeWorkspace workspace;         // node_workspace_bytes: op temporaries of each phase (GPU)
   // Measured routing (experts nodes only): the two figures for each micro-batch, from its
   // received rows; empty: saved_bytes and weight_saved_bytes hold for every micro-batch.
   std::vector<int64_t> saved_bytes_by_mb, weight_saved_bytes_by_mb;
@@ -58,7 +59,10 @@ struct RankMemory {
   int64_t param_bytes = 0;      // fp32 master weights
   int64_t grad_bytes = 0;       // fp32 gradients
   int64_t optimizer_bytes = 0;  // two fp32 Adam moments
-  int64_t static_bytes() const { return param_bytes + grad_bytes + optimizer_bytes; }
+  int64_t compute_copy_bytes = 0;  // GPU: the bf16 copy of the weights the products read
+  int64_t static_bytes() const {
+    return param_bytes + grad_bytes + optimizer_bytes + compute_copy_bytes;
+  }
 };
 
 // Note [Measured routing]: with EP > 1 the rows a rank's experts receive depend on the router,
@@ -94,6 +98,9 @@ struct PlanInputs {
   int64_t micro_batch_size = 1;
   int64_t expert_parallel_size = 1;
   int64_t activation_elem_bytes = 4;  // the FootprintShape element size (4: f32)
+  // The GPU trainer's layout (docs/cuda.md): f32 statistics beside bf16 activations, the fused
+  // LM head, and a bf16 copy of every weight besides the f32 masters.
+  bool gpu = false;
   CostModel cost;
   RoutingCounts routing;  // measured rows per experts node; empty: balanced (N k)
 };

@@ -55,23 +55,32 @@ std::string format_plan_table(const Plan& plan) {
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
                 format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
   out << line;
-  std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %6s\n", "rank",
-                "stages", "busy%", "bubble%", "exposed comm", "exposed a2a", "params+grads",
-                "optimizer", "activations", "in flight", "peak");
+  std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %14s %6s\n",
+                "rank", "stages", "busy%", "bubble%", "exposed comm", "exposed a2a",
+                "params+grads", "optimizer", "activations", "in flight", "workspace", "peak");
   out << line;
   for (const RankResult& r : plan.sim.ranks) {
-    std::snprintf(line, sizeof line, "%4d  %-10s %6.1f %8.1f %13s %13s %14s %14s %14s %14s %s\n",
-                  r.rank, join_stages(r.stages).c_str(), 100 * r.busy_fraction,
-                  100 * r.bubble_fraction, format_time(r.exposed_comm_s, cm).c_str(),
-                  format_time(r.exposed_alltoall_s, cm).c_str(),
-                  format_bytes(r.static_memory.param_bytes + r.static_memory.grad_bytes).c_str(),
-                  format_bytes(r.static_memory.optimizer_bytes).c_str(),
-                  format_bytes(r.activation_peak_bytes).c_str(),
-                  format_bytes(r.in_flight_peak_bytes).c_str(), format_bytes(r.peak_bytes).c_str());
+    std::snprintf(
+        line, sizeof line, "%4d  %-10s %6.1f %8.1f %13s %13s %14s %14s %14s %14s %14s %s\n", r.rank,
+        join_stages(r.stages).c_str(), 100 * r.busy_fraction, 100 * r.bubble_fraction,
+        format_time(r.exposed_comm_s, cm).c_str(), format_time(r.exposed_alltoall_s, cm).c_str(),
+        format_bytes(r.static_memory.param_bytes + r.static_memory.grad_bytes +
+                     r.static_memory.compute_copy_bytes)
+            .c_str(),
+        format_bytes(r.static_memory.optimizer_bytes).c_str(),
+        format_bytes(r.activation_peak_bytes).c_str(), format_bytes(r.in_flight_peak_bytes).c_str(),
+        format_bytes(r.workspace_peak_bytes).c_str(), format_bytes(r.peak_bytes).c_str());
     out << line;
   }
-  out << "(activations and in flight: each at its own peak; peak: static + activations + in "
-         "flight at the rank's highest point)\n";
+  out << "(activations, in flight and workspace: each at its own peak; peak: static + "
+         "activations + in flight + workspace at the rank's highest point";
+  if (plan.inputs.gpu) {
+    out << "; params+grads includes the weights' bf16 copy; workspace: the nodes' op "
+           "temporaries";
+  } else {
+    out << "; workspace: modelled for --device cuda only";
+  }
+  out << ")\n";
   return out.str();
 }
 
@@ -101,8 +110,10 @@ nlohmann::json plan_summary_json(const Plan& plan) {
                      {"param_bytes", r.static_memory.param_bytes},
                      {"grad_bytes", r.static_memory.grad_bytes},
                      {"optimizer_bytes", r.static_memory.optimizer_bytes},
+                     {"compute_copy_bytes", r.static_memory.compute_copy_bytes},
                      {"activation_peak_bytes", r.activation_peak_bytes},
                      {"in_flight_peak_bytes", r.in_flight_peak_bytes},
+                     {"workspace_peak_bytes", r.workspace_peak_bytes},
                      {"peak_bytes", r.peak_bytes},
                      {"peak_time_s", r.peak_time_s},
                      {"peak_live_microbatches", r.peak_live_microbatches}});

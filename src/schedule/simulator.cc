@@ -18,7 +18,8 @@
 //    (nodes without weights: to the end of their I). A stage's output is held from the end of
 //    its forward (or input-gradient) until its SEND ends or the next stage on the same rank has
 //    consumed it; a received tensor from the start of its RECV until the first node that
-//    consumes it has ended.
+//    consumes it has ended. A node's op temporaries (GPU plans, Note [Node workspace] in
+//    core/footprint.h) are held on its stream from the start to the end of each phase.
 #include "schedule/simulator.h"
 
 #include <algorithm>
@@ -124,8 +125,11 @@ void SimState::run_weight(int32_t r, int32_t index, const Action& a) {
   for (auto k = static_cast<int32_t>(stage.nodes.size()) - 1; k >= 0; --k) {
     const StageNode& n = stage.nodes[k];
     if (!node_has_weights(n.kind)) continue;
+    const double start = start_time(r, Stream::kCompute, ready);
     last = issue(r, Stream::kCompute, ready, n.times.backward_weight_s,
                  node_span(index, a, n, Phase::kBackwardWeight));
+    memory(r, start, n.workspace.backward_weight, MemKind::kWorkspace);
+    memory(r, last, -n.workspace.backward_weight, MemKind::kWorkspace);
     memory(r, last, -n.weight_saved(a.microbatch), MemKind::kActivation, n.kind);
   }
   ranks[r].live.push_back({last, -1});

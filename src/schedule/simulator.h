@@ -29,12 +29,14 @@ struct Span {
   NodeKind node = NodeKind::kEmbed;  // kind == kNode only
 };
 
-// Memory after a change: saved activations and in-flight pipeline buffers (received inputs and
-// gradients not yet consumed, outputs not yet sent or handed to the next stage on the rank).
+// Memory after a change: saved activations, in-flight pipeline buffers (received inputs and
+// gradients not yet consumed, outputs not yet sent or handed to the next stage on the rank) and
+// the running nodes' op temporaries (workspace; 0 unless the plan is for the GPU).
 struct MemorySample {
   double time = 0;
   int64_t activation_bytes = 0;
   int64_t in_flight_bytes = 0;
+  int64_t workspace_bytes = 0;
 };
 
 struct RankResult {
@@ -52,7 +54,8 @@ struct RankResult {
   double exposed_alltoall_s = 0;  // the same, for dispatch and combine only
   int64_t activation_peak_bytes = 0;
   int64_t in_flight_peak_bytes = 0;
-  int64_t peak_bytes = 0;  // static + activations + in flight, at its peak
+  int64_t workspace_peak_bytes = 0;  // op temporaries (Note [Node workspace]), at their peak
+  int64_t peak_bytes = 0;            // static + activations + in flight + workspace, at its peak
   double peak_time_s = 0;
   std::array<int64_t, kNumNodeKinds> activation_at_peak_by_node{};  // at peak_time_s
   int32_t peak_live_microbatches = 0;  // (stage, micro-batch) pairs between forward end and

@@ -33,24 +33,31 @@ void memory_curve(RankState& st, RankResult& out) {
   std::stable_sort(st.mem.begin(), st.mem.end(),
                    [](const MemEvent& a, const MemEvent& b) { return a.time < b.time; });
   const int64_t base = out.static_memory.static_bytes();
-  int64_t act = 0, flight = 0;
+  int64_t act = 0, flight = 0, work = 0;
   std::array<int64_t, kNumNodeKinds> by_node{};
-  out.memory.push_back({0, 0, 0});
+  out.memory.push_back({0, 0, 0, 0});
   out.peak_bytes = base;
   for (const MemEvent& e : st.mem) {
-    (e.kind == MemKind::kActivation ? act : flight) += e.delta;
-    if (e.kind == MemKind::kActivation) by_node[static_cast<int>(e.node)] += e.delta;
+    switch (e.kind) {
+      case MemKind::kActivation:
+        act += e.delta;
+        by_node[static_cast<int>(e.node)] += e.delta;
+        break;
+      case MemKind::kInFlight: flight += e.delta; break;
+      case MemKind::kWorkspace: work += e.delta; break;
+    }
     out.activation_peak_bytes = std::max(out.activation_peak_bytes, act);
     out.in_flight_peak_bytes = std::max(out.in_flight_peak_bytes, flight);
-    if (base + act + flight > out.peak_bytes) {
-      out.peak_bytes = base + act + flight;
+    out.workspace_peak_bytes = std::max(out.workspace_peak_bytes, work);
+    if (base + act + flight + work > out.peak_bytes) {
+      out.peak_bytes = base + act + flight + work;
       out.peak_time_s = e.time;
       out.activation_at_peak_by_node = by_node;
     }
     if (out.memory.back().time == e.time) {
-      out.memory.back() = {e.time, act, flight};
+      out.memory.back() = {e.time, act, flight, work};
     } else {
-      out.memory.push_back({e.time, act, flight});
+      out.memory.push_back({e.time, act, flight, work});
     }
   }
 }

@@ -94,19 +94,32 @@ void HalfRun::node(int32_t k) {
   const StageNode& n = stage_.nodes[k];
   const bool forward = half_.kind == ActionKind::kForward;
   const bool has_input = forward ? stage_.index > 0 : stage_.index + 1 < sim_.schedule.num_stages;
+  const double start = sim_.start_time(rank_, n.stream, ready_);
   double end = 0;
   if (forward) {
     end = sim_.issue(rank_, n.stream, ready_, n.times.forward_s,
                      SimState::node_span(index_, half_, n, Phase::kForward));
+    // Saved bytes before the workspace goes: the phase's peak holds both (Note [Node
+    // workspace] in core/footprint.h).
+    sim_.memory(rank_, start, n.workspace.forward, MemKind::kWorkspace);
     sim_.memory(rank_, end, n.saved(half_.microbatch), MemKind::kActivation, n.kind);
+    sim_.memory(rank_, end, -n.workspace.forward, MemKind::kWorkspace);
     last_ = end;
   } else {
     end = sim_.issue(rank_, n.stream, ready_, n.times.backward_input_s,
                      SimState::node_span(index_, half_, n, Phase::kBackwardInput));
+    // The gradient the stage received is in flight until this node ends, not workspace.
+    const int64_t ws =
+        n.workspace.backward_input - (done_ == 0 && has_input ? n.workspace.incoming_grad : 0);
+    sim_.memory(rank_, start, ws, MemKind::kWorkspace);
+    sim_.memory(rank_, end, -ws, MemKind::kWorkspace);
     double release = end;
     if (half_.kind == ActionKind::kBackward && node_has_weights(n.kind)) {
+      const double w_start = sim_.start_time(rank_, Stream::kCompute, end);
       release = sim_.issue(rank_, Stream::kCompute, end, n.times.backward_weight_s,
                            SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
+      sim_.memory(rank_, w_start, n.workspace.backward_weight, MemKind::kWorkspace);
+      sim_.memory(rank_, release, -n.workspace.backward_weight, MemKind::kWorkspace);
     }
     const int32_t mb = half_.microbatch;
     if (half_.kind == ActionKind::kBackward || !node_has_weights(n.kind)) {

@@ -2,6 +2,7 @@
 // one forward or backward half. Not part of the library's interface.
 #pragma once
 
+#include <algorithm>
 #include <array>
 #include <vector>
 
@@ -9,7 +10,8 @@
 
 namespace tandem::schedule {
 
-enum class MemKind : uint8_t { kActivation, kInFlight };
+// kWorkspace: a node phase's op temporaries (Note [Node workspace] in core/footprint.h).
+enum class MemKind : uint8_t { kActivation, kInFlight, kWorkspace };
 
 struct MemEvent {
   double time;
@@ -46,6 +48,10 @@ struct SimState {
 
   size_t cell(int32_t stage, int32_t mb) const {
     return static_cast<size_t>(stage) * schedule.num_microbatches + mb;
+  }
+  // When work put on a stream after `ready` would start.
+  double start_time(int32_t rank, Stream stream, double ready) const {
+    return std::max(ranks[rank].free[static_cast<int>(stream)], ready);
   }
   // Puts `duration` of work on a stream after `ready`; records a span if it takes time.
   double issue(int32_t rank, Stream stream, double ready, double duration, Span proto);

@@ -1,6 +1,6 @@
 // SVG chart of a plan: per rank a compute row and a comm row (spans of one action closer than
 // half a pixel are merged, so the file stays small for big schedules), and beneath them the
-// rank's memory curve (static + activations + in flight), all ranks on one byte scale.
+// rank's memory curve (static + activations + in flight + workspace), all ranks on one byte scale.
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
@@ -94,7 +94,8 @@ void draw_memory(Canvas& c, const RankResult& r, double y, double top_bytes) {
   double prev = base;
   for (const MemorySample& m : r.memory) {
     const auto px = static_cast<size_t>(std::clamp(c.x(m.time), 0.0, kWidth));
-    const double v = base + static_cast<double>(m.activation_bytes + m.in_flight_bytes);
+    const double v =
+        base + static_cast<double>(m.activation_bytes + m.in_flight_bytes + m.workspace_bytes);
     col[px] = std::max({col[px], v, prev});
     prev = v;
   }

@@ -61,10 +61,12 @@ std::string trace_json(const Plan& plan) {
     for (const MemorySample& m : r.memory) {
       std::snprintf(buf, sizeof buf,
                     "{\"name\":\"memory\",\"ph\":\"C\",\"ts\":%.4f,\"pid\":%d,\"args\":{"
-                    "\"static\":%lld,\"activations\":%lld,\"in_flight\":%lld}},\n",
+                    "\"static\":%lld,\"activations\":%lld,\"in_flight\":%lld,"
+                    "\"workspace\":%lld}},\n",
                     m.time * scale, r.rank, static_cast<long long>(base),
                     static_cast<long long>(m.activation_bytes),
-                    static_cast<long long>(m.in_flight_bytes));
+                    static_cast<long long>(m.in_flight_bytes),
+                    static_cast<long long>(m.workspace_bytes));
       out += buf;
     }
   }

@@ -39,6 +39,7 @@ TEST(Export, SummaryJson) {
     EXPECT_EQ(jr["rank"], r);
     EXPECT_EQ(jr["peak_bytes"], plan.sim.ranks[r].peak_bytes);
     EXPECT_EQ(jr["activation_peak_bytes"], plan.sim.ranks[r].activation_peak_bytes);
+    EXPECT_EQ(jr["workspace_peak_bytes"], 0);  // a CPU plan (Note [Node workspace])
     EXPECT_DOUBLE_EQ(jr["exposed_comm_s"].get<double>(), plan.sim.ranks[r].exposed_comm_s);
     EXPECT_EQ(jr["stages"], (std::vector<int>{r, r + 2}));
     EXPECT_GT(jr["activation_peak_bytes"].get<int64_t>(), 0);
@@ -65,6 +66,7 @@ TEST(Export, ChromeTrace) {
     } else if (e["ph"] == "C") {
       EXPECT_EQ(e["name"], "memory");
       EXPECT_TRUE(e["args"].contains("activations"));
+      EXPECT_TRUE(e["args"].contains("workspace"));
       ++counters;
     }
   }

@@ -1,0 +1,104 @@
+// Node workspace and the fused LM head's blocks (core/footprint.h). Oracles: the block rule
+// worked out by hand (384 MiB of f32 logits, at most 8192 rows, blocks as even as possible) and
+// the work tensors of src/model/*.cc summed by hand for one shape.
+#include <gtest/gtest.h>
+
+#include "core/footprint.h"
+
+namespace tandem {
+namespace {
+
+constexpr int64_t kMiB = int64_t{1} << 20;
+
+TEST(LmHeadBlocks, RowsFollowTheBudget) {
+  // 384 MiB / (50304 * 4) = 2001 rows at most: 8192 rows need 5 blocks of 1639.
+  EXPECT_EQ(lm_head_block_rows(8192, 50304), 1639);
+  // 384 MiB / (32000 * 4) = 3145 rows at most: 4096 rows in 2 blocks of 2048.
+  EXPECT_EQ(lm_head_block_rows(4096, 32000), 2048);
+  // A small vocabulary hits the row cap: 100000 rows in 13 blocks of 7693.
+  EXPECT_EQ(lm_head_block_rows(100000, 8), 7693);
+  EXPECT_EQ(lm_head_block_rows(100, 32000), 100);  // one block
+  // A row larger than the budget still gets a block of one row.
+  EXPECT_EQ(lm_head_block_rows(3, kLmHeadMaxBlockBytes), 1);
+  EXPECT_EQ(lm_head_block_rows(0, 32000), 1);
+  EXPECT_EQ(lm_head_padded_vocab(32000), 32000);
+  EXPECT_EQ(lm_head_padded_vocab(32001), 32008);
+  EXPECT_EQ(lm_head_padded_vocab(50257), 50264);
+}
+
+// The shape measured on 2 H200s (docs/schedules.md): N = 4096 tokens, bf16, 8 experts top-2.
+ModelConfig measured_model() {
+  return {.vocab_size = 32000, .hidden_size = 1024, .num_layers = 8, .num_attention_heads = 16,
+          .num_query_groups = 8, .ffn_hidden_size = 2816, .num_experts = 8, .moe_router_topk = 2,
+          .seq_length = 2048};
+}
+
+FootprintShape gpu_shape(const ModelConfig& c) {
+  FootprintShape s = single_rank_shape(c, 2, 2);
+  s.stat_bytes = 4;
+  s.fused_lm_head = true;
+  return s;
+}
+
+TEST(NodeWorkspace, ZeroWithoutTheGpuLayout) {
+  const ModelConfig c = measured_model();
+  const FootprintShape cpu = single_rank_shape(c, 2, 4);
+  for (int k = 0; k < kNumNodeKinds; ++k) {
+    const NodeWorkspace w = node_workspace_bytes(static_cast<NodeKind>(k), c, cpu);
+    EXPECT_EQ(w.forward, 0);
+    EXPECT_EQ(w.backward_input, 0);
+    EXPECT_EQ(w.backward_weight, 0);
+    EXPECT_EQ(w.incoming_grad, 0);
+  }
+}
+
+TEST(NodeWorkspace, MeasuredShapeByHand) {
+  const ModelConfig c = measured_model();
+  const FootprintShape s = gpu_shape(c);
+  // [N,H] bf16 = 8 MiB, [R,H] = 16 MiB (R = N k = 8192), [R,F] = 44 MiB.
+  const int64_t nh = 8 * kMiB, rh = 16 * kMiB, rf = 44 * kMiB, topk_w = 4096 * 2 * 4;
+  const NodeWorkspace loss = node_workspace_bytes(NodeKind::kLoss, c, s);
+  // Block 2048 x 32000 f32 (250 MiB), nf, and targets, lse, row losses [N] 4 bytes each.
+  EXPECT_EQ(loss.forward, 2048 * 32000 * 4 + nh + 3 * 4096 * 4);
+  EXPECT_EQ(loss.backward_input, nh);  // d_x
+  EXPECT_EQ(loss.backward_weight, 0);
+  const NodeWorkspace ex = node_workspace_bytes(NodeKind::kExperts, c, s);
+  EXPECT_EQ(ex.forward, rh);                                     // expert_out
+  EXPECT_EQ(ex.backward_input, nh + topk_w + rh + 3 * rf + rh);  // d_out, d_topk_w, d_y, ...
+  EXPECT_EQ(ex.backward_weight, rh + 2 * rf);                    // d_y, d_gate, d_up
+  const NodeWorkspace comb = node_workspace_bytes(NodeKind::kCombine, c, s);
+  EXPECT_EQ(comb.forward, nh);
+  EXPECT_EQ(comb.backward_input, nh + topk_w + rh);  // d_out, d_topk_w, d_y
+  EXPECT_EQ(comb.incoming_grad, nh);
+  const NodeWorkspace attn = node_workspace_bytes(NodeKind::kAttention, c, s);
+  // Held through I: d_n2, d_logits [N,8] bf16, d_h1, d_a, d_q, d_k, d_v (4 MiB each); beside
+  // them the op's dq_acc (16 MiB, as much as the later d_n1 + d_x) and delta [N*16] f32 make
+  // the mid-point the peak.
+  const int64_t d_logits = 4096 * 8 * 2;
+  EXPECT_EQ(attn.backward_input, 6 * nh + 2 * 4 * kMiB + d_logits + 4096 * 16 * 4);
+  EXPECT_EQ(attn.backward_weight, d_logits + 2 * nh + 2 * 4 * kMiB);
+  EXPECT_EQ(attn.forward, 4096 * 8 * 4 + rh);  // router logits, routed rows
+}
+
+TEST(NodeWorkspace, DenseMlpAndExpertParallelBuffers) {
+  ModelConfig dense = measured_model();
+  dense.num_experts = 0;
+  FootprintShape s = gpu_shape(dense);
+  const int64_t nh = 8 * kMiB, nf = 22 * kMiB;
+  const NodeWorkspace mlp = node_workspace_bytes(NodeKind::kMlp, dense, s);
+  EXPECT_EQ(mlp.backward_input, nh + 3 * nf + nh);  // d_out, d_act, d_gate, d_up, d_n2
+  EXPECT_EQ(mlp.backward_weight, nh + 2 * nf);
+  EXPECT_EQ(mlp.incoming_grad, nh);
+  // EP 2: dispatch's receive buffer beside the received rows, combine's send and receive ones.
+  const ModelConfig moe = measured_model();
+  s = gpu_shape(moe);
+  s.ep_size = 2;
+  s.local_experts = 4;
+  const int64_t rh = 16 * kMiB, topk_w = 4096 * 2 * 4;
+  EXPECT_EQ(node_workspace_bytes(NodeKind::kDispatch, moe, s).forward, 2 * rh);
+  EXPECT_EQ(node_workspace_bytes(NodeKind::kCombine, moe, s).backward_input,
+            nh + topk_w + rh + 2 * rh);
+}
+
+}  // namespace
+}  // namespace tandem
