@@ -1,21 +1,28 @@
 // Times the GPU flash attention (ops::attention_forward / backward on CUDA tensors) with CUDA
-// events on the two benchmark shapes (and one D 128 shape) and prints TFLOP/s. Causal FLOPs:
-// forward 2*2*b*h*s*s*D/2 (the two products over the lower triangle), backward 2.5x that.
-// Standalone (no Google Benchmark): `attention_timing [iterations]`.
+// events: every D 64 tile variant (Note [Attention variants] in src/ops/cuda/attention.cu) on the
+// two benchmark shapes, each checked against variant 0, then the default D 128 path; prints
+// TFLOP/s. Causal FLOPs: forward 2*2*b*h*s*s*D/2 (the two products over the lower triangle),
+// backward 2.5x that. Standalone (no Google Benchmark): `attention_timing [iterations]`.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <iterator>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/rng.h"
 #include "core/tensor.h"
+#include "ops/cuda/attention.h"
 #include "ops/ops.h"
 
 namespace {
 
+namespace attn = tandem::ops::cuda;
 using tandem::ops::AttentionShape;
 using tandem::Device;
 using tandem::DType;
@@ -55,30 +62,104 @@ double time_ms(int iters, Fn fn) {
   return ms / iters;
 }
 
-void bench(const AttentionShape& s, int iters) {
+// Causal FLOPs of one forward call (the two products over the lower triangle).
+double forward_flops(const AttentionShape& s) {
+  return 2.0 * 2.0 * double(s.batch) * double(s.heads) * double(s.seq) * double(s.seq) *
+         double(s.head_dim) / 2.0;
+}
+
+// `t` (bf16 or f32, on the GPU) as a host f32 tensor.
+Tensor host_f32(const Tensor& t) {
+  Tensor out = Tensor::empty(t.shape(), DType::kF32, MemCategory::kOther, "bench", Device::kCPU);
+  tandem::ops::convert(out, t.to(Device::kCPU));
+  return out;
+}
+
+double max_abs_diff(const Tensor& a, const Tensor& b) {  // host f32 tensors of one shape
+  const float* x = a.data<float>();
+  const float* y = b.data<float>();
+  double mx = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) mx = std::max(mx, std::fabs(double(x[i]) - y[i]));
+  return mx;
+}
+
+// The inputs and outputs of one shape, on the GPU.
+struct Problem {
+  AttentionShape s;
+  Tensor q, k, v, dout, out, lse, dq, dk, dv;
+};
+Problem make_problem(const AttentionShape& s) {
   const int64_t n = s.batch * s.seq, qw = s.heads * s.head_dim, kw = s.kv_heads * s.head_dim;
-  const Tensor q = random_gpu({n, qw}, 1), k = random_gpu({n, kw}, 2), v = random_gpu({n, kw}, 3);
-  const Tensor dout = random_gpu({n, qw}, 4);
   const auto gpu = [](const Shape& shape, DType dtype) {
     return Tensor::empty(shape, dtype, MemCategory::kOther, "bench", Device::kCUDA);
   };
-  const Tensor out = gpu({n, qw}, DType::kBF16), lse = gpu({s.batch, s.heads, s.seq}, DType::kF32);
-  const Tensor dq = gpu({n, qw}, DType::kBF16), dk = gpu({n, kw}, DType::kBF16),
-               dv = gpu({n, kw}, DType::kBF16);
+  return {s,
+          random_gpu({n, qw}, 1),
+          random_gpu({n, kw}, 2),
+          random_gpu({n, kw}, 3),
+          random_gpu({n, qw}, 4),
+          gpu({n, qw}, DType::kBF16),
+          gpu({s.batch, s.heads, s.seq}, DType::kF32),
+          gpu({n, qw}, DType::kBF16),
+          gpu({n, kw}, DType::kBF16),
+          gpu({n, kw}, DType::kBF16)};
+}
+void forward(const Problem& p) { tandem::ops::attention_forward(p.out, p.lse, p.q, p.k, p.v, p.s); }
+void backward(const Problem& p) {
+  tandem::ops::attention_backward(p.dq, p.dk, p.dv, p.dout, p.q, p.k, p.v, p.out, p.lse, p.s);
+}
 
-  const double fwd_ms = time_ms(iters, [&] { tandem::ops::attention_forward(out, lse, q, k, v, s); });
-  const double bwd_ms = time_ms(iters, [&] {
-    tandem::ops::attention_backward(dq, dk, dv, dout, q, k, v, out, lse, s);
-  });
-  const double fwd_flops = 2.0 * 2.0 * double(s.batch) * double(s.heads) * double(s.seq) *
-                           double(s.seq) * double(s.head_dim) / 2.0;
-  const double bwd_flops = 2.5 * fwd_flops;
-  std::printf("batch %3lld seq %5lld heads %3lld kv %3lld D %3lld | fwd %8.3f ms %7.1f TFLOP/s | "
-              "bwd %8.3f ms %7.1f TFLOP/s\n",
+// One line per forward and per backward variant (Note [Attention variants] in attention.cu):
+// time and TFLOP/s, and the largest difference of its outputs from variant 0's (a broken variant
+// shows as a large one). Every backward runs on variant 0's out and lse.
+void bench_variants(const char* label, const AttentionShape& s, int iters) {
+  const Problem p = make_problem(s);
+  const double fwd_flops = forward_flops(s), bwd_flops = 2.5 * fwd_flops;
+  std::printf("shape %s: batch %lld seq %lld heads %lld kv %lld D %lld\n", label,
               static_cast<long long>(s.batch), static_cast<long long>(s.seq),
               static_cast<long long>(s.heads), static_cast<long long>(s.kv_heads),
-              static_cast<long long>(s.head_dim), fwd_ms, fwd_flops / (fwd_ms * 1e9), bwd_ms,
-              bwd_flops / (bwd_ms * 1e9));
+              static_cast<long long>(s.head_dim));
+  const std::vector<const char*> fwd_names = attn::attention_forward_variant_names();
+  Tensor ref_out, ref_lse;
+  for (int i = 0; i < static_cast<int>(fwd_names.size()); ++i) {
+    attn::select_attention_variants(i, 0);
+    const double ms = time_ms(iters, [&] { forward(p); });
+    const Tensor out = host_f32(p.out), lse = host_f32(p.lse);
+    if (i == 0) ref_out = out, ref_lse = lse;
+    std::printf("  %s fwd %d %-18s %8.3f ms %6.1f TFLOP/s | max|dO| %.2e max|dLSE| %.2e\n", label,
+                i, fwd_names[size_t(i)], ms, fwd_flops / (ms * 1e9), max_abs_diff(out, ref_out),
+                max_abs_diff(lse, ref_lse));
+  }
+  attn::select_attention_variants(0, 0);
+  forward(p);  // variant 0's out and lse for every backward
+  const std::vector<const char*> bwd_names = attn::attention_backward_variant_names();
+  Tensor ref[3];
+  for (int i = 0; i < static_cast<int>(bwd_names.size()); ++i) {
+    attn::select_attention_variants(0, i);
+    const double ms = time_ms(iters, [&] { backward(p); });
+    const Tensor got[3] = {host_f32(p.dq), host_f32(p.dk), host_f32(p.dv)};
+    if (i == 0) std::copy(std::begin(got), std::end(got), std::begin(ref));
+    std::printf("  %s bwd %d %-18s %8.3f ms %6.1f TFLOP/s | max|d dQ| %.2e dK %.2e dV %.2e\n",
+                label, i, bwd_names[size_t(i)], ms, bwd_flops / (ms * 1e9),
+                max_abs_diff(got[0], ref[0]), max_abs_diff(got[1], ref[1]),
+                max_abs_diff(got[2], ref[2]));
+  }
+  attn::select_attention_variants(-1, -1);
+}
+
+// The default kernels only (D 128 has no variants).
+void bench_default(const AttentionShape& s, int iters) {
+  const Problem p = make_problem(s);
+  const double fwd_ms = time_ms(iters, [&] { forward(p); });
+  const double bwd_ms = time_ms(iters, [&] { backward(p); });
+  const double fwd_flops = forward_flops(s), bwd_flops = 2.5 * fwd_flops;
+  std::printf(
+      "batch %lld seq %lld heads %lld kv %lld D %lld | fwd %.3f ms %.1f TFLOP/s | "
+      "bwd %.3f ms %.1f TFLOP/s\n",
+      static_cast<long long>(s.batch), static_cast<long long>(s.seq),
+      static_cast<long long>(s.heads), static_cast<long long>(s.kv_heads),
+      static_cast<long long>(s.head_dim), fwd_ms, fwd_flops / (fwd_ms * 1e9), bwd_ms,
+      bwd_flops / (bwd_ms * 1e9));
 }
 
 }  // namespace
@@ -92,9 +173,9 @@ int main(int argc, char** argv) {
     }
     tandem::cuda::initialize(0);
     std::printf("GPU: %s, %d iterations\n", tandem::cuda::device_description().c_str(), iters);
-    bench({8, 1024, 12, 12, 64}, iters);
-    bench({2, 2048, 16, 8, 64}, iters);
-    bench({4, 1024, 16, 16, 128}, iters);  // D 128 (the other tensor-core path)
+    bench_variants("a", {8, 1024, 12, 12, 64}, iters);
+    bench_variants("b", {2, 2048, 16, 8, 64}, iters);
+    bench_default({4, 1024, 16, 16, 128}, iters);  // D 128 (the other tensor-core path)
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_timing: %s\n", e.what());

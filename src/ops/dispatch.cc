@@ -36,8 +36,8 @@ void convert(const Tensor& dst, const Tensor& src) {
   TANDEM_OP(dst, convert, dst, src);
 }
 
-void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table) {
-  TANDEM_OP(out, embedding_forward, out, ids, table);
+void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table, IdCheck check) {
+  TANDEM_OP(out, embedding_forward, out, ids, table, check);
 }
 
 void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& ids) {
@@ -54,6 +54,10 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, cons
 
 void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, Accumulate acc) {
   TANDEM_OP(y, linear_forward, y, x, w, acc);
+}
+
+void linear_forward_residual(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& r) {
+  TANDEM_OP(y, linear_forward_residual, y, x, w, r);
 }
 
 void linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w, Accumulate acc) {

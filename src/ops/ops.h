@@ -15,6 +15,10 @@ namespace tandem::ops {
 // Whether an op adds into its output or overwrites it.
 enum class Accumulate : uint8_t { kOverwrite, kAdd };
 
+// Whether embedding_forward checks its ids (on a GPU that waits for the stream) or the caller
+// already has (e.g. on the host, before copying them over).
+enum class IdCheck : uint8_t { kCheck, kCheckedByCaller };
+
 // ---- shapes and hyper-parameters of the ops below ----
 // Causal attention with grouped-query heads: query head h uses KV head h / (heads / kv_heads).
 struct AttentionShape {

@@ -3,7 +3,7 @@
 // (D 64 and 128, 16-byte aligned tensors) and the generic path (D 8, 16, 32, 40, 256, and D 64
 // through misaligned views), seq not a multiple of any tile, batch 2, GQA and MHA. Also: the
 // backward's dk and dv are bitwise reproducible (dq, summed by atomics, to rounding), and bad
-// arguments throw tandem::Error.
+// arguments throw tandem::Error. Every D 64 tile variant is checked the same way.
 //
 // Tolerances, |gpu - ref| <= atol + rtol |ref| elementwise:
 //   out (bf16): rtol 1.6e-2 for the output's own bf16 rounding (gpu_test.h); atol 2^-8 because the
@@ -22,9 +22,11 @@
 #include <cstring>
 #include <string>
 #include <tuple>
+#include <vector>
 
 #include "core/tensor.h"
 #include "gpu_test.h"
+#include "ops/cuda/attention.h"
 #include "ops/ops.h"
 
 namespace tandem::testing_gpu {
@@ -148,8 +150,8 @@ TEST_P(CudaAttention, BackwardMatchesCpuReference) {
   check_backward(GetParam().s, to_gpu_bf16, 21);
 }
 
-// {batch, seq, heads, kv_heads, head_dim}. Tiles (D 64 / D 128): forward 128 / 64 query rows by
-// 64 keys; backward 64 keys by 64 / 32 query rows.
+// {batch, seq, heads, kv_heads, head_dim}. Default tiles (D 64 / D 128): forward 128 / 64 query
+// rows by 64 keys; backward 64 keys by 64 / 32 query rows (the other D 64 tiles: Variants below).
 // seq 77, 130 and 300 end mid-tile; seq 1 is a single key.
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaAttention,
@@ -184,6 +186,54 @@ TEST(CudaAttentionPaths, BackwardIsReproducible) {
     }
     expect_close(b.dq, a.dq, grad_tolerance(a.dq), "dq");
   }
+}
+
+// Every D 64 tile variant (Note [Attention variants] in attention.cu) against the CPU reference:
+// seq ending mid-tile of every tile size (77, 130, 300), one key (1), tiles of 128 rows and keys
+// with a tail and a group of 4 (520), MHA and GQA.
+class VariantGuard {  // selects a variant pair for one scope, then restores the default choice
+ public:
+  VariantGuard(int forward, int backward) {
+    ops::cuda::select_attention_variants(forward, backward);
+  }
+  ~VariantGuard() { ops::cuda::select_attention_variants(-1, -1); }
+  VariantGuard(const VariantGuard&) = delete;
+  VariantGuard& operator=(const VariantGuard&) = delete;
+};
+
+constexpr AttentionShape kVariantShapes[] = {{2, 77, 4, 2, 64},
+                                             {2, 130, 4, 4, 64},
+                                             {1, 300, 4, 2, 64},
+                                             {1, 1, 2, 1, 64},
+                                             {1, 520, 4, 1, 64}};
+
+TEST(CudaAttentionVariants, EveryForwardVariantMatchesCpuReference) {
+  const std::vector<const char*> names = ops::cuda::attention_forward_variant_names();
+  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+    const VariantGuard guard(i, -1);
+    for (const AttentionShape& s : kVariantShapes) {
+      SCOPED_TRACE(std::string(names[size_t(i)]) + " seq " + std::to_string(s.seq));
+      check_forward(s, to_gpu_bf16, 61);
+    }
+  }
+}
+
+TEST(CudaAttentionVariants, EveryBackwardVariantMatchesCpuReference) {
+  const std::vector<const char*> names = ops::cuda::attention_backward_variant_names();
+  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+    const VariantGuard guard(-1, i);
+    for (const AttentionShape& s : kVariantShapes) {
+      SCOPED_TRACE(std::string(names[size_t(i)]) + " seq " + std::to_string(s.seq));
+      check_backward(s, to_gpu_bf16, 71);
+    }
+  }
+}
+
+TEST(CudaAttentionVariants, OutOfRangeIndexThrows) {
+  const int n = static_cast<int>(ops::cuda::attention_forward_variant_names().size());
+  EXPECT_THROW(ops::cuda::select_attention_variants(n, -1), Error);
+  EXPECT_THROW(ops::cuda::select_attention_variants(-2, -1), Error);
+  EXPECT_THROW(ops::cuda::select_attention_variants(-1, 1000), Error);
 }
 
 TEST(CudaAttentionArguments, BadArgumentsThrow) {

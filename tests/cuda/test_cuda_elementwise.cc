@@ -246,13 +246,14 @@ struct NormCase {
   int64_t n, h;
 };
 // Widths for each kernel variant: forward warp-per-row with 1, 2, 4, 8, 16 register groups
-// per lane (256/24/64, 384, 1000, 2048, 4096) and reloading (8192, 12288); backward warp-per-row
-// (<= 512 columns), block-per-row with 1, 2, 4 groups per thread (1000, 4096, 8192) and
-// reloading (12288); widths that are not multiples of 8 (scalar kernels); one row; no rows; more
-// rows than blocks.
-constexpr NormCase kNormCases[] = {{37, 256}, {50, 384}, {5, 4096}, {3, 8192},  {2, 12288},
-                                   {7, 2048}, {33, 1000}, {1, 24},  {9, 100},   {4, 7},
-                                   {0, 64},   {3000, 64}};
+// per lane (256/24/64, 384, 768/1000/1024, 2048, 4096) and reloading (8192, 12288); backward
+// warp-per-row with 1, 2, 3, 4 groups per lane (256/24/64, 384, 768, 1000/1024), block-per-row
+// with 1, 2, 4 groups per thread (2048, 4096, 8192) and reloading (12288); widths that are not
+// multiples of 8 (scalar kernels); one row; no rows; more rows than blocks (3000 x 64); more rows
+// than the backward's resident warps (9000 x 768: each warp strides over several rows).
+constexpr NormCase kNormCases[] = {{37, 256}, {50, 384},  {5, 4096}, {3, 8192}, {2, 12288},
+                                   {7, 2048}, {33, 1000}, {1, 24},   {9, 100},  {4, 7},
+                                   {0, 64},   {3000, 64}, {40, 1024}, {9000, 768}};
 
 TEST(CudaNorm, RmsnormForward) {
   for (const NormCase& c : kNormCases) {

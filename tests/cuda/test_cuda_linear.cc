@@ -208,6 +208,33 @@ TEST(CudaLinear, UnalignedViewsAndRepeatedShapesGiveTheSameProduct) {
     ASSERT_EQ(h1.data<float>()[i], h2.data<float>()[i]) << "element " << i;
 }
 
+// y = r + x @ w^T with the residual as cuBLASLt's C (separate from y, and in place): small
+// integer operands make every order exact, so f32 and bf16 results equal the CPU's bit for bit.
+TEST(CudaLinear, ForwardResidualMatchesCpuExactlyOnIntegers) {
+  const int64_t m = 48, in = 16, out = 40;
+  const Tensor x = integers_host({m, in}, 11, 2), w = integers_host({out, in}, 12, 2);
+  const Tensor r = integers_host({m, out}, 13, 3);
+  const Tensor ref = host_f32({m, out});
+  ops::linear_forward_residual(ref, x, w, r);
+  for (DType dt : {DType::kF32, DType::kBF16}) {
+    const Tensor gx = to_gpu(x, DType::kBF16), gw = to_gpu(w, DType::kBF16);
+    const Tensor gr = to_gpu(r, dt);
+    const Tensor y = to_gpu(integers_host({m, out}, 14, 5), dt);  // overwritten
+    ops::linear_forward_residual(y, gx, gw, gr);
+    ops::linear_forward_residual(gr, gx, gw, gr);  // in place
+    const Tensor hy = to_host_f32(y), hr = to_host_f32(gr);
+    for (int64_t i = 0; i < ref.numel(); ++i) {
+      ASSERT_EQ(hy.data<float>()[i], ref.data<float>()[i]) << dtype_name(dt) << " element " << i;
+      ASSERT_EQ(hr.data<float>()[i], ref.data<float>()[i]) << dtype_name(dt) << " in place " << i;
+    }
+  }
+  const Tensor gx = to_gpu(x, DType::kBF16), gw = to_gpu(w, DType::kBF16);
+  const Tensor y = Tensor::empty({m, out}, DType::kF32, MemCategory::kOther, "y", Device::kCUDA);
+  const Tensor r16 = to_gpu(r, DType::kBF16);
+  const std::string err = error_of([&] { ops::linear_forward_residual(y, gx, gw, r16); });
+  EXPECT_NE(err.find("'r'"), std::string::npos) << err;
+}
+
 TEST(CudaLinear, RejectsWrongDtypesAndShapes) {
   const Tensor x32 = to_gpu(random_host({4, 3}, 1), DType::kF32);
   const Tensor w = to_gpu(random_host({5, 3}, 2), DType::kBF16);
@@ -324,6 +351,7 @@ constexpr LmHeadCase kLmHeadCases[] = {
     {37, 29, 53, 0},
     {300, 64, 1000, 128},
     {5, 16, 50257, 2},  // odd V: padded logit rows, scalar tails
+    {3, 16, 60001, 0},  // a row wider than shared memory: the one-call op's two-kernel path
 };
 
 TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
@@ -373,8 +401,8 @@ TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
                         "dx");
       expect_close_plus(to_host_f32(gdw), dw, f32, scaled(dw_extra, rel), "dw");
 
-      // Forward and backward in one call: the same kernels and products in the same order as
-      // the two calls above, so the same bits.
+      // Forward and backward in one call: the same products in the same order as the two calls
+      // above, and per row the same sums (Note [Fused loss rows] in lm_head.cu), so the same bits.
       const Tensor glse2 =
           Tensor::empty({c.n}, DType::kF32, MemCategory::kOther, "lse2", Device::kCUDA);
       const Tensor gdx2 =

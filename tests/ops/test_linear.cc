@@ -25,6 +25,27 @@ TEST(Linear, ForwardMatchesTripleLoop) {
   }
 }
 
+// y = r + x @ w^T, into a separate output and in place over r.
+TEST(Linear, ForwardResidualAddsTheResidual) {
+  std::mt19937_64 rng(22);
+  const int64_t m = 4, in = 6, out = 3;
+  Tensor x = random({m, in}, DType::kF64, rng), w = random({out, in}, DType::kF64, rng);
+  Tensor r = random({m, out}, DType::kF64, rng), plain = make({m, out}, DType::kF64);
+  linear_forward(plain, x, w);
+  Tensor y = random({m, out}, DType::kF64, rng);  // garbage to overwrite
+  linear_forward_residual(y, x, w, r);
+  Tensor in_place = make({m, out}, DType::kF64);
+  in_place.copy_from(r);
+  linear_forward_residual(in_place, x, w, in_place);
+  for (int64_t i = 0; i < m * out; ++i) {
+    const double want = plain.data<double>()[i] + r.data<double>()[i];
+    EXPECT_NEAR(y.data<double>()[i], want, kF64Tol);
+    EXPECT_NEAR(in_place.data<double>()[i], want, kF64Tol);
+  }
+  Tensor bad = make({m, out + 1}, DType::kF64);
+  EXPECT_THROW(linear_forward_residual(y, x, w, bad), Error);
+}
+
 TEST(Linear, BackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(21);
   const int64_t m = 4, in = 3, out = 5;

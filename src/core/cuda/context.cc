@@ -59,8 +59,14 @@ void copy_hook(void* dst, Device dst_device, const void* src, Device src_device,
   else if (src_device == Device::kCPU) kind = cudaMemcpyHostToDevice;
   const cudaStream_t s = current_stream();
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
-  // The host side of a copy may go away (or be read) as soon as we return.
-  if (kind != cudaMemcpyDeviceToDevice) TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  // Note [Host copies]: the host side of a copy may go away (or be read) as soon as we return.
+  // A copy to the host must have landed, so it waits for the stream. A copy from the host does
+  // not: our host memory is pageable, and cudaMemcpyAsync from pageable memory has read (staged)
+  // the source before it returns, so the host stays free to run ahead of the GPU (a wait here
+  // for every batch of token ids would drain the GPU's queue once per micro-batch).
+  if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost) {
+    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  }
 }
 
 }  // namespace

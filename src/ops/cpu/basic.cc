@@ -65,7 +65,7 @@ bool all_finite(const Tensor& x) {
 
 // ---- embedding ----
 
-void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table) {
+void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table, IdCheck) {
   const char* op = "embedding_forward";
   const DType dt = float_dtype(op, "table", table, 2);
   cpu::expect_rank(op, "ids", ids, 1);

@@ -28,6 +28,12 @@ void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, Accumulat
   });
 }
 
+void linear_forward_residual(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& r) {
+  expect("linear_forward_residual", "r", r, y.dtype(), y.shape());
+  if (r.raw_data() != y.raw_data()) y.copy_from(r);
+  cpu::linear_forward(y, x, w, Accumulate::kAdd);
+}
+
 void linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w, Accumulate acc) {
   const char* op = "linear_backward_input";
   const DType dt = cpu::float_dtype(op, "w", w, 2);

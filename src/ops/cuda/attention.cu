@@ -11,9 +11,13 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
+#include <iterator>
 
+#include "ops/cuda/attention.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
@@ -26,7 +30,7 @@ using bf16 = __nv_bfloat16;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kThreads = 128;  // every kernel here runs 4 warps per block
+constexpr int kThreads = 128;  // the generic kernels' block: 4 warps (tensor-core: WARPS)
 constexpr int kWarps = kThreads / 32;
 constexpr int kMaxGenericDim = 256;
 constexpr int kPerLane = kMaxGenericDim / 32;  // head-dim elements a lane holds (generic path)
@@ -159,16 +163,17 @@ __device__ __forceinline__ void mma_nn(float (&c)[MT][NT][4], const uint32_t (&a
 }
 
 // Starts copying rows [row0, row0 + ROWS) of a [seq, D] slice (row stride `stride` elements) into
-// a shared tile of pitch D + 8 (the pad spreads ldmatrix rows over all banks); rows at or past seq
-// become zeros, so masked products never meet garbage (0 * NaN).
-template <int ROWS, int D>
+// a shared tile of pitch D + 8 (the pad spreads ldmatrix rows over all banks), THREADS threads
+// sharing the work; rows at or past seq become zeros, so masked products never meet garbage
+// (0 * NaN).
+template <int ROWS, int D, int THREADS>
 __device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int64_t stride, int row0,
                                           int seq) {
   constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static_assert((ROWS * kChunks) % kThreads == 0);
+  static_assert((ROWS * kChunks) % THREADS == 0);
 #pragma unroll
-  for (int i = 0; i < ROWS * kChunks / kThreads; ++i) {
-    const int c = i * kThreads + static_cast<int>(threadIdx.x);
+  for (int i = 0; i < ROWS * kChunks / THREADS; ++i) {
+    const int c = i * THREADS + static_cast<int>(threadIdx.x);
     const int r = c / kChunks, col = (c % kChunks) * 8;
     const bool valid = row0 + r < seq;
     const bf16* src = base + (valid ? int64_t{row0 + r} * stride : 0) + col;
@@ -216,14 +221,14 @@ __device__ __forceinline__ QueryTile query_tile(const Geometry& g) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// Tensor-core forward. Block: kBr = 4 warps x 16*MT query rows of one (batch, head); K/V tiles of
-// BC keys double-buffered in shared memory; S = Q K^T and O += P V on mma.sync, online softmax
-// in registers (base 2). Q fragments stay in registers for the whole block.
+// Tensor-core forward. Block: kBr = WARPS warps x 16*MT query rows of one (batch, head); K/V
+// tiles of BC keys double-buffered in shared memory; S = Q K^T and O += P V on mma.sync, online
+// softmax in registers (base 2). Q fragments stay in registers for the whole block.
 // ---------------------------------------------------------------------------------------------
 
-template <int D, int MT, int BC>
+template <int D, int WARPS, int MT, int BC>
 struct ForwardTiles {
-  static constexpr int kBr = kWarps * 16 * MT, kBc = BC, kPitch = D + 8;
+  static constexpr int kThreads = 32 * WARPS, kBr = WARPS * 16 * MT, kBc = BC, kPitch = D + 8;
   static constexpr int kSmemBytes = (kBr + 4 * kBc) * kPitch * int{sizeof(bf16)};
 };
 
@@ -286,13 +291,13 @@ __device__ __forceinline__ void forward_key_tile(float (&o)[MT][D / 8][4], float
 }
 
 // MINB: blocks per multiprocessor the register allocation must allow (__launch_bounds__).
-template <int D, int MT, int BC, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
+template <int D, int WARPS, int MT, int BC, int MINB>
+__global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                          const bf16* __restrict__ q, const bf16* __restrict__ k,
                          const bf16* __restrict__ v, Geometry g) {
-  using T = ForwardTiles<D, MT, BC>;
-  constexpr int kBr = T::kBr, kBc = T::kBc, kP = T::kPitch;
+  using T = ForwardTiles<D, WARPS, MT, BC>;
+  constexpr int kBr = T::kBr, kBc = T::kBc, kP = T::kPitch, kTh = T::kThreads;
   extern __shared__ uint4 smem[];
   bf16* s_q = reinterpret_cast<bf16*>(smem);  // [kBr][kP]
   bf16* s_k = s_q + kBr * kP;                 // [2][kBc][kP]
@@ -301,10 +306,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const auto [b, h, q0, q_off, kv_off, n_tiles] = query_tile<D, kBr, kBc>(g);
 
-  load_tile<kBr, D>(s_q, q + q_off, g.q_stride, q0, g.seq);
+  load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
   cp_async_commit();
-  load_tile<kBc, D>(s_k, k + kv_off, g.kv_stride, 0, g.seq);
-  load_tile<kBc, D>(s_v, v + kv_off, g.kv_stride, 0, g.seq);
+  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, 0, g.seq);
+  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, 0, g.seq);
   cp_async_commit();
   cp_async_wait<1>();  // the Q tile
   __syncthreads();
@@ -327,8 +332,10 @@ __global__ void __launch_bounds__(kThreads, MINB)
   for (int j = 0; j < n_tiles; ++j) {
     const int buf = j & 1;
     if (j + 1 < n_tiles) {  // prefetch the next tile into the buffer freed at the end of j - 1
-      load_tile<kBc, D>(s_k + (buf ^ 1) * kBc * kP, k + kv_off, g.kv_stride, (j + 1) * kBc, g.seq);
-      load_tile<kBc, D>(s_v + (buf ^ 1) * kBc * kP, v + kv_off, g.kv_stride, (j + 1) * kBc, g.seq);
+      load_tile<kBc, D, kTh>(s_k + (buf ^ 1) * kBc * kP, k + kv_off, g.kv_stride, (j + 1) * kBc,
+                             g.seq);
+      load_tile<kBc, D, kTh>(s_v + (buf ^ 1) * kBc * kP, v + kv_off, g.kv_stride, (j + 1) * kBc,
+                             g.seq);
     }
     cp_async_commit();
     cp_async_wait<1>();  // tile j
@@ -362,18 +369,21 @@ __global__ void __launch_bounds__(kThreads, MINB)
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core backward (FlashAttention-2, one pass). A prologue kernel writes delta =
-// rowsum(dO * O) and zeros an f32 dq workspace [batch * seq, heads * D]. Main kernel block: 64 keys
-// of one (batch, KV head), 16 per warp, K/V tiles resident in shared memory; it walks the query
-// tiles (BR rows, double-buffered with their lse and delta) of every query head of the group,
+// rowsum(dO * O) and zeros an f32 dq workspace [batch * seq, heads * D]. Main kernel block: 16 keys
+// per warp (WARPS warps) of one (batch, KV head), K/V tiles resident in shared memory; it walks the
+// query tiles (BR rows, double-buffered with their lse and delta) of every query head of the group,
 // from the diagonal on, in the transposed form: S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
 // dS^T = P^T (dP^T - delta), dK += dS^T Q; then each warp stores its dS^T rows (bf16) to shared
-// memory and the warps split dQ = dS K of the tile by rows (and, for BR < 64, columns) and add
-// it to the workspace with fp32 atomics. An epilogue kernel writes dq = scale * workspace (bf16).
+// memory and the warps split dQ = dS K of the tile by rows (and, for BR < 16 WARPS, columns) and
+// add it to the workspace with fp32 atomics. An epilogue kernel writes dq = scale * workspace
+// (bf16).
 // ---------------------------------------------------------------------------------------------
 
-template <int D, int BR>
+template <int D, int WARPS, int BR>
 struct BackwardTiles {
-  static constexpr int kBc = kKeyTile, kBr = BR, kPitch = D + 8, kDsPitch = BR + 8;
+  static constexpr int kThreads = 32 * WARPS, kBc = 16 * WARPS, kBr = BR, kPitch = D + 8,
+                       kDsPitch = BR + 8;
+  static_assert(kBc >= kKeyTile);  // the grid-y limit of check_attention
   static constexpr int kSmemBytes = (2 * kBc + 4 * kBr) * kPitch * int{sizeof(bf16)} +
                                     kBc * kDsPitch * int{sizeof(bf16)} +
                                     4 * kBr * int{sizeof(float)};
@@ -436,13 +446,13 @@ __device__ __forceinline__ QueryStep query_step(int it, int first_tile, int per_
 }
 
 // Starts loading the Q and dO tiles of step `st` (cp.async).
-template <int D, int BR>
+template <int D, int BR, int THREADS>
 __device__ __forceinline__ void dkdv_load_tiles(bf16* s_q, bf16* s_do, const bf16* q,
                                                 const bf16* dout, int b, QueryStep st,
                                                 const Geometry& g) {
   const int64_t q_off = int64_t{b} * g.seq * g.q_stride + int64_t{st.head} * D;
-  load_tile<BR, D>(s_q, q + q_off, g.q_stride, st.q0, g.seq);
-  load_tile<BR, D>(s_do, dout + q_off, g.q_stride, st.q0, g.seq);
+  load_tile<BR, D, THREADS>(s_q, q + q_off, g.q_stride, st.q0, g.seq);
+  load_tile<BR, D, THREADS>(s_do, dout + q_off, g.q_stride, st.q0, g.seq);
 }
 
 // lse * log2 e and delta of row `i` of step `st`'s query tile (zeros past seq). Loaded into
@@ -521,48 +531,55 @@ __device__ __forceinline__ void store_ds(bf16* s_ds, const float (&ds)[BR / 8][4
   }
 }
 
-// dQ of the step's query tile from the block's dS^T (kBc x BR in shared memory) and K tile:
-// warp `warp` takes rows [16 wr, 16 wr + 16) and columns [kCols wc, kCols (wc + 1)) of the tile,
-// and adds them to the workspace rows of (batch b, head) with fp32 atomics.
-template <int D, int BR>
+// dQ of the step's query tile from the block's dS^T (BC x BR in shared memory) and K tile (BC
+// keys): warp `warp` takes 16-row groups wr = warp % kRowGroups + WARPS i and columns [kCols wc,
+// kCols (wc + 1)) of the tile, and adds them to the workspace rows of (batch b, head) with fp32
+// atomics.
+template <int D, int WARPS, int BR>
 __device__ __forceinline__ void dq_atomic_step(float* dq_acc, const bf16* s_ds, const bf16* s_k,
                                                int b, QueryStep st, int warp, const Geometry& g,
                                                int lane) {
-  constexpr int kRowGroups = BR / 16, kColGroups = kWarps / kRowGroups, kCols = D / kColGroups;
+  constexpr int kBc = 16 * WARPS, kRowGroups = BR / 16;
+  constexpr int kColGroups = kRowGroups >= WARPS ? 1 : WARPS / kRowGroups, kCols = D / kColGroups;
+  constexpr int kPerWarp = kRowGroups >= WARPS ? kRowGroups / WARPS : 1;  // row groups per warp
   constexpr int kP = D + 8, kDsP = BR + 8;
-  static_assert(kRowGroups * kColGroups == kWarps && kCols % 16 == 0);
-  const int wr = warp % kRowGroups, col0 = (warp / kRowGroups) * kCols;
-  float acc[1][kCols / 8][4] = {};
-#pragma unroll
-  for (int kc = 0; kc < kKeyTile / 16; ++kc) {
-    uint32_t a[1][4];  // dS rows 16 wr.., keys 16 kc.. (the transpose of the stored dS^T)
-    ldmatrix_x4_trans(a[0], s_ds + (kc * 16 + (lane & 7) + ((lane >> 4) << 3)) * kDsP + wr * 16 +
-                                ((lane >> 3) & 1) * 8);
-    mma_nn<1, kCols / 8>(acc, a, s_k + kc * 16 * kP + col0, kP, lane);
-  }
+  static_assert(kPerWarp * WARPS == kRowGroups * kColGroups && kCols % 16 == 0);
+  const int col0 = (warp / (WARPS / kColGroups)) * kCols;
   float* base =
       dq_acc + int64_t{b} * g.seq * g.q_stride + int64_t{st.head} * D + col0 + 2 * (lane & 3);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = st.q0 + wr * 16 + (lane >> 2) + 8 * r;
-    if (row >= g.seq) continue;
+  for (int i = 0; i < kPerWarp; ++i) {
+    const int wr = warp % (WARPS / kColGroups) + WARPS * i;
+    float acc[1][kCols / 8][4] = {};
 #pragma unroll
-    for (int dn = 0; dn < kCols / 8; ++dn) {
-      atomicAdd(reinterpret_cast<float2*>(base + int64_t{row} * g.q_stride + dn * 8),
-                make_float2(acc[0][dn][2 * r], acc[0][dn][2 * r + 1]));
+    for (int kc = 0; kc < kBc / 16; ++kc) {
+      uint32_t a[1][4];  // dS rows 16 wr.., keys 16 kc.. (the transpose of the stored dS^T)
+      ldmatrix_x4_trans(a[0], s_ds + (kc * 16 + (lane & 7) + ((lane >> 4) << 3)) * kDsP + wr * 16 +
+                                  ((lane >> 3) & 1) * 8);
+      mma_nn<1, kCols / 8>(acc, a, s_k + kc * 16 * kP + col0, kP, lane);
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = st.q0 + wr * 16 + (lane >> 2) + 8 * r;
+      if (row >= g.seq) continue;
+#pragma unroll
+      for (int dn = 0; dn < kCols / 8; ++dn) {
+        atomicAdd(reinterpret_cast<float2*>(base + int64_t{row} * g.q_stride + dn * 8),
+                  make_float2(acc[0][dn][2 * r], acc[0][dn][2 * r + 1]));
+      }
     }
   }
 }
 
-template <int D, int BR, int MINB>
-__global__ void __launch_bounds__(kThreads, MINB)
+template <int D, int WARPS, int BR, int MINB>
+__global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_backward_fused_kernel(float* __restrict__ dq_acc, bf16* __restrict__ dk,
                                 bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
                                 const bf16* __restrict__ v, const float* __restrict__ lse,
                                 const float* __restrict__ delta, Geometry g) {
-  using T = BackwardTiles<D, BR>;
-  constexpr int kBc = T::kBc, kP = T::kPitch, kDsP = T::kDsPitch;
+  using T = BackwardTiles<D, WARPS, BR>;
+  constexpr int kBc = T::kBc, kP = T::kPitch, kDsP = T::kDsPitch, kTh = T::kThreads;
   extern __shared__ uint4 smem[];
   bf16* s_k = reinterpret_cast<bf16*>(smem);                     // [kBc][kP]
   bf16* s_v = s_k + kBc * kP;                                    // [kBc][kP]
@@ -580,12 +597,12 @@ __global__ void __launch_bounds__(kThreads, MINB)
   const int per_head = (g.seq + BR - 1) / BR - first_tile;
   const int n_steps = g.group * per_head;
   const int tid = static_cast<int>(threadIdx.x);  // threads below BR carry one stats row
-  static_assert(BR <= kThreads);
+  static_assert(BR <= kTh);
 
-  load_tile<kBc, D>(s_k, k + kv_off, g.kv_stride, k0, g.seq);
-  load_tile<kBc, D>(s_v, v + kv_off, g.kv_stride, k0, g.seq);
+  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, k0, g.seq);
+  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, k0, g.seq);
   const QueryStep first = query_step(0, first_tile, per_head, kvh, BR, g);
-  dkdv_load_tiles<D, BR>(s_q, s_do, q, dout, b, first, g);
+  dkdv_load_tiles<D, BR, kTh>(s_q, s_do, q, dout, b, first, g);
   cp_async_commit();
   if (tid < BR) {
     const StatRow r = load_stat_row(lse, delta, b, first, tid, g);
@@ -601,8 +618,8 @@ __global__ void __launch_bounds__(kThreads, MINB)
     StatRow next{0.f, 0.f};
     if (more) {  // prefetch step it + 1 into the buffers freed at the end of step it - 1
       const QueryStep st = query_step(it + 1, first_tile, per_head, kvh, BR, g);
-      dkdv_load_tiles<D, BR>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kP, q, dout, b, st,
-                             g);
+      dkdv_load_tiles<D, BR, kTh>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kP, q, dout, b,
+                                  st, g);
       if (tid < BR) next = load_stat_row(lse, delta, b, st, tid, g);
     }
     cp_async_commit();
@@ -617,7 +634,7 @@ __global__ void __launch_bounds__(kThreads, MINB)
     }
     store_ds<BR>(s_ds + warp * 16 * kDsP, ds, lane);
     __syncthreads();
-    dq_atomic_step<D, BR>(dq_acc, s_ds, s_k, b, st, warp, g, lane);
+    dq_atomic_step<D, WARPS, BR>(dq_acc, s_ds, s_k, b, st, warp, g, lane);
     if (more && tid < BR) {
       s_stats[(buf ^ 1) * 2 * BR + tid] = next.lse2;
       s_stats[(buf ^ 1) * 2 * BR + BR + tid] = next.delta;
@@ -816,27 +833,27 @@ void allow_smem(Kernel kernel, int bytes) {
 unsigned tiles(int seq, int tile) { return static_cast<unsigned>((seq + tile - 1) / tile); }
 unsigned generic_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
 
-template <int D, int MT, int BC, int MINB>
+template <int D, int WARPS, int MT, int BC, int MINB>
 void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                     const Tensor& v, const Geometry& g) {
-  using T = ForwardTiles<D, MT, BC>;
+  using T = ForwardTiles<D, WARPS, MT, BC>;
   static const bool configured =
-      (allow_smem(flash_forward_kernel<D, MT, BC, MINB>, T::kSmemBytes), true);
+      (allow_smem(flash_forward_kernel<D, WARPS, MT, BC, MINB>, T::kSmemBytes), true);
   (void)configured;
   const dim3 grid(static_cast<unsigned>(g.batch * g.heads), tiles(g.seq, T::kBr));
-  flash_forward_kernel<D, MT, BC, MINB><<<grid, kThreads, T::kSmemBytes, stream()>>>(
+  flash_forward_kernel<D, WARPS, MT, BC, MINB><<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
       mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v), g);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 // delta and the zeroed f32 dq workspace, the single-pass kernel, then dq from the workspace.
-template <int D, int BR, int MINB>
+template <int D, int WARPS, int BR, int MINB>
 void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            const Tensor& lse, const Tensor& delta, const Geometry& g) {
-  using T = BackwardTiles<D, BR>;
+  using T = BackwardTiles<D, WARPS, BR>;
   static const bool configured =
-      (allow_smem(flash_backward_fused_kernel<D, BR, MINB>, T::kSmemBytes), true);
+      (allow_smem(flash_backward_fused_kernel<D, WARPS, BR, MINB>, T::kSmemBytes), true);
   (void)configured;
   // dq_acc: [batch * seq, heads * D] f32 (the layout of dq); op workspace like delta.
   const Tensor dq_acc =
@@ -847,7 +864,7 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
       delta.data<float>(), dq_acc.data<float>(), cptr(dout), cptr(out), rows, g);
   TANDEM_CUDA_CHECK_LAUNCH();
   const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
-  flash_backward_fused_kernel<D, BR, MINB><<<grid, kThreads, T::kSmemBytes, stream()>>>(
+  flash_backward_fused_kernel<D, WARPS, BR, MINB><<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
       dq_acc.data<float>(), mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k), cptr(v),
       lse.data<float>(), delta.data<float>(), g);
   TANDEM_CUDA_CHECK_LAUNCH();
@@ -856,7 +873,85 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
+// Note [Attention variants]: the D 64 tensor-core kernels come in a few tile shapes, so that one
+// benchmark run on the GPU can time them all (bench/attention_timing). Index 0 is the default;
+// TANDEM_ATTN_FWD / TANDEM_ATTN_BWD (read once per process) pick another, and
+// select_attention_variants (benchmarks, tests) overrides both. D 128 always takes its one shape.
+// Names: w<warps>_q<query rows>_k<keys>_m<blocks per SM (__launch_bounds__)>.
+using ForwardLaunch = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                               const Tensor&, const Geometry&);
+using BackwardLaunch = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                                const Tensor&, const Tensor&, const Geometry&);
+template <typename Launch>
+struct Variant {
+  const char* name;
+  Launch launch;
+};
+// Forward: query rows per block = warps x 16 x MT, each K/V fragment serving MT m16 tiles.
+constexpr Variant<ForwardLaunch> kForwardVariants[] = {
+    {"w4_q128_k64_m2", launch_forward<64, 4, 2, 64, 2>},
+    {"w4_q64_k128_m2", launch_forward<64, 4, 1, 128, 2>},
+    {"w8_q128_k32_m2", launch_forward<64, 8, 1, 32, 2>},
+};
+// Backward: keys per block = 16 x warps; query rows per step BR.
+constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
+    {"w4_q64_k64_m2", launch_backward_fused<64, 4, 64, 2>},
+    {"w8_q64_k128_m1", launch_backward_fused<64, 8, 64, 1>},
+    {"w8_q128_k128_m1", launch_backward_fused<64, 8, 128, 1>},
+    {"w4_q128_k64_m1", launch_backward_fused<64, 4, 128, 1>},
+};
+constexpr int kForwardVariantCount = int{std::size(kForwardVariants)};
+constexpr int kBackwardVariantCount = int{std::size(kBackwardVariants)};
+
+std::atomic<int> forward_override{-1}, backward_override{-1};  // -1: environment or default
+
+// The variant index in environment variable `name` (unset or empty: 0).
+int env_variant(const char* name, int count) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return 0;
+  char* end = nullptr;
+  const long index = std::strtol(text, &end, 10);
+  TANDEM_CHECK(*end == '\0' && index >= 0 && index < count, name, "=", text,
+               " is not a variant index in [0, ", count, ") (Note [Attention variants])");
+  return static_cast<int>(index);
+}
+int forward_variant() {
+  const int chosen = forward_override.load(std::memory_order_relaxed);
+  if (chosen >= 0) return chosen;
+  static const int from_env = env_variant("TANDEM_ATTN_FWD", kForwardVariantCount);
+  return from_env;
+}
+int backward_variant() {
+  const int chosen = backward_override.load(std::memory_order_relaxed);
+  if (chosen >= 0) return chosen;
+  static const int from_env = env_variant("TANDEM_ATTN_BWD", kBackwardVariantCount);
+  return from_env;
+}
+
+template <typename Launch, size_t N>
+std::vector<const char*> variant_names(const Variant<Launch> (&variants)[N]) {
+  std::vector<const char*> names;
+  for (const Variant<Launch>& v : variants) names.push_back(v.name);
+  return names;
+}
+
 }  // namespace
+
+std::vector<const char*> attention_forward_variant_names() {
+  return variant_names(kForwardVariants);
+}
+std::vector<const char*> attention_backward_variant_names() {
+  return variant_names(kBackwardVariants);
+}
+void select_attention_variants(int forward, int backward) {
+  TANDEM_CHECK(forward >= -1 && forward < kForwardVariantCount && backward >= -1 &&
+                   backward < kBackwardVariantCount,
+               "select_attention_variants: forward ", forward, " / backward ", backward,
+               " outside [-1, ", kForwardVariantCount, ") / [-1, ", kBackwardVariantCount, ")");
+  forward_override.store(forward, std::memory_order_relaxed);
+  backward_override.store(backward, std::memory_order_relaxed);
+}
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, const AttentionShape& s) {
@@ -867,10 +962,11 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     // D 64: 128 query rows per block (two m16 tiles per warp share each K/V fragment) and
     // 64-key tiles, two blocks per multiprocessor (246 registers; measured on the H200 against
     // 32-key tiles and 64-row blocks: fastest); D 128: 64 rows and 64-key tiles.
+    // (Note [Attention variants]: index 0 of the D 64 table.)
     if (g.head_dim == 64)
-      launch_forward<64, 2, 64, 2>(out, lse, q, k, v, g);
+      kForwardVariants[forward_variant()].launch(out, lse, q, k, v, g);
     else
-      launch_forward<128, 1, 64, 1>(out, lse, q, k, v, g);
+      launch_forward<128, 4, 1, 64, 1>(out, lse, q, k, v, g);
     return;
   }
   generic_forward_kernel<<<generic_blocks(int64_t{g.batch} * g.heads * g.seq), kThreads, 0,
@@ -896,10 +992,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     // 64-key blocks walking query tiles of 64 rows (D 64) or 32 (D 128), two blocks per
     // multiprocessor: the fastest measured on the H200 (D 128 spills 24 bytes, still faster
     // than 16-row tiles without spills).
+    // (Note [Attention variants]: index 0 of the D 64 table.)
     if (g.head_dim == 64) {
-      launch_backward_fused<64, 64, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
+      kBackwardVariants[backward_variant()].launch(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
     } else {
-      launch_backward_fused<128, 32, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
+      launch_backward_fused<128, 4, 32, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
     }
     return;
   }

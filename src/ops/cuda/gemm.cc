@@ -7,6 +7,10 @@
 
 #include <algorithm>
 #include <compare>
+#include <cstdlib>
+#include <cstring>
+#include <string_view>
+#include <vector>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -34,6 +38,19 @@ namespace {
 // Should cuBLASLt reject a bucket's algorithm for some exact shape, that shape gets its own
 // heuristic query and the product is retried (gemm() below).
 constexpr size_t kMaxPlans = 4096;
+
+// Note [Tuned algorithms]: cuBLASLt's heuristic ranks its candidates by a model of the GPU, and
+// for the narrow products of small layers (a 768-wide weight gradient fills only part of the
+// chip) its first choice is often not the fastest. So when a shape (or a bucket) is first met,
+// up to kTuneCandidates of its candidates run on the call's own operands into scratch outputs,
+// a few times each under CUDA events, and the fastest is kept. Only candidates whose output is
+// bit for bit the first choice's may win: a run's numbers do not depend on timing noise, and
+// every layout and schedule still reproduces the single-rank run exactly. Outputs above
+// kTuneMaxBytes (the LM head's logits block) keep the first choice (the scratch would cost
+// memory), as do products when TANDEM_GEMM_TUNE=0.
+constexpr int kTuneCandidates = 8;
+constexpr int kTuneRuns = 3;
+constexpr int64_t kTuneMaxBytes = int64_t{160} << 20;
 
 struct GemmKey {
   DType c_dtype;
@@ -104,8 +121,9 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
-// Picks the heuristic's best algorithm for `plan` under `key`'s alignment; throws when none fits.
-void choose_algo(GemmPlan& plan, const GemmKey& key) {
+// The heuristic's candidates for `plan` under `key`'s alignment, best first (at most `count`);
+// throws when none fits.
+std::vector<cublasLtMatmulAlgo_t> candidate_algos(GemmPlan& plan, const GemmKey& key, int count) {
   cublasLtMatmulPreference_t pref = nullptr;
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)>
@@ -121,25 +139,96 @@ void choose_algo(GemmPlan& plan, const GemmKey& key) {
   set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_B_BYTES, key.align_a);
   set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_C_BYTES, key.align_c);
   set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES, key.align_c);
-  cublasLtMatmulHeuristicResult_t result{};
+  std::vector<cublasLtMatmulHeuristicResult_t> results(static_cast<size_t>(count));
   int found = 0;
   TANDEM_CUBLAS_CHECK(cublasLtMatmulAlgoGetHeuristic(tandem::cuda::cublaslt_handle(), plan.op,
                                                      plan.first, plan.second, plan.c, plan.c, pref,
-                                                     1, &result, &found));
-  TANDEM_CHECK(found > 0 && result.state == CUBLAS_STATUS_SUCCESS,
+                                                     count, results.data(), &found));
+  std::vector<cublasLtMatmulAlgo_t> algos;
+  for (int i = 0; i < found; ++i) {
+    if (results[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[i].algo);
+  }
+  TANDEM_CHECK(!algos.empty(),
                "gemm: cuBLASLt has no algorithm for m=", key.m, " n=", key.n, " k=", key.k,
                " (trans_a ", key.trans_a == Trans::kYes, ", trans_b ", key.trans_b == Trans::kYes,
                ", lda ", key.lda, ", ldb ", key.ldb, ", ldc ", key.ldc, ", C ",
                dtype_name(key.c_dtype), ", alignment ", key.align_a, "/", key.align_b, "/",
                key.align_c, " bytes)");
-  plan.algo = result.algo;
+  return algos;
+}
+
+// The operands of the call that builds a plan, for tuning it on them (Note [Tuned algorithms]).
+struct TuneCall {
+  const void* a;
+  const void* b;
+  const void* c;
+  float alpha, beta;
+};
+
+bool tuning_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("TANDEM_GEMM_TUNE");
+    return v == nullptr || std::string_view(v) != "0";
+  }();
+  return on;
+}
+
+// Runs every candidate on the call's operands into scratch outputs and keeps the fastest of
+// those whose output equals the first candidate's bit for bit (Note [Tuned algorithms]).
+cublasLtMatmulAlgo_t tune(const GemmPlan& plan, const GemmKey& key,
+                          const std::vector<cublasLtMatmulAlgo_t>& algos, const TuneCall& call) {
+  const int64_t bytes = key.m * key.ldc * dtype_size(key.c_dtype);
+  if (algos.size() < 2 || bytes > kTuneMaxBytes || !tuning_enabled()) return algos.front();
+  const cudaStream_t stream = tandem::cuda::current_stream();
+  const int64_t words = (bytes + 3) / 4;
+  // Zeroed, so the padding past n in each row compares equal too.
+  const Tensor reference = Tensor::zeros({words}, DType::kI32, MemCategory::kOther,
+                                         "gemm.tune.reference", Device::kCUDA);
+  const Tensor trial = Tensor::zeros({words}, DType::kI32, MemCategory::kOther, "gemm.tune.trial",
+                                     Device::kCUDA);
+  auto run = [&](const cublasLtMatmulAlgo_t& algo, const Tensor& d) {
+    return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan.op, &call.alpha, call.b,
+                          plan.first, call.a, plan.second, &call.beta, call.c, plan.c,
+                          d.raw_data(), plan.c, &algo, tandem::cuda::cublaslt_workspace(stream),
+                          tandem::cuda::cublaslt_workspace_bytes(), stream);
+  };
+  if (run(algos.front(), reference) != CUBLAS_STATUS_SUCCESS) return algos.front();
+  std::vector<int32_t> want(static_cast<size_t>(words)), got(static_cast<size_t>(words));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(want.data(), reference.raw_data(), static_cast<size_t>(bytes),
+                                    cudaMemcpyDeviceToHost, stream));
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  cudaEvent_t start = nullptr, stop = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  cublasLtMatmulAlgo_t best = algos.front();
+  float best_ms = -1;
+  for (const cublasLtMatmulAlgo_t& algo : algos) {
+    if (run(algo, trial) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up, and the output to compare
+    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), trial.raw_data(), static_cast<size_t>(bytes),
+                                      cudaMemcpyDeviceToHost, stream));
+    TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
+    for (int i = 0; i < kTuneRuns; ++i) (void)run(algo, trial);
+    TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
+    TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    if (std::memcmp(want.data(), got.data(), static_cast<size_t>(bytes)) != 0) continue;
+    if (best_ms < 0 || ms < best_ms) {
+      best_ms = ms;
+      best = algo;
+    }
+  }
+  (void)cudaEventDestroy(start);
+  (void)cudaEventDestroy(stop);
+  return best;
 }
 
 // cuBLASLt is column-major. A row-major [r, c] matrix with leading dimension ld is the
 // column-major [c, r] matrix with the same ld, so row-major C = op(A) op(B) is column-major
 // C^T = op(B)^T op(A)^T: cuBLASLt's first operand is our B and its second our A, each with the
 // same transpose flag as ours (B stored [k, n] is column-major [n, k] = op(B)^T untransposed).
-std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key, bool exact) {
+// call: the operands to tune on (null: take the heuristic's first choice).
+std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key, bool exact, const TuneCall* call) {
   auto plan = std::make_shared<GemmPlan>();
   TANDEM_CUBLAS_CHECK(cublasLtMatmulDescCreate(&plan->op, CUBLAS_COMPUTE_32F, CUDA_R_32F));
   const cublasOperation_t op_first = key.trans_b == Trans::kYes ? CUBLAS_OP_T : CUBLAS_OP_N;
@@ -167,7 +256,9 @@ std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key, bool exact) {
       return plan;
     }
   }
-  choose_algo(*plan, key);
+  const std::vector<cublasLtMatmulAlgo_t> algos =
+      candidate_algos(*plan, key, call != nullptr ? kTuneCandidates : 1);
+  plan->algo = call != nullptr ? tune(*plan, key, algos, *call) : algos.front();
   if (!exact) {
     std::lock_guard lock(cache.mutex);
     cache.bucket_algos.emplace(bucket_key(key), plan->algo);
@@ -176,7 +267,8 @@ std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key, bool exact) {
 }
 
 // exact: query the heuristic for this very shape (after a bucket's algorithm was rejected).
-std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key, bool exact = false) {
+std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key, const TuneCall* call,
+                                          bool exact = false) {
   PlanCache& cache = plan_cache();
   if (!exact) {
     std::lock_guard lock(cache.mutex);
@@ -184,7 +276,7 @@ std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key, bool exact = false
     if (it != cache.plans.end()) return it->second;
   }
   // Built unlocked: two threads may both build the same plan; the last one stored wins.
-  std::shared_ptr<const GemmPlan> plan = make_plan(key, exact);
+  std::shared_ptr<const GemmPlan> plan = make_plan(key, exact, exact ? nullptr : call);
   std::lock_guard lock(cache.mutex);
   if (cache.plans.size() >= kMaxPlans) cache.plans.clear();
   cache.plans[key] = plan;
@@ -195,7 +287,8 @@ std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key, bool exact = false
 
 void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype,
-          int64_t ldc) {
+          int64_t ldc, const void* c_in) {
+  if (c_in == nullptr) c_in = c;
   TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
   TANDEM_CHECK(c_dtype == DType::kF32 || c_dtype == DType::kBF16, "gemm: C is ",
                dtype_name(c_dtype), ", expected f32 or bf16");
@@ -210,6 +303,7 @@ void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float a
   if (k == 0) {
     // An empty sum: C = beta * C. Only the two values the ops use are supported.
     TANDEM_CHECK(beta == 0.0f || beta == 1.0f, "gemm: k == 0 supports beta 0 or 1, not ", beta);
+    TANDEM_CHECK(beta == 0.0f || c_in == c, "gemm: k == 0 with a separate C input");
     if (beta == 0.0f) {
       const auto esz = static_cast<size_t>(dtype_size(c_dtype));
       TANDEM_CUDA_CHECK(cudaMemset2DAsync(c, static_cast<size_t>(ldc) * esz, 0,
@@ -232,17 +326,18 @@ void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float a
                     .reads_c = beta != 0.0f,
                     .align_a = alignment_of(a),
                     .align_b = alignment_of(b),
-                    .align_c = alignment_of(c)};
-  std::shared_ptr<const GemmPlan> plan = find_plan(key);
+                    .align_c = std::min(alignment_of(c), alignment_of(c_in))};
+  const TuneCall call{a, b, c_in, alpha, beta};
+  std::shared_ptr<const GemmPlan> plan = find_plan(key, &call);
   const auto run = [&] {
     return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan->op, &alpha, b, plan->first, a,
-                          plan->second, &beta, c, plan->c, c, plan->c, &plan->algo,
+                          plan->second, &beta, c_in, plan->c, c, plan->c, &plan->algo,
                           tandem::cuda::cublaslt_workspace(stream),
                           tandem::cuda::cublaslt_workspace_bytes(), stream);
   };
   cublasStatus_t status = run();
   if (status != CUBLAS_STATUS_SUCCESS && plan->from_bucket) {
-    plan = find_plan(key, /*exact=*/true);  // Note [Algorithm buckets]
+    plan = find_plan(key, nullptr, /*exact=*/true);  // Note [Algorithm buckets]
     status = run();
   }
   TANDEM_CUBLAS_CHECK(status);

@@ -15,12 +15,15 @@ enum class Trans : uint8_t { kNo, kYes };
 // C[m, n] = alpha * op(A)[m, k] @ op(B)[k, n] + beta * C, all row-major.
 //   a: bf16, stored [m, k] (kNo) or [k, m] (kYes), lda elements between its rows (>= its width);
 //   b: bf16, stored [k, n] (kNo) or [n, k] (kYes), ldb likewise;
-//   c: `c_dtype` (f32 or bf16), [m, n] with ldc >= n; read only when beta != 0.
+//   c: `c_dtype` (f32 or bf16), [m, n] with ldc >= n; read only when beta != 0;
+//   c_in: when given, beta * c_in is added instead of beta * C (the same layout; c_in may be c),
+//   so C = alpha op(A) op(B) + beta c_in.
 // Accumulates in fp32 (CUBLAS_COMPUTE_32F); a bf16 C is rounded once, at the end (split-k
 // partial sums stay fp32). m == 0 or n == 0 does nothing; k == 0 sets C = beta * C (beta 0 or 1
 // only). Throws tandem::Error for a bad argument or when cuBLASLt has no algorithm for it.
 void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-          int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype, int64_t ldc);
+          int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype, int64_t ldc,
+          const void* c_in = nullptr);
 
 // Rate of a bf16 [m, k] @ [k, n] product with a bf16 result on this GPU, in TFLOP/s (2mnk flops
 // per product): `iters` products timed with CUDA events on the current stream after a warm-up.

@@ -1,6 +1,7 @@
 // CUDA LM head fused with cross-entropy (ops.h): rows go in blocks; a block's logits are formed
 // by cuBLASLt in fp32 into one workspace, reduced to the log-sum-exp (forward) or turned in place
-// into bf16 dlogits (backward, Note [In-place dlogits]), and overwritten by the next block, so the
+// into bf16 dlogits (backward, Note [In-place dlogits]; in one pass with the forward when a row
+// fits in shared memory, Note [Fused loss rows]), and overwritten by the next block, so the
 // [N, V] logits never exist. Forward sums the row losses in double in a fixed order and reads
 // the sum back with one copy. The row helpers shared with loss.cu are in rows.cuh.
 //
@@ -9,12 +10,14 @@
 // is 2 more bytes written and read per logit, next to the 2H flops that form it (H = 4096: about
 // 13% of the product's time against 7% in bf16).
 #include <cuda_bf16.h>
+#include <cuda_pipeline_primitives.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cfloat>
 #include <cstdint>
 
+#include "core/footprint.h"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
@@ -27,8 +30,6 @@ namespace tandem::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // per row
-constexpr int64_t kMaxBlockRows = 8192;
-constexpr int64_t kMaxBlockBytes = int64_t{256} << 20;  // the f32 logits of one block
 
 std::atomic<int64_t> g_block_rows_for_testing{0};
 
@@ -72,10 +73,12 @@ __global__ void __launch_bounds__(kThreads)
 
 // Note [In-place dlogits]: the block's f32 logits [rows, ld] become bf16 dlogits [rows, 2*ld]
 // over the same bytes: bf16 row r starts where f32 row r does, and bf16 element j lies inside
-// f32 element j/2 of that row. A row goes in chunks of kChunkLoads float4 per thread; chunk c
-// (elements [cC, (c+1)C)) writes over f32 elements [cC/2, (c+1)C/2), all of which the block has
-// read once every thread has loaded chunk c, hence the one barrier per chunk between the loads
-// and the stores; the next chunk's loads start at (c+1)C, past anything written so far.
+// f32 element j/2 of that row. In dlogits_kernel a row goes in chunks of kChunkLoads float4 per
+// thread; chunk c (elements [cC, (c+1)C)) writes over f32 elements [cC/2, (c+1)C/2), all of which
+// the block has read once every thread has loaded chunk c, hence the one barrier per chunk between
+// the loads and the stores; the next chunk's loads start at (c+1)C, past anything written so far.
+// loss_rows_kernel has read the whole row into shared memory before its first store, so one
+// barrier per row does (Note [Fused loss rows]).
 // dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale.
 constexpr int kChunkLoads = 2;
 
@@ -115,7 +118,96 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
+// Note [Fused loss rows]: training (lm_head_ce_forward_backward) needs each row's log-sum-exp
+// before any of its dlogits, so the two-kernel path reads the f32 logits from HBM twice
+// (lse_kernel, then dlogits_kernel) and writes the bf16 dlogits once: 10 bytes per logit, all at
+// HBM bandwidth. When a row fits in a block's shared memory (V up to 58044 on the H200: its
+// 227 KiB opt-in limit less block_max_sum's 272 bytes), loss_rows_kernel reads it once, 6 bytes
+// per logit: cp.async copies the whole row into shared memory (every copy in flight at once, no
+// registers held), each thread folds its own float4s into its MaxSum group by group as they land,
+// the block reduces, and the dlogits are formed from the shared copy and written over the row's
+// global bytes. The barriers of block_max_sum order every copy out of the row before any store
+// into it, so Note [In-place dlogits] needs no chunk barriers here. Each thread adds the same
+// float4s in the same order as in lse_kernel (same kThreads), and the dlogits are the same
+// ce_grad of the same floats, so lse, the row losses and dlogits have the two-kernel path's bits.
+// Stores stay 8 bytes a thread (one float4 of logits): a warp's store is 256 contiguous bytes,
+// whole sectors; 16-byte stores would read two float4 per thread from shared memory at a 32-byte
+// stride (2-way bank conflicts) for the same HBM bytes. A block holds one row of 201 KB at
+// V = 50304, so one block per SM: the next row's copies start when the block exits. Rows wider
+// than shared memory, and the forward-only op, keep lse_kernel (and dlogits_kernel).
+constexpr int kFusedStages = 4;  // cp.async groups per row: the first is summed while the rest land
+
+// lse_kernel and dlogits_kernel of one row in one pass; arguments as theirs. The dynamic shared
+// memory holds the row's ceil(v / 4) float4 (the last one may run into the padding, ld % 8 == 0).
+__global__ void __launch_bounds__(kThreads)
+    loss_rows_kernel(float* logits, float* lse, float* row_loss, unsigned* bad_row, int64_t ld,
+                     int64_t v, const int32_t* targets, int64_t row0, float scale) {
+  extern __shared__ float4 srow[];  // [ceil(v / 4)]
+  const int64_t r = blockIdx.x, nvec = v / 4, ncopy = (v + 3) / 4, stride = blockDim.x;
+  float* row = logits + r * ld;
+  const auto* gvec = reinterpret_cast<const float4*>(row);
+  // Thread t copies float4s t + k stride, k < per; group s holds k in [s per / S, (s+1) per / S).
+  const int64_t per = (ncopy + stride - 1) / stride;
+#pragma unroll
+  for (int st = 0; st < kFusedStages; ++st) {
+    for (int64_t k = st * per / kFusedStages; k < (st + 1) * per / kFusedStages; ++k) {
+      const int64_t i = threadIdx.x + k * stride;
+      if (i < ncopy) __pipeline_memcpy_async(&srow[i], &gvec[i], sizeof(float4));
+    }
+    __pipeline_commit();
+  }
+  MaxSum acc{-FLT_MAX, 0.0f};
+#pragma unroll
+  for (int st = 0; st < kFusedStages; ++st) {
+    __pipeline_wait_prior(kFusedStages - 1 - st);  // this thread's copies of group st landed
+    asm volatile("" ::: "memory");                 // ... before the reads below
+    for (int64_t k = st * per / kFusedStages; k < (st + 1) * per / kFusedStages; ++k) {
+      const int64_t i = threadIdx.x + k * stride;
+      if (i < nvec) add_values(acc, srow[i]);
+    }
+  }
+  const float* srow_f = reinterpret_cast<const float*>(srow);
+  for (int64_t j = nvec * 4 + threadIdx.x; j < v; j += stride) add_value(acc, srow_f[j]);
+  acc = block_max_sum(acc);  // its barriers: every copy landed before any store below
+  const float l = acc.m + logf(acc.s);
+  if (threadIdx.x == 0) {
+    lse[r] = l;
+    record_row_loss(row_loss, bad_row, r, l, srow_f, v, targets, row0 + r);
+  }
+  // dlogits over the row's global bytes (Note [In-place dlogits]), from the shared copy.
+  __nv_bfloat16* drow = reinterpret_cast<__nv_bfloat16*>(row);
+  const int64_t t = targets[r];
+  for (int64_t i = threadIdx.x; i < nvec; i += stride) {
+    const float4 x = srow[i];
+    const float d[4] = {ce_grad(x.x, l, 4 * i, t, scale), ce_grad(x.y, l, 4 * i + 1, t, scale),
+                        ce_grad(x.z, l, 4 * i + 2, t, scale), ce_grad(x.w, l, 4 * i + 3, t, scale)};
+    store_vec(drow + 4 * i, d);  // 8-byte aligned: the row is 16-byte aligned
+  }
+  for (int64_t j = nvec * 4 + threadIdx.x; j < v; j += stride) {
+    drow[j] = __float2bfloat16_rn(ce_grad(srow_f[j], l, j, t, scale));
+  }
+}
+
 // ---- host side ----
+
+// The dynamic shared memory loss_rows_kernel needs for rows of v logits, its limit raised to match
+// (on the current device), or 0 when a row is more than a block may hold (Note [Fused loss rows]).
+int64_t fused_rows_smem(int64_t v) {
+  static const int limit = [] {  // the opt-in maximum less the kernel's static shared memory
+    int device = 0, optin = 0;
+    TANDEM_CUDA_CHECK(cudaGetDevice(&device));
+    TANDEM_CUDA_CHECK(
+        cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr{};
+    TANDEM_CUDA_CHECK(cudaFuncGetAttributes(&attr, loss_rows_kernel));
+    return optin - static_cast<int>(attr.sharedSizeBytes);
+  }();
+  const int64_t bytes = (v + 3) / 4 * int64_t{sizeof(float4)};
+  if (bytes > limit) return 0;
+  TANDEM_CUDA_CHECK(
+      cudaFuncSetAttribute(loss_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  return bytes;
+}
 
 struct LmHeadDims {
   int64_t n, h, v;
@@ -137,14 +229,16 @@ LmHeadDims check_lm_head(const char* op, const Tensor& lse, const Tensor& x, con
 
 // The f32 logits' row stride: V rounded up to 8 floats, so every row starts 32-byte aligned
 // (vector loads here, aligned operands for cuBLASLt) and the bf16 dlogits' rows 16-byte aligned.
-int64_t padded_vocab(int64_t v) { return (v + 7) / 8 * 8; }
+int64_t padded_vocab(int64_t v) { return lm_head_padded_vocab(v); }
 
-// Rows per block: the block's f32 logits stay within kMaxBlockBytes, at most kMaxBlockRows.
+// Rows per block: core/footprint.h's lm_head_block_rows (the block's f32 logits within
+// kLmHeadMaxBlockBytes, at most kLmHeadMaxBlockRows, blocks as even as that allows: a short last
+// block would cost a product launch and, in the weight gradient, one more read and write of the
+// f32 [V, H] gradient for few rows), which the planner sizes the loss node's workspace by.
 int64_t block_rows(int64_t n, int64_t ld) {
   const int64_t forced = g_block_rows_for_testing.load();
-  const int64_t rows =
-      forced > 0 ? forced : std::clamp(kMaxBlockBytes / (ld * 4), int64_t{1}, kMaxBlockRows);
-  return std::min(rows, n);
+  if (forced > 0) return std::min(forced, n);
+  return lm_head_block_rows(n, ld);
 }
 
 // A workspace of `rows` x `ld` f32 logits, checked to meet the kernels' 16-byte alignment.
@@ -158,6 +252,16 @@ Tensor logits_block(int64_t rows, int64_t ld) {
 
 const __nv_bfloat16* bf16_rows(const Tensor& t, int64_t row0) {
   return static_cast<const __nv_bfloat16*>(t.raw_data()) + row0 * t.size(1);
+}
+
+// lse_kernel over the block of `rows` rows starting at batch row r0: lse and row losses of those
+// rows from the block's logits [rows, ld].
+void launch_lse(const Tensor& logits, int64_t ld, int64_t v, const Tensor& lse,
+                const RowLosses& losses, const Tensor& targets, int64_t r0, int64_t rows) {
+  lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
+      lse.data<float>() + r0, losses.row_loss() + r0, losses.bad_row(), logits.data<float>(), ld,
+      v, targets.data<int32_t>() + r0, r0);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace
@@ -181,10 +285,7 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
     // logits[rows, V] = x[r0 : r0 + rows] @ w^T.
     gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, bf16_rows(x, r0), d.h, w.raw_data(), d.h,
          0.0f, logits.raw_data(), DType::kF32, ld);
-    lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-        lse.data<float>() + r0, losses.row_loss() + r0, losses.bad_row(), logits.data<float>(), ld,
-        d.v, targets.data<int32_t>() + r0, r0);
-    TANDEM_CUDA_CHECK_LAUNCH();
+    launch_lse(logits, ld, d.v, lse, losses, targets, r0, rows);
   }
   return losses.finish(op, targets, d.v);
 }
@@ -200,24 +301,27 @@ void backward_blocks(const LmHeadDims& d, const Tensor& dx, const Tensor& dw, co
   const cudaStream_t s = stream();
   const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
   const Tensor logits = logits_block(max_rows, ld);  // f32 [rows, ld], then bf16 [rows, 2 ld]
+  const int64_t fused_smem = losses != nullptr ? fused_rows_smem(d.v) : 0;
   float dw_beta = acc_dw == Accumulate::kAdd ? 1.0f : 0.0f;
   for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
     const int64_t rows = std::min(max_rows, d.n - r0);
     const __nv_bfloat16* xb = bf16_rows(x, r0);  // [rows, H]
     gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, xb, d.h, w.raw_data(), d.h, 0.0f,
          logits.raw_data(), DType::kF32, ld);
-    if (losses != nullptr) {
-      // A bad target leaves its row's dlogits without the one-hot; the caller's finish() throws
-      // before anyone reads dx or dw.
-      lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-          lse.data<float>() + r0, losses->row_loss() + r0, losses->bad_row(),
-          logits.data<float>(), ld, d.v, targets.data<int32_t>() + r0, r0);
+    // With `losses`, a bad target leaves its row's dlogits without the one-hot; the caller's
+    // finish() throws before anyone reads dx or dw.
+    if (losses != nullptr && fused_smem > 0) {
+      loss_rows_kernel<<<static_cast<unsigned>(rows), kThreads, fused_smem, s>>>(
+          logits.data<float>(), lse.data<float>() + r0, losses->row_loss() + r0, losses->bad_row(),
+          ld, d.v, targets.data<int32_t>() + r0, r0, static_cast<float>(scale));
+      TANDEM_CUDA_CHECK_LAUNCH();
+    } else {
+      if (losses != nullptr) launch_lse(logits, ld, d.v, lse, *losses, targets, r0, rows);
+      dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
+          logits.data<float>(), ld, d.v, targets.data<int32_t>() + r0, lse.data<float>() + r0,
+          static_cast<float>(scale));
       TANDEM_CUDA_CHECK_LAUNCH();
     }
-    dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-        logits.data<float>(), ld, d.v, targets.data<int32_t>() + r0, lse.data<float>() + r0,
-        static_cast<float>(scale));
-    TANDEM_CUDA_CHECK_LAUNCH();
     const void* dlogits = logits.raw_data();  // bf16 [rows, V], leading dimension 2 ld
     // dx[r0 : r0 + rows] = dlogits @ w.
     gemm(Trans::kNo, Trans::kNo, rows, d.h, d.v, 1.0f, dlogits, 2 * ld, w.raw_data(), d.h, 0.0f,

@@ -20,7 +20,7 @@ using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements of a vector: 16 bytes of bf16, two float4 of f32 (common.cuh)
 constexpr int kRowsPerBlock = kThreads / 32;  // warp-per-row kernels: rows a block holds
-constexpr int kMaxWarpCache = 2;  // backward: warp per row up to 32 * 8 * 2 = 512 columns
+constexpr int kMaxWarpCache = 4;  // backward: warp per row up to 32 * 8 * 4 = 1024 columns
 
 // ---- rmsnorm forward: one warp per row ----
 
@@ -115,6 +115,15 @@ __global__ void __launch_bounds__(kThreads)
 // columns' dg in registers; other rows: one block per row, each thread owning fixed columns whose
 // dg it keeps in shared memory. Either way no two threads add into one dg column: each block
 // writes its dg to partial[block, :] and rmsnorm_dg_kernel adds the blocks up in a fixed order.
+//
+// Note [Norm backward grid]: the warp-per-row kernel is bound by HBM (dy and x read, dx written:
+// 6 bytes a column), so it needs many bytes in flight, not many blocks: a lane issues all its
+// 16-byte loads of dy and x (up to 2 * kMaxWarpCache) before the row's one shuffle reduction, and
+// the grid is one wave of resident blocks, each striding over rows. One wave keeps the partials
+// to (blocks resident at once) rows of h floats, 0.8 MB at h = 768 on an H200 (2 blocks of 256
+// threads per SM), which rmsnorm_dg_kernel reads in two round trips per thread; a block per 4
+// rows (the block-per-row kernel h = 768 used to take) made it 8x that, latency-bound. H up to
+// 1024 (the dense models) is warp per row, as a block per row costs two barriers per row.
 
 struct BackwardArgs {
   bf16* dx;
@@ -127,21 +136,24 @@ struct BackwardArgs {
 };
 
 // dx = r g dy - (r^3 / H) x sum_i(dy_i g_i x_i); dg += dy x r. One warp per row (rows strided
-// over the grid); lane l holds groups of 8 l + 32 m (m < kCache), which cover the row.
+// over the grid); lane l holds groups of 8 l + 32 m (m < kCache), which cover the row, and their
+// dg in registers. g waits in shared memory as f32, not in registers: at kCache = 4 those 32 more
+// registers per thread would leave one block per SM (Note [Norm backward grid]).
 template <typename TG, int kCache>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, 2)
     rmsnorm_backward_warp_kernel(BackwardArgs a, const TG* g) {
-  extern __shared__ float4 dg_shared[];  // [kRowsPerBlock, h]: each warp's dg
+  extern __shared__ float4 dg_shared[];  // [kRowsPerBlock, h]: each warp's dg; then g [h] f32
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int64_t groups = a.h / kVec;
-  float gc[kCache][kVec], acc[kCache][kVec];
-#pragma unroll
-  for (int m = 0; m < kCache; ++m) {
-    const int64_t c = lane + 32 * m;
-    if (c < groups) load_vec(g + c * kVec, gc[m]);
-#pragma unroll
-    for (int j = 0; j < kVec; ++j) acc[m][j] = 0.0f;
+  float* sdg = reinterpret_cast<float*>(dg_shared);
+  float* sg = sdg + kRowsPerBlock * a.h;
+  for (int64_t c = threadIdx.x; c < groups; c += blockDim.x) {
+    float gv[kVec];
+    load_vec(g + c * kVec, gv);
+    store_vec(sg + c * kVec, gv);
   }
+  float acc[kCache][kVec] = {};
+  __syncthreads();
   for (int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + warp; row < a.n;
        row += int64_t{gridDim.x} * kRowsPerBlock) {
     const float rs = a.rstd[row];
@@ -156,11 +168,12 @@ __global__ void __launch_bounds__(kThreads)
       if (c < groups) {
         cdy[m] = *reinterpret_cast<const uint4*>(dyr + c * kVec);
         cx[m] = *reinterpret_cast<const uint4*>(xr + c * kVec);
-        float dyv[kVec], xv[kVec];
+        float dyv[kVec], xv[kVec], gv[kVec];
         unpack8(cdy[m], dyv);
         unpack8(cx[m], xv);
+        load_vec(sg + c * kVec, gv);
 #pragma unroll
-        for (int j = 0; j < kVec; ++j) dot += dyv[j] * gc[m][j] * xv[j];
+        for (int j = 0; j < kVec; ++j) dot += dyv[j] * gv[j] * xv[j];
       }
     }
     dot = warp_sum(dot);
@@ -169,13 +182,14 @@ __global__ void __launch_bounds__(kThreads)
     for (int m = 0; m < kCache; ++m) {
       const int64_t c = lane + 32 * m;
       if (c < groups) {
-        float dyv[kVec], xv[kVec], d[kVec], old[kVec];
+        float dyv[kVec], xv[kVec], gv[kVec], d[kVec], old[kVec];
         unpack8(cdy[m], dyv);
         unpack8(cx[m], xv);
+        load_vec(sg + c * kVec, gv);
         if (a.add) load_vec(dxr + c * kVec, old);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
-          d[j] = dyv[j] * gc[m][j] * rs - coef * xv[j];
+          d[j] = dyv[j] * gv[j] * rs - coef * xv[j];
           if (a.add) d[j] += old[j];
           acc[m][j] += dyv[j] * xv[j] * rs;
         }
@@ -183,14 +197,10 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  float* sdg = reinterpret_cast<float*>(dg_shared);
 #pragma unroll
   for (int m = 0; m < kCache; ++m) {
     const int64_t c = lane + 32 * m;
-    if (c < groups) {
-#pragma unroll
-      for (int j = 0; j < kVec; ++j) sdg[warp * a.h + c * kVec + j] = acc[m][j];
-    }
+    if (c < groups) store_vec(sdg + warp * a.h + c * kVec, acc[m]);
   }
   __syncthreads();
   float* out = a.partial + int64_t{blockIdx.x} * a.h;
@@ -334,7 +344,7 @@ __global__ void __launch_bounds__(32 * kSlices)
   const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
   float s = 0;
   if (c < h) {
-#pragma unroll 4
+#pragma unroll 8
     for (int b = threadIdx.y; b < blocks; b += kSlices) s += partial[int64_t{b} * h + c];
   }
   slice[threadIdx.y][threadIdx.x] = s;
@@ -465,6 +475,42 @@ float* dg_partials(int64_t blocks, int64_t h) {
   return static_cast<float*>(tandem::cuda::cublaslt_workspace(stream()));
 }
 
+// One rmsnorm backward: the chosen kernel over a grid sized as Note [Norm backward grid] says,
+// then the partials added into dg. Arguments checked by rmsnorm_backward.
+struct BackwardLaunch {
+  BackwardArgs args;  // partial filled in by run()
+  float* dg;          // [h] f32, added to
+  int threads;
+  int64_t shared_bytes;
+  bool warp_rows;
+
+  template <typename Kernel, typename TG>
+  void run(Kernel kernel, const TG* g) {
+    allow_shared(kernel, static_cast<size_t>(shared_bytes));
+    const int64_t n = args.n, h = args.h, sms = tandem::cuda::multiprocessor_count();
+    int64_t wanted = 0;
+    if (warp_rows) {
+      int resident = 0;
+      TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+          &resident, kernel, threads, static_cast<size_t>(shared_bytes)));
+      wanted = std::min((n + kRowsPerBlock - 1) / kRowsPerBlock,
+                        std::max<int64_t>(resident, 1) * sms);
+    } else {
+      // Block per row: several rows per block, the partials small next to dx.
+      wanted = std::min((n + 3) / 4, std::min(32, 2048 / threads) * sms);
+    }
+    const int64_t fit = static_cast<int64_t>(tandem::cuda::cublaslt_workspace_bytes()) /
+                        (h * int64_t{sizeof(float)});
+    const int64_t blocks = std::max<int64_t>(1, std::min(wanted, fit));
+    args.partial = dg_partials(blocks, h);
+    kernel<<<static_cast<unsigned>(blocks), threads, shared_bytes, stream()>>>(args, g);
+    TANDEM_CUDA_CHECK_LAUNCH();
+    rmsnorm_dg_kernel<<<static_cast<unsigned>((h + 31) / 32), dim3(32, kSlices), 0, stream()>>>(
+        dg, args.partial, static_cast<int>(blocks), h);
+    TANDEM_CUDA_CHECK_LAUNCH();
+  }
+};
+
 }  // namespace
 
 // ---- rmsnorm ----
@@ -522,48 +568,35 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, cons
                    aligned16(x.raw_data()) && aligned16(g.raw_data());
   const int64_t units = vec ? h / kVec : h;  // groups of 8, or columns
   const int64_t lane_groups = (units + 31) / 32;
-  const bool warp_rows = vec && lane_groups <= kMaxWarpCache;
+  BackwardLaunch l;
+  l.warp_rows = vec && lane_groups <= kMaxWarpCache;
   // Block per row: threads share the row's units. Warp per row: 8 rows at a time.
-  const int threads =
-      warp_rows ? kThreads : static_cast<int>(std::min<int64_t>(kThreads, lane_groups * 32));
-  const int64_t per_thread = (units + threads - 1) / threads;
-  const int64_t shared_bytes = (warp_rows ? kRowsPerBlock : 1) * h * int64_t{sizeof(float)};
-  // Enough blocks to fill the GPU, each with several rows (the partials stay small next to dx),
-  // and no more than the scratch holds.
-  const int64_t sms = tandem::cuda::multiprocessor_count();
-  const int64_t fit = static_cast<int64_t>(tandem::cuda::cublaslt_workspace_bytes()) /
-                      (h * int64_t{sizeof(float)});
-  const int64_t wanted = warp_rows ? std::min((n + 2 * kRowsPerBlock - 1) / (2 * kRowsPerBlock),
-                                              4 * sms)
-                                   : std::min((n + 3) / 4, std::min(32, 2048 / threads) * sms);
-  const int64_t blocks = std::max<int64_t>(1, std::min(wanted, fit));
-  const BackwardArgs args{static_cast<bf16*>(dx.raw_data()),
-                          dg_partials(blocks, h),
-                          static_cast<const bf16*>(dy.raw_data()),
-                          static_cast<const bf16*>(x.raw_data()),
-                          rstd.data<float>(),
-                          n,
-                          h,
-                          acc_dx == Accumulate::kAdd};
+  l.threads =
+      l.warp_rows ? kThreads : static_cast<int>(std::min<int64_t>(kThreads, lane_groups * 32));
+  const int64_t per_thread = (units + l.threads - 1) / l.threads;
+  l.shared_bytes = (l.warp_rows ? kRowsPerBlock + 1 : 1) * h * int64_t{sizeof(float)};
+  l.args = BackwardArgs{static_cast<bf16*>(dx.raw_data()),
+                        nullptr,
+                        static_cast<const bf16*>(dy.raw_data()),
+                        static_cast<const bf16*>(x.raw_data()),
+                        rstd.data<float>(),
+                        n,
+                        h,
+                        acc_dx == Accumulate::kAdd};
+  l.dg = dg.data<float>();
   dispatch_act(g.dtype(), [&](auto tg) {
     using TG = typename decltype(tg)::type;
     const TG* pg = static_cast<const TG*>(g.raw_data());
-    auto launch = [&](auto kernel) {
-      allow_shared(kernel, static_cast<size_t>(shared_bytes));
-      kernel<<<static_cast<unsigned>(blocks), threads, shared_bytes, stream()>>>(args, pg);
-      TANDEM_CUDA_CHECK_LAUNCH();
-    };
-    if (!vec) launch(rmsnorm_backward_scalar_kernel<TG>);
-    else if (warp_rows && lane_groups <= 1) launch(rmsnorm_backward_warp_kernel<TG, 1>);
-    else if (warp_rows) launch(rmsnorm_backward_warp_kernel<TG, kMaxWarpCache>);
-    else if (per_thread <= 1) launch(rmsnorm_backward_vec_kernel<TG, 1>);
-    else if (per_thread <= 2) launch(rmsnorm_backward_vec_kernel<TG, 2>);
-    else if (per_thread <= 4) launch(rmsnorm_backward_vec_kernel<TG, 4>);
-    else launch(rmsnorm_backward_vec_kernel<TG, 0>);
+    if (!vec) l.run(rmsnorm_backward_scalar_kernel<TG>, pg);
+    else if (l.warp_rows && lane_groups <= 1) l.run(rmsnorm_backward_warp_kernel<TG, 1>, pg);
+    else if (l.warp_rows && lane_groups <= 2) l.run(rmsnorm_backward_warp_kernel<TG, 2>, pg);
+    else if (l.warp_rows && lane_groups <= 3) l.run(rmsnorm_backward_warp_kernel<TG, 3>, pg);
+    else if (l.warp_rows) l.run(rmsnorm_backward_warp_kernel<TG, kMaxWarpCache>, pg);
+    else if (per_thread <= 1) l.run(rmsnorm_backward_vec_kernel<TG, 1>, pg);
+    else if (per_thread <= 2) l.run(rmsnorm_backward_vec_kernel<TG, 2>, pg);
+    else if (per_thread <= 4) l.run(rmsnorm_backward_vec_kernel<TG, 4>, pg);
+    else l.run(rmsnorm_backward_vec_kernel<TG, 0>, pg);
   });
-  rmsnorm_dg_kernel<<<static_cast<unsigned>((h + 31) / 32), dim3(32, kSlices), 0, stream()>>>(
-      dg.data<float>(), args.partial, static_cast<int>(blocks), h);
-  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 // ---- rope ----

@@ -1,0 +1,20 @@
+// The flash attention's tile variants (attention.cu, Note [Attention variants]): their names and
+// a switch, so that one benchmark run times them all and a test checks each. Private to
+// src/ops/cuda, bench and tests/cuda.
+#pragma once
+
+#include <vector>
+
+namespace tandem::ops::cuda {
+
+// Names of the D 64 tensor-core forward / backward variants; the index is what TANDEM_ATTN_FWD /
+// TANDEM_ATTN_BWD and select_attention_variants take. Index 0 is the default.
+std::vector<const char*> attention_forward_variant_names();
+std::vector<const char*> attention_backward_variant_names();
+
+// Makes every later attention call in the process take forward variant `forward` and backward
+// variant `backward` (-1: back to the environment variable, else the default); throws
+// tandem::Error for an index out of range.
+void select_attention_variants(int forward, int backward);
+
+}  // namespace tandem::ops::cuda
