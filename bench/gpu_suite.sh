@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
-# then the benchmarks named in $SUITE (tests, nccl, train, multi, attn, bench-a, bench-b,
-# peer-a, peer-b),
+# then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
+# multi-b, multi-b2, hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -25,6 +25,9 @@ for s in $SUITE; do
       timeout 300 $B/test_cuda_allocator > "$OUT/test_cuda_allocator.log" 2>&1; echo "allocator rc=$?"
       timeout 300 $B/test_cuda_ops > "$OUT/test_cuda_ops.log" 2>&1; echo "ops rc=$?"
       grep -E "FAILED|PASSED" "$OUT"/test_cuda_*.log | tail -40 ;;
+    gpupipe)
+      timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
+        $B/test_gpu_pipeline > "$OUT/test_gpu_pipeline.log" 2>&1; echo "gpu pipeline rc=$?"; grep -E "FAILED|PASSED|OK \]" "$OUT/test_gpu_pipeline.log" | tail -8 ;;
     train)
       timeout 300 $B/tandem train --device cuda --addition-max-digits 2 --micro-batch-size 8 \
         --global-batch-size 8 --train-iters 100 --log-interval 20 --log-json "$OUT/train.jsonl" \
@@ -70,6 +73,45 @@ for s in $SUITE; do
       for m in "pp --schedule 1F1B --compile --num-microbatches 8" "ep --num-microbatches 8"; do
         timeout 300 torchrun --nproc-per-node 2 devrun/torch_peer.py --mode $m $SB --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/multi_b.txt"
       done ;;
+    overlap-eq)
+      # Combined 1F1B with EP2 on 2 GPUs, the all-to-all on its own stream (--comm-overlap on)
+      # and on the compute stream (off): the same losses bit for bit; both against one GPU.
+      A="--device cuda --addition-max-digits 2 --micro-batch-size 4 --global-batch-size 16 --train-iters 20 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 2 --log-interval 10 --seed 7 --quiet"
+      M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+      T=/tmp/ovl; mkdir -p $T
+      timeout 120 $B/tandem train $A --log-json $T/one.jsonl > $T/one.log 2>&1; echo "one rc=$?"
+      for ov in on off; do
+        timeout 180 $M $B/tandem train $A --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap $ov --log-json $T/ep2c-$ov.jsonl > $T/ep2c-$ov.log 2>&1; echo "ep2 combined overlap=$ov rc=$?"; tail -2 $T/ep2c-$ov.log
+      done
+      timeout 180 $M $B/tandem train $A --pipeline-model-parallel-size 2 --schedule combined-1f1b --log-json $T/pp2c.jsonl > $T/pp2c.log 2>&1; echo "pp2 combined rc=$?"
+      timeout 180 $M $B/tandem train $A --pipeline-model-parallel-size 2 --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --log-json $T/pp2d.jsonl > $T/pp2d.log 2>&1; echo "pp2 dualpipev rc=$?"
+      python3 devrun/compare_losses.py --rtol=0 $T/ep2c-off.jsonl $T/ep2c-on.jsonl | tee "$OUT/overlap_eq.txt"
+      python3 devrun/compare_losses.py --rtol=1e-2 $T/one.jsonl $T/ep2c-on.jsonl $T/pp2c.jsonl $T/pp2d.jsonl | tee -a "$OUT/overlap_eq.txt" ;;
+    multi-b2)
+      # Issue 6's benchmark, shape (b) on 2 GPUs: tandem's PP2 schedules and EP2 with and without
+      # overlap, then torch_peer.py's pp schedules and ep mode, in one call.
+      SB="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
+      M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+      T=/tmp/multib; mkdir -p $T
+      for run in "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
+                 "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
+                 "pp2-combined --pipeline-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 16" \
+                 "pp2-dualpipev --pipeline-model-parallel-size 2 --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
+                 "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json" \
+                 "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
+                 "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json"; do
+        set -- $run; name=$1; shift
+        timeout 150 $M $B/tandem train --device cuda $SB "$@" --train-iters 8 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
+        echo "tandem $name rc=$? $(python3 -c "
+import json,statistics as s
+r=[json.loads(l) for l in open('$T/$name.jsonl')][3:]
+m=lambda k: s.median(x[k] for x in r) if k in r[0] else -1
+print('tokens/s', round(m('tokens_per_s')), 'peak GiB', [round(b/2**30,2) for b in r[-1]['mem_peak_bytes']], 'act GiB', [round(b/2**30,2) for b in r[-1]['activation_peak_bytes']], 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1)" | tee -a "$OUT/multi_b.txt"
+        [ -s $T/$name.jsonl ] || tail -5 $T/$name.log
+      done
+      [ "${PEERS:-1}" = 0 ] || for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do
+        timeout 240 torchrun --nproc-per-node 2 devrun/torch_peer.py --mode $m $SB --num-microbatches 8 --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/multi_b.txt"
+      done ;;
     hf)
       # transformers loads tandem checkpoints (MoE -> Mixtral, dense -> Llama) with the same loss.
       T=/tmp/hf; mkdir -p $T
@@ -81,6 +123,36 @@ for s in $SUITE; do
         echo "$kind: tandem loss $L"
         timeout 300 python3 devrun/check_hf_load.py $T/$kind $T/tokens.txt $L > $T/$kind.check 2>&1
         rc=$?; tail -3 $T/$kind.check; echo "$kind check rc=$rc"
+      done ;;
+    prof-a|prof-b)
+      # Per-kernel GPU time of two steps (one warm-up, one timed) under Nsight Compute.
+      [ $s = prof-a ] && SH="$SHAPE_A" || SH="$SHAPE_B"
+      timeout 500 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file /tmp/$s.csv \
+        $B/gpu_train_bench $SH --steps 1 --warmup-steps 1 > "$OUT/$s.bench" 2>&1; echo "ncu rc=$?"
+      python3 devrun/kernel_summary.py /tmp/$s.csv > "$OUT/$s.txt" 2>&1; head -60 "$OUT/$s.txt" ;;
+    attn-pick)
+      # Every attention variant timed (attention_timing), then shapes (a) and (b) trained with
+      # the fastest forward and backward variant of their shape (TANDEM_ATTN_FWD / _BWD).
+      timeout 200 $B/attention_timing 20 > "$OUT/attn.log" 2>&1; echo "attention_timing rc=$?"; cat "$OUT/attn.log"
+      for sh in a b; do
+        pick=$(python3 - "$OUT/attn.log" $sh <<'PY'
+import re, sys
+best = {}
+shape = None
+for line in open(sys.argv[1]):
+    m = re.match(r"shape (\S+):", line)
+    if m: shape = m.group(1)
+    m = re.match(r"\s+\S+ (fwd|bwd) (\d+) \S+\s+([\d.]+) ms\s+([\d.]+) TFLOP/s \| (.*)", line)
+    if m and shape == sys.argv[2]:
+        diffs = [float(x) for x in re.findall(r"[\d.]+e[+-]\d+", m.group(5))]
+        if all(d < 5e-2 for d in diffs) and float(m.group(4)) > best.get(m.group(1), (0, -1))[1]:
+            best[m.group(1)] = (m.group(2), float(m.group(4)))
+print("TANDEM_ATTN_FWD=%s TANDEM_ATTN_BWD=%s" % (best.get("fwd", ("0",))[0], best.get("bwd", ("0",))[0]))
+PY
+)
+        echo "shape ($sh) picks $pick"
+        [ $sh = a ] && SH="$SHAPE_A" || SH="$SHAPE_B"
+        env $pick timeout 300 $B/gpu_train_bench $SH --steps 10 --warmup-steps 3 2> "$OUT/bench_$sh.pick.err" | tee -a "$OUT/results.jsonl"
       done ;;
     attn)
       [ -x $B/attention_timing ] && timeout 120 $B/attention_timing > "$OUT/attn.log" 2>&1; cat "$OUT/attn.log" ;;

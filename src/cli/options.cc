@@ -67,6 +67,7 @@ const std::vector<std::string> kSchedules = {"gpipe",         "1f1b",  "interlea
 const std::vector<std::string> kDataFormats = {"auto", "megatron", "tokens", "text"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
 const std::vector<std::string> kNanPolicies = {"stop", "skip"};
+const std::vector<std::string> kOnOff = {"on", "off"};
 
 void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
   s.push_back(
@@ -184,6 +185,19 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kAny,
                {},
                "FILE"});
+  s.push_back({"node-times-out",
+               &o.node_times_out,
+               "write the last step's measured time of each node kind (GPU runs, CUDA events; "
+               "every rank's mean) as the JSON that `tandem plan --node-times` reads (default: "
+               "none)",
+               Bound::kAny,
+               {},
+               "FILE"});
+  s.push_back({"comm-overlap", &o.comm_overlap,
+               "combined-1f1b and dualpipev with expert parallelism: run the expert all-to-all "
+               "on a communication stream of its own, overlapped with the other micro-batch's "
+               "compute (on), or in order on the compute stream (off)",
+               Bound::kAny, kOnOff});
   s.push_back({"device", &o.device,
                "where to train: cpu (OpenBLAS, f32) or cuda (one GPU per process, bf16 "
                "activations, f32 master weights; needs a binary built with CUDA)",
@@ -595,6 +609,7 @@ void check_paths(const RunOptions& o) {
                "--save ", o.save_dir, ": exists and is not a directory; give a directory");
   check_output_parent("--log-json", o.log_json);
   check_output_parent("--trace", o.trace_path);
+  check_output_parent("--node-times-out", o.node_times_out);
 }
 
 // A checkpoint's value as the spec's type; nullopt when the JSON type does not fit.

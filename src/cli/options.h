@@ -28,6 +28,8 @@ struct RunOptions {
   std::string nan_policy = "stop";  // --nan-policy stop | skip (sets train.non_finite_policy)
   std::string log_json;          // --log-json FILE: one JSON object per iteration
   std::string trace_path;        // --trace FILE.json: the measured timeline
+  std::string node_times_out;    // --node-times-out FILE.json: measured node times (GPU)
+  std::string comm_overlap = "on";  // --comm-overlap on | off: all-to-all on its own stream
   std::string device = "cpu";    // --device cpu | cuda
   bool quiet = false;            // --quiet: no progress bar, no log lines
   int64_t addition_max_digits = 3;  // --addition-max-digits: the built-in task's operand digits

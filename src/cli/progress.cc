@@ -129,6 +129,9 @@ std::string to_json_line(const IterationRecord& r) {
   nlohmann::json with_comm = j;
   with_comm["alltoall_s"] = number(r.comm_seconds);
   with_comm["exposed_alltoall_s"] = number(r.exposed_comm_seconds);
+  if (r.forward_backward_seconds >= 0) {
+    with_comm["forward_backward_s"] = number(r.forward_backward_seconds);
+  }
   return with_comm.dump();
 }
 

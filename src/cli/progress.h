@@ -35,6 +35,10 @@ struct IterationRecord {
   // step, and of those the seconds its compute stream stood waiting for them (exposed).
   double comm_seconds = -1;
   double exposed_comm_seconds = -1;
+  // GPU runs under mpirun (negative: not measured): rank 0's forward-backward time by CUDA
+  // events, from the step's start to the end of its last action (no gradient reduction or
+  // optimizer), the figure `tandem plan` predicts as its step time.
+  double forward_backward_seconds = -1;
 };
 
 enum class Verbosity : uint8_t { kNormal, kQuiet };       // kQuiet: no bar, no log lines

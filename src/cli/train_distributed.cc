@@ -3,6 +3,7 @@
 // rank's chunks, the pipeline trainer's steps, per-rank memory in the log, and checkpoints
 // gathered to rank 0 for --save (docs/checkpoints.md, "Several ranks").
 #include <chrono>
+#include <fstream>
 #include <cstdlib>
 #include <iostream>
 #include <map>
@@ -15,6 +16,7 @@
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"
 #include "comm/mpi_communicator.h"
+#include "core/device.h"
 #include "runtime/checkpoint.h"
 #include "runtime/distributed.h"
 #include "schedule/generators.h"
@@ -103,14 +105,48 @@ void install_nan_fault(const Fault& fault, runtime::PipelineTrainer& trainer) {
   });
 }
 
-// Every rank's timeline of the last step, written by rank 0 as one trace file.
+// Every rank's timeline of the last step, written by rank 0 as one trace file. On the GPU the
+// spans are CUDA-event times and the memory counter host times of the allocations (the host
+// runs ahead of the GPU), both from the step's start.
 void write_measured_trace(const std::string& path, runtime::PipelineTrainer& trainer,
-                          comm::Communicator& world) {
+                          comm::Communicator& world, Allocator& alloc) {
   const std::string mine = runtime::rank_trace_events(
-      world.rank(), trainer.timeline(), cpu_allocator().trace(), trainer.step_start_seconds());
-  cpu_allocator().set_trace(false);
+      world.rank(), trainer.timeline(), alloc.trace(), trainer.step_start_seconds());
+  alloc.set_trace(false);
   const std::vector<std::string> all = world.all_gather_bytes(mine);
   if (world.rank() == 0) runtime::write_trace_file(path, all);
+}
+
+// The mean over ranks of each node kind's measured times (each rank times its own layers), as
+// the JSON of `tandem plan --node-times`; written by rank 0. Throws naming the path when it
+// cannot be written.
+void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
+                      comm::Communicator& world) {
+  constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
+  Tensor mine = Tensor::zeros({kNumNodeKinds * kValues}, DType::kF64, MemCategory::kOther,
+                              "node_times");
+  for (int k = 0; k < kNumNodeKinds; ++k) {
+    const auto& t = trainer.measured_node_times().nodes[k];
+    if (!t) continue;
+    double* v = mine.data<double>() + k * kValues;
+    v[0] = t->forward_s;
+    v[1] = t->backward_input_s;
+    v[2] = t->backward_weight_s;
+    v[3] = 1;
+  }
+  world.all_reduce_sum(mine);
+  if (world.rank() != 0) return;
+  nlohmann::json nodes = nlohmann::json::object();
+  for (int k = 0; k < kNumNodeKinds; ++k) {
+    const double* v = mine.data<double>() + k * kValues;
+    if (v[3] == 0) continue;
+    nodes[std::string(node_kind_name(static_cast<NodeKind>(k)))] = {
+        {"forward", v[0] / v[3]}, {"backward_input", v[1] / v[3]},
+        {"backward_weight", v[2] / v[3]}};
+  }
+  std::ofstream f(path);
+  f << nlohmann::json{{"nodes", nodes}}.dump(2) << "\n";
+  TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");
 }
 
 IterationRecord gather_record(const runtime::StepResult& r, comm::Communicator& world) {
@@ -150,7 +186,13 @@ void run_train_distributed(RunOptions& o) {
       schedule::generate_schedule(schedule::parse_schedule_kind(p.schedule), shape);
   schedule::validate_schedule(sched);
   std::unique_ptr<data::Dataset> data = make_dataset(o);
-  runtime::PipelineTrainer trainer(o.model, o.train, sched, groups, *data);
+  TANDEM_CHECK(o.node_times_out.empty() || o.train.device != Device::kCPU,
+               "--node-times-out ", o.node_times_out,
+               ": node times are measured with CUDA events; use --device cuda");
+  runtime::PipelineTrainer trainer(
+      o.model, o.train, sched, groups, *data, DType::kF32,
+      o.comm_overlap == "off" ? runtime::CommOverlap::kOff : runtime::CommOverlap::kOn);
+  Allocator& alloc = allocator_for(o.train.device);
   const Fault fault = test_fault();
   install_nan_fault(fault, trainer);
   const bool lead = groups.rank == 0;
@@ -171,12 +213,18 @@ void run_train_distributed(RunOptions& o) {
   for (int64_t it = start; it < o.train.train_iters; ++it) {
     maybe_inject_fault(fault, groups.rank, it + 1);
     const bool trace_this = !o.trace_path.empty() && it + 1 == o.train.train_iters;
-    if (trace_this) cpu_allocator().set_trace(true);
+    if (trace_this) alloc.set_trace(true);
     const runtime::StepResult r = trainer.step();
-    if (trace_this) write_measured_trace(o.trace_path, trainer, *groups.world);
+    if (trace_this) write_measured_trace(o.trace_path, trainer, *groups.world, alloc);
+    if (!o.node_times_out.empty() && it + 1 == o.train.train_iters) {
+      write_node_times(o.node_times_out, trainer, *groups.world);
+    }
     IterationRecord rec = gather_record(r, *groups.world);
     rec.comm_seconds = trainer.comm_busy_seconds();
     rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
+    if (o.train.device != Device::kCPU) {
+      rec.forward_backward_seconds = trainer.measured_forward_backward_seconds();
+    }
     reporter.report(rec);
     if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
   }

@@ -32,8 +32,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.stat_dtype(), "attn.lse");
   ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, shape);
   s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
-  ops::linear_forward(s.h1, s.a, w.wo);
-  ops::axpy(s.h1, s.x, 1.0);                                      // residual
+  ops::linear_forward_residual(s.h1, s.a, w.wo, s.x);             // + the residual x
   s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
   s.rstd2 = saved_tensor({n}, c.stat_dtype(), "attn.rstd2");
   ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
@@ -51,6 +50,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
   ops::moe_permutation(s.perm, s.counts, s.topk_idx, e);
   a.aux_loss = ops::router_aux_loss(s.probs, s.counts, k, cfg.moe_aux_loss_coeff);
+  s.counts_host = host_ints(s.counts);  // Note [Routing counts on the host]
   a.routed = work_tensor({n * k, h}, c.dtype, "routed");          // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }

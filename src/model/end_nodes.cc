@@ -26,7 +26,18 @@ void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const
   a.ids_saved = saved_tensor({n}, DType::kI32, "embed.ids");
   a.ids_saved.copy_from(ids);
   a.out = work_tensor({n, c.cfg.hidden_size}, c.dtype, "embed.out");  // handed to layer 0
-  ops::embedding_forward(a.out, a.ids_saved, w.embed);
+  // Ids still on the host are checked here, so a GPU need not wait for its own check.
+  ops::IdCheck check = ops::IdCheck::kCheck;
+  if (ids.device() == Device::kCPU && a.ids_saved.device() != Device::kCPU) {
+    const int32_t* p = ids.data<int32_t>();
+    const int64_t v = w.embed.size(0);
+    for (int64_t i = 0; i < ids.numel(); ++i) {
+      TANDEM_CHECK(p[i] >= 0 && p[i] < v, "embedding: id ", p[i], " at row ", i,
+                   " is outside [0, ", v, ")");
+    }
+    check = ops::IdCheck::kCheckedByCaller;
+  }
+  ops::embedding_forward(a.out, a.ids_saved, w.embed, check);
 }
 
 void embed_backward(EmbedActs&, const NodeContext&) {}  // token ids have no gradient
@@ -151,6 +162,20 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
 }
 
 std::vector<const Tensor*> saved_tensors(const EmbedActs& a) { return {&a.ids_saved}; }
+
+std::vector<const Tensor*> all_tensors(const LayerActs& a) {
+  std::vector<const Tensor*> out = {
+      &a.x, &a.h1, &a.routed, &a.expert_in, &a.expert_rows, &a.expert_out, &a.out,
+      &a.d_out, &a.d_expert_out, &a.d_expert_in, &a.d_routed, &a.d_topk_w, &a.d_n2, &a.d_x,
+      &a.attn.d_h1, &a.attn.d_q, &a.attn.d_k, &a.attn.d_v, &a.attn.d_logits,
+      &a.experts.d_y, &a.experts.d_gate, &a.experts.d_up,
+      &a.mlp.d_out, &a.mlp.d_gate, &a.mlp.d_up};
+  for (NodeKind k : {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts,
+                     NodeKind::kCombine, NodeKind::kMlp}) {
+    for (const Tensor* t : saved_tensors(k, a)) out.push_back(t);
+  }
+  return out;
+}
 
 std::vector<const Tensor*> saved_tensors(const LossActs& a) {
   return {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets, &a.lse, &a.d_nf};

@@ -28,7 +28,9 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   s.rows_per_expert = std::exchange(a.expert_rows, Tensor());  // from dispatch
   adopt_as_activation(s.rows_per_expert);
   TANDEM_ASSERT(s.rows_per_expert.numel() == static_cast<int64_t>(w.e_gate.size()));
-  s.rows_host = host_ints(s.rows_per_expert);
+  // Note [Routing counts on the host]: dispatch hands the host copy over with the tensor.
+  s.rows_host = a.expert_rows_host.empty() ? host_ints(s.rows_per_expert)
+                                           : std::exchange(a.expert_rows_host, {});
   s.gate = saved_tensor({r, f}, c.dtype, "experts.gate");
   s.up = saved_tensor({r, f}, c.dtype, "experts.up");
   s.act = saved_tensor({r, f}, c.dtype, "experts.act");
@@ -90,8 +92,7 @@ void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   ops::linear_forward(s.up, n2, w.w_up);
   ops::swiglu_forward(s.act, s.gate, s.up);
   a.out = work_tensor({n, h}, c.dtype, "layer.out");  // handed to the next layer or the loss
-  a.out.copy_from(a.h1);  // residual
-  ops::linear_forward(a.out, s.act, w.w_down, Accumulate::kAdd);
+  ops::linear_forward_residual(a.out, s.act, w.w_down, a.h1);  // + the residual h1
   a.h1 = Tensor();
 }
 

@@ -36,20 +36,22 @@ void reorder_blocks(const Tensor& out, const Tensor& in, const std::vector<int32
 
 // Rows this rank sends to each peer (its routed rows for the peer's experts) and receives from
 // each peer (the peer's rows for this rank's experts), and the received rows per (source,
-// local expert) block. The counts are read to the host once per exchange (on a GPU each read
-// waits for the stream).
+// local expert) block, from the host copies of the counts (Note [Routing counts on the host]).
 struct Exchange {
   std::vector<int64_t> send_rows, recv_rows;
   std::vector<int32_t> recv_blocks;  // [P * el], source-major
   int64_t received = 0;
 };
 
-Exchange plan_exchange(const Tensor& counts, const Tensor& recv_counts, int64_t p, int64_t el) {
+Exchange plan_exchange(const std::vector<int32_t>& sent, std::vector<int32_t> recv_blocks,
+                       int64_t p, int64_t el) {
+  TANDEM_ASSERT(static_cast<int64_t>(sent.size()) == p * el &&
+                    static_cast<int64_t>(recv_blocks.size()) == p * el,
+                "routing counts on the host are missing (Note [Routing counts on the host])");
   Exchange x;
   x.send_rows.assign(static_cast<size_t>(p), 0);
   x.recv_rows.assign(static_cast<size_t>(p), 0);
-  const std::vector<int32_t> sent = host_ints(counts);
-  x.recv_blocks = host_ints(recv_counts);
+  x.recv_blocks = std::move(recv_blocks);
   for (int64_t d = 0; d < p; ++d) {
     for (int64_t e = 0; e < el; ++e) {
       x.send_rows[d] += sent[d * el + e];
@@ -69,6 +71,7 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
     a.expert_in = std::exchange(a.routed, Tensor());
     a.expert_rows = work_tensor({c.cfg.num_experts}, DType::kI32, "experts.rows");  // handed on
     a.expert_rows.copy_from(a.attn.counts);
+    a.expert_rows_host = a.attn.counts_host;
     return;
   }
   const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
@@ -76,7 +79,8 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   const std::vector<int64_t> per_peer(static_cast<size_t>(p), el);
   c.ep->all_to_all_v(recv_counts.reshape({p * el, 1}), per_peer,
                      a.attn.counts.reshape({p * el, 1}), per_peer);
-  const Exchange x = plan_exchange(a.attn.counts, recv_counts, p, el);
+  // The one read of received counts (Note [Routing counts on the host]).
+  const Exchange x = plan_exchange(a.attn.counts_host, host_ints(recv_counts), p, el);
   Tensor received = comm_tensor({x.received, h}, c.dtype, "dispatch.recv");
   c.ep->all_to_all_v(received, x.recv_rows, a.routed, x.send_rows);
   release_storage({&a.routed});  // sent: nobody on this rank needs the routed rows again
@@ -85,15 +89,16 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   // them from the end of the experts' forward.
   a.expert_in = work_tensor({x.received, h}, c.dtype, "experts.x_in");
   reorder_blocks(a.expert_in, received, x.recv_blocks, p, el, BlockOrder::kSourceToExpert);
+  // Rows per local expert: every rank's counts for this rank's experts, summed. On the device a
+  // reduce-scatter of the counts (no copy from the host, which would wait for the stream).
   a.expert_rows = work_tensor({el}, DType::kI32, "experts.rows");
-  Tensor rows_host = Tensor::empty({el}, DType::kI32, MemCategory::kOther, "experts.rows.host");
+  c.ep->reduce_scatter_sum(a.expert_rows, a.attn.counts);
+  a.expert_rows_host.assign(static_cast<size_t>(el), 0);
   for (int64_t e = 0; e < el; ++e) {
-    int32_t rows = 0;
-    for (int64_t s = 0; s < p; ++s) rows += x.recv_blocks[s * el + e];
-    rows_host.data<int32_t>()[e] = rows;
+    for (int64_t s = 0; s < p; ++s) a.expert_rows_host[e] += x.recv_blocks[s * el + e];
   }
-  a.expert_rows.copy_from(rows_host);
   a.dispatch.recv_counts = recv_counts;
+  a.dispatch.recv_host = x.recv_blocks;
 }
 
 void dispatch_backward(LayerActs& a, const NodeContext& c) {
@@ -102,8 +107,7 @@ void dispatch_backward(LayerActs& a, const NodeContext& c) {
     return;
   }
   const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
-  const Tensor& recv_counts = a.dispatch.recv_counts;
-  const Exchange x = plan_exchange(a.attn.counts, recv_counts, p, el);
+  const Exchange x = plan_exchange(a.attn.counts_host, a.dispatch.recv_host, p, el);
   Tensor send = comm_tensor({x.received, h}, c.dtype, "dispatch.bwd_send");
   reorder_blocks(send, a.d_expert_in, x.recv_blocks, p, el, BlockOrder::kExpertToSource);
   a.d_expert_in = Tensor();
@@ -120,8 +124,7 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
     adopt_as_activation(a.combine.y);                     // Note [Hand-over]
   } else {
     const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
-    const Tensor& recv_counts = a.dispatch.recv_counts;
-    const Exchange x = plan_exchange(s.counts, recv_counts, p, el);
+    const Exchange x = plan_exchange(s.counts_host, a.dispatch.recv_host, p, el);
     Tensor send = comm_tensor({x.received, h}, c.dtype, "combine.send");
     reorder_blocks(send, a.expert_out, x.recv_blocks, p, el, BlockOrder::kExpertToSource);
     release_storage({&a.expert_out});
@@ -148,8 +151,7 @@ void combine_backward(LayerActs& a, const NodeContext& c) {
     return;
   }
   const int64_t p = c.ep->size(), el = local_experts(c);
-  const Tensor& recv_counts = a.dispatch.recv_counts;
-  const Exchange x = plan_exchange(s.counts, recv_counts, p, el);
+  const Exchange x = plan_exchange(s.counts_host, a.dispatch.recv_host, p, el);
   Tensor received = comm_tensor({x.received, h}, c.dtype, "combine.bwd_recv");
   c.ep->all_to_all_v(received, x.recv_rows, d_y, x.send_rows);
   a.d_expert_out = work_tensor({x.received, h}, c.dtype, "d_expert_out");

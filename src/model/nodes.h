@@ -49,6 +49,7 @@ struct NodeContext {
 struct AttentionSaved {
   Tensor x, n1, rstd1, q, k, v, a, lse, h1, rstd2, n2;  // see footprint.h
   Tensor probs, topk_w, topk_idx, counts, perm;           // MoE routing
+  std::vector<int32_t> counts_host;  // counts on the host (Note [Routing counts on the host])
   // Kept from backward to backward_weights: gradients at the matrices' outputs.
   Tensor d_h1, d_q, d_k, d_v, d_logits;
 };
@@ -67,6 +68,7 @@ struct CombineSaved {
 // (source-major); dispatch holds it until its backward, combine reads it.
 struct DispatchSaved {
   Tensor recv_counts;
+  std::vector<int32_t> recv_host;  // recv_counts on the host, read once by dispatch's forward
 };
 
 struct MlpSaved {
@@ -79,6 +81,7 @@ struct MlpSaved {
 // runs the other way through the d_ tensors.
 struct LayerActs {
   Tensor x, h1, routed, expert_in, expert_rows, expert_out, out;
+  std::vector<int32_t> expert_rows_host;  // expert_rows on the host, handed on with it
   double aux_loss = 0;
   Tensor d_out, d_expert_out, d_expert_in, d_routed, d_topk_w, d_n2, d_x;
   AttentionSaved attn;
@@ -138,10 +141,22 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
                    const NodeContext& c);
 void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c);
 
+// Note [Routing counts on the host]: the experts' matrix products and the all-to-all need the
+// routing counts on the host, and on a GPU each read waits for the stream (the host stops
+// issuing work until the GPU catches up). Each count is therefore read once, where it is made:
+// the router's counts in attention's forward (right after router_aux_loss, which waited for the
+// stream anyway), the counts received from other ranks in dispatch's forward; later nodes
+// (experts, combine, the backwards) take the host copies. The device tensors stay, so the saved
+// state, and so the planner's memory figures, are unchanged.
+
 // Bytes of distinct live storage among a node's saved tensors (for checks against footprint.h).
 int64_t live_bytes(const std::vector<const Tensor*>& tensors);
 std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a);
 std::vector<const Tensor*> saved_tensors(const EmbedActs& a);
+// Every tensor a layer's data holds, saved or in flight (keep in step with LayerActs): what a
+// node running on another stream may have read (Note [Nodes on the communication stream] in
+// runtime/combined.cc).
+std::vector<const Tensor*> all_tensors(const LayerActs& a);
 std::vector<const Tensor*> saved_tensors(const LossActs& a);
 
 // Allocation helpers for node code (Note [Activation categories]).

@@ -10,13 +10,29 @@
 // own micro-batch), so f's attention runs while b's combine all-to-all is in flight, and so on.
 // The gradient of a parameter is still accumulated micro-batch by micro-batch in the same order,
 // so results are bitwise those of running F then B.
+//
+// On the GPU (run_combined_on_device) the same issue order goes to two CUDA streams from this
+// one thread: dispatch and combine on the high-priority communication stream, the rest on the
+// compute stream; an event after each node is the data edge its successor in the same
+// micro-batch waits on (the other micro-batch's nodes never wait for it).
+//
+// Note [Nodes on the communication stream]: the caching allocator hands a block out again on its
+// own stream at once when it is freed there (cuda_allocator.cc), and records the freeing
+// stream's use otherwise. A node on the communication stream reads tensors the compute stream
+// made (the routed rows, the experts' outputs, the layer's output gradient); if the compute
+// stream freed one of them later, its block could be reused by the compute stream while the
+// all-to-all still reads it. So after issuing such a node, every tensor its layer still holds
+// is recorded as used by the communication stream (PyTorch's record_stream); the tensors the
+// node itself dropped were freed with the communication stream current, which records it too.
 #include <chrono>
 
 #include "runtime/distributed.h"
+#if TANDEM_WITH_CUDA
+#include "core/cuda/context.h"
+#include "core/cuda/cuda_allocator.h"
+#endif
 
 namespace tandem::runtime {
-
-
 
 // Node index ranges of a chunk: the leading embed, each layer, the trailing loss.
 struct Units {
@@ -46,14 +62,27 @@ static bool is_comm_node(NodeKind k) {
   return k == NodeKind::kDispatch || k == NodeKind::kCombine;
 }
 
-void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration) {
+PipelineTrainer::CombinedHalves PipelineTrainer::prepare_combined(const schedule::Action& a,
+                                                                  int64_t iteration) {
   const schedule::Action f = a.forward_half(), b = a.backward_half();
   StageRuntime& fs = local(f.stage);
   StageRuntime& bs = local(b.stage);
   model::MicroBatchState& fm = prepare_forward(f.stage, f.microbatch, iteration);
   model::MicroBatchState& bm = prepare_backward(b.stage, b.microbatch);
-  const model::NodeContext fc = context(fs), bc = context(bs);
-  const bool with_w = b.kind == schedule::ActionKind::kBackward;
+  return {f, b, fs, bs, fm, bm, context(fs), context(bs), b.kind == schedule::ActionKind::kBackward};
+}
+
+void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration) {
+  if (dev_) {
+    run_combined_on_device(a, iteration);
+    return;
+  }
+  const CombinedHalves h = prepare_combined(a, iteration);
+  const schedule::Action &f = h.f, &b = h.b;
+  StageRuntime &fs = h.fs, &bs = h.bs;
+  model::MicroBatchState &fm = h.fm, &bm = h.bm;
+  const model::NodeContext &fc = h.fc, &bc = h.bc;
+  const bool with_w = h.with_w;
   const bool overlap = comm_stream_ != nullptr && groups_->layout.ep > 1;
   CpuStream& comp = *compute_stream_;
   Event f_last, b_last;
@@ -92,6 +121,74 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
   if (comm_stream_) comm_stream_->synchronize();
   comp.synchronize();
   finish_forward(fs, f.microbatch, fm);
+}
+
+void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t iteration) {
+#if TANDEM_WITH_CUDA
+  const CombinedHalves h = prepare_combined(a, iteration);
+  const schedule::Action &f = h.f, &b = h.b;
+  StageRuntime &fs = h.fs, &bs = h.bs;
+  model::MicroBatchState &fm = h.fm, &bm = h.bm;
+  const model::NodeContext &fc = h.fc, &bc = h.bc;
+  const bool with_w = h.with_w;
+  const bool overlap = overlap_ == CommOverlap::kOn && groups_->layout.ep > 1;
+  DeviceStreams& d = *dev_;
+  const DeviceStream compute = DeviceStreams::compute();
+  // Each micro-batch's chain: the stream its last node ran on and the event after it. Both
+  // start after everything enqueued so far on the compute stream (their inputs are there).
+  struct Chain {
+    DeviceStream stream;
+    DeviceEvent done;
+  };
+  Chain chains[2] = {{compute, d.mark(compute)}, {compute, nullptr}};
+  chains[1].done = chains[0].done;
+  auto issue = [&](bool fwd, size_t i) {
+    StageRuntime& s = fwd ? fs : bs;
+    model::MicroBatchState& state = fwd ? fm : bm;
+    const model::NodeRef node = s.chunk->nodes()[i];
+    const bool on_comm = overlap && schedule::node_is_communication(node.kind);
+    const DeviceStream stream = on_comm ? d.comm() : compute;
+    const int32_t mb = fwd ? f.microbatch : b.microbatch;
+    Chain& chain = chains[fwd ? 0 : 1];
+    if (chain.stream != stream) {
+      d.wait_measured(stream, chain.done, chain.stream,
+                      std::string(fwd ? "F" : "B") + std::to_string(mb) + " " +
+                          std::string(node_kind_name(node.kind)));
+    }
+    cuda::StreamScope on(stream);
+    auto timed = [&](NodePhase phase, auto&& run) {
+      const DeviceEvent begin = d.begin(stream);
+      run();
+      d.end(stream, begin, node_span(node.kind, phase, mb, on_comm));
+    };
+    if (fwd) {
+      timed(NodePhase::kForward, [&] { s.chunk->forward_node(i, state, fc); });
+    } else {
+      timed(NodePhase::kBackwardInput, [&] { s.chunk->backward_node(i, state, bc); });
+      if (with_w && schedule::node_has_weights(node.kind)) {
+        timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, bc); });
+      }
+    }
+    if (on_comm && node.layer >= 0) {  // Note [Nodes on the communication stream]
+      for (const Tensor* t : model::all_tensors(state.layers[node.layer])) {
+        if (t->defined() && !t->released() && t->device() == Device::kCUDA) {
+          cuda::record_stream(*t, stream);
+        }
+      }
+    }
+    chain = {stream, d.mark(stream)};
+  };
+  const Units fu = split_units(fs.chunk->nodes()), bu = split_units(bs.chunk->nodes());
+  issue_pairs(fu, bu, issue);
+  // What follows runs on the compute stream and reads both micro-batches' results.
+  for (Chain& chain : chains) {
+    if (chain.stream != compute) d.wait_measured(compute, chain.done, chain.stream, "combined");
+  }
+  finish_forward(fs, f.microbatch, fm);
+#else
+  (void)a;
+  (void)iteration;
+#endif
 }
 
 template <typename Issue>

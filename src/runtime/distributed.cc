@@ -73,45 +73,16 @@ model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_sta
   return s;
 }
 
-// The GPU's pipeline streams: one per direction, each paired with its NCCL communicator
-// (Note [Pipeline streams on the GPU]); the compute stream is the thread's current stream.
-struct PipelineTrainer::DeviceStreams {
-#if TANDEM_WITH_CUDA
-  cudaStream_t fwd = nullptr, bwd = nullptr;
-  DeviceStreams() {
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&fwd, cudaStreamNonBlocking));
-    TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&bwd, cudaStreamNonBlocking));
-  }
-  ~DeviceStreams() {
-    (void)cudaStreamSynchronize(fwd);
-    (void)cudaStreamSynchronize(bwd);
-    (void)cudaStreamDestroy(fwd);
-    (void)cudaStreamDestroy(bwd);
-  }
-  // `to` waits for the work enqueued on `from` so far (an event per data edge).
-  static void wait(cudaStream_t to, cudaStream_t from) {
-    cudaEvent_t e = nullptr;
-    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
-    TANDEM_CUDA_CHECK(cudaEventRecord(e, from));
-    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
-    TANDEM_CUDA_CHECK(cudaEventDestroy(e));  // released once the wait has fired
-  }
-#endif
-};
-
 PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                                  const schedule::Schedule& sched, Groups& groups,
                                  const data::Dataset& data, DType dtype, CommOverlap overlap)
     : model_(m), train_(t), sched_(sched), groups_(&groups), data_(&data) {
   DeviceScope on(train_.device);
+  overlap_ = overlap;
   compute_stream_ = std::make_unique<CpuStream>("compute", StreamMode::kInline);
   if (train_.device != Device::kCPU) {
-    // The GPU runs every node on one stream for now (no comm thread): Note [Pipeline streams
-    // on the GPU] gives the pipeline's own streams.
-    overlap = CommOverlap::kOff;
-    dev_ = std::make_unique<DeviceStreams>();
-  }
-  if (overlap == CommOverlap::kOn) {
+    dev_ = std::make_unique<DeviceStreams>();  // CUDA streams; no host threads
+  } else if (overlap == CommOverlap::kOn) {
     comm_stream_ = std::make_unique<CpuStream>("comm", StreamMode::kWorker);
   }
   const comm::ParallelLayout& L = groups.layout;
@@ -211,8 +182,52 @@ schedule::RoutingCounts PipelineTrainer::pipeline_routing_counts() {
 void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
   model::MicroBatchState& state = prepare_forward(stage, mb, iteration);
   StageRuntime& s = local(stage);
-  s.chunk->forward(state, context(s));
+  if (dev_) {
+    run_timed_nodes(s, state, mb, ActionKind::kForward);
+  } else {
+    s.chunk->forward(state, context(s));
+  }
   finish_forward(s, mb, state);
+}
+
+DeviceStreams::SpanInfo PipelineTrainer::node_span(NodeKind kind, NodePhase phase, int32_t mb,
+                                                   bool on_comm_stream) {
+  const char* letter = phase == NodePhase::kForward ? "F" : phase == NodePhase::kBackwardInput
+                                                               ? "B"
+                                                               : "W";
+  DeviceStreams::SpanInfo info;
+  info.track = on_comm_stream ? "comm" : "compute";
+  info.name = letter + std::to_string(mb) + " " + std::string(node_kind_name(kind));
+  info.kind = static_cast<int>(kind);
+  info.phase = phase;
+  info.all_to_all = schedule::node_is_communication(kind);
+  info.exposed = info.all_to_all && !on_comm_stream;  // it held up the compute stream
+  return info;
+}
+
+void PipelineTrainer::run_timed_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
+                                      ActionKind kind) {
+  const model::NodeContext c = context(s);
+  const std::vector<model::NodeRef>& nodes = s.chunk->nodes();
+  auto timed = [&](size_t i, NodePhase phase) {
+    if (phase == NodePhase::kBackwardWeight && !schedule::node_has_weights(nodes[i].kind)) return;
+    const DeviceStream stream = DeviceStreams::compute();
+    const DeviceEvent begin = dev_->begin(stream);
+    switch (phase) {
+      case NodePhase::kForward: s.chunk->forward_node(i, state, c); break;
+      case NodePhase::kBackwardInput: s.chunk->backward_node(i, state, c); break;
+      case NodePhase::kBackwardWeight: s.chunk->backward_weights_node(i, state, c); break;
+    }
+    dev_->end(stream, begin, node_span(nodes[i].kind, phase, mb, false));
+  };
+  if (kind == ActionKind::kForward) {
+    for (size_t i = 0; i < nodes.size(); ++i) timed(i, NodePhase::kForward);
+    return;
+  }
+  for (size_t i = nodes.size(); i-- > 0;) {
+    if (kind != ActionKind::kBackwardWeight) timed(i, NodePhase::kBackwardInput);
+    if (kind != ActionKind::kBackwardInput) timed(i, NodePhase::kBackwardWeight);
+  }
 }
 
 model::MicroBatchState& PipelineTrainer::prepare_backward(int32_t stage, int32_t mb) {
@@ -227,7 +242,12 @@ model::MicroBatchState& PipelineTrainer::prepare_backward(int32_t stage, int32_t
 void PipelineTrainer::backward(int32_t stage, int32_t mb, model::WeightGrad wg) {
   model::MicroBatchState& state = prepare_backward(stage, mb);
   StageRuntime& s = local(stage);
-  s.chunk->backward(state, context(s), wg);
+  if (dev_) {
+    const bool with_w = wg == model::WeightGrad::kWithBackward;
+    run_timed_nodes(s, state, mb, with_w ? ActionKind::kBackward : ActionKind::kBackwardInput);
+  } else {
+    s.chunk->backward(state, context(s), wg);
+  }
 }
 
 double PipelineTrainer::step_start_seconds() const {
@@ -256,7 +276,11 @@ void PipelineTrainer::record_span(const char* stream, NodeKind kind, bool forwar
 
 void PipelineTrainer::weights(int32_t stage, int32_t mb) {
   StageRuntime& s = local(stage);
-  s.chunk->backward_weights(s.mbs[mb], context(s));
+  if (dev_) {
+    run_timed_nodes(s, s.mbs[mb], mb, ActionKind::kBackwardWeight);
+  } else {
+    s.chunk->backward_weights(s.mbs[mb], context(s));
+  }
 }
 
 // Note [Pipeline messages]: activations go on tag 0 and gradients on tag 1; messages between a
@@ -316,9 +340,13 @@ void PipelineTrainer::communicate_on_device(const Action& a) {
   const DType dt = s.params->activation_dtype();
   const cudaStream_t compute = cuda::current_stream();
   const bool fwd = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvF;
-  const cudaStream_t side = fwd ? dev_->fwd : dev_->bwd;
+  const cudaStream_t side = fwd ? dev_->fwd() : dev_->bwd();
   comm::Communicator& group = fwd ? groups_->pp_fwd() : groups_->pp_bwd();
-  DeviceStreams::wait(side, compute);
+  dev_->wait_all(side, compute);
+  const DeviceEvent begin = dev_->begin(side);
+  DeviceStreams::SpanInfo span;
+  span.track = "comm";
+  span.name = schedule::to_string(a);
   switch (a.kind) {
     case ActionKind::kSendF:
     case ActionKind::kSendB: {
@@ -328,6 +356,7 @@ void PipelineTrainer::communicate_on_device(const Action& a) {
       const int peer = sched_.stage_rank[a.kind == ActionKind::kSendF ? a.stage + 1 : a.stage - 1];
       cuda::StreamScope on_side(side);
       pending_.push_back(group.isend(buf, peer, fwd ? 0 : 1));
+      dev_->end(side, begin, std::move(span));
       return;
     }
     case ActionKind::kRecvF:
@@ -342,7 +371,8 @@ void PipelineTrainer::communicate_on_device(const Action& a) {
         cuda::StreamScope on_side(side);
         group.recv(dst, sched_.stage_rank[fwd ? a.stage - 1 : a.stage + 1], fwd ? 0 : 1);
       }
-      DeviceStreams::wait(compute, side);
+      dev_->end(side, begin, std::move(span));
+      dev_->wait_all(compute, side);
       return;
     }
     default:
@@ -412,6 +442,7 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   spans_.clear();
   comm_busy_s_ = 0;
   step_start_ = std::chrono::steady_clock::now();
+  if (dev_) dev_->begin_step();
   const double waited_before = compute_stream_->waited_seconds();
   for (StageRuntime& s : stages_) {
     s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
@@ -423,7 +454,7 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
     const auto start = std::chrono::steady_clock::now();
     run_action(a, iteration);
-    if (a.kind != ActionKind::kForwardBackward) record_action_span(a, start);
+    if (!dev_ && a.kind != ActionKind::kForwardBackward) record_action_span(a, start);
   }
   for (auto& p : pending_) p->wait();
   pending_.clear();
@@ -470,6 +501,14 @@ StepResult PipelineTrainer::step() {
   if (!finite) r.status = StepStatus::kSkipped;
   synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (dev_) {  // every event of the step has completed
+    DeviceStreams::StepTimes t = dev_->resolve();
+    spans_ = std::move(t.spans);
+    comm_busy_s_ = t.all_to_all_s;
+    comm_exposed_s_ = t.exposed_s;
+    node_times_ = t.node_times;
+    fb_seconds_ = t.end_s;
+  }
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);
   return r;

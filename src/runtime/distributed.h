@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "data/dataset.h"
 #include "model/chunk.h"
+#include "runtime/device_streams.h"
 #include "runtime/optimizer.h"
 #include "runtime/stream.h"
 #include "runtime/timeline.h"
@@ -59,7 +60,8 @@ struct StageRuntime {
 };
 
 // Whether combined forward-backward actions run their all-to-all nodes on a communication
-// stream of their own (a worker thread) or everything in order on the calling thread.
+// stream of their own (a worker thread on the CPU, a high-priority CUDA stream on the GPU) or
+// everything in order on the compute stream.
 enum class CommOverlap : uint8_t { kOff, kOn };
 
 class PipelineTrainer {
@@ -97,8 +99,14 @@ class PipelineTrainer {
   void set_after_backward_hook(GradientHook hook) { after_backward_ = std::move(hook); }
   int64_t microbatches_per_rank() const { return num_mb_; }
   // The last step's measured timeline on this rank, and its communication figures: seconds the
-  // all-to-all tasks ran, and seconds the compute stream stood waiting for them (exposed).
+  // all-to-all tasks ran, and seconds the compute stream stood waiting for them (exposed). On
+  // the GPU these come from CUDA events (Note [Measured on the GPU] in device_streams.h).
   const std::vector<Span>& timeline() const { return spans_; }
+  // GPU only (else empty / 0): the last step's mean time of each node kind on this rank per
+  // layer and micro-batch (the planner's --node-times), and its measured forward-backward time
+  // (from the step's start to the end of its last span, before the gradient reduction).
+  const schedule::NodeTimesTable& measured_node_times() const { return node_times_; }
+  double measured_forward_backward_seconds() const { return fb_seconds_; }
   double comm_busy_seconds() const { return comm_busy_s_; }
   double comm_exposed_seconds() const { return comm_exposed_s_; }
   // Steady-clock seconds at which the last step started (the timeline's zero).
@@ -121,9 +129,25 @@ class PipelineTrainer {
   model::MicroBatchState& prepare_forward(int32_t stage, int32_t mb, int64_t iteration);
   void finish_forward(StageRuntime& s, int32_t mb, const model::MicroBatchState& state);
   model::MicroBatchState& prepare_backward(int32_t stage, int32_t mb);
+  // Both halves of a combined action, their inputs in place (combined.cc).
+  struct CombinedHalves {
+    schedule::Action f, b;
+    StageRuntime &fs, &bs;
+    model::MicroBatchState &fm, &bm;
+    model::NodeContext fc, bc;
+    bool with_w;  // b is a full backward (its weight halves run with it)
+  };
+  CombinedHalves prepare_combined(const schedule::Action& a, int64_t iteration);
   void run_combined(const schedule::Action& a, int64_t iteration);
+  void run_combined_on_device(const schedule::Action& a, int64_t iteration);
   template <typename Issue>
   void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue);
+  // A plain compute action's nodes on the GPU, each between timing events.
+  void run_timed_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
+                       schedule::ActionKind kind);
+  // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts").
+  static DeviceStreams::SpanInfo node_span(NodeKind kind, NodePhase phase, int32_t mb,
+                                           bool on_comm_stream);
   void record_span(const char* stream, NodeKind kind, bool forward, int32_t mb,
                    std::chrono::steady_clock::time_point start);
   void record_action_span(const schedule::Action& a, std::chrono::steady_clock::time_point start);
@@ -145,9 +169,11 @@ class PipelineTrainer {
   std::vector<std::unique_ptr<comm::PendingSend>> pending_;
   double lm_sum_ = 0, aux_sum_ = 0;
   int64_t iteration_ = 0;
-  std::unique_ptr<CpuStream> compute_stream_, comm_stream_;
-  struct DeviceStreams;  // the GPU's pipeline streams (distributed.cc); null on the CPU
-  std::unique_ptr<DeviceStreams> dev_;
+  CommOverlap overlap_ = CommOverlap::kOn;
+  std::unique_ptr<CpuStream> compute_stream_, comm_stream_;  // CPU runs
+  std::unique_ptr<DeviceStreams> dev_;                       // GPU runs; null on the CPU
+  schedule::NodeTimesTable node_times_;
+  double fb_seconds_ = 0;
   std::mutex spans_mutex_;
   std::vector<Span> spans_;
   std::chrono::steady_clock::time_point step_start_;

@@ -121,6 +121,10 @@ std::vector<BadInput> option_cases() {
        {"afile", "not a directory"},
        [](const fs::path& w) { write_text(w / "afile", "x"); }},
       {"no iterations", {"--train-iters", "0"}, {"--train-iters 0"}},
+      {"overlap", {"--comm-overlap", "sometimes"}, {"sometimes"}},
+      {"node times on one CPU rank",
+       small({"--node-times-out", "nodes.json"}),
+       {"--node-times-out nodes.json", "mpirun", "--device cuda"}},
   };
 }
 

@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "tandem_process.h"
 
 namespace {
@@ -71,3 +73,29 @@ TEST(TandemProgram, HelpExitsWithZero) {
 }
 
 }  // namespace
+
+// `tandem plan --device cuda` plans the GPU trainer: the weights' bf16 copy in the static memory
+// (2 bytes per parameter beside the f32 master's 4), and bf16 activations, so less activation
+// memory than the f32 plan of the same run.
+TEST(TandemProgram, PlanForTheGpuCountsTheWeightCopyAndBf16Activations) {
+  TempDir work, capture;
+  auto plan = [&](bool gpu) {
+    std::vector<std::string> args = {"plan", "--json", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers", "4", "--global-batch-size", "8"};
+    if (gpu) args.insert(args.end(), {"--device", "cuda"});
+    const RunResult r = run_tandem(args, work.path(), capture.path());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json cpu = plan(false), gpu = plan(true);
+  ASSERT_EQ(gpu.at("ranks").size(), 2u);
+  for (size_t r = 0; r < 2; ++r) {
+    const nlohmann::json& g = gpu.at("ranks")[r];
+    const nlohmann::json& c = cpu.at("ranks")[r];
+    EXPECT_EQ(g.at("compute_copy_bytes").get<int64_t>() * 2, g.at("param_bytes").get<int64_t>());
+    EXPECT_EQ(c.at("compute_copy_bytes").get<int64_t>(), 0);
+    EXPECT_EQ(g.at("param_bytes"), c.at("param_bytes"));
+    EXPECT_LT(g.at("activation_peak_bytes").get<int64_t>(),
+              c.at("activation_peak_bytes").get<int64_t>());
+  }
+}

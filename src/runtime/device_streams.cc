@@ -1,0 +1,143 @@
+// The pipeline trainer's GPU streams, events and measured timeline (device_streams.h).
+#include "runtime/device_streams.h"
+
+#include <algorithm>
+
+#if TANDEM_WITH_CUDA
+#include <cuda_runtime.h>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#endif
+
+#include "core/error.h"
+
+namespace tandem::runtime {
+
+#if TANDEM_WITH_CUDA
+
+namespace {
+
+DeviceEvent new_event(bool timing) {
+  cudaEvent_t e = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  return e;
+}
+
+// An event of `pool` (made when the pool runs short) recorded now on `s`.
+DeviceEvent record_from(std::vector<DeviceEvent>& pool, size_t& used, bool timing,
+                        DeviceStream s) {
+  if (used == pool.size()) pool.push_back(new_event(timing));
+  DeviceEvent e = pool[used++];
+  TANDEM_CUDA_CHECK(cudaEventRecord(e, s));
+  return e;
+}
+
+}  // namespace
+
+DeviceStreams::DeviceStreams() {
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&fwd_, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&bwd_, cudaStreamNonBlocking));
+  // The all-to-all's kernels (few, short, on the critical path of the other micro-batch) go
+  // ahead of the compute stream's whenever both have work ready.
+  int least = 0, greatest = 0;
+  TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
+  step_zero_ = new_event(true);
+}
+
+DeviceStreams::~DeviceStreams() {
+  for (DeviceStream s : {fwd_, bwd_, comm_}) {
+    (void)cudaStreamSynchronize(s);
+    (void)cudaStreamDestroy(s);
+  }
+  for (DeviceEvent e : plain_) (void)cudaEventDestroy(e);
+  for (DeviceEvent e : timed_) (void)cudaEventDestroy(e);
+  (void)cudaEventDestroy(step_zero_);
+}
+
+DeviceStream DeviceStreams::compute() { return cuda::current_stream(); }
+
+DeviceEvent DeviceStreams::mark(DeviceStream s) {
+  return record_from(plain_, plain_used_, false, s);
+}
+
+DeviceEvent DeviceStreams::timed_mark(DeviceStream s) {
+  return record_from(timed_, timed_used_, true, s);
+}
+
+void DeviceStreams::wait(DeviceStream to, DeviceEvent e) {
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
+}
+
+void DeviceStreams::wait_all(DeviceStream to, DeviceStream from) { wait(to, mark(from)); }
+
+void DeviceStreams::begin_step() {
+  // The last step's events have all completed (the trainer synchronized after it).
+  plain_used_ = timed_used_ = 0;
+  pending_.clear();
+  TANDEM_CUDA_CHECK(cudaEventRecord(step_zero_, compute()));
+}
+
+void DeviceStreams::end(DeviceStream s, DeviceEvent begin, SpanInfo info) {
+  pending_.push_back({begin, timed_mark(s), std::move(info)});
+}
+
+void DeviceStreams::wait_measured(DeviceStream to, DeviceEvent e, DeviceStream from,
+                                  const std::string& name) {
+  if (to != compute() || from != comm_) {
+    wait(to, e);
+    return;
+  }
+  const DeviceEvent before = timed_mark(to);
+  wait(to, e);
+  SpanInfo info{"compute", "wait " + name, -1, NodePhase::kForward, false, true};
+  end(to, before, std::move(info));
+}
+
+DeviceStreams::StepTimes DeviceStreams::resolve() const {
+  StepTimes out;
+  auto seconds = [&](DeviceEvent e) {
+    float ms = 0;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, step_zero_, e));
+    return static_cast<double>(ms) * 1e-3;
+  };
+  std::array<std::array<double, 3>, kNumNodeKinds> sum{};
+  std::array<std::array<int64_t, 3>, kNumNodeKinds> count{};
+  for (const Pending& p : pending_) {
+    const double b = seconds(p.begin), e = seconds(p.end);
+    out.spans.push_back({p.info.track, p.info.name, b, e});
+    out.end_s = std::max(out.end_s, e);
+    if (p.info.all_to_all) out.all_to_all_s += e - b;
+    if (p.info.exposed) out.exposed_s += e - b;
+    if (p.info.kind >= 0) {
+      const auto ph = static_cast<size_t>(p.info.phase);
+      sum[p.info.kind][ph] += e - b;
+      ++count[p.info.kind][ph];
+    }
+  }
+  for (int k = 0; k < kNumNodeKinds; ++k) {
+    if (count[k][0] == 0) continue;  // not on this rank
+    auto mean = [&](size_t ph) { return count[k][ph] > 0 ? sum[k][ph] / count[k][ph] : 0.0; };
+    out.node_times.nodes[k] = schedule::NodePhaseTimes{mean(0), mean(1), mean(2)};
+  }
+  return out;
+}
+
+#else  // no CUDA: never constructed (the trainer makes one only for a GPU run)
+
+DeviceStreams::DeviceStreams() { TANDEM_CHECK(false, "GPU streams need a binary built with CUDA"); }
+DeviceStreams::~DeviceStreams() = default;
+DeviceStream DeviceStreams::compute() { return nullptr; }
+DeviceEvent DeviceStreams::mark(DeviceStream) { return nullptr; }
+DeviceEvent DeviceStreams::timed_mark(DeviceStream) { return nullptr; }
+void DeviceStreams::wait(DeviceStream, DeviceEvent) {}
+void DeviceStreams::wait_all(DeviceStream, DeviceStream) {}
+void DeviceStreams::begin_step() {}
+void DeviceStreams::end(DeviceStream, DeviceEvent, SpanInfo) {}
+void DeviceStreams::wait_measured(DeviceStream, DeviceEvent, DeviceStream, const std::string&) {}
+DeviceStreams::StepTimes DeviceStreams::resolve() const { return {}; }
+
+#endif
+
+}  // namespace tandem::runtime

@@ -1,0 +1,100 @@
+// The GPU side of the pipeline trainer: its streams besides the compute stream (the pipeline's
+// two, Note [Pipeline streams on the GPU] in distributed.cc, and the expert all-to-all's, at
+// high priority), events per data edge, and the step's measured timeline from CUDA events
+// (Note [Measured on the GPU]). Declared without CUDA's headers; a build without CUDA has only
+// the declarations, and the trainer never makes one there.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "runtime/timeline.h"
+#include "schedule/cost_model.h"
+
+struct CUstream_st;
+struct CUevent_st;
+
+namespace tandem::runtime {
+
+using DeviceStream = CUstream_st*;
+using DeviceEvent = CUevent_st*;
+
+// Which phase of a node a measured time belongs to.
+enum class NodePhase : uint8_t { kForward, kBackwardInput, kBackwardWeight };
+
+// Note [Measured on the GPU]: on the GPU the host only enqueues, so host clocks say nothing
+// about when work ran. Every span of the measured timeline is a pair of timing events recorded
+// on the stream that ran the work, read once the step has finished (cudaEventElapsedTime from
+// an event recorded on the compute stream when the step began). The exposed all-to-all time is
+// measured where it happens: when a compute-stream node must wait for an all-to-all on the
+// communication stream, an event is recorded on the compute stream before the wait and one
+// after it; the time between them is the time the compute stream stood idle for the
+// all-to-all. When the all-to-all runs on the compute stream itself (no overlap), all of its
+// time is exposed.
+class DeviceStreams {
+ public:
+  DeviceStreams();  // cuda::initialize must have run
+  ~DeviceStreams();
+  DeviceStreams(const DeviceStreams&) = delete;
+  DeviceStreams& operator=(const DeviceStreams&) = delete;
+
+  DeviceStream fwd() const { return fwd_; }    // pipeline activations
+  DeviceStream bwd() const { return bwd_; }    // pipeline gradients
+  DeviceStream comm() const { return comm_; }  // expert all-to-all of combined actions
+  static DeviceStream compute();               // the calling thread's current stream
+
+  // An event recorded now on `s`, valid until the next begin_step.
+  DeviceEvent mark(DeviceStream s);
+  // `to` waits for `e` (GPU side; the host goes on).
+  static void wait(DeviceStream to, DeviceEvent e);
+  // `to` waits for everything enqueued on `from` so far.
+  void wait_all(DeviceStream to, DeviceStream from);
+
+  // Timing. begin_step records the step's zero on the compute stream and forgets the last
+  // step's spans; begin/end bracket one span on `s`.
+  void begin_step();
+  DeviceEvent begin(DeviceStream s) { return timed_mark(s); }
+  // A span of the trace; kind >= 0 (a NodeKind) also counts it in the node times, comm says it
+  // is expert all-to-all (dispatch or combine), exposed that the compute stream waited then.
+  struct SpanInfo {
+    std::string track;  // "compute" or "comm"
+    std::string name;
+    int kind = -1;
+    NodePhase phase = NodePhase::kForward;
+    bool all_to_all = false;  // counted in the all-to-all's busy time
+    bool exposed = false;     // counted in the exposed all-to-all time
+  };
+  void end(DeviceStream s, DeviceEvent begin, SpanInfo info);
+  // `to` waits for `e`, which `from` recorded; when `to` is the compute stream and `from` the
+  // communication stream, the wait is measured as exposed all-to-all time.
+  void wait_measured(DeviceStream to, DeviceEvent e, DeviceStream from, const std::string& name);
+
+  // After the GPU has finished the step (the trainer synchronizes): the spans in seconds since
+  // begin_step, the all-to-all's busy and exposed seconds, and per-node mean times.
+  struct StepTimes {
+    std::vector<Span> spans;
+    double all_to_all_s = 0, exposed_s = 0;
+    double end_s = 0;  // the last span's end: the measured forward-backward time
+    schedule::NodeTimesTable node_times;  // means over the step's layers and micro-batches
+  };
+  StepTimes resolve() const;
+
+ private:
+  DeviceEvent timed_mark(DeviceStream s);
+
+  DeviceStream fwd_ = nullptr, bwd_ = nullptr, comm_ = nullptr;
+  std::vector<DeviceEvent> plain_, timed_;  // event pools, reused every step
+  size_t plain_used_ = 0, timed_used_ = 0;
+  DeviceEvent step_zero_ = nullptr;
+  struct Pending {
+    DeviceEvent begin, end;
+    SpanInfo info;
+  };
+  std::vector<Pending> pending_;
+};
+
+}  // namespace tandem::runtime

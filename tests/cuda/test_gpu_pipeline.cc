@@ -1,0 +1,172 @@
+// The pipeline trainer on GPUs (one rank per GPU): combined 1F1B with expert parallelism gives
+// bit for bit the same steps whether the all-to-all runs on its own high-priority stream or in
+// order on the compute stream (Note [Combined 1F1B on streams] in runtime/combined.cc), and the
+// measured timeline comes from CUDA events (Note [Measured on the GPU] in device_streams.h):
+// all-to-all spans on the comm track only when overlapped, exposed time never above busy time,
+// every node kind timed. Needs two GPUs, so it is never registered with ctest. Run it by hand:
+//   mpirun -np 2 build/tests/cuda/test_gpu_pipeline
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/random_tokens.h"
+#include "comm/mpi_communicator.h"
+#include "core/cuda/context.h"
+#include "core/tensor.h"
+#include "runtime/distributed.h"
+#include "schedule/generators.h"
+#include "schedule/validator.h"
+
+namespace tandem::runtime {
+namespace {
+
+comm::Communicator* g_world = nullptr;
+
+// Two MoE layers small enough to run in moments, with GQA and four experts over two ranks.
+ModelConfig small_moe() {
+  return ModelConfig{.vocab_size = 96, .hidden_size = 64, .num_layers = 2,
+                     .num_attention_heads = 4, .num_query_groups = 2, .ffn_hidden_size = 96,
+                     .num_experts = 4, .moe_router_topk = 2, .moe_aux_loss_coeff = 0.01,
+                     .seq_length = 32};
+}
+
+struct TrainRun {
+  std::vector<double> losses, norms;
+  std::vector<float> params;  // every master weight after the last step
+  std::vector<Span> timeline;
+  double busy = 0, exposed = 0, forward_backward = 0, step_seconds = 0;
+  schedule::NodeTimesTable node_times;
+};
+
+TrainRun train(CommOverlap overlap, int steps) {
+  const ModelConfig m = small_moe();
+  TrainConfig t;
+  t.micro_batch_size = 2;
+  t.global_batch_size = 16;  // 4 micro-batches on each of the 2 data-parallel ranks
+  t.train_iters = steps;
+  t.lr = 1e-3;
+  t.device = Device::kCUDA;
+  Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), 1, 2, Device::kCUDA);
+  const schedule::ScheduleShape shape{1, 1, 4};
+  const schedule::Schedule sched =
+      schedule::generate_schedule(schedule::ScheduleKind::kCombined1f1b, shape);
+  schedule::validate_schedule(sched);
+  const testing::RandomTokens data(m.vocab_size);
+  PipelineTrainer trainer(m, t, sched, groups, data, DType::kF32, overlap);
+  TrainRun r;
+  for (int i = 0; i < steps; ++i) {
+    const StepResult s = trainer.step();
+    r.losses.push_back(s.loss);
+    r.norms.push_back(s.grad_norm);
+    r.step_seconds = s.seconds;
+  }
+  const Tensor host = trainer.stages().front().params->flat_params().to(Device::kCPU);
+  r.params.assign(host.data<float>(), host.data<float>() + host.numel());
+  r.timeline = trainer.timeline();
+  r.busy = trainer.comm_busy_seconds();
+  r.exposed = trainer.comm_exposed_seconds();
+  r.forward_backward = trainer.measured_forward_backward_seconds();
+  r.node_times = trainer.measured_node_times();
+  return r;
+}
+
+int comm_track_all_to_all(const std::vector<Span>& spans) {
+  int n = 0;
+  for (const Span& s : spans) {
+    const bool a2a = s.name.find("dispatch") != std::string::npos ||
+                     s.name.find("combine") != std::string::npos;
+    if (s.stream == "comm" && a2a) ++n;
+  }
+  return n;
+}
+
+TEST(GpuPipeline, CombinedOverlapIsBitwiseTheSameAsInOrder) {
+  const TrainRun on = train(CommOverlap::kOn, 3);
+  const TrainRun off = train(CommOverlap::kOff, 3);
+  ASSERT_EQ(on.losses.size(), off.losses.size());
+  for (size_t i = 0; i < on.losses.size(); ++i) {
+    EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(on.norms[i], off.norms[i]) << "step " << i + 1;
+  }
+  ASSERT_EQ(on.params.size(), off.params.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < on.params.size(); ++i) differ += on.params[i] != off.params[i];
+  EXPECT_EQ(differ, 0u) << "of " << on.params.size() << " master weights";
+  EXPECT_LT(on.losses.back(), on.losses.front());  // it trains
+}
+
+TEST(GpuPipeline, TimelineComesFromCudaEvents) {
+  const TrainRun on = train(CommOverlap::kOn, 2);
+  const TrainRun off = train(CommOverlap::kOff, 2);
+  // Overlapped: dispatch and combine run on the comm track; in order: never.
+  EXPECT_GT(comm_track_all_to_all(on.timeline), 0);
+  EXPECT_EQ(comm_track_all_to_all(off.timeline), 0);
+  for (const TrainRun* r : {&on, &off}) {
+    EXPECT_GT(r->busy, 0);
+    EXPECT_GE(r->exposed, 0);
+    EXPECT_LE(r->exposed, r->busy + 1e-6) << "exposed all-to-all above its busy time";
+    EXPECT_GT(r->forward_backward, 0);
+    EXPECT_LE(r->forward_backward, r->step_seconds) << "the GPU's forward-backward is part of "
+                                                        "the step's wall time";
+    for (const Span& s : r->timeline) {
+      EXPECT_LE(s.start, s.end) << s.name;
+      EXPECT_GE(s.start, 0) << s.name;
+    }
+    for (NodeKind k : {NodeKind::kEmbed, NodeKind::kAttention, NodeKind::kDispatch,
+                       NodeKind::kExperts, NodeKind::kCombine, NodeKind::kLoss}) {
+      const auto& t = r->node_times.nodes[static_cast<int>(k)];
+      ASSERT_TRUE(t.has_value()) << node_kind_name(k);
+      EXPECT_GT(t->forward_s, 0) << node_kind_name(k);
+    }
+    EXPECT_FALSE(r->node_times.nodes[static_cast<int>(NodeKind::kMlp)].has_value());
+  }
+  // In order, every all-to-all holds up the compute stream: all of it is exposed.
+  EXPECT_NEAR(off.exposed, off.busy, 1e-9);
+}
+
+}  // namespace
+}  // namespace tandem::runtime
+
+int main(int argc, char** argv) {
+  using namespace tandem;
+  ::testing::InitGoogleTest(&argc, argv);
+  setenv("NCCL_NVLS_ENABLE", "0", /*overwrite=*/0);  // NVLink multicast stays off (shared hosts)
+  comm::mpi_initialize(&argc, &argv);
+  int failed = 1;
+  try {
+    auto world = comm::mpi_world(120.0);
+    const int gpu = comm::local_rank();
+    if (world->size() != 2 || cuda::device_count() <= gpu) {
+      if (world->rank() == 0) {
+        std::fprintf(stderr, "test_gpu_pipeline needs 2 ranks with one GPU each: mpirun -np 2 "
+                             "test_gpu_pipeline\n");
+      }
+      world.reset();
+      comm::mpi_finalize();
+      return 1;
+    }
+    cuda::initialize(gpu);
+    runtime::g_world = world.get();
+    if (world->rank() != 0) {
+      auto& listeners = ::testing::UnitTest::GetInstance()->listeners();
+      delete listeners.Release(listeners.default_result_printer());
+    }
+    failed = RUN_ALL_TESTS();
+    // Every rank's verdict: a failure on rank 1 fails the run too.
+    Tensor f = Tensor::empty({1}, DType::kI32, MemCategory::kOther, "failed");
+    f.data<int32_t>()[0] = failed;
+    world->all_reduce_sum(f);
+    failed = f.data<int32_t>()[0] > 0 ? 1 : 0;
+    runtime::g_world = nullptr;
+    world.reset();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "test_gpu_pipeline: error: %s\n", e.what());
+    comm::mpi_finalize();
+    return 1;
+  }
+  comm::mpi_finalize();
+  return failed;
+}
