@@ -32,7 +32,8 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.stat_dtype(), "attn.lse");
   ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, shape);
   s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
-  ops::linear_forward_residual(s.h1, s.a, w.wo, s.x);             // + the residual x
+  ops::linear_forward(s.h1, s.a, w.wo);
+  ops::axpy(s.h1, s.x, 1.0);                                      // residual
   s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
   s.rstd2 = saved_tensor({n}, c.stat_dtype(), "attn.rstd2");
   ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
