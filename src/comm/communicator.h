@@ -15,11 +15,13 @@
 namespace tandem::comm {
 
 // A send in flight; wait() completes it (bounded, Note [Bounded waits]). It keeps the tensor's
-// storage alive until then.
+// storage alive until then. done() asks without waiting whether it has completed (then the
+// object, and with it the storage, may go).
 class PendingSend {
  public:
   virtual ~PendingSend() = default;
   virtual void wait() = 0;
+  virtual bool done() = 0;
 };
 
 class Communicator {

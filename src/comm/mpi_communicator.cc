@@ -163,6 +163,11 @@ class MpiPendingSend final : public PendingSend {
   void wait() override {
     if (req_ != MPI_REQUEST_NULL) comm_->wait(req_, "send to", peer_);
   }
+  bool done() override {
+    int flag = 1;
+    if (req_ != MPI_REQUEST_NULL) TANDEM_MPI_CHECK(MPI_Test(&req_, &flag, MPI_STATUS_IGNORE));
+    return flag != 0;  // a completed request is MPI_REQUEST_NULL from here on
+  }
   MPI_Request req_ = MPI_REQUEST_NULL;
 
  private:

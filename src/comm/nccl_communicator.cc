@@ -115,6 +115,10 @@ class NcclPendingSend final : public PendingSend {
                  [event] { return cuda_done(cudaEventQuery(event), "cudaEventQuery"); });
     done_ = true;
   }
+  bool done() override {
+    if (!done_) done_ = cuda_done(cudaEventQuery(event_), "cudaEventQuery");
+    return done_;
+  }
 
  private:
   NcclCommunicator* comm_;

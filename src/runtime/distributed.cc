@@ -455,6 +455,9 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
     const auto start = std::chrono::steady_clock::now();
     run_action(a, iteration);
     if (!dev_ && a.kind != ActionKind::kForwardBackward) record_action_span(a, start);
+    // Note [Sends done early]: a delivered message's buffer goes now, not at the step's end,
+    // as the planner frees it (its "in flight" ends at the receive).
+    std::erase_if(pending_, [](const std::unique_ptr<comm::PendingSend>& p) { return p->done(); });
   }
   for (auto& p : pending_) p->wait();
   pending_.clear();
