@@ -58,10 +58,6 @@ static Units split_units(const std::vector<model::NodeRef>& nodes) {
   return u;
 }
 
-static bool is_comm_node(NodeKind k) {
-  return k == NodeKind::kDispatch || k == NodeKind::kCombine;
-}
-
 PipelineTrainer::CombinedHalves PipelineTrainer::prepare_combined(const schedule::Action& a,
                                                                   int64_t iteration) {
   const schedule::Action f = a.forward_half(), b = a.backward_half();
@@ -69,7 +65,8 @@ PipelineTrainer::CombinedHalves PipelineTrainer::prepare_combined(const schedule
   StageRuntime& bs = local(b.stage);
   model::MicroBatchState& fm = prepare_forward(f.stage, f.microbatch, iteration);
   model::MicroBatchState& bm = prepare_backward(b.stage, b.microbatch);
-  return {f, b, fs, bs, fm, bm, context(fs), context(bs), b.kind == schedule::ActionKind::kBackward};
+  const bool with_w = b.kind == schedule::ActionKind::kBackward;
+  return {f, b, fs, bs, fm, bm, context(fs), context(bs), with_w};
 }
 
 void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration) {
@@ -78,34 +75,29 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
     return;
   }
   const CombinedHalves h = prepare_combined(a, iteration);
-  const schedule::Action &f = h.f, &b = h.b;
-  StageRuntime &fs = h.fs, &bs = h.bs;
-  model::MicroBatchState &fm = h.fm, &bm = h.bm;
-  const model::NodeContext &fc = h.fc, &bc = h.bc;
-  const bool with_w = h.with_w;
   const bool overlap = comm_stream_ != nullptr && groups_->layout.ep > 1;
   CpuStream& comp = *compute_stream_;
   Event f_last, b_last;
   auto issue = [&](bool fwd, size_t i) {
-    StageRuntime& s = fwd ? fs : bs;
+    StageRuntime& s = fwd ? h.fs : h.bs;
     const NodeKind kind = s.chunk->nodes()[i].kind;
-    CpuStream& stream = overlap && is_comm_node(kind) ? *comm_stream_ : comp;
+    CpuStream& stream = overlap && schedule::node_is_communication(kind) ? *comm_stream_ : comp;
     Event& last = fwd ? f_last : b_last;
-    const int32_t mb = fwd ? f.microbatch : b.microbatch;
+    const int32_t mb = fwd ? h.f.microbatch : h.b.microbatch;
     last = stream.enqueue(
         [&, fwd, i, kind, mb, is_comm = &stream != &comp] {
           const auto t0 = std::chrono::steady_clock::now();
           if (fwd) {
-            fs.chunk->forward_node(i, fm, fc);
+            h.fs.chunk->forward_node(i, h.fm, h.fc);
           } else {
-            bs.chunk->backward_node(i, bm, bc);
-            if (with_w) bs.chunk->backward_weights_node(i, bm, bc);
+            h.bs.chunk->backward_node(i, h.bm, h.bc);
+            if (h.with_w) h.bs.chunk->backward_weights_node(i, h.bm, h.bc);
           }
           record_span(is_comm ? "comm" : "compute", kind, fwd, mb, t0);
         },
         {last});
   };
-  const Units fu = split_units(fs.chunk->nodes()), bu = split_units(bs.chunk->nodes());
+  const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
   try {
     issue_pairs(fu, bu, issue);
   } catch (...) {
@@ -120,17 +112,12 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
   }
   if (comm_stream_) comm_stream_->synchronize();
   comp.synchronize();
-  finish_forward(fs, f.microbatch, fm);
+  finish_forward(h.fs, h.f.microbatch, h.fm);
 }
 
 void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t iteration) {
 #if TANDEM_WITH_CUDA
   const CombinedHalves h = prepare_combined(a, iteration);
-  const schedule::Action &f = h.f, &b = h.b;
-  StageRuntime &fs = h.fs, &bs = h.bs;
-  model::MicroBatchState &fm = h.fm, &bm = h.bm;
-  const model::NodeContext &fc = h.fc, &bc = h.bc;
-  const bool with_w = h.with_w;
   const bool overlap = overlap_ == CommOverlap::kOn && groups_->layout.ep > 1;
   DeviceStreams& d = *dev_;
   const DeviceStream compute = DeviceStreams::compute();
@@ -143,12 +130,12 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
   Chain chains[2] = {{compute, d.mark(compute)}, {compute, nullptr}};
   chains[1].done = chains[0].done;
   auto issue = [&](bool fwd, size_t i) {
-    StageRuntime& s = fwd ? fs : bs;
-    model::MicroBatchState& state = fwd ? fm : bm;
+    StageRuntime& s = fwd ? h.fs : h.bs;
+    model::MicroBatchState& state = fwd ? h.fm : h.bm;
     const model::NodeRef node = s.chunk->nodes()[i];
     const bool on_comm = overlap && schedule::node_is_communication(node.kind);
     const DeviceStream stream = on_comm ? d.comm() : compute;
-    const int32_t mb = fwd ? f.microbatch : b.microbatch;
+    const int32_t mb = fwd ? h.f.microbatch : h.b.microbatch;
     Chain& chain = chains[fwd ? 0 : 1];
     if (chain.stream != stream) {
       d.wait_measured(stream, chain.done, chain.stream,
@@ -162,11 +149,11 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
       d.end(stream, begin, node_span(node.kind, phase, mb, on_comm));
     };
     if (fwd) {
-      timed(NodePhase::kForward, [&] { s.chunk->forward_node(i, state, fc); });
+      timed(NodePhase::kForward, [&] { s.chunk->forward_node(i, state, h.fc); });
     } else {
-      timed(NodePhase::kBackwardInput, [&] { s.chunk->backward_node(i, state, bc); });
-      if (with_w && schedule::node_has_weights(node.kind)) {
-        timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, bc); });
+      timed(NodePhase::kBackwardInput, [&] { s.chunk->backward_node(i, state, h.bc); });
+      if (h.with_w && schedule::node_has_weights(node.kind)) {
+        timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, h.bc); });
       }
     }
     if (on_comm && node.layer >= 0) {  // Note [Nodes on the communication stream]
@@ -178,13 +165,13 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
     }
     chain = {stream, d.mark(stream)};
   };
-  const Units fu = split_units(fs.chunk->nodes()), bu = split_units(bs.chunk->nodes());
+  const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
   issue_pairs(fu, bu, issue);
   // What follows runs on the compute stream and reads both micro-batches' results.
   for (Chain& chain : chains) {
     if (chain.stream != compute) d.wait_measured(compute, chain.done, chain.stream, "combined");
   }
-  finish_forward(fs, f.microbatch, fm);
+  finish_forward(h.fs, h.f.microbatch, h.fm);
 #else
   (void)a;
   (void)iteration;

@@ -20,7 +20,8 @@ namespace {
 
 DeviceEvent new_event(bool timing) {
   cudaEvent_t e = nullptr;
-  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, timing ? cudaEventDefault : cudaEventDisableTiming));
+  const unsigned flags = timing ? cudaEventDefault : cudaEventDisableTiming;
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&e, flags));
   return e;
 }
 
