@@ -193,6 +193,14 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kAny,
                {},
                "FILE"});
+  s.push_back({"routing-out",
+               &o.routing_out,
+               "MoE under mpirun: write the rows each experts node received in the last step, "
+               "for every rank's pipeline, as the JSON that `tandem plan --routing` reads "
+               "(default: none)",
+               Bound::kAny,
+               {},
+               "FILE"});
   s.push_back({"comm-overlap", &o.comm_overlap,
                "combined-1f1b and dualpipev with expert parallelism: run the expert all-to-all "
                "on a communication stream of its own, overlapped with the other micro-batch's "
@@ -610,6 +618,7 @@ void check_paths(const RunOptions& o) {
   check_output_parent("--log-json", o.log_json);
   check_output_parent("--trace", o.trace_path);
   check_output_parent("--node-times-out", o.node_times_out);
+  check_output_parent("--routing-out", o.routing_out);
 }
 
 // A checkpoint's value as the spec's type; nullopt when the JSON type does not fit.

@@ -9,6 +9,7 @@
 
 #include "cli/options.h"
 #include "core/error.h"
+#include "schedule/routing_file.h"
 #include "schedule/planner.h"
 
 namespace tandem::cli {
@@ -20,6 +21,8 @@ struct PlanOptions {
   std::string schedule_file;
   std::string cost_model = "roofline";
   std::string node_times;
+  std::string routing;   // --routing FILE (tandem train --routing-out)
+  int routing_rank = 0;  // --routing-rank: whose pipeline's table
   std::string svg;
   std::string write_schedule;
   OutputFormat format = OutputFormat::kTable;
@@ -44,6 +47,16 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
                  "roofline (default: none)")
       ->check(CLI::ExistingFile)
       ->option_text("FILE");
+  sub.add_option("--routing", p.routing,
+                 "the rows each experts node received in a measured step, from `tandem train "
+                 "--routing-out` (docs/parallel.md): plans that step's expert-parallel memory "
+                 "instead of balanced routing's (default: none)")
+      ->check(CLI::ExistingFile)
+      ->option_text("FILE");
+  sub.add_option("--routing-rank", p.routing_rank,
+                 "with --routing: the world rank whose pipeline is planned (default: 0)")
+      ->check(CLI::NonNegativeNumber)
+      ->option_text("RANK");
   sub.add_option("--svg", p.svg,
                  "write a Gantt chart with each rank's memory curve to FILE.svg (default: none)")
       ->option_text("FILE");
@@ -107,6 +120,9 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
     in.cost.kind = schedule::CostModelKind::kNodeTimes;
     in.cost.table = schedule::load_node_times(p.node_times);
   }
+  TANDEM_CHECK(!p.routing.empty() || app.count("--routing-rank") == 0, "--routing-rank ",
+               p.routing_rank, " needs --routing FILE");
+  if (!p.routing.empty()) in.routing = schedule::load_routing_file(p.routing, p.routing_rank);
   return req;
 }
 

@@ -108,6 +108,9 @@ void run_train(const CLI::App& app, RunOptions& o) {
   TANDEM_CHECK(o.node_times_out.empty(), "--node-times-out ", o.node_times_out,
                ": node times are measured by the pipeline trainer: start tandem under mpirun "
                "(mpirun -np 1 for one GPU) with --device cuda");
+  TANDEM_CHECK(o.routing_out.empty(), "--routing-out ", o.routing_out,
+               ": routing tables come from the pipeline trainer: start tandem under mpirun "
+               "(mpirun -np 1 for one rank)");
   std::unique_ptr<data::Dataset> data = make_dataset(o);
   runtime::Trainer trainer(o.model, o.train, *data);
   install_test_fault_hooks(trainer);

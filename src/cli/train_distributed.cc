@@ -20,6 +20,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/distributed.h"
 #include "schedule/generators.h"
+#include "schedule/routing_file.h"
 #include "schedule/validator.h"
 #include "train_common.h"
 
@@ -149,6 +150,23 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");
 }
 
+// Every rank's pipeline routing table of the last step (collective over each pipeline group),
+// written by rank 0 in schedule/routing_file.h's format.
+void write_routing(const std::string& path, runtime::PipelineTrainer& trainer,
+                   comm::Communicator& world) {
+  const schedule::RoutingCounts mine = trainer.pipeline_routing_counts();
+  const std::vector<std::string> all =
+      world.all_gather_bytes(schedule::routing_file_text({mine}));
+  if (world.rank() != 0) return;
+  std::vector<schedule::RoutingCounts> tables;
+  for (size_t r = 0; r < all.size(); ++r) {
+    tables.push_back(schedule::parse_routing_file(all[r], "--routing-out", 0));
+  }
+  std::ofstream f(path);
+  f << schedule::routing_file_text(tables);
+  TANDEM_CHECK(f.good(), "--routing-out ", path, ": cannot write the file");
+}
+
 IterationRecord gather_record(const runtime::StepResult& r, comm::Communicator& world) {
   IterationRecord rec = to_record(r);
   Tensor mine = Tensor::empty({3}, DType::kI64, MemCategory::kOther, "mem");
@@ -193,6 +211,8 @@ void run_train_distributed(RunOptions& o) {
       o.model, o.train, sched, groups, *data, DType::kF32,
       o.comm_overlap == "off" ? runtime::CommOverlap::kOff : runtime::CommOverlap::kOn);
   Allocator& alloc = allocator_for(o.train.device);
+  TANDEM_CHECK(o.routing_out.empty() || o.model.is_moe(), "--routing-out ", o.routing_out,
+               ": routing needs experts (--num-experts > 0)");
   const Fault fault = test_fault();
   install_nan_fault(fault, trainer);
   const bool lead = groups.rank == 0;
@@ -218,6 +238,9 @@ void run_train_distributed(RunOptions& o) {
     if (trace_this) write_measured_trace(o.trace_path, trainer, *groups.world, alloc);
     if (!o.node_times_out.empty() && it + 1 == o.train.train_iters) {
       write_node_times(o.node_times_out, trainer, *groups.world);
+    }
+    if (!o.routing_out.empty() && it + 1 == o.train.train_iters) {
+      write_routing(o.routing_out, trainer, *groups.world);
     }
     IterationRecord rec = gather_record(r, *groups.world);
     rec.comm_seconds = trainer.comm_busy_seconds();

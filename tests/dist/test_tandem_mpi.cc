@@ -91,6 +91,41 @@ TEST(TandemMpi, CombinedStepWritesTheMeasuredTimelineAndExposedAllToAll) {
   EXPECT_LE(j.at("exposed_alltoall_s").get<double>(), j.at("step_seconds").get<double>());
 }
 
+// --routing-out writes each rank's measured routing, and `tandem plan --routing` planned with a
+// rank's table predicts that rank's measured activation peak to the byte (the memory-truth
+// test's claim, end to end through the files); the balanced plan does not.
+TEST(TandemMpi, PlanWithTheMeasuredRoutingPredictsEachRanksActivationPeak) {
+  const std::string dir = temp_dir("routing");
+  const std::string ep = " --expert-model-parallel-size 2 --schedule 1f1b";
+  const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel + ep +
+                       " --train-iters 2 --routing-out " + dir + "/r.json --log-json " + dir +
+                       "/log.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json last = tandem::test::json_lines(dir + "/log.jsonl").back();
+  auto planned = [&](const std::string& extra) {
+    const Result p = run(std::string(TANDEM_BIN) + " plan" + kModel + ep +
+                         " --num-microbatches 4 --json" + extra);
+    EXPECT_EQ(p.code, 0) << p.output;
+    const size_t brace = p.output.find('{');
+    return nlohmann::json::parse(p.output.substr(brace)).at("ranks")[0]
+        .at("activation_peak_bytes").get<int64_t>();
+  };
+  const int64_t balanced = planned("");
+  bool balanced_missed = false;
+  for (int rank = 0; rank < 2; ++rank) {
+    const int64_t measured = last.at("activation_peak_bytes")[rank].get<int64_t>();
+    EXPECT_EQ(planned(" --routing " + dir + "/r.json --routing-rank " + std::to_string(rank)),
+              measured)
+        << "rank " << rank;
+    balanced_missed = balanced_missed || balanced != measured;
+  }
+  EXPECT_TRUE(balanced_missed) << "the routing was balanced: the test shows nothing";
+  const Result missing = run(std::string(TANDEM_BIN) + " plan" + kModel + ep +
+                             " --num-microbatches 4 --routing " + dir + "/r.json --routing-rank 7");
+  EXPECT_EQ(missing.code, 2);
+  EXPECT_NE(missing.output.find("no table for rank 7"), std::string::npos) << missing.output;
+}
+
 TEST(TandemMpi, HungRankMakesTheOthersStopWithinTheTimeout) {
   const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=hang " + kMpirun + " -x TANDEM_FAULT -np 2 " +
                        TANDEM_BIN + " train" + kModel +

@@ -1,0 +1,64 @@
+// Routing tables on disk (schedule/routing_file.h): what routing_file_text writes,
+// parse_routing_file reads back for any rank, and every malformed file is refused naming the
+// file and what is wrong.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <vector>
+
+#include "core/error.h"
+#include "schedule/routing_file.h"
+
+namespace tandem::schedule {
+namespace {
+
+RoutingCounts table(int32_t mbs, int32_t layers, int64_t base) {
+  RoutingCounts t(mbs, layers);
+  for (size_t i = 0; i < t.expert_rows.size(); ++i) t.expert_rows[i] = base + int64_t(i);
+  return t;
+}
+
+TEST(RoutingFile, RoundTripsEveryRank) {
+  const std::vector<RoutingCounts> tables = {table(3, 2, 10), table(3, 2, 100)};
+  const std::string text = routing_file_text(tables);
+  for (int r = 0; r < 2; ++r) {
+    const RoutingCounts back = parse_routing_file(text, "r.json", r);
+    EXPECT_EQ(back.num_microbatches, 3);
+    EXPECT_EQ(back.num_layers, 2);
+    EXPECT_EQ(back.expert_rows, tables[r].expert_rows) << "rank " << r;
+  }
+}
+
+std::string error_of(const std::string& text, int rank) {
+  try {
+    parse_routing_file(text, "r.json", rank);
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(RoutingFile, RefusesMalformedFilesNamingWhatIsWrong) {
+  const std::string ok_head = R"({"num_microbatches": 2, "num_layers": 1, "ranks": )";
+  const struct {
+    std::string text;
+    int rank;
+    std::vector<std::string> expect;
+  } cases[] = {
+      {"not json", 0, {"r.json", "not valid JSON"}},
+      {R"({"ranks": []})", 0, {"r.json", "expected", "num_microbatches"}},
+      {ok_head + R"([{"rank": 0, "expert_rows": [1]}]})", 0, {"rank 0 has 1 counts", "2"}},
+      {ok_head + R"([{"rank": 0, "expert_rows": [1, -4]}]})", 0, {"expert_rows[1] is -4"}},
+      {ok_head + R"([{"rank": 0, "expert_rows": [1, 2]}]})", 3, {"no table for rank 3", "0"}},
+      {ok_head + R"([{"expert_rows": [1, 2]}]})", 0, {"{\"rank\": R"}},
+      {R"({"num_microbatches": 0, "num_layers": 1, "ranks": []})", 0, {"at least 1"}},
+  };
+  for (const auto& c : cases) {
+    const std::string err = error_of(c.text, c.rank);
+    ASSERT_FALSE(err.empty()) << c.text;
+    for (const std::string& e : c.expect) EXPECT_NE(err.find(e), std::string::npos) << err;
+  }
+}
+
+}  // namespace
+}  // namespace tandem::schedule
