@@ -211,6 +211,10 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "activations, f32 master weights; needs a binary built with CUDA)",
                Bound::kAny, kDevices});
   s.push_back({"quiet", &o.quiet, "no progress bar and no log lines"});
+  s.push_back({"recompute-experts", &o.train.recompute_experts,
+               "MoE: the experts keep only their input rows for the backward and form gate, up "
+               "and the SwiGLU again there (less activation memory, one more pass of the gate "
+               "and up products)"});
   s.push_back({"addition-max-digits", &o.addition_max_digits,
                "operand digits of the built-in addition task (used without --data-path)",
                Bound::kPositive});

@@ -111,6 +111,7 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   in.activation_elem_bytes = p.activation_bytes;
   // --device cuda plans the GPU trainer: bf16 activations unless --activation-bytes says else.
   in.gpu = o.device == "cuda";
+  in.recompute_experts = o.train.recompute_experts;
   if (in.gpu && app.count("--activation-bytes") == 0) in.activation_elem_bytes = 2;
   in.cost.device = p.device;
   in.cost.kind = schedule::parse_cost_model(p.cost_model);

@@ -53,6 +53,9 @@ struct TrainConfig {
   int64_t log_interval = 10;
   NonFinitePolicy non_finite_policy = NonFinitePolicy::kStop;
   Device device = Device::kCPU;  // --device cpu | cuda (one GPU per process)
+  // --recompute-experts: the experts keep only their input rows from forward to backward and
+  // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).
+  bool recompute_experts = false;
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

@@ -49,8 +49,9 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     }
     case NodeKind::kDispatch:
       return s.ep_size > 1 ? s.ep_size * s.local_experts * kIndexBytes : 0;
-    case NodeKind::kExperts:
-      return (s.expert_rows * h + 3 * s.expert_rows * f) * es + s.local_experts * kIndexBytes;
+    case NodeKind::kExperts:  // recomputed: gate, up and act are formed again in the backward
+      return (s.expert_rows * h + (s.recompute_experts ? 0 : 3 * s.expert_rows * f)) * es +
+             s.local_experts * kIndexBytes;
     case NodeKind::kCombine:
       return n * k * h * es;
     case NodeKind::kMlp:
@@ -153,6 +154,10 @@ NodeWorkspace ffn_workspace(NodeKind kind, const ModelConfig& cfg, const Footpri
   w.backward_input = w.incoming_grad + 3 * rows * f * es + rows * h * es;
   if (experts) {  // the layer's d_out and d_topk_w, held until attention
     w.backward_input += s.tokens * h * es + s.tokens * cfg.moe_router_topk * s.stat_size();
+  }
+  if (experts && s.recompute_experts) {
+    w.forward += 3 * rows * f * es;         // gate, up, act: temporaries of the forward now
+    w.backward_input += 3 * rows * f * es;  // formed again: gate, up, and act until adopted
   }
   w.backward_weight = w.incoming_grad + 2 * rows * f * es;
   return w;

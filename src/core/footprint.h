@@ -27,6 +27,7 @@ struct FootprintShape {
                             // keeps bf16 activations and f32 statistics (docs/cuda.md).
   bool fused_lm_head = false;  // the loss node runs ops::lm_head_ce_forward_backward (the
                                // GPU's loss node, gradients formed in the forward)
+  bool recompute_experts = false;  // TrainConfig::recompute_experts: experts keep x_in only
   int64_t stat_size() const { return stat_bytes > 0 ? stat_bytes : elem_bytes; }
 };
 
@@ -41,6 +42,8 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //             topk_idx i32 [N,k], counts i32 [E], perm i32 [N*k]
 //  dispatch:  EP > 1: recv_counts i32 [EP * local E] (the rows it receives are the experts')
 //  experts:   x_in [R,H]; gate, up, act [R,F]; rows_per_expert i32 [local E]
+//             (recompute_experts: x_in and rows_per_expert only; the input-gradient backward
+//             forms act again and keeps it for the weight gradient)
 //  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
 //  mlp:       gate, up, act [N,F]
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]

@@ -18,6 +18,26 @@ static void for_each_expert(const std::vector<int32_t>& rows, Fn fn) {
   }
 }
 
+// gate, up and act of every local expert's rows: the products and SwiGLU of the forward.
+static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, const Tensor& gate,
+                               const Tensor& up, const Tensor& act) {
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+    const Tensor x = s.x_in.narrow_rows(begin, rows), g = gate.narrow_rows(begin, rows);
+    const Tensor u = up.narrow_rows(begin, rows), y = act.narrow_rows(begin, rows);
+    ops::linear_forward(g, x, w.e_gate[e]);
+    ops::linear_forward(u, x, w.e_up[e]);
+    ops::swiglu_forward(y, g, u);
+  });
+}
+
+// Note [Recomputed experts]: with NodeContext::recompute_experts the experts keep only their
+// input rows (and row counts) from forward to backward: gate, up and act are temporaries of the
+// forward, and the input-gradient backward forms them again from the same rows and weights with
+// the same ops, so every value, and so every gradient, is bit for bit the stored run's. act is
+// then kept for the weight gradient, as without recomputation (it becomes an activation when
+// the input-gradient backward ends, where footprint.h's figures and the planner count it).
+// The cost is one more pass of the gate and up products; the saving 3 R F elements per layer
+// and micro-batch in flight.
 void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const int64_t f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
   ExpertsSaved& s = a.experts;
@@ -31,17 +51,21 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   // Note [Routing counts on the host]: dispatch hands the host copy over with the tensor.
   s.rows_host = a.expert_rows_host.empty() ? host_ints(s.rows_per_expert)
                                            : std::exchange(a.expert_rows_host, {});
-  s.gate = saved_tensor({r, f}, c.dtype, "experts.gate");
-  s.up = saved_tensor({r, f}, c.dtype, "experts.up");
-  s.act = saved_tensor({r, f}, c.dtype, "experts.act");
+  // Note [Recomputed experts]: temporaries, or saved for the backward.
+  const auto make = c.recompute_experts ? work_tensor : saved_tensor;
+  const Tensor gate = make({r, f}, c.dtype, "experts.gate");
+  const Tensor up = make({r, f}, c.dtype, "experts.up");
+  const Tensor act = make({r, f}, c.dtype, "experts.act");
+  expert_activations(s, w, gate, up, act);
+  if (!c.recompute_experts) {
+    s.gate = gate;
+    s.up = up;
+    s.act = act;
+  }
   a.expert_out = work_tensor({r, h}, c.dtype, "expert_out");  // handed to combine
   for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    const Tensor x = s.x_in.narrow_rows(begin, rows), gate = s.gate.narrow_rows(begin, rows);
-    const Tensor up = s.up.narrow_rows(begin, rows), act = s.act.narrow_rows(begin, rows);
-    ops::linear_forward(gate, x, w.e_gate[e]);
-    ops::linear_forward(up, x, w.e_up[e]);
-    ops::swiglu_forward(act, gate, up);
-    ops::linear_forward(a.expert_out.narrow_rows(begin, rows), act, w.e_down[e]);
+    ops::linear_forward(a.expert_out.narrow_rows(begin, rows), act.narrow_rows(begin, rows),
+                        w.e_down[e]);
   });
 }
 
@@ -51,6 +75,12 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   s.d_y = std::move(a.d_expert_out);
   a.d_expert_out = Tensor();
   const int64_t r = s.x_in.size(0);
+  if (c.recompute_experts) {  // Note [Recomputed experts]
+    s.gate = work_tensor({r, f}, c.dtype, "experts.gate");
+    s.up = work_tensor({r, f}, c.dtype, "experts.up");
+    s.act = work_tensor({r, f}, c.dtype, "experts.act");
+    expert_activations(s, w, s.gate, s.up, s.act);
+  }
   Tensor d_act = work_tensor({r, f}, c.dtype, "d_act");
   s.d_gate = work_tensor({r, f}, c.dtype, "d_gate");
   s.d_up = work_tensor({r, f}, c.dtype, "d_up");
@@ -66,6 +96,7 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
     ops::linear_backward_input(dx, du, w.e_up[e], Accumulate::kAdd);
   });
   release_storage({&s.gate, &s.up});  // x_in and act stay for the weight gradients
+  if (c.recompute_experts) adopt_as_activation(s.act);
 }
 
 void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {

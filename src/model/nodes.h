@@ -40,6 +40,9 @@ struct NodeContext {
   // gradients at once (Note [Loss gradient in the forward] in end_nodes.cc); null: it does not
   // (a forward without backward, e.g. evaluation).
   const ModelWeights* grads = nullptr;
+  // The experts form gate, up and act again in their backward (Note [Recomputed experts] in
+  // ffn_nodes.cc; TrainConfig::recompute_experts).
+  bool recompute_experts = false;
   int64_t tokens() const { return batch * seq; }
   // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
   // activations are bf16 (docs/cuda.md "Numerics on the GPU").

@@ -127,6 +127,7 @@ StageRuntime& PipelineTrainer::local(int32_t stage) {
 model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
   model::NodeContext c = s.chunk->context(train_.micro_batch_size, loss_scale_);
   c.ep = groups_->layout.ep > 1 ? &groups_->ep_data() : nullptr;
+  c.recompute_experts = train_.recompute_experts;
   return c;
 }
 

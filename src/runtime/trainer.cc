@@ -48,8 +48,9 @@ Trainer::Trainer(const ModelConfig& m, const TrainConfig& t, const data::Dataset
 StepResult Trainer::forward_backward(int64_t iteration) {
   DeviceScope on(train_.device);
   const int64_t num_mb = train_.num_microbatches();
-  const model::NodeContext ctx =
+  model::NodeContext ctx =
       chunk_->context(train_.micro_batch_size, 1.0 / static_cast<double>(num_mb));
+  ctx.recompute_experts = train_.recompute_experts;
   StepResult r;
   timeline_.clear();
   step_start_ = now_seconds();

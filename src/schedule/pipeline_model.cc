@@ -34,6 +34,7 @@ FootprintShape rank_shape(const PlanInputs& in) {
     s.stat_bytes = kFp32;
     s.fused_lm_head = true;
   }
+  s.recompute_experts = in.recompute_experts;
   return s;
 }
 

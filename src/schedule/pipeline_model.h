@@ -101,6 +101,7 @@ struct PlanInputs {
   // The GPU trainer's layout (docs/cuda.md): f32 statistics beside bf16 activations, the fused
   // LM head, and a bf16 copy of every weight besides the f32 masters.
   bool gpu = false;
+  bool recompute_experts = false;  // TrainConfig::recompute_experts
   CostModel cost;
   RoutingCounts routing;  // measured rows per experts node; empty: balanced (N k)
 };

@@ -122,10 +122,16 @@ void HalfRun::node(int32_t k) {
       sim_.memory(rank_, release, -n.workspace.backward_weight, MemKind::kWorkspace);
     }
     const int32_t mb = half_.microbatch;
-    if (half_.kind == ActionKind::kBackward || !node_has_weights(n.kind)) {
+    if (!node_has_weights(n.kind)) {
       sim_.memory(rank_, release, -n.saved(mb), MemKind::kActivation, n.kind);
-    } else {  // I: what only the input gradient needed goes now, the rest at W
+    } else {
+      // What only the input gradient needed goes when it ends, the rest with the weight
+      // gradient (here for a full B, at its W action for an I), as the nodes release them. The
+      // difference may be negative: recomputed experts keep an act they formed in the backward.
       sim_.memory(rank_, end, -(n.saved(mb) - n.weight_saved(mb)), MemKind::kActivation, n.kind);
+      if (half_.kind == ActionKind::kBackward) {
+        sim_.memory(rank_, release, -n.weight_saved(mb), MemKind::kActivation, n.kind);
+      }
     }
     last_ = std::max(last_, release);
   }

@@ -76,18 +76,19 @@ TEST(TandemProgram, HelpExitsWithZero) {
 
 // `tandem plan --device cuda` plans the GPU trainer: the weights' bf16 copy in the static memory
 // (2 bytes per parameter beside the f32 master's 4), and bf16 activations, so less activation
-// memory than the f32 plan of the same run.
+// memory than the f32 plan of the same run; --recompute-experts plans less activation memory.
 TEST(TandemProgram, PlanForTheGpuCountsTheWeightCopyAndBf16Activations) {
   TempDir work, capture;
-  auto plan = [&](bool gpu) {
+  auto plan = [&](bool gpu, bool recompute = false) {
     std::vector<std::string> args = {"plan", "--json", "--pipeline-model-parallel-size", "2",
                                      "--num-layers", "4", "--global-batch-size", "8"};
     if (gpu) args.insert(args.end(), {"--device", "cuda"});
+    if (recompute) args.push_back("--recompute-experts");
     const RunResult r = run_tandem(args, work.path(), capture.path());
     EXPECT_EQ(r.exit_code, 0) << r.err;
     return nlohmann::json::parse(r.out);
   };
-  const nlohmann::json cpu = plan(false), gpu = plan(true);
+  const nlohmann::json cpu = plan(false), gpu = plan(true), recomputed = plan(false, true);
   ASSERT_EQ(gpu.at("ranks").size(), 2u);
   for (size_t r = 0; r < 2; ++r) {
     const nlohmann::json& g = gpu.at("ranks")[r];
@@ -96,6 +97,9 @@ TEST(TandemProgram, PlanForTheGpuCountsTheWeightCopyAndBf16Activations) {
     EXPECT_EQ(c.at("compute_copy_bytes").get<int64_t>(), 0);
     EXPECT_EQ(g.at("param_bytes"), c.at("param_bytes"));
     EXPECT_LT(g.at("activation_peak_bytes").get<int64_t>(),
+              c.at("activation_peak_bytes").get<int64_t>());
+    // --recompute-experts: the experts keep only their input rows.
+    EXPECT_LT(recomputed.at("ranks")[r].at("activation_peak_bytes").get<int64_t>(),
               c.at("activation_peak_bytes").get<int64_t>());
   }
 }

@@ -55,19 +55,22 @@ schedule::RoutingCounts measured_routing(PipelineTrainer& trainer, Groups& group
 // Runs every schedule the generators allow on pipeline size pp with dp data-parallel ranks (ep
 // of them expert-parallel) and compares this rank's measured activation peak with the plan's
 // for its pipeline rank.
-Checked check_layout(const ModelConfig& m, int pp, int dp, int ep) {
+// recompute: TrainConfig::recompute_experts on both sides (Note [Recomputed experts]).
+Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recompute = false) {
   Checked checked;
   for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "combined-1f1b", "dualpipev"}) {
     for (int v : {1, 2}) {
       TrainConfig t;
       t.micro_batch_size = 1;
       t.global_batch_size = 4 * pp * dp;
+      t.recompute_experts = recompute;
       schedule::PlanRequest req;
       req.schedule_name = name;
       req.shape = {pp, v, static_cast<int32_t>(4 * pp)};
       req.inputs.model = m;
       req.inputs.micro_batch_size = 1;
       req.inputs.expert_parallel_size = ep;
+      req.inputs.recompute_experts = recompute;
       req.inputs.cost.kind = schedule::CostModelKind::kUniform;
       schedule::Plan plan;
       try {
@@ -119,6 +122,18 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlan) {
   for (int dp : {1, 2}) {
     if (g_world->size() % dp != 0) continue;
     checked += check_layout(m, g_world->size() / dp, dp, 1).schedules;
+  }
+  EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
+}
+
+// Recomputed experts (they keep only their input rows, and act again from the input-gradient
+// backward to the weight gradient): still exact, for every schedule (the W-split ones hold act
+// from I to W), one and two expert ranks.
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithRecomputedExperts) {
+  const ModelConfig m = truth_model();
+  int checked = check_layout(m, g_world->size(), 1, 1, /*recompute=*/true).schedules;
+  if (g_world->size() % 2 == 0) {
+    checked += check_layout(m, 1, g_world->size(), 2, /*recompute=*/true).schedules;
   }
   EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
 }
