@@ -6,8 +6,8 @@
 // are deterministic (the tile's block owns them and sums its query heads in order), dq is summed
 // in an f32 workspace by atomics, so its bits depend on arrival order. The generic backward is
 // deterministic: one pass owns the dq rows (and writes delta), a second the dk/dv rows.
-// One file (past the ~800-line guideline) rather than a header split: the tensor-core and generic
-// kernels share the helpers and the geometry, and must agree.
+// The generic kernels are in attention_generic.cu; the geometry both use in
+// attention_common.cuh.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -18,6 +18,7 @@
 #include <iterator>
 
 #include "ops/cuda/attention.h"
+#include "ops/cuda/attention_common.cuh"
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
@@ -30,21 +31,8 @@ using bf16 = __nv_bfloat16;
 
 constexpr float kLog2e = 1.4426950408889634f;
 constexpr float kLn2 = 0.6931471805599453f;
-constexpr int kThreads = 128;  // the generic kernels' block: 4 warps (tensor-core: WARPS)
-constexpr int kWarps = kThreads / 32;
-constexpr int kMaxGenericDim = 256;
-constexpr int kPerLane = kMaxGenericDim / 32;  // head-dim elements a lane holds (generic path)
 // Keys per block of the dk/dv pass; no block of any pass covers fewer rows (grid y limit).
 constexpr int kKeyTile = 64;
-
-// Shapes and strides of one call. Row n of q/out/dq is token n % seq of sequence n / seq; element
-// (n, head, d) of q sits at n * q_stride + head * D + d (k and v likewise with kv_stride).
-struct Geometry {
-  int batch, seq, heads, kv_heads, group, head_dim;
-  int64_t q_stride, kv_stride;
-  float scale;       // 1 / sqrt(D)
-  float scale_log2;  // scale * log2(e): scores in the base-2 domain of exp2
-};
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers (and pack_bf16x2, warp_sum from common.cuh).
@@ -646,131 +634,6 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 }
 
 // ---------------------------------------------------------------------------------------------
-// Generic kernels (any D <= 256): one warp per row, lane i holding head-dim elements i + 32 j;
-// keys one at a time with an fp32 online softmax. Slow but plainly the equations.
-// ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ void load_row(float (&x)[kPerLane], const bf16* row, int dim,
-                                         int lane) {
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int d = lane + 32 * j;
-    x[j] = d < dim ? __bfloat162float(row[d]) : 0.f;
-  }
-}
-__device__ __forceinline__ float dot_row(const float (&x)[kPerLane], const float (&y)[kPerLane]) {
-  float acc = 0;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) acc += x[j] * y[j];
-  return warp_sum(acc);
-}
-__device__ __forceinline__ void store_row(bf16* row, const float (&x)[kPerLane], float mul,
-                                          int dim, int lane) {
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) {
-    const int d = lane + 32 * j;
-    if (d < dim) row[d] = __float2bfloat16_rn(x[j] * mul);
-  }
-}
-
-// The (batch, head, token) of this warp's row, index r = (b * heads + h) * seq + t.
-struct RowId {
-  int64_t r;
-  int b, h, t;
-};
-__device__ __forceinline__ RowId warp_row(int heads, int seq) {
-  const int64_t r = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
-  const int64_t bh = r / seq;
-  return {r, static_cast<int>(bh / heads), static_cast<int>(bh % heads),
-          static_cast<int>(r % seq)};
-}
-
-__global__ void __launch_bounds__(kThreads)
-    generic_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
-                           Geometry g) {
-  const RowId id = warp_row(g.heads, g.seq);
-  if (id.b >= g.batch) return;  // whole warps only
-  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim;
-  const int64_t q_row = (int64_t{id.b} * g.seq + id.t) * g.q_stride + int64_t{id.h} * dim;
-  const int64_t kv0 = int64_t{id.b} * g.seq * g.kv_stride + int64_t{id.h / g.group} * dim;
-  float qv[kPerLane], kv[kPerLane], vv[kPerLane], acc[kPerLane] = {};
-  load_row(qv, q + q_row, dim, lane);
-  float m = -INFINITY, l = 0;
-  for (int j = 0; j <= id.t; ++j) {
-    load_row(kv, k + kv0 + j * g.kv_stride, dim, lane);
-    load_row(vv, v + kv0 + j * g.kv_stride, dim, lane);
-    const float s = dot_row(qv, kv) * g.scale;
-    const float m_new = fmaxf(m, s);
-    const float corr = expf(m - m_new), p = expf(s - m_new);
-    l = l * corr + p;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) acc[i] = acc[i] * corr + p * vv[i];
-    m = m_new;
-  }
-  store_row(out + q_row, acc, 1.f / l, dim, lane);
-  if (lane == 0) lse[id.r] = m + logf(l);
-}
-
-// dq of one query row, and its delta = rowsum(dout * out).
-__global__ void __launch_bounds__(kThreads)
-    generic_backward_dq_kernel(bf16* dq, float* delta, const bf16* dout, const bf16* q,
-                               const bf16* k, const bf16* v, const bf16* out, const float* lse,
-                               Geometry g) {
-  const RowId id = warp_row(g.heads, g.seq);
-  if (id.b >= g.batch) return;
-  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim;
-  const int64_t q_row = (int64_t{id.b} * g.seq + id.t) * g.q_stride + int64_t{id.h} * dim;
-  const int64_t kv0 = int64_t{id.b} * g.seq * g.kv_stride + int64_t{id.h / g.group} * dim;
-  float qv[kPerLane], dov[kPerLane], kv[kPerLane], vv[kPerLane], acc[kPerLane] = {};
-  load_row(qv, q + q_row, dim, lane);
-  load_row(dov, dout + q_row, dim, lane);
-  load_row(vv, out + q_row, dim, lane);
-  const float dlt = dot_row(dov, vv), row_lse = lse[id.r];
-  if (lane == 0) delta[id.r] = dlt;
-  for (int j = 0; j <= id.t; ++j) {
-    load_row(kv, k + kv0 + j * g.kv_stride, dim, lane);
-    load_row(vv, v + kv0 + j * g.kv_stride, dim, lane);
-    const float p = expf(dot_row(qv, kv) * g.scale - row_lse);
-    const float ds = p * (dot_row(dov, vv) - dlt);
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) acc[i] += ds * kv[i];
-  }
-  store_row(dq + q_row, acc, g.scale, dim, lane);
-}
-
-// dk, dv of one key row of a KV head: sums over the group's query heads and the later tokens.
-__global__ void __launch_bounds__(kThreads)
-    generic_backward_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
-                                 const bf16* k, const bf16* v, const float* lse,
-                                 const float* delta, Geometry g) {
-  const RowId id = warp_row(g.kv_heads, g.seq);  // id.h is the KV head, id.t the key
-  if (id.b >= g.batch) return;
-  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim;
-  const int64_t kv_row = (int64_t{id.b} * g.seq + id.t) * g.kv_stride + int64_t{id.h} * dim;
-  float kv[kPerLane], vv[kPerLane], qv[kPerLane], dov[kPerLane];
-  float dk_acc[kPerLane] = {}, dv_acc[kPerLane] = {};
-  load_row(kv, k + kv_row, dim, lane);
-  load_row(vv, v + kv_row, dim, lane);
-  for (int h = id.h * g.group; h < (id.h + 1) * g.group; ++h) {
-    const int64_t stat0 = (int64_t{id.b} * g.heads + h) * g.seq;
-    for (int t = id.t; t < g.seq; ++t) {
-      const int64_t q_row = (int64_t{id.b} * g.seq + t) * g.q_stride + int64_t{h} * dim;
-      load_row(qv, q + q_row, dim, lane);
-      load_row(dov, dout + q_row, dim, lane);
-      const float p = expf(dot_row(kv, qv) * g.scale - lse[stat0 + t]);
-      const float ds = p * (dot_row(vv, dov) - delta[stat0 + t]);
-#pragma unroll
-      for (int i = 0; i < kPerLane; ++i) {
-        dv_acc[i] += p * dov[i];
-        dk_acc[i] += ds * qv[i];
-      }
-    }
-  }
-  store_row(dk + kv_row, dk_acc, g.scale, dim, lane);
-  store_row(dv + kv_row, dv_acc, 1.f, dim, lane);
-}
-
-// ---------------------------------------------------------------------------------------------
 // Host side.
 // ---------------------------------------------------------------------------------------------
 
@@ -831,7 +694,6 @@ void allow_smem(Kernel kernel, int bytes) {
 }
 
 unsigned tiles(int seq, int tile) { return static_cast<unsigned>((seq + tile - 1) / tile); }
-unsigned generic_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
 
 template <int D, int WARPS, int MT, int BC, int MINB>
 void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
@@ -969,9 +831,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
       launch_forward<128, 4, 1, 64, 1>(out, lse, q, k, v, g);
     return;
   }
-  generic_forward_kernel<<<generic_blocks(int64_t{g.batch} * g.heads * g.seq), kThreads, 0,
-                           stream()>>>(mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v), g);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  generic_attention_forward(g, mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v));
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
@@ -1000,15 +860,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     }
     return;
   }
-  generic_backward_dq_kernel<<<generic_blocks(int64_t{g.batch} * g.heads * g.seq), kThreads, 0,
-                               stream()>>>(mptr(dq), delta.data<float>(), cptr(dout), cptr(q),
-                                           cptr(k), cptr(v), cptr(out), lse.data<float>(), g);
-  TANDEM_CUDA_CHECK_LAUNCH();
-  generic_backward_dkdv_kernel<<<generic_blocks(int64_t{g.batch} * g.kv_heads * g.seq), kThreads,
-                                 0, stream()>>>(mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k),
-                                                cptr(v), lse.data<float>(), delta.data<float>(),
-                                                g);
-  TANDEM_CUDA_CHECK_LAUNCH();
+  generic_attention_backward(g, mptr(dq), mptr(dk), mptr(dv), delta.data<float>(), cptr(dout),
+                             cptr(q), cptr(k), cptr(v), cptr(out), lse.data<float>());
 }
 
 }  // namespace tandem::ops::cuda

@@ -1,0 +1,36 @@
+// What attention.cu (the tensor-core kernels, the checks, the dispatch) and attention_generic.cu
+// (the warp-per-row kernels for any head dim) share: one call's geometry and the generic path's
+// launchers. Private to src/ops/cuda.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace tandem::ops::cuda {
+
+// The largest head dim the generic kernels take (each lane holds kMaxGenericDim / 32 elements).
+constexpr int kMaxGenericDim = 256;
+
+// Shapes and strides of one call. Row n of q/out/dq is token n % seq of sequence n / seq; element
+// (n, head, d) of q sits at n * q_stride + head * D + d (k and v likewise with kv_stride).
+struct Geometry {
+  int batch, seq, heads, kv_heads, group, head_dim;
+  int64_t q_stride, kv_stride;
+  float scale;       // 1 / sqrt(D)
+  float scale_log2;  // scale * log2(e): scores in the base-2 domain of exp2
+};
+
+// The generic forward: out and lse [batch, heads, seq] of causal attention, on the current stream.
+void generic_attention_forward(const Geometry& g, __nv_bfloat16* out, float* lse,
+                               const __nv_bfloat16* q, const __nv_bfloat16* k,
+                               const __nv_bfloat16* v);
+// The generic backward: dq (and delta = rowsum(dout * out), written), then dk and dv; every
+// gradient row owned by one warp, so the results are deterministic.
+void generic_attention_backward(const Geometry& g, __nv_bfloat16* dq, __nv_bfloat16* dk,
+                                __nv_bfloat16* dv, float* delta, const __nv_bfloat16* dout,
+                                const __nv_bfloat16* q, const __nv_bfloat16* k,
+                                const __nv_bfloat16* v, const __nv_bfloat16* out,
+                                const float* lse);
+
+}  // namespace tandem::ops::cuda
