@@ -183,11 +183,7 @@ schedule::RoutingCounts PipelineTrainer::pipeline_routing_counts() {
 void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
   model::MicroBatchState& state = prepare_forward(stage, mb, iteration);
   StageRuntime& s = local(stage);
-  if (dev_) {
-    run_timed_nodes(s, state, mb, ActionKind::kForward);
-  } else {
-    s.chunk->forward(state, context(s));
-  }
+  run_nodes(s, state, mb, ActionKind::kForward);
   finish_forward(s, mb, state);
 }
 
@@ -206,20 +202,20 @@ DeviceStreams::SpanInfo PipelineTrainer::node_span(NodeKind kind, NodePhase phas
   return info;
 }
 
-void PipelineTrainer::run_timed_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
-                                      ActionKind kind) {
+void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
+                                ActionKind kind) {
   const model::NodeContext c = context(s);
   const std::vector<model::NodeRef>& nodes = s.chunk->nodes();
   auto timed = [&](size_t i, NodePhase phase) {
     if (phase == NodePhase::kBackwardWeight && !schedule::node_has_weights(nodes[i].kind)) return;
-    const DeviceStream stream = DeviceStreams::compute();
-    const DeviceEvent begin = dev_->begin(stream);
+    const DeviceStream stream = dev_ ? DeviceStreams::compute() : nullptr;
+    const DeviceEvent begin = dev_ ? dev_->begin(stream) : nullptr;
     switch (phase) {
       case NodePhase::kForward: s.chunk->forward_node(i, state, c); break;
       case NodePhase::kBackwardInput: s.chunk->backward_node(i, state, c); break;
       case NodePhase::kBackwardWeight: s.chunk->backward_weights_node(i, state, c); break;
     }
-    dev_->end(stream, begin, node_span(nodes[i].kind, phase, mb, false));
+    if (dev_) dev_->end(stream, begin, node_span(nodes[i].kind, phase, mb, false));
   };
   if (kind == ActionKind::kForward) {
     for (size_t i = 0; i < nodes.size(); ++i) timed(i, NodePhase::kForward);
@@ -243,12 +239,8 @@ model::MicroBatchState& PipelineTrainer::prepare_backward(int32_t stage, int32_t
 void PipelineTrainer::backward(int32_t stage, int32_t mb, model::WeightGrad wg) {
   model::MicroBatchState& state = prepare_backward(stage, mb);
   StageRuntime& s = local(stage);
-  if (dev_) {
-    const bool with_w = wg == model::WeightGrad::kWithBackward;
-    run_timed_nodes(s, state, mb, with_w ? ActionKind::kBackward : ActionKind::kBackwardInput);
-  } else {
-    s.chunk->backward(state, context(s), wg);
-  }
+  const bool with_w = wg == model::WeightGrad::kWithBackward;
+  run_nodes(s, state, mb, with_w ? ActionKind::kBackward : ActionKind::kBackwardInput);
 }
 
 double PipelineTrainer::step_start_seconds() const {
@@ -277,11 +269,7 @@ void PipelineTrainer::record_span(const char* stream, NodeKind kind, bool forwar
 
 void PipelineTrainer::weights(int32_t stage, int32_t mb) {
   StageRuntime& s = local(stage);
-  if (dev_) {
-    run_timed_nodes(s, s.mbs[mb], mb, ActionKind::kBackwardWeight);
-  } else {
-    s.chunk->backward_weights(s.mbs[mb], context(s));
-  }
+  run_nodes(s, s.mbs[mb], mb, ActionKind::kBackwardWeight);
 }
 
 // Note [Pipeline messages]: activations go on tag 0 and gradients on tag 1; messages between a

@@ -142,9 +142,10 @@ class PipelineTrainer {
   void run_combined_on_device(const schedule::Action& a, int64_t iteration);
   template <typename Issue>
   void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue);
-  // A plain compute action's nodes on the GPU, each between timing events.
-  void run_timed_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
-                       schedule::ActionKind kind);
+  // A plain compute action's nodes (F, B, I or W), in the chunk's order; on the GPU each between
+  // timing events.
+  void run_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
+                 schedule::ActionKind kind);
   // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts").
   static DeviceStreams::SpanInfo node_span(NodeKind kind, NodePhase phase, int32_t mb,
                                            bool on_comm_stream);
