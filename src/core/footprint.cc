@@ -89,9 +89,8 @@ int64_t lm_head_padded_vocab(int64_t vocab) { return (vocab + 7) / 8 * 8; }
 
 int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab) {
   if (n <= 0) return 1;
-  constexpr int64_t kF32 = 4;
-  const int64_t most =
-      std::clamp(kLmHeadMaxBlockBytes / (padded_vocab * kF32), int64_t{1}, kLmHeadMaxBlockRows);
+  const int64_t most = std::clamp(kLmHeadMaxBlockBytes / (padded_vocab * kLmHeadLogitBytes),
+                                  int64_t{1}, kLmHeadMaxBlockRows);
   const int64_t blocks = (n + most - 1) / most;
   return std::max<int64_t>(1, (n + blocks - 1) / blocks);
 }
@@ -167,7 +166,7 @@ NodeWorkspace loss_workspace(const ModelConfig& cfg, const FootprintShape& s) {
   const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes;
   const int64_t ld = lm_head_padded_vocab(cfg.vocab_size);
   NodeWorkspace w;
-  w.forward = lm_head_block_rows(n, ld) * ld * kF32 + n * h * es +
+  w.forward = lm_head_block_rows(n, ld) * ld * kLmHeadLogitBytes + n * h * es +
               n * (kI32 + s.stat_size() + kF32);  // block, nf, targets, lse, row losses
   w.backward_input = n * h * es;                  // d_x
   return w;

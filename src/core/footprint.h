@@ -58,13 +58,14 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
 //  dispatch, combine: nothing.
 int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
 
-// The fused LM head's blocks (ops/cuda/lm_head.cu forms the f32 logits of one block of rows at
-// a time): a block's f32 logits [rows, padded_vocab] stay within kLmHeadMaxBlockBytes, at most
+// The fused LM head's blocks (ops/cuda/lm_head.cu forms the bf16 logits of one block of rows at
+// a time): a block's bf16 logits [rows, padded_vocab] stay within kLmHeadMaxBlockBytes, at most
 // kLmHeadMaxBlockRows rows, and the blocks of n rows are as even as that allows. The op and the
 // planner both call lm_head_block_rows, so the planned block is the one the op allocates.
 constexpr int64_t kLmHeadMaxBlockRows = 8192;
 constexpr int64_t kLmHeadMaxBlockBytes = int64_t{384} << 20;
-// V rounded up to 8 floats: the logits' row stride (lm_head.cu's padded_vocab).
+constexpr int64_t kLmHeadLogitBytes = 2;  // bf16 (fp32 accumulation; the loss math is fp32)
+// V rounded up to 8 logits: the logits' row stride (lm_head.cu's padded_vocab).
 int64_t lm_head_padded_vocab(int64_t vocab);
 // Rows per block for n rows (1 when n <= 0).
 int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab);
@@ -111,8 +112,8 @@ struct NodeWorkspace {
 //  mlp:       F out [N,H] (handed on)
 //             I d_out [N,H] (incoming, kept for W), d_act, d_gate, d_up [N,F], d_n2 [N,H]
 //             W d_out [N,H], d_gate, d_up [N,F]
-//  loss:      F (gradients formed in the forward) the f32 logits block [block rows,
-//               padded V] f32, nf [N,H], targets i32 [N], lse [N] stat, row losses [N] f32
+//  loss:      F (gradients formed in the forward) the logits block [block rows, padded V]
+//               bf16, nf [N,H], targets i32 [N], lse [N] stat, row losses [N] f32
 //             I d_x [N,H]
 // The layer's gradient passed on by a full B's I (d_x, d_expert_in) is not counted during its W.
 NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg,

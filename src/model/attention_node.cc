@@ -24,16 +24,15 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   ops::linear_forward(s.q, s.n1, w.wq);
   ops::linear_forward(s.k, s.n1, w.wk);
   ops::linear_forward(s.v, s.n1, w.wv);
-  ops::rope_forward(s.q, s.q, c.seq, cfg.num_attention_heads, cfg.head_dim(), cfg.rotary_base);
-  ops::rope_forward(s.k, s.k, c.seq, cfg.num_query_groups, cfg.head_dim(), cfg.rotary_base);
+  ops::rope_forward_qk(s.q, s.k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                       cfg.head_dim(), cfg.rotary_base);
   const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                                   cfg.head_dim()};
   s.a = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.a");
   s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.stat_dtype(), "attn.lse");
   ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, shape);
   s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
-  ops::linear_forward(s.h1, s.a, w.wo);
-  ops::axpy(s.h1, s.x, 1.0);                                      // residual
+  ops::linear_forward_residual(s.h1, s.a, w.wo, s.x);             // + the residual x
   s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
   s.rstd2 = saved_tensor({n}, c.stat_dtype(), "attn.rstd2");
   ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
@@ -92,9 +91,8 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                                   cfg.head_dim()};
   ops::attention_backward(s.d_q, s.d_k, s.d_v, d_a, s.q, s.k, s.v, s.a, s.lse, shape);
-  ops::rope_backward(s.d_q, s.d_q, c.seq, cfg.num_attention_heads, cfg.head_dim(),
-                     cfg.rotary_base);
-  ops::rope_backward(s.d_k, s.d_k, c.seq, cfg.num_query_groups, cfg.head_dim(), cfg.rotary_base);
+  ops::rope_backward_qk(s.d_q, s.d_k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                        cfg.head_dim(), cfg.rotary_base);
   Tensor d_n1 = work_tensor({n, h}, c.dtype, "d_n1");
   ops::linear_backward_input(d_n1, s.d_q, w.wq);
   ops::linear_backward_input(d_n1, s.d_k, w.wk, Accumulate::kAdd);

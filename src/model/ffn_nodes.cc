@@ -123,8 +123,7 @@ void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   ops::linear_forward(s.up, n2, w.w_up);
   ops::swiglu_forward(s.act, s.gate, s.up);
   a.out = work_tensor({n, h}, c.dtype, "layer.out");  // handed to the next layer or the loss
-  a.out.copy_from(a.h1);  // residual
-  ops::linear_forward(a.out, s.act, w.w_down, Accumulate::kAdd);
+  ops::linear_forward_residual(a.out, s.act, w.w_down, a.h1);  // + the residual h1
   a.h1 = Tensor();
 }
 

@@ -72,12 +72,15 @@ class Parameters {
   const ModelWeights& weights() const { return weights_; }
   const ModelWeights& grads() const { return grads_; }
   // Note [Compute copy]: what the nodes multiply with. On the CPU the master weights
-  // themselves; on the GPU a bf16 copy, refreshed by refresh_compute_copy() after every change
-  // of the master weights (initialisation, optimizer step, loading).
+  // themselves; on the GPU a bf16 copy, refreshed after every change of the master weights: by
+  // refresh_compute_copy() after initialisation, loading and copying, and by AdamW::step in the
+  // same pass as the update (runtime/optimizer.h).
   const ModelWeights& compute_weights() const {
     return device_ == Device::kCPU ? weights_ : compute_;
   }
   void refresh_compute_copy();
+  // The bf16 copy's flat buffer (like flat_params); undefined on the CPU, which has none.
+  const Tensor& flat_compute() const { return flat_compute_; }
   Tensor param(const ParamEntry& e) const { return view(flat_params_, e); }
   Tensor grad(const ParamEntry& e) const { return view(flat_grads_, e); }
   const Tensor& flat_params() const { return flat_params_; }

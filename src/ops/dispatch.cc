@@ -76,6 +76,14 @@ void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t head
   TANDEM_OP(dx, rope_backward, dx, dy, seq, heads, head_dim, theta);
 }
 
+void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, double theta) {
+  TANDEM_OP(q, rope_forward_qk, q, k, seq, heads, kv_heads, head_dim, theta);
+}
+
+void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, double theta) {
+  TANDEM_OP(dq, rope_backward_qk, dq, dk, seq, heads, kv_heads, head_dim, theta);
+}
+
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s) {
   TANDEM_OP(out, attention_forward, out, lse, q, k, v, s);
 }
@@ -138,6 +146,23 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const T
 
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& hp) {
   TANDEM_OP(param, adamw_step, param, grad, m, v, hp);
+}
+
+void adamw_step_flat(const Tensor& param, const Tensor& m, const Tensor& v,
+                     const Tensor& param_bf16, const Tensor& grad,
+                     const std::vector<int64_t>& decayed, double grad_scale,
+                     const AdamWParams& hp) {
+  // The weight-decay ranges, checked once for both backends: ascending [begin, end) pairs.
+  TANDEM_CHECK(decayed.size() % 2 == 0, "adamw_step_flat: decayed holds ", decayed.size(),
+               " bounds; expected [begin, end) pairs");
+  int64_t last = 0;
+  for (size_t i = 0; i < decayed.size(); ++i) {
+    TANDEM_CHECK(decayed[i] >= last && decayed[i] <= param.numel(), "adamw_step_flat: decayed[",
+                 i, "] is ", decayed[i], "; expected ascending bounds within [", last, ", ",
+                 param.numel(), "]");
+    last = decayed[i];
+  }
+  TANDEM_OP(param, adamw_step_flat, param, m, v, param_bf16, grad, decayed, grad_scale, hp);
 }
 
 double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w, const Tensor& targets) {

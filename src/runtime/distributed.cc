@@ -483,9 +483,9 @@ StepResult PipelineTrainer::step() {
   r.lr = learning_rate(train_, iteration_);
   for (StageRuntime& s : stages_) {
     if (finite) {
-      clip_gradients(*s.params, r.grad_norm, train_.clip_grad);
-      s.optimizer->step(r.lr);
-      s.params->refresh_compute_copy();
+      // Every rank steps all of its stages' weights (the gradients are all-reduced, nothing is
+      // gathered after): the step writes the compute copy itself, as in Trainer::step.
+      s.optimizer->step(r.lr, clip_coefficient(r.grad_norm, train_.clip_grad));
     } else {
       s.params->zero_grads();
     }

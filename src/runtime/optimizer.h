@@ -1,8 +1,10 @@
 // Learning-rate schedule (linear warm-up, then cosine to min-lr) and AdamW over a chunk's flat
-// fp32 master weights, with global-norm gradient clipping (MODEL.md "optimiser").
+// fp32 master weights, with global-norm gradient clipping (MODEL.md "optimiser"): the clipping
+// coefficient scales the gradients as the step reads them, in the step's one pass.
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "core/config.h"
 #include "core/tensor.h"
@@ -18,8 +20,12 @@ class AdamW {
  public:
   AdamW(model::Parameters& params, const TrainConfig& t);
 
-  // One update with learning rate `lr`; weight decay on matrices only (not norms, embeddings).
-  void step(double lr);
+  // One update of every parameter with learning rate `lr` and the gradients multiplied by
+  // grad_scale (clip_coefficient's; the gradient buffers are left as they are); weight decay on
+  // matrices only (not norms, embeddings). One pass over the flat buffers (ops::adamw_step_flat),
+  // which on the GPU also writes the bf16 compute copy (Note [Compute copy] in
+  // model/parameters.h): no refresh_compute_copy() is needed after it.
+  void step(double lr, double grad_scale);
   int64_t steps() const { return step_; }
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
@@ -29,13 +35,15 @@ class AdamW {
   model::Parameters* params_;
   TrainConfig hp_;
   Tensor m_, v_;  // flat, like the parameters (kOptimizer)
+  std::vector<int64_t> decayed_;  // the matrices' element ranges, neighbours merged
   int64_t step_ = 0;
 };
 
 // Sum of squares of the gradients (for the global norm; add across ranks before the sqrt).
 double grad_sum_squares(const model::Parameters& params);
-// Scales the gradients so their global norm is at most max_norm (Megatron's rule: coefficient
-// max_norm / (norm + 1e-6) when below one). Returns the coefficient applied (1 if none).
-double clip_gradients(model::Parameters& params, double norm, double max_norm);
+// The factor that brings the gradients' global norm to at most max_norm, for AdamW::step's
+// grad_scale (Megatron's rule: max_norm / (norm + 1e-6) when below one); 1 when the norm is
+// within the limit or max_norm <= 0 (no clipping).
+double clip_coefficient(double norm, double max_norm);
 
 }  // namespace tandem::runtime

@@ -116,9 +116,9 @@ StepResult Trainer::step() {
   r.iteration = iteration_;
   r.lr = learning_rate(train_, iteration_);
   if (finite) {
-    clip_gradients(*params_, r.grad_norm, train_.clip_grad);
-    optimizer_->step(r.lr);
-    params_->refresh_compute_copy();
+    // Clipping scales the gradients as the step reads them; the step also writes the compute
+    // copy (Note [Compute copy] in model/parameters.h).
+    optimizer_->step(r.lr, clip_coefficient(r.grad_norm, train_.clip_grad));
   } else {
     params_->zero_grads();
     r.status = StepStatus::kSkipped;

@@ -1,5 +1,5 @@
 // Node workspace and the fused LM head's blocks (core/footprint.h). Oracles: the block rule
-// worked out by hand (384 MiB of f32 logits, at most 8192 rows, blocks as even as possible) and
+// worked out by hand (384 MiB of bf16 logits, at most 8192 rows, blocks as even as possible) and
 // the work tensors of src/model/*.cc summed by hand for one shape.
 #include <gtest/gtest.h>
 
@@ -11,10 +11,13 @@ namespace {
 constexpr int64_t kMiB = int64_t{1} << 20;
 
 TEST(LmHeadBlocks, RowsFollowTheBudget) {
-  // 384 MiB / (50304 * 4) = 2001 rows at most: 8192 rows need 5 blocks of 1639.
-  EXPECT_EQ(lm_head_block_rows(8192, 50304), 1639);
-  // 384 MiB / (32000 * 4) = 3145 rows at most: 4096 rows in 2 blocks of 2048.
-  EXPECT_EQ(lm_head_block_rows(4096, 32000), 2048);
+  // 384 MiB / (50304 * 2) = 4002 rows at most: 8192 rows need 3 blocks of 2731, 32768 rows 9
+  // blocks of 3641.
+  EXPECT_EQ(lm_head_block_rows(8192, 50304), 2731);
+  EXPECT_EQ(lm_head_block_rows(32768, 50304), 3641);
+  // 384 MiB / (32000 * 2) = 6291 rows at most: 4096 rows in one block, 8192 in 2 of 4096.
+  EXPECT_EQ(lm_head_block_rows(4096, 32000), 4096);
+  EXPECT_EQ(lm_head_block_rows(8192, 32000), 4096);
   // A small vocabulary hits the row cap: 100000 rows in 13 blocks of 7693.
   EXPECT_EQ(lm_head_block_rows(100000, 8), 7693);
   EXPECT_EQ(lm_head_block_rows(100, 32000), 100);  // one block
@@ -58,8 +61,8 @@ TEST(NodeWorkspace, MeasuredShapeByHand) {
   // [N,H] bf16 = 8 MiB, [R,H] = 16 MiB (R = N k = 8192), [R,F] = 44 MiB.
   const int64_t nh = 8 * kMiB, rh = 16 * kMiB, rf = 44 * kMiB, topk_w = 4096 * 2 * 4;
   const NodeWorkspace loss = node_workspace_bytes(NodeKind::kLoss, c, s);
-  // Block 2048 x 32000 f32 (250 MiB), nf, and targets, lse, row losses [N] 4 bytes each.
-  EXPECT_EQ(loss.forward, 2048 * 32000 * 4 + nh + 3 * 4096 * 4);
+  // Block 4096 x 32000 bf16 (250 MiB), nf, and targets, lse, row losses [N] 4 bytes each.
+  EXPECT_EQ(loss.forward, int64_t{4096} * 32000 * 2 + nh + 3 * 4096 * 4);
   EXPECT_EQ(loss.backward_input, nh);  // d_x
   EXPECT_EQ(loss.backward_weight, 0);
   const NodeWorkspace ex = node_workspace_bytes(NodeKind::kExperts, c, s);

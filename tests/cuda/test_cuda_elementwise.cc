@@ -245,15 +245,18 @@ TEST(CudaEmbedding, BackwardSumsRepeatedIdsInTokenOrder) {
 struct NormCase {
   int64_t n, h;
 };
-// Widths for each kernel variant: forward warp-per-row with 1, 2, 4, 8, 16 register groups
-// per lane (256/24/64, 384, 768/1000/1024, 2048, 4096) and reloading (8192, 12288); backward
-// warp-per-row with 1, 2, 3, 4 groups per lane (256/24/64, 384, 768, 1000/1024), block-per-row
-// with 1, 2, 4 groups per thread (2048, 4096, 8192) and reloading (12288); widths that are not
-// multiples of 8 (scalar kernels); one row; no rows; more rows than blocks (3000 x 64); more rows
-// than the backward's resident warps (9000 x 768: each warp strides over several rows).
-constexpr NormCase kNormCases[] = {{37, 256}, {50, 384},  {5, 4096}, {3, 8192}, {2, 12288},
-                                   {7, 2048}, {33, 1000}, {1, 24},   {9, 100},  {4, 7},
-                                   {0, 64},   {3000, 64}, {40, 1024}, {9000, 768}};
+// Widths for each kernel variant: forward and backward warp-per-row with 1, 2, 3, 4 groups per
+// lane (256/24/64, 384, 768, 1000/1024), forward block-per-8-rows with 8, 16 groups per lane
+// (2048, 4096) and reloading (8192, 12288); backward block-per-row with 1, 2, 4 groups per
+// thread (2048, 4096, 8192) and reloading (12288); widths that are not multiples of 8 (scalar
+// kernels); one row; no rows; more rows than blocks (3000 x 64); more rows than the warp-per-row
+// kernels' resident warps, so each warp strides over several rows and loads the next one ahead
+// (20000 x 64, 12000 x 384, 9000 x 768, 9000 x 1024); more backward blocks than the dg kernel
+// reads in one batch (2100 x 2048: over 512 partials).
+constexpr NormCase kNormCases[] = {
+    {37, 256},  {50, 384},   {5, 4096},   {3, 8192},    {2, 12288},   {7, 2048},
+    {33, 1000}, {1, 24},     {9, 100},    {4, 7},       {0, 64},      {3000, 64},
+    {40, 1024}, {9000, 768}, {20000, 64}, {12000, 384}, {9000, 1024}, {2100, 2048}};
 
 TEST(CudaNorm, RmsnormForward) {
   for (const NormCase& c : kNormCases) {
@@ -380,6 +383,61 @@ TEST(CudaRope, MisalignedAndBadShapes) {
   EXPECT_THROW(ops::rope_forward(out, x, 4, heads, 15, 10000.0), Error);  // odd head_dim
   EXPECT_THROW(ops::rope_forward(out, x, 4, 3, d, 10000.0), Error);       // width mismatch
   EXPECT_THROW(ops::rope_forward(out, x, 0, heads, d, 10000.0), Error);   // seq 0
+}
+
+struct RopeQkCase {
+  int64_t batch, seq, heads, kv_heads, head_dim;
+  double theta;
+};
+// Vector path with grouped and equal kv heads (a block's rows cross sequence ends when seq is
+// short), the scalar path (D/2 = 3), a block holding many sequences (one head each of D 16),
+// long positions with a large theta, and no rows.
+constexpr RopeQkCase kRopeQkCases[] = {
+    {2, 37, 4, 2, 64, 10000.0}, {2, 300, 12, 12, 64, 10000.0},  {1, 5, 3, 1, 6, 10000.0},
+    {40, 3, 1, 1, 16, 10000.0}, {1, 4096, 2, 1, 128, 500000.0}, {0, 4, 2, 2, 64, 10000.0}};
+
+TEST(CudaRope, QkForwardAndBackwardMatchTheCpuAndTheSingleTensorOp) {
+  for (const RopeQkCase& c : kRopeQkCases) {
+    const int64_t n = c.batch * c.seq, wq = c.heads * c.head_dim, wk = c.kv_heads * c.head_dim;
+    for (bool backward : {false, true}) {
+      const std::string what = std::string(backward ? "rope_backward_qk" : "rope_forward_qk") +
+                               " seq " + std::to_string(c.seq) + " heads " +
+                               std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
+                               " D " + std::to_string(c.head_dim);
+      auto rope_qk = backward ? ops::rope_backward_qk : ops::rope_forward_qk;
+      auto rope = backward ? ops::rope_backward : ops::rope_forward;
+      const Tensor q0 = random_host({n, wq}, 29, 2.0), k0 = random_host({n, wk}, 30, 2.0);
+      Tensor q = to_gpu(q0, kBF16), k = to_gpu(k0, kBF16);
+      rope_qk(q, k, c.seq, c.heads, c.kv_heads, c.head_dim, c.theta);
+      Tensor q_want = ref_copy(q0, kBF16), k_want = ref_copy(k0, kBF16);
+      rope_qk(q_want, k_want, c.seq, c.heads, c.kv_heads, c.head_dim, c.theta);
+      expect_close(to_host_f32(q), q_want, tolerance_for(kBF16), what + " q");
+      expect_close(to_host_f32(k), k_want, tolerance_for(kBF16), what + " k");
+      // One launch over both gives the bits of one launch per tensor (the same cos and sin).
+      Tensor q1 = to_gpu(q0, kBF16), k1 = to_gpu(k0, kBF16);
+      rope(q1, q1, c.seq, c.heads, c.head_dim, c.theta);
+      rope(k1, k1, c.seq, c.kv_heads, c.head_dim, c.theta);
+      expect_close(to_host_f32(q), to_host_f32(q1), kExact, what + " q against rope");
+      expect_close(to_host_f32(k), to_host_f32(k1), kExact, what + " k against rope");
+    }
+  }
+}
+
+TEST(CudaRope, QkMisalignedAndBadShapes) {
+  const int64_t n = 12, heads = 4, kv_heads = 2, d = 16;
+  const Tensor q0 = random_host({n, heads * d}, 31), k0 = random_host({n, kv_heads * d}, 32);
+  // A misaligned k takes both tensors down the scalar path.
+  Tensor q = to_gpu(q0, kBF16), k = misaligned_gpu(k0, kBF16);
+  ops::rope_forward_qk(q, k, 5, heads, kv_heads, d, 10000.0);
+  Tensor q_want = ref_copy(q0, kBF16), k_want = ref_copy(k0, kBF16);
+  ops::rope_forward_qk(q_want, k_want, 5, heads, kv_heads, d, 10000.0);
+  expect_close(to_host_f32(q), q_want, tolerance_for(kBF16), "rope_forward_qk misaligned q");
+  expect_close(to_host_f32(k), k_want, tolerance_for(kBF16), "rope_forward_qk misaligned k");
+  Tensor k_short = to_gpu(random_host({n - 1, kv_heads * d}, 33), kBF16);
+  EXPECT_THROW(ops::rope_forward_qk(q, k_short, 5, heads, kv_heads, d, 10000.0), Error);  // rows
+  EXPECT_THROW(ops::rope_forward_qk(q, k, 5, heads, heads, d, 10000.0), Error);  // k's width
+  EXPECT_THROW(ops::rope_backward_qk(q, k, 5, heads, kv_heads, 15, 10000.0), Error);  // odd D
+  EXPECT_THROW(ops::rope_backward_qk(q, k, 0, heads, kv_heads, d, 10000.0), Error);   // seq 0
 }
 
 // ---- SwiGLU ----

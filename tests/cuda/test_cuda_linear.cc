@@ -1,10 +1,12 @@
 // GPU tests of the cuBLASLt products (linear layers), the cross-entropy, the fused LM head and
 // AdamW. Oracle: the CPU ops (through ops.h) on the same inputs rounded to the GPU's storage
 // dtypes, held to gpu_test.h's tolerance table. Where rounding the GPU must do makes the error
-// depend on the data (bf16 dlogits inside the LM head's products, fp32 sums over a long k), the
-// test adds the standard product error bound c * (|A| @ |B|), computed per element on the CPU.
+// depend on the data (the LM head's bf16 logits and dlogits, fp32 sums over a long k), the test
+// adds that rounding's error bound (for a product, c * (|A| @ |B|)), computed per element on the
+// CPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <functional>
@@ -61,11 +63,6 @@ void expect_close_plus(const Tensor& got, const Tensor& want, Tolerance tol, con
   EXPECT_LT(worst, 0) << what << ": element " << worst << " is " << (worst >= 0 ? g[worst] : 0)
                       << ", reference " << (worst >= 0 ? w[worst] : 0) << ", allowed extra "
                       << (worst >= 0 ? e[worst] : 0);
-}
-
-Tensor scaled(Tensor t, double c) {
-  for (int64_t i = 0; i < t.numel(); ++i) t.data<float>()[i] *= static_cast<float>(c);
-  return t;
 }
 
 // The message of the tandem::Error `f` throws ("" when it throws none).
@@ -343,15 +340,64 @@ class LmHeadBlockRows {
   int64_t previous_;
 };
 
+// Note [LM head tolerance]: the GPU rounds the logits z to bf16 before its fp32 softmax
+// (lm_head.cu); the CPU keeps them in f32. Each rounding is at most half an ulp, |e_j| <= u |z_j|
+// with u = 2^-8, so the GPU's results differ from the CPU's by at most (per row, p = softmax(z),
+// t the target):
+//   lse:      a = e^(2 u max|z|) u sum_j p_j |z_j|  (mean value theorem: along the way from z to
+//             z + e each p_j is within a factor e^(2 u max|z|) of its value at z, since lse is
+//             1-Lipschitz in the max norm);
+//   loss:     a + u |z_t|;
+//   dlogits:  scale p_j expm1(u |z_j| + a) from p (the one-hot term is exact), and after rounding
+//             to bf16 u |dlogits| more; dx and dw then carry that bound through |w| and |x|.
+// That is 4% of a probability at |z| = 10. Random signs keep the real errors well below these sums
+// of absolute values; the bounds are what the rounding allows, not a margin picked to pass. fp32
+// arithmetic in another order stays under tolerance_for(kF32) on top.
+struct LogitRoundingBounds {
+  Tensor lse;       // [n] f32
+  double loss = 0;  // of the summed loss
+  Tensor dlogits;   // [n, v] f32, of the bf16 dlogits
+};
+
+// The bounds of Note [LM head tolerance] from the CPU's f32 logits [n, v], lse [n], targets [n].
+LogitRoundingBounds logit_rounding_bounds(const Tensor& logits, const Tensor& lse,
+                                          const Tensor& targets, double scale) {
+  const int64_t n = logits.size(0), v = logits.size(1);
+  const double u = std::ldexp(1.0, -8);
+  LogitRoundingBounds b{host_f32({n}), 0.0, host_f32({n, v})};
+  for (int64_t r = 0; r < n; ++r) {
+    const float* z = logits.data<float>() + r * v;
+    const double l = lse.data<float>()[r];
+    const int64_t t = targets.data<int32_t>()[r];
+    double mean_abs = 0, most = 0;  // sum_j p_j |z_j|, max_j |z_j|
+    for (int64_t j = 0; j < v; ++j) {
+      mean_abs += std::exp(z[j] - l) * std::fabs(z[j]);
+      most = std::max(most, std::fabs(double(z[j])));
+    }
+    const double a = std::exp(2 * u * most) * u * mean_abs;
+    b.lse.data<float>()[r] = static_cast<float>(a);
+    b.loss += a + u * std::fabs(double(z[t]));
+    float* e = b.dlogits.data<float>() + r * v;
+    for (int64_t j = 0; j < v; ++j) {
+      const double p = std::exp(z[j] - l), dl = (p - (j == t ? 1.0 : 0.0)) * scale;
+      e[j] = static_cast<float>(u * std::fabs(dl) +
+                                (1 + u) * scale * p * std::expm1(u * std::fabs(z[j]) + a));
+    }
+  }
+  return b;
+}
+
 struct LmHeadCase {
   int64_t n, h, v, block_rows;  // block_rows 0: the op's own choice (one block here)
 };
 constexpr LmHeadCase kLmHeadCases[] = {
-    {37, 29, 53, 8},  // 4 full blocks and one of 5 rows
-    {37, 29, 53, 0},
-    {300, 64, 1000, 128},
-    {5, 16, 50257, 2},  // odd V: padded logit rows, scalar tails
-    {3, 16, 60001, 0},  // a row wider than shared memory: the one-call op's two-kernel path
+    {37, 29, 53, 8},       // 4 full blocks and one of 5 rows
+    {37, 29, 53, 0},       // one block
+    {300, 64, 1000, 128},  // V % 8 == 0: no scalar tail
+    {5, 16, 50257, 2},     // odd V: padded logit rows, scalar tails
+    {3, 16, 60001, 0},     // one row per SM (above V ~ 57.7k two do not fit in its shared memory)
+    {3, 16, 120001, 0},    // a row wider than shared memory (V above 116088 on an H200): the
+                           // one-call op's two-kernel path
 };
 
 TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
@@ -370,15 +416,19 @@ TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
       const Tensor gt = targets.to(Device::kCUDA);
       const double scale = 1.0 / double(c.n);
 
-      // Forward: lse per row and the summed loss.
+      // Forward: lse per row and the summed loss, within Note [LM head tolerance].
       const Tensor glse =
           Tensor::empty({c.n}, DType::kF32, MemCategory::kOther, "lse", Device::kCUDA);
       const Tensor lse = host_f32({c.n});
       const double got = ops::lm_head_ce_forward(glse, gx, gw, gt);
       const double want = ops::lm_head_ce_forward(lse, xr, wr, targets);
+      const Tensor logits = host_f32({c.n, c.v});
+      ops::linear_forward(logits, xr, wr);
+      const LogitRoundingBounds bound = logit_rounding_bounds(logits, lse, targets, scale);
       const Tolerance f32 = tolerance_for(DType::kF32);
-      EXPECT_NEAR(got, want, f32.rtol * std::fabs(want) + f32.atol * double(c.n)) << "loss";
-      expect_close(to_host_f32(glse), lse, f32, "lse");
+      EXPECT_NEAR(got, want, f32.rtol * std::fabs(want) + f32.atol * double(c.n) + bound.loss)
+          << "loss";
+      expect_close_plus(to_host_f32(glse), lse, f32, bound.lse, "lse");
 
       // Backward, each side from its own forward's lse.
       const Tensor gdx =
@@ -388,18 +438,13 @@ TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
       const Tensor dx = host_f32({c.n, c.h}), dw = copy_of(dw0);
       ops::lm_head_ce_backward(dx, dw, xr, wr, targets, lse, scale, acc);
 
-      // The GPU rounds dlogits to bf16 (2^-9 relative) before both products; the CPU keeps
-      // them in f32. Bound: 2^-8 * (|dlogits| @ |w|) for dx, 2^-8 * (|dlogits|^T @ |x|) for dw.
-      const Tensor logits = host_f32({c.n, c.v}), dl = host_f32({c.n, c.v});
-      ops::linear_forward(logits, xr, wr);
-      ops::cross_entropy_backward(dl, logits, targets, scale);
+      // The dlogits' bound (Note [LM head tolerance]) through both products: |e| @ |w| for dx,
+      // |e|^T @ |x| for dw.
       const Tensor dx_extra = host_f32({c.n, c.h}), dw_extra = host_f32({c.v, c.h});
-      ops::linear_backward_input(dx_extra, abs_of(dl), abs_of(wr));
-      ops::linear_backward_weight(dw_extra, abs_of(dl), abs_of(xr), Accumulate::kOverwrite);
-      const double rel = std::ldexp(1.0, -8);
-      expect_close_plus(to_host_f32(gdx), dx, tolerance_for(DType::kBF16), scaled(dx_extra, rel),
-                        "dx");
-      expect_close_plus(to_host_f32(gdw), dw, f32, scaled(dw_extra, rel), "dw");
+      ops::linear_backward_input(dx_extra, bound.dlogits, abs_of(wr));
+      ops::linear_backward_weight(dw_extra, bound.dlogits, abs_of(xr), Accumulate::kOverwrite);
+      expect_close_plus(to_host_f32(gdx), dx, tolerance_for(DType::kBF16), dx_extra, "dx");
+      expect_close_plus(to_host_f32(gdw), dw, f32, dw_extra, "dw");
 
       // Forward and backward in one call: the same products in the same order as the two calls
       // above, and per row the same sums (Note [Fused loss rows] in lm_head.cu), so the same bits.
@@ -489,6 +534,59 @@ TEST(CudaAdamW, SeveralStepsMatchCpuAlignedAndNot) {
     expect_close(to_host_f32(gp), cp, tol, "param");
     expect_close(to_host_f32(gm), cm, tol, "m");
     expect_close(to_host_f32(gv), cv, tol, "v");
+  }
+}
+
+// adamw_step_flat against the CPU op: decayed ranges whose bounds fall inside float4 vectors, the
+// clipping coefficient as the gradient scale (and a step at one), the bf16 compute copy (bit for
+// bit what convert makes of the GPU's own weights). 600 bounds take the one-launch-per-run path.
+TEST(CudaAdamW, FlatStepMatchesCpuWithScaleAndCopy) {
+  const int64_t n = 4099;
+  const std::vector<int64_t> few = {5, 1030, 1031, 2050, 4001, 4099};
+  const std::vector<int64_t> many = [] {
+    std::vector<int64_t> bounds;
+    for (int64_t b = 1; bounds.size() < 600; b += 5) {
+      bounds.push_back(b);
+      bounds.push_back(b + 2);
+    }
+    return bounds;
+  }();
+  for (const std::vector<int64_t>* decayed : {&few, &many}) {
+    for (bool unaligned : {false, true}) {
+      SCOPED_TRACE(std::string(decayed == &few ? "one launch, " : "per run, ") +
+                   (unaligned ? "unaligned" : "aligned"));
+      const int64_t skip = unaligned ? 1 : 0;
+      const auto gpu = [&](const Tensor& host, DType dt) {
+        const Tensor full =
+            Tensor::zeros({n + skip}, dt, MemCategory::kOther, "adamw", Device::kCUDA);
+        const Tensor view = full.narrow_rows(skip, n);
+        if (host.defined()) view.copy_from(host);
+        return view;
+      };
+      const Tensor p = random_host({n}, 12), zeros = host_f32({n});
+      const Tensor gp = gpu(p, DType::kF32), gm = gpu(zeros, DType::kF32);
+      const Tensor gv = gpu(zeros, DType::kF32), gc = gpu(Tensor(), DType::kBF16);
+      const Tensor cp = copy_of(p), cm = copy_of(zeros), cv = copy_of(zeros);
+      for (int64_t step = 1; step <= 4; ++step) {
+        const Tensor g = random_host({n}, 40 + uint64_t(step), 0.1);
+        const double coeff = step == 3 ? 1.0 : 0.37;
+        const ops::AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1, step};
+        ops::adamw_step_flat(gp, gm, gv, gc, gpu(g, DType::kF32), *decayed, coeff, hp);
+        ops::adamw_step_flat(cp, cm, cv, Tensor(), g, *decayed, coeff, hp);
+      }
+      const Tolerance tol = tolerance_for(DType::kF32);
+      expect_close(to_host_f32(gp), cp, tol, "param");
+      expect_close(to_host_f32(gm), cm, tol, "m");
+      expect_close(to_host_f32(gv), cv, tol, "v");
+      const Tensor want =
+          Tensor::empty({n}, DType::kBF16, MemCategory::kOther, "want", Device::kCUDA);
+      ops::convert(want, gp);
+      const Tensor got_host = gc.to(Device::kCPU), want_host = want.to(Device::kCPU);
+      int64_t differ = 0;
+      for (int64_t i = 0; i < n; ++i)
+        differ += got_host.data<BF16>()[i].bits != want_host.data<BF16>()[i].bits;
+      EXPECT_EQ(differ, 0) << "elements of the bf16 copy unlike convert's";
+    }
   }
 }
 

@@ -1,10 +1,13 @@
 // Elementwise ops, embedding, SwiGLU, cross-entropy and AdamW on CPU.
 // Oracles: values computed by hand or by the formula in plain loops; fp64 central finite
-// differences for every backward; the f64 op for the f32 op.
+// differences for every backward; the f64 op for the f32 op; adamw_step (by hand) for
+// adamw_step_flat.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "op_test_util.h"
 #include "ops/ops.h"
@@ -222,6 +225,83 @@ TEST(AdamW, StepZeroThrows) {
   Tensor p = make({2}, DType::kF32), g = make({2}, DType::kF32);
   Tensor m = make({2}, DType::kF32), v = make({2}, DType::kF32);
   EXPECT_THROW(adamw_step(p, g, m, v, AdamWParams{1e-3, 0.9, 0.95, 1e-8, 0.0, 0}), Error);
+}
+
+// adamw_step_flat against adamw_step run by run (weight decay on the `decayed` ranges, 0 off
+// them) on gradients scaled first by scale(): bit for bit; its bf16 copy against convert().
+void check_adamw_flat(DType dt) {
+  const int64_t n = 23;
+  // Adjacent ranges, an empty one, one at the end: runs off, on, on, off, on.
+  const std::vector<int64_t> decayed = {3, 9, 9, 14, 17, 17, 17, 23};
+  const std::vector<bool> decays = [&] {
+    std::vector<bool> d(n, false);
+    for (size_t r = 0; r < decayed.size(); r += 2) {
+      for (int64_t i = decayed[r]; i < decayed[r + 1]; ++i) d[static_cast<size_t>(i)] = true;
+    }
+    return d;
+  }();
+  std::mt19937_64 rng(5);
+  const Tensor p = random({n}, dt, rng), m = make({n}, dt), v = make({n}, dt);
+  const Tensor copy = make({n}, DType::kBF16);
+  const Tensor rp = clone(p), rm = make({n}, dt), rv = make({n}, dt);
+  for (int64_t step = 1; step <= 3; ++step) {
+    const Tensor g = random({n}, dt, rng), rg = clone(g), g0 = clone(g);
+    const double coeff = step == 2 ? 1.0 : 0.3;
+    const AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1, step};
+    adamw_step_flat(p, m, v, copy, g, decayed, coeff, hp);
+    scale(rg, coeff);
+    for (int64_t i = 0; i < n;) {  // the reference, one run of equal decay at a time
+      int64_t end = i + 1;
+      while (end < n && decays[static_cast<size_t>(end)] == decays[static_cast<size_t>(i)]) ++end;
+      AdamWParams run = hp;
+      run.weight_decay = decays[static_cast<size_t>(i)] ? hp.weight_decay : 0.0;
+      adamw_step(rp.narrow_rows(i, end - i), rg.narrow_rows(i, end - i), rm.narrow_rows(i, end - i),
+                 rv.narrow_rows(i, end - i), run);
+      i = end;
+    }
+    EXPECT_EQ(values(p), values(rp)) << "step " << step;
+    EXPECT_EQ(values(m), values(rm)) << "step " << step;
+    EXPECT_EQ(values(v), values(rv)) << "step " << step;
+    EXPECT_EQ(values(g), values(g0)) << "the gradient is an input only";
+  }
+  EXPECT_NE(values(m), values(make({n}, dt)));
+  const Tensor want = make({n}, DType::kBF16);
+  convert(want, rp);
+  for (int64_t i = 0; i < n; ++i) {
+    EXPECT_EQ(copy.data<BF16>()[i].bits, want.data<BF16>()[i].bits) << "copy " << i;
+  }
+  // Without a copy: the same update.
+  const Tensor p2 = clone(rp), m2 = clone(rm), v2 = clone(rv), g = random({n}, dt, rng);
+  const AdamWParams hp{1e-2, 0.9, 0.95, 1e-8, 0.1, 4};
+  adamw_step_flat(p, m, v, copy, g, decayed, 0.5, hp);
+  adamw_step_flat(p2, m2, v2, Tensor(), g, decayed, 0.5, hp);
+  EXPECT_EQ(values(p2), values(p));
+}
+
+TEST(AdamW, FlatMatchesScaleThenStepPerRunF64) { check_adamw_flat(DType::kF64); }
+TEST(AdamW, FlatMatchesScaleThenStepPerRunF32) { check_adamw_flat(DType::kF32); }
+
+TEST(AdamW, FlatRejectsBadRangesAndCopy) {
+  const int64_t n = 8;
+  const Tensor p = make({n}, DType::kF32), g = make({n}, DType::kF32);
+  const Tensor m = make({n}, DType::kF32), v = make({n}, DType::kF32);
+  const AdamWParams hp{1e-3, 0.9, 0.95, 1e-8, 0.1, 1};
+  auto message = [&](const std::vector<int64_t>& decayed, const Tensor& copy) {
+    try {
+      adamw_step_flat(p, m, v, copy, g, decayed, 1.0, hp);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_EQ(message({0, 8}, Tensor()), "");
+  EXPECT_NE(message({2}, Tensor()).find("expected [begin, end) pairs"), std::string::npos);
+  EXPECT_NE(message({4, 2}, Tensor()).find("decayed[1] is 2"), std::string::npos);
+  EXPECT_NE(message({2, 9}, Tensor()).find("within [2, 8]"), std::string::npos);
+  EXPECT_NE(message({}, make({n}, DType::kF32)).find("param_bf16"), std::string::npos);
+  EXPECT_THROW(
+      adamw_step_flat(p, m, v, Tensor(), g, {}, 1.0, AdamWParams{1e-3, 0.9, 0.95, 1e-8, 0.1, 0}),
+      Error);
 }
 
 }  // namespace

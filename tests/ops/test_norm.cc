@@ -164,5 +164,28 @@ TEST(Rope, F32MatchesF64AndOddHeadDimThrows) {
   EXPECT_THROW(rope_forward(odd, odd, 2, 2, 3, 10000), Error);
 }
 
+TEST(Rope, QkIsTheSingleTensorOpOnEach) {
+  std::mt19937_64 rng(17);
+  const int64_t seq = 6, batch = 2, heads = 4, kv_heads = 2, d = 8;
+  const Tensor q0 = random({batch * seq, heads * d}, DType::kF64, rng);
+  const Tensor k0 = random({batch * seq, kv_heads * d}, DType::kF64, rng);
+  for (bool backward : {false, true}) {
+    auto rope_qk = backward ? rope_backward_qk : rope_forward_qk;
+    auto rope = backward ? rope_backward : rope_forward;
+    Tensor q = clone(q0), k = clone(k0);
+    rope_qk(q, k, seq, heads, kv_heads, d, 500);
+    Tensor q_want = make(q0.shape(), DType::kF64), k_want = make(k0.shape(), DType::kF64);
+    rope(q_want, q0, seq, heads, d, 500);
+    rope(k_want, k0, seq, kv_heads, d, 500);
+    EXPECT_EQ(values(q), values(q_want)) << (backward ? "backward" : "forward");
+    EXPECT_EQ(values(k), values(k_want)) << (backward ? "backward" : "forward");
+  }
+  // k's shape is checked before q is written.
+  Tensor q = clone(q0), k_short = make({batch * seq - 1, kv_heads * d}, DType::kF64);
+  EXPECT_THROW(rope_forward_qk(q, k_short, seq, heads, kv_heads, d, 500), Error);
+  EXPECT_THROW(rope_forward_qk(q, clone(k0), seq, heads, heads, d, 500), Error);
+  EXPECT_EQ(values(q), values(q0));
+}
+
 }  // namespace
 }  // namespace tandem::ops::test

@@ -1,8 +1,12 @@
-// Learning-rate schedule and clipping against their formulas evaluated by hand.
+// Learning-rate schedule and clipping against their formulas evaluated by hand; AdamW with the
+// clipping coefficient as its gradient scale against the step as it was before the two were
+// fused (ops::scale over the gradients, then ops::adamw_step entry by entry), bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 
+#include "ops/ops.h"
 #include "runtime/optimizer.h"
 
 namespace tandem::runtime {
@@ -35,16 +39,18 @@ TEST(LearningRate, WarmupThenCosineToMin) {
   EXPECT_NEAR(learning_rate(t, 15), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);
 }
 
-TEST(Clip, ScalesOnlyAboveTheLimit) {
+TEST(Clip, CoefficientOnlyAboveTheLimit) {
   const ModelConfig m = one_layer_dense();
   model::Parameters p(m, model::ChunkSpec::whole(m), DType::kF64);
   for (int64_t i = 0; i < p.numel(); ++i) p.flat_grads().data<double>()[i] = 1.0;
   const double norm = std::sqrt(grad_sum_squares(p));
   EXPECT_DOUBLE_EQ(norm, std::sqrt(static_cast<double>(p.numel())));
-  EXPECT_EQ(clip_gradients(p, norm, 100.0), 1.0);
-  const double coeff = clip_gradients(p, norm, 1.0);
+  EXPECT_EQ(clip_coefficient(norm, 100.0), 1.0);
+  EXPECT_EQ(clip_coefficient(norm, 0.0), 1.0);  // no clipping
+  const double coeff = clip_coefficient(norm, 1.0);
   EXPECT_NEAR(coeff, 1.0 / (norm + 1e-6), 1e-15);
-  EXPECT_NEAR(std::sqrt(grad_sum_squares(p)), norm * coeff, 1e-12);
+  ops::scale(p.flat_grads(), coeff);
+  EXPECT_NEAR(std::sqrt(grad_sum_squares(p)), 1.0, 1e-6);
 }
 
 TEST(AdamW, DecaysMatricesButNotNorms) {
@@ -58,11 +64,61 @@ TEST(AdamW, DecaysMatricesButNotNorms) {
   const double norm_before = p.weights().layers[0].input_norm.data<double>()[0];
   const double wq_before = p.weights().layers[0].wq.data<double>()[0];
   const double emb_before = p.weights().embed.data<double>()[0];
-  opt.step(0.1);
+  opt.step(0.1, 1.0);
   EXPECT_EQ(p.weights().layers[0].input_norm.data<double>()[0], norm_before);
   EXPECT_EQ(p.weights().embed.data<double>()[0], emb_before);
   EXPECT_NEAR(p.weights().layers[0].wq.data<double>()[0], wq_before * (1 - 0.1 * 0.5), 1e-15);
 }
+
+template <typename T>
+bool same_bits(const Tensor& a, const Tensor& b) {
+  return a.numel() == b.numel() &&
+         std::memcmp(a.data<T>(), b.data<T>(), static_cast<size_t>(a.numel()) * sizeof(T)) == 0;
+}
+
+// Three steps with gradients clipped by a coefficient below one (and one at one), weight decay on:
+// AdamW::step(lr, coeff) against ops::scale(grads, coeff) then the per-entry ops::adamw_step.
+template <typename T>
+void check_scale_fused_into_step(DType dt) {
+  const ModelConfig m = one_layer_dense();
+  const model::ChunkSpec whole = model::ChunkSpec::whole(m);
+  model::Parameters fused(m, whole, dt), ref(m, whole, dt);
+  fused.initialize(3);
+  ref.initialize(3);
+  TrainConfig t;
+  t.weight_decay = 0.1;
+  AdamW opt(fused, t);
+  const Tensor rm = Tensor::zeros({ref.numel()}, dt, MemCategory::kOptimizer, "ref.m");
+  const Tensor rv = Tensor::zeros({ref.numel()}, dt, MemCategory::kOptimizer, "ref.v");
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (int64_t i = 0; i < fused.numel(); ++i) {
+      const T g = static_cast<T>(std::sin(0.37 * static_cast<double>(i + 11 * step)));
+      fused.flat_grads().data<T>()[i] = g;
+      ref.flat_grads().data<T>()[i] = g;
+    }
+    const Tensor grads_before = fused.flat_grads().to(Device::kCPU);
+    const double norm = std::sqrt(grad_sum_squares(fused));
+    const double coeff = clip_coefficient(norm, step == 2 ? 1e9 : 0.5);
+    ASSERT_EQ(coeff < 1.0, step != 2);
+    const double lr = 1e-2 * static_cast<double>(step);
+    opt.step(lr, coeff);
+    if (coeff != 1.0) ops::scale(ref.flat_grads(), coeff);
+    for (const model::ParamEntry& e : ref.entries()) {
+      const int64_t n = shape_numel(e.shape);
+      const double wd = e.kind == model::ParamKind::kMatrix ? t.weight_decay : 0.0;
+      ops::adamw_step(ref.param(e), ref.grad(e), rm.narrow_rows(e.offset, n).reshape(e.shape),
+                      rv.narrow_rows(e.offset, n).reshape(e.shape),
+                      {lr, t.adam_beta1, t.adam_beta2, t.adam_eps, wd, step});
+    }
+    EXPECT_TRUE(same_bits<T>(fused.flat_params(), ref.flat_params())) << "step " << step;
+    EXPECT_TRUE(same_bits<T>(opt.exp_avg(), rm)) << "step " << step;
+    EXPECT_TRUE(same_bits<T>(opt.exp_avg_sq(), rv)) << "step " << step;
+    EXPECT_TRUE(same_bits<T>(fused.flat_grads(), grads_before)) << "the step scaled the gradients";
+  }
+}
+
+TEST(AdamW, GradScaleEqualsScaleThenStepF32) { check_scale_fused_into_step<float>(DType::kF32); }
+TEST(AdamW, GradScaleEqualsScaleThenStepF64) { check_scale_fused_into_step<double>(DType::kF64); }
 
 }  // namespace
 }  // namespace tandem::runtime

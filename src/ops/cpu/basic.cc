@@ -1,6 +1,7 @@
 // CPU elementwise ops and reductions, embedding lookup, SwiGLU and the AdamW step. Loops run in
 // element order so every result is bitwise reproducible.
 #include <cmath>
+#include <vector>
 
 #include "ops/cpu/common.h"
 #include "ops/cpu/cpu_ops.h"
@@ -156,6 +157,42 @@ void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout,
 
 // ---- optimizer ----
 
+namespace {
+
+// One step's scalars in T, formed in double from the hyper-parameters as PyTorch does; the
+// element arithmetic (adamw_range) is in T.
+template <typename T>
+struct AdamWConstants {
+  T b1, c1, b2, c2, step_size, inv_sqrt_bc2, eps;
+};
+
+template <typename T>
+AdamWConstants<T> adamw_constants(const AdamWParams& hp) {
+  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
+  const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
+  return {static_cast<T>(hp.beta1),    static_cast<T>(1.0 - hp.beta1),
+          static_cast<T>(hp.beta2),    static_cast<T>(1.0 - hp.beta2),
+          static_cast<T>(hp.lr / bc1), static_cast<T>(1.0 / std::sqrt(bc2)),
+          static_cast<T>(hp.eps)};
+}
+
+// Elements [begin, end): g = grad * grad_scale (exactly grad when the scale is one, and exactly
+// what ops::scale then a step would use otherwise); the moments; p = p * decay - the update.
+template <typename T>
+void adamw_range(T* p, T* m, T* v, const T* grad, int64_t begin, int64_t end, T decay, T grad_scale,
+                 const AdamWConstants<T>& k) {
+  for (int64_t i = begin; i < end; ++i) {
+    const T g = grad[i] * grad_scale;
+    const T mi = k.b1 * m[i] + k.c1 * g;
+    const T vi = k.b2 * v[i] + k.c2 * g * g;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = p[i] * decay - k.step_size * mi / (std::sqrt(vi) * k.inv_sqrt_bc2 + k.eps);
+  }
+}
+
+}  // namespace
+
 void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
                 const AdamWParams& hp) {
   const char* op = "adamw_step";
@@ -164,29 +201,41 @@ void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const 
   expect(op, "m", m, dt, param.shape());
   expect(op, "v", v, dt, param.shape());
   cpu::expect_at_least(op, "step", hp.step, 1);
-  const double bc1 = 1.0 - std::pow(hp.beta1, static_cast<double>(hp.step));
-  const double bc2 = 1.0 - std::pow(hp.beta2, static_cast<double>(hp.step));
   dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
-    // Element arithmetic in T as PyTorch does; the scalar constants are formed in double.
-    const T decay = static_cast<T>(1.0 - hp.lr * hp.weight_decay);
-    const T b1 = static_cast<T>(hp.beta1), c1 = static_cast<T>(1.0 - hp.beta1);
-    const T b2 = static_cast<T>(hp.beta2), c2 = static_cast<T>(1.0 - hp.beta2);
-    const T step_size = static_cast<T>(hp.lr / bc1);
-    const T inv_sqrt_bc2 = static_cast<T>(1.0 / std::sqrt(bc2));
-    const T eps = static_cast<T>(hp.eps);
+    adamw_range(param.data<T>(), m.data<T>(), v.data<T>(), grad.data<T>(), 0, param.numel(),
+                static_cast<T>(1.0 - hp.lr * hp.weight_decay), T(1), adamw_constants<T>(hp));
+  });
+}
+
+void adamw_step_flat(const Tensor& param, const Tensor& m, const Tensor& v,
+                     const Tensor& param_bf16, const Tensor& grad,
+                     const std::vector<int64_t>& decayed, double grad_scale,
+                     const AdamWParams& hp) {
+  const char* op = "adamw_step_flat";
+  const DType dt = float_dtype(op, "param", param, 1);
+  expect(op, "m", m, dt, param.shape());
+  expect(op, "v", v, dt, param.shape());
+  expect(op, "grad", grad, dt, param.shape());
+  if (param_bf16.defined()) expect(op, "param_bf16", param_bf16, DType::kBF16, param.shape());
+  cpu::expect_at_least(op, "step", hp.step, 1);
+  const int64_t n = param.numel();
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const AdamWConstants<T> k = adamw_constants<T>(hp);
+    // What adamw_step multiplies by: 1 - lr * wd, or 1 - lr * 0 (exactly one) outside `decayed`.
+    const T decay = static_cast<T>(1.0 - hp.lr * hp.weight_decay), none = T(1);
     T* pp = param.data<T>();
-    T* pm = m.data<T>();
-    T* pv = v.data<T>();
-    const T* pg = grad.data<T>();
-    for (int64_t i = 0, n = param.numel(); i < n; ++i) {
-      const T g = pg[i];
-      const T mi = b1 * pm[i] + c1 * g;
-      const T vi = b2 * pv[i] + c2 * g * g;
-      pm[i] = mi;
-      pv[i] = vi;
-      pp[i] = pp[i] * decay - step_size * mi / (std::sqrt(vi) * inv_sqrt_bc2 + eps);
+    int64_t at = 0;
+    for (size_t r = 0; r <= decayed.size(); ++r) {  // runs alternate: not decayed, decayed, ...
+      const int64_t end = r < decayed.size() ? decayed[r] : n;
+      adamw_range(pp, m.data<T>(), v.data<T>(), grad.data<T>(), at, end, r % 2 == 1 ? decay : none,
+                  static_cast<T>(grad_scale), k);
+      at = end;
     }
+    if (!param_bf16.defined()) return;
+    BF16* pb = param_bf16.data<BF16>();
+    for (int64_t i = 0; i < n; ++i) pb[i] = bf16_from_float(static_cast<float>(pp[i]));
   });
 }
 

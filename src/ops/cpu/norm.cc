@@ -136,4 +136,29 @@ void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t head
   rope_apply("rope_backward", dx, dy, seq, heads, head_dim, theta, -1.0);
 }
 
+namespace {
+
+// q and k, in place, one after the other (one launch matters on the GPU only). k is checked
+// before q is written.
+void rope_apply_qk(const char* op, const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
+                   int64_t kv_heads, int64_t head_dim, double theta, double sign) {
+  const DType dt = cpu::float_dtype(op, "q", q, 2);
+  cpu::expect_at_least(op, "kv_heads", kv_heads, 1);
+  expect(op, "k", k, dt, {q.size(0), kv_heads * head_dim});
+  rope_apply(op, q, q, seq, heads, head_dim, theta, sign);
+  rope_apply(op, k, k, seq, kv_heads, head_dim, theta, sign);
+}
+
+}  // namespace
+
+void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
+                     int64_t kv_heads, int64_t head_dim, double theta) {
+  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, theta, 1.0);
+}
+
+void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
+                      int64_t kv_heads, int64_t head_dim, double theta) {
+  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, theta, -1.0);
+}
+
 }  // namespace tandem::ops::cpu

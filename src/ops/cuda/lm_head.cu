@@ -1,14 +1,19 @@
 // CUDA LM head fused with cross-entropy (ops.h): rows go in blocks; a block's logits are formed
-// by cuBLASLt in fp32 into one workspace, reduced to the log-sum-exp (forward) or turned in place
-// into bf16 dlogits (backward, Note [In-place dlogits]; in one pass with the forward when a row
-// fits in shared memory, Note [Fused loss rows]), and overwritten by the next block, so the
-// [N, V] logits never exist. Forward sums the row losses in double in a fixed order and reads
-// the sum back with one copy. The row helpers shared with loss.cu are in rows.cuh.
+// by cuBLASLt (fp32 accumulation, rounded once to bf16) into one workspace, reduced to the
+// log-sum-exp (forward) or turned in place into bf16 dlogits (backward, Note [In-place dlogits];
+// in one pass with the forward when a row fits in shared memory, Note [Fused loss rows]), and
+// overwritten by the next block, so the [N, V] logits never exist. All the softmax math is fp32.
+// Forward sums the row losses in double in a fixed order and reads the sum back with one copy.
+// The row helpers shared with loss.cu are in rows.cuh.
 //
-// Why fp32 logits: a bf16 logit is off by up to 2^-9 |logit| (0.03 at |logit| = 16), which would
-// land unattenuated in each row's loss and as a ~3% error on its softmax probabilities. The cost
-// is 2 more bytes written and read per logit, next to the 2H flops that form it (H = 4096: about
-// 13% of the product's time against 7% in bf16).
+// Why bf16 logits (as Megatron-LM's bf16 output layer feeding an fp32 cross-entropy): the block
+// goes through HBM, so the product writes 2 bytes a logit instead of 4 and the loss kernel moves
+// 4 instead of 6, and a row of 50304 takes 100 KB of shared memory, so two rows run per SM (Note
+// [Fused loss rows]). The cost: a bf16 logit is off by up to 2^-8 |logit| (half an
+// ulp; 0.06 at |logit| = 16), which moves each row's loss by about 2^-8 (|logit at the target| +
+// the softmax mean of |logit|) at most and each softmax probability by a factor up to
+// e^(2^-8 |logit| + that lse error), a few percent for the largest logits (Note [LM head
+// tolerance] in tests/cuda/test_cuda_linear.cc holds the op to these bounds).
 #include <cuda_bf16.h>
 #include <cuda_pipeline_primitives.h>
 
@@ -29,40 +34,74 @@ namespace tandem::ops::cuda {
 
 namespace {
 
+using bf16 = __nv_bfloat16;
+
 constexpr int kThreads = 256;  // per row
+constexpr int kVec = 8;        // bf16 logits per 16-byte vector
+// The planner sizes the block by core/footprint.h's element size; the kernels read bf16.
+static_assert(kLmHeadLogitBytes == sizeof(bf16));
 
 std::atomic<int64_t> g_block_rows_for_testing{0};
 
 // ---- device helpers (the shared ones in rows.cuh) ----
 
-// Four values added to a MaxSum (rows.cuh) at once, their exps summed in pairs.
-__device__ __forceinline__ void add_values(MaxSum& a, float4 v) {
-  const float mn = fmaxf(a.m, fmaxf(fmaxf(v.x, v.y), fmaxf(v.z, v.w)));
+// One 16-byte vector of logits added to a MaxSum (rows.cuh) at once, its exps summed as a tree.
+// Both loss kernels add a row's vectors with this, in the same order per thread (Note [Fused
+// loss rows]).
+__device__ __forceinline__ void add_values(MaxSum& a, const float (&x)[kVec]) {
+  float mn = a.m;
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) mn = fmaxf(mn, x[e]);
+  float ex[kVec];
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) ex[e] = __expf(x[e] - mn);
   a.s = a.s * __expf(a.m - mn) +
-        ((__expf(v.x - mn) + __expf(v.y - mn)) + (__expf(v.z - mn) + __expf(v.w - mn)));
+        (((ex[0] + ex[1]) + (ex[2] + ex[3])) + ((ex[4] + ex[5]) + (ex[6] + ex[7])));
   a.m = mn;
+}
+
+// Whether this thread takes the row's partial last vector (its v % 8 logits past the nvec full
+// ones): the thread whose turn it would be as a full vector, i = nvec, element by element after
+// its full vectors. In loss_rows_kernel that is the thread that copied it into shared memory, so
+// every logit is read and written by the thread that loaded it (Note [In-place dlogits]).
+__device__ __forceinline__ bool takes_tail(int64_t nvec, int64_t v) {
+  return v % kVec != 0 && threadIdx.x == nvec % blockDim.x;
+}
+
+// dlogits of the 16-byte vector of logits x starting at element j0 of a row (ce_grad of each).
+__device__ __forceinline__ void vec_grad(float (&d)[kVec], const float (&x)[kVec], float lse,
+                                         int64_t j0, int64_t t, float scale) {
+#pragma unroll
+  for (int e = 0; e < kVec; ++e) d[e] = ce_grad(x[e], lse, j0 + e, t, scale);
 }
 
 // For each of the block's rows r (one thread block each): lse[r], row_loss[r] = lse[r] -
 // logits[r, targets[r]]; a target outside [0, v) gives loss 0 and lowers *bad_row to row0 + r.
-// logits: [rows, ld] f32, rows 16-byte aligned (ld % 4 == 0, aligned base); pointers already
+// logits: [rows, ld] bf16, rows 16-byte aligned (ld % 8 == 0, aligned base); pointers already
 // offset to the block.
 __global__ void __launch_bounds__(kThreads)
-    lse_kernel(float* lse, float* row_loss, unsigned* bad_row, const float* logits, int64_t ld,
+    lse_kernel(float* lse, float* row_loss, unsigned* bad_row, const bf16* logits, int64_t ld,
                int64_t v, const int32_t* targets, int64_t row0) {
   const int64_t r = blockIdx.x;
-  const float* row = logits + r * ld;
-  const auto* vec = reinterpret_cast<const float4*>(row);
-  const int64_t nvec = v / 4, stride = blockDim.x;
+  const bf16* row = logits + r * ld;
+  const int64_t nvec = v / kVec, stride = blockDim.x;
   MaxSum acc{-FLT_MAX, 0.0f};
   int64_t i = threadIdx.x;
   for (; i + stride < nvec; i += 2 * stride) {  // two loads in flight per thread
-    const float4 a = vec[i], b = vec[i + stride];
+    float a[kVec], b[kVec];
+    load_vec(row + i * kVec, a);
+    load_vec(row + (i + stride) * kVec, b);
     add_values(acc, a);
     add_values(acc, b);
   }
-  if (i < nvec) add_values(acc, vec[i]);
-  for (int64_t j = nvec * 4 + threadIdx.x; j < v; j += stride) add_value(acc, row[j]);
+  if (i < nvec) {
+    float a[kVec];
+    load_vec(row + i * kVec, a);
+    add_values(acc, a);
+  }
+  if (takes_tail(nvec, v)) {
+    for (int64_t j = nvec * kVec; j < v; ++j) add_value(acc, load1(row + j));
+  }
   acc = block_max_sum(acc);
   if (threadIdx.x == 0) {
     const float l = acc.m + logf(acc.s);
@@ -71,88 +110,81 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// Note [In-place dlogits]: the block's f32 logits [rows, ld] become bf16 dlogits [rows, 2*ld]
-// over the same bytes: bf16 row r starts where f32 row r does, and bf16 element j lies inside
-// f32 element j/2 of that row. In dlogits_kernel a row goes in chunks of kChunkLoads float4 per
-// thread; chunk c (elements [cC, (c+1)C)) writes over f32 elements [cC/2, (c+1)C/2), all of which
-// the block has read once every thread has loaded chunk c, hence the one barrier per chunk between
-// the loads and the stores; the next chunk's loads start at (c+1)C, past anything written so far.
-// loss_rows_kernel has read the whole row into shared memory before its first store, so one
-// barrier per row does (Note [Fused loss rows]).
+// Note [In-place dlogits]: the block's bf16 logits [rows, ld] become its bf16 dlogits [rows, ld]
+// element for element over the same bytes, so the backward's products read the dlogits with the
+// logits' stride. Each thread writes the dlogits of the logits it loaded itself, the partial last
+// vector included (takes_tail): dlogits_kernel from registers, right after its loads;
+// loss_rows_kernel from the shared copy of what its own cp.async brought in, which it has waited
+// for. So no thread overwrites bytes another has yet to read, and neither kernel needs a barrier
+// for it.
 // dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale.
-constexpr int kChunkLoads = 2;
+constexpr int kChunkLoads = 2;  // vectors a thread loads before it stores the first
 
 __global__ void __launch_bounds__(kThreads)
-    dlogits_kernel(float* logits, int64_t ld, int64_t v, const int32_t* targets, const float* lse,
+    dlogits_kernel(bf16* logits, int64_t ld, int64_t v, const int32_t* targets, const float* lse,
                    float scale) {
   const int64_t r = blockIdx.x;
-  float* row = logits + r * ld;
-  __nv_bfloat16* drow = reinterpret_cast<__nv_bfloat16*>(row);
+  bf16* row = logits + r * ld;  // logits in, dlogits out
   const float l = lse[r];
-  const int64_t t = targets[r];
-  const int64_t chunk = int64_t{blockDim.x} * 4 * kChunkLoads;
-  for (int64_t c0 = 0; c0 < v; c0 += chunk) {
-    float x[kChunkLoads][4] = {};
-    int64_t j[kChunkLoads];
+  const int64_t t = targets[r], nvec = v / kVec, stride = blockDim.x;
+  for (int64_t i0 = threadIdx.x; i0 < nvec; i0 += kChunkLoads * stride) {
+    float x[kChunkLoads][kVec];
 #pragma unroll
     for (int q = 0; q < kChunkLoads; ++q) {
-      j[q] = c0 + (int64_t{q} * blockDim.x + threadIdx.x) * 4;
-      if (j[q] + 4 <= v) {
-        load_vec(row + j[q], x[q]);
-      } else {
-        for (int e = 0; e < 4 && j[q] + e < v; ++e) x[q][e] = row[j[q] + e];
-      }
+      const int64_t i = i0 + q * stride;
+      if (i < nvec) load_vec(row + i * kVec, x[q]);
     }
-    __syncthreads();  // every load of this chunk before any store into its bytes
 #pragma unroll
     for (int q = 0; q < kChunkLoads; ++q) {
-      float d[4];
-#pragma unroll
-      for (int e = 0; e < 4; ++e) d[e] = ce_grad(x[q][e], l, j[q] + e, t, scale);
-      if (j[q] + 4 <= v) {
-        store_vec(drow + j[q], d);  // 8-byte aligned: the row is 16-byte aligned, j % 4 == 0
-      } else {
-        for (int e = 0; e < 4 && j[q] + e < v; ++e) drow[j[q] + e] = __float2bfloat16_rn(d[e]);
-      }
+      const int64_t i = i0 + q * stride;
+      if (i >= nvec) continue;
+      float d[kVec];
+      vec_grad(d, x[q], l, i * kVec, t, scale);
+      store_vec(row + i * kVec, d);  // 16-byte aligned: the row is, i * kVec % 8 == 0
     }
+  }
+  if (takes_tail(nvec, v)) {
+    for (int64_t j = nvec * kVec; j < v; ++j)
+      store1(row + j, ce_grad(load1(row + j), l, j, t, scale));
   }
 }
 
 // Note [Fused loss rows]: training (lm_head_ce_forward_backward) needs each row's log-sum-exp
-// before any of its dlogits, so the two-kernel path reads the f32 logits from HBM twice
-// (lse_kernel, then dlogits_kernel) and writes the bf16 dlogits once: 10 bytes per logit, all at
-// HBM bandwidth. When a row fits in a block's shared memory (V up to 58044 on the H200: its
-// 227 KiB opt-in limit less block_max_sum's 272 bytes), loss_rows_kernel reads it once, 6 bytes
+// before any of its dlogits, so the two-kernel path reads the bf16 logits from HBM twice
+// (lse_kernel, then dlogits_kernel) and writes the bf16 dlogits once: 6 bytes per logit, all at
+// HBM bandwidth. When a row fits in a block's shared memory (V up to 116088 on the H200: its
+// 227 KiB opt-in limit less block_max_sum's 272 bytes), loss_rows_kernel reads it once, 4 bytes
 // per logit: cp.async copies the whole row into shared memory (every copy in flight at once, no
-// registers held), each thread folds its own float4s into its MaxSum group by group as they land,
-// the block reduces, and the dlogits are formed from the shared copy and written over the row's
-// global bytes. The barriers of block_max_sum order every copy out of the row before any store
-// into it, so Note [In-place dlogits] needs no chunk barriers here. Each thread adds the same
-// float4s in the same order as in lse_kernel (same kThreads), and the dlogits are the same
-// ce_grad of the same floats, so lse, the row losses and dlogits have the two-kernel path's bits.
-// Stores stay 8 bytes a thread (one float4 of logits): a warp's store is 256 contiguous bytes,
-// whole sectors; 16-byte stores would read two float4 per thread from shared memory at a 32-byte
-// stride (2-way bank conflicts) for the same HBM bytes. A block holds one row of 201 KB at
-// V = 50304, so one block per SM: the next row's copies start when the block exits. Rows wider
-// than shared memory, and the forward-only op, keep lse_kernel (and dlogits_kernel).
+// registers held), each thread folds its own 16-byte vectors into its MaxSum group by group as
+// they land, the block reduces, and the dlogits are formed from the shared copy and written over
+// the row's global bytes (Note [In-place dlogits]). Each thread adds the same vectors in the same
+// order as in lse_kernel (same kThreads, same add_values), and the dlogits are the same ce_grad
+// of the same floats, so lse, the row losses and dlogits have the two-kernel path's bits.
+// Loads from shared memory and stores to HBM are 16 bytes a thread: a warp's store is 512
+// contiguous bytes, and its shared loads are conflict-free. A row of V = 50304 takes 100 KB, so
+// two blocks fit in an SM's 228 KiB (up to V = 57720, with the 1 KiB the SM reserves per block;
+// the carveout is set to all shared memory): one row's copies land while the other's dlogits are
+// stored. Rows wider than shared memory, and the forward-only op, keep lse_kernel (and
+// dlogits_kernel).
 constexpr int kFusedStages = 4;  // cp.async groups per row: the first is summed while the rest land
 
 // lse_kernel and dlogits_kernel of one row in one pass; arguments as theirs. The dynamic shared
-// memory holds the row's ceil(v / 4) float4 (the last one may run into the padding, ld % 8 == 0).
-__global__ void __launch_bounds__(kThreads)
-    loss_rows_kernel(float* logits, float* lse, float* row_loss, unsigned* bad_row, int64_t ld,
+// memory holds the row's ceil(v / 8) vectors (the last one may run into the padding, ld % 8 == 0).
+__global__ void __launch_bounds__(kThreads, 2)
+    loss_rows_kernel(bf16* logits, float* lse, float* row_loss, unsigned* bad_row, int64_t ld,
                      int64_t v, const int32_t* targets, int64_t row0, float scale) {
-  extern __shared__ float4 srow[];  // [ceil(v / 4)]
-  const int64_t r = blockIdx.x, nvec = v / 4, ncopy = (v + 3) / 4, stride = blockDim.x;
-  float* row = logits + r * ld;
-  const auto* gvec = reinterpret_cast<const float4*>(row);
-  // Thread t copies float4s t + k stride, k < per; group s holds k in [s per / S, (s+1) per / S).
+  extern __shared__ uint4 srow[];  // [ceil(v / 8)] vectors of 8 bf16
+  const int64_t r = blockIdx.x, nvec = v / kVec, ncopy = (v + kVec - 1) / kVec;
+  const int64_t stride = blockDim.x;
+  bf16* row = logits + r * ld;
+  const auto* gvec = reinterpret_cast<const uint4*>(row);
+  // Thread t copies vectors t + k stride, k < per; group s holds k in [s per / S, (s+1) per / S).
   const int64_t per = (ncopy + stride - 1) / stride;
 #pragma unroll
   for (int st = 0; st < kFusedStages; ++st) {
     for (int64_t k = st * per / kFusedStages; k < (st + 1) * per / kFusedStages; ++k) {
       const int64_t i = threadIdx.x + k * stride;
-      if (i < ncopy) __pipeline_memcpy_async(&srow[i], &gvec[i], sizeof(float4));
+      if (i < ncopy) __pipeline_memcpy_async(&srow[i], &gvec[i], sizeof(uint4));
     }
     __pipeline_commit();
   }
@@ -163,35 +195,41 @@ __global__ void __launch_bounds__(kThreads)
     asm volatile("" ::: "memory");                 // ... before the reads below
     for (int64_t k = st * per / kFusedStages; k < (st + 1) * per / kFusedStages; ++k) {
       const int64_t i = threadIdx.x + k * stride;
-      if (i < nvec) add_values(acc, srow[i]);
+      if (i >= nvec) continue;
+      float x[kVec];
+      unpack8(srow[i], x);
+      add_values(acc, x);
     }
   }
-  const float* srow_f = reinterpret_cast<const float*>(srow);
-  for (int64_t j = nvec * 4 + threadIdx.x; j < v; j += stride) add_value(acc, srow_f[j]);
-  acc = block_max_sum(acc);  // its barriers: every copy landed before any store below
+  const bf16* srow_h = reinterpret_cast<const bf16*>(srow);
+  if (takes_tail(nvec, v)) {  // its own copy, landed
+    for (int64_t j = nvec * kVec; j < v; ++j) add_value(acc, load1(srow_h + j));
+  }
+  acc = block_max_sum(acc);  // its barriers: every copy landed before thread 0 reads the target
   const float l = acc.m + logf(acc.s);
   if (threadIdx.x == 0) {
     lse[r] = l;
-    record_row_loss(row_loss, bad_row, r, l, srow_f, v, targets, row0 + r);
+    record_row_loss(row_loss, bad_row, r, l, srow_h, v, targets, row0 + r);
   }
   // dlogits over the row's global bytes (Note [In-place dlogits]), from the shared copy.
-  __nv_bfloat16* drow = reinterpret_cast<__nv_bfloat16*>(row);
   const int64_t t = targets[r];
   for (int64_t i = threadIdx.x; i < nvec; i += stride) {
-    const float4 x = srow[i];
-    const float d[4] = {ce_grad(x.x, l, 4 * i, t, scale), ce_grad(x.y, l, 4 * i + 1, t, scale),
-                        ce_grad(x.z, l, 4 * i + 2, t, scale), ce_grad(x.w, l, 4 * i + 3, t, scale)};
-    store_vec(drow + 4 * i, d);  // 8-byte aligned: the row is 16-byte aligned
+    float x[kVec], d[kVec];
+    unpack8(srow[i], x);
+    vec_grad(d, x, l, i * kVec, t, scale);
+    store_vec(row + i * kVec, d);  // 16-byte aligned: the row is
   }
-  for (int64_t j = nvec * 4 + threadIdx.x; j < v; j += stride) {
-    drow[j] = __float2bfloat16_rn(ce_grad(srow_f[j], l, j, t, scale));
+  if (takes_tail(nvec, v)) {
+    for (int64_t j = nvec * kVec; j < v; ++j)
+      store1(row + j, ce_grad(load1(srow_h + j), l, j, t, scale));
   }
 }
 
 // ---- host side ----
 
 // The dynamic shared memory loss_rows_kernel needs for rows of v logits, its limit raised to match
-// (on the current device), or 0 when a row is more than a block may hold (Note [Fused loss rows]).
+// and its carveout set to all shared memory (on the current device), or 0 when a row is more than
+// a block may hold (Note [Fused loss rows]).
 int64_t fused_rows_smem(int64_t v) {
   static const int limit = [] {  // the opt-in maximum less the kernel's static shared memory
     int device = 0, optin = 0;
@@ -202,10 +240,14 @@ int64_t fused_rows_smem(int64_t v) {
     TANDEM_CUDA_CHECK(cudaFuncGetAttributes(&attr, loss_rows_kernel));
     return optin - static_cast<int>(attr.sharedSizeBytes);
   }();
-  const int64_t bytes = (v + 3) / 4 * int64_t{sizeof(float4)};
+  const int64_t bytes = (v + kVec - 1) / kVec * int64_t{sizeof(uint4)};
   if (bytes > limit) return 0;
   TANDEM_CUDA_CHECK(
       cudaFuncSetAttribute(loss_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, limit));
+  // Without it the driver may pick a carveout that holds one row where two would fit.
+  TANDEM_CUDA_CHECK(cudaFuncSetAttribute(loss_rows_kernel,
+                                         cudaFuncAttributePreferredSharedMemoryCarveout,
+                                         cudaSharedmemCarveoutMaxShared));
   return bytes;
 }
 
@@ -227,11 +269,11 @@ LmHeadDims check_lm_head(const char* op, const Tensor& lse, const Tensor& x, con
   return {n, h, v};
 }
 
-// The f32 logits' row stride: V rounded up to 8 floats, so every row starts 32-byte aligned
-// (vector loads here, aligned operands for cuBLASLt) and the bf16 dlogits' rows 16-byte aligned.
+// The logits' row stride: V rounded up to 8 (core/footprint.h's lm_head_padded_vocab), so every
+// bf16 row starts 16-byte aligned (vector loads and stores here, aligned operands for cuBLASLt).
 int64_t padded_vocab(int64_t v) { return lm_head_padded_vocab(v); }
 
-// Rows per block: core/footprint.h's lm_head_block_rows (the block's f32 logits within
+// Rows per block: core/footprint.h's lm_head_block_rows (the block's bf16 logits within
 // kLmHeadMaxBlockBytes, at most kLmHeadMaxBlockRows, blocks as even as that allows: a short last
 // block would cost a product launch and, in the weight gradient, one more read and write of the
 // f32 [V, H] gradient for few rows), which the planner sizes the loss node's workspace by.
@@ -241,17 +283,24 @@ int64_t block_rows(int64_t n, int64_t ld) {
   return lm_head_block_rows(n, ld);
 }
 
-// A workspace of `rows` x `ld` f32 logits, checked to meet the kernels' 16-byte alignment.
+// A workspace of `rows` x `ld` bf16 logits, checked to meet the kernels' 16-byte alignment.
 Tensor logits_block(int64_t rows, int64_t ld) {
   Tensor t =
-      Tensor::empty({rows, ld}, DType::kF32, MemCategory::kOther, "lm_head.block", Device::kCUDA);
+      Tensor::empty({rows, ld}, DType::kBF16, MemCategory::kOther, "lm_head.block", Device::kCUDA);
   TANDEM_ASSERT(reinterpret_cast<uintptr_t>(t.raw_data()) % 16 == 0,
                 "the CUDA allocator returned a block that is not 16-byte aligned");
   return t;
 }
 
-const __nv_bfloat16* bf16_rows(const Tensor& t, int64_t row0) {
-  return static_cast<const __nv_bfloat16*>(t.raw_data()) + row0 * t.size(1);
+bf16* bf16_data(const Tensor& t) { return static_cast<bf16*>(t.raw_data()); }
+
+const bf16* bf16_rows(const Tensor& t, int64_t row0) { return bf16_data(t) + row0 * t.size(1); }
+
+// logits[rows, V] (bf16, row stride ld) = x[r0 : r0 + rows] @ w^T, accumulated in fp32.
+void form_logits(const Tensor& logits, int64_t ld, const LmHeadDims& d, const Tensor& x,
+                 const Tensor& w, int64_t r0, int64_t rows) {
+  gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, bf16_rows(x, r0), d.h, w.raw_data(), d.h,
+       0.0f, logits.raw_data(), DType::kBF16, ld);
 }
 
 // lse_kernel over the block of `rows` rows starting at batch row r0: lse and row losses of those
@@ -259,8 +308,8 @@ const __nv_bfloat16* bf16_rows(const Tensor& t, int64_t row0) {
 void launch_lse(const Tensor& logits, int64_t ld, int64_t v, const Tensor& lse,
                 const RowLosses& losses, const Tensor& targets, int64_t r0, int64_t rows) {
   lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
-      lse.data<float>() + r0, losses.row_loss() + r0, losses.bad_row(), logits.data<float>(), ld,
-      v, targets.data<int32_t>() + r0, r0);
+      lse.data<float>() + r0, losses.row_loss() + r0, losses.bad_row(), bf16_data(logits), ld, v,
+      targets.data<int32_t>() + r0, r0);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -278,13 +327,11 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
   if (d.n == 0) return 0.0;
   const cudaStream_t s = stream();
   const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
-  const Tensor logits = logits_block(max_rows, ld);  // [rows, ld] f32
+  const Tensor logits = logits_block(max_rows, ld);  // [rows, ld] bf16
   const RowLosses losses(d.n, "lm_head.row_loss", "lm_head.status", s);
   for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
     const int64_t rows = std::min(max_rows, d.n - r0);
-    // logits[rows, V] = x[r0 : r0 + rows] @ w^T.
-    gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, bf16_rows(x, r0), d.h, w.raw_data(), d.h,
-         0.0f, logits.raw_data(), DType::kF32, ld);
+    form_logits(logits, ld, d, x, w, r0, rows);
     launch_lse(logits, ld, d.v, lse, losses, targets, r0, rows);
   }
   return losses.finish(op, targets, d.v);
@@ -300,34 +347,32 @@ void backward_blocks(const LmHeadDims& d, const Tensor& dx, const Tensor& dw, co
                      Accumulate acc_dw, const RowLosses* losses) {
   const cudaStream_t s = stream();
   const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
-  const Tensor logits = logits_block(max_rows, ld);  // f32 [rows, ld], then bf16 [rows, 2 ld]
+  const Tensor logits = logits_block(max_rows, ld);  // bf16 [rows, ld]: logits, then dlogits
   const int64_t fused_smem = losses != nullptr ? fused_rows_smem(d.v) : 0;
   float dw_beta = acc_dw == Accumulate::kAdd ? 1.0f : 0.0f;
   for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
     const int64_t rows = std::min(max_rows, d.n - r0);
-    const __nv_bfloat16* xb = bf16_rows(x, r0);  // [rows, H]
-    gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, 1.0f, xb, d.h, w.raw_data(), d.h, 0.0f,
-         logits.raw_data(), DType::kF32, ld);
+    form_logits(logits, ld, d, x, w, r0, rows);
     // With `losses`, a bad target leaves its row's dlogits without the one-hot; the caller's
     // finish() throws before anyone reads dx or dw.
     if (losses != nullptr && fused_smem > 0) {
       loss_rows_kernel<<<static_cast<unsigned>(rows), kThreads, fused_smem, s>>>(
-          logits.data<float>(), lse.data<float>() + r0, losses->row_loss() + r0, losses->bad_row(),
-          ld, d.v, targets.data<int32_t>() + r0, r0, static_cast<float>(scale));
+          bf16_data(logits), lse.data<float>() + r0, losses->row_loss() + r0, losses->bad_row(), ld,
+          d.v, targets.data<int32_t>() + r0, r0, static_cast<float>(scale));
       TANDEM_CUDA_CHECK_LAUNCH();
     } else {
       if (losses != nullptr) launch_lse(logits, ld, d.v, lse, *losses, targets, r0, rows);
       dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
-          logits.data<float>(), ld, d.v, targets.data<int32_t>() + r0, lse.data<float>() + r0,
+          bf16_data(logits), ld, d.v, targets.data<int32_t>() + r0, lse.data<float>() + r0,
           static_cast<float>(scale));
       TANDEM_CUDA_CHECK_LAUNCH();
     }
-    const void* dlogits = logits.raw_data();  // bf16 [rows, V], leading dimension 2 ld
+    const void* dlogits = logits.raw_data();  // bf16 [rows, V], leading dimension ld
     // dx[r0 : r0 + rows] = dlogits @ w.
-    gemm(Trans::kNo, Trans::kNo, rows, d.h, d.v, 1.0f, dlogits, 2 * ld, w.raw_data(), d.h, 0.0f,
-         static_cast<__nv_bfloat16*>(dx.raw_data()) + r0 * d.h, DType::kBF16, d.h);
+    gemm(Trans::kNo, Trans::kNo, rows, d.h, d.v, 1.0f, dlogits, ld, w.raw_data(), d.h, 0.0f,
+         static_cast<bf16*>(dx.raw_data()) + r0 * d.h, DType::kBF16, d.h);
     // dw (+)= dlogits^T @ x[r0 : r0 + rows]; later blocks add.
-    gemm(Trans::kYes, Trans::kNo, d.v, d.h, rows, 1.0f, dlogits, 2 * ld, xb, d.h, dw_beta,
+    gemm(Trans::kYes, Trans::kNo, d.v, d.h, rows, 1.0f, dlogits, ld, bf16_rows(x, r0), d.h, dw_beta,
          dw.raw_data(), DType::kF32, d.h);
     dw_beta = 1.0f;
   }

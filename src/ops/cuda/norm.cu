@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <type_traits>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
@@ -20,12 +21,72 @@ using bf16 = __nv_bfloat16;
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements of a vector: 16 bytes of bf16, two float4 of f32 (common.cuh)
 constexpr int kRowsPerBlock = kThreads / 32;  // warp-per-row kernels: rows a block holds
-constexpr int kMaxWarpCache = 4;  // backward: warp per row up to 32 * 8 * 4 = 1024 columns
+constexpr int kMaxWarpCache = 4;  // warp-per-row kernels: up to 32 * 8 * 4 = 1024 columns
 
 // ---- rmsnorm forward: one warp per row ----
 
-// kCache > 0: the row's groups of 8 (lane + 32 m, m < kCache) stay in registers between the two
-// passes; 0: the second pass reloads them (rows wider than 32 * 8 * 16).
+// Rows of at most 32 * 8 * kMaxWarpCache columns (the dense models): a grid of one wave of
+// resident blocks whose warps stride over the rows, as the backward's (Note [Norm backward
+// grid]). A warp holds g as f32 in registers for all its rows and loads its next row before it
+// reduces the current one, so every warp keeps a row's loads in flight until its last row.
+template <typename TG, int kCache>
+__global__ void __launch_bounds__(kThreads)
+    rmsnorm_forward_warp_kernel(bf16* y, float* rstd, const bf16* x, const TG* g, int64_t n,
+                                int64_t h, float eps) {
+  const int lane = threadIdx.x & 31;
+  const int64_t groups = h / kVec, stride = int64_t{gridDim.x} * kRowsPerBlock;
+  int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  if (row >= n) return;  // no barriers below
+  // Lane l holds groups of 8 l + 32 m (m < kCache), which cover the row.
+  auto load_row = [&](int64_t r, uint4 (&raw)[kCache]) {
+#pragma unroll
+    for (int m = 0; m < kCache; ++m) {
+      const int64_t c = lane + 32 * m;
+      if (c < groups) raw[m] = *reinterpret_cast<const uint4*>(x + r * h + c * kVec);
+    }
+  };
+  uint4 cur[kCache], next[kCache] = {};
+  load_row(row, cur);
+  float gv[kCache][kVec];
+#pragma unroll
+  for (int m = 0; m < kCache; ++m) {
+    const int64_t c = lane + 32 * m;
+    if (c < groups) load_vec(g + c * kVec, gv[m]);
+  }
+  for (; row < n; row += stride) {
+    if (row + stride < n) load_row(row + stride, next);
+    float ss = 0;
+#pragma unroll
+    for (int m = 0; m < kCache; ++m) {
+      if (lane + 32 * m < groups) {
+        float v[kVec];
+        unpack8(cur[m], v);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) ss = fmaf(v[j], v[j], ss);
+      }
+    }
+    ss = warp_sum(ss);
+    const float rs = 1.0f / sqrtf(ss / static_cast<float>(h) + eps);
+    if (lane == 0) rstd[row] = rs;
+#pragma unroll
+    for (int m = 0; m < kCache; ++m) {
+      const int64_t c = lane + 32 * m;
+      if (c < groups) {
+        float v[kVec], out[kVec];
+        unpack8(cur[m], v);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) out[j] = v[j] * rs * gv[m][j];
+        store_vec(y + row * h + c * kVec, out);
+      }
+    }
+#pragma unroll
+    for (int m = 0; m < kCache; ++m) cur[m] = next[m];
+  }
+}
+
+// Wider rows, one warp per row and a block per 8 rows. kCache > 0: the row's groups of 8
+// (lane + 32 m, m < kCache) stay in registers between the two passes; 0: the second pass reloads
+// them (rows wider than 32 * 8 * 16).
 template <typename TG, int kCache>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_forward_vec_kernel(bf16* y, float* rstd, const bf16* x, const TG* g, int64_t n,
@@ -116,14 +177,16 @@ __global__ void __launch_bounds__(kThreads)
 // dg it keeps in shared memory. Either way no two threads add into one dg column: each block
 // writes its dg to partial[block, :] and rmsnorm_dg_kernel adds the blocks up in a fixed order.
 //
-// Note [Norm backward grid]: the warp-per-row kernel is bound by HBM (dy and x read, dx written:
-// 6 bytes a column), so it needs many bytes in flight, not many blocks: a lane issues all its
-// 16-byte loads of dy and x (up to 2 * kMaxWarpCache) before the row's one shuffle reduction, and
-// the grid is one wave of resident blocks, each striding over rows. One wave keeps the partials
-// to (blocks resident at once) rows of h floats, 0.8 MB at h = 768 on an H200 (2 blocks of 256
-// threads per SM), which rmsnorm_dg_kernel reads in two round trips per thread; a block per 4
-// rows (the block-per-row kernel h = 768 used to take) made it 8x that, latency-bound. H up to
-// 1024 (the dense models) is warp per row, as a block per row costs two barriers per row.
+// Note [Norm backward grid]: the warp-per-row kernel is bound by HBM (dy and x read, dx written
+// and, when adding, read: 6 or 8 bytes a column), so it needs many bytes in flight and few
+// dependent round trips: a lane issues all its 16-byte loads of a row (dy, x and the dx it adds
+// to, up to 3 * kMaxWarpCache) before the row's one shuffle reduction, and up to 3 groups per
+// lane (h <= 768) it loads the warp's next row before reducing the current one. The grid is one
+// wave of resident blocks, each striding over rows. One wave keeps the partials to (blocks
+// resident at once) rows of h floats, 0.8 MB at h = 768 on an H200 (2 blocks of 256 threads per
+// SM), which rmsnorm_dg_kernel reads in one round trip per thread; a block per 4 rows (the
+// block-per-row kernel h = 768 used to take) made it 8x that, latency-bound. H up to 1024 (the
+// dense models) is warp per row, as a block per row costs two barriers per row.
 
 struct BackwardArgs {
   bf16* dx;
@@ -135,18 +198,44 @@ struct BackwardArgs {
   bool add;
 };
 
+// One row of the warp-per-row backward as lane l loaded it: groups of 8 l + 32 m, m < kCache.
+template <int kCache>
+struct BackwardRow {
+  uint4 dy[kCache], x[kCache], dx[kCache];  // dx: what the row adds to (Accumulate::kAdd)
+  float rs;
+};
+
 // dx = r g dy - (r^3 / H) x sum_i(dy_i g_i x_i); dg += dy x r. One warp per row (rows strided
 // over the grid); lane l holds groups of 8 l + 32 m (m < kCache), which cover the row, and their
-// dg in registers. g waits in shared memory as f32, not in registers: at kCache = 4 those 32 more
-// registers per thread would leave one block per SM (Note [Norm backward grid]).
-template <typename TG, int kCache>
+// dg in registers. g waits in shared memory as f32, not in registers: at kCache = 3 those 24 more
+// registers per thread would leave one block per SM (Note [Norm backward grid]). kPrefetch: the
+// next row is loaded before the current one is reduced (twice the row registers).
+template <typename TG, int kCache, bool kPrefetch>
 __global__ void __launch_bounds__(kThreads, 2)
     rmsnorm_backward_warp_kernel(BackwardArgs a, const TG* g) {
   extern __shared__ float4 dg_shared[];  // [kRowsPerBlock, h]: each warp's dg; then g [h] f32
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int64_t groups = a.h / kVec;
+  const int64_t groups = a.h / kVec, stride = int64_t{gridDim.x} * kRowsPerBlock;
   float* sdg = reinterpret_cast<float*>(dg_shared);
   float* sg = sdg + kRowsPerBlock * a.h;
+  auto load_row = [&](int64_t row, BackwardRow<kCache>& d) {
+    d.rs = a.rstd[row];
+    const int64_t off = row * a.h + lane * kVec;
+    const uint4* dy = reinterpret_cast<const uint4*>(a.dy + off);
+    const uint4* x = reinterpret_cast<const uint4*>(a.x + off);
+    const uint4* dx = reinterpret_cast<const uint4*>(a.dx + off);
+#pragma unroll
+    for (int m = 0; m < kCache; ++m) {
+      if (lane + 32 * m < groups) {
+        d.dy[m] = dy[32 * m];
+        d.x[m] = x[32 * m];
+        if (a.add) d.dx[m] = dx[32 * m];
+      }
+    }
+  };
+  int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + warp;
+  BackwardRow<kCache> cur, next;
+  if (row < a.n) load_row(row, cur);
   for (int64_t c = threadIdx.x; c < groups; c += blockDim.x) {
     float gv[kVec];
     load_vec(g + c * kVec, gv);
@@ -154,48 +243,46 @@ __global__ void __launch_bounds__(kThreads, 2)
   }
   float acc[kCache][kVec] = {};
   __syncthreads();
-  for (int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + warp; row < a.n;
-       row += int64_t{gridDim.x} * kRowsPerBlock) {
-    const float rs = a.rstd[row];
-    const bf16* dyr = a.dy + row * a.h;
-    const bf16* xr = a.x + row * a.h;
-    bf16* dxr = a.dx + row * a.h;
-    uint4 cdy[kCache], cx[kCache];
+  for (; row < a.n; row += stride) {
+    const bool more = row + stride < a.n;
+    if (kPrefetch && more) load_row(row + stride, next);
+    const float rs = cur.rs;
     float dot = 0;
 #pragma unroll
     for (int m = 0; m < kCache; ++m) {
       const int64_t c = lane + 32 * m;
       if (c < groups) {
-        cdy[m] = *reinterpret_cast<const uint4*>(dyr + c * kVec);
-        cx[m] = *reinterpret_cast<const uint4*>(xr + c * kVec);
         float dyv[kVec], xv[kVec], gv[kVec];
-        unpack8(cdy[m], dyv);
-        unpack8(cx[m], xv);
+        unpack8(cur.dy[m], dyv);
+        unpack8(cur.x[m], xv);
         load_vec(sg + c * kVec, gv);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) dot += dyv[j] * gv[j] * xv[j];
       }
     }
     dot = warp_sum(dot);
+    __syncwarp();  // a memory fence: g is read again below, not held in registers over the sum
     const float coef = dot * rs * rs * rs / static_cast<float>(a.h);
 #pragma unroll
     for (int m = 0; m < kCache; ++m) {
       const int64_t c = lane + 32 * m;
       if (c < groups) {
         float dyv[kVec], xv[kVec], gv[kVec], d[kVec], old[kVec];
-        unpack8(cdy[m], dyv);
-        unpack8(cx[m], xv);
+        unpack8(cur.dy[m], dyv);
+        unpack8(cur.x[m], xv);
         load_vec(sg + c * kVec, gv);
-        if (a.add) load_vec(dxr + c * kVec, old);
+        if (a.add) unpack8(cur.dx[m], old);
 #pragma unroll
         for (int j = 0; j < kVec; ++j) {
           d[j] = dyv[j] * gv[j] * rs - coef * xv[j];
           if (a.add) d[j] += old[j];
           acc[m][j] += dyv[j] * xv[j] * rs;
         }
-        store_vec(dxr + c * kVec, d);
+        store_vec(a.dx + row * a.h + c * kVec, d);
       }
     }
+    if (kPrefetch) cur = next;
+    else if (more) load_row(row + stride, cur);
   }
 #pragma unroll
   for (int m = 0; m < kCache; ++m) {
@@ -336,16 +423,26 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // dg[c] += sum over blocks b of partial[b, c]. Block (32, 32): 32 columns, 32 strided slices of
-// the blocks, the slices combined in order (a fixed order for a given grid).
-constexpr int kSlices = 32;
+// the blocks, the slices combined in order (a fixed order for a given grid). A thread issues up
+// to kSliceLoads loads before it adds any, so up to 32 * kSliceLoads partials (one wave of the
+// backward's blocks) take one round trip.
+constexpr int kSlices = 32, kSliceLoads = 16;
 __global__ void __launch_bounds__(32 * kSlices)
     rmsnorm_dg_kernel(float* dg, const float* partial, int blocks, int64_t h) {
   __shared__ float slice[kSlices][33];
   const int64_t c = int64_t{blockIdx.x} * 32 + threadIdx.x;
   float s = 0;
   if (c < h) {
-#pragma unroll 8
-    for (int b = threadIdx.y; b < blocks; b += kSlices) s += partial[int64_t{b} * h + c];
+    for (int b0 = threadIdx.y; b0 < blocks; b0 += kSlices * kSliceLoads) {
+      float v[kSliceLoads];
+#pragma unroll
+      for (int k = 0; k < kSliceLoads; ++k) {
+        const int b = b0 + k * kSlices;
+        v[k] = b < blocks ? partial[int64_t{b} * h + c] : 0.0f;
+      }
+#pragma unroll
+      for (int k = 0; k < kSliceLoads; ++k) s += v[k];
+    }
   }
   slice[threadIdx.y][threadIdx.x] = s;
   __syncthreads();
@@ -369,101 +466,185 @@ void allow_shared(Kernel kernel, size_t bytes) {
   }
 }
 
+// The blocks of `threads` threads and `shared_bytes` of dynamic shared memory that are resident
+// on the GPU at once (one wave), at most `wanted`; at least 1.
+template <typename Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t shared_bytes, int64_t wanted) {
+  int per_sm = 0;
+  TANDEM_CUDA_CHECK(
+      cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, shared_bytes));
+  const int64_t wave = int64_t{std::max(per_sm, 1)} * tandem::cuda::multiprocessor_count();
+  return std::max<int64_t>(1, std::min(wanted, wave));
+}
+
 // ---- rope ----
 
-constexpr int kHeadsPerThread = 4;  // a thread's cos/sin serve this many heads
 constexpr int64_t kMaxHeadDim = 512;
+constexpr int kRopeItems = 4;     // items a thread loads before it writes any
+constexpr int kRopeTable = 1024;  // (cos, sin) pairs of a block: its rows times D/2
 
-// cos and sign * sin of ang (radians, formed in double as the CPU does): reduced to [-pi, pi] in
-// double, then the fast single-precision pair (absolute error below 2^-21.4 there).
-__device__ __forceinline__ void rope_cos_sin(double ang, float sign, float& c, float& s) {
+// Note [Rope blocks]: rope moves 4 bytes a column (read, then written in place) and nothing
+// else, so its kernel is laid out for HBM: a block takes whole rows, of q and k at once for
+// rope_*_qk, and its threads share them out as items (row, head, group of 8 rotation pairs), each
+// item two 16-byte loads and two stores. A thread loads up to kRopeItems items before it writes
+// any, about 4 KiB in flight per warp. cos and sin depend on the position and the frequency
+// only, so the block forms them once per row in shared memory (the angle in double as the CPU
+// forms it, from the CPU's own inverse frequencies) while its first loads are in flight, and
+// every head of the row reads them there.
+
+// One tensor rope rotates: [n, heads * D].
+struct RopeTensor {
+  bf16* out;  // may be x
+  const bf16* x;
+  int heads;  // 0: absent
+};
+struct RopeArgs {
+  RopeTensor t[2];  // q, then k (or one tensor and an absent one)
+  int64_t n, seq;
+  int head_dim;
+  int rows;    // rows per block; rows * D / 2 <= kRopeTable
+  float sign;  // 1: rotate by +angle (forward); -1: by -angle (backward)
+  double inv_freq[kMaxHeadDim / 2];  // theta^(-2i / D), i < D / 2, formed on the host
+};
+
+// cos and sin of ang (radians): reduced to [-pi, pi] in double, then the single-precision pair
+// (absolute error below 2^-21.4 there).
+__device__ __forceinline__ float2 rope_cos_sin(double ang) {
   const double turns = rint(ang * 0.15915494309189535);  // 1 / (2 pi)
   const float r = static_cast<float>(fma(-turns, 6.283185307179586, ang));
+  float s, c;
   __sincosf(r, &s, &c);
-  s *= sign;
+  return make_float2(c, s);
 }
 
+// kV elements: one 16-byte vector (kV = 8) or one bf16 (kV = 1, any alignment).
 template <int kV>
-__device__ __forceinline__ void load_v(const bf16* p, float (&v)[kV]) {
-  if constexpr (kV == kVec) load_vec(p, v);
-  else v[0] = load1(p);
-}
-template <int kV>
-__device__ __forceinline__ void store_v(bf16* p, const float (&v)[kV]) {
-  if constexpr (kV == kVec) store_vec(p, v);
-  else store1(p, v[0]);
-}
+using RopeRaw = std::conditional_t<kV == kVec, uint4, bf16>;
 
-// One thread per (row, group of kV rotation pairs, chunk of heads): out1 = u1 c - u2 s,
-// out2 = u2 c + u1 s with u1 = x[i], u2 = x[i + D/2]. Both halves are read before either is
-// written, and no other thread touches them, so out may alias x.
+// Items of block rows [row0, row0 + rows): item it is row it / units, unit it % units; units
+// count the (head, group) of t[0], then of t[1]. out1 = u1 c - u2 s, out2 = u2 c + u1 s with
+// u1 = x[i], u2 = x[i + D/2], each item read whole before it is written and by one thread only,
+// so out may alias x (Note [Rope blocks]).
 template <int kV>
-__global__ void __launch_bounds__(kThreads)
-    rope_kernel(bf16* out, const bf16* x, int64_t n, int64_t seq, int heads, int head_dim,
-                double theta, double freq_step, float sign) {
-  const int half = head_dim / 2, groups = half / kV;
-  const int chunks = (heads + kHeadsPerThread - 1) / kHeadsPerThread;
-  const int64_t total = n * chunks * groups, width = int64_t{heads} * head_dim;
-  for (int64_t t = global_thread(); t < total; t += grid_threads()) {
-    const int grp = static_cast<int>(t % groups);
-    const int64_t rest = t / groups;
-    const int chunk = static_cast<int>(rest % chunks);
-    const int64_t row = rest / chunks;
-    const int i0 = grp * kV;
-    const double pos = static_cast<double>(row % seq);
-    // inv_freq[i] = theta^(-2i/D) as the CPU forms it for i0, then times theta^(-2/D) per step
-    // (a few double ulps apart from pow: ~1e-12 rad at position 4096).
-    double inv_freq = pow(theta, -2.0 * i0 / head_dim);
-    float c[kV], s[kV];
+__global__ void __launch_bounds__(kThreads, 4) rope_kernel(const __grid_constant__ RopeArgs a) {
+  __shared__ float2 table[kRopeTable];  // [rows, D/2]: cos, sign * sin at each row's position
+  const int half = a.head_dim / 2, groups = half / kV;
+  const int units0 = a.t[0].heads * groups, units = units0 + a.t[1].heads * groups;
+  const int64_t row0 = int64_t{blockIdx.x} * a.rows;
+  const int rows = static_cast<int>(min(int64_t{a.rows}, a.n - row0));
+  const int items = rows * units;
+  for (int first = 0; first < items; first += kThreads * kRopeItems) {  // the same in every thread
+    bf16* dst[kRopeItems];
+    int cs[kRopeItems];  // the item's first (cos, sin) in table
+    RopeRaw<kV> u1[kRopeItems], u2[kRopeItems];
 #pragma unroll
-    for (int e = 0; e < kV; ++e) {
-      rope_cos_sin(pos * inv_freq, sign, c[e], s[e]);
-      inv_freq *= freq_step;
-    }
-    const int h_end = min(heads, (chunk + 1) * kHeadsPerThread);
-    for (int hd = chunk * kHeadsPerThread; hd < h_end; ++hd) {
-      const int64_t base = row * width + int64_t{hd} * head_dim + i0;
-      float u1[kV], u2[kV], o1[kV], o2[kV];
-      load_v<kV>(x + base, u1);
-      load_v<kV>(x + base + half, u2);
-#pragma unroll
-      for (int e = 0; e < kV; ++e) {
-        o1[e] = u1[e] * c[e] - u2[e] * s[e];
-        o2[e] = u2[e] * c[e] + u1[e] * s[e];
+    for (int m = 0; m < kRopeItems; ++m) {
+      const int it = first + threadIdx.x + kThreads * m;
+      if (it < items) {
+        const int r = it / units;
+        int u = it - r * units;
+        const bool second = u >= units0;
+        if (second) u -= units0;
+        const RopeTensor& t = second ? a.t[1] : a.t[0];
+        const int head = u / groups, grp = u - head * groups;
+        const int64_t off = (row0 + r) * t.heads * a.head_dim + head * a.head_dim + grp * kV;
+        dst[m] = t.out + off;
+        cs[m] = r * half + grp * kV;
+        u1[m] = *reinterpret_cast<const RopeRaw<kV>*>(t.x + off);
+        u2[m] = *reinterpret_cast<const RopeRaw<kV>*>(t.x + off + half);
       }
-      store_v<kV>(out + base, o1);
-      store_v<kV>(out + base + half, o2);
+    }
+    if (first == 0) {
+      // i-major, so a warp reads few distinct inv_freq (distinct kernel parameters serialize).
+      const int64_t pos0 = row0 % a.seq;
+      for (int e = threadIdx.x; e < rows * half; e += kThreads) {
+        const int i = e / rows, r = e - i * rows;
+        const int64_t pos = pos0 + r < a.seq ? pos0 + r : (pos0 + r) % a.seq;
+        const float2 c = rope_cos_sin(static_cast<double>(pos) * a.inv_freq[i]);
+        table[r * half + i] = make_float2(c.x, a.sign * c.y);
+      }
+      __syncthreads();
+    }
+#pragma unroll
+    for (int m = 0; m < kRopeItems; ++m) {
+      if (first + threadIdx.x + kThreads * m < items) {
+        float x1[kV], x2[kV], o1[kV], o2[kV];
+        if constexpr (kV == kVec) unpack8(u1[m], x1), unpack8(u2[m], x2);
+        else x1[0] = __bfloat162float(u1[m]), x2[0] = __bfloat162float(u2[m]);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) {
+          const float2 c = table[cs[m] + e];
+          o1[e] = x1[e] * c.x - x2[e] * c.y;
+          o2[e] = x2[e] * c.x + x1[e] * c.y;
+        }
+        if constexpr (kV == kVec) {
+          store_vec(dst[m], o1);
+          store_vec(dst[m] + half, o2);
+        } else {
+          store1(dst[m], o1[0]);
+          store1(dst[m] + half, o2[0]);
+        }
+      }
     }
   }
+}
+
+// Checks one tensor of a rope call: bf16 on the GPU, [rows, heads * head_dim].
+void expect_rope_tensor(const char* op, const char* name, const Tensor& t, int64_t heads,
+                        int64_t head_dim) {
+  expect_cuda_rank(op, name, t, {DType::kBF16}, 2);
+  TANDEM_CHECK(heads >= 1 && heads <= (int64_t{1} << 24), op, ": ", name, " has ", heads,
+               " heads, expected 1 to 2^24");
+  TANDEM_CHECK(t.size(1) == heads * head_dim, op, ": ", name, " has ", t.size(1),
+               " columns; expected heads * head_dim = ", heads * head_dim);
+}
+
+// Rotates t[0] and, when t[1].heads > 0, t[1] (both [n, heads * head_dim], checked) in one launch.
+void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_t seq,
+                 int64_t head_dim, double theta, float sign) {
+  TANDEM_CHECK(seq >= 1, op, ": seq is ", seq, ", expected at least 1");
+  TANDEM_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim <= kMaxHeadDim, op, ": head_dim ",
+               head_dim, " must be even and in [2, ", kMaxHeadDim, "]");
+  if (n == 0) return;
+  const int64_t half = head_dim / 2;
+  bool vec = half % kVec == 0;
+  for (const RopeTensor& t : {t0, t1}) {
+    if (t.heads > 0) vec = vec && aligned16(t.x) && aligned16(t.out);
+  }
+  const int64_t width = (int64_t{t0.heads} + t1.heads) * head_dim;  // of q and k together
+  TANDEM_CHECK(width < (int64_t{1} << 31), op, ": rows of ", width, " columns are too wide");
+  const int64_t units = width / 2 / (vec ? kVec : 1);  // items a row holds
+  RopeArgs a{{t0, t1}, n, seq, static_cast<int>(head_dim), 0, sign, {}};
+  a.rows = static_cast<int>(std::clamp<int64_t>(kThreads * kRopeItems / units, 1,
+                                                std::min<int64_t>(kRopeTable / half, n)));
+  for (int64_t i = 0; i < half; ++i) {
+    a.inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / head_dim);  // as the CPU
+  }
+  const int64_t blocks = (n + a.rows - 1) / a.rows;
+  TANDEM_CHECK(blocks < (int64_t{1} << 31), op, ": ", n, " rows are too many");
+  if (vec) rope_kernel<kVec><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(a);
+  else rope_kernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(a);
+  TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq, int64_t heads,
                 int64_t head_dim, double theta, float sign) {
-  expect_cuda_rank(op, "x", x, {DType::kBF16}, 2);
-  TANDEM_CHECK(seq >= 1, op, ": seq is ", seq, ", expected at least 1");
-  TANDEM_CHECK(heads >= 1 && heads <= (int64_t{1} << 24), op, ": heads is ", heads,
-               ", expected 1 to 2^24");
-  TANDEM_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim <= kMaxHeadDim, op, ": head_dim ",
-               head_dim, " must be even and in [2, ", kMaxHeadDim, "]");
-  TANDEM_CHECK(x.size(1) == heads * head_dim, op, ": x has ", x.size(1),
-               " columns; expected heads * head_dim = ", heads * head_dim);
+  expect_rope_tensor(op, "x", x, heads, head_dim);
   expect_cuda(op, "out", out, {DType::kBF16}, x.shape());
-  const int64_t n = x.size(0), half = head_dim / 2;
-  if (n == 0) return;
-  const bool vec = half % kVec == 0 && aligned16(x.raw_data()) && aligned16(out.raw_data());
-  const int64_t chunks = (heads + kHeadsPerThread - 1) / kHeadsPerThread;
-  const int64_t total = n * chunks * (vec ? half / kVec : half);
-  auto* po = static_cast<bf16*>(out.raw_data());
-  const auto* px = static_cast<const bf16*>(x.raw_data());
-  const int hi = static_cast<int>(heads), di = static_cast<int>(head_dim);
-  const double step = std::pow(theta, -2.0 / static_cast<double>(head_dim));
-  const unsigned blocks = blocks_for(total, kThreads);
-  if (vec) {
-    rope_kernel<kVec><<<blocks, kThreads, 0, stream()>>>(po, px, n, seq, hi, di, theta, step, sign);
-  } else {
-    rope_kernel<1><<<blocks, kThreads, 0, stream()>>>(po, px, n, seq, hi, di, theta, step, sign);
-  }
-  TANDEM_CUDA_CHECK_LAUNCH();
+  const RopeTensor t{static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(x.raw_data()),
+                     static_cast<int>(heads)};
+  rope_launch(op, t, RopeTensor{nullptr, nullptr, 0}, x.size(0), seq, head_dim, theta, sign);
+}
+
+void rope_apply_qk(const char* op, const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
+                   int64_t kv_heads, int64_t head_dim, double theta, float sign) {
+  expect_rope_tensor(op, "q", q, heads, head_dim);
+  expect_rope_tensor(op, "k", k, kv_heads, head_dim);
+  TANDEM_CHECK(k.size(0) == q.size(0), op, ": k has ", k.size(0), " rows, q has ", q.size(0));
+  auto* pq = static_cast<bf16*>(q.raw_data());
+  auto* pk = static_cast<bf16*>(k.raw_data());
+  rope_launch(op, {pq, pq, static_cast<int>(heads)}, {pk, pk, static_cast<int>(kv_heads)},
+              q.size(0), seq, head_dim, theta, sign);
 }
 
 // The backward's dg partials [blocks, h] f32, borrowed from the stream's scratch workspace
@@ -488,17 +669,11 @@ struct BackwardLaunch {
   void run(Kernel kernel, const TG* g) {
     allow_shared(kernel, static_cast<size_t>(shared_bytes));
     const int64_t n = args.n, h = args.h, sms = tandem::cuda::multiprocessor_count();
-    int64_t wanted = 0;
-    if (warp_rows) {
-      int resident = 0;
-      TANDEM_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-          &resident, kernel, threads, static_cast<size_t>(shared_bytes)));
-      wanted = std::min((n + kRowsPerBlock - 1) / kRowsPerBlock,
-                        std::max<int64_t>(resident, 1) * sms);
-    } else {
-      // Block per row: several rows per block, the partials small next to dx.
-      wanted = std::min((n + 3) / 4, std::min(32, 2048 / threads) * sms);
-    }
+    // Warp per row: one wave. Block per row: several rows a block, the partials small next to dx.
+    const int64_t wanted =
+        warp_rows ? resident_blocks(kernel, threads, static_cast<size_t>(shared_bytes),
+                                    (n + kRowsPerBlock - 1) / kRowsPerBlock)
+                  : std::min((n + 3) / 4, std::min(32, 2048 / threads) * sms);
     const int64_t fit = static_cast<int64_t>(tandem::cuda::cublaslt_workspace_bytes()) /
                         (h * int64_t{sizeof(float)});
     const int64_t blocks = std::max<int64_t>(1, std::min(wanted, fit));
@@ -528,7 +703,7 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   const bool vec = h % kVec == 0 && aligned16(y.raw_data()) && aligned16(x.raw_data()) &&
                    aligned16(g.raw_data());
   const int64_t lane_groups = (h / kVec + 31) / 32;  // groups of 8 per lane
-  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  const int64_t row_blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
   auto* py = static_cast<bf16*>(y.raw_data());
   auto* pr = rstd.data<float>();
   const auto* px = static_cast<const bf16*>(x.raw_data());
@@ -536,17 +711,21 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   dispatch_act(g.dtype(), [&](auto tg) {
     using TG = typename decltype(tg)::type;
     const TG* pg = static_cast<const TG*>(g.raw_data());
-    auto launch = [&](auto kernel) {
-      kernel<<<blocks, kThreads, 0, stream()>>>(py, pr, px, pg, n, h, e);
+    // A block per 8 rows, or (warp kernels) one wave of blocks striding over them.
+    auto launch = [&](auto kernel, bool one_wave) {
+      const int64_t blocks = one_wave ? resident_blocks(kernel, kThreads, 0, row_blocks)
+                                      : row_blocks;
+      kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(py, pr, px, pg, n, h, e);
       TANDEM_CUDA_CHECK_LAUNCH();
     };
-    if (!vec) launch(rmsnorm_forward_scalar_kernel<TG>);
-    else if (lane_groups <= 1) launch(rmsnorm_forward_vec_kernel<TG, 1>);
-    else if (lane_groups <= 2) launch(rmsnorm_forward_vec_kernel<TG, 2>);
-    else if (lane_groups <= 4) launch(rmsnorm_forward_vec_kernel<TG, 4>);
-    else if (lane_groups <= 8) launch(rmsnorm_forward_vec_kernel<TG, 8>);
-    else if (lane_groups <= 16) launch(rmsnorm_forward_vec_kernel<TG, 16>);
-    else launch(rmsnorm_forward_vec_kernel<TG, 0>);
+    if (!vec) launch(rmsnorm_forward_scalar_kernel<TG>, false);
+    else if (lane_groups <= 1) launch(rmsnorm_forward_warp_kernel<TG, 1>, true);
+    else if (lane_groups <= 2) launch(rmsnorm_forward_warp_kernel<TG, 2>, true);
+    else if (lane_groups <= 3) launch(rmsnorm_forward_warp_kernel<TG, 3>, true);
+    else if (lane_groups <= kMaxWarpCache) launch(rmsnorm_forward_warp_kernel<TG, 4>, true);
+    else if (lane_groups <= 8) launch(rmsnorm_forward_vec_kernel<TG, 8>, false);
+    else if (lane_groups <= 16) launch(rmsnorm_forward_vec_kernel<TG, 16>, false);
+    else launch(rmsnorm_forward_vec_kernel<TG, 0>, false);
   });
 }
 
@@ -588,10 +767,10 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, cons
     using TG = typename decltype(tg)::type;
     const TG* pg = static_cast<const TG*>(g.raw_data());
     if (!vec) l.run(rmsnorm_backward_scalar_kernel<TG>, pg);
-    else if (l.warp_rows && lane_groups <= 1) l.run(rmsnorm_backward_warp_kernel<TG, 1>, pg);
-    else if (l.warp_rows && lane_groups <= 2) l.run(rmsnorm_backward_warp_kernel<TG, 2>, pg);
-    else if (l.warp_rows && lane_groups <= 3) l.run(rmsnorm_backward_warp_kernel<TG, 3>, pg);
-    else if (l.warp_rows) l.run(rmsnorm_backward_warp_kernel<TG, kMaxWarpCache>, pg);
+    else if (l.warp_rows && lane_groups <= 1) l.run(rmsnorm_backward_warp_kernel<TG, 1, true>, pg);
+    else if (l.warp_rows && lane_groups <= 2) l.run(rmsnorm_backward_warp_kernel<TG, 2, true>, pg);
+    else if (l.warp_rows && lane_groups <= 3) l.run(rmsnorm_backward_warp_kernel<TG, 3, true>, pg);
+    else if (l.warp_rows) l.run(rmsnorm_backward_warp_kernel<TG, kMaxWarpCache, false>, pg);
     else if (per_thread <= 1) l.run(rmsnorm_backward_vec_kernel<TG, 1>, pg);
     else if (per_thread <= 2) l.run(rmsnorm_backward_vec_kernel<TG, 2>, pg);
     else if (per_thread <= 4) l.run(rmsnorm_backward_vec_kernel<TG, 4>, pg);
@@ -609,6 +788,16 @@ void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads
 void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim,
                    double theta) {
   rope_apply("rope_backward", dx, dy, seq, heads, head_dim, theta, -1.0f);
+}
+
+void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
+                     int64_t kv_heads, int64_t head_dim, double theta) {
+  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, theta, 1.0f);
+}
+
+void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
+                      int64_t kv_heads, int64_t head_dim, double theta) {
+  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, theta, -1.0f);
 }
 
 }  // namespace tandem::ops::cuda
