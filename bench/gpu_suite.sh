@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2, hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# multi-b, multi-b2 (ONLY=regex picks its runs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -95,16 +95,22 @@ for s in $SUITE; do
       SB="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
       M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
       T=/tmp/multib; mkdir -p $T
-      for run in "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
+      for run in "one-gpu --global-batch-size 16" \
+                 "dp2 --global-batch-size 32" \
+                 "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
                  "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
                  "pp2-combined --pipeline-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 16" \
                  "pp2-dualpipev --pipeline-model-parallel-size 2 --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
                  "pp2-interleaved-recompute --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16 --recompute-experts" \
                  "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json" \
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
-                 "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json"; do
+                 "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json" \
+                 "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
+                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing"; do
         set -- $run; name=$1; shift
-        timeout 150 $M $B/tandem train --device cuda $SB "$@" --train-iters 7 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
+        [[ $name =~ ${ONLY:-.} ]] || continue
+        L=$M; [ $name = one-gpu ] && L=""
+        timeout 150 $L $B/tandem train --device cuda $SB "$@" --train-iters 7 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
         echo "tandem $name rc=$? $(python3 -c "
 import json,statistics as s
 r=[json.loads(l) for l in open('$T/$name.jsonl')][3:]

@@ -215,6 +215,9 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "MoE: the experts keep only their input rows for the backward and form gate, up "
                "and the SwiGLU again there (less activation memory, one more pass of the gate "
                "and up products)"});
+  s.push_back({"moe-router-force-load-balancing", &o.train.moe_router_force_balance,
+               "MoE, for benchmarks only: route each token to k experts round-robin so every "
+               "expert (and expert rank) gets the same rows; the router still weights them"});
   s.push_back({"addition-max-digits", &o.addition_max_digits,
                "operand digits of the built-in addition task (used without --data-path)",
                Bound::kPositive});

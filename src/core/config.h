@@ -56,6 +56,11 @@ struct TrainConfig {
   // --recompute-experts: the experts keep only their input rows from forward to backward and
   // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).
   bool recompute_experts = false;
+  // --moe-router-force-load-balancing (benchmarks only, as Megatron-LM's flag of that name): each
+  // token goes to k experts picked round-robin, every expert receives the same rows, so the
+  // expert ranks' work is equal and the all-to-all waits for no straggler. The router still
+  // weights the chosen experts by its softmax (Note [Balanced routing] in attention_node.cc).
+  bool moe_router_force_balance = false;
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

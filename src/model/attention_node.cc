@@ -9,6 +9,33 @@ namespace tandem::model {
 
 using ops::Accumulate;
 
+// Note [Balanced routing]: --moe-router-force-load-balancing (benchmarks only) sends token r to
+// the k experts (r k + j) mod E, j < k, so each expert receives N k / E rows when E divides N k,
+// and the expert ranks do equal work: what an all-to-all costs, without the straggler a fresh
+// router makes (one rank's experts drawing twice the other's rows). The routing is forced by
+// adding kBalanceBias to the chosen experts' logits: the top-k are then the chosen ones, and
+// their softmax weights are those of the router's own logits (the bias is the same for all k
+// and cancels), so the router still trains. kBalanceBias is far above any router logit and small
+// enough that f32 keeps the logits to 1e-5 (its ulp is 2^-17 at 64).
+constexpr double kBalanceBias = 64.0;
+
+static Tensor balanced_routing_bias(int64_t n, int64_t e, int64_t k, const Tensor& like) {
+  Tensor b = Tensor::zeros({n, e}, like.dtype(), MemCategory::kOther, "router.balance");
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < k; ++j) {
+      const int64_t col = (r * k + j) % e;
+      if (like.dtype() == DType::kF64) {
+        b.data<double>()[r * e + col] = kBalanceBias;
+      } else {
+        TANDEM_CHECK(like.dtype() == DType::kF32, "balanced routing: router logits of dtype ",
+                     dtype_name(like.dtype()), "; f32 or f64 expected");
+        b.data<float>()[r * e + col] = static_cast<float>(kBalanceBias);
+      }
+    }
+  }
+  return like.device() == Device::kCPU ? b : b.to(like.device());
+}
+
 void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t n = c.tokens(), h = cfg.hidden_size;
@@ -42,6 +69,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   const int64_t e = cfg.num_experts, k = cfg.moe_router_topk;
   Tensor logits = work_tensor({n, e}, c.stat_dtype(), "attn.router_logits");
   ops::linear_forward(logits, s.n2, w.router);
+  if (c.force_balanced_routing) ops::axpy(logits, balanced_routing_bias(n, e, k, logits), 1.0);
   s.topk_idx = saved_tensor({n, k}, DType::kI32, "attn.topk_idx");
   s.topk_w = saved_tensor({n, k}, c.stat_dtype(), "attn.topk_w");
   s.probs = saved_tensor({n, e}, c.stat_dtype(), "attn.probs");

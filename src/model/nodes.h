@@ -43,6 +43,8 @@ struct NodeContext {
   // The experts form gate, up and act again in their backward (Note [Recomputed experts] in
   // ffn_nodes.cc; TrainConfig::recompute_experts).
   bool recompute_experts = false;
+  // Round-robin routing for benchmarks (TrainConfig::moe_router_force_balance).
+  bool force_balanced_routing = false;
   int64_t tokens() const { return batch * seq; }
   // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
   // activations are bf16 (docs/cuda.md "Numerics on the GPU").

@@ -8,6 +8,19 @@
 //   comp: attention.fwd(f) | experts.bwd(b) -> experts.bwd_w(b) -> experts.fwd(f) | attention.bwd(b)
 // Each node waits only for the event of the node whose output it reads (its predecessor in its
 // own micro-batch), so f's attention runs while b's combine all-to-all is in flight, and so on.
+//
+// Note [Issue order]: what matters to the results is each stream's own order; the host may issue
+// the two streams' nodes in any interleaving that records an event before issuing a wait for it.
+// The host does block in two places: attention.fwd(f) reads the router's counts, and
+// dispatch.fwd(f) the counts the other ranks send (Note [Routing counts on the host]). Issued as
+// DESIGN.md lists them, the host would wait for f's received counts (behind combine.bwd(b) on the
+// communication stream) with nothing queued on the compute stream after attention.fwd(f): the
+// GPU idled for the whole combine.bwd(b) and counts exchange, on every layer pair (about 20 ms a
+// step in a 2-GPU EP trace). So experts.bwd(b) is issued before dispatch.fwd(f): the compute
+// stream has b's experts queued (waiting for combine.bwd(b), the overlap itself) while the host
+// waits for f's counts. Per stream the order is DESIGN.md's, so results are unchanged. On one
+// stream (no overlap) the issue order is the run order, and stays DESIGN.md's, the order the
+// planner's memory model follows (the memory-truth tests, which run without overlap).
 // The gradient of a parameter is still accumulated micro-batch by micro-batch in the same order,
 // so results are bitwise those of running F then B.
 //
@@ -99,7 +112,7 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
   };
   const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
   try {
-    issue_pairs(fu, bu, issue);
+    issue_pairs(fu, bu, issue, overlap);
   } catch (...) {
     // The comm worker may still run tasks that refer to this frame: let them finish first.
     if (comm_stream_) {
@@ -166,7 +179,7 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
     chain = {stream, d.mark(stream)};
   };
   const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
-  issue_pairs(fu, bu, issue);
+  issue_pairs(fu, bu, issue, overlap);
   // What follows runs on the compute stream and reads both micro-batches' results.
   for (Chain& chain : chains) {
     if (chain.stream != compute) d.wait_measured(compute, chain.done, chain.stream, "combined");
@@ -179,7 +192,8 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
 }
 
 template <typename Issue>
-void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue) {
+void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue,
+                                  bool overlapped) {
   if (bu.has_loss) issue(false, bu.num_nodes - 1);
   if (fu.has_embed) issue(true, 0);
   const size_t pairs = std::max(fu.layers.size(), bu.layers.size());
@@ -189,11 +203,12 @@ void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue
     if (has_f && has_b && fu.layers[p].second - fu.layers[p].first == 4 &&
         bu.layers[bl].second - bu.layers[bl].first == 4) {
       const size_t fa = fu.layers[p].first, ba = bu.layers[bl].first;  // attention indices
-      issue(false, ba + 3);  // combine.bwd(b)
-      issue(true, fa);       // attention.fwd(f)
-      issue(true, fa + 1);   // dispatch.fwd(f)
-      issue(false, ba + 2);  // experts.bwd(b) (+ weights)
-      issue(false, ba + 1);  // dispatch.bwd(b)
+      issue(false, ba + 3);                 // combine.bwd(b)
+      issue(true, fa);                      // attention.fwd(f)
+      if (overlapped) issue(false, ba + 2);  // experts.bwd(b) first: Note [Issue order]
+      issue(true, fa + 1);                  // dispatch.fwd(f)
+      if (!overlapped) issue(false, ba + 2);  // experts.bwd(b) (+ weights)
+      issue(false, ba + 1);                 // dispatch.bwd(b)
       issue(true, fa + 2);   // experts.fwd(f)
       issue(true, fa + 3);   // combine.fwd(f)
       issue(false, ba);      // attention.bwd(b) (+ weights)

@@ -128,6 +128,7 @@ model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
   model::NodeContext c = s.chunk->context(train_.micro_batch_size, loss_scale_);
   c.ep = groups_->layout.ep > 1 ? &groups_->ep_data() : nullptr;
   c.recompute_experts = train_.recompute_experts;
+  c.force_balanced_routing = train_.moe_router_force_balance;
   return c;
 }
 

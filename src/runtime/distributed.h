@@ -141,7 +141,8 @@ class PipelineTrainer {
   void run_combined(const schedule::Action& a, int64_t iteration);
   void run_combined_on_device(const schedule::Action& a, int64_t iteration);
   template <typename Issue>
-  void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue);
+  // overlapped: the two streams really run side by side (Note [Issue order] in combined.cc).
+  void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue, bool overlapped);
   // A plain compute action's nodes (F, B, I or W), in the chunk's order; on the GPU each between
   // timing events.
   void run_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,

@@ -51,6 +51,7 @@ StepResult Trainer::forward_backward(int64_t iteration) {
   model::NodeContext ctx =
       chunk_->context(train_.micro_batch_size, 1.0 / static_cast<double>(num_mb));
   ctx.recompute_experts = train_.recompute_experts;
+  ctx.force_balanced_routing = train_.moe_router_force_balance;
   StepResult r;
   timeline_.clear();
   step_start_ = now_seconds();

@@ -126,6 +126,26 @@ TEST(TandemMpi, PlanWithTheMeasuredRoutingPredictsEachRanksActivationPeak) {
   EXPECT_NE(missing.output.find("no table for rank 7"), std::string::npos) << missing.output;
 }
 
+// --moe-router-force-load-balancing gives every expert the same rows, so the planner's balanced
+// model (no --routing) predicts each rank's measured activation peak to the byte.
+TEST(TandemMpi, ForcedBalancedRoutingMatchesTheBalancedPlan) {
+  const std::string dir = temp_dir("balanced");
+  const std::string ep = " --expert-model-parallel-size 2 --schedule 1f1b";
+  const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel + ep +
+                       " --moe-router-force-load-balancing --train-iters 2 --log-json " + dir +
+                       "/log.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  const nlohmann::json last = tandem::test::json_lines(dir + "/log.jsonl").back();
+  const Result p = run(std::string(TANDEM_BIN) + " plan" + kModel + ep +
+                       " --num-microbatches 4 --json");
+  ASSERT_EQ(p.code, 0) << p.output;
+  const int64_t planned = nlohmann::json::parse(p.output.substr(p.output.find('{')))
+                              .at("ranks")[0].at("activation_peak_bytes").get<int64_t>();
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_EQ(last.at("activation_peak_bytes")[rank].get<int64_t>(), planned) << "rank " << rank;
+  }
+}
+
 TEST(TandemMpi, HungRankMakesTheOthersStopWithinTheTimeout) {
   const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=hang " + kMpirun + " -x TANDEM_FAULT -np 2 " +
                        TANDEM_BIN + " train" + kModel +

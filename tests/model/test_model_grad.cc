@@ -4,7 +4,9 @@
 // kept far below the smallest gap between router logits of the batch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "model/chunk.h"
 #include "tiny.h"
@@ -13,18 +15,20 @@ namespace tandem::model {
 namespace {
 
 // fused: the loss node through ops::lm_head_ce_* (the GPU's loss node), here in fp64 on the CPU.
-NodeContext context_of(const ModelChunk& chunk, int64_t batch, bool fused) {
+// balanced: --moe-router-force-load-balancing (Note [Balanced routing]).
+NodeContext context_of(const ModelChunk& chunk, int64_t batch, bool fused, bool balanced = false) {
   NodeContext c = chunk.context(batch, 1.0);
   c.fused_lm_head = fused;
+  c.force_balanced_routing = balanced;
   return c;
 }
 
 double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor& targets, int64_t batch,
-                bool fused, MicroBatchState* keep = nullptr) {
+                bool fused, MicroBatchState* keep = nullptr, bool balanced = false) {
   MicroBatchState mb;
   mb.ids = ids;
   mb.targets = targets;
-  NodeContext c = context_of(chunk, batch, fused);
+  NodeContext c = context_of(chunk, batch, fused, balanced);
   // The finite-difference evaluations only want the loss: a fused loss node without grads
   // neither forms nor accumulates gradients (the analytic run, with `keep`, does).
   if (keep == nullptr) c.grads = nullptr;
@@ -34,7 +38,7 @@ double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor& target
   return loss;
 }
 
-void check_gradients(bool moe, bool fused = false) {
+void check_gradients(bool moe, bool fused = false, bool balanced = false) {
   const ModelConfig cfg = testing::tiny_config(moe);
   const int64_t batch = 2, n = batch * cfg.seq_length;
   Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
@@ -49,8 +53,8 @@ void check_gradients(bool moe, bool fused = false) {
 
   params.zero_grads();
   MicroBatchState mb;
-  run_loss(chunk, ids, targets, batch, fused, &mb);
-  chunk.backward(mb, context_of(chunk, batch, fused));
+  run_loss(chunk, ids, targets, batch, fused, &mb, balanced);
+  chunk.backward(mb, context_of(chunk, batch, fused, balanced));
 
   const double eps = 1e-6;
   double* p = params.flat_params().data<double>();
@@ -62,9 +66,9 @@ void check_gradients(bool moe, bool fused = false) {
       const int64_t i = e.offset + j;
       const double saved = p[i];
       p[i] = saved + eps;
-      const double up = run_loss(chunk, ids, targets, batch, fused);
+      const double up = run_loss(chunk, ids, targets, batch, fused, nullptr, balanced);
       p[i] = saved - eps;
-      const double down = run_loss(chunk, ids, targets, batch, fused);
+      const double down = run_loss(chunk, ids, targets, batch, fused, nullptr, balanced);
       p[i] = saved;
       const double numeric = (up - down) / (2 * eps);
       const double tol = 1e-6 * std::max(1.0, std::abs(numeric)) + 1e-8;
@@ -78,6 +82,48 @@ void check_gradients(bool moe, bool fused = false) {
 TEST(ModelGradient, DenseMatchesFiniteDifferences) { check_gradients(false); }
 TEST(ModelGradient, MoeMatchesFiniteDifferences) { check_gradients(true); }
 TEST(ModelGradient, FusedLmHeadMatchesFiniteDifferences) { check_gradients(true, true); }
+TEST(ModelGradient, BalancedRoutingMatchesFiniteDifferences) { check_gradients(true, false, true); }
+
+// --moe-router-force-load-balancing: token r goes to experts (r k + j) mod E, every expert gets
+// N k / E rows, and the chosen experts' weights are the router's softmax over their own logits.
+TEST(Routing, ForcedBalanceGivesEveryExpertTheSameRowsAndKeepsTheRouterWeights) {
+  const ModelConfig cfg = testing::tiny_config(true);
+  const int64_t batch = 2, n = batch * cfg.seq_length, e = cfg.num_experts, k = cfg.moe_router_topk;
+  Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
+  params.initialize(5);
+  ModelChunk chunk(params);
+  MicroBatchState mb;
+  run_loss(chunk, testing::random_ids(n, cfg.vocab_size, 1), testing::random_ids(n, cfg.vocab_size, 2),
+           batch, false, &mb, true);
+  for (size_t l = 0; l < mb.layers.size(); ++l) {
+    const AttentionSaved& s = mb.layers[l].attn;
+    for (int64_t x = 0; x < e; ++x) EXPECT_EQ(s.counts.data<int32_t>()[x], n * k / e) << "expert " << x;
+    const Tensor& router = params.weights().layers[l].router;  // [E, H]
+    const int64_t h = cfg.hidden_size;
+    for (int64_t r = 0; r < n; ++r) {
+      std::vector<double> logit(static_cast<size_t>(k));
+      std::vector<int32_t> want, got;
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t x = (r * k + j) % e;
+        want.push_back(static_cast<int32_t>(x));
+        got.push_back(s.topk_idx.data<int32_t>()[r * k + j]);
+        for (int64_t i = 0; i < h; ++i) {
+          logit[size_t(j)] += s.n2.data<double>()[r * h + i] * router.data<double>()[x * h + i];
+        }
+      }
+      std::vector<int32_t> sorted_got = got;
+      std::sort(sorted_got.begin(), sorted_got.end());
+      EXPECT_EQ(sorted_got, want) << "token " << r;
+      double z = 0;
+      for (double v : logit) z += std::exp(v);
+      for (int64_t j = 0; j < k; ++j) {
+        const int64_t slot = std::find(want.begin(), want.end(), got[size_t(j)]) - want.begin();
+        EXPECT_NEAR(s.topk_w.data<double>()[r * k + j], std::exp(logit[size_t(slot)]) / z, 1e-12)
+            << "token " << r;
+      }
+    }
+  }
+}
 
 TEST(ModelGradient, ForwardIsDeterministic) {
   const ModelConfig cfg = testing::tiny_config(true);
