@@ -390,13 +390,36 @@ void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
   }
 }
 
+// Note [Gradient runs]: the gradients are reduced (and their norm summed) over runs of
+// neighbouring entries of the flat buffer that share a group, not entry by entry: one NCCL call
+// (or one sum-of-squares readback) per run instead of one per tensor. With one expert rank the
+// experts' group is the data-parallel group itself, so the whole buffer is one run; with EP > 1
+// a layer makes about two (its dense tensors, its experts). On 2 H200s per-tensor all-reduces of
+// shape (b)'s 2.6 GB of f32 gradients took ~25 ms a step, about a third of NVLink's rate.
+std::vector<PipelineTrainer::GradRun> PipelineTrainer::gradient_runs(
+    const model::Parameters& params) const {
+  std::vector<GradRun> runs;
+  for (const model::ParamEntry& e : params.entries()) {
+    const bool expert = e.shard == model::ParamShard::kExpert && groups_->layout.ep > 1;
+    const int64_t n = shape_numel(e.shape);
+    if (!runs.empty() && runs.back().expert == expert &&
+        runs.back().begin + runs.back().count == e.offset) {
+      runs.back().count += n;
+    } else {
+      runs.push_back({e.offset, n, expert});
+    }
+  }
+  return runs;
+}
+
 void PipelineTrainer::reduce_gradients() {
   const comm::ParallelLayout& L = groups_->layout;
   for (StageRuntime& s : stages_) {
-    for (const model::ParamEntry& e : s.params->entries()) {
-      const bool expert = e.shard == model::ParamShard::kExpert;
-      comm::Communicator& group = expert ? groups_->edp_data() : groups_->dp_data();
-      if ((expert ? L.edp() : L.dp()) > 1) group.all_reduce_sum(s.params->grad(e));
+    for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
+      comm::Communicator& group = run.expert ? groups_->edp_data() : groups_->dp_data();
+      if ((run.expert ? L.edp() : L.dp()) > 1) {
+        group.all_reduce_sum(s.params->flat_grads().narrow_rows(run.begin, run.count));
+      }
     }
   }
 }
@@ -411,11 +434,10 @@ double PipelineTrainer::global_grad_norm() {
   const comm::ParallelLayout& L = groups_->layout;
   double sq = 0, non_finite = 0;
   for (StageRuntime& s : stages_) {
-    for (const model::ParamEntry& e : s.params->entries()) {
-      const double part = ops::sum_squares(s.params->grad(e));
+    for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
+      const double part = ops::sum_squares(s.params->flat_grads().narrow_rows(run.begin, run.count));
       if (!std::isfinite(part)) non_finite = 1;
-      const bool expert = e.shard == model::ParamShard::kExpert;
-      if ((expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0) sq += part;
+      if ((run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0) sq += part;
     }
   }
   Tensor t = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "grad_norm");

@@ -138,6 +138,13 @@ class PipelineTrainer {
     bool with_w;  // b is a full backward (its weight halves run with it)
   };
   CombinedHalves prepare_combined(const schedule::Action& a, int64_t iteration);
+  // Neighbouring gradient entries reduced in one call (Note [Gradient runs]); expert: reduced
+  // over the expert-data-parallel group (only when EP > 1).
+  struct GradRun {
+    int64_t begin, count;
+    bool expert;
+  };
+  std::vector<GradRun> gradient_runs(const model::Parameters& params) const;
   void run_combined(const schedule::Action& a, int64_t iteration);
   void run_combined_on_device(const schedule::Action& a, int64_t iteration);
   template <typename Issue>
