@@ -99,14 +99,14 @@ for s in $SUITE; do
                  "dp2 --global-batch-size 32" \
                  "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
                  "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
-                 "pp2-combined --pipeline-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 16" \
+                 "pp2-combined --pipeline-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2-combined.json" \
                  "pp2-dualpipev --pipeline-model-parallel-size 2 --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
                  "pp2-interleaved-recompute --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16 --recompute-experts" \
                  "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json" \
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
-                 "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json" \
+                 "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
-                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing"; do
+                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json"; do
         set -- $run; name=$1; shift
         [[ $name =~ ${ONLY:-.} ]] || continue
         L=$M; [ $name = one-gpu ] && L=""
@@ -115,7 +115,8 @@ for s in $SUITE; do
 import json,statistics as s
 r=[json.loads(l) for l in open('$T/$name.jsonl')][3:]
 m=lambda k: s.median(x[k] for x in r) if k in r[0] else -1
-print('tokens/s', round(m('tokens_per_s')), 'peak GiB', [round(b/2**30,2) for b in r[-1]['mem_peak_bytes']], 'act GiB', [round(b/2**30,2) for b in r[-1]['activation_peak_bytes']], 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1)" | tee -a "$OUT/multi_b.txt"
+gib=lambda v: [round(b/2**30,2) for b in (v if isinstance(v,list) else [v])]
+print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1)" | tee -a "$OUT/multi_b.txt"
         [ -s $T/$name.jsonl ] || tail -5 $T/$name.log
       done
       [ "${PEERS:-1}" = 0 ] || for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do

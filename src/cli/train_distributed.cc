@@ -124,7 +124,7 @@ void write_measured_trace(const std::string& path, runtime::PipelineTrainer& tra
 // the JSON of `tandem plan --node-times`; written by rank 0. Throws naming the path when it
 // cannot be written.
 void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
-                      comm::Communicator& world) {
+                      comm::Communicator& world, bool recompute_experts) {
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
   Tensor mine = Tensor::zeros({kNumNodeKinds * kValues}, DType::kF64, MemCategory::kOther,
                               "node_times");
@@ -148,7 +148,7 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
         {"backward_weight", v[2] / v[3]}};
   }
   std::ofstream f(path);
-  f << nlohmann::json{{"nodes", nodes}}.dump(2) << "\n";
+  f << nlohmann::json{{"nodes", nodes}, {"recompute_experts", recompute_experts}}.dump(2) << "\n";
   TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");
 }
 
@@ -239,7 +239,7 @@ void run_train_distributed(RunOptions& o) {
     const runtime::StepResult r = trainer.step();
     if (trace_this) write_measured_trace(o.trace_path, trainer, *groups.world, alloc);
     if (!o.node_times_out.empty() && it + 1 == o.train.train_iters) {
-      write_node_times(o.node_times_out, trainer, *groups.world);
+      write_node_times(o.node_times_out, trainer, *groups.world, o.train.recompute_experts);
     }
     if (!o.routing_out.empty() && it + 1 == o.train.train_iters) {
       write_routing(o.routing_out, trainer, *groups.world);

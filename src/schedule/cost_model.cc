@@ -175,8 +175,13 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
                ": expected {\"nodes\": {\"attention\": {\"forward\": ...}, ...}, \"p2p\": ...}");
   NodeTimesTable table;
   for (const auto& [key, value] : j.items()) {
-    TANDEM_CHECK(key == "nodes" || key == "p2p", source, ": unknown key \"", key,
-                 "\"; valid keys are nodes and p2p");
+    TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts", source,
+                 ": unknown key \"", key, "\"; valid keys are nodes, p2p and recompute_experts");
+  }
+  if (j.contains("recompute_experts")) {
+    TANDEM_CHECK(j["recompute_experts"].is_boolean(), source,
+                 ": recompute_experts: expected true or false, got ", j["recompute_experts"].dump());
+    table.recompute_experts = j["recompute_experts"].get<bool>();
   }
   for (const auto& [name, value] : j["nodes"].items()) {
     int found = -1;

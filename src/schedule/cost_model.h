@@ -65,6 +65,9 @@ NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const Footprin
 struct NodeTimesTable {
   std::array<std::optional<NodePhaseTimes>, kNumNodeKinds> nodes;
   std::optional<double> p2p_s;
+  // The times were measured with --recompute-experts: the experts' input-gradient half already
+  // includes forming gate, up and act again (Note [Recompute in the plan] in pipeline_model.cc).
+  bool recompute_experts = false;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);

@@ -88,6 +88,8 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
   check_routing(sch, in);
 }
 
+constexpr double kRecomputeShare = 2.0 / 3.0;  // Note [Recompute in the plan]
+
 StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
   StageNode node;
   node.kind = kind;
@@ -98,6 +100,15 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.workspace = node_workspace_bytes(kind, in.model, s);  // balanced routing's rows
   if (in.cost.kind != CostModelKind::kUniform) {
     node.times = node_times(in.cost, kind, in.model, s, in.expert_parallel_size);
+    // Note [Recompute in the plan]: with --recompute-experts the experts' input-gradient half
+    // first forms gate, up and act again: two of the forward's three products (the SwiGLU is
+    // elementwise, noise beside them), so it gains 2/3 of the forward's time, unless the table's
+    // times were measured with recomputation and hold it already.
+    const bool measured_with = in.cost.kind == CostModelKind::kNodeTimes &&
+                               in.cost.table.recompute_experts;
+    if (kind == NodeKind::kExperts && in.recompute_experts && !measured_with) {
+      node.times.backward_input_s += kRecomputeShare * node.times.forward_s;
+    }
   }
   if (kind == NodeKind::kExperts && !in.routing.empty()) {  // Note [Measured routing]
     for (int32_t mb = 0; mb < in.routing.num_microbatches; ++mb) {

@@ -126,6 +126,39 @@ TEST(CostModel, NodeTimesFile) {
             std::string::npos);
   EXPECT_NE(error_of(R"({"nodes": {}, "extra": 1})").find("unknown key \"extra\""),
             std::string::npos);
+  EXPECT_FALSE(t.recompute_experts);
+  EXPECT_TRUE(parse_node_times(R"({"nodes": {}, "recompute_experts": true})", "t").recompute_experts);
+  EXPECT_NE(error_of(R"({"nodes": {}, "recompute_experts": 1})")
+                .find("recompute_experts: expected true or false, got 1"),
+            std::string::npos);
+}
+
+// Note [Recompute in the plan]: planned with --recompute-experts from times measured without
+// it, the experts' input-gradient half gains 2/3 of their forward (3 -> 5 per layer and
+// micro-batch here); from times measured with it, nothing is added.
+TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
+  auto experts_input_half = [](bool recompute, bool measured_with) {
+    PlanRequest req;
+    req.schedule_name = "1f1b";
+    req.shape = {1, 1, 2};
+    req.inputs.model = tiny();
+    req.inputs.model.num_layers = 1;
+    req.inputs.micro_batch_size = 2;
+    req.inputs.expert_parallel_size = 4;
+    req.inputs.activation_elem_bytes = 2;
+    req.inputs.recompute_experts = recompute;
+    req.inputs.cost.kind = CostModelKind::kNodeTimes;
+    req.inputs.cost.table = parse_node_times(kTable, "table");
+    req.inputs.cost.table.recompute_experts = measured_with;
+    const Plan plan = make_plan(req);
+    for (const StageNode& n : plan.model.stages[0].nodes) {
+      if (n.kind == NodeKind::kExperts) return n.times.backward_input_s;
+    }
+    return -1.0;
+  };
+  EXPECT_NEAR(experts_input_half(false, false), 3, kEps);
+  EXPECT_NEAR(experts_input_half(true, false), 5, kEps);
+  EXPECT_NEAR(experts_input_half(true, true), 3, kEps);
 }
 
 Plan table_plan(const char* schedule, int32_t p, int32_t m) {
