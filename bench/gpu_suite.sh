@@ -101,6 +101,7 @@ for s in $SUITE; do
                  "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
                  "pp2-combined --pipeline-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2-combined.json" \
                  "pp2-dualpipev --pipeline-model-parallel-size 2 --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
+                 "pp2-1f1b-recompute --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --recompute-experts" \
                  "pp2-interleaved-recompute --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16 --recompute-experts" \
                  "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json" \
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
