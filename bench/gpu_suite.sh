@@ -103,9 +103,9 @@ for s in $SUITE; do
                  "pp2-dualpipev --pipeline-model-parallel-size 2 --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
                  "pp2-1f1b-recompute --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --recompute-experts" \
                  "pp2-interleaved-recompute --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16 --recompute-experts" \
-                 "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json" \
+                 "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json --routing-out $OUT/routing-ep2.json" \
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
-                 "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json" \
+                 "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json"; do
         set -- $run; name=$1; shift

@@ -109,6 +109,12 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
     if (kind == NodeKind::kExperts && in.recompute_experts && !measured_with) {
       node.times.backward_input_s += kRecomputeShare * node.times.forward_s;
     }
+    if (kind == NodeKind::kExperts && static_cast<size_t>(layer) < in.expert_time_scale.size()) {
+      const double k = in.expert_time_scale[static_cast<size_t>(layer)];  // Note [Slowest expert rank]
+      node.times.forward_s *= k;
+      node.times.backward_input_s *= k;
+      node.times.backward_weight_s *= k;
+    }
   }
   if (kind == NodeKind::kExperts && !in.routing.empty()) {  // Note [Measured routing]
     for (int32_t mb = 0; mb < in.routing.num_microbatches; ++mb) {

@@ -104,6 +104,9 @@ struct PlanInputs {
   bool recompute_experts = false;  // TrainConfig::recompute_experts
   CostModel cost;
   RoutingCounts routing;  // measured rows per experts node; empty: balanced (N k)
+  // Per global layer, the factor on the experts' times (Note [Slowest expert rank] in
+  // routing_file.h); empty: 1.
+  std::vector<double> expert_time_scale;
 };
 
 struct PipelineModel {

@@ -1,6 +1,7 @@
 // Measured routing tables as JSON (routing_file.h).
 #include "schedule/routing_file.h"
 
+#include <algorithm>
 #include <fstream>
 #include <sstream>
 
@@ -22,7 +23,7 @@ std::string routing_file_text(const std::vector<RoutingCounts>& tables) {
   return j.dump() + "\n";
 }
 
-RoutingCounts parse_routing_file(std::string_view text, std::string_view source, int rank) {
+std::map<int, RoutingCounts> parse_routing_tables(std::string_view text, std::string_view source) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -35,16 +36,17 @@ RoutingCounts parse_routing_file(std::string_view text, std::string_view source,
                    j.contains("ranks") && j["num_microbatches"].is_number_integer() &&
                    j["num_layers"].is_number_integer() && j["ranks"].is_array(),
                source, ": expected ", shape);
-  RoutingCounts out(j["num_microbatches"].get<int32_t>(), j["num_layers"].get<int32_t>());
-  TANDEM_CHECK(out.num_microbatches >= 1 && out.num_layers >= 1, source, ": num_microbatches ",
-               out.num_microbatches, " and num_layers ", out.num_layers, " must be at least 1");
-  std::vector<int> present;
+  const RoutingCounts empty(j["num_microbatches"].get<int32_t>(), j["num_layers"].get<int32_t>());
+  TANDEM_CHECK(empty.num_microbatches >= 1 && empty.num_layers >= 1, source, ": num_microbatches ",
+               empty.num_microbatches, " and num_layers ", empty.num_layers,
+               " must be at least 1");
+  std::map<int, RoutingCounts> tables;
   for (const nlohmann::json& r : j["ranks"]) {
     TANDEM_CHECK(r.is_object() && r.contains("rank") && r["rank"].is_number_integer() &&
                      r.contains("expert_rows") && r["expert_rows"].is_array(),
                  source, ": each entry of ranks must be {\"rank\": R, \"expert_rows\": [...]}");
-    present.push_back(r["rank"].get<int>());
-    if (present.back() != rank) continue;
+    const int rank = r["rank"].get<int>();
+    RoutingCounts out = empty;
     const nlohmann::json& rows = r["expert_rows"];
     TANDEM_CHECK(rows.size() == out.expert_rows.size(), source, ": rank ", rank, " has ",
                  rows.size(), " counts, expected num_microbatches x num_layers = ",
@@ -55,20 +57,60 @@ RoutingCounts parse_routing_file(std::string_view text, std::string_view source,
                    ", expected a count >= 0");
       out.expert_rows[i] = rows[i].get<int64_t>();
     }
-    return out;
+    TANDEM_CHECK(tables.emplace(rank, std::move(out)).second, source, ": rank ", rank,
+                 " appears twice");
   }
+  return tables;
+}
+
+RoutingCounts parse_routing_file(std::string_view text, std::string_view source, int rank) {
+  std::map<int, RoutingCounts> tables = parse_routing_tables(text, source);
+  const auto it = tables.find(rank);
+  if (it != tables.end()) return it->second;
   std::string ranks;
-  for (int p : present) ranks += (ranks.empty() ? "" : ", ") + std::to_string(p);
+  for (const auto& [r, t] : tables) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   throw Error(detail::concat(source, ": no table for rank ", rank, "; the file has ranks ",
                              ranks.empty() ? "(none)" : ranks));
 }
 
-RoutingCounts load_routing_file(const std::string& path, int rank) {
+std::vector<double> slowest_rank_scale(const std::vector<RoutingCounts>& group) {
+  if (group.empty()) return {};
+  const RoutingCounts& first = group.front();
+  std::vector<double> scale(static_cast<size_t>(first.num_layers), 1.0);
+  for (int32_t l = 0; l < first.num_layers; ++l) {
+    double slowest = 0, mean = 0;
+    for (int32_t mb = 0; mb < first.num_microbatches; ++mb) {
+      int64_t most = -1, sum = 0, count = 0;
+      for (const RoutingCounts& t : group) {
+        const int64_t rows = t.at(mb, l);
+        if (rows < 0) continue;
+        most = std::max(most, rows);
+        sum += rows;
+        ++count;
+      }
+      if (count == 0) continue;
+      slowest += static_cast<double>(most);
+      mean += static_cast<double>(sum) / static_cast<double>(count);
+    }
+    if (mean > 0) scale[static_cast<size_t>(l)] = slowest / mean;
+  }
+  return scale;
+}
+
+static std::string read_routing_file(const std::string& path) {
   std::ifstream in(path);
   TANDEM_CHECK(in.good(), "--routing ", path, ": cannot read the file");
   std::stringstream buf;
   buf << in.rdbuf();
-  return parse_routing_file(buf.str(), path, rank);
+  return buf.str();
+}
+
+RoutingCounts load_routing_file(const std::string& path, int rank) {
+  return parse_routing_file(read_routing_file(path), path, rank);
+}
+
+std::map<int, RoutingCounts> load_routing_tables(const std::string& path) {
+  return parse_routing_tables(read_routing_file(path), path);
 }
 
 }  // namespace tandem::schedule

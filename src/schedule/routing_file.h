@@ -6,6 +6,7 @@
 //  "ranks": [{"rank": 0, "expert_rows": [M * L integers, micro-batch-major]}, ...]}
 #pragma once
 
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -22,5 +23,16 @@ std::string routing_file_text(const std::vector<RoutingCounts>& tables);
 // negative count).
 RoutingCounts parse_routing_file(std::string_view text, std::string_view source, int rank);
 RoutingCounts load_routing_file(const std::string& path, int rank);
+// Every rank's table, by world rank (the same checks).
+std::map<int, RoutingCounts> parse_routing_tables(std::string_view text, std::string_view source);
+std::map<int, RoutingCounts> load_routing_tables(const std::string& path);
+
+// Note [Slowest expert rank]: an all-to-all finishes when its slowest rank reaches it, so the
+// experts of an expert-parallel group advance at the pace of whichever rank received the most
+// rows. Measured node times are means over ranks (rows near the mean), so for each global layer
+// this is sum over micro-batches of the group's largest row count over the sum of its mean
+// (1 when the routing is balanced): the factor the plan scales that layer's experts times by
+// (PlanInputs::expert_time_scale). Unmeasured entries (-1: layers of other stages) are skipped.
+std::vector<double> slowest_rank_scale(const std::vector<RoutingCounts>& group);
 
 }  // namespace tandem::schedule

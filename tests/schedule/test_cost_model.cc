@@ -157,6 +157,25 @@ TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
     return -1.0;
   };
   EXPECT_NEAR(experts_input_half(false, false), 3, kEps);
+  {  // Note [Slowest expert rank]: the layer's factor scales all three of the experts' times
+    PlanRequest req;
+    req.schedule_name = "1f1b";
+    req.shape = {1, 1, 2};
+    req.inputs.model = tiny();
+    req.inputs.model.num_layers = 1;
+    req.inputs.micro_batch_size = 2;
+    req.inputs.expert_parallel_size = 4;
+    req.inputs.activation_elem_bytes = 2;
+    req.inputs.cost.kind = CostModelKind::kNodeTimes;
+    req.inputs.cost.table = parse_node_times(kTable, "table");
+    req.inputs.expert_time_scale = {1.5};
+    for (const StageNode& n : make_plan(req).model.stages[0].nodes) {
+      if (n.kind != NodeKind::kExperts) continue;
+      EXPECT_NEAR(n.times.forward_s, 4.5, kEps);
+      EXPECT_NEAR(n.times.backward_input_s, 4.5, kEps);
+      EXPECT_NEAR(n.times.backward_weight_s, 4.5, kEps);
+    }
+  }
   EXPECT_NEAR(experts_input_half(true, false), 5, kEps);
   EXPECT_NEAR(experts_input_half(true, true), 3, kEps);
 }

@@ -60,5 +60,37 @@ TEST(RoutingFile, RefusesMalformedFilesNamingWhatIsWrong) {
   }
 }
 
+// Note [Slowest expert rank]: per layer, the sum of the group's largest rows over the sum of
+// its mean, unmeasured (-1) entries skipped; balanced routing gives 1.
+TEST(RoutingFile, SlowestRankScalePerLayer) {
+  RoutingCounts a(2, 3), b(2, 3);
+  // layer 0: mb0 rows 30 / 10, mb1 20 / 20 -> (30 + 20) / (20 + 20) = 1.25
+  a.at(0, 0) = 30, b.at(0, 0) = 10, a.at(1, 0) = 20, b.at(1, 0) = 20;
+  // layer 1: balanced -> 1
+  a.at(0, 1) = b.at(0, 1) = 16, a.at(1, 1) = b.at(1, 1) = 16;
+  // layer 2: only rank a measured (another stage's layer for b) -> 1
+  a.at(0, 2) = 8, a.at(1, 2) = 12;
+  const std::vector<double> k = slowest_rank_scale({a, b});
+  ASSERT_EQ(k.size(), 3u);
+  EXPECT_DOUBLE_EQ(k[0], 1.25);
+  EXPECT_DOUBLE_EQ(k[1], 1.0);
+  EXPECT_DOUBLE_EQ(k[2], 1.0);
+  EXPECT_TRUE(slowest_rank_scale({}).empty());
+  // Every table of the file, by rank; a rank listed twice is refused.
+  b.at(0, 2) = 8, b.at(1, 2) = 12;  // files hold whole pipelines (no -1)
+  const std::string text = routing_file_text({a, b});
+  const auto all = parse_routing_tables(text, "r.json");
+  ASSERT_EQ(all.size(), 2u);
+  EXPECT_EQ(all.at(1).at(0, 0), 10);
+  try {
+    parse_routing_tables(R"({"num_microbatches": 1, "num_layers": 1, "ranks": [)"
+                         R"({"rank": 0, "expert_rows": [1]}, {"rank": 0, "expert_rows": [2]}]})",
+                         "r.json");
+    ADD_FAILURE() << "a rank listed twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("r.json: rank 0 appears twice"), std::string::npos);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::schedule
