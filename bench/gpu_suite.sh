@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2 (ONLY=regex picks its runs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# multi-b, multi-b2 (ONLY=regex picks its runs), scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -18,6 +18,16 @@ fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 SHAPE_A="--num-experts 0 --num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12 --ffn-hidden-size 2048 --vocab-size 50304 --seq-length 1024 --micro-batch-size 8 --num-microbatches 4"
 SHAPE_B="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2 --num-microbatches 8"
+# One line from a --log-json file: medians over the steps after the third.
+summary() {
+  python3 -c "
+import json,statistics as s
+r=[json.loads(l) for l in open('$1')][3:]
+m=lambda k: s.median(x[k] for x in r) if k in r[0] else -1
+gib=lambda v: [round(b/2**30,2) for b in (v if isinstance(v,list) else [v])]
+print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1
+}
+G=$(nvidia-smi -L 2>/dev/null | wc -l)
 for s in $SUITE; do
   echo "== $s $(date +%T)"
   case $s in
@@ -112,16 +122,49 @@ for s in $SUITE; do
         [[ $name =~ ${ONLY:-.} ]] || continue
         L=$M; [ $name = one-gpu ] && L=""
         timeout 150 $L $B/tandem train --device cuda $SB "$@" --train-iters 7 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
-        echo "tandem $name rc=$? $(python3 -c "
-import json,statistics as s
-r=[json.loads(l) for l in open('$T/$name.jsonl')][3:]
-m=lambda k: s.median(x[k] for x in r) if k in r[0] else -1
-gib=lambda v: [round(b/2**30,2) for b in (v if isinstance(v,list) else [v])]
-print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1)" | tee -a "$OUT/multi_b.txt"
+        echo "tandem $name rc=$? $(summary $T/$name.jsonl)" | tee -a "$OUT/multi_b.txt"
         [ -s $T/$name.jsonl ] || tail -5 $T/$name.log
       done
       [ "${PEERS:-1}" = 0 ] || for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do
         timeout 170 torchrun --nproc-per-node 2 devrun/torch_peer.py --mode $m $SB --num-microbatches 8 --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/multi_b.txt"
+      done ;;
+    scale-equiv)
+      # Issue 8: the equivalence matrix on all $G GPUs against one (demo model, small learning
+      # rate): PP up to 4, EP up to 4, and PP2 x EP4 on 8; every layout that divides $G.
+      A="--device cuda --addition-max-digits 2 --micro-batch-size 4 --global-batch-size 32 --train-iters 20 --lr 3e-4 --min-lr 3e-5 --lr-warmup-iters 2 --log-interval 10 --seed 7 --quiet"
+      M="mpirun --allow-run-as-root --oversubscribe -np $G -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+      T=/tmp/scale-equiv; mkdir -p $T; runs=""
+      timeout 120 $B/tandem train $A --log-json $T/one.jsonl > $T/one.log 2>&1; echo "one rc=$?"
+      for lay in "pp2 2 1" "pp4 4 1" "ep2 1 2" "ep4 1 4" "pp2ep2 2 2" "pp2ep4 2 4"; do
+        set -- $lay; [ $(( G % ($2 * $3) )) -eq 0 ] || continue
+        timeout 240 $M $B/tandem train $A --pipeline-model-parallel-size $2 --expert-model-parallel-size $3 --log-json $T/$1.jsonl > $T/$1.log 2>&1
+        echo "$1 on $G GPUs rc=$?"; runs="$runs $T/$1.jsonl"
+      done
+      python3 devrun/compare_losses.py --rtol=1e-2 $T/one.jsonl $runs | tee "$OUT/scale_equiv.txt" ;;
+    scale-b)
+      # Issue 8: shape (b) scaled to $G GPUs (layers and experts 2 x G, at least 8) beside torch:
+      # one GPU of the same shape, then PP=min(G,4) schedules and EP=G with and without overlap.
+      LE=$(( 2 * G > 8 ? 2 * G : 8 )); PP=$(( G < 4 ? G : 4 ))
+      SG="--num-layers $LE --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts $LE --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
+      M="mpirun --allow-run-as-root --oversubscribe -np $G -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+      T=/tmp/scaleb; mkdir -p $T; GB=$(( 16 * G / PP ))
+      for run in "one-gpu --global-batch-size 16" \
+                 "pp-1f1b --pipeline-model-parallel-size $PP --schedule 1f1b --global-batch-size $GB --node-times-out $OUT/nodes-pp.json" \
+                 "pp-interleaved --pipeline-model-parallel-size $PP --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size $GB" \
+                 "pp-combined --pipeline-model-parallel-size $PP --schedule combined-1f1b --global-batch-size $GB" \
+                 "pp-dualpipev --pipeline-model-parallel-size $PP --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --global-batch-size $GB" \
+                 "ep-1f1b --expert-model-parallel-size $G --schedule 1f1b --global-batch-size $(( 16 * G )) --node-times-out $OUT/nodes-ep.json --routing-out $OUT/routing-ep.json" \
+                 "ep-combined-off --expert-model-parallel-size $G --schedule combined-1f1b --comm-overlap off --global-batch-size $(( 16 * G ))" \
+                 "ep-combined-on --expert-model-parallel-size $G --schedule combined-1f1b --comm-overlap on --global-batch-size $(( 16 * G ))"; do
+        set -- $run; name=$1; shift
+        [[ $name =~ ${ONLY:-.} ]] || continue
+        L=$M; [ $name = one-gpu ] && L=""
+        timeout 240 $L $B/tandem train --device cuda $SG "$@" --train-iters 7 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
+        echo "tandem $name ($G GPUs, $LE layers/experts) rc=$? $(summary $T/$name.jsonl)" | tee -a "$OUT/scale_b.txt"
+        [ -s $T/$name.jsonl ] || tail -5 $T/$name.log
+      done
+      [ "${PEERS:-1}" = 0 ] || for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do
+        timeout 300 torchrun --nproc-per-node $G devrun/torch_peer.py --mode $m $SG --num-microbatches 8 --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/scale_b.txt"
       done ;;
     hf)
       # transformers loads tandem checkpoints (MoE -> Mixtral, dense -> Llama) with the same loss.
