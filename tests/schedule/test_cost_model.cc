@@ -169,7 +169,8 @@ TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
     req.inputs.cost.kind = CostModelKind::kNodeTimes;
     req.inputs.cost.table = parse_node_times(kTable, "table");
     req.inputs.expert_time_scale = {1.5};
-    for (const StageNode& n : make_plan(req).model.stages[0].nodes) {
+    const Plan plan = make_plan(req);  // held: the loop reads its nodes
+    for (const StageNode& n : plan.model.stages[0].nodes) {
       if (n.kind != NodeKind::kExperts) continue;
       EXPECT_NEAR(n.times.forward_s, 4.5, kEps);
       EXPECT_NEAR(n.times.backward_input_s, 4.5, kEps);
