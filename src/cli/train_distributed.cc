@@ -46,8 +46,8 @@ std::string canonical_config(const RunOptions& o) {
     << "\nlr-decay-iters=" << t.lr_decay_iters << "\nweight-decay=" << t.weight_decay
     << "\nclip-grad=" << t.clip_grad << "\nseed=" << t.seed
     << "\nrecompute-experts=" << t.recompute_experts
-    << "\nmoe-router-force-load-balancing=" << t.moe_router_force_balance << "\npipeline-model-parallel-size="
-    << p.pipeline_model_parallel_size << "\nexpert-model-parallel-size="
+    << "\nmoe-router-force-load-balancing=" << t.moe_router_force_balance
+    << "\npipeline-model-parallel-size=" << p.pipeline_model_parallel_size << "\nexpert-model-parallel-size="
     << p.expert_model_parallel_size << "\nvirtual-pipeline-model-parallel-size="
     << p.virtual_pipeline_model_parallel_size << "\nschedule=" << p.schedule
     << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir << "\nsave-interval="

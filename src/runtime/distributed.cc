@@ -435,7 +435,8 @@ double PipelineTrainer::global_grad_norm() {
   double sq = 0, non_finite = 0;
   for (StageRuntime& s : stages_) {
     for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
-      const double part = ops::sum_squares(s.params->flat_grads().narrow_rows(run.begin, run.count));
+      const double part =
+          ops::sum_squares(s.params->flat_grads().narrow_rows(run.begin, run.count));
       if (!std::isfinite(part)) non_finite = 1;
       if ((run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0) sq += part;
     }

@@ -180,7 +180,8 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
   }
   if (j.contains("recompute_experts")) {
     TANDEM_CHECK(j["recompute_experts"].is_boolean(), source,
-                 ": recompute_experts: expected true or false, got ", j["recompute_experts"].dump());
+                 ": recompute_experts: expected true or false, got ",
+                 j["recompute_experts"].dump());
     table.recompute_experts = j["recompute_experts"].get<bool>();
   }
   for (const auto& [name, value] : j["nodes"].items()) {

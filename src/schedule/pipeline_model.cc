@@ -109,8 +109,9 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
     if (kind == NodeKind::kExperts && in.recompute_experts && !measured_with) {
       node.times.backward_input_s += kRecomputeShare * node.times.forward_s;
     }
+    // Note [Slowest expert rank] (routing_file.h): the layer's experts at the slowest rank's pace.
     if (kind == NodeKind::kExperts && static_cast<size_t>(layer) < in.expert_time_scale.size()) {
-      const double k = in.expert_time_scale[static_cast<size_t>(layer)];  // Note [Slowest expert rank]
+      const double k = in.expert_time_scale[static_cast<size_t>(layer)];
       node.times.forward_s *= k;
       node.times.backward_input_s *= k;
       node.times.backward_weight_s *= k;

@@ -39,15 +39,6 @@ struct AdamWScalars {
   float decay, b1, c1, b2, c2, step_size, inv_sqrt_bc2, eps, grad_scale;
 };
 
-// f32 -> bf16 bits, round to nearest even, NaN kept quiet with its sign: the same bits as
-// convert's (bf16_bits in basic.cu) and the host's bf16_from_float (core/dtype.h).
-__device__ __forceinline__ uint32_t bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return (u >> 16) | 0x40u;
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return u >> 16;
-}
-
 __device__ __forceinline__ void adamw_one(float& p, float& m, float& v, float grad, float decay,
                                           const AdamWScalars& k) {
   // g = grad scale; m = b1 m + c1 g; v = b2 v + (c2 g) g;
@@ -103,13 +94,14 @@ __global__ void __launch_bounds__(kThreads)
     reinterpret_cast<float4*>(m)[i] = mi;
     reinterpret_cast<float4*>(v)[i] = vi;
     if (copy != nullptr) {
-      reinterpret_cast<uint2*>(copy)[i] = make_uint2(bf16_bits(p.x) | (bf16_bits(p.y) << 16),
-                                                     bf16_bits(p.z) | (bf16_bits(p.w) << 16));
+      reinterpret_cast<uint2*>(copy)[i] =
+          make_uint2(bf16_bits(p.x) | (uint32_t{bf16_bits(p.y)} << 16),
+                     bf16_bits(p.z) | (uint32_t{bf16_bits(p.w)} << 16));
     }
   }
   for (int64_t i = 4 * n4 + t; i < n; i += stride) {
     adamw_one(param[i], m[i], v[i], grad[i], decay_at(i, cursor, runs, k), k);
-    if (copy != nullptr) copy[i] = static_cast<uint16_t>(bf16_bits(param[i]));
+    if (copy != nullptr) copy[i] = bf16_bits(param[i]);
   }
 }
 

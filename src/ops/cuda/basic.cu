@@ -119,15 +119,6 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- convert ----
 
-// f32 -> bf16 bits, round to nearest even, NaN kept quiet with its sign: the same bits as the
-// host's bf16_from_float (core/dtype.h), so a conversion on either device agrees bit for bit.
-__device__ __forceinline__ uint16_t bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return static_cast<uint16_t>(u >> 16);
-}
-
 __global__ void __launch_bounds__(kThreads)
     f32_to_bf16_kernel(uint16_t* dst, const float* src, int64_t n, int64_t nvec) {
   for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {

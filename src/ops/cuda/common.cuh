@@ -25,6 +25,16 @@ __device__ __forceinline__ void store1(__nv_bfloat16* p, float v) { *p = __float
 // bytes; N = 8 of f32 is two 16-byte vectors ----
 
 // lo and hi rounded to bf16, packed with lo in the low half (its lower address in memory).
+// f32 -> bf16 bits, round to nearest even, NaN kept quiet with its sign: the same bits as the
+// host's bf16_from_float (core/dtype.h), so a conversion on either device agrees bit for bit
+// (convert in basic.cu, the compute copy AdamW writes in adamw.cu).
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((u >> 16) | 0x40u);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return static_cast<uint16_t>(u >> 16);
+}
+
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   const __nv_bfloat162 h = __floats2bfloat162_rn(lo, hi);
   uint32_t u;

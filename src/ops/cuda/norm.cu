@@ -1,5 +1,6 @@
-// CUDA RMSNorm, bf16 activations with fp32 math (rope: rope.cu). The norm's dg is reduced per block and then across blocks in a fixed order, so
-// every result is bitwise reproducible run to run on one GPU (no float atomics).
+// CUDA RMSNorm, bf16 activations with fp32 math (rope: rope.cu). The norm's dg is reduced per
+// block and then across blocks in a fixed order, so every result is bitwise reproducible run to
+// run on one GPU (no float atomics).
 #include <cuda_bf16.h>
 
 #include <algorithm>
