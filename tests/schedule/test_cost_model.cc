@@ -133,55 +133,8 @@ TEST(CostModel, NodeTimesFile) {
             std::string::npos);
 }
 
-// Note [Recompute in the plan]: planned with --recompute-experts from times measured without
-// it, the experts' input-gradient half gains 2/3 of their forward (3 -> 5 per layer and
-// micro-batch here); from times measured with it, nothing is added.
-TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
-  auto experts_input_half = [](bool recompute, bool measured_with) {
-    PlanRequest req;
-    req.schedule_name = "1f1b";
-    req.shape = {1, 1, 2};
-    req.inputs.model = tiny();
-    req.inputs.model.num_layers = 1;
-    req.inputs.micro_batch_size = 2;
-    req.inputs.expert_parallel_size = 4;
-    req.inputs.activation_elem_bytes = 2;
-    req.inputs.recompute_experts = recompute;
-    req.inputs.cost.kind = CostModelKind::kNodeTimes;
-    req.inputs.cost.table = parse_node_times(kTable, "table");
-    req.inputs.cost.table.recompute_experts = measured_with;
-    const Plan plan = make_plan(req);
-    for (const StageNode& n : plan.model.stages[0].nodes) {
-      if (n.kind == NodeKind::kExperts) return n.times.backward_input_s;
-    }
-    return -1.0;
-  };
-  EXPECT_NEAR(experts_input_half(false, false), 3, kEps);
-  {  // Note [Slowest expert rank]: the layer's factor scales all three of the experts' times
-    PlanRequest req;
-    req.schedule_name = "1f1b";
-    req.shape = {1, 1, 2};
-    req.inputs.model = tiny();
-    req.inputs.model.num_layers = 1;
-    req.inputs.micro_batch_size = 2;
-    req.inputs.expert_parallel_size = 4;
-    req.inputs.activation_elem_bytes = 2;
-    req.inputs.cost.kind = CostModelKind::kNodeTimes;
-    req.inputs.cost.table = parse_node_times(kTable, "table");
-    req.inputs.expert_time_scale = {1.5};
-    const Plan plan = make_plan(req);  // held: the loop reads its nodes
-    for (const StageNode& n : plan.model.stages[0].nodes) {
-      if (n.kind != NodeKind::kExperts) continue;
-      EXPECT_NEAR(n.times.forward_s, 4.5, kEps);
-      EXPECT_NEAR(n.times.backward_input_s, 4.5, kEps);
-      EXPECT_NEAR(n.times.backward_weight_s, 4.5, kEps);
-    }
-  }
-  EXPECT_NEAR(experts_input_half(true, false), 5, kEps);
-  EXPECT_NEAR(experts_input_half(true, true), 3, kEps);
-}
-
-Plan table_plan(const char* schedule, int32_t p, int32_t m) {
+// A plan of `schedule` on p ranks (a layer each) and m micro-batches, costed by kTable.
+PlanRequest table_request(const char* schedule, int32_t p, int32_t m) {
   PlanRequest req;
   req.schedule_name = schedule;
   req.shape = {p, 1, m};
@@ -192,7 +145,43 @@ Plan table_plan(const char* schedule, int32_t p, int32_t m) {
   req.inputs.activation_elem_bytes = 2;
   req.inputs.cost.kind = CostModelKind::kNodeTimes;
   req.inputs.cost.table = parse_node_times(kTable, "table");
-  return make_plan(req);
+  return req;
+}
+
+Plan table_plan(const char* schedule, int32_t p, int32_t m) {
+  return make_plan(table_request(schedule, p, m));
+}
+
+// The experts node of a one-stage plan.
+StageNode experts_node(const Plan& plan) {
+  for (const StageNode& n : plan.model.stages[0].nodes) {
+    if (n.kind == NodeKind::kExperts) return n;
+  }
+  ADD_FAILURE() << "the plan has no experts node";
+  return {};
+}
+
+// Note [Recompute in the plan]: planned with --recompute-experts from times measured without
+// it, the experts' input-gradient half gains 2/3 of their forward (3 -> 5 per layer and
+// micro-batch here); from times measured with it, nothing is added.
+TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
+  auto experts_input_half = [](bool recompute, bool measured_with) {
+    PlanRequest req = table_request("1f1b", 1, 2);
+    req.inputs.recompute_experts = recompute;
+    req.inputs.cost.table.recompute_experts = measured_with;
+    return experts_node(make_plan(req)).times.backward_input_s;
+  };
+  EXPECT_NEAR(experts_input_half(false, false), 3, kEps);
+  {  // Note [Slowest expert rank]: the layer's factor scales all three of the experts' times
+    PlanRequest req = table_request("1f1b", 1, 2);
+    req.inputs.expert_time_scale = {1.5};
+    const NodePhaseTimes t = experts_node(make_plan(req)).times;
+    EXPECT_NEAR(t.forward_s, 4.5, kEps);
+    EXPECT_NEAR(t.backward_input_s, 4.5, kEps);
+    EXPECT_NEAR(t.backward_weight_s, 4.5, kEps);
+  }
+  EXPECT_NEAR(experts_input_half(true, false), 5, kEps);
+  EXPECT_NEAR(experts_input_half(true, true), 3, kEps);
 }
 
 TEST(Simulator, OneFOneBExposesEveryAllToAllThatHasNothingToHideBehind) {
