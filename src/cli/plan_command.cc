@@ -125,18 +125,15 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   TANDEM_CHECK(!p.routing.empty() || app.count("--routing-rank") == 0, "--routing-rank ",
                p.routing_rank, " needs --routing FILE");
   if (!p.routing.empty()) {
-    in.routing = schedule::load_routing_file(p.routing, p.routing_rank);
+    const std::map<int, schedule::RoutingCounts> all = schedule::load_routing_tables(p.routing);
+    in.routing = schedule::routing_table_of(all, p.routing_rank, p.routing);
     if (in.expert_parallel_size > 1) {  // Note [Slowest expert rank] in schedule/routing_file.h
-      const std::map<int, schedule::RoutingCounts> all = schedule::load_routing_tables(p.routing);
       const comm::ParallelLayout layout = comm::ParallelLayout::make(
           static_cast<int>(all.size()), static_cast<int>(o.parallel.pipeline_model_parallel_size),
           static_cast<int>(in.expert_parallel_size));
       std::vector<schedule::RoutingCounts> group;
       for (int r : layout.ep_group(p.routing_rank)) {
-        const auto it = all.find(r);
-        TANDEM_CHECK(it != all.end(), "--routing ", p.routing, ": no table for rank ", r,
-                     ", an expert-parallel peer of rank ", p.routing_rank);
-        group.push_back(it->second);
+        group.push_back(schedule::routing_table_of(all, r, p.routing));
       }
       in.expert_time_scale = schedule::slowest_rank_scale(group);
     }

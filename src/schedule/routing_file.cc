@@ -63,14 +63,18 @@ std::map<int, RoutingCounts> parse_routing_tables(std::string_view text, std::st
   return tables;
 }
 
-RoutingCounts parse_routing_file(std::string_view text, std::string_view source, int rank) {
-  std::map<int, RoutingCounts> tables = parse_routing_tables(text, source);
+RoutingCounts routing_table_of(const std::map<int, RoutingCounts>& tables, int rank,
+                               std::string_view source) {
   const auto it = tables.find(rank);
   if (it != tables.end()) return it->second;
   std::string ranks;
   for (const auto& [r, t] : tables) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
   throw Error(detail::concat(source, ": no table for rank ", rank, "; the file has ranks ",
                              ranks.empty() ? "(none)" : ranks));
+}
+
+RoutingCounts parse_routing_file(std::string_view text, std::string_view source, int rank) {
+  return routing_table_of(parse_routing_tables(text, source), rank, source);
 }
 
 std::vector<double> slowest_rank_scale(const std::vector<RoutingCounts>& group) {
@@ -97,20 +101,12 @@ std::vector<double> slowest_rank_scale(const std::vector<RoutingCounts>& group) 
   return scale;
 }
 
-static std::string read_routing_file(const std::string& path) {
+std::map<int, RoutingCounts> load_routing_tables(const std::string& path) {
   std::ifstream in(path);
   TANDEM_CHECK(in.good(), "--routing ", path, ": cannot read the file");
   std::stringstream buf;
   buf << in.rdbuf();
-  return buf.str();
-}
-
-RoutingCounts load_routing_file(const std::string& path, int rank) {
-  return parse_routing_file(read_routing_file(path), path, rank);
-}
-
-std::map<int, RoutingCounts> load_routing_tables(const std::string& path) {
-  return parse_routing_tables(read_routing_file(path), path);
+  return parse_routing_tables(buf.str(), path);
 }
 
 }  // namespace tandem::schedule

@@ -22,10 +22,12 @@ std::string routing_file_text(const std::vector<RoutingCounts>& tables);
 // is wrong (not JSON, a missing key, a rank not in the file, a table of the wrong size, a
 // negative count).
 RoutingCounts parse_routing_file(std::string_view text, std::string_view source, int rank);
-RoutingCounts load_routing_file(const std::string& path, int rank);
 // Every rank's table, by world rank (the same checks).
 std::map<int, RoutingCounts> parse_routing_tables(std::string_view text, std::string_view source);
 std::map<int, RoutingCounts> load_routing_tables(const std::string& path);
+// `rank`'s table of those; throws naming `source` and the ranks the file has when it is missing.
+RoutingCounts routing_table_of(const std::map<int, RoutingCounts>& tables, int rank,
+                               std::string_view source);
 
 // Note [Slowest expert rank]: an all-to-all finishes when its slowest rank reaches it, so the
 // experts of an expert-parallel group advance at the pace of whichever rank received the most
