@@ -10,31 +10,28 @@ namespace tandem::ops::cuda {
 
 namespace {
 float beta_of(Accumulate acc) { return acc == Accumulate::kAdd ? 1.0f : 0.0f; }
+
+// y[M, out] = x[M, in] @ w[out, in]^T + beta C, C being y itself or, given, r (cuBLASLt's C,
+// with y written as its D).
+void forward_product(const char* op, const Tensor& y, const Tensor& x, const Tensor& w, float beta,
+                     const Tensor* r) {
+  expect_cuda_rank(op, "w", w, {DType::kBF16}, 2);
+  expect_cuda_rank(op, "x", x, {DType::kBF16}, 2);
+  const int64_t out = w.size(0), in = w.size(1), m = x.size(0);
+  expect_cuda(op, "x", x, {DType::kBF16}, {m, in});
+  expect_cuda(op, "y", y, {DType::kBF16, DType::kF32}, {m, out});
+  if (r != nullptr) expect_cuda(op, "r", *r, {y.dtype()}, {m, out});
+  gemm(Trans::kNo, Trans::kYes, m, out, in, 1.0f, x.raw_data(), in, w.raw_data(), in, beta,
+       y.raw_data(), y.dtype(), out, r != nullptr ? r->raw_data() : nullptr);
+}
 }  // namespace
 
 void linear_forward(const Tensor& y, const Tensor& x, const Tensor& w, Accumulate acc) {
-  const char* op = "linear_forward";
-  expect_cuda_rank(op, "w", w, {DType::kBF16}, 2);
-  expect_cuda_rank(op, "x", x, {DType::kBF16}, 2);
-  const int64_t out = w.size(0), in = w.size(1), m = x.size(0);
-  expect_cuda(op, "x", x, {DType::kBF16}, {m, in});
-  expect_cuda(op, "y", y, {DType::kBF16, DType::kF32}, {m, out});
-  // y[M, out] = x[M, in] @ w[out, in]^T.
-  gemm(Trans::kNo, Trans::kYes, m, out, in, 1.0f, x.raw_data(), in, w.raw_data(), in, beta_of(acc),
-       y.raw_data(), y.dtype(), out);
+  forward_product("linear_forward", y, x, w, beta_of(acc), nullptr);
 }
 
 void linear_forward_residual(const Tensor& y, const Tensor& x, const Tensor& w, const Tensor& r) {
-  const char* op = "linear_forward_residual";
-  expect_cuda_rank(op, "w", w, {DType::kBF16}, 2);
-  expect_cuda_rank(op, "x", x, {DType::kBF16}, 2);
-  const int64_t out = w.size(0), in = w.size(1), m = x.size(0);
-  expect_cuda(op, "x", x, {DType::kBF16}, {m, in});
-  expect_cuda(op, "y", y, {DType::kBF16, DType::kF32}, {m, out});
-  expect_cuda(op, "r", r, {y.dtype()}, {m, out});
-  // y[M, out] = x[M, in] @ w[out, in]^T + r, r read as cuBLASLt's C and y written as its D.
-  gemm(Trans::kNo, Trans::kYes, m, out, in, 1.0f, x.raw_data(), in, w.raw_data(), in, 1.0f,
-       y.raw_data(), y.dtype(), out, r.raw_data());
+  forward_product("linear_forward_residual", y, x, w, 1.0f, &r);
 }
 
 void linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w, Accumulate acc) {
