@@ -28,6 +28,30 @@ gib=lambda v: [round(b/2**30,2) for b in (v if isinstance(v,list) else [v])]
 print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1
 }
 G=$(nvidia-smi -L 2>/dev/null | wc -l)
+# tandem_runs SHAPE RANKS LIMIT_S TMPDIR OUTFILE "name options..." ...: tandem train on the shape
+# for 7 steps, under mpirun with RANKS ranks (the run named one-gpu: one process), each run's
+# summary line appended to $OUT/OUTFILE; ONLY=regex picks runs by name.
+tandem_runs() {
+  local shape=$1 ranks=$2 limit=$3 tmp=$4 out=$5 run name launch n; shift 5
+  for run in "$@"; do
+    set -- $run; name=$1; shift
+    [[ $name =~ ${ONLY:-.} ]] || continue
+    n=$ranks; launch="mpirun --allow-run-as-root --oversubscribe -np $n -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+    [ $name = one-gpu ] && n=1 && launch=""
+    timeout $limit $launch $B/tandem train --device cuda $shape "$@" --train-iters 7 --log-interval 1 --quiet --log-json $tmp/$name.jsonl > $tmp/$name.log 2>&1
+    echo "tandem $name ($n GPUs) rc=$? $(summary $tmp/$name.jsonl)" | tee -a "$OUT/$out"
+    [ -s $tmp/$name.jsonl ] || tail -5 $tmp/$name.log
+  done
+}
+# peer_runs SHAPE RANKS LIMIT_S TMPDIR OUTFILE: torch_peer.py's pp schedules and ep mode beside
+# them (PEERS=0 skips them).
+peer_runs() {
+  local shape=$1 ranks=$2 limit=$3 tmp=$4 out=$5 m
+  [ "${PEERS:-1}" = 0 ] && return
+  for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do
+    timeout $limit torchrun --nproc-per-node $ranks devrun/torch_peer.py --mode $m $shape --num-microbatches 8 --steps 6 --warmup-steps 3 2> $tmp/peer.err | grep RESULT | tee -a "$OUT/$out"
+  done
+}
 for s in $SUITE; do
   echo "== $s $(date +%T)"
   case $s in
@@ -103,9 +127,8 @@ for s in $SUITE; do
       # Issue 6's benchmark, shape (b) on 2 GPUs: tandem's PP2 schedules and EP2 with and without
       # overlap, then torch_peer.py's pp schedules and ep mode, in one call.
       SB="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
-      M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
       T=/tmp/multib; mkdir -p $T
-      for run in "one-gpu --global-batch-size 16" \
+      tandem_runs "$SB" 2 150 $T multi_b.txt "one-gpu --global-batch-size 16" \
                  "dp2 --global-batch-size 32" \
                  "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
                  "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
@@ -117,17 +140,8 @@ for s in $SUITE; do
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
-                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json"; do
-        set -- $run; name=$1; shift
-        [[ $name =~ ${ONLY:-.} ]] || continue
-        L=$M; [ $name = one-gpu ] && L=""
-        timeout 150 $L $B/tandem train --device cuda $SB "$@" --train-iters 7 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
-        echo "tandem $name rc=$? $(summary $T/$name.jsonl)" | tee -a "$OUT/multi_b.txt"
-        [ -s $T/$name.jsonl ] || tail -5 $T/$name.log
-      done
-      [ "${PEERS:-1}" = 0 ] || for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do
-        timeout 170 torchrun --nproc-per-node 2 devrun/torch_peer.py --mode $m $SB --num-microbatches 8 --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/multi_b.txt"
-      done ;;
+                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json"
+      peer_runs "$SB" 2 170 $T multi_b.txt ;;
     scale-equiv)
       # Issue 8: the equivalence matrix on all $G GPUs against one (demo model, small learning
       # rate): PP up to 4, EP up to 4, and PP2 x EP4 on 8; every layout that divides $G.
@@ -146,26 +160,17 @@ for s in $SUITE; do
       # one GPU of the same shape, then PP=min(G,4) schedules and EP=G with and without overlap.
       LE=$(( 2 * G > 8 ? 2 * G : 8 )); PP=$(( G < 4 ? G : 4 ))
       SG="--num-layers $LE --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts $LE --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
-      M="mpirun --allow-run-as-root --oversubscribe -np $G -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
       T=/tmp/scaleb; mkdir -p $T; GB=$(( 16 * G / PP ))
-      for run in "one-gpu --global-batch-size 16" \
+      echo "shape (b) scaled to $G GPUs: $LE layers and experts" | tee -a "$OUT/scale_b.txt"
+      tandem_runs "$SG" $G 240 $T scale_b.txt "one-gpu --global-batch-size 16" \
                  "pp-1f1b --pipeline-model-parallel-size $PP --schedule 1f1b --global-batch-size $GB --node-times-out $OUT/nodes-pp.json" \
                  "pp-interleaved --pipeline-model-parallel-size $PP --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size $GB" \
                  "pp-combined --pipeline-model-parallel-size $PP --schedule combined-1f1b --global-batch-size $GB" \
                  "pp-dualpipev --pipeline-model-parallel-size $PP --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --global-batch-size $GB" \
                  "ep-1f1b --expert-model-parallel-size $G --schedule 1f1b --global-batch-size $(( 16 * G )) --node-times-out $OUT/nodes-ep.json --routing-out $OUT/routing-ep.json" \
                  "ep-combined-off --expert-model-parallel-size $G --schedule combined-1f1b --comm-overlap off --global-batch-size $(( 16 * G ))" \
-                 "ep-combined-on --expert-model-parallel-size $G --schedule combined-1f1b --comm-overlap on --global-batch-size $(( 16 * G ))"; do
-        set -- $run; name=$1; shift
-        [[ $name =~ ${ONLY:-.} ]] || continue
-        L=$M; [ $name = one-gpu ] && L=""
-        timeout 240 $L $B/tandem train --device cuda $SG "$@" --train-iters 7 --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
-        echo "tandem $name ($G GPUs, $LE layers/experts) rc=$? $(summary $T/$name.jsonl)" | tee -a "$OUT/scale_b.txt"
-        [ -s $T/$name.jsonl ] || tail -5 $T/$name.log
-      done
-      [ "${PEERS:-1}" = 0 ] || for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do
-        timeout 300 torchrun --nproc-per-node $G devrun/torch_peer.py --mode $m $SG --num-microbatches 8 --steps 6 --warmup-steps 3 2> $T/peer.err | grep RESULT | tee -a "$OUT/scale_b.txt"
-      done ;;
+                 "ep-combined-on --expert-model-parallel-size $G --schedule combined-1f1b --comm-overlap on --global-batch-size $(( 16 * G ))"
+      peer_runs "$SG" $G 300 $T scale_b.txt ;;
     hf)
       # transformers loads tandem checkpoints (MoE -> Mixtral, dense -> Llama) with the same loss.
       T=/tmp/hf; mkdir -p $T
