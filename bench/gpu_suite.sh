@@ -25,7 +25,7 @@ import json,statistics as s
 r=[json.loads(l) for l in open('$1')][3:]
 m=lambda k: s.median(x[k] for x in r) if k in r[0] else -1
 gib=lambda v: [round(b/2**30,2) for b in (v if isinstance(v,list) else [v])]
-print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1
+print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'by rank a2a/exposed ms', [(round(1e3*s.median(x['alltoall_s_by_rank'][p] for x in r),1), round(1e3*s.median(x['exposed_alltoall_s_by_rank'][p] for x in r),1)) for p in range(len(r[0].get('alltoall_s_by_rank',[])))], 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1
 }
 G=$(nvidia-smi -L 2>/dev/null | wc -l)
 # tandem_runs SHAPE RANKS LIMIT_S TMPDIR OUTFILE "name options..." ...: tandem train on the shape
@@ -141,6 +141,11 @@ for s in $SUITE; do
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json"
+      # The same EP2 runs at one sequence a micro-batch (16 micro-batches a rank, the unpaired
+      # first forward and last backward half as long).
+      tandem_runs "${SB/--micro-batch-size 2/--micro-batch-size 1}" 2 150 $T multi_b.txt \
+                 "ep2-combined-on-mb1 --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined-mb1.json" \
+                 "ep2-combined-on-balanced-mb1 --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing"
       peer_runs "$SB" 2 170 $T multi_b.txt ;;
     scale-equiv)
       # Issue 8: the equivalence matrix on all $G GPUs against one (demo model, small learning

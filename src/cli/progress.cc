@@ -129,6 +129,13 @@ std::string to_json_line(const IterationRecord& r) {
   nlohmann::json with_comm = j;
   with_comm["alltoall_s"] = number(r.comm_seconds);
   with_comm["exposed_alltoall_s"] = number(r.exposed_comm_seconds);
+  if (!r.comm_seconds_by_rank.empty()) {
+    nlohmann::json busy = nlohmann::json::array(), exposed = nlohmann::json::array();
+    for (double v : r.comm_seconds_by_rank) busy.push_back(number(v));
+    for (double v : r.exposed_comm_seconds_by_rank) exposed.push_back(number(v));
+    with_comm["alltoall_s_by_rank"] = std::move(busy);
+    with_comm["exposed_alltoall_s_by_rank"] = std::move(exposed);
+  }
   if (r.forward_backward_seconds >= 0) {
     with_comm["forward_backward_s"] = number(r.forward_backward_seconds);
   }

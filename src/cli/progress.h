@@ -35,6 +35,8 @@ struct IterationRecord {
   // step, and of those the seconds its compute stream stood waiting for them (exposed).
   double comm_seconds = -1;
   double exposed_comm_seconds = -1;
+  // The same two figures of every rank, in rank order (rank 0's first).
+  std::vector<double> comm_seconds_by_rank, exposed_comm_seconds_by_rank;
   // GPU runs under mpirun (negative: not measured): rank 0's forward-backward time by CUDA
   // events, from the step's start to the end of its last action (no gradient reduction or
   // optimizer), the figure `tandem plan` predicts as its step time.

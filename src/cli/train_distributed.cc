@@ -169,8 +169,21 @@ void write_routing(const std::string& path, runtime::PipelineTrainer& trainer,
   TANDEM_CHECK(f.good(), "--routing-out ", path, ": cannot write the file");
 }
 
-IterationRecord gather_record(const runtime::StepResult& r, comm::Communicator& world) {
+IterationRecord gather_record(const runtime::StepResult& r, runtime::PipelineTrainer& trainer,
+                              comm::Communicator& world) {
   IterationRecord rec = to_record(r);
+  rec.comm_seconds = trainer.comm_busy_seconds();
+  rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
+  Tensor comm_mine = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "comm");
+  comm_mine.data<double>()[0] = rec.comm_seconds;
+  comm_mine.data<double>()[1] = rec.exposed_comm_seconds;
+  Tensor comm_all =
+      Tensor::empty({2 * world.size()}, DType::kF64, MemCategory::kOther, "comm.all");
+  world.all_gather(comm_all, comm_mine);
+  for (int p = 0; p < world.size(); ++p) {
+    rec.comm_seconds_by_rank.push_back(comm_all.data<double>()[2 * p]);
+    rec.exposed_comm_seconds_by_rank.push_back(comm_all.data<double>()[2 * p + 1]);
+  }
   Tensor mine = Tensor::empty({3}, DType::kI64, MemCategory::kOther, "mem");
   mine.data<int64_t>()[0] = r.memory.total_in_use;
   mine.data<int64_t>()[1] = r.memory.total_peak;
@@ -244,9 +257,7 @@ void run_train_distributed(RunOptions& o) {
     if (!o.routing_out.empty() && it + 1 == o.train.train_iters) {
       write_routing(o.routing_out, trainer, *groups.world);
     }
-    IterationRecord rec = gather_record(r, *groups.world);
-    rec.comm_seconds = trainer.comm_busy_seconds();
-    rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
+    IterationRecord rec = gather_record(r, trainer, *groups.world);
     if (o.train.device != Device::kCPU) {
       rec.forward_backward_seconds = trainer.measured_forward_backward_seconds();
     }

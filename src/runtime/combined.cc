@@ -29,6 +29,22 @@
 // compute stream; an event after each node is the data edge its successor in the same
 // micro-batch waits on (the other micro-batch's nodes never wait for it).
 //
+// Note [Weight gradients off the chain]: a node's weight gradient is read by nothing later in
+// the step but the optimizer, so the event its successor waits for is recorded after the
+// node's input gradient, before its weight gradient. The weight gradient follows on the compute
+// stream and runs while the successor's all-to-all is in flight: experts.bwd_w(b) beside
+// dispatch.bwd(b), attention.bwd_w beside the next layer's combine.bwd, the LM head's beside the
+// last layer's combine.bwd. Each stream's order, so every result, is unchanged.
+//
+// Note [The unpaired backward's all-to-all]: combined 1F1B pairs F(i+1) with B(i); on a rank
+// whose schedule has no partner for some backward (the last one with one stage, and the
+// cool-down's), that backward runs as a plain action. On the GPU with overlap and EP > 1 it
+// still puts its dispatch and combine on the communication stream, as one chain: by Note
+// [Weight gradients off the chain] each all-to-all then overlaps the weight gradients of the node
+// before it. (In order, the last backward's all-to-all was about half of the exposed time of an
+// EP2 step with 8 micro-batches a rank.) The first forward has nothing to overlap with: each of
+// its nodes reads the one before.
+//
 // Note [Nodes on the communication stream]: the caching allocator hands a block out again on its
 // own stream at once when it is freed there (cuda_allocator.cc), and records the freeing
 // stream's use otherwise. A node on the communication stream reads tensors the compute stream
@@ -46,6 +62,8 @@
 #endif
 
 namespace tandem::runtime {
+
+using schedule::ActionKind;
 
 // Node index ranges of a chunk: the leading embed, each layer, the trailing loss.
 struct Units {
@@ -129,66 +147,80 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
 }
 
 void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t iteration) {
-#if TANDEM_WITH_CUDA
   const CombinedHalves h = prepare_combined(a, iteration);
   const bool overlap = overlap_ == CommOverlap::kOn && groups_->layout.ep > 1;
-  DeviceStreams& d = *dev_;
+  // Both micro-batches' chains start after everything enqueued so far on the compute stream
+  // (their inputs are there).
   const DeviceStream compute = DeviceStreams::compute();
-  // Each micro-batch's chain: the stream its last node ran on and the event after it. Both
-  // start after everything enqueued so far on the compute stream (their inputs are there).
-  struct Chain {
-    DeviceStream stream;
-    DeviceEvent done;
-  };
-  Chain chains[2] = {{compute, d.mark(compute)}, {compute, nullptr}};
+  DeviceChain chains[2] = {{compute, dev_->mark(compute)}, {compute, nullptr}};
   chains[1].done = chains[0].done;
+  const ActionKind b_kind = h.with_w ? ActionKind::kBackward : ActionKind::kBackwardInput;
   auto issue = [&](bool fwd, size_t i) {
-    StageRuntime& s = fwd ? h.fs : h.bs;
-    model::MicroBatchState& state = fwd ? h.fm : h.bm;
-    const model::NodeRef node = s.chunk->nodes()[i];
-    const bool on_comm = overlap && schedule::node_is_communication(node.kind);
-    const DeviceStream stream = on_comm ? d.comm() : compute;
-    const int32_t mb = fwd ? h.f.microbatch : h.b.microbatch;
-    Chain& chain = chains[fwd ? 0 : 1];
-    if (chain.stream != stream) {
-      d.wait_measured(stream, chain.done, chain.stream,
-                      std::string(fwd ? "F" : "B") + std::to_string(mb) + " " +
-                          std::string(node_kind_name(node.kind)));
-    }
-    cuda::StreamScope on(stream);
-    auto timed = [&](NodePhase phase, auto&& run) {
-      const DeviceEvent begin = d.begin(stream);
-      run();
-      d.end(stream, begin, node_span(node.kind, phase, mb, on_comm));
-    };
     if (fwd) {
-      timed(NodePhase::kForward, [&] { s.chunk->forward_node(i, state, h.fc); });
+      issue_node_on_device(h.fs, h.fm, h.fc, i, ActionKind::kForward, h.f.microbatch, overlap,
+                           chains[0]);
     } else {
-      timed(NodePhase::kBackwardInput, [&] { s.chunk->backward_node(i, state, h.bc); });
-      if (h.with_w && schedule::node_has_weights(node.kind)) {
-        timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, h.bc); });
-      }
+      issue_node_on_device(h.bs, h.bm, h.bc, i, b_kind, h.b.microbatch, overlap, chains[1]);
     }
-    if (on_comm && node.layer >= 0) {  // Note [Nodes on the communication stream]
-      for (const Tensor* t : model::all_tensors(state.layers[node.layer])) {
-        if (t->defined() && !t->released() && t->device() == Device::kCUDA) {
-          cuda::record_stream(*t, stream);
-        }
-      }
-    }
-    chain = {stream, d.mark(stream)};
   };
   const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
   issue_pairs(fu, bu, issue, overlap);
   // What follows runs on the compute stream and reads both micro-batches' results.
-  for (Chain& chain : chains) {
-    if (chain.stream != compute) d.wait_measured(compute, chain.done, chain.stream, "combined");
-  }
+  for (DeviceChain& chain : chains) join_chain(chain, "combined");
   finish_forward(h.fs, h.f.microbatch, h.fm);
+}
+
+void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
+                                           const model::NodeContext& c, size_t i,
+                                           ActionKind kind, int32_t mb, bool overlap,
+                                           DeviceChain& chain) {
+#if TANDEM_WITH_CUDA
+  DeviceStreams& d = *dev_;
+  const model::NodeRef node = s.chunk->nodes()[i];
+  const bool on_comm = overlap && schedule::node_is_communication(node.kind);
+  const DeviceStream stream = on_comm ? d.comm() : DeviceStreams::compute();
+  const char* letter = kind == ActionKind::kForward ? "F" : "B";
+  if (chain.stream != stream) {
+    d.wait_measured(stream, chain.done, chain.stream,
+                    letter + std::to_string(mb) + " " + std::string(node_kind_name(node.kind)));
+  }
+  cuda::StreamScope on(stream);
+  auto timed = [&](NodePhase phase, auto&& run) {
+    const DeviceEvent begin = d.begin(stream);
+    run();
+    d.end(stream, begin, node_span(node.kind, phase, mb, on_comm));
+  };
+  switch (kind) {
+    case ActionKind::kForward:
+      timed(NodePhase::kForward, [&] { s.chunk->forward_node(i, state, c); });
+      break;
+    case ActionKind::kBackward:
+    case ActionKind::kBackwardInput:
+      timed(NodePhase::kBackwardInput, [&] { s.chunk->backward_node(i, state, c); });
+      break;
+    default: break;
+  }
+  if (on_comm && node.layer >= 0) {  // Note [Nodes on the communication stream]
+    for (const Tensor* t : model::all_tensors(state.layers[node.layer])) {
+      if (t->defined() && !t->released() && t->device() == Device::kCUDA) {
+        cuda::record_stream(*t, stream);
+      }
+    }
+  }
+  chain = {stream, d.mark(stream)};
+  // Note [Weight gradients off the chain]
+  const bool with_w = kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight;
+  if (with_w && schedule::node_has_weights(node.kind)) {
+    timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, c); });
+  }
 #else
-  (void)a;
-  (void)iteration;
+  (void)s, (void)state, (void)c, (void)i, (void)kind, (void)mb, (void)overlap, (void)chain;
 #endif
+}
+
+void PipelineTrainer::join_chain(const DeviceChain& chain, const std::string& what) {
+  const DeviceStream compute = DeviceStreams::compute();
+  if (chain.stream != compute) dev_->wait_measured(compute, chain.done, chain.stream, what);
 }
 
 template <typename Issue>

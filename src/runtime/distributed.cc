@@ -206,25 +206,27 @@ DeviceStreams::SpanInfo PipelineTrainer::node_span(NodeKind kind, NodePhase phas
 void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
                                 ActionKind kind) {
   const model::NodeContext c = context(s);
-  const std::vector<model::NodeRef>& nodes = s.chunk->nodes();
-  auto timed = [&](size_t i, NodePhase phase) {
-    if (phase == NodePhase::kBackwardWeight && !schedule::node_has_weights(nodes[i].kind)) return;
-    const DeviceStream stream = dev_ ? DeviceStreams::compute() : nullptr;
-    const DeviceEvent begin = dev_ ? dev_->begin(stream) : nullptr;
-    switch (phase) {
-      case NodePhase::kForward: s.chunk->forward_node(i, state, c); break;
-      case NodePhase::kBackwardInput: s.chunk->backward_node(i, state, c); break;
-      case NodePhase::kBackwardWeight: s.chunk->backward_weights_node(i, state, c); break;
+  const size_t n = s.chunk->nodes().size();
+  if (dev_) {
+    // Note [The unpaired backward's all-to-all] (combined.cc).
+    const bool overlap = kind == ActionKind::kBackward && overlap_ == CommOverlap::kOn &&
+                         groups_->layout.ep > 1;
+    const DeviceStream compute = DeviceStreams::compute();
+    DeviceChain chain{compute, overlap ? dev_->mark(compute) : nullptr};
+    for (size_t k = 0; k < n; ++k) {
+      const size_t i = kind == ActionKind::kForward ? k : n - 1 - k;
+      issue_node_on_device(s, state, c, i, kind, mb, overlap, chain);
     }
-    if (dev_) dev_->end(stream, begin, node_span(nodes[i].kind, phase, mb, false));
-  };
-  if (kind == ActionKind::kForward) {
-    for (size_t i = 0; i < nodes.size(); ++i) timed(i, NodePhase::kForward);
+    join_chain(chain, "B" + std::to_string(mb));
     return;
   }
-  for (size_t i = nodes.size(); i-- > 0;) {
-    if (kind != ActionKind::kBackwardWeight) timed(i, NodePhase::kBackwardInput);
-    if (kind != ActionKind::kBackwardInput) timed(i, NodePhase::kBackwardWeight);
+  if (kind == ActionKind::kForward) {
+    for (size_t i = 0; i < n; ++i) s.chunk->forward_node(i, state, c);
+    return;
+  }
+  for (size_t i = n; i-- > 0;) {
+    if (kind != ActionKind::kBackwardWeight) s.chunk->backward_node(i, state, c);
+    if (kind != ActionKind::kBackwardInput) s.chunk->backward_weights_node(i, state, c);
   }
 }
 

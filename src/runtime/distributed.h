@@ -154,6 +154,21 @@ class PipelineTrainer {
   // timing events.
   void run_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
                  schedule::ActionKind kind);
+  // One micro-batch's chain of nodes on the GPU: the stream its last node ran on and the event
+  // its successor waits for (combined.cc).
+  struct DeviceChain {
+    DeviceStream stream;
+    DeviceEvent done;
+  };
+  // Node i of `s` for micro-batch mb, the part `kind` names (F; B with or without its weight
+  // gradient; W), timed: on the communication stream if overlap and it is dispatch or combine,
+  // else on the compute stream, after the chain's event; the chain then ends at this node's
+  // input-gradient (Note [Weight gradients off the chain] in combined.cc).
+  void issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
+                            const model::NodeContext& c, size_t i, schedule::ActionKind kind,
+                            int32_t mb, bool overlap, DeviceChain& chain);
+  // The compute stream waits for the chain's last node (measured when that was an all-to-all).
+  void join_chain(const DeviceChain& chain, const std::string& what);
   // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts").
   static DeviceStreams::SpanInfo node_span(NodeKind kind, NodePhase phase, int32_t mb,
                                            bool on_comm_stream);

@@ -83,6 +83,13 @@ int comm_track_all_to_all(const std::vector<Span>& spans) {
   return n;
 }
 
+bool has_span(const std::vector<Span>& spans, const std::string& stream, const std::string& name) {
+  for (const Span& s : spans) {
+    if (s.stream == stream && s.name == name) return true;
+  }
+  return false;
+}
+
 TEST(GpuPipeline, CombinedOverlapIsBitwiseTheSameAsInOrder) {
   const TrainRun on = train(CommOverlap::kOn, 3);
   const TrainRun off = train(CommOverlap::kOff, 3);
@@ -104,6 +111,12 @@ TEST(GpuPipeline, TimelineComesFromCudaEvents) {
   // Overlapped: dispatch and combine run on the comm track; in order: never.
   EXPECT_GT(comm_track_all_to_all(on.timeline), 0);
   EXPECT_EQ(comm_track_all_to_all(off.timeline), 0);
+  // The last backward (B3) has no partner and runs alone, its all-to-all still on the comm
+  // track (Note [The unpaired backward's all-to-all]); the first forward's stays in order.
+  for (const char* node : {"B3 dispatch", "B3 combine"}) {
+    EXPECT_TRUE(has_span(on.timeline, "comm", node)) << node;
+  }
+  EXPECT_TRUE(has_span(on.timeline, "compute", "F0 dispatch"));
   for (const TrainRun* r : {&on, &off}) {
     EXPECT_GT(r->busy, 0);
     EXPECT_GE(r->exposed, 0);

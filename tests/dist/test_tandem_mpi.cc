@@ -89,6 +89,16 @@ TEST(TandemMpi, CombinedStepWritesTheMeasuredTimelineAndExposedAllToAll) {
   EXPECT_GT(j.at("alltoall_s").get<double>(), 0);
   EXPECT_GE(j.at("exposed_alltoall_s").get<double>(), 0);
   EXPECT_LE(j.at("exposed_alltoall_s").get<double>(), j.at("step_seconds").get<double>());
+  // Every rank's figures, rank 0's the same as the scalars.
+  const auto busy = j.at("alltoall_s_by_rank"), exposed = j.at("exposed_alltoall_s_by_rank");
+  ASSERT_EQ(busy.size(), 2u);
+  ASSERT_EQ(exposed.size(), 2u);
+  EXPECT_EQ(busy[0].get<double>(), j.at("alltoall_s").get<double>());
+  EXPECT_EQ(exposed[0].get<double>(), j.at("exposed_alltoall_s").get<double>());
+  for (size_t p = 0; p < 2; ++p) {
+    EXPECT_GT(busy[p].get<double>(), 0) << "rank " << p;
+    EXPECT_GE(exposed[p].get<double>(), 0) << "rank " << p;
+  }
 }
 
 // --routing-out writes each rank's measured routing, and `tandem plan --routing` planned with a
