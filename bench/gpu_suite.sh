@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2 (ONLY=regex picks its runs), scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -36,19 +36,20 @@ tandem_runs() {
   for run in "$@"; do
     set -- $run; name=$1; shift
     [[ $name =~ ${ONLY:-.} ]] || continue
-    n=$ranks; launch="mpirun --allow-run-as-root --oversubscribe -np $n -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
+    n=$ranks; launch="mpirun --allow-run-as-root --oversubscribe ${MPI_EXTRA:-} -np $n -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
     [ $name = one-gpu ] && n=1 && launch=""
-    timeout $limit $launch $B/tandem train --device cuda $shape "$@" --train-iters 7 --log-interval 1 --quiet --log-json $tmp/$name.jsonl > $tmp/$name.log 2>&1
+    timeout $limit $launch ${TANDEM:-$B/tandem} train --device cuda $shape "$@" --train-iters 7 --log-interval 1 --quiet --log-json $tmp/$name.jsonl > $tmp/$name.log 2>&1
     echo "tandem $name ($n GPUs) rc=$? $(summary $tmp/$name.jsonl)" | tee -a "$OUT/$out"
     [ -s $tmp/$name.jsonl ] || tail -5 $tmp/$name.log
   done
 }
 # peer_runs SHAPE RANKS LIMIT_S TMPDIR OUTFILE: torch_peer.py's pp schedules and ep mode beside
-# them (PEERS=0 skips them).
+# them (PEERS=0 skips them; PEER_MODES="mode;mode" picks some).
 peer_runs() {
-  local shape=$1 ranks=$2 limit=$3 tmp=$4 out=$5 m
+  local shape=$1 ranks=$2 limit=$3 tmp=$4 out=$5 m modes
   [ "${PEERS:-1}" = 0 ] && return
-  for m in "pp --schedule 1F1B --compile" "pp --schedule Interleaved1F1B --compile" "pp --schedule DualPipeV" "ep"; do
+  IFS=';' read -ra modes <<< "${PEER_MODES:-pp --schedule 1F1B --compile;pp --schedule Interleaved1F1B --compile;pp --schedule DualPipeV;ep}"
+  for m in "${modes[@]}"; do
     timeout $limit torchrun --nproc-per-node $ranks devrun/torch_peer.py --mode $m $shape --num-microbatches 8 --steps 6 --warmup-steps 3 2> $tmp/peer.err | grep RESULT | tee -a "$OUT/$out"
   done
 }
@@ -141,12 +142,18 @@ for s in $SUITE; do
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json"
-      # The same EP2 runs at one sequence a micro-batch (16 micro-batches a rank, the unpaired
-      # first forward and last backward half as long).
-      tandem_runs "${SB/--micro-batch-size 2/--micro-batch-size 1}" 2 150 $T multi_b.txt \
-                 "ep2-combined-on-mb1 --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined-mb1.json" \
-                 "ep2-combined-on-balanced-mb1 --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing"
       peer_runs "$SB" 2 170 $T multi_b.txt ;;
+    ab)
+      # A/B of tandem binaries (AB="tandem-base tandem", each in devrun/bin) on shape (b)'s EP2
+      # combined 1F1B with overlap, fresh and balanced routing, binary by binary for each; the
+      # last step's trace of each run.
+      SB="${SHAPE_B/--num-microbatches 8/}"; T=/tmp/ab; mkdir -p $T
+      for r in fresh balanced; do
+        for bin in ${AB:-tandem}; do
+          extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
+          TANDEM=$B/$bin tandem_runs "$SB" 2 150 $T ab.txt "$bin-$r --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $extra --trace $OUT/trace-$bin-$r.json"
+        done
+      done ;;
     scale-equiv)
       # Issue 8: the equivalence matrix on all $G GPUs against one (demo model, small learning
       # rate): PP up to 4, EP up to 4, and PP2 x EP4 on 8; every layout that divides $G.

@@ -26,6 +26,13 @@ struct DeviceBackend {
                size_t bytes) = nullptr;
   // Waits until all work enqueued on the device so far has finished.
   void (*synchronize)() = nullptr;
+  // A read of device memory to the host that the host waits for later (core/host_read.h):
+  // start_read enqueues the copy of `bytes` on the current stream and returns a ticket;
+  // finish_read waits for that copy alone and copies it to `dst`; drop_read forgets an
+  // unfinished read (after its copy has landed). Each ticket is finished or dropped once.
+  uint64_t (*start_read)(const void* src, size_t bytes) = nullptr;
+  void (*finish_read)(uint64_t ticket, void* dst, size_t bytes) = nullptr;
+  void (*drop_read)(uint64_t ticket) = nullptr;
 };
 
 // The allocator of `device` (the CPU allocator or the registered device's).

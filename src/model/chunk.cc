@@ -29,6 +29,11 @@ NodeContext ModelChunk::context(int64_t batch, double loss_scale) const {
   return c;
 }
 
+void ModelChunk::prepare_forward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const {
+  const NodeRef& node = nodes_.at(i);
+  if (node.kind == NodeKind::kDispatch) dispatch_exchange_counts(mb.layers.at(node.layer), c);
+}
+
 void ModelChunk::forward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const {
   const NodeRef& node = nodes_.at(i);
   const ModelWeights& w = params_->compute_weights();

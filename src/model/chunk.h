@@ -46,6 +46,10 @@ class ModelChunk {
   NodeContext context(int64_t batch, double loss_scale) const;
 
   void forward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const;
+  // What of node i's forward may run ahead of it (dispatch: the exchange of counts, Note
+  // [Counts ahead of the rows] in moe_exchange.cc); nothing for the other nodes. The forward
+  // itself runs it when it has not run.
+  void prepare_forward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const;
   void backward_node(size_t i, MicroBatchState& mb, const NodeContext& c) const;
   void backward_weights_node(size_t i, MicroBatchState& mb, const NodeContext& c) const;
 

@@ -2,6 +2,7 @@
 // (experts ascending), so each destination's rows are one block; they arrive source-major
 // ([source rank][local expert]) and the experts want them expert-major ([local expert][source]).
 // With one expert rank both nodes only hand tensors over.
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -66,6 +67,24 @@ int64_t local_experts(const NodeContext& c) { return c.cfg.num_experts / c.ep->s
 
 }  // namespace
 
+// Note [Counts ahead of the rows]: dispatch's forward sends the rows only once the host knows
+// how many each rank receives, which costs a wait for the counts' exchange. Run as one piece
+// from the host, that wait also holds up everything the host would issue after it. Combined
+// 1F1B on the GPU therefore issues the counts' exchange (dispatch_exchange_counts) right after
+// attention's forward, on the communication stream, with the read to the host started
+// (HostRead), then the other micro-batch's experts backward, and only then the rest of the
+// dispatch, by when the counts have usually landed (Note [Issue order] in runtime/combined.cc).
+// The values and the order of every stream's work are unchanged.
+void dispatch_exchange_counts(LayerActs& a, const NodeContext& c) {
+  if (c.ep == nullptr || a.dispatch.recv_counts.defined()) return;
+  const int64_t p = c.ep->size(), el = local_experts(c);
+  a.dispatch.recv_counts = saved_tensor({p * el}, DType::kI32, "dispatch.recv_counts");
+  const std::vector<int64_t> per_peer(static_cast<size_t>(p), el);
+  c.ep->all_to_all_v(a.dispatch.recv_counts.reshape({p * el, 1}), per_peer,
+                     a.attn.counts.reshape({p * el, 1}), per_peer);
+  a.dispatch.recv_read = std::make_shared<HostRead>(a.dispatch.recv_counts);
+}
+
 void dispatch_forward(LayerActs& a, const NodeContext& c) {
   if (c.ep == nullptr) {
     a.expert_in = std::exchange(a.routed, Tensor());
@@ -75,12 +94,10 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
     return;
   }
   const int64_t p = c.ep->size(), el = local_experts(c), h = c.cfg.hidden_size;
-  Tensor recv_counts = saved_tensor({p * el}, DType::kI32, "dispatch.recv_counts");
-  const std::vector<int64_t> per_peer(static_cast<size_t>(p), el);
-  c.ep->all_to_all_v(recv_counts.reshape({p * el, 1}), per_peer,
-                     a.attn.counts.reshape({p * el, 1}), per_peer);
+  dispatch_exchange_counts(a, c);
   // The one read of received counts (Note [Routing counts on the host]).
-  const Exchange x = plan_exchange(a.attn.counts_host, host_ints(recv_counts), p, el);
+  const Exchange x = plan_exchange(a.attn.counts_host, a.dispatch.recv_read->take(), p, el);
+  a.dispatch.recv_read.reset();
   Tensor received = comm_tensor({x.received, h}, c.dtype, "dispatch.recv");
   c.ep->all_to_all_v(received, x.recv_rows, a.routed, x.send_rows);
   release_storage({&a.routed});  // sent: nobody on this rank needs the routed rows again
@@ -89,15 +106,19 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   // them from the end of the experts' forward.
   a.expert_in = work_tensor({x.received, h}, c.dtype, "experts.x_in");
   reorder_blocks(a.expert_in, received, x.recv_blocks, p, el, BlockOrder::kSourceToExpert);
-  // Rows per local expert: every rank's counts for this rank's experts, summed. On the device a
-  // reduce-scatter of the counts (no copy from the host, which would wait for the stream).
-  a.expert_rows = work_tensor({el}, DType::kI32, "experts.rows");
-  c.ep->reduce_scatter_sum(a.expert_rows, a.attn.counts);
+  // Rows per local expert: every rank's counts for this rank's experts, summed, known on the
+  // host from the received counts; copied to the device (a copy from the host does not wait for
+  // the stream, Note [Host copies]), where it once took a reduce-scatter: one more meeting of
+  // the ranks per dispatch.
   a.expert_rows_host.assign(static_cast<size_t>(el), 0);
   for (int64_t e = 0; e < el; ++e) {
     for (int64_t s = 0; s < p; ++s) a.expert_rows_host[e] += x.recv_blocks[s * el + e];
   }
-  a.dispatch.recv_counts = recv_counts;
+  Tensor rows = Tensor::empty({el}, DType::kI32, MemCategory::kOther, "experts.rows.host",
+                              Device::kCPU);
+  std::copy(a.expert_rows_host.begin(), a.expert_rows_host.end(), rows.data<int32_t>());
+  a.expert_rows = work_tensor({el}, DType::kI32, "experts.rows");
+  a.expert_rows.copy_from(rows);
   a.dispatch.recv_host = x.recv_blocks;
 }
 

@@ -12,10 +12,12 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "core/config.h"
 #include "core/footprint.h"
+#include "core/host_read.h"
 #include "core/tensor.h"
 #include "model/parameters.h"
 
@@ -74,6 +76,8 @@ struct CombineSaved {
 struct DispatchSaved {
   Tensor recv_counts;
   std::vector<int32_t> recv_host;  // recv_counts on the host, read once by dispatch's forward
+  // recv_counts on their way to the host (dispatch_exchange_counts); shared: LayerActs copies.
+  std::shared_ptr<HostRead> recv_read;
 };
 
 struct MlpSaved {
@@ -125,6 +129,10 @@ void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeC
 // With EP > 1, dispatch sends each expert's rows to the rank holding it (counts first, then
 // rows) and orders what arrives by local expert; combine does the reverse, then the weighted sum.
 void dispatch_forward(LayerActs& a, const NodeContext& c);
+// The first part of dispatch's forward, which may run earlier (Note [Counts ahead of the
+// rows] in moe_exchange.cc): the exchange of routing counts and the start of their read to the
+// host. dispatch_forward runs it itself when it has not run.
+void dispatch_exchange_counts(LayerActs& a, const NodeContext& c);
 void dispatch_backward(LayerActs& a, const NodeContext& c);
 void combine_forward(LayerActs& a, const NodeContext& c);
 void combine_backward(LayerActs& a, const NodeContext& c);

@@ -18,9 +18,13 @@
 // GPU idled for the whole combine.bwd(b) and counts exchange, on every layer pair (about 20 ms a
 // step in a 2-GPU EP trace). So experts.bwd(b) is issued before dispatch.fwd(f): the compute
 // stream has b's experts queued (waiting for combine.bwd(b), the overlap itself) while the host
-// waits for f's counts. Per stream the order is DESIGN.md's, so results are unchanged. On one
-// stream (no overlap) the issue order is the run order, and stays DESIGN.md's, the order the
-// planner's memory model follows (the memory-truth tests, which run without overlap).
+// waits for f's counts. And on the GPU the exchange of f's counts is issued before that, right
+// after attention.fwd(f) (Note [Counts ahead of the rows] in model/moe_exchange.cc): it runs
+// while the host issues b's experts, so the host seldom waits for it at all, and f's rows leave
+// as soon as the communication stream is free. Per stream the order is DESIGN.md's, so results
+// are unchanged. On one stream (no overlap) the issue order is the run order, and stays
+// DESIGN.md's, the order the planner's memory model follows (the memory-truth tests, which run
+// without overlap).
 // The gradient of a parameter is still accumulated micro-batch by micro-batch in the same order,
 // so results are bitwise those of running F then B.
 //
@@ -30,11 +34,15 @@
 // micro-batch waits on (the other micro-batch's nodes never wait for it).
 //
 // Note [Weight gradients off the chain]: a node's weight gradient is read by nothing later in
-// the step but the optimizer, so the event its successor waits for is recorded after the
-// node's input gradient, before its weight gradient. The weight gradient follows on the compute
-// stream and runs while the successor's all-to-all is in flight: experts.bwd_w(b) beside
-// dispatch.bwd(b), attention.bwd_w beside the next layer's combine.bwd, the LM head's beside the
-// last layer's combine.bwd. Each stream's order, so every result, is unchanged.
+// the step but the optimizer, so in a backward that runs alone its successor's event is
+// recorded after the node's input gradient, before its weight gradient: the weight gradient
+// follows on the compute stream and runs while the successor's all-to-all is in flight
+// (experts.bwd_w beside dispatch.bwd, attention.bwd_w beside the next layer's combine.bwd, the LM
+// head's beside the last layer's combine.bwd). Inside a combined pair the other micro-batch's
+// nodes already fill that time, and the weight gradients stay on the chain: run beside the
+// all-to-all they only lost SMs to it (on 2 H200s the weight gradients took 10-40% longer, for
+// no earlier start that mattered: f's dispatch is ahead of b's on the communication stream).
+// Each stream's order, so every result, is unchanged either way.
 //
 // Note [The unpaired backward's all-to-all]: combined 1F1B pairs F(i+1) with B(i); on a rank
 // whose schedule has no partner for some backward (the last one with one stage, and the
@@ -129,8 +137,9 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
         {last});
   };
   const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
+  auto prepare = [](size_t) {};  // the comm worker runs each dispatch whole
   try {
-    issue_pairs(fu, bu, issue, overlap);
+    issue_pairs(fu, bu, issue, prepare, overlap);
   } catch (...) {
     // The comm worker may still run tasks that refer to this frame: let them finish first.
     if (comm_stream_) {
@@ -158,13 +167,17 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
   auto issue = [&](bool fwd, size_t i) {
     if (fwd) {
       issue_node_on_device(h.fs, h.fm, h.fc, i, ActionKind::kForward, h.f.microbatch, overlap,
-                           chains[0]);
+                           false, chains[0]);
     } else {
-      issue_node_on_device(h.bs, h.bm, h.bc, i, b_kind, h.b.microbatch, overlap, chains[1]);
+      issue_node_on_device(h.bs, h.bm, h.bc, i, b_kind, h.b.microbatch, overlap, false,
+                           chains[1]);
     }
   };
+  auto prepare = [&](size_t i) {
+    prepare_node_on_device(h.fs, h.fm, h.fc, i, h.f.microbatch, chains[0]);
+  };
   const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
-  issue_pairs(fu, bu, issue, overlap);
+  issue_pairs(fu, bu, issue, prepare, overlap);
   // What follows runs on the compute stream and reads both micro-batches' results.
   for (DeviceChain& chain : chains) join_chain(chain, "combined");
   finish_forward(h.fs, h.f.microbatch, h.fm);
@@ -173,8 +186,9 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
 void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                                            const model::NodeContext& c, size_t i,
                                            ActionKind kind, int32_t mb, bool overlap,
-                                           DeviceChain& chain) {
+                                           bool w_off_chain, DeviceChain& chain) {
 #if TANDEM_WITH_CUDA
+  const auto host_begin = std::chrono::steady_clock::now();
   DeviceStreams& d = *dev_;
   const model::NodeRef node = s.chunk->nodes()[i];
   const bool on_comm = overlap && schedule::node_is_communication(node.kind);
@@ -200,21 +214,61 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
       break;
     default: break;
   }
-  if (on_comm && node.layer >= 0) {  // Note [Nodes on the communication stream]
-    for (const Tensor* t : model::all_tensors(state.layers[node.layer])) {
-      if (t->defined() && !t->released() && t->device() == Device::kCUDA) {
-        cuda::record_stream(*t, stream);
-      }
-    }
-  }
-  chain = {stream, d.mark(stream)};
+  if (on_comm && node.layer >= 0) record_on_comm(state.layers[node.layer]);
   // Note [Weight gradients off the chain]
   const bool with_w = kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight;
-  if (with_w && schedule::node_has_weights(node.kind)) {
+  const bool weights = with_w && schedule::node_has_weights(node.kind);
+  if (!w_off_chain && weights) {
     timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, c); });
   }
+  chain = {stream, d.mark(stream)};
+  if (w_off_chain && weights) {
+    timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, c); });
+  }
+  d.host_span(std::string(kind == ActionKind::kBackwardWeight ? "W" : letter) +
+                  std::to_string(mb) + " " + std::string(node_kind_name(node.kind)),
+              host_begin, std::chrono::steady_clock::now());
 #else
-  (void)s, (void)state, (void)c, (void)i, (void)kind, (void)mb, (void)overlap, (void)chain;
+  (void)s, (void)state, (void)c, (void)i, (void)kind, (void)mb, (void)overlap, (void)w_off_chain;
+  (void)chain;
+#endif
+}
+
+// Note [Nodes on the communication stream].
+void PipelineTrainer::record_on_comm(const model::LayerActs& layer) {
+#if TANDEM_WITH_CUDA
+  for (const Tensor* t : model::all_tensors(layer)) {
+    if (t->defined() && !t->released() && t->device() == Device::kCUDA) {
+      cuda::record_stream(*t, dev_->comm());
+    }
+  }
+#else
+  (void)layer;
+#endif
+}
+
+void PipelineTrainer::prepare_node_on_device(StageRuntime& s, model::MicroBatchState& state,
+                                             const model::NodeContext& c, size_t i, int32_t mb,
+                                             DeviceChain& chain) {
+#if TANDEM_WITH_CUDA
+  const auto host_begin = std::chrono::steady_clock::now();
+  DeviceStreams& d = *dev_;
+  const model::NodeRef node = s.chunk->nodes()[i];
+  const DeviceStream comm = d.comm();
+  if (chain.stream != comm) d.wait(comm, chain.done);
+  cuda::StreamScope on(comm);
+  const DeviceEvent begin = d.begin(comm);
+  s.chunk->prepare_forward_node(i, state, c);
+  DeviceStreams::SpanInfo info = node_span(node.kind, NodePhase::kForward, mb, true);
+  info.name += " counts";
+  info.part = true;  // the dispatch's own span follows: one node, one count
+  const std::string name = info.name;
+  d.end(comm, begin, std::move(info));
+  if (node.layer >= 0) record_on_comm(state.layers[node.layer]);
+  chain = {comm, d.mark(comm)};
+  d.host_span(name, host_begin, std::chrono::steady_clock::now());
+#else
+  (void)s, (void)state, (void)c, (void)i, (void)mb, (void)chain;
 #endif
 }
 
@@ -223,9 +277,9 @@ void PipelineTrainer::join_chain(const DeviceChain& chain, const std::string& wh
   if (chain.stream != compute) dev_->wait_measured(compute, chain.done, chain.stream, what);
 }
 
-template <typename Issue>
+template <typename Issue, typename Prepare>
 void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue,
-                                  bool overlapped) {
+                                  Prepare& prepare, bool overlapped) {
   if (bu.has_loss) issue(false, bu.num_nodes - 1);
   if (fu.has_embed) issue(true, 0);
   const size_t pairs = std::max(fu.layers.size(), bu.layers.size());
@@ -237,6 +291,7 @@ void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue
       const size_t fa = fu.layers[p].first, ba = bu.layers[bl].first;  // attention indices
       issue(false, ba + 3);                 // combine.bwd(b)
       issue(true, fa);                      // attention.fwd(f)
+      if (overlapped) prepare(fa + 1);      // dispatch.fwd(f)'s counts: Note [Issue order]
       if (overlapped) issue(false, ba + 2);  // experts.bwd(b) first: Note [Issue order]
       issue(true, fa + 1);                  // dispatch.fwd(f)
       if (!overlapped) issue(false, ba + 2);  // experts.bwd(b) (+ weights)

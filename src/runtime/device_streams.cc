@@ -11,6 +11,7 @@
 #endif
 
 #include "core/error.h"
+#include "schedule/simulator.h"
 
 namespace tandem::runtime {
 
@@ -77,7 +78,14 @@ void DeviceStreams::begin_step() {
   // The last step's events have all completed (the trainer synchronized after it).
   plain_used_ = timed_used_ = 0;
   pending_.clear();
+  host_spans_.clear();
+  host_zero_ = std::chrono::steady_clock::now();
   TANDEM_CUDA_CHECK(cudaEventRecord(step_zero_, compute()));
+}
+
+void DeviceStreams::host_span(std::string name, HostTime begin, HostTime end) {
+  auto secs = [&](HostTime t) { return std::chrono::duration<double>(t - host_zero_).count(); };
+  host_spans_.push_back({"host", std::move(name), secs(begin), secs(end)});
 }
 
 void DeviceStreams::end(DeviceStream s, DeviceEvent begin, SpanInfo info) {
@@ -92,7 +100,7 @@ void DeviceStreams::wait_measured(DeviceStream to, DeviceEvent e, DeviceStream f
   }
   const DeviceEvent before = timed_mark(to);
   wait(to, e);
-  SpanInfo info{"compute", "wait " + name, -1, NodePhase::kForward, false, true};
+  SpanInfo info{"compute", "wait " + name, -1, NodePhase::kForward, false};
   end(to, before, std::move(info));
 }
 
@@ -105,18 +113,27 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   };
   std::array<std::array<double, 3>, kNumNodeKinds> sum{};
   std::array<std::array<int64_t, 3>, kNumNodeKinds> count{};
+  std::vector<std::pair<double, double>> all_to_all, compute;
   for (const Pending& p : pending_) {
     const double b = seconds(p.begin), e = seconds(p.end);
     out.spans.push_back({p.info.track, p.info.name, b, e});
     out.end_s = std::max(out.end_s, e);
-    if (p.info.all_to_all) out.all_to_all_s += e - b;
-    if (p.info.exposed) out.exposed_s += e - b;
+    if (p.info.all_to_all) {
+      out.all_to_all_s += e - b;
+      all_to_all.emplace_back(b, e);
+    } else if (p.info.track == "compute" && p.info.kind >= 0) {
+      compute.emplace_back(b, e);
+    }
     if (p.info.kind >= 0) {
       const auto ph = static_cast<size_t>(p.info.phase);
       sum[p.info.kind][ph] += e - b;
-      ++count[p.info.kind][ph];
+      if (!p.info.part) ++count[p.info.kind][ph];
     }
   }
+  out.spans.insert(out.spans.end(), host_spans_.begin(), host_spans_.end());
+  // Note [Exposed all-to-all]
+  out.exposed_s = schedule::uncovered_time(schedule::merge_intervals(std::move(all_to_all)),
+                                           schedule::merge_intervals(std::move(compute)));
   for (int k = 0; k < kNumNodeKinds; ++k) {
     if (count[k][0] == 0) continue;  // not on this rank
     auto mean = [&](size_t ph) { return count[k][ph] > 0 ? sum[k][ph] / count[k][ph] : 0.0; };
@@ -136,6 +153,7 @@ void DeviceStreams::wait(DeviceStream, DeviceEvent) {}
 void DeviceStreams::wait_all(DeviceStream, DeviceStream) {}
 void DeviceStreams::begin_step() {}
 void DeviceStreams::end(DeviceStream, DeviceEvent, SpanInfo) {}
+void DeviceStreams::host_span(std::string, HostTime, HostTime) {}
 void DeviceStreams::wait_measured(DeviceStream, DeviceEvent, DeviceStream, const std::string&) {}
 DeviceStreams::StepTimes DeviceStreams::resolve() const { return {}; }
 

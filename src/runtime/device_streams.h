@@ -6,6 +6,7 @@
 #pragma once
 
 #include <array>
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -29,12 +30,17 @@ enum class NodePhase : uint8_t { kForward, kBackwardInput, kBackwardWeight };
 // Note [Measured on the GPU]: on the GPU the host only enqueues, so host clocks say nothing
 // about when work ran. Every span of the measured timeline is a pair of timing events recorded
 // on the stream that ran the work, read once the step has finished (cudaEventElapsedTime from
-// an event recorded on the compute stream when the step began). The exposed all-to-all time is
-// measured where it happens: when a compute-stream node must wait for an all-to-all on the
-// communication stream, an event is recorded on the compute stream before the wait and one
-// after it; the time between them is the time the compute stream stood idle for the
-// all-to-all. When the all-to-all runs on the compute stream itself (no overlap), all of its
-// time is exposed.
+// an event recorded on the compute stream when the step began). When a compute-stream node
+// must wait for an all-to-all on the communication stream, an event is recorded on the compute
+// stream before the wait and one after it: the trace's "wait" spans.
+//
+// Note [Exposed all-to-all]: the exposed all-to-all time is the planner's (simulator_metrics.cc):
+// the time some all-to-all is in flight (a dispatch or combine span on either stream) while the
+// compute stream runs no node, the measure of the all-to-all spans' union minus the compute
+// nodes' union. The "wait" spans alone would miss the time the compute stream stood idle
+// because the host was itself held up inside an all-to-all (waiting for routing counts) and
+// had not yet issued the wait. An all-to-all run on the compute stream (no overlap) is exposed
+// in full.
 class DeviceStreams {
  public:
   DeviceStreams();  // cuda::initialize must have run
@@ -59,18 +65,23 @@ class DeviceStreams {
   void begin_step();
   DeviceEvent begin(DeviceStream s) { return timed_mark(s); }
   // A span of the trace; kind >= 0 (a NodeKind) also counts it in the node times, comm says it
-  // is expert all-to-all (dispatch or combine), exposed that the compute stream waited then.
+  // is expert all-to-all (dispatch or combine).
   struct SpanInfo {
     std::string track;  // "compute" or "comm"
     std::string name;
     int kind = -1;
     NodePhase phase = NodePhase::kForward;
     bool all_to_all = false;  // counted in the all-to-all's busy time
-    bool exposed = false;     // counted in the exposed all-to-all time
+    bool part = false;  // a first part of a node: its time counts in the node's, not its count
   };
   void end(DeviceStream s, DeviceEvent begin, SpanInfo info);
+  // A span of the host's own work (issuing a node, waiting inside it), on the trace's "host"
+  // track: host clock, from begin_step's call (the GPU's zero event runs at about that moment:
+  // the GPU is idle when a step begins). Not part of the step's GPU figures.
+  using HostTime = std::chrono::steady_clock::time_point;
+  void host_span(std::string name, HostTime begin, HostTime end);
   // `to` waits for `e`, which `from` recorded; when `to` is the compute stream and `from` the
-  // communication stream, the wait is measured as exposed all-to-all time.
+  // communication stream, the wait is a span of the trace ("wait ...").
   void wait_measured(DeviceStream to, DeviceEvent e, DeviceStream from, const std::string& name);
 
   // After the GPU has finished the step (the trainer synchronizes): the spans in seconds since
@@ -95,6 +106,8 @@ class DeviceStreams {
     SpanInfo info;
   };
   std::vector<Pending> pending_;
+  HostTime host_zero_;
+  std::vector<Span> host_spans_;
 };
 
 }  // namespace tandem::runtime

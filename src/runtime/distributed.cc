@@ -199,7 +199,6 @@ DeviceStreams::SpanInfo PipelineTrainer::node_span(NodeKind kind, NodePhase phas
   info.kind = static_cast<int>(kind);
   info.phase = phase;
   info.all_to_all = schedule::node_is_communication(kind);
-  info.exposed = info.all_to_all && !on_comm_stream;  // it held up the compute stream
   return info;
 }
 
@@ -215,7 +214,7 @@ void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, 
     DeviceChain chain{compute, overlap ? dev_->mark(compute) : nullptr};
     for (size_t k = 0; k < n; ++k) {
       const size_t i = kind == ActionKind::kForward ? k : n - 1 - k;
-      issue_node_on_device(s, state, c, i, kind, mb, overlap, chain);
+      issue_node_on_device(s, state, c, i, kind, mb, overlap, /*w_off_chain=*/overlap, chain);
     }
     join_chain(chain, "B" + std::to_string(mb));
     return;

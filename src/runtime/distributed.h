@@ -147,9 +147,12 @@ class PipelineTrainer {
   std::vector<GradRun> gradient_runs(const model::Parameters& params) const;
   void run_combined(const schedule::Action& a, int64_t iteration);
   void run_combined_on_device(const schedule::Action& a, int64_t iteration);
-  template <typename Issue>
-  // overlapped: the two streams really run side by side (Note [Issue order] in combined.cc).
-  void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue, bool overlapped);
+  // issue(forward?, node) issues a node of f or b, prepare(node) what of f's node may run ahead
+  // of it (Chunk::prepare_forward_node); overlapped: the two streams really run side by side
+  // (Note [Issue order] in combined.cc).
+  template <typename Issue, typename Prepare>
+  void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue, Prepare& prepare,
+                   bool overlapped);
   // A plain compute action's nodes (F, B, I or W), in the chunk's order; on the GPU each between
   // timing events.
   void run_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,
@@ -162,11 +165,20 @@ class PipelineTrainer {
   };
   // Node i of `s` for micro-batch mb, the part `kind` names (F; B with or without its weight
   // gradient; W), timed: on the communication stream if overlap and it is dispatch or combine,
-  // else on the compute stream, after the chain's event; the chain then ends at this node's
-  // input-gradient (Note [Weight gradients off the chain] in combined.cc).
+  // else on the compute stream, after the chain's event; the chain then ends at this node, or
+  // with w_off_chain at its input gradient (Note [Weight gradients off the chain] in
+  // combined.cc).
   void issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                             const model::NodeContext& c, size_t i, schedule::ActionKind kind,
-                            int32_t mb, bool overlap, DeviceChain& chain);
+                            int32_t mb, bool overlap, bool w_off_chain, DeviceChain& chain);
+  // Chunk::prepare_forward_node of node i on the communication stream, after the chain's event,
+  // timed as the first part of that node (Note [Counts ahead of the rows] in moe_exchange.cc).
+  void prepare_node_on_device(StageRuntime& s, model::MicroBatchState& state,
+                              const model::NodeContext& c, size_t i, int32_t mb,
+                              DeviceChain& chain);
+  // Records every tensor the layer holds as used on the communication stream (Note [Nodes on
+  // the communication stream] in combined.cc).
+  void record_on_comm(const model::LayerActs& layer);
   // The compute stream waits for the chain's last node (measured when that was an all-to-all).
   void join_chain(const DeviceChain& chain, const std::string& what);
   // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts").

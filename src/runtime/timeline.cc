@@ -1,6 +1,7 @@
 // Chrome trace JSON of measured timelines (timeline.h).
 #include "runtime/timeline.h"
 
+#include <algorithm>
 #include <fstream>
 
 #include <nlohmann/json.hpp>
@@ -14,14 +15,17 @@ std::string rank_trace_events(int rank, const std::vector<Span>& spans,
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
                     {"args", {{"name", "rank " + std::to_string(rank) + " (measured)"}}}});
-  for (int tid : {0, 1}) {
+  const bool has_host =
+      std::any_of(spans.begin(), spans.end(), [](const Span& s) { return s.stream == "host"; });
+  const char* names[] = {"compute", "comm", "host"};
+  for (int tid = 0; tid < (has_host ? 3 : 2); ++tid) {
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
-                      {"args", {{"name", tid == 0 ? "compute" : "comm"}}}});
+                      {"args", {{"name", names[tid]}}}});
   }
   for (const Span& s : spans) {
-    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank},
-                      {"tid", s.stream == "comm" ? 1 : 0}, {"ts", s.start * 1e6},
-                      {"dur", (s.end - s.start) * 1e6}});
+    const int tid = s.stream == "comm" ? 1 : s.stream == "host" ? 2 : 0;
+    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank}, {"tid", tid},
+                      {"ts", s.start * 1e6}, {"dur", (s.end - s.start) * 1e6}});
   }
   int64_t activations = 0;
   for (const MemEvent& e : mem) {

@@ -12,7 +12,7 @@ namespace tandem::runtime {
 
 // One measured span, in seconds since the step started.
 struct Span {
-  std::string stream;  // "compute" or "comm"
+  std::string stream;  // "compute" or "comm"; "host" (GPU runs: the host issuing)
   std::string name;    // e.g. "0F3", "F3 attention", "B2 combine", "0SEND_F1"
   double start, end;
 };

@@ -74,5 +74,7 @@ SimResult simulate(const Schedule& schedule, const PipelineModel& model);
 // Measure of `a` minus `b`, both sorted lists of disjoint [start, end) intervals.
 double uncovered_time(const std::vector<std::pair<double, double>>& a,
                       const std::vector<std::pair<double, double>>& b);
+// The union of any intervals as a sorted list of disjoint ones (uncovered_time's input).
+std::vector<std::pair<double, double>> merge_intervals(std::vector<std::pair<double, double>> v);
 
 }  // namespace tandem::schedule

@@ -89,6 +89,19 @@ double uncovered_time(const Intervals& a, const Intervals& b) {
   return out;
 }
 
+Intervals merge_intervals(Intervals v) {
+  std::sort(v.begin(), v.end());
+  Intervals out;
+  for (const auto& [start, end] : v) {
+    if (!out.empty() && start <= out.back().second) {
+      out.back().second = std::max(out.back().second, end);
+    } else {
+      out.emplace_back(start, end);
+    }
+  }
+  return out;
+}
+
 SimResult summarize(SimState& sim) {
   SimResult res;
   const int32_t n = sim.schedule.num_ranks;

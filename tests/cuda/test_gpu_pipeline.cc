@@ -117,6 +117,11 @@ TEST(GpuPipeline, TimelineComesFromCudaEvents) {
     EXPECT_TRUE(has_span(on.timeline, "comm", node)) << node;
   }
   EXPECT_TRUE(has_span(on.timeline, "compute", "F0 dispatch"));
+  // A paired forward's counts go ahead of its rows (Note [Counts ahead of the rows]).
+  EXPECT_TRUE(has_span(on.timeline, "comm", "F1 dispatch counts"));
+  EXPECT_FALSE(has_span(off.timeline, "comm", "F1 dispatch counts"));
+  // The host's issuing of each node is on a track of its own.
+  EXPECT_TRUE(has_span(on.timeline, "host", "F1 attention"));
   for (const TrainRun* r : {&on, &off}) {
     EXPECT_GT(r->busy, 0);
     EXPECT_GE(r->exposed, 0);

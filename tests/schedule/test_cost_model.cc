@@ -164,6 +164,21 @@ StageNode experts_node(const Plan& plan) {
 // Note [Recompute in the plan]: planned with --recompute-experts from times measured without
 // it, the experts' input-gradient half gains 2/3 of their forward (3 -> 5 per layer and
 // micro-batch here); from times measured with it, nothing is added.
+// The exposed all-to-all of a measured GPU trace (Note [Exposed all-to-all] in
+// runtime/device_streams.h) is computed with these two.
+TEST(Simulator, IntervalUnionAndUncoveredTime) {
+  using Intervals = std::vector<std::pair<double, double>>;
+  EXPECT_EQ(merge_intervals({{3, 4}, {0, 2}, {1, 2.5}, {2.5, 2.75}, {5, 5.5}}),
+            (Intervals{{0, 2.75}, {3, 4}, {5, 5.5}}));
+  EXPECT_TRUE(merge_intervals({}).empty());
+  // All-to-all in [0, 4) and [6, 8); compute in [1, 2), [3, 7): uncovered [0, 1), [2, 3), [7, 8).
+  EXPECT_DOUBLE_EQ(uncovered_time(merge_intervals({{6, 8}, {0, 4}}),
+                                  merge_intervals({{3, 7}, {1, 2}})),
+                   3.0);
+  EXPECT_DOUBLE_EQ(uncovered_time({{0, 4}}, {}), 4.0);
+  EXPECT_DOUBLE_EQ(uncovered_time({{1, 2}}, {{0, 5}}), 0.0);
+}
+
 TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
   auto experts_input_half = [](bool recompute, bool measured_with) {
     PlanRequest req = table_request("1f1b", 1, 2);

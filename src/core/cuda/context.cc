@@ -1,13 +1,16 @@
 // The process-wide CUDA context (context.h).
 #include "core/cuda/context.h"
 
+#include <cstring>
 #include <map>
 #include <mutex>
+#include <vector>
 #include <sstream>
 
 #include "core/cuda/check.h"
 #include "core/cuda/cuda_allocator.h"
 #include "core/device.h"
+#include "core/host_read.h"
 
 namespace tandem::cuda {
 
@@ -69,6 +72,55 @@ void copy_hook(void* dst, Device dst_device, const void* src, Device src_device,
   }
 }
 
+// HostRead's device side (Note [Reads to the host ahead of use] in core/host_read.h): a pool
+// of pinned buffers, each with an event recorded after its copy. A ticket is a slot's address.
+struct ReadSlot {
+  void* pinned = nullptr;
+  cudaEvent_t done = nullptr;
+};
+
+std::mutex g_read_mutex;
+std::vector<ReadSlot*> g_free_reads;  // never freed: slots outlive main's statics
+
+uint64_t start_read_hook(const void* src, size_t bytes) {
+  ReadSlot* slot = nullptr;
+  {
+    std::lock_guard lock(g_read_mutex);
+    if (!g_free_reads.empty()) {
+      slot = g_free_reads.back();
+      g_free_reads.pop_back();
+    }
+  }
+  if (slot == nullptr) {
+    slot = new ReadSlot;
+    TANDEM_CUDA_CHECK(cudaMallocHost(&slot->pinned, HostRead::kMaxBytes));
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&slot->done, cudaEventDisableTiming));
+  }
+  const cudaStream_t s = current_stream();
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(slot->pinned, src, bytes, cudaMemcpyDeviceToHost, s));
+  TANDEM_CUDA_CHECK(cudaEventRecord(slot->done, s));
+  return reinterpret_cast<uint64_t>(slot);
+}
+
+void release_read(ReadSlot* slot) {
+  std::lock_guard lock(g_read_mutex);
+  g_free_reads.push_back(slot);
+}
+
+void finish_read_hook(uint64_t ticket, void* dst, size_t bytes) {
+  auto* slot = reinterpret_cast<ReadSlot*>(ticket);
+  const cudaError_t e = cudaEventSynchronize(slot->done);
+  if (e == cudaSuccess) std::memcpy(dst, slot->pinned, bytes);
+  release_read(slot);
+  TANDEM_CUDA_CHECK(e);
+}
+
+void drop_read_hook(uint64_t ticket) {
+  auto* slot = reinterpret_cast<ReadSlot*>(ticket);
+  // The copy may still be writing the buffer: the slot is reused only after it lands.
+  if (cudaEventSynchronize(slot->done) == cudaSuccess) release_read(slot);
+}
+
 }  // namespace
 
 int device_count() {
@@ -99,6 +151,9 @@ void initialize(int device_index) {
   backend.zero = zero_hook;
   backend.copy = copy_hook;
   backend.synchronize = [] { TANDEM_CUDA_CHECK(cudaDeviceSynchronize()); };
+  backend.start_read = start_read_hook;
+  backend.finish_read = finish_read_hook;
+  backend.drop_read = drop_read_hook;
   register_device_backend(Device::kCUDA, backend);
 }
 
