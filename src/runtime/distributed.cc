@@ -189,7 +189,7 @@ void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
 }
 
 DeviceStreams::SpanInfo PipelineTrainer::node_span(NodeKind kind, NodePhase phase, int32_t mb,
-                                                   bool on_comm_stream) {
+                                                   bool on_comm_stream) const {
   const char* letter = phase == NodePhase::kForward ? "F" : phase == NodePhase::kBackwardInput
                                                                ? "B"
                                                                : "W";
@@ -198,7 +198,7 @@ DeviceStreams::SpanInfo PipelineTrainer::node_span(NodeKind kind, NodePhase phas
   info.name = letter + std::to_string(mb) + " " + std::string(node_kind_name(kind));
   info.kind = static_cast<int>(kind);
   info.phase = phase;
-  info.all_to_all = schedule::node_is_communication(kind);
+  info.all_to_all = schedule::node_is_communication(kind) && groups_->layout.ep > 1;
   return info;
 }
 

@@ -181,9 +181,10 @@ class PipelineTrainer {
   void record_on_comm(const model::LayerActs& layer);
   // The compute stream waits for the chain's last node (measured when that was an all-to-all).
   void join_chain(const DeviceChain& chain, const std::string& what);
-  // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts").
-  static DeviceStreams::SpanInfo node_span(NodeKind kind, NodePhase phase, int32_t mb,
-                                           bool on_comm_stream);
+  // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts"); dispatch and
+  // combine count as all-to-all only with EP > 1 (else they only hand tensors over).
+  DeviceStreams::SpanInfo node_span(NodeKind kind, NodePhase phase, int32_t mb,
+                                    bool on_comm_stream) const;
   void record_span(const char* stream, NodeKind kind, bool forward, int32_t mb,
                    std::chrono::steady_clock::time_point start);
   void record_action_span(const schedule::Action& a, std::chrono::steady_clock::time_point start);
