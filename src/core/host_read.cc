@@ -8,15 +8,14 @@
 
 namespace tandem {
 
-HostRead::HostRead(const Tensor& t) : started_(true), device_(t.device()) {
-  TANDEM_ASSERT(t.dtype() == DType::kI32, "HostRead reads i32 tensors");
-  const size_t bytes = static_cast<size_t>(t.numel()) * sizeof(int32_t);
+HostRead::HostRead(const Tensor& t) : started_(true), device_(t.device()), dtype_(t.dtype()) {
+  const auto bytes = static_cast<size_t>(t.numel() * dtype_size(t.dtype()));
   TANDEM_ASSERT(bytes <= kMaxBytes, "HostRead of ", bytes, " bytes; at most ", kMaxBytes);
+  bytes_.resize(bytes);
   if (device_ == Device::kCPU) {
-    values_.assign(t.data<int32_t>(), t.data<int32_t>() + t.numel());
+    if (bytes > 0) std::memcpy(bytes_.data(), t.raw_data(), bytes);
     return;
   }
-  values_.resize(static_cast<size_t>(t.numel()));
   ticket_ = device_backend(device_).start_read(t.raw_data(), bytes);
 }
 
@@ -25,28 +24,34 @@ HostRead::~HostRead() { drop(); }
 HostRead::HostRead(HostRead&& other) noexcept
     : started_(std::exchange(other.started_, false)),
       device_(other.device_),
+      dtype_(other.dtype_),
       ticket_(std::exchange(other.ticket_, 0)),
-      values_(std::move(other.values_)) {}
+      bytes_(std::move(other.bytes_)) {}
 
 HostRead& HostRead::operator=(HostRead&& other) noexcept {
   if (this != &other) {
     drop();
     started_ = std::exchange(other.started_, false);
     device_ = other.device_;
+    dtype_ = other.dtype_;
     ticket_ = std::exchange(other.ticket_, 0);
-    values_ = std::move(other.values_);
+    bytes_ = std::move(other.bytes_);
   }
   return *this;
 }
 
-std::vector<int32_t> HostRead::take() {
-  TANDEM_ASSERT(started_, "HostRead::take without a read started");
+void HostRead::check_take(DType want) const {
+  TANDEM_ASSERT(started_, "HostRead: no read started, or its values were taken already");
+  TANDEM_ASSERT(want == dtype_, "HostRead of a ", dtype_name(dtype_), " tensor taken as ",
+                dtype_name(want));
+}
+
+std::vector<std::byte> HostRead::take_bytes() {
   if (ticket_ != 0) {
-    device_backend(device_).finish_read(std::exchange(ticket_, 0), values_.data(),
-                                        values_.size() * sizeof(int32_t));
+    device_backend(device_).finish_read(std::exchange(ticket_, 0), bytes_.data(), bytes_.size());
   }
   started_ = false;
-  return std::exchange(values_, {});
+  return std::exchange(bytes_, {});
 }
 
 void HostRead::drop() {

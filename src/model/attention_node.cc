@@ -77,8 +77,8 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
   ops::moe_permutation(s.perm, s.counts, s.topk_idx, e);
-  a.aux_loss = ops::router_aux_loss(s.probs, s.counts, k, cfg.moe_aux_loss_coeff);
-  s.counts_host = host_ints(s.counts);  // Note [Routing counts on the host]
+  s.counts_read = std::make_shared<HostRead>(s.counts);  // Note [Routing counts on the host]
+  a.aux_loss = ops::router_aux_loss_start(s.probs, s.counts, k, cfg.moe_aux_loss_coeff);
   a.routed = work_tensor({n * k, h}, c.dtype, "routed");          // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }

@@ -48,7 +48,7 @@ void ModelChunk::forward_node(size_t i, MicroBatchState& mb, const NodeContext& 
                                    : (params_->spec().has_embed ? mb.embed.out : mb.input);
       a.x = std::exchange(src, Tensor());  // attention holds the layer input from here on
       attention_forward(a, w.layers[node.layer], c);
-      mb.aux_loss += a.aux_loss;
+      mb.aux_losses.push_back(a.aux_loss);
       return;
     }
     case NodeKind::kDispatch:

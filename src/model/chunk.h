@@ -26,8 +26,16 @@ struct MicroBatchState {
   EmbedActs embed;
   std::vector<LayerActs> layers;
   LossActs loss;
-  double lm_loss = 0;   // mean cross-entropy (last stage)
-  double aux_loss = 0;  // sum of the chunk's layers' aux losses
+  double lm_loss = 0;  // mean cross-entropy (last stage)
+  // The chunk's layers' aux losses as their forwards made them (on a GPU still on their way to
+  // the host: Note [Reads to the host ahead of use]); aux_loss() waits for them and sums them in
+  // layer order.
+  std::vector<ops::PendingScalar> aux_losses;
+  double aux_loss() {
+    double sum = 0;
+    for (ops::PendingScalar& l : aux_losses) sum += l.get();
+    return sum;
+  }
 
   // The activation to send on (stages before the last) after the forward.
   const Tensor& output() const { return layers.back().out; }

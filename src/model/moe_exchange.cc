@@ -86,6 +86,11 @@ void dispatch_exchange_counts(LayerActs& a, const NodeContext& c) {
 }
 
 void dispatch_forward(LayerActs& a, const NodeContext& c) {
+  // The router's counts, read where they are first needed (Note [Routing counts on the host]).
+  if (a.attn.counts_read) {
+    a.attn.counts_host = a.attn.counts_read->take();
+    a.attn.counts_read.reset();
+  }
   if (c.ep == nullptr) {
     a.expert_in = std::exchange(a.routed, Tensor());
     a.expert_rows = work_tensor({c.cfg.num_experts}, DType::kI32, "experts.rows");  // handed on

@@ -20,6 +20,7 @@
 #include "core/host_read.h"
 #include "core/tensor.h"
 #include "model/parameters.h"
+#include "ops/ops.h"
 
 namespace tandem::comm {
 class Communicator;
@@ -57,6 +58,7 @@ struct AttentionSaved {
   Tensor x, n1, rstd1, q, k, v, a, lse, h1, rstd2, n2;  // see footprint.h
   Tensor probs, topk_w, topk_idx, counts, perm;           // MoE routing
   std::vector<int32_t> counts_host;  // counts on the host (Note [Routing counts on the host])
+  std::shared_ptr<HostRead> counts_read;  // counts on their way there, taken by dispatch
   // Kept from backward to backward_weights: gradients at the matrices' outputs.
   Tensor d_h1, d_q, d_k, d_v, d_logits;
 };
@@ -91,7 +93,7 @@ struct MlpSaved {
 struct LayerActs {
   Tensor x, h1, routed, expert_in, expert_rows, expert_out, out;
   std::vector<int32_t> expert_rows_host;  // expert_rows on the host, handed on with it
-  double aux_loss = 0;
+  ops::PendingScalar aux_loss;            // the router's load-balancing loss
   Tensor d_out, d_expert_out, d_expert_in, d_routed, d_topk_w, d_n2, d_x;
   AttentionSaved attn;
   DispatchSaved dispatch;
@@ -155,12 +157,15 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
 void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c);
 
 // Note [Routing counts on the host]: the experts' matrix products and the all-to-all need the
-// routing counts on the host, and on a GPU each read waits for the stream (the host stops
-// issuing work until the GPU catches up). Each count is therefore read once, where it is made:
-// the router's counts in attention's forward (right after router_aux_loss, which waited for the
-// stream anyway), the counts received from other ranks in dispatch's forward; later nodes
-// (experts, combine, the backwards) take the host copies. The device tensors stay, so the saved
-// state, and so the planner's memory figures, are unchanged.
+// routing counts on the host, and on a GPU a read waits for the copy (the host stops issuing
+// work until the GPU has made the values). Each count is therefore read once: the router's
+// counts start their copy in attention's forward, where they are made, and dispatch's forward
+// takes them (HostRead, Note [Reads to the host ahead of use]: meanwhile the host issues the
+// rest of attention and, under combined 1F1B, the other micro-batch's experts); the counts
+// received from other ranks likewise (Note [Counts ahead of the rows] in moe_exchange.cc);
+// later nodes (experts, combine, the backwards) take the host copies. The router's aux loss
+// also stays on its way to the host until the step's end (ops::PendingScalar). The device
+// tensors stay, so the saved state, and so the planner's memory figures, are unchanged.
 
 // Bytes of distinct live storage among a node's saved tensors (for checks against footprint.h).
 int64_t live_bytes(const std::vector<const Tensor*>& tensors);

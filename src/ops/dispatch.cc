@@ -108,8 +108,9 @@ void router_counts(const Tensor& counts, const Tensor& topk_idx) {
   TANDEM_OP(counts, router_counts, counts, topk_idx);
 }
 
-double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
-  TANDEM_OP(probs, router_aux_loss, probs, counts, k, coeff);
+PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, int64_t k,
+                                    double coeff) {
+  TANDEM_OP(probs, router_aux_loss_start, probs, counts, k, coeff);
 }
 
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k, double coeff, double aux_scale) {

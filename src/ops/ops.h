@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
+#include "core/host_read.h"
 #include "core/tensor.h"
 
 namespace tandem::ops {
@@ -31,8 +33,40 @@ struct AdamWParams {
   int64_t step;  // 1-based, for bias correction
 };
 
+// A scalar an op made, on its way to the host (Note [Reads to the host ahead of use] in
+// core/host_read.h): scale times a one-element f64 tensor's value, its copy started; get()
+// waits for it the first time. Copies share the read and its value. A CPU op's is ready at once.
+class PendingScalar {
+ public:
+  PendingScalar() = default;
+  explicit PendingScalar(double value) : value_(value) {}
+  PendingScalar(HostRead read, double scale)
+      : pending_(std::make_shared<Pending>(Pending{std::move(read), scale, 0})) {}
+  double get() {
+    if (!pending_) return value_;
+    if (pending_->read.started()) {
+      pending_->value = pending_->scale * pending_->read.take_as<double>().at(0);
+    }
+    return pending_->value;
+  }
+
+ private:
+  struct Pending {
+    HostRead read;
+    double scale, value;
+  };
+  double value_ = 0;
+  std::shared_ptr<Pending> pending_;
+};
+
 // Each op below dispatches on its first tensor's device to ops::cpu or ops::cuda (which declare
 // the same list).
 #include "ops/op_decls.inc"
+
+// router_aux_loss_start's value, waited for.
+inline double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k,
+                              double coeff) {
+  return router_aux_loss_start(probs, counts, k, coeff).get();
+}
 
 }  // namespace tandem::ops

@@ -154,7 +154,8 @@ model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t 
 void PipelineTrainer::finish_forward(StageRuntime& s, int32_t mb,
                                      const model::MicroBatchState& state) {
   if (s.params->spec().has_head) lm_sum_ += state.lm_loss;
-  aux_sum_ += state.aux_loss;
+  // Summed at the step's end, in this order (Note [Routing counts on the host]).
+  pending_aux_.push_back(state.aux_losses);
   if (routing_.empty()) return;
   // The experts node keeps its input rows [R, H] until its backward: R is what it received.
   const auto first = static_cast<int32_t>(s.params->spec().layer_begin);
@@ -453,6 +454,7 @@ double PipelineTrainer::global_grad_norm() {
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   DeviceScope on(train_.device);
   lm_sum_ = aux_sum_ = 0;
+  pending_aux_.clear();
   spans_.clear();
   comm_busy_s_ = 0;
   step_start_ = std::chrono::steady_clock::now();
@@ -475,6 +477,12 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   }
   for (auto& p : pending_) p->wait();
   pending_.clear();
+  for (std::vector<ops::PendingScalar>& layers : pending_aux_) {
+    double sum = 0;
+    for (ops::PendingScalar& l : layers) sum += l.get();
+    aux_sum_ += sum;
+  }
+  pending_aux_.clear();
   comm_exposed_s_ = compute_stream_->waited_seconds() - waited_before;
   for (StageRuntime& s : stages_) s.mbs.clear();
   reduce_gradients();

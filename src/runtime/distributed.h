@@ -205,6 +205,8 @@ class PipelineTrainer {
   std::vector<StageRuntime> stages_;
   std::vector<std::unique_ptr<comm::PendingSend>> pending_;
   double lm_sum_ = 0, aux_sum_ = 0;
+  // Each finished forward's layers' aux losses, in the order the forwards finished.
+  std::vector<std::vector<ops::PendingScalar>> pending_aux_;
   int64_t iteration_ = 0;
   CommOverlap overlap_ = CommOverlap::kOn;
   std::unique_ptr<CpuStream> compute_stream_, comm_stream_;  // CPU runs

@@ -70,7 +70,7 @@ StepResult Trainer::forward_backward(int64_t iteration) {
     chunk_->backward(state, ctx);
     span("0B" + std::to_string(mb), b0);
     r.lm_loss += state.lm_loss / static_cast<double>(num_mb);
-    r.aux_loss += state.aux_loss / static_cast<double>(num_mb);
+    r.aux_loss += state.aux_loss() / static_cast<double>(num_mb);
   }
   r.loss = r.lm_loss + r.aux_loss;
   r.tokens = train_.global_batch_size * model_.seq_length;

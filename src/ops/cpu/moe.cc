@@ -80,14 +80,15 @@ void router_counts(const Tensor& counts, const Tensor& topk_idx) {
   for (int64_t s = 0; s < nk; ++s) ++pc[pi[s]];
 }
 
-double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
+PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, int64_t k,
+                                    double coeff) {
   const char* op = "router_aux_loss";
   const DType dt = cpu::float_dtype(op, "probs", probs, 2);
   const int64_t n = probs.size(0), e = probs.size(1);
   expect(op, "counts", counts, DType::kI32, {e});
   cpu::expect_at_least(op, "k", k, 1);
-  if (n == 0) return 0.0;
-  return cpu::dispatch_float(dt, [&](auto tag) {
+  if (n == 0) return PendingScalar(0.0);
+  return PendingScalar(cpu::dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
     const T* pp = probs.data<T>();
     std::vector<double> col(static_cast<size_t>(e), 0.0);  // sum_n probs[n, e]
@@ -101,7 +102,7 @@ double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, dou
       s += (pc[c] / (nd * static_cast<double>(k))) * (col[static_cast<size_t>(c)] / nd);
     }
     return coeff * static_cast<double>(e) * s;
-  });
+  }));
 }
 
 // Per token: selected part dl[idx_j] = w_j (dw_j - sum_i w_i dw_i); aux part through the full

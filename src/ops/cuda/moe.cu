@@ -443,16 +443,32 @@ void router_counts(const Tensor& counts, const Tensor& topk_idx) {
   launch_counts(counts.data<int32_t>(), topk_idx.data<int32_t>(), topk_idx.numel(), e);
 }
 
-// Column sums of probs in double on the GPU (fixed chunks), the rest on the host in the CPU's
-// order.
-double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
+// The chunks' column sums added up in a fixed order and weighted by the counts, in one thread:
+// the host loop that did this before, operation for operation with no fused multiply-add, so
+// the value is the same bit for bit. nk = n * k.
+__global__ void aux_loss_sum_kernel(double* out, const double* partial, const int32_t* counts,
+                                    int64_t e, int64_t chunks, double nd, double nk) {
+  double s = 0;
+  for (int64_t c = 0; c < e; ++c) {
+    double col = 0;
+    for (int64_t b = 0; b < chunks; ++b) col = __dadd_rn(col, partial[b * e + c]);
+    s = __dadd_rn(s, __dmul_rn(__ddiv_rn(static_cast<double>(counts[c]), nk), __ddiv_rn(col, nd)));
+  }
+  *out = s;
+}
+
+// Column sums of probs in double on the GPU (fixed chunks), their weighted sum by one thread,
+// and its read to the host started (Note [Reads to the host ahead of use] in core/host_read.h):
+// the host waits for it only when it asks for the value.
+PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, int64_t k,
+                                    double coeff) {
   const char* op = "router_aux_loss";
   expect_cuda_rank(op, "probs", probs, {DType::kF32}, 2);
   const int64_t n = probs.size(0), e = probs.size(1);
   expect_cuda(op, "counts", counts, {DType::kI32}, {e});
   TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
   TANDEM_CHECK(e <= INT_MAX, op, ": ", e, " experts is too many");
-  if (n == 0 || e == 0) return 0.0;
+  if (n == 0 || e == 0) return PendingScalar(0.0);
   constexpr int64_t kMaxChunks = 64;
   const int64_t chunk_rows = std::max<int64_t>(256, (n + kMaxChunks - 1) / kMaxChunks);
   const int64_t chunks = (n + chunk_rows - 1) / chunk_rows;
@@ -462,23 +478,14 @@ double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, dou
                        dim3(32, 8), 0, stream()>>>(partial, probs.data<float>(), n,
                                                    static_cast<int>(e), chunk_rows);
   TANDEM_CUDA_CHECK_LAUNCH();
-  std::vector<double> host_partial(static_cast<size_t>(chunks * e));
-  std::vector<int32_t> host_counts(static_cast<size_t>(e));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_partial.data(), partial,
-                                    host_partial.size() * sizeof(double), cudaMemcpyDeviceToHost,
-                                    stream()));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(host_counts.data(), counts.data<int32_t>(),
-                                    host_counts.size() * sizeof(int32_t), cudaMemcpyDeviceToHost,
-                                    stream()));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  const Tensor sum = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "router_aux_loss.sum",
+                                   Device::kCUDA);
   const double nd = static_cast<double>(n);
-  double s = 0;
-  for (int64_t c = 0; c < e; ++c) {
-    double col = 0;
-    for (int64_t b = 0; b < chunks; ++b) col += host_partial[static_cast<size_t>(b * e + c)];
-    s += (host_counts[static_cast<size_t>(c)] / (nd * static_cast<double>(k))) * (col / nd);
-  }
-  return coeff * static_cast<double>(e) * s;
+  aux_loss_sum_kernel<<<1, 1, 0, stream()>>>(sum.data<double>(), partial,
+                                             counts.data<int32_t>(), e, chunks, nd,
+                                             nd * static_cast<double>(k));
+  TANDEM_CUDA_CHECK_LAUNCH();
+  return PendingScalar(HostRead(sum), coeff * static_cast<double>(e));
 }
 
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
