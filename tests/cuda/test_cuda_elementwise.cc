@@ -530,6 +530,33 @@ TEST(CudaRouter, CountsAndAuxLoss) {
   const double got = ops::router_aux_loss(probs.to(Device::kCUDA), counts.to(Device::kCUDA), 2,
                                           0.01);
   EXPECT_NEAR(got, ops::router_aux_loss(probs, counts, 2, 0.01), 1e-12 * std::fabs(got));
+  // Started, then its inputs overwritten on the stream: the value is the one started from,
+  // the same for every copy of the pending value, and the same bits as asked for at once.
+  const Tensor d_probs = probs.to(Device::kCUDA), d_counts = counts.to(Device::kCUDA);
+  ops::PendingScalar pending = ops::router_aux_loss_start(d_probs, d_counts, 2, 0.01);
+  ops::PendingScalar copy = pending;
+  d_probs.zero_();
+  d_counts.zero_();
+  EXPECT_EQ(pending.get(), got);
+  EXPECT_EQ(copy.get(), got);
+  EXPECT_EQ(pending.get(), got);
+}
+
+// HostRead of a device tensor: the values when the read was started, though the stream
+// overwrites the tensor right after (Note [Reads to the host ahead of use]).
+TEST(CudaHostRead, ReadsTheValuesAsStarted) {
+  Tensor want = host({300}, DType::kI32);
+  for (int64_t i = 0; i < 300; ++i) want.data<int32_t>()[i] = static_cast<int32_t>(i * 7 - 50);
+  const Tensor d = want.to(Device::kCUDA);
+  std::vector<HostRead> reads;
+  for (int r = 0; r < 20; ++r) reads.emplace_back(d);  // more than one pinned slot
+  d.zero_();
+  HostRead after(d);
+  for (HostRead& r : reads) EXPECT_EQ(r.take(), ints(want));
+  EXPECT_EQ(after.take(), std::vector<int32_t>(300, 0));
+  // A read dropped untaken gives its slot back; the next reads still see their own values.
+  { HostRead dropped(d); }
+  EXPECT_EQ(HostRead(d).take(), std::vector<int32_t>(300, 0));
 }
 
 TEST(CudaRouter, BackwardSelectedAndAuxTerms) {

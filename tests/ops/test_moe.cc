@@ -49,6 +49,11 @@ TEST(Router, AuxLossMatchesHandFormula) {
   Tensor counts2 = i32({3}, {2, 1, 1});
   const double want = 0.01 * 3 * (0.5 * 0.35 + 0.25 * 0.2 + 0.25 * 0.45);
   EXPECT_NEAR(router_aux_loss(probs, counts2, 2, 0.01), want, 1e-16);
+  // The pending form: on the CPU ready at once, the same value, copies agreeing.
+  PendingScalar pending = router_aux_loss_start(probs, counts2, 2, 0.01);
+  PendingScalar copy = pending;
+  EXPECT_EQ(pending.get(), router_aux_loss(probs, counts2, 2, 0.01));
+  EXPECT_EQ(copy.get(), pending.get());
 }
 
 TEST(Router, BackwardMatchesFiniteDifferencesIncludingAux) {
