@@ -1,4 +1,5 @@
-// Every schedule and parallel layout against the single-rank sequential reference: the same
+// Every schedule and parallel layout (PP up to 4, EP up to 4, PP2 x EP4 on 8 ranks) against the
+// single-rank sequential reference: the same
 // global batch gives the same loss and the same gradient for every parameter (compared by its
 // Hugging Face name). fp64. Oracle: runtime::Trainer on one rank, computed on every rank.
 //  - bitwise when only the pipeline is split (EP = DP = 1): each stage runs the same arithmetic
@@ -129,9 +130,11 @@ void run_matrix(bool moe) {
   for (int pp : {1, 2, 4}) {
     if (world % pp != 0) continue;
     const int dp = world / pp;
-    if (dp > 2) continue;
-    for (int ep : {1, 2}) {
+    for (int ep : {1, 2, 4}) {
       if ((!moe && ep > 1) || dp % ep != 0) continue;
+      // Data-parallel sizes past 2 only where every data-parallel rank is an expert rank: EP4
+      // and PP2 x EP4 (the scale run's layouts, on CPU ranks); the rest adds time, not cases.
+      if (dp > 2 && ep != dp) continue;
       for (int v : {1, 2}) {
         for (int k = 0; k < schedule::kNumScheduleKinds; ++k) {
           ran += run_case({moe, pp, ep, v, static_cast<schedule::ScheduleKind>(k)}, dp);
