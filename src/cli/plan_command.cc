@@ -132,10 +132,12 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
           static_cast<int>(all.size()), static_cast<int>(o.parallel.pipeline_model_parallel_size),
           static_cast<int>(in.expert_parallel_size));
       std::vector<schedule::RoutingCounts> group;
+      size_t me = 0;
       for (int r : layout.ep_group(p.routing_rank)) {
+        if (r == p.routing_rank) me = group.size();
         group.push_back(schedule::routing_table_of(all, r, p.routing));
       }
-      in.expert_time_scale = schedule::slowest_rank_scale(group);
+      in.expert_pace = schedule::expert_pace(group, me);
     }
   }
   return req;

@@ -90,6 +90,21 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
 
 constexpr double kRecomputeShare = 2.0 / 3.0;  // Note [Recompute in the plan]
 
+// A node's times under the cost model, at balanced routing's rows.
+NodePhaseTimes balanced_times(NodeKind kind, const PlanInputs& in, const FootprintShape& s) {
+  NodePhaseTimes t = node_times(in.cost, kind, in.model, s, in.expert_parallel_size);
+  // Note [Recompute in the plan]: with --recompute-experts the experts' input-gradient half
+  // first forms gate, up and act again: two of the forward's three products (the SwiGLU is
+  // elementwise, noise beside them), so it gains 2/3 of the forward's time, unless the table's
+  // times were measured with recomputation and hold it already.
+  const bool measured_with = in.cost.kind == CostModelKind::kNodeTimes &&
+                             in.cost.table.recompute_experts;
+  if (kind == NodeKind::kExperts && in.recompute_experts && !measured_with) {
+    t.backward_input_s += kRecomputeShare * t.forward_s;
+  }
+  return t;
+}
+
 StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
   StageNode node;
   node.kind = kind;
@@ -99,22 +114,21 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
   node.workspace = node_workspace_bytes(kind, in.model, s);  // balanced routing's rows
   if (in.cost.kind != CostModelKind::kUniform) {
-    node.times = node_times(in.cost, kind, in.model, s, in.expert_parallel_size);
-    // Note [Recompute in the plan]: with --recompute-experts the experts' input-gradient half
-    // first forms gate, up and act again: two of the forward's three products (the SwiGLU is
-    // elementwise, noise beside them), so it gains 2/3 of the forward's time, unless the table's
-    // times were measured with recomputation and hold it already.
-    const bool measured_with = in.cost.kind == CostModelKind::kNodeTimes &&
-                               in.cost.table.recompute_experts;
-    if (kind == NodeKind::kExperts && in.recompute_experts && !measured_with) {
-      node.times.backward_input_s += kRecomputeShare * node.times.forward_s;
-    }
-    // Note [Slowest expert rank] (routing_file.h): the layer's experts at the slowest rank's pace.
-    if (kind == NodeKind::kExperts && static_cast<size_t>(layer) < in.expert_time_scale.size()) {
-      const double k = in.expert_time_scale[static_cast<size_t>(layer)];
-      node.times.forward_s *= k;
-      node.times.backward_input_s *= k;
-      node.times.backward_weight_s *= k;
+    node.times = balanced_times(kind, in, s);
+    // Note [Slowest expert rank] (routing_file.h): the experts at this rank's pace, and the
+    // all-to-all after them waiting for the slowest rank's.
+    if (static_cast<size_t>(layer) < in.expert_pace.size()) {
+      const ExpertPace& p = in.expert_pace[static_cast<size_t>(layer)];
+      if (kind == NodeKind::kExperts) {
+        node.times.forward_s *= p.own;
+        node.times.backward_input_s *= p.own;
+        node.times.backward_weight_s *= p.own;
+      } else if (kind == NodeKind::kCombine) {
+        node.times.forward_s += p.wait * balanced_times(NodeKind::kExperts, in, s).forward_s;
+      } else if (kind == NodeKind::kDispatch) {
+        node.times.backward_input_s +=
+            p.wait * balanced_times(NodeKind::kExperts, in, s).backward_input_s;
+      }
     }
   }
   if (kind == NodeKind::kExperts && !in.routing.empty()) {  // Note [Measured routing]

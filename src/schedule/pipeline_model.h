@@ -92,6 +92,13 @@ struct RoutingCounts {
   }
 };
 
+// One layer's expert work on one rank of an expert-parallel group, against the group's mean
+// rows (Note [Slowest expert rank] in routing_file.h): own scales the rank's experts times, wait
+// times the experts' time is how long the all-to-all after them waits for the slowest rank.
+struct ExpertPace {
+  double own = 1, wait = 0;
+};
+
 // The inputs of the plan that are not the schedule.
 struct PlanInputs {
   ModelConfig model;
@@ -104,9 +111,9 @@ struct PlanInputs {
   bool recompute_experts = false;  // TrainConfig::recompute_experts
   CostModel cost;
   RoutingCounts routing;  // measured rows per experts node; empty: balanced (N k)
-  // Per global layer, the factor on the experts' times (Note [Slowest expert rank] in
-  // routing_file.h); empty: 1.
-  std::vector<double> expert_time_scale;
+  // Per global layer, this rank's experts' pace and its wait for the expert group's slowest
+  // rank (Note [Slowest expert rank] in routing_file.h); empty: balanced.
+  std::vector<ExpertPace> expert_pace;
 };
 
 struct PipelineModel {

@@ -77,13 +77,14 @@ RoutingCounts parse_routing_file(std::string_view text, std::string_view source,
   return routing_table_of(parse_routing_tables(text, source), rank, source);
 }
 
-std::vector<double> slowest_rank_scale(const std::vector<RoutingCounts>& group) {
+std::vector<ExpertPace> expert_pace(const std::vector<RoutingCounts>& group, size_t me) {
   if (group.empty()) return {};
-  const RoutingCounts& first = group.front();
-  std::vector<double> scale(static_cast<size_t>(first.num_layers), 1.0);
-  for (int32_t l = 0; l < first.num_layers; ++l) {
-    double slowest = 0, mean = 0;
-    for (int32_t mb = 0; mb < first.num_microbatches; ++mb) {
+  TANDEM_ASSERT(me < group.size(), "expert_pace: rank ", me, " of a group of ", group.size());
+  const RoutingCounts& mine = group[me];
+  std::vector<ExpertPace> pace(static_cast<size_t>(mine.num_layers));
+  for (int32_t l = 0; l < mine.num_layers; ++l) {
+    double own = 0, slowest = 0, mean = 0;
+    for (int32_t mb = 0; mb < mine.num_microbatches; ++mb) {
       int64_t most = -1, sum = 0, count = 0;
       for (const RoutingCounts& t : group) {
         const int64_t rows = t.at(mb, l);
@@ -92,13 +93,14 @@ std::vector<double> slowest_rank_scale(const std::vector<RoutingCounts>& group) 
         sum += rows;
         ++count;
       }
-      if (count == 0) continue;
+      if (count == 0 || mine.at(mb, l) < 0) continue;
+      own += static_cast<double>(mine.at(mb, l));
       slowest += static_cast<double>(most);
       mean += static_cast<double>(sum) / static_cast<double>(count);
     }
-    if (mean > 0) scale[static_cast<size_t>(l)] = slowest / mean;
+    if (mean > 0) pace[static_cast<size_t>(l)] = {own / mean, (slowest - own) / mean};
   }
-  return scale;
+  return pace;
 }
 
 std::map<int, RoutingCounts> load_routing_tables(const std::string& path) {

@@ -29,12 +29,15 @@ std::map<int, RoutingCounts> load_routing_tables(const std::string& path);
 RoutingCounts routing_table_of(const std::map<int, RoutingCounts>& tables, int rank,
                                std::string_view source);
 
-// Note [Slowest expert rank]: an all-to-all finishes when its slowest rank reaches it, so the
-// experts of an expert-parallel group advance at the pace of whichever rank received the most
-// rows. Measured node times are means over ranks (rows near the mean), so for each global layer
-// this is sum over micro-batches of the group's largest row count over the sum of its mean
-// (1 when the routing is balanced): the factor the plan scales that layer's experts times by
-// (PlanInputs::expert_time_scale). Unmeasured entries (-1: layers of other stages) are skipped.
-std::vector<double> slowest_rank_scale(const std::vector<RoutingCounts>& group);
+// Note [Slowest expert rank]: an all-to-all finishes when its slowest rank reaches it. So on
+// each rank of an expert-parallel group a layer's experts run at the rank's own pace (its rows),
+// and the all-to-all right after them (combine's forward; dispatch's input-gradient backward)
+// waits, beyond its own transfer, until the group's slowest rank has finished its experts too.
+// Measured node times are means over ranks (rows near the mean), so for each global layer, with
+// sums over micro-batches: own = the rank's rows / the group's mean rows, and wait = (the
+// group's largest rows - the rank's) / the mean (PlanInputs::expert_pace). The slowest rank
+// waits for nobody, the others for the difference; own + wait is the group's pace (1 when the
+// routing is balanced). Unmeasured entries (-1: layers of other stages) are skipped.
+std::vector<ExpertPace> expert_pace(const std::vector<RoutingCounts>& group, size_t me);
 
 }  // namespace tandem::schedule

@@ -187,13 +187,29 @@ TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
     return experts_node(make_plan(req)).times.backward_input_s;
   };
   EXPECT_NEAR(experts_input_half(false, false), 3, kEps);
-  {  // Note [Slowest expert rank]: the layer's factor scales all three of the experts' times
+  {  // Note [Slowest expert rank]: the slowest rank's own pace scales its experts' times
     PlanRequest req = table_request("1f1b", 1, 2);
-    req.inputs.expert_time_scale = {1.5};
+    req.inputs.expert_pace = {{1.5, 0.0}};
     const NodePhaseTimes t = experts_node(make_plan(req)).times;
     EXPECT_NEAR(t.forward_s, 4.5, kEps);
     EXPECT_NEAR(t.backward_input_s, 4.5, kEps);
     EXPECT_NEAR(t.backward_weight_s, 4.5, kEps);
+  }
+  {  // a faster rank's experts take less, and the all-to-all after them waits for the slowest
+    PlanRequest req = table_request("1f1b", 1, 2);
+    req.inputs.expert_pace = {{0.5, 1.0}};
+    const Plan plan = make_plan(req);
+    EXPECT_NEAR(experts_node(plan).times.forward_s, 1.5, kEps);
+    EXPECT_NEAR(experts_node(plan).times.backward_weight_s, 1.5, kEps);
+    for (const StageNode& n : plan.model.stages[0].nodes) {
+      if (n.kind == NodeKind::kCombine) {  // its forward follows the experts' forward
+        EXPECT_NEAR(n.times.forward_s, 1 + 3, kEps);
+        EXPECT_NEAR(n.times.backward_input_s, 1, kEps);
+      } else if (n.kind == NodeKind::kDispatch) {  // its backward follows the experts' backward
+        EXPECT_NEAR(n.times.forward_s, 1, kEps);
+        EXPECT_NEAR(n.times.backward_input_s, 1 + 3, kEps);
+      }
+    }
   }
   EXPECT_NEAR(experts_input_half(true, false), 5, kEps);
   EXPECT_NEAR(experts_input_half(true, true), 3, kEps);

@@ -62,20 +62,30 @@ TEST(RoutingFile, RefusesMalformedFilesNamingWhatIsWrong) {
 
 // Note [Slowest expert rank]: per layer, the sum of the group's largest rows over the sum of
 // its mean, unmeasured (-1) entries skipped; balanced routing gives 1.
-TEST(RoutingFile, SlowestRankScalePerLayer) {
+TEST(RoutingFile, ExpertPacePerLayer) {
   RoutingCounts a(2, 3), b(2, 3);
-  // layer 0: mb0 rows 30 / 10, mb1 20 / 20 -> (30 + 20) / (20 + 20) = 1.25
-  a.at(0, 0) = 30, b.at(0, 0) = 10, a.at(1, 0) = 20, b.at(1, 0) = 20;
-  // layer 1: balanced -> 1
+  // layer 0: mb0 rows 30 / 10, mb1 20 / 24; means 20, 22 (sum 42). a: own 50/42, waits
+  // 4/42 (mb1); b: own 34/42, waits 20/42 (mb0). Both: own + wait = (30 + 24) / 42.
+  a.at(0, 0) = 30, b.at(0, 0) = 10, a.at(1, 0) = 20, b.at(1, 0) = 24;
+  // layer 1: balanced -> own 1, wait 0
   a.at(0, 1) = b.at(0, 1) = 16, a.at(1, 1) = b.at(1, 1) = 16;
-  // layer 2: only rank a measured (another stage's layer for b) -> 1
+  // layer 2: only rank a measured (another stage's layer for b) -> a alone: 1, 0; b: no rows
   a.at(0, 2) = 8, a.at(1, 2) = 12;
-  const std::vector<double> k = slowest_rank_scale({a, b});
-  ASSERT_EQ(k.size(), 3u);
-  EXPECT_DOUBLE_EQ(k[0], 1.25);
-  EXPECT_DOUBLE_EQ(k[1], 1.0);
-  EXPECT_DOUBLE_EQ(k[2], 1.0);
-  EXPECT_TRUE(slowest_rank_scale({}).empty());
+  const std::vector<ExpertPace> pa = expert_pace({a, b}, 0), pb = expert_pace({a, b}, 1);
+  ASSERT_EQ(pa.size(), 3u);
+  ASSERT_EQ(pb.size(), 3u);
+  EXPECT_DOUBLE_EQ(pa[0].own, 50.0 / 42);
+  EXPECT_DOUBLE_EQ(pa[0].wait, 4.0 / 42);
+  EXPECT_DOUBLE_EQ(pb[0].own, 34.0 / 42);
+  EXPECT_DOUBLE_EQ(pb[0].wait, 20.0 / 42);
+  EXPECT_DOUBLE_EQ(pa[0].own + pa[0].wait, pb[0].own + pb[0].wait);
+  EXPECT_DOUBLE_EQ(pa[1].own, 1.0);
+  EXPECT_DOUBLE_EQ(pa[1].wait, 0.0);
+  EXPECT_DOUBLE_EQ(pa[2].own, 1.0);
+  EXPECT_DOUBLE_EQ(pa[2].wait, 0.0);
+  EXPECT_DOUBLE_EQ(pb[2].own, 1.0);  // nothing measured: left balanced
+  EXPECT_DOUBLE_EQ(pb[2].wait, 0.0);
+  EXPECT_TRUE(expert_pace({}, 0).empty());
   // Every table of the file, by rank; a rank listed twice is refused.
   b.at(0, 2) = 8, b.at(1, 2) = 12;  // files hold whole pipelines (no -1)
   const std::string text = routing_file_text({a, b});
