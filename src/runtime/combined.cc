@@ -191,6 +191,8 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
   const auto host_begin = std::chrono::steady_clock::now();
   DeviceStreams& d = *dev_;
   const model::NodeRef node = s.chunk->nodes()[i];
+  // A weight-gradient action has nothing to do for a node without weights.
+  if (kind == ActionKind::kBackwardWeight && !schedule::node_has_weights(node.kind)) return;
   const bool on_comm = overlap && schedule::node_is_communication(node.kind);
   const DeviceStream stream = on_comm ? d.comm() : DeviceStreams::compute();
   const char* letter = kind == ActionKind::kForward ? "F" : "B";
