@@ -17,6 +17,13 @@ struct NodeRef {
   int64_t layer;  // index within the chunk's layers; -1 for embed and loss
 };
 
+// Layers' aux losses (ops::PendingScalar), waited for and summed in layer order.
+inline double sum_aux_losses(std::vector<ops::PendingScalar>& losses) {
+  double sum = 0;
+  for (ops::PendingScalar& l : losses) sum += l.get();
+  return sum;
+}
+
 // Everything one micro-batch has in flight inside one chunk.
 struct MicroBatchState {
   Tensor ids;       // [N] i32, first stage
@@ -31,11 +38,7 @@ struct MicroBatchState {
   // the host: Note [Reads to the host ahead of use]); aux_loss() waits for them and sums them in
   // layer order.
   std::vector<ops::PendingScalar> aux_losses;
-  double aux_loss() {
-    double sum = 0;
-    for (ops::PendingScalar& l : aux_losses) sum += l.get();
-    return sum;
-  }
+  double aux_loss() { return sum_aux_losses(aux_losses); }
 
   // The activation to send on (stages before the last) after the forward.
   const Tensor& output() const { return layers.back().out; }

@@ -478,9 +478,7 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   for (auto& p : pending_) p->wait();
   pending_.clear();
   for (std::vector<ops::PendingScalar>& layers : pending_aux_) {
-    double sum = 0;
-    for (ops::PendingScalar& l : layers) sum += l.get();
-    aux_sum_ += sum;
+    aux_sum_ += model::sum_aux_losses(layers);
   }
   pending_aux_.clear();
   comm_exposed_s_ = compute_stream_->waited_seconds() - waited_before;
