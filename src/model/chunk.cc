@@ -66,7 +66,7 @@ void ModelChunk::forward_node(size_t i, MicroBatchState& mb, const NodeContext& 
     case NodeKind::kLoss: {
       Tensor x = std::exchange(mb.layers.back().out, Tensor());
       loss_forward(mb.loss, x, mb.targets, w, c);
-      mb.lm_loss = mb.loss.lm_loss;
+      mb.pending_lm_loss = mb.loss.lm_loss;
       return;
     }
   }

@@ -33,7 +33,10 @@ struct MicroBatchState {
   EmbedActs embed;
   std::vector<LayerActs> layers;
   LossActs loss;
-  double lm_loss = 0;  // mean cross-entropy (last stage)
+  // Mean cross-entropy (last stage), as the loss node made it: on a GPU still on its way to the
+  // host; lm_loss() waits for it (and throws if a target was outside the vocabulary).
+  ops::PendingScalar pending_lm_loss;
+  double lm_loss() { return pending_lm_loss.get(); }
   // The chunk's layers' aux losses as their forwards made them (on a GPU still on their way to
   // the host: Note [Reads to the host ahead of use]); aux_loss() waits for them and sums them in
   // layer order.

@@ -67,10 +67,11 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
     tgt.copy_from(targets);
     Tensor lse = work_tensor({n}, c.stat_dtype(), "loss.lse");
     a.d_nf = saved_tensor({n, h}, c.dtype, "loss.d_nf");
+    // The loss stays on its way to the host (Note [Reads to the host ahead of use]).
     a.lm_loss = ops::lm_head_ce_forward_backward(a.d_nf, c.grads->lm_head, lse, a.nf, w.lm_head,
                                                  tgt, c.loss_scale / static_cast<double>(n),
-                                                 Accumulate::kAdd) /
-                static_cast<double>(n);
+                                                 Accumulate::kAdd)
+                    .then([n](double sum) { return sum / static_cast<double>(n); });
     release_storage({&a.nf});
     a.nf = Tensor();
     return;
@@ -80,14 +81,16 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
     a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
     a.targets.copy_from(targets);
     a.lse = saved_tensor({n}, c.stat_dtype(), "loss.lse");
-    a.lm_loss = ops::lm_head_ce_forward(a.lse, a.nf, w.lm_head, a.targets) / static_cast<double>(n);
+    a.lm_loss = ops::PendingScalar(ops::lm_head_ce_forward(a.lse, a.nf, w.lm_head, a.targets) /
+                                   static_cast<double>(n));
     return;
   }
   a.logits = saved_tensor({n, cfg.vocab_size}, c.dtype, "loss.logits");  // (N, V)
   ops::linear_forward(a.logits, a.nf, w.lm_head);
   a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
   a.targets.copy_from(targets);
-  a.lm_loss = ops::cross_entropy_forward(a.logits, a.targets) / static_cast<double>(n);
+  a.lm_loss =
+      ops::PendingScalar(ops::cross_entropy_forward(a.logits, a.targets) / static_cast<double>(n));
 }
 
 void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,

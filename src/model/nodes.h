@@ -112,7 +112,7 @@ struct LossActs {
   Tensor x, nf, rstd, logits, targets;  // logits [N, V]; holds dlogits after backward
   Tensor lse;                           // fused LM head: [N] f32 instead of the logits
   Tensor d_nf;                          // fused, gradient formed in the forward: [N, H]
-  double lm_loss = 0;                   // mean cross-entropy over the micro-batch's tokens
+  ops::PendingScalar lm_loss;           // mean cross-entropy over the micro-batch's tokens
   Tensor d_x;                           // [N, H]
 };
 

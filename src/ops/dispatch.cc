@@ -174,9 +174,9 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
   TANDEM_OP(dx, lm_head_ce_backward, dx, dw, x, w, targets, lse, scale, acc_dw);
 }
 
-double lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
-                                   const Tensor& x, const Tensor& w, const Tensor& targets,
-                                   double scale, Accumulate acc_dw) {
+PendingScalar lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
+                                          const Tensor& x, const Tensor& w, const Tensor& targets,
+                                          double scale, Accumulate acc_dw) {
   TANDEM_OP(dx, lm_head_ce_forward_backward, dx, dw, lse, x, w, targets, scale, acc_dw);
 }
 

@@ -7,7 +7,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 
 #include "core/host_read.h"
 #include "core/tensor.h"
@@ -34,26 +36,43 @@ struct AdamWParams {
 };
 
 // A scalar an op made, on its way to the host (Note [Reads to the host ahead of use] in
-// core/host_read.h): scale times a one-element f64 tensor's value, its copy started; get()
-// waits for it the first time. Copies share the read and its value. A CPU op's is ready at once.
+// core/host_read.h): a read started on the device and how its values become the scalar (scale
+// times a one-element f64 tensor's value, or any resolve function, which may throw: a loss whose
+// targets were bad); get() waits for it the first time. then(f) applies f to the value once it
+// is known. Copies share the read and its value. A CPU op's is ready at once.
 class PendingScalar {
  public:
+  using Resolve = std::function<double(HostRead&)>;
   PendingScalar() = default;
   explicit PendingScalar(double value) : value_(value) {}
   PendingScalar(HostRead read, double scale)
-      : pending_(std::make_shared<Pending>(Pending{std::move(read), scale, 0})) {}
+      : PendingScalar(std::move(read), [scale](HostRead& r) {
+          return scale * r.take_as<double>().at(0);
+        }) {}
+  PendingScalar(HostRead read, Resolve resolve)
+      : pending_(std::make_shared<Pending>(Pending{std::move(read), std::move(resolve)})) {}
   double get() {
     if (!pending_) return value_;
-    if (pending_->read.started()) {
-      pending_->value = pending_->scale * pending_->read.take_as<double>().at(0);
-    }
+    if (pending_->read.started()) pending_->value = pending_->resolve(pending_->read);
     return pending_->value;
+  }
+  PendingScalar then(std::function<double(double)> f) && {
+    if (!pending_) return PendingScalar(f(value_));
+    if (pending_->read.started()) {
+      pending_->resolve = [inner = std::move(pending_->resolve), f = std::move(f)](HostRead& r) {
+        return f(inner(r));
+      };
+    } else {
+      pending_->value = f(pending_->value);
+    }
+    return std::move(*this);
   }
 
  private:
   struct Pending {
     HostRead read;
-    double scale, value;
+    Resolve resolve;
+    double value = 0;
   };
   double value_ = 0;
   std::shared_ptr<Pending> pending_;

@@ -153,7 +153,7 @@ model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t 
 
 void PipelineTrainer::finish_forward(StageRuntime& s, int32_t mb,
                                      const model::MicroBatchState& state) {
-  if (s.params->spec().has_head) lm_sum_ += state.lm_loss;
+  if (s.params->spec().has_head) pending_lm_.push_back(state.pending_lm_loss);
   // Summed at the step's end, in this order (Note [Routing counts on the host]).
   pending_aux_.push_back(state.aux_losses);
   if (routing_.empty()) return;
@@ -454,6 +454,7 @@ double PipelineTrainer::global_grad_norm() {
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   DeviceScope on(train_.device);
   lm_sum_ = aux_sum_ = 0;
+  pending_lm_.clear();
   pending_aux_.clear();
   spans_.clear();
   comm_busy_s_ = 0;
@@ -477,6 +478,10 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   }
   for (auto& p : pending_) p->wait();
   pending_.clear();
+  // Before the gradients are reduced and the optimizer reads them: a loss whose targets were
+  // bad throws here.
+  for (ops::PendingScalar& l : pending_lm_) lm_sum_ += l.get();
+  pending_lm_.clear();
   for (std::vector<ops::PendingScalar>& layers : pending_aux_) {
     aux_sum_ += model::sum_aux_losses(layers);
   }

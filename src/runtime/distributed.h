@@ -205,7 +205,9 @@ class PipelineTrainer {
   std::vector<StageRuntime> stages_;
   std::vector<std::unique_ptr<comm::PendingSend>> pending_;
   double lm_sum_ = 0, aux_sum_ = 0;
-  // Each finished forward's layers' aux losses, in the order the forwards finished.
+  // Each finished forward's loss (last stage) and layers' aux losses, in the order the forwards
+  // finished; summed at the step's end (Note [Reads to the host ahead of use]).
+  std::vector<ops::PendingScalar> pending_lm_;
   std::vector<std::vector<ops::PendingScalar>> pending_aux_;
   int64_t iteration_ = 0;
   CommOverlap overlap_ = CommOverlap::kOn;

@@ -58,6 +58,10 @@ StepResult Trainer::forward_backward(int64_t iteration) {
   auto span = [&](const std::string& name, double start) {
     timeline_.push_back({"compute", name, start - step_start_, now_seconds() - step_start_});
   };
+  // Each micro-batch's losses, summed in order at the end (Note [Reads to the host ahead of use]):
+  // the host does not wait for the GPU between micro-batches.
+  std::vector<ops::PendingScalar> lm_losses;
+  std::vector<std::vector<ops::PendingScalar>> aux_losses;
   for (int64_t mb = 0; mb < num_mb; ++mb) {
     MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, mb);
     model::MicroBatchState state;
@@ -69,8 +73,12 @@ StepResult Trainer::forward_backward(int64_t iteration) {
     const double b0 = now_seconds();
     chunk_->backward(state, ctx);
     span("0B" + std::to_string(mb), b0);
-    r.lm_loss += state.lm_loss / static_cast<double>(num_mb);
-    r.aux_loss += state.aux_loss() / static_cast<double>(num_mb);
+    lm_losses.push_back(state.pending_lm_loss);
+    aux_losses.push_back(std::move(state.aux_losses));
+  }
+  for (int64_t mb = 0; mb < num_mb; ++mb) {
+    r.lm_loss += lm_losses[mb].get() / static_cast<double>(num_mb);
+    r.aux_loss += model::sum_aux_losses(aux_losses[mb]) / static_cast<double>(num_mb);
   }
   r.loss = r.lm_loss + r.aux_loss;
   r.tokens = train_.global_batch_size * model_.seq_length;

@@ -221,7 +221,7 @@ TEST(CheckpointProgram, EvalTokensPrintsTheTrainingForwardsLoss) {
   const auto params = runtime::load_model_checkpoint(work / "ck");
   const model::ModelChunk chunk(*params);
   chunk.forward(state, chunk.context(kBatch, 1.0));
-  EXPECT_NEAR(printed, state.lm_loss, 1e-6 * state.lm_loss) << r.out;
+  EXPECT_NEAR(printed, state.lm_loss(), 1e-6 * state.lm_loss()) << r.out;
 
   write_text(work / "short.txt", "1 2 3\n4 5\n");
   r = run_tandem({"generate", "--load", "ck", "--eval-tokens", "short.txt"}, work.path(),

@@ -454,7 +454,7 @@ TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
           Tensor::empty({c.n, c.h}, DType::kBF16, MemCategory::kOther, "dx2", Device::kCUDA);
       const Tensor gdw2 = to_gpu(dw0, DType::kF32);
       const double got2 =
-          ops::lm_head_ce_forward_backward(gdx2, gdw2, glse2, gx, gw, gt, scale, acc);
+          ops::lm_head_ce_forward_backward(gdx2, gdw2, glse2, gx, gw, gt, scale, acc).get();
       EXPECT_EQ(got2, got) << "loss of the one-call op";
       expect_close(to_host_f32(glse2), to_host_f32(glse), {0, 0}, "lse of the one-call op");
       expect_close(to_host_f32(gdx2), to_host_f32(gdx), {0, 0}, "dx of the one-call op");
@@ -503,6 +503,19 @@ TEST(CudaLmHead, BadTargetsThrowNamingTheRow) {
   EXPECT_NE(bwd.find("lm_head_ce_backward: target -2 at row 6 is outside [0, 53)"),
             std::string::npos)
       << bwd;
+  // The fused op returns at once; its loss throws when asked for, naming the lowest bad row
+  // (rows 6 and 17 are bad, in different blocks) and its target.
+  targets.data<int32_t>()[17] = 53;
+  const Tensor gt3 = targets.to(Device::kCUDA);
+  ops::PendingScalar loss = ops::lm_head_ce_forward_backward(dx, dw, lse, x, w, gt3, 1.0);
+  const std::string both = error_of([&] { (void)loss.get(); });
+  EXPECT_NE(both.find("lm_head_ce_forward_backward: target -2 at row 6 is outside [0, 53)"),
+            std::string::npos)
+      << both;
+  // Good targets: the pending loss is the waiting forward's, bit for bit.
+  const Tensor good = random_targets(n, v, 4).to(Device::kCUDA);
+  const double want = ops::lm_head_ce_forward(lse, x, w, good);
+  EXPECT_EQ(ops::lm_head_ce_forward_backward(dx, dw, lse, x, w, good, 1.0).get(), want);
 }
 
 // ---- AdamW ----

@@ -71,7 +71,7 @@ Run run_model(model::Parameters& params, const Tensor& ids, const Tensor& target
   mb.targets = targets;
   const model::NodeContext c = chunk.context(batch, 0.5);
   chunk.forward(mb, c);
-  Run run{mb.lm_loss, mb.aux_loss(), Tensor(), {}, {}};
+  Run run{mb.lm_loss(), mb.aux_loss(), Tensor(), {}, {}};
   for (const model::LayerActs& a : mb.layers) {
     if (!a.attn.topk_idx.defined()) continue;
     run.topk_idx.push_back(a.attn.topk_idx.to(Device::kCPU));
@@ -80,7 +80,7 @@ Run run_model(model::Parameters& params, const Tensor& ids, const Tensor& target
   if (!backward) return run;
   chunk.backward(mb, c);
   synchronize_device(params.device());
-  run.lm_loss = mb.lm_loss;
+  run.lm_loss = mb.lm_loss();
   run.aux_loss = mb.aux_loss();
   run.grads = params.flat_grads().to(Device::kCPU);
   return run;

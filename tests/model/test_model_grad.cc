@@ -33,7 +33,7 @@ double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor& target
   // neither forms nor accumulates gradients (the analytic run, with `keep`, does).
   if (keep == nullptr) c.grads = nullptr;
   chunk.forward(mb, c);
-  const double loss = mb.lm_loss + mb.aux_loss();
+  const double loss = mb.lm_loss() + mb.aux_loss();
   if (keep) *keep = std::move(mb);
   return loss;
 }

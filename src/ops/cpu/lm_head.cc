@@ -98,13 +98,13 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
   });
 }
 
-double lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
-                                   const Tensor& x, const Tensor& w, const Tensor& targets,
-                                   double scale, Accumulate acc_dw) {
+PendingScalar lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
+                                          const Tensor& x, const Tensor& w, const Tensor& targets,
+                                          double scale, Accumulate acc_dw) {
   // The reference composes the two (the GPU shares one product per block between them).
   const double loss = cpu::lm_head_ce_forward(lse, x, w, targets);
   cpu::lm_head_ce_backward(dx, dw, x, w, targets, lse, scale, acc_dw);
-  return loss;
+  return PendingScalar(loss);
 }
 
 void convert(const Tensor& dst, const Tensor& src) {

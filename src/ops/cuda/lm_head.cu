@@ -353,8 +353,9 @@ void backward_blocks(const LmHeadDims& d, const Tensor& dx, const Tensor& dw, co
   for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
     const int64_t rows = std::min(max_rows, d.n - r0);
     form_logits(logits, ld, d, x, w, r0, rows);
-    // With `losses`, a bad target leaves its row's dlogits without the one-hot; the caller's
-    // finish() throws before anyone reads dx or dw.
+    // With `losses`, a bad target leaves its row's dlogits without the one-hot; the loss the
+    // caller's start() returns throws when asked for, which the trainers do before the
+    // optimizer reads dw (the step's end).
     if (losses != nullptr && fused_smem > 0) {
       loss_rows_kernel<<<static_cast<unsigned>(rows), kThreads, fused_smem, s>>>(
           bf16_data(logits), lse.data<float>() + r0, losses->row_loss() + r0, losses->bad_row(), ld,
@@ -395,20 +396,20 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
   backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, nullptr);
 }
 
-double lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
-                                   const Tensor& x, const Tensor& w, const Tensor& targets,
-                                   double scale, Accumulate acc_dw) {
+PendingScalar lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
+                                          const Tensor& x, const Tensor& w, const Tensor& targets,
+                                          double scale, Accumulate acc_dw) {
   const char* op = "lm_head_ce_forward_backward";
   const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
   expect_cuda(op, "dx", dx, {DType::kBF16}, {d.n, d.h});
   expect_cuda(op, "dw", dw, {DType::kF32}, {d.v, d.h});
   if (d.n == 0) {
     if (acc_dw == Accumulate::kOverwrite) dw.zero_();
-    return 0.0;
+    return PendingScalar(0.0);
   }
   const RowLosses losses(d.n, "lm_head.row_loss", "lm_head.status", stream());
   backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, &losses);
-  return losses.finish(op, targets, d.v);
+  return losses.start(op, targets, d.v);
 }
 
 }  // namespace tandem::ops::cuda

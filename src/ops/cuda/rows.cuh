@@ -17,6 +17,7 @@
 
 #include <cfloat>
 #include <cstdint>
+#include <cstring>
 #include <string_view>
 #include <vector>
 
@@ -87,9 +88,19 @@ __device__ __forceinline__ float ce_grad(float x, float lse, int64_t j, int64_t 
   return (__expf(x - lse) - (j == t ? 1.0f : 0.0f)) * scale;
 }
 
-// *sum = the n row losses added in double, in a fixed order.
+// What the forward reads back: the loss, the first row with a bad target (~0u: none) and that
+// target.
+struct LossStatus {
+  double loss;
+  uint32_t bad_row;
+  int32_t bad_target;
+};
+static_assert(sizeof(LossStatus) == 16);
+
+// status->loss = the n row losses added in double, in a fixed order; with a bad row, its target
+// in status->bad_target.
 __global__ void __launch_bounds__(kSumThreads)
-    sum_rows_kernel(double* sum, const float* x, int64_t n) {
+    sum_rows_kernel(LossStatus* status, const float* x, const int32_t* targets, int64_t n) {
   __shared__ double warp_part[32];
   double acc = 0;
   for (int64_t i = threadIdx.x; i < n; i += blockDim.x) acc += x[i];
@@ -100,7 +111,10 @@ __global__ void __launch_bounds__(kSumThreads)
   if (warp == 0) {
     acc = lane < int(blockDim.x / 32) ? warp_part[lane] : 0.0;
     for (int off = 16; off > 0; off /= 2) acc += __shfl_xor_sync(~0u, acc, off);
-    if (lane == 0) *sum = acc;
+    if (lane == 0) {
+      status->loss = acc;
+      if (status->bad_row != ~0u) status->bad_target = targets[status->bad_row];
+    }
   }
 }
 
@@ -120,18 +134,10 @@ void expect_targets(const char* op, const Tensor& targets, int64_t v) {
   }
 }
 
-// What the forward reads back: the loss and the first row with a bad target (~0u: none).
-struct LossStatus {
-  double loss;
-  uint32_t bad_row;
-  uint32_t unused;
-};
-static_assert(sizeof(LossStatus) == 16);
-
 // The per-row losses of a forward over n rows and its status on the device (a LossStatus in an
 // i64 [2] tensor), both op workspace. The forward's kernels write row_loss() through
-// record_row_loss, which lowers bad_row() (preset to ~0u on `s` here); finish() adds the rows up
-// and reads the status back.
+// record_row_loss, which lowers bad_row() (preset to ~0u on `s` here); start() adds the rows up
+// and starts reading the status back, finish() waits for it. `s` is the current stream.
 class RowLosses {
  public:
   RowLosses(int64_t n, std::string_view row_loss_tag, std::string_view status_tag, cudaStream_t s)
@@ -148,24 +154,25 @@ class RowLosses {
     return reinterpret_cast<unsigned*>(static_cast<char*>(status_.raw_data()) + 8);
   }
 
-  // The row losses added in double in a fixed order, read back with the first bad row in one
-  // copy (a sync); throws naming the target of that row, if any (valid targets are [0, v)).
-  double finish(const char* op, const Tensor& targets, int64_t v) const {
-    auto* sum = static_cast<double*>(status_.raw_data());
-    sum_rows_kernel<<<1, kSumThreads, 0, s_>>>(sum, row_loss(), n_);
+  // The row losses added in double in a fixed order, on their way to the host with the first
+  // bad row and its target in one copy (Note [Reads to the host ahead of use]); asking for the
+  // value throws naming that target, if any (valid targets are [0, v)).
+  PendingScalar start(const char* op, const Tensor& targets, int64_t v) const {
+    sum_rows_kernel<<<1, kSumThreads, 0, s_>>>(static_cast<LossStatus*>(status_.raw_data()),
+                                               row_loss(), targets.data<int32_t>(), n_);
     TANDEM_CUDA_CHECK_LAUNCH();
-    LossStatus host{};
-    TANDEM_CUDA_CHECK(
-        cudaMemcpyAsync(&host, status_.raw_data(), sizeof(host), cudaMemcpyDeviceToHost, s_));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s_));
-    if (host.bad_row != ~0u) {
-      int32_t t = 0;
-      TANDEM_CUDA_CHECK(cudaMemcpyAsync(&t, targets.data<int32_t>() + host.bad_row, sizeof(t),
-                                        cudaMemcpyDeviceToHost, s_));
-      TANDEM_CUDA_CHECK(cudaStreamSynchronize(s_));
-      TANDEM_CHECK(false, op, ": target ", t, " at row ", host.bad_row, " is outside [0, ", v, ")");
-    }
-    return host.loss;
+    return PendingScalar(HostRead(status_), [op, v](HostRead& read) {
+      const std::vector<int64_t> words = read.take_as<int64_t>();
+      LossStatus host{};
+      std::memcpy(&host, words.data(), sizeof(host));
+      TANDEM_CHECK(host.bad_row == ~0u, op, ": target ", host.bad_target, " at row ",
+                   host.bad_row, " is outside [0, ", v, ")");
+      return host.loss;
+    });
+  }
+  // start()'s value, waited for.
+  double finish(const char* op, const Tensor& targets, int64_t v) const {
+    return start(op, targets, v).get();
   }
 
  private:
