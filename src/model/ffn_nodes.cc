@@ -18,16 +18,20 @@ static void for_each_expert(const std::vector<int32_t>& rows, Fn fn) {
   }
 }
 
+// Note [One elementwise op for all experts]: the experts' rows lie one expert after another, so
+// an elementwise op (SwiGLU and its backward) runs once over all rows rather than once per
+// expert: the same values, one kernel launch a node instead of one per expert (on the GPU each
+// launch costs the host ~15 us, and the host is what paces expert parallelism).
+
 // gate, up and act of every local expert's rows: the products and SwiGLU of the forward.
 static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, const Tensor& gate,
                                const Tensor& up, const Tensor& act) {
   for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    const Tensor x = s.x_in.narrow_rows(begin, rows), g = gate.narrow_rows(begin, rows);
-    const Tensor u = up.narrow_rows(begin, rows), y = act.narrow_rows(begin, rows);
-    ops::linear_forward(g, x, w.e_gate[e]);
-    ops::linear_forward(u, x, w.e_up[e]);
-    ops::swiglu_forward(y, g, u);
+    const Tensor x = s.x_in.narrow_rows(begin, rows);
+    ops::linear_forward(gate.narrow_rows(begin, rows), x, w.e_gate[e]);
+    ops::linear_forward(up.narrow_rows(begin, rows), x, w.e_up[e]);
   });
+  if (s.x_in.size(0) > 0) ops::swiglu_forward(act, gate, up);  // Note [One elementwise op ...]
 }
 
 // Note [Recomputed experts]: with NodeContext::recompute_experts the experts keep only their
@@ -51,6 +55,9 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   // Note [Routing counts on the host]: dispatch hands the host copy over with the tensor.
   s.rows_host = a.expert_rows_host.empty() ? host_ints(s.rows_per_expert)
                                            : std::exchange(a.expert_rows_host, {});
+  int64_t routed = 0;
+  for (const int32_t rows : s.rows_host) routed += rows;
+  TANDEM_ASSERT(routed == r);  // every row belongs to one local expert
   // Note [Recomputed experts]: temporaries, or saved for the backward.
   const auto make = c.recompute_experts ? work_tensor : saved_tensor;
   const Tensor gate = make({r, f}, c.dtype, "experts.gate");
@@ -84,16 +91,18 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   Tensor d_act = work_tensor({r, f}, c.dtype, "d_act");
   s.d_gate = work_tensor({r, f}, c.dtype, "d_gate");
   s.d_up = work_tensor({r, f}, c.dtype, "d_up");
+  // Every row belongs to one local expert (experts_forward), so the products below write all
+  // of d_expert_in.
   a.d_expert_in = work_tensor({r, h}, c.dtype, "d_expert_in");
-  a.d_expert_in.zero_();  // rows of experts that received none stay zero
   for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    const Tensor dg = s.d_gate.narrow_rows(begin, rows), du = s.d_up.narrow_rows(begin, rows);
-    const Tensor dact = d_act.narrow_rows(begin, rows), dx = a.d_expert_in.narrow_rows(begin, rows);
-    ops::linear_backward_input(dact, s.d_y.narrow_rows(begin, rows), w.e_down[e]);
-    ops::swiglu_backward(dg, du, dact, s.gate.narrow_rows(begin, rows),
-                         s.up.narrow_rows(begin, rows));
-    ops::linear_backward_input(dx, dg, w.e_gate[e]);
-    ops::linear_backward_input(dx, du, w.e_up[e], Accumulate::kAdd);
+    ops::linear_backward_input(d_act.narrow_rows(begin, rows), s.d_y.narrow_rows(begin, rows),
+                               w.e_down[e]);
+  });
+  if (r > 0) ops::swiglu_backward(s.d_gate, s.d_up, d_act, s.gate, s.up);  // Note [One ...]
+  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+    const Tensor dx = a.d_expert_in.narrow_rows(begin, rows);
+    ops::linear_backward_input(dx, s.d_gate.narrow_rows(begin, rows), w.e_gate[e]);
+    ops::linear_backward_input(dx, s.d_up.narrow_rows(begin, rows), w.e_up[e], Accumulate::kAdd);
   });
   release_storage({&s.gate, &s.up});  // x_in and act stay for the weight gradients
   if (c.recompute_experts) adopt_as_activation(s.act);
