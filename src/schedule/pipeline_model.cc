@@ -197,6 +197,7 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   PipelineModel pm;
   pm.shape = rank_shape(in);
   pm.cost_kind = in.cost.kind;
+  pm.expert_parallel_size = in.expert_parallel_size;
   const int32_t stages = sch.num_stages;
   const auto layers = static_cast<int32_t>(in.model.num_layers);
   int32_t next_layer = 0;

@@ -121,6 +121,7 @@ struct PipelineModel {
   std::vector<RankMemory> ranks;
   FootprintShape shape;  // one micro-batch on one rank
   CostModelKind cost_kind = CostModelKind::kRoofline;
+  int64_t expert_parallel_size = 1;  // with 1, dispatch and combine are no all-to-all
 };
 
 // Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws

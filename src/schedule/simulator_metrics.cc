@@ -115,7 +115,11 @@ SimResult summarize(SimState& sim) {
     out.end_s = std::max(st.free[0], st.free[1]);
     const Intervals compute = stream_intervals(st.spans, Stream::kCompute, Which::kAll);
     const Intervals comm = stream_intervals(st.spans, Stream::kComm, Which::kAll);
-    const Intervals a2a = stream_intervals(st.spans, Stream::kComm, Which::kNodesOnly);
+    // Dispatch and combine are an all-to-all only between expert ranks (as the runtime counts
+    // them, Note [Exposed all-to-all] in runtime/device_streams.h).
+    const Intervals a2a = sim.model.expert_parallel_size > 1
+                              ? stream_intervals(st.spans, Stream::kComm, Which::kNodesOnly)
+                              : Intervals{};
     out.compute_busy_s = total(compute);
     out.comm_busy_s = total(comm);
     out.exposed_comm_s = uncovered_time(comm, compute);

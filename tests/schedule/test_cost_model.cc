@@ -227,6 +227,13 @@ TEST(Simulator, OneFOneBExposesEveryAllToAllThatHasNothingToHideBehind) {
   EXPECT_NEAR(r.comm_busy_s, 8, kEps);
   EXPECT_NEAR(r.exposed_comm_s, 6, kEps);
   EXPECT_NEAR(r.exposed_alltoall_s, 6, kEps);
+  // With one expert rank, dispatch and combine permute rows in place: the same times, no
+  // all-to-all (as the runtime counts it).
+  PlanRequest one = table_request("1f1b", 1, 2);
+  one.inputs.expert_parallel_size = 1;
+  const Plan local = make_plan(one);
+  EXPECT_NEAR(local.sim.step_time_s, 36, kEps);
+  EXPECT_NEAR(local.sim.ranks[0].exposed_alltoall_s, 0, kEps);
 }
 
 TEST(Simulator, CombinedOneFOneBHidesTheAllToAllOfOneHalfBehindTheOther) {
