@@ -25,7 +25,7 @@ import json,statistics as s
 r=[json.loads(l) for l in open('$1')][3:]
 m=lambda k: s.median(x[k] for x in r) if k in r[0] else -1
 gib=lambda v: [round(b/2**30,2) for b in (v if isinstance(v,list) else [v])]
-print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'by rank a2a/exposed ms', [(round(1e3*s.median(x['alltoall_s_by_rank'][p] for x in r),1), round(1e3*s.median(x['exposed_alltoall_s_by_rank'][p] for x in r),1)) for p in range(len(r[0].get('alltoall_s_by_rank',[])))], 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1
+print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_bytes']), 'act GiB', gib(r[-1]['activation_peak_bytes']), 'a2a ms', round(1e3*m('alltoall_s'),2), 'exposed ms', round(1e3*m('exposed_alltoall_s'),2), 'by rank a2a/exposed ms', [(round(1e3*s.median(x['alltoall_s_by_rank'][p] for x in r),1), round(1e3*s.median(x['exposed_alltoall_s_by_rank'][p] for x in r),1)) for p in range(len(r[0].get('alltoall_s_by_rank',[])))], 'waiting ms', [round(1e3*s.median(x['exposed_alltoall_waiting_s_by_rank'][p] for x in r),1) for p in range(len(r[0].get('exposed_alltoall_waiting_s_by_rank',[])))], 'fb ms', round(1e3*m('forward_backward_s'),2), 'step ms', round(1e3*m('step_seconds'),2))" 2>&1
 }
 G=$(nvidia-smi -L 2>/dev/null | wc -l)
 # tandem_runs SHAPE RANKS LIMIT_S TMPDIR OUTFILE "name options..." ...: tandem train on the shape

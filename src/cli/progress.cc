@@ -136,6 +136,11 @@ std::string to_json_line(const IterationRecord& r) {
     with_comm["alltoall_s_by_rank"] = std::move(busy);
     with_comm["exposed_alltoall_s_by_rank"] = std::move(exposed);
   }
+  if (!r.exposed_waiting_seconds_by_rank.empty()) {
+    nlohmann::json waiting = nlohmann::json::array();
+    for (double v : r.exposed_waiting_seconds_by_rank) waiting.push_back(number(v));
+    with_comm["exposed_alltoall_waiting_s_by_rank"] = std::move(waiting);
+  }
   if (r.forward_backward_seconds >= 0) {
     with_comm["forward_backward_s"] = number(r.forward_backward_seconds);
   }

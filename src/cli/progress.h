@@ -37,6 +37,10 @@ struct IterationRecord {
   double exposed_comm_seconds = -1;
   // The same two figures of every rank, in rank order (rank 0's first).
   std::vector<double> comm_seconds_by_rank, exposed_comm_seconds_by_rank;
+  // GPU runs with EP > 1 (empty: not measured): of each rank's exposed seconds, those spent
+  // waiting for a later rank of its expert group (Note [Waiting for the slowest expert rank]
+  // in runtime/alltoall_wait.h); the rest is transfer that overlap did not hide.
+  std::vector<double> exposed_waiting_seconds_by_rank;
   // GPU runs under mpirun (negative: not measured): rank 0's forward-backward time by CUDA
   // events, from the step's start to the end of its last action (no gradient reduction or
   // optimizer), the figure `tandem plan` predicts as its step time.

@@ -174,16 +174,22 @@ IterationRecord gather_record(const runtime::StepResult& r, runtime::PipelineTra
   IterationRecord rec = to_record(r);
   rec.comm_seconds = trainer.comm_busy_seconds();
   rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
-  Tensor comm_mine = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "comm");
+  Tensor comm_mine = Tensor::empty({3}, DType::kF64, MemCategory::kOther, "comm");
   comm_mine.data<double>()[0] = rec.comm_seconds;
   comm_mine.data<double>()[1] = rec.exposed_comm_seconds;
+  comm_mine.data<double>()[2] = trainer.comm_exposed_waiting_seconds();
   Tensor comm_all =
-      Tensor::empty({2 * world.size()}, DType::kF64, MemCategory::kOther, "comm.all");
+      Tensor::empty({3 * world.size()}, DType::kF64, MemCategory::kOther, "comm.all");
   world.all_gather(comm_all, comm_mine);
+  bool waiting_known = true;
+  std::vector<double> waiting;
   for (int p = 0; p < world.size(); ++p) {
-    rec.comm_seconds_by_rank.push_back(comm_all.data<double>()[2 * p]);
-    rec.exposed_comm_seconds_by_rank.push_back(comm_all.data<double>()[2 * p + 1]);
+    rec.comm_seconds_by_rank.push_back(comm_all.data<double>()[3 * p]);
+    rec.exposed_comm_seconds_by_rank.push_back(comm_all.data<double>()[3 * p + 1]);
+    waiting.push_back(comm_all.data<double>()[3 * p + 2]);
+    waiting_known = waiting_known && waiting.back() >= 0;
   }
+  if (waiting_known) rec.exposed_waiting_seconds_by_rank = std::move(waiting);
   Tensor mine = Tensor::empty({3}, DType::kI64, MemCategory::kOther, "mem");
   mine.data<int64_t>()[0] = r.memory.total_in_use;
   mine.data<int64_t>()[1] = r.memory.total_peak;

@@ -113,7 +113,7 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   };
   std::array<std::array<double, 3>, kNumNodeKinds> sum{};
   std::array<std::array<int64_t, 3>, kNumNodeKinds> count{};
-  std::vector<std::pair<double, double>> all_to_all, compute;
+  std::vector<std::pair<double, double>> all_to_all;
   for (const Pending& p : pending_) {
     const double b = seconds(p.begin), e = seconds(p.end);
     out.spans.push_back({p.info.track, p.info.name, b, e});
@@ -121,8 +121,9 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     if (p.info.all_to_all) {
       out.all_to_all_s += e - b;
       all_to_all.emplace_back(b, e);
+      out.all_to_all.push_back({p.info.name, b, e});
     } else if (p.info.track == "compute" && p.info.kind >= 0) {
-      compute.emplace_back(b, e);
+      out.compute.emplace_back(b, e);
     }
     if (p.info.kind >= 0) {
       const auto ph = static_cast<size_t>(p.info.phase);
@@ -133,7 +134,7 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   out.spans.insert(out.spans.end(), host_spans_.begin(), host_spans_.end());
   // Note [Exposed all-to-all]
   out.exposed_s = schedule::uncovered_time(schedule::merge_intervals(std::move(all_to_all)),
-                                           schedule::merge_intervals(std::move(compute)));
+                                           schedule::merge_intervals(out.compute));
   for (int k = 0; k < kNumNodeKinds; ++k) {
     if (count[k][0] == 0) continue;  // not on this rank
     auto mean = [&](size_t ph) { return count[k][ph] > 0 ? sum[k][ph] / count[k][ph] : 0.0; };

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "core/config.h"
+#include "runtime/alltoall_wait.h"
 #include "runtime/timeline.h"
 #include "schedule/cost_model.h"
 
@@ -89,6 +90,10 @@ class DeviceStreams {
   struct StepTimes {
     std::vector<Span> spans;
     double all_to_all_s = 0, exposed_s = 0;
+    // The all-to-all spans in the order the host issued them, and the compute stream's node
+    // intervals (Note [Waiting for the slowest expert rank]).
+    std::vector<AllToAllSpan> all_to_all;
+    std::vector<std::pair<double, double>> compute;
     double end_s = 0;  // the last span's end: the measured forward-backward time
     schedule::NodeTimesTable node_times;  // means over the step's layers and micro-batches
   };

@@ -534,6 +534,13 @@ StepResult PipelineTrainer::step() {
     spans_ = std::move(t.spans);
     comm_busy_s_ = t.all_to_all_s;
     comm_exposed_s_ = t.exposed_s;
+    // Note [Waiting for the slowest expert rank]: every rank of the expert group is here.
+    comm_waiting_s_ = -1;
+    if (groups_->layout.ep > 1) {
+      const std::vector<std::string> group =
+          groups_->ep->all_gather_bytes(alltoall_durations_text(t.all_to_all));
+      comm_waiting_s_ = exposed_waiting_seconds(t.all_to_all, group, t.compute);
+    }
     node_times_ = t.node_times;
     fb_seconds_ = t.end_s;
   }

@@ -109,6 +109,9 @@ class PipelineTrainer {
   double measured_forward_backward_seconds() const { return fb_seconds_; }
   double comm_busy_seconds() const { return comm_busy_s_; }
   double comm_exposed_seconds() const { return comm_exposed_s_; }
+  // GPU with EP > 1 (else negative): of comm_exposed_seconds, the part spent waiting for a
+  // later rank of the expert group (Note [Waiting for the slowest expert rank]).
+  double comm_exposed_waiting_seconds() const { return comm_waiting_s_; }
   // Steady-clock seconds at which the last step started (the timeline's zero).
   double step_start_seconds() const;
   // Rows this rank's experts received in the last step for each (micro-batch, global layer) of
@@ -218,7 +221,7 @@ class PipelineTrainer {
   std::mutex spans_mutex_;
   std::vector<Span> spans_;
   std::chrono::steady_clock::time_point step_start_;
-  double comm_busy_s_ = 0, comm_exposed_s_ = 0;
+  double comm_busy_s_ = 0, comm_exposed_s_ = 0, comm_waiting_s_ = -1;
   schedule::RoutingCounts routing_;  // this step's, this rank's layers
   GradientHook after_backward_;
 };

@@ -37,7 +37,7 @@ struct TrainRun {
   std::vector<double> losses, norms;
   std::vector<float> params;  // every master weight after the last step
   std::vector<Span> timeline;
-  double busy = 0, exposed = 0, forward_backward = 0, step_seconds = 0;
+  double busy = 0, exposed = 0, waiting = -1, forward_backward = 0, step_seconds = 0;
   schedule::NodeTimesTable node_times;
 };
 
@@ -68,6 +68,7 @@ TrainRun train(CommOverlap overlap, int steps) {
   r.timeline = trainer.timeline();
   r.busy = trainer.comm_busy_seconds();
   r.exposed = trainer.comm_exposed_seconds();
+  r.waiting = trainer.comm_exposed_waiting_seconds();
   r.forward_backward = trainer.measured_forward_backward_seconds();
   r.node_times = trainer.measured_node_times();
   return r;
@@ -126,6 +127,10 @@ TEST(GpuPipeline, TimelineComesFromCudaEvents) {
     EXPECT_GT(r->busy, 0);
     EXPECT_GE(r->exposed, 0);
     EXPECT_LE(r->exposed, r->busy + 1e-6) << "exposed all-to-all above its busy time";
+    // Note [Waiting for the slowest expert rank]: the two ranks' spans matched, and the wait
+    // is part of the exposed time.
+    EXPECT_GE(r->waiting, 0);
+    EXPECT_LE(r->waiting, r->exposed + 1e-9);
     EXPECT_GT(r->forward_backward, 0);
     EXPECT_LE(r->forward_backward, r->step_seconds) << "the GPU's forward-backward is part of "
                                                         "the step's wall time";
