@@ -16,7 +16,7 @@ namespace {
 enum class BlockOrder : uint8_t { kSourceToExpert, kExpertToSource };
 
 // Copies the row blocks (source s, local expert e) of `in` into `out`, from source-major to
-// expert-major order or back. c: the rows received per block, [P * el], source-major.
+// expert-major order or back, in one op. c: the rows received per block, [P * el], source-major.
 void reorder_blocks(const Tensor& out, const Tensor& in, const std::vector<int32_t>& c, int64_t p,
                     int64_t el, BlockOrder order) {
   std::vector<int64_t> src_major(static_cast<size_t>(p * el)), exp_major(src_major.size());
@@ -26,13 +26,14 @@ void reorder_blocks(const Tensor& out, const Tensor& in, const std::vector<int32
   for (int64_t e = 0; e < el; ++e) {
     for (int64_t s = 0; s < p; ++s) exp_major[s * el + e] = std::exchange(off, off + c[s * el + e]);
   }
+  const bool to_expert = order == BlockOrder::kSourceToExpert;
+  std::vector<ops::RowBlock> blocks;
   for (int64_t i = 0; i < p * el; ++i) {
     if (c[i] == 0) continue;
-    const bool to_expert = order == BlockOrder::kSourceToExpert;
-    const int64_t from = to_expert ? src_major[i] : exp_major[i];
-    const int64_t to = to_expert ? exp_major[i] : src_major[i];
-    out.narrow_rows(to, c[i]).copy_from(in.narrow_rows(from, c[i]));
+    blocks.push_back({to_expert ? src_major[i] : exp_major[i],
+                      to_expert ? exp_major[i] : src_major[i], c[i]});
   }
+  ops::copy_row_blocks(out, in, blocks);
 }
 
 // Rows this rank sends to each peer (its routed rows for the peer's experts) and receives from

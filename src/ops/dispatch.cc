@@ -129,6 +129,10 @@ void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, 
   TANDEM_OP(dx, permute_backward, dx, dout, perm, k, acc);
 }
 
+void copy_row_blocks(const Tensor& out, const Tensor& in, const std::vector<RowBlock>& blocks) {
+  TANDEM_OP(out, copy_row_blocks, out, in, blocks);
+}
+
 void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
   TANDEM_OP(out, combine_forward, out, y, perm, topk_w);
 }

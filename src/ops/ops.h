@@ -13,6 +13,7 @@
 
 #include "core/host_read.h"
 #include "core/tensor.h"
+#include "ops/row_blocks.h"
 
 namespace tandem::ops {
 

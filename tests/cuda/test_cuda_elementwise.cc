@@ -645,6 +645,54 @@ TEST(CudaMoe, PermuteForwardAndBackward) {
   }
 }
 
+// `count` blocks of random sizes (some empty) tiling [0, rows) of the input, laid out in a
+// shuffled order in the output.
+std::vector<ops::RowBlock> shuffled_blocks(int64_t count, uint64_t seed, int64_t& rows) {
+  std::vector<ops::RowBlock> blocks(static_cast<size_t>(count));
+  rows = 0;
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t n = static_cast<int64_t>(splitmix64(seed * 7919 + uint64_t(i)) % 5);  // 0..4
+    blocks[i] = {rows, 0, n};
+    rows += n;
+  }
+  std::vector<size_t> order(blocks.size());
+  for (size_t i = 0; i < order.size(); ++i) order[i] = i;
+  for (size_t i = order.size(); i > 1; --i) {
+    std::swap(order[i - 1], order[splitmix64(seed + i) % i]);
+  }
+  int64_t at = 0;
+  for (size_t i : order) {
+    blocks[i].to = at;
+    at += blocks[i].rows;
+  }
+  return blocks;
+}
+
+TEST(CudaMoe, CopyRowBlocksIsTheCpuCopy) {
+  // 16-byte vectors (h 1024 bf16), bytes (h 3 bf16, 6-byte rows; a misaligned base), f32 rows;
+  // 100 blocks take two launches.
+  struct Case {
+    int64_t h, blocks;
+    DType dt;
+    bool misaligned;
+  };
+  for (const Case c : {Case{1024, 8, kBF16, false}, Case{1024, 100, kBF16, false},
+                       Case{3, 100, kBF16, false}, Case{8, 20, kBF16, true},
+                       Case{5, 30, kF32, false}}) {
+    const std::string what = "h " + std::to_string(c.h) + " blocks " + std::to_string(c.blocks) +
+                             " " + name(c.dt) + (c.misaligned ? " misaligned" : "");
+    int64_t rows = 0;
+    const std::vector<ops::RowBlock> blocks = shuffled_blocks(c.blocks, 50 + c.h, rows);
+    const Tensor in0 = random_host({rows, c.h}, 51), out0 = random_host({rows + 2, c.h}, 52);
+    const Tensor in = c.misaligned ? misaligned_gpu(in0, c.dt) : to_gpu(in0, c.dt);
+    const Tensor out = c.misaligned ? misaligned_gpu(out0, c.dt) : to_gpu(out0, c.dt);
+    ops::copy_row_blocks(out, in, blocks);
+    Tensor want = ref_copy(out0, c.dt);
+    ops::copy_row_blocks(want, rounded(in0, c.dt), blocks);
+    expect_close(to_host_f32(out), want, kExact, what);
+  }
+}
+
 TEST(CudaMoe, CombineForwardAndBackward) {
   for (const PermCase& c : kPermCases) {
     for (int64_t h : kWidths) {

@@ -218,5 +218,35 @@ TEST(Combine, F32MatchesF64) {
   for (int j = 0; j < 3; ++j) expect_f32_close(res[1][j], res[0][j], names[j]);
 }
 
+TEST(RowBlocks, CopiesEachBlockAndChecksItsArguments) {
+  // Rows of 2 elements; blocks move [0,2) -> [3,5), [2,3) -> [0,1), [3,5) -> [1,3); row 5 of out
+  // is left as it was.
+  Tensor in = f64({5, 2}, {0, 1, 10, 11, 20, 21, 30, 31, 40, 41});
+  Tensor out = f64({6, 2}, {-1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -7, -7});
+  copy_row_blocks(out, in, {{0, 3, 2}, {2, 0, 1}, {3, 1, 2}, {4, 5, 0}});
+  EXPECT_EQ(values(out), (std::vector<double>{20, 21, 30, 31, 40, 41, 0, 1, 10, 11, -7, -7}));
+  // Any dtype: i32 rows of 3.
+  Tensor ii = make({2, 3}, DType::kI32), io = make({2, 3}, DType::kI32);
+  for (int j = 0; j < 6; ++j) ii.data<int32_t>()[j] = j;
+  copy_row_blocks(io, ii, {{0, 1, 1}, {1, 0, 1}});
+  EXPECT_EQ(values(io), (std::vector<double>{3, 4, 5, 0, 1, 2}));
+  // Errors name what is wrong.
+  auto message = [](auto f) {
+    try {
+      f();
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(message([&] { copy_row_blocks(out, in, {{4, 5, 2}}); }).find("outside"),
+            std::string::npos);
+  EXPECT_NE(message([&] { copy_row_blocks(out, in, {{0, 0, 2}, {2, 1, 1}}); }).find("overlap"),
+            std::string::npos);
+  EXPECT_NE(message([&] { copy_row_blocks(io, in, {}); }).find("must match"), std::string::npos);
+  Tensor wide = make({2, 3}, DType::kF64);
+  EXPECT_NE(message([&] { copy_row_blocks(out, wide, {}); }).find("elements"), std::string::npos);
+}
+
 }  // namespace
 }  // namespace tandem::ops::test

@@ -1,6 +1,8 @@
 // CPU Mixtral router (top-k, softmax over the selected logits, switch aux loss) and the dropless
 // token permutation by expert. Every loop runs in a fixed order: results are bitwise reproducible.
 #include <cmath>
+#include <cstddef>
+#include <cstring>
 #include <vector>
 
 #include "ops/cpu/common.h"
@@ -237,6 +239,20 @@ void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, 
       }
     }
   });
+}
+
+void copy_row_blocks(const Tensor& out, const Tensor& in, const std::vector<RowBlock>& blocks) {
+  const char* op = "copy_row_blocks";
+  TANDEM_CHECK(out.device() == Device::kCPU && in.device() == Device::kCPU, op,
+               ": out and in must both be on the CPU");
+  const int64_t row_bytes = check_row_blocks(op, out, in, blocks);
+  auto* dst = static_cast<std::byte*>(out.raw_data());
+  const auto* src = static_cast<const std::byte*>(in.raw_data());
+  for (const RowBlock& b : blocks) {
+    if (b.rows == 0) continue;
+    std::memcpy(dst + b.to * row_bytes, src + b.from * row_bytes,
+                static_cast<size_t>(b.rows * row_bytes));
+  }
 }
 
 void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {

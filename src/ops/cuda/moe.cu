@@ -47,6 +47,37 @@ unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
+// ---- row blocks ----
+
+constexpr int kCopyBlocksPerLaunch = 64;  // 1.5 KiB of kernel parameters
+constexpr int64_t kCopyTileBytes = int64_t{kThreads} * 4 * 16;  // 4 16-byte vectors a thread
+
+// Byte ranges to copy: [src, src + bytes) of the input to [dst, dst + bytes) of the output.
+struct CopyBlocks {
+  int64_t src[kCopyBlocksPerLaunch], dst[kCopyBlocksPerLaunch], bytes[kCopyBlocksPerLaunch];
+};
+
+// Block blockIdx.y of `b`, tile by tile over blockIdx.x (grid-stride); 16-byte vectors when
+// every range and both bases are 16-byte aligned (`vec`), else bytes.
+__global__ void __launch_bounds__(kThreads)
+    copy_blocks_kernel(char* out, const char* in, CopyBlocks b, bool vec) {
+  const int i = static_cast<int>(blockIdx.y);
+  const int64_t n = b.bytes[i];
+  char* dst = out + b.dst[i];
+  const char* src = in + b.src[i];
+  for (int64_t t = int64_t{blockIdx.x} * kCopyTileBytes; t < n;
+       t += int64_t{gridDim.x} * kCopyTileBytes) {
+    const int64_t end = t + kCopyTileBytes < n ? t + kCopyTileBytes : n;
+    if (vec) {
+      for (int64_t j = t + int64_t{threadIdx.x} * 16; j < end; j += int64_t{kThreads} * 16) {
+        *reinterpret_cast<uint4*>(dst + j) = *reinterpret_cast<const uint4*>(src + j);
+      }
+    } else {
+      for (int64_t j = t + threadIdx.x; j < end; j += kThreads) dst[j] = src[j];
+    }
+  }
+}
+
 // ---- router ----
 
 // Whether candidate (v, i) beats (bv, bi): higher logit, ties (and unordered NaN) to the lower
@@ -574,6 +605,39 @@ void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, 
       static_cast<bf16*>(dx.raw_data()), static_cast<const bf16*>(dout.raw_data()), inv, d.n, k,
       d.h, acc == Accumulate::kAdd, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void copy_row_blocks(const Tensor& out, const Tensor& in, const std::vector<RowBlock>& blocks) {
+  const char* op = "copy_row_blocks";
+  expect_cuda_rank(op, "out", out, {DType::kBF16, DType::kF32, DType::kF64, DType::kI32}, -1);
+  expect_cuda_rank(op, "in", in, {out.dtype()}, -1);
+  const int64_t row_bytes = check_row_blocks(op, out, in, blocks);
+  auto* dst = static_cast<char*>(out.raw_data());
+  const auto* src = static_cast<const char*>(in.raw_data());
+  const bool vec = row_bytes % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 16 == 0 &&
+                   reinterpret_cast<uintptr_t>(src) % 16 == 0;
+  CopyBlocks b{};
+  int count = 0;
+  int64_t longest = 0;
+  auto launch = [&] {
+    if (count == 0) return;
+    const int64_t tiles = (longest + kCopyTileBytes - 1) / kCopyTileBytes;
+    const auto x = static_cast<unsigned>(std::min<int64_t>(tiles, 1024));
+    copy_blocks_kernel<<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, stream()>>>(
+        dst, src, b, vec);
+    TANDEM_CUDA_CHECK_LAUNCH();
+    count = 0;
+    longest = 0;
+  };
+  for (const RowBlock& r : blocks) {
+    if (r.rows == 0 || row_bytes == 0) continue;
+    b.src[count] = r.from * row_bytes;
+    b.dst[count] = r.to * row_bytes;
+    b.bytes[count] = r.rows * row_bytes;
+    longest = std::max(longest, b.bytes[count]);
+    if (++count == kCopyBlocksPerLaunch) launch();
+  }
+  launch();
 }
 
 void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
