@@ -124,10 +124,12 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
         node.times.backward_input_s *= p.own;
         node.times.backward_weight_s *= p.own;
       } else if (kind == NodeKind::kCombine) {
-        node.times.forward_s += p.wait * balanced_times(NodeKind::kExperts, in, s).forward_s;
+        node.wait.forward_s = p.wait * balanced_times(NodeKind::kExperts, in, s).forward_s;
+        node.times.forward_s += node.wait.forward_s;
       } else if (kind == NodeKind::kDispatch) {
-        node.times.backward_input_s +=
+        node.wait.backward_input_s =
             p.wait * balanced_times(NodeKind::kExperts, in, s).backward_input_s;
+        node.times.backward_input_s += node.wait.backward_input_s;
       }
     }
   }

@@ -28,6 +28,9 @@ struct StageNode {
   // received rows; empty: saved_bytes and weight_saved_bytes hold for every micro-batch.
   std::vector<int64_t> saved_bytes_by_mb, weight_saved_bytes_by_mb;
   NodePhaseTimes times;
+  // Of `times`, the first part of an all-to-all spent waiting for the group's slowest expert
+  // rank (Note [Slowest expert rank] in routing_file.h): combine forward, dispatch backward.
+  NodePhaseTimes wait;
 
   int64_t saved(int32_t mb) const {
     return saved_bytes_by_mb.empty() ? saved_bytes : saved_bytes_by_mb[mb];

@@ -72,6 +72,15 @@ std::string format_plan_table(const Plan& plan) {
         format_bytes(r.workspace_peak_bytes).c_str(), format_bytes(r.peak_bytes).c_str());
     out << line;
   }
+  bool waits = false;
+  for (const RankResult& r : plan.sim.ranks) waits = waits || r.exposed_alltoall_waiting_s > 0;
+  if (waits) {
+    out << "of the exposed a2a, waiting for the slowest expert rank:";
+    for (const RankResult& r : plan.sim.ranks) {
+      out << " rank " << r.rank << " " << format_time(r.exposed_alltoall_waiting_s, cm);
+    }
+    out << "\n";
+  }
   out << "(activations, in flight and workspace: each at its own peak; peak: static + "
          "activations + in flight + workspace at the rank's highest point";
   if (plan.inputs.gpu) {
@@ -107,6 +116,7 @@ nlohmann::json plan_summary_json(const Plan& plan) {
                      {"comm_busy_s", r.comm_busy_s},
                      {"exposed_comm_s", r.exposed_comm_s},
                      {"exposed_alltoall_s", r.exposed_alltoall_s},
+                     {"exposed_alltoall_waiting_s", r.exposed_alltoall_waiting_s},
                      {"param_bytes", r.static_memory.param_bytes},
                      {"grad_bytes", r.static_memory.grad_bytes},
                      {"optimizer_bytes", r.static_memory.optimizer_bytes},

@@ -27,6 +27,7 @@ struct Span {
   Stream stream = Stream::kCompute;
   Phase phase = Phase::kForward;
   NodeKind node = NodeKind::kEmbed;  // kind == kNode only
+  double wait = 0;  // of [start, end), the first seconds waiting for the slowest expert rank
 };
 
 // Memory after a change: saved activations, in-flight pipeline buffers (received inputs and
@@ -52,6 +53,9 @@ struct RankResult {
   double bubble_fraction = 0;     // 1 - busy_fraction
   double exposed_comm_s = 0;      // communication while the compute stream is idle
   double exposed_alltoall_s = 0;  // the same, for dispatch and combine only
+  // Of exposed_alltoall_s, the time only the all-to-alls' waits for the slowest expert rank were
+  // in flight (the runtime's split, Note [Waiting for the slowest expert rank]).
+  double exposed_alltoall_waiting_s = 0;
   int64_t activation_peak_bytes = 0;
   int64_t in_flight_peak_bytes = 0;
   int64_t workspace_peak_bytes = 0;  // op temporaries (Note [Node workspace]), at their peak

@@ -124,6 +124,16 @@ SimResult summarize(SimState& sim) {
     out.comm_busy_s = total(comm);
     out.exposed_comm_s = uncovered_time(comm, compute);
     out.exposed_alltoall_s = uncovered_time(a2a, compute);
+    if (!a2a.empty()) {  // the transfers: each all-to-all span after its wait
+      Intervals transfer;
+      for (const Span& s : st.spans) {
+        if (s.kind == SpanKind::kNode && s.stream == Stream::kComm) {
+          transfer.emplace_back(std::min(s.start + s.wait, s.end), s.end);
+        }
+      }
+      out.exposed_alltoall_waiting_s = std::max(
+          0.0, out.exposed_alltoall_s - uncovered_time(merge_intervals(transfer), compute));
+    }
     memory_curve(st, out);
     out.peak_live_microbatches = peak_live(st.live);
     out.spans = std::move(st.spans);

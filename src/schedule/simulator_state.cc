@@ -97,8 +97,9 @@ void HalfRun::node(int32_t k) {
   const double start = sim_.start_time(rank_, n.stream, ready_);
   double end = 0;
   if (forward) {
-    end = sim_.issue(rank_, n.stream, ready_, n.times.forward_s,
-                     SimState::node_span(index_, half_, n, Phase::kForward));
+    Span span = SimState::node_span(index_, half_, n, Phase::kForward);
+    span.wait = n.wait.forward_s;
+    end = sim_.issue(rank_, n.stream, ready_, n.times.forward_s, span);
     // Saved bytes before the workspace goes: the phase's peak holds both (Note [Node
     // workspace] in core/footprint.h).
     sim_.memory(rank_, start, n.workspace.forward, MemKind::kWorkspace);
@@ -106,8 +107,9 @@ void HalfRun::node(int32_t k) {
     sim_.memory(rank_, end, -n.workspace.forward, MemKind::kWorkspace);
     last_ = end;
   } else {
-    end = sim_.issue(rank_, n.stream, ready_, n.times.backward_input_s,
-                     SimState::node_span(index_, half_, n, Phase::kBackwardInput));
+    Span span = SimState::node_span(index_, half_, n, Phase::kBackwardInput);
+    span.wait = n.wait.backward_input_s;
+    end = sim_.issue(rank_, n.stream, ready_, n.times.backward_input_s, span);
     // The gradient the stage received is in flight until this node ends, not workspace.
     const int64_t ws =
         n.workspace.backward_input - (done_ == 0 && has_input ? n.workspace.incoming_grad : 0);

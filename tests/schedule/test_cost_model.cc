@@ -210,6 +210,13 @@ TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
         EXPECT_NEAR(n.times.backward_input_s, 1 + 3, kEps);
       }
     }
+    // Per micro-batch: attn [0,2] disp [2,3] exp [3,4.5] comb [4.5,8.5] (waiting [4.5,7.5]);
+    // comb.b [8.5,9.5] exp I [9.5,11] W [11,12.5] disp.b [11,15] (waiting [11,14]) attn
+    // [15,19]. Exposed all-to-all 1 + 4 + 1 + 2.5 = 8.5, of it the transfers' 1 + 1 + 1 + 1 = 4:
+    // 4.5 waiting; two micro-batches.
+    const RankResult& r = plan.sim.ranks[0];
+    EXPECT_NEAR(r.exposed_alltoall_s, 17, kEps);
+    EXPECT_NEAR(r.exposed_alltoall_waiting_s, 9, kEps);
   }
   EXPECT_NEAR(experts_input_half(true, false), 5, kEps);
   EXPECT_NEAR(experts_input_half(true, true), 3, kEps);
@@ -227,6 +234,7 @@ TEST(Simulator, OneFOneBExposesEveryAllToAllThatHasNothingToHideBehind) {
   EXPECT_NEAR(r.comm_busy_s, 8, kEps);
   EXPECT_NEAR(r.exposed_comm_s, 6, kEps);
   EXPECT_NEAR(r.exposed_alltoall_s, 6, kEps);
+  EXPECT_NEAR(r.exposed_alltoall_waiting_s, 0, kEps);  // balanced routing: nobody waits
   // With one expert rank, dispatch and combine permute rows in place: the same times, no
   // all-to-all (as the runtime counts it).
   PlanRequest one = table_request("1f1b", 1, 2);
