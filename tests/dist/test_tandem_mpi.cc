@@ -2,6 +2,7 @@
 // on one rank), and for faults the exit status, the time taken and the message.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <string>
@@ -112,24 +113,36 @@ TEST(TandemMpi, PlanWithTheMeasuredRoutingPredictsEachRanksActivationPeak) {
                        "/log.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json last = tandem::test::json_lines(dir + "/log.jsonl").back();
-  auto planned = [&](const std::string& extra) {
+  auto plan_rank = [&](const std::string& extra) {
     const Result p = run(std::string(TANDEM_BIN) + " plan" + kModel + ep +
                          " --num-microbatches 4 --json" + extra);
     EXPECT_EQ(p.code, 0) << p.output;
     const size_t brace = p.output.find('{');
-    return nlohmann::json::parse(p.output.substr(brace)).at("ranks")[0]
-        .at("activation_peak_bytes").get<int64_t>();
+    return nlohmann::json::parse(p.output.substr(brace)).at("ranks")[0];
   };
-  const int64_t balanced = planned("");
+  auto peak = [](const nlohmann::json& rank) {
+    return rank.at("activation_peak_bytes").get<int64_t>();
+  };
+  auto waiting = [](const nlohmann::json& rank) {
+    return rank.at("exposed_alltoall_waiting_s").get<double>();
+  };
+  const nlohmann::json balanced = plan_rank("");
+  EXPECT_EQ(waiting(balanced), 0);  // balanced routing: no rank waits for another
   bool balanced_missed = false;
+  double most_waiting = 0;
   for (int rank = 0; rank < 2; ++rank) {
     const int64_t measured = last.at("activation_peak_bytes")[rank].get<int64_t>();
-    EXPECT_EQ(planned(" --routing " + dir + "/r.json --routing-rank " + std::to_string(rank)),
-              measured)
-        << "rank " << rank;
-    balanced_missed = balanced_missed || balanced != measured;
+    const nlohmann::json mine =
+        plan_rank(" --routing " + dir + "/r.json --routing-rank " + std::to_string(rank));
+    EXPECT_EQ(peak(mine), measured) << "rank " << rank;
+    balanced_missed = balanced_missed || peak(balanced) != measured;
+    // Note [Slowest expert rank]: the waits are part of the exposed all-to-all.
+    EXPECT_GE(waiting(mine), 0) << "rank " << rank;
+    EXPECT_LE(waiting(mine), mine.at("exposed_alltoall_s").get<double>()) << "rank " << rank;
+    most_waiting = std::max(most_waiting, waiting(mine));
   }
   EXPECT_TRUE(balanced_missed) << "the routing was balanced: the test shows nothing";
+  EXPECT_GT(most_waiting, 0) << "uneven routing, yet the faster rank waits for nobody";
   const Result missing = run(std::string(TANDEM_BIN) + " plan" + kModel + ep +
                              " --num-microbatches 4 --routing " + dir + "/r.json --routing-rank 7");
   EXPECT_EQ(missing.code, 2);
