@@ -113,14 +113,12 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   };
   std::array<std::array<double, 3>, kNumNodeKinds> sum{};
   std::array<std::array<int64_t, 3>, kNumNodeKinds> count{};
-  std::vector<std::pair<double, double>> all_to_all;
   for (const Pending& p : pending_) {
     const double b = seconds(p.begin), e = seconds(p.end);
     out.spans.push_back({p.info.track, p.info.name, b, e});
     out.end_s = std::max(out.end_s, e);
     if (p.info.all_to_all) {
       out.all_to_all_s += e - b;
-      all_to_all.emplace_back(b, e);
       out.all_to_all.push_back({p.info.name, b, e});
     } else if (p.info.track == "compute" && p.info.kind >= 0) {
       out.compute.emplace_back(b, e);
@@ -133,6 +131,8 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   }
   out.spans.insert(out.spans.end(), host_spans_.begin(), host_spans_.end());
   // Note [Exposed all-to-all]
+  std::vector<std::pair<double, double>> all_to_all;
+  for (const AllToAllSpan& s : out.all_to_all) all_to_all.emplace_back(s.start, s.end);
   out.exposed_s = schedule::uncovered_time(schedule::merge_intervals(std::move(all_to_all)),
                                            schedule::merge_intervals(out.compute));
   for (int k = 0; k < kNumNodeKinds; ++k) {

@@ -10,13 +10,17 @@ namespace {
 
 using Intervals = std::vector<std::pair<double, double>>;
 
-enum class Which : uint8_t { kAll, kNodesOnly };  // kNodesOnly: not pipeline messages
+// kNodesOnly: not pipeline messages; kNodesAfterWait: the same, each from the end of its wait
+// for the slowest expert rank (Span::wait).
+enum class Which : uint8_t { kAll, kNodesOnly, kNodesAfterWait };
 
 Intervals stream_intervals(const std::vector<Span>& spans, Stream stream, Which which) {
   Intervals out;
   for (const Span& s : spans) {
-    if (s.stream == stream && (which == Which::kAll || s.kind == SpanKind::kNode))
-      out.emplace_back(s.start, s.end);
+    if (s.stream != stream || (which != Which::kAll && s.kind != SpanKind::kNode)) continue;
+    const double start = which == Which::kNodesAfterWait ? std::min(s.start + s.wait, s.end)
+                                                         : s.start;
+    out.emplace_back(start, s.end);
   }
   return out;
 }
@@ -124,15 +128,10 @@ SimResult summarize(SimState& sim) {
     out.comm_busy_s = total(comm);
     out.exposed_comm_s = uncovered_time(comm, compute);
     out.exposed_alltoall_s = uncovered_time(a2a, compute);
-    if (!a2a.empty()) {  // the transfers: each all-to-all span after its wait
-      Intervals transfer;
-      for (const Span& s : st.spans) {
-        if (s.kind == SpanKind::kNode && s.stream == Stream::kComm) {
-          transfer.emplace_back(std::min(s.start + s.wait, s.end), s.end);
-        }
-      }
-      out.exposed_alltoall_waiting_s = std::max(
-          0.0, out.exposed_alltoall_s - uncovered_time(merge_intervals(transfer), compute));
+    if (!a2a.empty()) {  // less the exposed time of the transfers (each span after its wait)
+      const Intervals transfer = stream_intervals(st.spans, Stream::kComm, Which::kNodesAfterWait);
+      out.exposed_alltoall_waiting_s =
+          std::max(0.0, out.exposed_alltoall_s - uncovered_time(transfer, compute));
     }
     memory_curve(st, out);
     out.peak_live_microbatches = peak_live(st.live);
