@@ -148,6 +148,10 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                {},
                "PATH"});
   s.push_back({"data-format", &o.data_format, "format of --data-path", Bound::kAny, kDataFormats});
+  s.push_back({"mock-data", &o.mock_data,
+               "train on uniformly random tokens in [0, --vocab-size) instead of a data set, as "
+               "Megatron's --mock-data and torch_peer.py do (for benchmarks: random tokens spread "
+               "over all experts, the addition task's few bytes do not)"});
   s.push_back({"save",
                &o.save_dir,
                "directory to save checkpoints to (default: none, no saving)",
@@ -533,7 +537,9 @@ void check_combinations(const RunOptions& o) {
   o.model.validate();
   o.train.validate(1);  // TODO(lead): pass world_size / (pp * ep) once the launcher knows it
   const ParallelConfig& p = o.parallel;
-  if (o.data_path.empty()) {
+  TANDEM_CHECK(!(o.mock_data && !o.data_path.empty()), "--mock-data and --data-path ",
+               o.data_path, " both name the training data: give one of them");
+  if (o.data_path.empty() && !o.mock_data) {
     TANDEM_CHECK(o.model.vocab_size >= 256, "--vocab-size ", o.model.vocab_size,
                  " is too small for the built-in task: its tokens are bytes (0..255), so it needs "
                  "--vocab-size >= 256 (or give --data-path)");

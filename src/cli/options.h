@@ -21,6 +21,7 @@ struct RunOptions {
   std::string config_file;       // --config FILE.toml
   std::string data_path;         // --data-path; empty: the built-in addition task
   std::string data_format = "auto";  // auto | megatron | tokens | text
+  bool mock_data = false;        // --mock-data: uniformly random tokens (benchmarks)
   std::string save_dir;          // --save
   int64_t save_interval = 0;     // --save-interval (0: only at the end when --save is set)
   std::string load_dir;          // --load

@@ -69,6 +69,7 @@ nlohmann::json checkpoint_option_values(const std::string& load_dir) {
 }
 
 nlohmann::json describe_data(const RunOptions& o) {
+  if (o.mock_data) return {{"format", "mock"}, {"vocab_size", o.model.vocab_size}};
   if (o.data_path.empty()) {
     return {{"format", "addition"}, {"addition_max_digits", o.addition_max_digits}};
   }

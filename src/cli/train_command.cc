@@ -15,6 +15,7 @@
 #endif
 #include "data/addition.h"
 #include "data/file_dataset.h"
+#include "data/mock.h"
 #include "runtime/checkpoint.h"
 #include "runtime/trainer.h"
 #include "train_common.h"
@@ -22,6 +23,7 @@
 namespace tandem::cli {
 
 std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o) {
+  if (o.mock_data) return std::make_unique<data::MockDataset>(o.train.seed, o.model.vocab_size);
   if (o.data_path.empty()) {
     TANDEM_CHECK(o.addition_max_digits <= data::kAdditionMaxDigitsLimit, "--addition-max-digits ",
                  o.addition_max_digits, " is invalid: it must be between 1 and ",

@@ -202,6 +202,10 @@ std::vector<BadInput> data_cases() {
          write_text(w / "m.bin", std::string(64, '\1'));
          write_text(w / "m.idx", megatron_idx(std::string("MMIDIDX\0\0", 9), uint64_t{1} << 60, 1));
        }},
+      {"mock data and a data path",
+       small({"--mock-data", "--data-path", "t.txt"}),
+       {"--mock-data and --data-path t.txt", "give one of them"},
+       file("t.txt", std::string(4096, 'a'))},
       {"data too short",
        small({"--data-path", "short.txt"}),
        {"short.txt", "fewer tokens than one sample"},

@@ -5,6 +5,7 @@
 // message of a stopped run; the JSON log of a run with a skipped step.
 #include <gtest/gtest.h>
 
+#include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -89,6 +90,34 @@ TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
             slurp(work / "full/iter_0000006/model.safetensors"));
   EXPECT_EQ(slurp(work / "ck/iter_0000006/optimizer.safetensors"),
             slurp(work / "full/iter_0000006/optimizer.safetensors"));
+}
+
+// --mock-data: uniformly random tokens hold nothing to learn, so the loss stays at ln(vocab)
+// while the addition task's falls in the same steps; the checkpoint records which data it saw.
+TEST(CheckpointProgram, MockDataHasNothingToLearnAndIsRecorded) {
+  TempDir work, capture;
+  const std::vector<std::string> common = {"--vocab-size", "512", "--train-iters", "20",
+                                           "--lr-decay-iters", "20"};
+  const auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), common.begin(), common.end());
+    return tiny(more);
+  };
+  RunResult r = run_tandem(with({"--mock-data", "--log-json", "mock.jsonl", "--save", "m"}),
+                           work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_tandem(with({"--log-json", "addition.jsonl"}), work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto mock = json_lines(work / "mock.jsonl");
+  const auto addition = json_lines(work / "addition.jsonl");
+  ASSERT_EQ(mock.size(), 20u);
+  ASSERT_EQ(addition.size(), 20u);
+  const double ln_vocab = std::log(512.0);
+  for (const auto& line : mock) EXPECT_GT(line["loss"].get<double>(), ln_vocab - 0.25) << line;
+  EXPECT_LT(addition.back()["loss"].get<double>(), ln_vocab - 1.0) << addition.back();
+  const nlohmann::json state =
+      nlohmann::json::parse(slurp(work / "m/iter_0000020/trainer_state.json"));
+  EXPECT_EQ(state["data"]["format"], "mock") << state["data"];
+  EXPECT_EQ(state["data"]["vocab_size"], 512) << state["data"];
 }
 
 // Killed at each stage of saving iteration 3 (Note [Checkpoint commit]): the checkpoints of
