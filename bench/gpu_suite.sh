@@ -129,7 +129,8 @@ for s in $SUITE; do
       # overlap, then torch_peer.py's pp schedules and ep mode, in one call.
       SB="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
       T=/tmp/multib; mkdir -p $T
-      tandem_runs "$SB" 2 150 $T multi_b.txt "one-gpu --global-batch-size 16" \
+      # tandem reads random tokens (--mock-data), as torch_peer.py does; DATA="" the addition task.
+      tandem_runs "$SB ${DATA---mock-data}" 2 150 $T multi_b.txt "one-gpu --global-batch-size 16" \
                  "dp2 --global-batch-size 32" \
                  "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
                  "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
@@ -147,7 +148,7 @@ for s in $SUITE; do
       # A/B of tandem binaries (AB="tandem-base tandem", each in devrun/bin) on shape (b)'s EP2
       # combined 1F1B with overlap, fresh and balanced routing, binary by binary for each; the
       # last step's trace of each run.
-      SB="${SHAPE_B/--num-microbatches 8/}"; T=/tmp/ab; mkdir -p $T
+      SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/ab; mkdir -p $T
       for r in fresh balanced; do
         for bin in ${AB:-tandem}; do
           extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
@@ -174,7 +175,7 @@ for s in $SUITE; do
       SG="--num-layers $LE --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts $LE --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2"
       T=/tmp/scaleb; mkdir -p $T; GB=$(( 16 * G / PP ))
       echo "shape (b) scaled to $G GPUs: $LE layers and experts" | tee -a "$OUT/scale_b.txt"
-      tandem_runs "$SG" $G 240 $T scale_b.txt "one-gpu --global-batch-size 16" \
+      tandem_runs "$SG ${DATA---mock-data}" $G 240 $T scale_b.txt "one-gpu --global-batch-size 16" \
                  "pp-1f1b --pipeline-model-parallel-size $PP --schedule 1f1b --global-batch-size $GB --node-times-out $OUT/nodes-pp.json" \
                  "pp-interleaved --pipeline-model-parallel-size $PP --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size $GB" \
                  "pp-combined --pipeline-model-parallel-size $PP --schedule combined-1f1b --global-batch-size $GB" \
