@@ -149,7 +149,7 @@ NodeWorkspace ffn_workspace(NodeKind kind, const ModelConfig& cfg, const Footpri
   NodeWorkspace w;
   w.forward = rows * h * es;        // expert_out or the layer's out, handed on
   w.incoming_grad = rows * h * es;  // d_y or d_out
-  // + d_act, d_gate, d_up and the input gradient (d_expert_in or d_n2)
+  // + d_act, d_gate_up (2F wide) and the input gradient (d_expert_in or d_n2)
   w.backward_input = w.incoming_grad + 3 * rows * f * es + rows * h * es;
   if (experts) {  // the layer's d_out and d_topk_w, held until attention
     w.backward_input += s.tokens * h * es + s.tokens * cfg.moe_router_topk * s.stat_size();

@@ -41,11 +41,11 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //             rstd2 [N], lse [N*heads]; MoE adds statistics probs [N,E], topk_w [N,k], and
 //             topk_idx i32 [N,k], counts i32 [E], perm i32 [N*k]
 //  dispatch:  EP > 1: recv_counts i32 [EP * local E] (the rows it receives are the experts')
-//  experts:   x_in [R,H]; gate, up, act [R,F]; rows_per_expert i32 [local E]
+//  experts:   x_in [R,H]; gate_up [R,2F] (gate | up), act [R,F]; rows_per_expert i32 [local E]
 //             (recompute_experts: x_in and rows_per_expert only; the input-gradient backward
 //             forms act again and keeps it for the weight gradient)
 //  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
-//  mlp:       gate, up, act [N,F]
+//  mlp:       gate_up [N,2F] (gate | up), act [N,F]
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]
 //             fused LM head (training): x, d_nf [N,H]; statistic rstd [N] (the gradient is
 //             formed in the forward)
@@ -102,16 +102,16 @@ struct NodeWorkspace {
 //               EP = 1: the rows handed on [N*k,H]; EP > 1: send [R,H] and the larger of
 //               d_expert_in [R,H] and d_routed [N*k,H]
 //  experts:   F expert_out [R,H] (handed to combine)
-//             I d_out [N,H], d_topk_w [N,k] stat, d_y [R,H] (incoming), d_act, d_gate, d_up
-//               [R,F], d_expert_in [R,H]
-//             W d_y [R,H], d_gate, d_up [R,F]
+//             I d_out [N,H], d_topk_w [N,k] stat, d_y [R,H] (incoming), d_act [R,F],
+//               d_gate_up [R,2F], d_expert_in [R,H]
+//             W d_y [R,H], d_gate_up [R,2F]
 //  combine:   F out [N,H] (handed on); EP > 1: send [R,H] and the larger of expert_out [R,H]
 //               and out
 //             I d_out [N,H] (incoming), d_y [N*k,H], d_topk_w [N,k] stat; EP > 1: recv, and
 //               d_expert_out [R,H]
 //  mlp:       F out [N,H] (handed on)
-//             I d_out [N,H] (incoming, kept for W), d_act, d_gate, d_up [N,F], d_n2 [N,H]
-//             W d_out [N,H], d_gate, d_up [N,F]
+//             I d_out [N,H] (incoming, kept for W), d_act [N,F], d_gate_up [N,2F], d_n2 [N,H]
+//             W d_out [N,H], d_gate_up [N,2F]
 //  loss:      F (gradients formed in the forward) the logits block [block rows, padded V]
 //               bf16, nf [N,H], targets i32 [N], lse [N] stat, row losses [N] f32
 //             I d_x [N,H]

@@ -153,12 +153,11 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
     case NodeKind::kDispatch:
       return {&a.dispatch.recv_counts};
     case NodeKind::kExperts:
-      return {&a.experts.x_in, &a.experts.gate, &a.experts.up, &a.experts.act,
-              &a.experts.rows_per_expert};
+      return {&a.experts.x_in, &a.experts.gate_up, &a.experts.act, &a.experts.rows_per_expert};
     case NodeKind::kCombine:
       return {&a.combine.y};
     case NodeKind::kMlp:
-      return {&a.mlp.gate, &a.mlp.up, &a.mlp.act};
+      return {&a.mlp.gate_up, &a.mlp.act};
     default:
       return {};
   }
@@ -171,8 +170,7 @@ std::vector<const Tensor*> all_tensors(const LayerActs& a) {
       &a.x, &a.h1, &a.routed, &a.expert_in, &a.expert_rows, &a.expert_out, &a.out,
       &a.d_out, &a.d_expert_out, &a.d_expert_in, &a.d_routed, &a.d_topk_w, &a.d_n2, &a.d_x,
       &a.attn.d_h1, &a.attn.d_q, &a.attn.d_k, &a.attn.d_v, &a.attn.d_logits,
-      &a.experts.d_y, &a.experts.d_gate, &a.experts.d_up,
-      &a.mlp.d_out, &a.mlp.d_gate, &a.mlp.d_up};
+      &a.experts.d_y, &a.experts.d_gate_up, &a.mlp.d_out, &a.mlp.d_gate_up};
   for (NodeKind k : {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts,
                      NodeKind::kCombine, NodeKind::kMlp}) {
     for (const Tensor* t : saved_tensors(k, a)) out.push_back(t);

@@ -6,8 +6,6 @@
 
 namespace tandem::model {
 
-using ops::Accumulate;
-
 // Calls fn(local expert, first row, rows) for each local expert with rows.
 template <typename Fn>
 static void for_each_expert(const std::vector<int32_t>& rows, Fn fn) {
@@ -22,25 +20,32 @@ static void for_each_expert(const std::vector<int32_t>& rows, Fn fn) {
 // an elementwise op (SwiGLU and its backward) runs once over all rows rather than once per
 // expert: the same values, one kernel launch a node instead of one per expert (on the GPU each
 // launch costs the host ~15 us, and the host is what paces expert parallelism).
+//
+// Note [Gate and up in one product]: gate_proj and up_proj read the same input, and Parameters
+// places each pair one after the other ([F, H] then [F, H]), so the [2F, H] view over both
+// (w_gate_up, e_gate_up) forms gate and up in one product, rows (gate | up); SwiGLU reads that
+// packed layout. The backward is likewise one product each: d input = d_gate_up @ W_gate_up
+// (K = 2F, summed in f32 before rounding once, where two products rounded the first sum to the
+// activation dtype) and d W_gate_up = d_gate_up^T @ input. Per expert 6 products a layer and
+// micro-batch instead of 9, each twice as wide; the values are gate's and up's as before.
 
-// gate, up and act of every local expert's rows: the products and SwiGLU of the forward.
-static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, const Tensor& gate,
-                               const Tensor& up, const Tensor& act) {
+// gate_up and act of every local expert's rows: the products and SwiGLU of the forward.
+static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, const Tensor& gate_up,
+                               const Tensor& act) {
   for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    const Tensor x = s.x_in.narrow_rows(begin, rows);
-    ops::linear_forward(gate.narrow_rows(begin, rows), x, w.e_gate[e]);
-    ops::linear_forward(up.narrow_rows(begin, rows), x, w.e_up[e]);
+    ops::linear_forward(gate_up.narrow_rows(begin, rows), s.x_in.narrow_rows(begin, rows),
+                        w.e_gate_up[e]);
   });
-  if (s.x_in.size(0) > 0) ops::swiglu_forward(act, gate, up);  // Note [One elementwise op ...]
+  if (s.x_in.size(0) > 0) ops::swiglu_forward(act, gate_up);  // Note [One elementwise op ...]
 }
 
 // Note [Recomputed experts]: with NodeContext::recompute_experts the experts keep only their
-// input rows (and row counts) from forward to backward: gate, up and act are temporaries of the
+// input rows (and row counts) from forward to backward: gate_up and act are temporaries of the
 // forward, and the input-gradient backward forms them again from the same rows and weights with
 // the same ops, so every value, and so every gradient, is bit for bit the stored run's. act is
 // then kept for the weight gradient, as without recomputation (it becomes an activation when
 // the input-gradient backward ends, where footprint.h's figures and the planner count it).
-// The cost is one more pass of the gate and up products; the saving 3 R F elements per layer
+// The cost is one more pass of the gate and up product; the saving 3 R F elements per layer
 // and micro-batch in flight.
 void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const int64_t f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
@@ -51,7 +56,7 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   const int64_t r = s.x_in.size(0);
   s.rows_per_expert = std::exchange(a.expert_rows, Tensor());  // from dispatch
   adopt_as_activation(s.rows_per_expert);
-  TANDEM_ASSERT(s.rows_per_expert.numel() == static_cast<int64_t>(w.e_gate.size()));
+  TANDEM_ASSERT(s.rows_per_expert.numel() == static_cast<int64_t>(w.e_gate_up.size()));
   // Note [Routing counts on the host]: dispatch hands the host copy over with the tensor.
   s.rows_host = a.expert_rows_host.empty() ? host_ints(s.rows_per_expert)
                                            : std::exchange(a.expert_rows_host, {});
@@ -60,13 +65,11 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
   TANDEM_ASSERT(routed == r);  // every row belongs to one local expert
   // Note [Recomputed experts]: temporaries, or saved for the backward.
   const auto make = c.recompute_experts ? work_tensor : saved_tensor;
-  const Tensor gate = make({r, f}, c.dtype, "experts.gate");
-  const Tensor up = make({r, f}, c.dtype, "experts.up");
+  const Tensor gate_up = make({r, 2 * f}, c.dtype, "experts.gate_up");
   const Tensor act = make({r, f}, c.dtype, "experts.act");
-  expert_activations(s, w, gate, up, act);
+  expert_activations(s, w, gate_up, act);
   if (!c.recompute_experts) {
-    s.gate = gate;
-    s.up = up;
+    s.gate_up = gate_up;
     s.act = act;
   }
   a.expert_out = work_tensor({r, h}, c.dtype, "expert_out");  // handed to combine
@@ -83,14 +86,12 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   a.d_expert_out = Tensor();
   const int64_t r = s.x_in.size(0);
   if (c.recompute_experts) {  // Note [Recomputed experts]
-    s.gate = work_tensor({r, f}, c.dtype, "experts.gate");
-    s.up = work_tensor({r, f}, c.dtype, "experts.up");
+    s.gate_up = work_tensor({r, 2 * f}, c.dtype, "experts.gate_up");
     s.act = work_tensor({r, f}, c.dtype, "experts.act");
-    expert_activations(s, w, s.gate, s.up, s.act);
+    expert_activations(s, w, s.gate_up, s.act);
   }
   Tensor d_act = work_tensor({r, f}, c.dtype, "d_act");
-  s.d_gate = work_tensor({r, f}, c.dtype, "d_gate");
-  s.d_up = work_tensor({r, f}, c.dtype, "d_up");
+  s.d_gate_up = work_tensor({r, 2 * f}, c.dtype, "d_gate_up");
   // Every row belongs to one local expert (experts_forward), so the products below write all
   // of d_expert_in.
   a.d_expert_in = work_tensor({r, h}, c.dtype, "d_expert_in");
@@ -98,24 +99,22 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
     ops::linear_backward_input(d_act.narrow_rows(begin, rows), s.d_y.narrow_rows(begin, rows),
                                w.e_down[e]);
   });
-  if (r > 0) ops::swiglu_backward(s.d_gate, s.d_up, d_act, s.gate, s.up);  // Note [One ...]
+  if (r > 0) ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);  // Note [One ...]
   for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    const Tensor dx = a.d_expert_in.narrow_rows(begin, rows);
-    ops::linear_backward_input(dx, s.d_gate.narrow_rows(begin, rows), w.e_gate[e]);
-    ops::linear_backward_input(dx, s.d_up.narrow_rows(begin, rows), w.e_up[e], Accumulate::kAdd);
+    ops::linear_backward_input(a.d_expert_in.narrow_rows(begin, rows),
+                               s.d_gate_up.narrow_rows(begin, rows), w.e_gate_up[e]);
   });
-  release_storage({&s.gate, &s.up});  // x_in and act stay for the weight gradients
+  release_storage({&s.gate_up});  // x_in and act stay for the weight gradients
   if (c.recompute_experts) adopt_as_activation(s.act);
 }
 
 void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
   ExpertsSaved& s = a.experts;
   for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    const Tensor x = s.x_in.narrow_rows(begin, rows);
     ops::linear_backward_weight(g.e_down[e], s.d_y.narrow_rows(begin, rows),
                                 s.act.narrow_rows(begin, rows));
-    ops::linear_backward_weight(g.e_gate[e], s.d_gate.narrow_rows(begin, rows), x);
-    ops::linear_backward_weight(g.e_up[e], s.d_up.narrow_rows(begin, rows), x);
+    ops::linear_backward_weight(g.e_gate_up[e], s.d_gate_up.narrow_rows(begin, rows),
+                                s.x_in.narrow_rows(begin, rows));
   });
   release_storage({&s.x_in, &s.act, &s.rows_per_expert});
   s = ExpertsSaved{};
@@ -125,12 +124,10 @@ void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const int64_t n = c.tokens(), f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
   MlpSaved& s = a.mlp;
   const Tensor& n2 = a.attn.n2;  // (N, H), held by attention
-  s.gate = saved_tensor({n, f}, c.dtype, "mlp.gate");
-  s.up = saved_tensor({n, f}, c.dtype, "mlp.up");
+  s.gate_up = saved_tensor({n, 2 * f}, c.dtype, "mlp.gate_up");
   s.act = saved_tensor({n, f}, c.dtype, "mlp.act");
-  ops::linear_forward(s.gate, n2, w.w_gate);
-  ops::linear_forward(s.up, n2, w.w_up);
-  ops::swiglu_forward(s.act, s.gate, s.up);
+  ops::linear_forward(s.gate_up, n2, w.w_gate_up);  // Note [Gate and up in one product]
+  ops::swiglu_forward(s.act, s.gate_up);
   a.out = work_tensor({n, h}, c.dtype, "layer.out");  // handed to the next layer or the loss
   ops::linear_forward_residual(a.out, s.act, w.w_down, a.h1);  // + the residual h1
   a.h1 = Tensor();
@@ -142,21 +139,18 @@ void mlp_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   s.d_out = a.d_out;  // attention reads it too (the residual), then drops it
   Tensor d_act = work_tensor({n, f}, c.dtype, "d_act");
   ops::linear_backward_input(d_act, s.d_out, w.w_down);
-  s.d_gate = work_tensor({n, f}, c.dtype, "d_gate");
-  s.d_up = work_tensor({n, f}, c.dtype, "d_up");
-  ops::swiglu_backward(s.d_gate, s.d_up, d_act, s.gate, s.up);
+  s.d_gate_up = work_tensor({n, 2 * f}, c.dtype, "d_gate_up");
+  ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);
   a.d_n2 = work_tensor({n, h}, c.dtype, "d_n2");
-  ops::linear_backward_input(a.d_n2, s.d_gate, w.w_gate);
-  ops::linear_backward_input(a.d_n2, s.d_up, w.w_up, Accumulate::kAdd);
-  release_storage({&s.gate, &s.up});  // act stays for the weight gradient
+  ops::linear_backward_input(a.d_n2, s.d_gate_up, w.w_gate_up);
+  release_storage({&s.gate_up});  // act stays for the weight gradient
 }
 
 void mlp_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
   MlpSaved& s = a.mlp;
   const Tensor& n2 = a.attn.n2;
   ops::linear_backward_weight(g.w_down, s.d_out, s.act);
-  ops::linear_backward_weight(g.w_gate, s.d_gate, n2);
-  ops::linear_backward_weight(g.w_up, s.d_up, n2);
+  ops::linear_backward_weight(g.w_gate_up, s.d_gate_up, n2);
   release_storage({&s.act});
   s = MlpSaved{};
 }

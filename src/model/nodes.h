@@ -64,9 +64,9 @@ struct AttentionSaved {
 };
 
 struct ExpertsSaved {
-  Tensor x_in, gate, up, act, rows_per_expert;
+  Tensor x_in, gate_up, act, rows_per_expert;  // gate_up: [R, 2F], rows (gate | up)
   std::vector<int32_t> rows_host;  // rows_per_expert read once (a GPU copy waits for the stream)
-  Tensor d_y, d_gate, d_up;  // kept for backward_weights
+  Tensor d_y, d_gate_up;  // kept for backward_weights
 };
 
 struct CombineSaved {
@@ -83,8 +83,8 @@ struct DispatchSaved {
 };
 
 struct MlpSaved {
-  Tensor gate, up, act;
-  Tensor d_out, d_gate, d_up;  // kept for backward_weights
+  Tensor gate_up, act;  // gate_up: [N, 2F], rows (gate | up)
+  Tensor d_out, d_gate_up;  // kept for backward_weights
 };
 
 // One layer's data for one micro-batch. Forward flow: x -> (attention) -> h1, routed | n2 ->

@@ -96,10 +96,20 @@ Tensor Parameters::view(const Tensor& flat, const ParamEntry& e) {
 ModelWeights Parameters::make_views(const Tensor& flat) const {
   std::unordered_map<std::string, const ParamEntry*> by_name;
   for (const ParamEntry& e : entries_) by_name[e.name] = &e;
-  auto get = [&](const std::string& name) {
+  auto entry = [&](const std::string& name) -> const ParamEntry& {
     auto it = by_name.find(name);
     TANDEM_ASSERT(it != by_name.end(), "no parameter ", name);
-    return view(flat, *it->second);
+    return *it->second;
+  };
+  auto get = [&](const std::string& name) { return view(flat, entry(name)); };
+  // The [2F, H] view of gate and up, which the constructor places one after the other.
+  auto stacked = [&](const std::string& gate, const std::string& up) {
+    const ParamEntry& g = entry(gate);
+    const ParamEntry& u = entry(up);
+    TANDEM_ASSERT(g.shape == u.shape && u.offset == g.offset + shape_numel(g.shape),
+                  gate, " and ", up, " are not adjacent");
+    return flat.narrow_rows(g.offset, 2 * shape_numel(g.shape))
+        .reshape({2 * g.shape[0], g.shape[1]});
   };
   ModelWeights w;
   if (spec_.has_embed) w.embed = get("model.embed_tokens.weight");
@@ -120,6 +130,7 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
       lw.w_gate = get(p + "mlp.gate_proj.weight");
       lw.w_up = get(p + "mlp.up_proj.weight");
       lw.w_down = get(p + "mlp.down_proj.weight");
+      lw.w_gate_up = stacked(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
     } else {
       lw.router = get(p + "block_sparse_moe.gate.weight");
       for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
@@ -127,6 +138,7 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
         lw.e_gate.push_back(get(q + "w1.weight"));
         lw.e_up.push_back(get(q + "w3.weight"));
         lw.e_down.push_back(get(q + "w2.weight"));
+        lw.e_gate_up.push_back(stacked(q + "w1.weight", q + "w3.weight"));
       }
     }
     w.layers.push_back(std::move(lw));

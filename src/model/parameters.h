@@ -42,6 +42,11 @@ struct LayerWeights {
   Tensor w_gate, w_up, w_down;   // dense: [F, H], [F, H], [H, F]
   Tensor router;                 // MoE: [E, H]
   std::vector<Tensor> e_gate, e_up, e_down;  // MoE, local experts: [F, H], [F, H], [H, F]
+  // gate over up, [2F, H]: the two are adjacent in the flat buffers, so one product forms both
+  // (Note [Gate and up in one product] in ffn_nodes.cc). Views of the same memory as w_gate and
+  // w_up (e_gate[e] and e_up[e]).
+  Tensor w_gate_up;
+  std::vector<Tensor> e_gate_up;
 };
 
 struct ModelWeights {

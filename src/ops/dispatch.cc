@@ -92,12 +92,12 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   TANDEM_OP(dq, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 
-void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
-  TANDEM_OP(out, swiglu_forward, out, gate, up);
+void swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  TANDEM_OP(out, swiglu_forward, out, gate_up);
 }
 
-void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate, const Tensor& up) {
-  TANDEM_OP(dgate, swiglu_backward, dgate, dup, dout, gate, up);
+void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& gate_up) {
+  TANDEM_OP(d_gate_up, swiglu_backward, d_gate_up, dout, gate_up);
 }
 
 void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& logits) {

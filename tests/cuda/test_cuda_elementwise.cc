@@ -442,29 +442,33 @@ TEST(CudaRope, QkMisalignedAndBadShapes) {
 
 // ---- SwiGLU ----
 
+// gate_up [M, 2F] rows (gate | up): F a multiple of 8 (the vector path) or not (scalar), an
+// aligned or misaligned base, an empty batch.
 TEST(CudaSwiglu, ForwardAndBackward) {
   for (const Shape& shape : {Shape{37, 129}, Shape{64, 256}, Shape{3, 5}, Shape{0, 8}}) {
     for (bool misaligned : {false, true}) {
       const std::string what = "swiglu " + shape_str(shape) + (misaligned ? " misaligned" : "");
-      Tensor g0 = random_host(shape, 29, 6.0), u0 = random_host(shape, 30, 2.0);
+      const Shape packed = {shape[0], 2 * shape[1]};
+      Tensor gu0 = random_host(packed, 29, 6.0);
       Tensor d0 = random_host(shape, 31);
-      Tensor gate = misaligned ? misaligned_gpu(g0, kBF16) : to_gpu(g0, kBF16);
-      Tensor up = to_gpu(u0, kBF16), dout = to_gpu(d0, kBF16);
-      const Tensor gr = rounded(g0, kBF16), ur = rounded(u0, kBF16), dr = rounded(d0, kBF16);
+      Tensor gate_up = misaligned ? misaligned_gpu(gu0, kBF16) : to_gpu(gu0, kBF16);
+      Tensor dout = to_gpu(d0, kBF16);
+      const Tensor gur = rounded(gu0, kBF16), dr = rounded(d0, kBF16);
       Tensor out = Tensor::empty(shape, kBF16, MemCategory::kOther, "out", Device::kCUDA);
-      ops::swiglu_forward(out, gate, up);
+      ops::swiglu_forward(out, gate_up);
       Tensor out_want = host(shape);
-      ops::swiglu_forward(out_want, gr, ur);
+      ops::swiglu_forward(out_want, gur);
       expect_close(to_host_f32(out), out_want, tolerance_for(kBF16), what + " forward");
-      Tensor dgate = Tensor::empty(shape, kBF16, MemCategory::kOther, "dg", Device::kCUDA);
-      Tensor dup = Tensor::empty(shape, kBF16, MemCategory::kOther, "du", Device::kCUDA);
-      ops::swiglu_backward(dgate, dup, dout, gate, up);
-      Tensor dg_want = host(shape), du_want = host(shape);
-      ops::swiglu_backward(dg_want, du_want, dr, gr, ur);
-      expect_close(to_host_f32(dgate), dg_want, tolerance_for(kBF16), what + " dgate");
-      expect_close(to_host_f32(dup), du_want, tolerance_for(kBF16), what + " dup");
+      Tensor d_gate_up = Tensor::empty(packed, kBF16, MemCategory::kOther, "dgu", Device::kCUDA);
+      ops::swiglu_backward(d_gate_up, dout, gate_up);
+      Tensor dgu_want = host(packed);
+      ops::swiglu_backward(dgu_want, dr, gur);
+      expect_close(to_host_f32(d_gate_up), dgu_want, tolerance_for(kBF16), what + " d_gate_up");
     }
   }
+  Tensor odd = Tensor::empty({4, 7}, kBF16, MemCategory::kOther, "odd", Device::kCUDA);
+  Tensor out = Tensor::empty({4, 3}, kBF16, MemCategory::kOther, "out", Device::kCUDA);
+  EXPECT_THROW(ops::swiglu_forward(out, odd), Error);
 }
 
 // ---- router ----

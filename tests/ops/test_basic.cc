@@ -84,34 +84,37 @@ TEST(Embedding, OutOfRangeIdThrowsNamingIdRowAndRange) {
   }
 }
 
+// gate_up rows are (gate | up): out[i][j] = silu(gate_up[i][j]) * gate_up[i][F + j].
 TEST(SwiGLU, ForwardMatchesFormulaAndBackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(2);
-  Tensor gate = random({3, 4}, DType::kF64, rng, -3, 3);
-  Tensor upv = random({3, 4}, DType::kF64, rng, -3, 3);
-  Tensor out = make({3, 4}, DType::kF64);
-  swiglu_forward(out, gate, upv);
-  for (int64_t i = 0; i < 12; ++i) {
-    const double g = gate.data<double>()[i];
-    EXPECT_NEAR(out.data<double>()[i], g / (1 + std::exp(-g)) * upv.data<double>()[i], 1e-15);
+  const int64_t m = 3, f = 4;
+  Tensor gate_up = random({m, 2 * f}, DType::kF64, rng, -3, 3);
+  Tensor out = make({m, f}, DType::kF64);
+  swiglu_forward(out, gate_up);
+  const double* gu = gate_up.data<double>();
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < f; ++j) {
+      const double g = gu[i * 2 * f + j], u = gu[i * 2 * f + f + j];
+      EXPECT_NEAR(out.data<double>()[i * f + j], g / (1 + std::exp(-g)) * u, 1e-15);
+    }
   }
-  Tensor r = random({3, 4}, DType::kF64, rng);
-  Tensor dgate = make({3, 4}, DType::kF64), dup = make({3, 4}, DType::kF64);
-  swiglu_backward(dgate, dup, r, gate, upv);
+  Tensor r = random({m, f}, DType::kF64, rng);
+  Tensor d_gate_up = make({m, 2 * f}, DType::kF64);
+  swiglu_backward(d_gate_up, r, gate_up);
   auto loss = [&] {
-    swiglu_forward(out, gate, upv);
+    swiglu_forward(out, gate_up);
     return dot(out, r);
   };
-  expect_grad(dgate, numeric_grad(gate, loss), "dgate");
-  expect_grad(dup, numeric_grad(upv, loss), "dup");
+  expect_grad(d_gate_up, numeric_grad(gate_up, loss), "d_gate_up");
   // f32 against the f64 op (out recomputed: the difference left it at a perturbed input).
-  swiglu_forward(out, gate, upv);
-  Tensor out32 = make({3, 4}, DType::kF32), dgate32 = make({3, 4}, DType::kF32);
-  Tensor dup32 = make({3, 4}, DType::kF32);
-  swiglu_forward(out32, to_f32(gate), to_f32(upv));
-  swiglu_backward(dgate32, dup32, to_f32(r), to_f32(gate), to_f32(upv));
+  swiglu_forward(out, gate_up);
+  Tensor out32 = make({m, f}, DType::kF32), d_gate_up32 = make({m, 2 * f}, DType::kF32);
+  swiglu_forward(out32, to_f32(gate_up));
+  swiglu_backward(d_gate_up32, to_f32(r), to_f32(gate_up));
   expect_f32_close(out32, out, "out");
-  expect_f32_close(dgate32, dgate, "dgate");
-  expect_f32_close(dup32, dup, "dup");
+  expect_f32_close(d_gate_up32, d_gate_up, "d_gate_up");
+  // An odd width is not (gate | up).
+  EXPECT_THROW(swiglu_forward(make({m, 2}, DType::kF64), make({m, 5}, DType::kF64)), Error);
 }
 
 // -log softmax(row)[t] summed over rows, by the definition in long double.

@@ -118,39 +118,50 @@ T sigmoid(T x) {
 }
 }  // namespace
 
-void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
-  const DType dt = float_dtype("swiglu_forward", "gate", gate, 2);
-  expect("swiglu_forward", "up", up, dt, gate.shape());
-  expect("swiglu_forward", "out", out, dt, gate.shape());
+// gate_up [M, 2F] (even width) and the [M, F] shape of out and dout; returns F.
+static int64_t swiglu_width(const char* op, const Tensor& gate_up) {
+  const int64_t f = gate_up.size(1) / 2;
+  TANDEM_CHECK(gate_up.size(1) % 2 == 0, op, ": tensor 'gate_up' has shape ",
+               shape_str(gate_up.shape()), "; expected [M, 2F] (gate then up), an even width");
+  return f;
+}
+
+void swiglu_forward(const Tensor& out, const Tensor& gate_up) {
+  const char* op = "swiglu_forward";
+  const DType dt = float_dtype(op, "gate_up", gate_up, 2);
+  const int64_t m = gate_up.size(0), f = swiglu_width(op, gate_up);
+  expect(op, "out", out, dt, {m, f});
   dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
-    const T* pg = gate.data<T>();
-    const T* pu = up.data<T>();
-    T* po = out.data<T>();
-    for (int64_t i = 0, n = gate.numel(); i < n; ++i) po[i] = pg[i] * sigmoid(pg[i]) * pu[i];
+    for (int64_t i = 0; i < m; ++i) {
+      const T* pg = gate_up.data<T>() + i * 2 * f;
+      const T* pu = pg + f;
+      T* po = out.data<T>() + i * f;
+      for (int64_t j = 0; j < f; ++j) po[j] = pg[j] * sigmoid(pg[j]) * pu[j];
+    }
   });
 }
 
-void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
-                     const Tensor& up) {
+void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& gate_up) {
   const char* op = "swiglu_backward";
-  const DType dt = float_dtype(op, "gate", gate, 2);
-  expect(op, "up", up, dt, gate.shape());
-  expect(op, "dout", dout, dt, gate.shape());
-  expect(op, "dgate", dgate, dt, gate.shape());
-  expect(op, "dup", dup, dt, gate.shape());
+  const DType dt = float_dtype(op, "gate_up", gate_up, 2);
+  const int64_t m = gate_up.size(0), f = swiglu_width(op, gate_up);
+  expect(op, "dout", dout, dt, {m, f});
+  expect(op, "d_gate_up", d_gate_up, dt, gate_up.shape());
   dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
-    const T* pg = gate.data<T>();
-    const T* pu = up.data<T>();
-    const T* pd = dout.data<T>();
-    T* pdg = dgate.data<T>();
-    T* pdu = dup.data<T>();
-    for (int64_t i = 0, n = gate.numel(); i < n; ++i) {
-      const T g = pg[i], s = sigmoid(g), d = pd[i];
-      // d silu(g)/dg = s * (1 + g * (1 - s)).
-      pdg[i] = d * pu[i] * s * (T(1) + g * (T(1) - s));
-      pdu[i] = d * g * s;
+    for (int64_t i = 0; i < m; ++i) {
+      const T* pg = gate_up.data<T>() + i * 2 * f;
+      const T* pu = pg + f;
+      const T* pd = dout.data<T>() + i * f;
+      T* pdg = d_gate_up.data<T>() + i * 2 * f;
+      T* pdu = pdg + f;
+      for (int64_t j = 0; j < f; ++j) {
+        const T g = pg[j], s = sigmoid(g), d = pd[j];
+        // d silu(g)/dg = s * (1 + g * (1 - s)).
+        pdg[j] = d * pu[j] * s * (T(1) + g * (T(1) - s));
+        pdu[j] = d * g * s;
+      }
     }
   });
 }

@@ -239,19 +239,29 @@ __global__ void __launch_bounds__(kThreads)
 
 __device__ __forceinline__ float sigmoid(float g) { return __frcp_rn(1.0f + __expf(-g)); }
 
+// gate_up rows are (gate | up), 2f wide; out rows f wide. With `vec` (f % kVec == 0 and every
+// base 16-byte aligned, so every row's start is too) each thread takes vectors of one row;
+// otherwise single elements.
 __global__ void __launch_bounds__(kThreads)
-    swiglu_forward_kernel(bf16* out, const bf16* gate, const bf16* up, int64_t n, int64_t nvec) {
-  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
-    float g[kVec], u[kVec];
-    load_vec(gate + v * kVec, g);
-    load_vec(up + v * kVec, u);
+    swiglu_forward_kernel(bf16* out, const bf16* gate_up, int64_t m, int64_t f, bool vec) {
+  if (vec) {
+    const int64_t per_row = f / kVec;
+    for (int64_t v = global_thread(); v < m * per_row; v += grid_threads()) {
+      const int64_t row = v / per_row, col = (v - row * per_row) * kVec;
+      const bf16* gate = gate_up + row * 2 * f + col;
+      float g[kVec], u[kVec];
+      load_vec(gate, g);
+      load_vec(gate + f, u);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
-    store_vec(out + v * kVec, g);
+      for (int j = 0; j < kVec; ++j) g[j] = g[j] * sigmoid(g[j]) * u[j];
+      store_vec(out + row * f + col, g);
+    }
+    return;
   }
-  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
-    const float g = load1(gate + i);
-    store1(out + i, g * sigmoid(g) * load1(up + i));
+  for (int64_t i = global_thread(); i < m * f; i += grid_threads()) {
+    const int64_t row = i / f, col = i - row * f;
+    const float g = load1(gate_up + row * 2 * f + col);
+    store1(out + i, g * sigmoid(g) * load1(gate_up + row * 2 * f + f + col));
   }
 }
 
@@ -262,24 +272,32 @@ __device__ __forceinline__ void swiglu_grad(float d, float g, float u, float& dg
   du = d * g * s;
 }
 
+// The forward's layout and `vec`; d_gate_up rows are (d gate | d up).
 __global__ void __launch_bounds__(kThreads)
-    swiglu_backward_kernel(bf16* dgate, bf16* dup, const bf16* dout, const bf16* gate,
-                           const bf16* up, int64_t n, int64_t nvec) {
-  for (int64_t v = global_thread(); v < nvec; v += grid_threads()) {
-    float d[kVec], g[kVec], u[kVec], dg[kVec], du[kVec];
-    load_vec(dout + v * kVec, d);
-    load_vec(gate + v * kVec, g);
-    load_vec(up + v * kVec, u);
+    swiglu_backward_kernel(bf16* d_gate_up, const bf16* dout, const bf16* gate_up, int64_t m,
+                           int64_t f, bool vec) {
+  if (vec) {
+    const int64_t per_row = f / kVec;
+    for (int64_t v = global_thread(); v < m * per_row; v += grid_threads()) {
+      const int64_t row = v / per_row, col = (v - row * per_row) * kVec;
+      const int64_t at = row * 2 * f + col;
+      float d[kVec], g[kVec], u[kVec], dg[kVec], du[kVec];
+      load_vec(dout + row * f + col, d);
+      load_vec(gate_up + at, g);
+      load_vec(gate_up + at + f, u);
 #pragma unroll
-    for (int j = 0; j < kVec; ++j) swiglu_grad(d[j], g[j], u[j], dg[j], du[j]);
-    store_vec(dgate + v * kVec, dg);
-    store_vec(dup + v * kVec, du);
+      for (int j = 0; j < kVec; ++j) swiglu_grad(d[j], g[j], u[j], dg[j], du[j]);
+      store_vec(d_gate_up + at, dg);
+      store_vec(d_gate_up + at + f, du);
+    }
+    return;
   }
-  for (int64_t i = nvec * kVec + global_thread(); i < n; i += grid_threads()) {
+  for (int64_t i = global_thread(); i < m * f; i += grid_threads()) {
+    const int64_t row = i / f, col = i - row * f, at = row * 2 * f + col;
     float dg, du;
-    swiglu_grad(load1(dout + i), load1(gate + i), load1(up + i), dg, du);
-    store1(dgate + i, dg);
-    store1(dup + i, du);
+    swiglu_grad(load1(dout + i), load1(gate_up + at), load1(gate_up + at + f), dg, du);
+    store1(d_gate_up + at, dg);
+    store1(d_gate_up + at + f, du);
   }
 }
 
@@ -469,36 +487,39 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
 
 // ---- SwiGLU ----
 
-void swiglu_forward(const Tensor& out, const Tensor& gate, const Tensor& up) {
+// F of a [M, 2F] gate_up; checks the even width.
+static int64_t swiglu_width(const char* op, const Tensor& gate_up) {
+  expect_cuda_rank(op, "gate_up", gate_up, {DType::kBF16}, 2);
+  TANDEM_CHECK(gate_up.size(1) % 2 == 0, op, ": tensor 'gate_up' has shape ",
+               shape_str(gate_up.shape()), "; expected [M, 2F] (gate then up), an even width");
+  return gate_up.size(1) / 2;
+}
+
+void swiglu_forward(const Tensor& out, const Tensor& gate_up) {
   const char* op = "swiglu_forward";
-  expect_cuda_rank(op, "gate", gate, {DType::kBF16}, 2);
-  expect_cuda(op, "up", up, {DType::kBF16}, gate.shape());
-  expect_cuda(op, "out", out, {DType::kBF16}, gate.shape());
-  const int64_t n = gate.numel();
+  const int64_t m = gate_up.size(0), f = swiglu_width(op, gate_up);
+  expect_cuda(op, "out", out, {DType::kBF16}, {m, f});
+  const int64_t n = m * f;
   if (n == 0) return;
-  const int64_t nvec = vec_count(n, {out.raw_data(), gate.raw_data(), up.raw_data()});
-  swiglu_forward_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
-      static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(gate.raw_data()),
-      static_cast<const bf16*>(up.raw_data()), n, nvec);
+  const bool vec = f % kVec == 0 && vec_count(kVec, {out.raw_data(), gate_up.raw_data()}) > 0;
+  swiglu_forward_kernel<<<elementwise_blocks(n, vec ? n / kVec : 0), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(gate_up.raw_data()), m, f, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
-void swiglu_backward(const Tensor& dgate, const Tensor& dup, const Tensor& dout, const Tensor& gate,
-                     const Tensor& up) {
+void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& gate_up) {
   const char* op = "swiglu_backward";
-  expect_cuda_rank(op, "gate", gate, {DType::kBF16}, 2);
-  expect_cuda(op, "up", up, {DType::kBF16}, gate.shape());
-  expect_cuda(op, "dout", dout, {DType::kBF16}, gate.shape());
-  expect_cuda(op, "dgate", dgate, {DType::kBF16}, gate.shape());
-  expect_cuda(op, "dup", dup, {DType::kBF16}, gate.shape());
-  const int64_t n = gate.numel();
+  const int64_t m = gate_up.size(0), f = swiglu_width(op, gate_up);
+  expect_cuda(op, "dout", dout, {DType::kBF16}, {m, f});
+  expect_cuda(op, "d_gate_up", d_gate_up, {DType::kBF16}, gate_up.shape());
+  const int64_t n = m * f;
   if (n == 0) return;
-  const int64_t nvec = vec_count(
-      n, {dgate.raw_data(), dup.raw_data(), dout.raw_data(), gate.raw_data(), up.raw_data()});
-  swiglu_backward_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
-      static_cast<bf16*>(dgate.raw_data()), static_cast<bf16*>(dup.raw_data()),
-      static_cast<const bf16*>(dout.raw_data()), static_cast<const bf16*>(gate.raw_data()),
-      static_cast<const bf16*>(up.raw_data()), n, nvec);
+  const bool vec =
+      f % kVec == 0 &&
+      vec_count(kVec, {d_gate_up.raw_data(), dout.raw_data(), gate_up.raw_data()}) > 0;
+  swiglu_backward_kernel<<<elementwise_blocks(n, vec ? n / kVec : 0), kThreads, 0, stream()>>>(
+      static_cast<bf16*>(d_gate_up.raw_data()), static_cast<const bf16*>(dout.raw_data()),
+      static_cast<const bf16*>(gate_up.raw_data()), m, f, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
