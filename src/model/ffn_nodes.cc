@@ -16,6 +16,18 @@ static void for_each_expert(const std::vector<int32_t>& rows, Fn fn) {
   }
 }
 
+// for_each_expert with each expert's products one piece of a Lanes (Note [Lanes] in ops.h): the
+// experts' products run side by side on the GPU; each touches only its own rows and weights.
+template <typename Fn>
+static void for_each_expert_in_lanes(const Tensor& on, const std::vector<int32_t>& rows, Fn fn) {
+  ops::Lanes lanes(on);
+  int64_t piece = 0;
+  for_each_expert(rows, [&](int64_t e, int64_t begin, int64_t n) {
+    lanes.run(piece++, [&] { fn(e, begin, n); });
+  });
+  lanes.join();
+}
+
 // Note [One elementwise op for all experts]: the experts' rows lie one expert after another, so
 // an elementwise op (SwiGLU and its backward) runs once over all rows rather than once per
 // expert: the same values, one kernel launch a node instead of one per expert (on the GPU each
@@ -32,7 +44,7 @@ static void for_each_expert(const std::vector<int32_t>& rows, Fn fn) {
 // gate_up and act of every local expert's rows: the products and SwiGLU of the forward.
 static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, const Tensor& gate_up,
                                const Tensor& act) {
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_forward(gate_up.narrow_rows(begin, rows), s.x_in.narrow_rows(begin, rows),
                         w.e_gate_up[e]);
   });
@@ -73,7 +85,7 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
     s.act = act;
   }
   a.expert_out = work_tensor({r, h}, c.dtype, "expert_out");  // handed to combine
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_forward(a.expert_out.narrow_rows(begin, rows), act.narrow_rows(begin, rows),
                         w.e_down[e]);
   });
@@ -95,12 +107,12 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   // Every row belongs to one local expert (experts_forward), so the products below write all
   // of d_expert_in.
   a.d_expert_in = work_tensor({r, h}, c.dtype, "d_expert_in");
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_backward_input(d_act.narrow_rows(begin, rows), s.d_y.narrow_rows(begin, rows),
                                w.e_down[e]);
   });
   if (r > 0) ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);  // Note [One ...]
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_backward_input(a.d_expert_in.narrow_rows(begin, rows),
                                s.d_gate_up.narrow_rows(begin, rows), w.e_gate_up[e]);
   });
@@ -110,7 +122,7 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
 
 void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
   ExpertsSaved& s = a.experts;
-  for_each_expert(s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_backward_weight(g.e_down[e], s.d_y.narrow_rows(begin, rows),
                                 s.act.narrow_rows(begin, rows));
     ops::linear_backward_weight(g.e_gate_up[e], s.d_gate_up.narrow_rows(begin, rows),

@@ -16,6 +16,47 @@ namespace tandem::ops {
 #define TANDEM_OP(first, name, ...) return cpu::name(__VA_ARGS__)
 #endif
 
+Lanes::Lanes(const Tensor& on) : cuda_(on.defined() && on.device() == Device::kCUDA) {
+#if TANDEM_WITH_CUDA
+  // The fork point is here, before piece 0 adds work to the current stream (lane 0).
+  if (cuda_) cuda::lane_mark();
+#endif
+}
+
+Lanes::~Lanes() {
+  if (joined_) return;
+  try {  // unwinding from a piece's error: the error that is already on its way matters
+    join();
+  } catch (...) {
+  }
+}
+
+void Lanes::run(int64_t piece, const std::function<void()>& fn) {
+  const int lane = static_cast<int>(piece % kLanes);
+#if TANDEM_WITH_CUDA
+  if (cuda_ && lane != 0) {
+    if ((forked_ & (1u << lane)) == 0) {
+      cuda::lane_fork(lane);
+      forked_ |= 1u << lane;
+    }
+    cuda::lane_run(lane, fn);
+    return;
+  }
+#endif
+  (void)lane;
+  fn();
+}
+
+void Lanes::join() {
+  joined_ = true;
+#if TANDEM_WITH_CUDA
+  for (int lane = 1; lane < kLanes; ++lane) {
+    if (forked_ & (1u << lane)) cuda::lane_join(lane);
+  }
+#endif
+  forked_ = 0;
+}
+
 void axpy(const Tensor& y, const Tensor& x, double alpha, Accumulate acc) {
   TANDEM_OP(y, axpy, y, x, alpha, acc);
 }

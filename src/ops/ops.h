@@ -83,6 +83,34 @@ class PendingScalar {
 // the same list).
 #include "ops/op_decls.inc"
 
+// Note [Lanes]: independent pieces of work (an experts node's products, one expert each) may run
+// at once. On the GPU, piece i runs on lane i % kLanes: lane 0 is the current stream, the others
+// side streams that first wait for everything enqueued on the current stream so far; join()
+// makes the current stream wait for every lane used. A piece must touch only what no other
+// piece of the same Lanes touches (each expert its own rows and weights), so the values are
+// those of running the pieces one after another, bit for bit: the same kernels on the same
+// operands. It pays where one product is too small to fill the GPU (an expert's ~1,000 rows
+// of the down projection give under half a wave of an H200's 132 SMs). Tensors the pieces
+// use must outlive join() (the side streams' work is ordered before the current stream's
+// next op, so memory freed after join() is safe to reuse). On the CPU, pieces run in order.
+class Lanes {
+ public:
+  static constexpr int kLanes = 4;
+  // On `on`'s device.
+  explicit Lanes(const Tensor& on);
+  ~Lanes();  // joins if join() was not called (unwinding; its own errors are dropped)
+  Lanes(const Lanes&) = delete;
+  Lanes& operator=(const Lanes&) = delete;
+
+  void run(int64_t piece, const std::function<void()>& fn);
+  void join();
+
+ private:
+  bool cuda_ = false;
+  bool joined_ = false;
+  unsigned forked_ = 0;  // bit l: side lane l waits for the fork point
+};
+
 // router_aux_loss_start's value, waited for.
 inline double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k,
                               double coeff) {

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -609,6 +610,50 @@ TEST(CudaAdamW, RejectsAStepBelowOne) {
     ops::adamw_step(t, t, t, t, ops::AdamWParams{1e-3, 0.9, 0.999, 1e-8, 0, 0});
   });
   EXPECT_NE(msg.find("adamw_step: step is 0"), std::string::npos) << msg;
+}
+
+// Note [Lanes]: six products, one per piece of a Lanes (four lanes: two pieces share lanes 0
+// and 1), against the same products one after another. Bitwise the same; the pieces see the
+// work enqueued on the current stream before the Lanes (x scaled there), and the current stream
+// sees theirs after join() (y scaled there).
+TEST(CudaLanes, PiecesAreBitwiseTheSerialProducts) {
+  constexpr int64_t kPieces = 6, kRows = 96, kIn = 192, kOut = 320;
+  const Tensor x0 = random_host({kPieces * kRows, kIn}, 71);
+  std::vector<Tensor> w;
+  for (int64_t p = 0; p < kPieces; ++p) w.push_back(to_gpu(random_host({kOut, kIn}, 80 + p), DType::kBF16));
+  auto products = [&](bool lanes) {
+    const Tensor x = to_gpu(x0, DType::kBF16);
+    ops::scale(x, 2.0);  // on the current stream, before the fork point
+    const Tensor y =
+        Tensor::empty({kPieces * kRows, kOut}, DType::kBF16, MemCategory::kOther, "y", Device::kCUDA);
+    auto piece = [&](int64_t p) {
+      ops::linear_forward(y.narrow_rows(p * kRows, kRows), x.narrow_rows(p * kRows, kRows), w[p]);
+    };
+    if (lanes) {
+      ops::Lanes l(x);
+      for (int64_t p = 0; p < kPieces; ++p) l.run(p, [&] { piece(p); });
+      l.join();
+    } else {
+      for (int64_t p = 0; p < kPieces; ++p) piece(p);
+    }
+    ops::scale(y, 0.5);  // on the current stream, after join()
+    return to_host_f32(y);
+  };
+  const Tensor serial = products(false);
+  const Tensor laned = products(true);
+  ASSERT_EQ(serial.nbytes(), laned.nbytes());
+  EXPECT_EQ(std::memcmp(serial.raw_data(), laned.raw_data(), serial.nbytes()), 0);
+  // And against the CPU: x * 2 through each piece's weights, halved.
+  const Tensor x2 = rounded(x0, DType::kBF16);
+  ops::scale(x2, 2.0);
+  Tensor want = Tensor::zeros({kPieces * kRows, kOut}, DType::kF32, MemCategory::kOther, "want",
+                              Device::kCPU);
+  for (int64_t p = 0; p < kPieces; ++p) {
+    ops::linear_forward(want.narrow_rows(p * kRows, kRows), x2.narrow_rows(p * kRows, kRows),
+                        rounded(to_host_f32(w[p]), DType::kF32));
+  }
+  ops::scale(want, 0.5);
+  expect_close(laned, want, tolerance_for(DType::kBF16), "lanes");
 }
 
 }  // namespace

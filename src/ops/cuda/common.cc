@@ -3,6 +3,8 @@
 
 #include <sstream>
 
+#include "ops/cuda/cuda_ops.h"
+
 namespace tandem::ops::cuda {
 
 namespace {
@@ -35,6 +37,60 @@ void expect_cuda(const char* op, const char* name, const Tensor& t,
   expect_cuda_rank(op, name, t, dtypes, -1);
   TANDEM_CHECK(t.shape() == shape, op, ": tensor '", name, "' has shape ", shape_str(t.shape()),
                ", expected ", shape_str(shape));
+}
+
+// ---- Note [Lanes] ----
+
+namespace {
+
+// The side lanes' streams and events, made on first use (one GPU per process, one host thread
+// issuing GPU work). mark: the fork point on the current stream; done[l]: lane l's join point.
+struct LaneState {
+  cudaStream_t streams[Lanes::kLanes] = {};
+  cudaEvent_t done[Lanes::kLanes] = {};
+  cudaEvent_t mark = nullptr;
+};
+
+LaneState& lanes() {
+  static LaneState* state = [] {
+    auto* s = new LaneState;  // lives as long as the process, as the context's streams do
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s->mark, cudaEventDisableTiming));
+    for (int l = 1; l < Lanes::kLanes; ++l) {
+      TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s->streams[l], cudaStreamNonBlocking));
+      TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s->done[l], cudaEventDisableTiming));
+    }
+    return s;
+  }();
+  return *state;
+}
+
+void check_lane(int lane) {
+  TANDEM_ASSERT(lane >= 1 && lane < Lanes::kLanes, "lane ", lane, " is not a side lane");
+}
+
+}  // namespace
+
+void lane_mark() {
+  TANDEM_CUDA_CHECK(cudaEventRecord(lanes().mark, tandem::cuda::current_stream()));
+}
+
+void lane_fork(int lane) {
+  check_lane(lane);
+  LaneState& s = lanes();
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(s.streams[lane], s.mark, 0));
+}
+
+void lane_run(int lane, const std::function<void()>& fn) {
+  check_lane(lane);
+  tandem::cuda::StreamScope on(lanes().streams[lane]);
+  fn();
+}
+
+void lane_join(int lane) {
+  check_lane(lane);
+  LaneState& s = lanes();
+  TANDEM_CUDA_CHECK(cudaEventRecord(s.done[lane], s.streams[lane]));
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(tandem::cuda::current_stream(), s.done[lane], 0));
 }
 
 }  // namespace tandem::ops::cuda
