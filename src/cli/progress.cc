@@ -79,6 +79,46 @@ std::string format_duration(double seconds) {
   return buf;
 }
 
+namespace {
+
+// "9.3% (5.0/53.8 ms, 1.5 waiting)": rank p's exposed all-to-all as a fraction of its
+// all-to-all time, the two in ms, and the waiting part when measured.
+std::string exposed_of_rank(const IterationRecord& r, size_t p) {
+  const double busy = r.comm_seconds_by_rank[p];
+  const double exposed = p < r.exposed_comm_seconds_by_rank.size()
+                             ? r.exposed_comm_seconds_by_rank[p]
+                             : 0.0;
+  std::string s = format_fixed(busy > 0 ? 100 * exposed / busy : 0.0, 1) + "% (" +
+                  format_fixed(1e3 * exposed, 1) + "/" + format_fixed(1e3 * busy, 1) + " ms";
+  if (p < r.exposed_waiting_seconds_by_rank.size()) {
+    s += ", " + format_fixed(1e3 * r.exposed_waiting_seconds_by_rank[p], 1) + " waiting";
+  }
+  return s + ")";
+}
+
+// " | a2a exposed ..." for runs with an all-to-all: every rank's figure up to 4 ranks, else the
+// rank with the largest fraction.
+std::string exposed_alltoall(const IterationRecord& r) {
+  const std::vector<double>& busy = r.comm_seconds_by_rank;
+  if (std::none_of(busy.begin(), busy.end(), [](double s) { return s > 0; })) return "";
+  std::string s = " | a2a exposed ";
+  if (busy.size() <= 4) {
+    for (size_t p = 0; p < busy.size(); ++p) s += (p ? ", " : "") + exposed_of_rank(r, p);
+    return s;
+  }
+  size_t worst = 0;
+  double worst_fraction = -1;
+  for (size_t p = 0; p < busy.size(); ++p) {
+    const double e =
+        p < r.exposed_comm_seconds_by_rank.size() ? r.exposed_comm_seconds_by_rank[p] : 0.0;
+    const double fraction = busy[p] > 0 ? e / busy[p] : 0.0;
+    if (fraction > worst_fraction) worst = p, worst_fraction = fraction;
+  }
+  return s + "max " + exposed_of_rank(r, worst) + " on rank " + std::to_string(worst);
+}
+
+}  // namespace
+
 std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
   const int width = static_cast<int>(std::to_string(total_iters).size());
   char iter[64];
@@ -94,6 +134,7 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
     const size_t ranks = std::max(r.mem_in_use_bytes.size(), r.mem_peak_bytes.size());
     if (ranks > 1) line += " (max of " + std::to_string(ranks) + " ranks)";
   }
+  line += exposed_alltoall(r);
   if (r.status == UpdateStatus::kSkipped) line += " | skipped: loss or gradients not finite";
   return line;
 }

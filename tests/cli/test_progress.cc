@@ -161,6 +161,30 @@ TEST(Progress, Formats) {
   EXPECT_NE(format_log_line(r, 10).find("(max of 2 ranks)"), std::string::npos);
 }
 
+// Runs with an all-to-all: each rank's exposed fraction, its ms and the waiting part; the worst
+// rank beyond 4 ranks; nothing without an all-to-all.
+TEST(Progress, LogLineShowsTheExposedAllToAll) {
+  IterationRecord r = record(1, {1, 1});
+  r.comm_seconds_by_rank = {0.0538, 0.0569};
+  r.exposed_comm_seconds_by_rank = {0.0050, 0.0061};
+  r.exposed_waiting_seconds_by_rank = {0.0015, 0.0023};
+  EXPECT_NE(format_log_line(r, 2).find(
+                " | a2a exposed 9.3% (5.0/53.8 ms, 1.5 waiting), 10.7% (6.1/56.9 ms, 2.3 waiting)"),
+            std::string::npos)
+      << format_log_line(r, 2);
+  r.exposed_waiting_seconds_by_rank.clear();  // not measured (CPU ranks)
+  EXPECT_NE(format_log_line(r, 2).find("a2a exposed 9.3% (5.0/53.8 ms), 10.7% (6.1/56.9 ms)"),
+            std::string::npos)
+      << format_log_line(r, 2);
+  r.comm_seconds_by_rank = {0.01, 0.01, 0.01, 0.01, 0.02, 0.01};
+  r.exposed_comm_seconds_by_rank = {0.001, 0.001, 0.003, 0.001, 0.004, 0.0};
+  EXPECT_NE(format_log_line(r, 2).find("a2a exposed max 30.0% (3.0/10.0 ms) on rank 2"),
+            std::string::npos)
+      << format_log_line(r, 2);
+  r.comm_seconds_by_rank = {0.0, 0.0};  // pipeline only: no all-to-all
+  EXPECT_EQ(format_log_line(r, 2).find("a2a"), std::string::npos) << format_log_line(r, 2);
+}
+
 // --nan-policy skip: a skipped step says so in the log line and in the JSON; others do not.
 TEST(Progress, SkippedStepIsFlagged) {
   IterationRecord applied = record(1, {1});
