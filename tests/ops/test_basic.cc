@@ -42,6 +42,26 @@ TEST(Elementwise, MismatchedDtypeThrows) {
   EXPECT_THROW(axpy(y, x, 1.0), Error);
 }
 
+// Note [Lanes] on the CPU: the pieces run at once, in order; a piece's error reaches the caller
+// and the Lanes still joins as it unwinds (the GPU side: CudaLanes in tests/cuda).
+TEST(Lanes, CpuPiecesRunInOrderAndErrorsPropagate) {
+  const Tensor on = make({1}, DType::kF32);
+  std::vector<int64_t> order;
+  {
+    Lanes lanes(on);
+    for (int64_t p = 0; p < 7; ++p) lanes.run(p, [&] { order.push_back(p); });
+    EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6}));
+    lanes.join();
+  }
+  EXPECT_THROW(
+      {
+        Lanes lanes(on);
+        lanes.run(0, [] {});
+        lanes.run(1, [] { TANDEM_CHECK(false, "piece 1 failed"); });
+      },
+      Error);
+}
+
 TEST(Embedding, ForwardCopiesRowsAndBackwardMatchesFiniteDifferences) {
   std::mt19937_64 rng(1);
   const int64_t v = 5, h = 3;
