@@ -139,6 +139,51 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
   return line;
 }
 
+std::string format_summary(const std::vector<IterationRecord>& steps) {
+  if (steps.empty()) return "";
+  double seconds = 0;
+  int64_t peak = 0;
+  for (const IterationRecord& r : steps) {
+    seconds += r.step_seconds;
+    peak = std::max(peak, max_of(r.mem_peak_bytes));
+  }
+  // The steps after the first, unless there is only one.
+  const size_t from = steps.size() > 1 ? 1 : 0;
+  std::vector<double> rates;
+  for (size_t i = from; i < steps.size(); ++i) rates.push_back(steps[i].tokens_per_s);
+  std::sort(rates.begin(), rates.end());
+  const size_t n = rates.size();
+  const double median = n % 2 ? rates[n / 2] : (rates[n / 2 - 1] + rates[n / 2]) / 2;
+  const std::string range = from == 0 ? "step " + std::to_string(steps[0].iter)
+                                      : "steps " + std::to_string(steps[from].iter) + "-" +
+                                            std::to_string(steps.back().iter);
+  std::string line = "done: " + std::to_string(steps.size()) + " step" +
+                     (steps.size() == 1 ? "" : "s") + " in " +
+                     (seconds < 1    ? format_fixed(1e3 * seconds, 0) + " ms"
+                      : seconds < 60 ? format_fixed(seconds, 1) + "s"
+                                     : format_duration(seconds)) +
+                     " | " +
+                     format_rate(median) + " tok/s (median of " + range + ")";
+  if (peak > 0) line += " | peak " + format_bytes(peak);
+  const size_t ranks = steps.back().comm_seconds_by_rank.size();
+  std::vector<double> busy(ranks, 0.0), exposed(ranks, 0.0);
+  for (size_t i = from; i < steps.size(); ++i) {
+    const IterationRecord& r = steps[i];
+    for (size_t p = 0; p < ranks && p < r.comm_seconds_by_rank.size(); ++p) {
+      busy[p] += r.comm_seconds_by_rank[p];
+      if (p < r.exposed_comm_seconds_by_rank.size()) exposed[p] += r.exposed_comm_seconds_by_rank[p];
+    }
+  }
+  if (std::any_of(busy.begin(), busy.end(), [](double b) { return b > 0; })) {
+    line += " | a2a exposed ";
+    for (size_t p = 0; p < ranks; ++p) {
+      line += (p ? ", " : "") + format_fixed(busy[p] > 0 ? 100 * exposed[p] / busy[p] : 0.0, 1) + "%";
+    }
+    line += " (" + range + ")";
+  }
+  return line;
+}
+
 std::string format_bar(const IterationRecord& r, int64_t total_iters, double eta_seconds) {
   const double fraction =
       total_iters > 0 ? std::clamp(static_cast<double>(r.iter) / total_iters, 0.0, 1.0) : 0.0;
@@ -230,6 +275,7 @@ void ProgressReporter::report(const IterationRecord& record) {
     TANDEM_CHECK(written, "--log-json ", config_.log_json_path, ": cannot write it (",
                  std::strerror(errno), ")");
   }
+  steps_.push_back(record);
   if (config_.verbosity == Verbosity::kQuiet) return;
   const bool last = record.iter >= config_.total_iters;
   const bool log = last || (config_.log_interval > 0 && record.iter % config_.log_interval == 0);
@@ -245,6 +291,12 @@ void ProgressReporter::finish() {
     bar_out_ << '\n' << std::flush;
     bar_visible_ = false;
   }
+}
+
+void ProgressReporter::print_summary() {
+  finish();
+  if (config_.verbosity == Verbosity::kQuiet || steps_.empty()) return;
+  log_out_ << "tandem train: " << format_summary(steps_) << std::endl;
 }
 
 double ProgressReporter::eta_seconds(const IterationRecord& record) const {

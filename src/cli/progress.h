@@ -77,6 +77,9 @@ class ProgressReporter {
   void report(const IterationRecord& record);
   // Ends the bar's line so that later output starts on a fresh line. Idempotent.
   void finish();
+  // After the last step of a run that completed: ends the bar and prints format_summary of the
+  // steps reported (nothing when quiet or when no step was reported).
+  void print_summary();
 
   bool bar_enabled() const { return bar_enabled_; }
 
@@ -95,6 +98,7 @@ class ProgressReporter {
   Clock::time_point first_time_{};
   int64_t first_iter_ = -1;  // iteration of the first report, the base of the ETA
   Clock::time_point last_draw_{};
+  std::vector<IterationRecord> steps_;  // for the summary (vectors of a few numbers each)
 };
 
 // Human units with one decimal, binary prefixes: "512 B", "12.3 MiB".
@@ -103,6 +107,12 @@ std::string format_bytes(int64_t bytes);
 std::string format_duration(double seconds);
 // The --log-interval line (no newline). Memory is the maximum over ranks.
 std::string format_log_line(const IterationRecord& record, int64_t total_iters);
+// The run's last line: steps, wall time, the median tokens/s of the steps after the first (it
+// carries the warm-up: first allocations, product tuning), the peak memory over steps and
+// ranks, and with an all-to-all each rank's exposed share of it over those steps.
+// "done: 7 steps in 1.2s | 480.2k tok/s (median of steps 2-7) | peak 8.4 GiB | a2a exposed
+// 9.3%, 10.7% (steps 2-7)". Empty for no steps.
+std::string format_summary(const std::vector<IterationRecord>& steps);
 // The bar (no \r): "[#####.....]  45/300  15% loss 2.345 | 12.3k tok/s | ETA 1m05s".
 std::string format_bar(const IterationRecord& record, int64_t total_iters, double eta_seconds);
 // One JSON object (no newline) with the keys iter, skipped (true or false), loss, lm_loss,

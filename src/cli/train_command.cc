@@ -151,7 +151,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
     reporter.report(to_record(r));
     if (should_save(o, r.iteration)) save_training_checkpoint(trainer, o);
   }
-  reporter.finish();
+  reporter.print_summary();
   if (!o.save_dir.empty() && !o.quiet) {
     std::cout << "saved checkpoints to " << o.save_dir << " (latest: "
               << runtime::iteration_dir_name(trainer.iteration()) << ")" << std::endl;

@@ -270,7 +270,7 @@ void run_train_distributed(RunOptions& o) {
     reporter.report(rec);
     if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
   }
-  reporter.finish();
+  reporter.print_summary();
   if (lead && !o.save_dir.empty() && !o.quiet) {
     std::cout << "saved checkpoints to " << o.save_dir << " (latest: "
               << runtime::iteration_dir_name(trainer.iteration()) << ")" << std::endl;

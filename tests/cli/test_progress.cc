@@ -185,6 +185,37 @@ TEST(Progress, LogLineShowsTheExposedAllToAll) {
   EXPECT_EQ(format_log_line(r, 2).find("a2a"), std::string::npos) << format_log_line(r, 2);
 }
 
+// The run's last line: the first step (warm-up) is left out of the median and the all-to-all
+// shares, the peak is over every step and rank; quiet prints nothing.
+TEST(Progress, SummaryLeavesTheFirstStepOut) {
+  std::vector<IterationRecord> steps;
+  for (int64_t i = 1; i <= 4; ++i) {
+    IterationRecord r = record(i, {int64_t{1} << 20, int64_t{3} << 20});
+    r.tokens_per_s = i == 1 ? 100.0 : 1000.0 * static_cast<double>(i);  // 2k, 3k, 4k after
+    r.step_seconds = 10;
+    r.comm_seconds_by_rank = {0.1, 0.2};
+    r.exposed_comm_seconds_by_rank = {i == 1 ? 0.1 : 0.01, 0.02};
+    steps.push_back(r);
+  }
+  EXPECT_EQ(format_summary(steps),
+            "done: 4 steps in 40.0s | 3.0k tok/s (median of steps 2-4) | peak 3.0 MiB | a2a exposed "
+            "10.0%, 10.0% (steps 2-4)");
+  steps.resize(1);
+  steps[0].comm_seconds_by_rank.clear();
+  EXPECT_EQ(format_summary(steps), "done: 1 step in 10.0s | 100 tok/s (median of step 1) | peak 3.0 MiB");
+  EXPECT_EQ(format_summary({}), "");
+  std::ostringstream log, bar;
+  ProgressReporter quiet({.total_iters = 1, .verbosity = Verbosity::kQuiet, .bar = BarMode::kNever},
+                         log, bar);
+  quiet.report(steps[0]);
+  quiet.print_summary();
+  EXPECT_EQ(log.str(), "");
+  ProgressReporter loud({.total_iters = 1, .bar = BarMode::kNever}, log, bar);
+  loud.report(steps[0]);
+  loud.print_summary();
+  EXPECT_NE(log.str().find("tandem train: done: 1 step"), std::string::npos) << log.str();
+}
+
 // --nan-policy skip: a skipped step says so in the log line and in the JSON; others do not.
 TEST(Progress, SkippedStepIsFlagged) {
   IterationRecord applied = record(1, {1});
