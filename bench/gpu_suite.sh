@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), lanes (LANES="1 2 4 8"), scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -155,6 +155,17 @@ for s in $SUITE; do
           TANDEM=$B/$bin tandem_runs "$SB" 2 150 $T ab.txt "$bin-$r --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $extra --trace $OUT/trace-$bin-$r.json"
         done
       done ;;
+    lanes)
+      # Note [Lanes]: the experts' products on 1, 2, 4 and 8 lanes (TANDEM_EXPERT_LANES), one GPU
+      # and EP2 combined 1F1B on shape (b), random tokens.
+      SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/lanes; mkdir -p $T
+      for n in ${LANES:-1 2 4 8}; do
+        export TANDEM_EXPERT_LANES=$n MPI_EXTRA="-x TANDEM_EXPERT_LANES"
+        echo "TANDEM_EXPERT_LANES=$n" | tee -a "$OUT/lanes.txt"
+        tandem_runs "$SB" 2 150 $T lanes.txt "one-gpu --global-batch-size 16" \
+          "ep2-combined --expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32"
+      done
+      unset TANDEM_EXPERT_LANES MPI_EXTRA ;;
     scale-equiv)
       # Issue 8: the equivalence matrix on all $G GPUs against one (demo model, small learning
       # rate): PP up to 4, EP up to 4, and PP2 x EP4 on 8; every layout that divides $G.

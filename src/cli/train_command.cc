@@ -17,6 +17,7 @@
 #include "data/file_dataset.h"
 #include "data/mock.h"
 #include "runtime/checkpoint.h"
+#include "ops/ops.h"
 #include "runtime/trainer.h"
 #include "train_common.h"
 
@@ -75,6 +76,7 @@ void open_device(const RunOptions& o) {
   TANDEM_CHECK(local < gpus, "--device cuda: local rank ", local, " needs GPU ", local,
                " but this machine has ", gpus, "; start at most ", gpus, " ranks per machine");
   cuda::initialize(local);
+  (void)ops::Lanes::count();  // a bad TANDEM_EXPERT_LANES stops the run here, not mid-step
 #else
   TANDEM_CHECK(false, "--device ", o.device,
                " is not available in this build: valid is cpu (built without CUDA)");

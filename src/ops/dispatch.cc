@@ -1,5 +1,7 @@
 // The device dispatch of ops.h: each op runs on the device of its first tensor (the backend
 // checks that the others are there too). Written out from op_decls.inc, one function per op.
+#include <cstdlib>
+
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #if TANDEM_WITH_CUDA
@@ -31,8 +33,21 @@ Lanes::~Lanes() {
   }
 }
 
+int Lanes::count() {
+  static const int lanes = [] {
+    const char* text = std::getenv("TANDEM_EXPERT_LANES");
+    if (text == nullptr || *text == '\0') return 4;
+    char* end = nullptr;
+    const long n = std::strtol(text, &end, 10);
+    TANDEM_CHECK(*end == '\0' && n >= 1 && n <= kMaxLanes, "TANDEM_EXPERT_LANES=", text,
+                 " is not a number of lanes in [1, ", kMaxLanes, "] (Note [Lanes] in ops.h)");
+    return static_cast<int>(n);
+  }();
+  return lanes;
+}
+
 void Lanes::run(int64_t piece, const std::function<void()>& fn) {
-  const int lane = static_cast<int>(piece % kLanes);
+  const int lane = cuda_ ? static_cast<int>(piece % count()) : 0;
 #if TANDEM_WITH_CUDA
   if (cuda_ && lane != 0) {
     if ((forked_ & (1u << lane)) == 0) {
@@ -50,7 +65,7 @@ void Lanes::run(int64_t piece, const std::function<void()>& fn) {
 void Lanes::join() {
   joined_ = true;
 #if TANDEM_WITH_CUDA
-  for (int lane = 1; lane < kLanes; ++lane) {
+  for (int lane = 1; lane < kMaxLanes; ++lane) {
     if (forked_ & (1u << lane)) cuda::lane_join(lane);
   }
 #endif

@@ -84,7 +84,7 @@ class PendingScalar {
 #include "ops/op_decls.inc"
 
 // Note [Lanes]: independent pieces of work (an experts node's products, one expert each) may run
-// at once. On the GPU, piece i runs on lane i % kLanes: lane 0 is the current stream, the others
+// at once. On the GPU, piece i runs on lane i % count(): lane 0 is the current stream, the others
 // side streams that first wait for everything enqueued on the current stream so far; join()
 // makes the current stream wait for every lane used. A piece must touch only what no other
 // piece of the same Lanes touches (each expert its own rows and weights), so the values are
@@ -95,7 +95,10 @@ class PendingScalar {
 // next op, so memory freed after join() is safe to reuse). On the CPU, pieces run in order.
 class Lanes {
  public:
-  static constexpr int kLanes = 4;
+  static constexpr int kMaxLanes = 8;
+  // TANDEM_EXPERT_LANES (1..kMaxLanes; 1: every piece on the current stream), else 4. Read once;
+  // throws tandem::Error naming a bad value.
+  static int count();
   // On `on`'s device.
   explicit Lanes(const Tensor& on);
   ~Lanes();  // joins if join() was not called (unwinding; its own errors are dropped)

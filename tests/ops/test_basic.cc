@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdlib>
 #include <random>
 #include <string>
 #include <vector>
@@ -60,6 +61,26 @@ TEST(Lanes, CpuPiecesRunInOrderAndErrorsPropagate) {
         lanes.run(1, [] { TANDEM_CHECK(false, "piece 1 failed"); });
       },
       Error);
+}
+
+// TANDEM_EXPERT_LANES: a bad value is refused naming it (and the range); a good one is kept.
+// (Read once per process: the first call that does not throw fixes it. Nothing on the CPU reads
+// it before this test.)
+TEST(Lanes, CountFromTheEnvironment) {
+  ::setenv("TANDEM_EXPERT_LANES", "9", 1);
+  try {
+    (void)Lanes::count();
+    FAIL() << "expected an error";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("TANDEM_EXPERT_LANES=9"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[1, 8]"), std::string::npos) << e.what();
+  }
+  ::setenv("TANDEM_EXPERT_LANES", "2x", 1);
+  EXPECT_THROW((void)Lanes::count(), Error);
+  ::setenv("TANDEM_EXPERT_LANES", "2", 1);
+  EXPECT_EQ(Lanes::count(), 2);
+  ::unsetenv("TANDEM_EXPERT_LANES");
+  EXPECT_EQ(Lanes::count(), 2);  // read once
 }
 
 TEST(Embedding, ForwardCopiesRowsAndBackwardMatchesFiniteDifferences) {

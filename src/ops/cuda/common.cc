@@ -46,8 +46,8 @@ namespace {
 // The side lanes' streams and events, made on first use (one GPU per process, one host thread
 // issuing GPU work). mark: the fork point on the current stream; done[l]: lane l's join point.
 struct LaneState {
-  cudaStream_t streams[Lanes::kLanes] = {};
-  cudaEvent_t done[Lanes::kLanes] = {};
+  cudaStream_t streams[Lanes::kMaxLanes] = {};
+  cudaEvent_t done[Lanes::kMaxLanes] = {};
   cudaEvent_t mark = nullptr;
 };
 
@@ -55,7 +55,7 @@ LaneState& lanes() {
   static LaneState* state = [] {
     auto* s = new LaneState;  // lives as long as the process, as the context's streams do
     TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s->mark, cudaEventDisableTiming));
-    for (int l = 1; l < Lanes::kLanes; ++l) {
+    for (int l = 1; l < Lanes::kMaxLanes; ++l) {
       TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s->streams[l], cudaStreamNonBlocking));
       TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s->done[l], cudaEventDisableTiming));
     }
@@ -65,7 +65,7 @@ LaneState& lanes() {
 }
 
 void check_lane(int lane) {
-  TANDEM_ASSERT(lane >= 1 && lane < Lanes::kLanes, "lane ", lane, " is not a side lane");
+  TANDEM_ASSERT(lane >= 1 && lane < Lanes::kMaxLanes, "lane ", lane, " is not a side lane");
 }
 
 }  // namespace

@@ -8,7 +8,7 @@ namespace tandem::ops::cuda {
 #include "ops/op_decls.inc"
 
 // Note [Lanes] (ops.h): lane_mark() marks the current stream's work so far; side lane l in
-// [1, Lanes::kLanes) waits for the mark; runs fn with lane l current; the current stream waits
+// [1, Lanes::kMaxLanes) waits for the mark; runs fn with lane l current; the current stream waits
 // for lane l's work so far.
 void lane_mark();
 void lane_fork(int lane);
