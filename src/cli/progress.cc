@@ -85,9 +85,8 @@ namespace {
 // all-to-all time, the two in ms, and the waiting part when measured.
 std::string exposed_of_rank(const IterationRecord& r, size_t p) {
   const double busy = r.comm_seconds_by_rank[p];
-  const double exposed = p < r.exposed_comm_seconds_by_rank.size()
-                             ? r.exposed_comm_seconds_by_rank[p]
-                             : 0.0;
+  const double exposed =
+      p < r.exposed_comm_seconds_by_rank.size() ? r.exposed_comm_seconds_by_rank[p] : 0.0;
   std::string s = format_fixed(busy > 0 ? 100 * exposed / busy : 0.0, 1) + "% (" +
                   format_fixed(1e3 * exposed, 1) + "/" + format_fixed(1e3 * busy, 1) + " ms";
   if (p < r.exposed_waiting_seconds_by_rank.size()) {
@@ -162,8 +161,7 @@ std::string format_summary(const std::vector<IterationRecord>& steps) {
                      (seconds < 1    ? format_fixed(1e3 * seconds, 0) + " ms"
                       : seconds < 60 ? format_fixed(seconds, 1) + "s"
                                      : format_duration(seconds)) +
-                     " | " +
-                     format_rate(median) + " tok/s (median of " + range + ")";
+                     " | " + format_rate(median) + " tok/s (median of " + range + ")";
   if (peak > 0) line += " | peak " + format_bytes(peak);
   const size_t ranks = steps.back().comm_seconds_by_rank.size();
   std::vector<double> busy(ranks, 0.0), exposed(ranks, 0.0);
@@ -171,13 +169,15 @@ std::string format_summary(const std::vector<IterationRecord>& steps) {
     const IterationRecord& r = steps[i];
     for (size_t p = 0; p < ranks && p < r.comm_seconds_by_rank.size(); ++p) {
       busy[p] += r.comm_seconds_by_rank[p];
-      if (p < r.exposed_comm_seconds_by_rank.size()) exposed[p] += r.exposed_comm_seconds_by_rank[p];
+      if (p < r.exposed_comm_seconds_by_rank.size())
+        exposed[p] += r.exposed_comm_seconds_by_rank[p];
     }
   }
   if (std::any_of(busy.begin(), busy.end(), [](double b) { return b > 0; })) {
     line += " | a2a exposed ";
     for (size_t p = 0; p < ranks; ++p) {
-      line += (p ? ", " : "") + format_fixed(busy[p] > 0 ? 100 * exposed[p] / busy[p] : 0.0, 1) + "%";
+      line +=
+          (p ? ", " : "") + format_fixed(busy[p] > 0 ? 100 * exposed[p] / busy[p] : 0.0, 1) + "%";
     }
     line += " (" + range + ")";
   }

@@ -9,8 +9,7 @@ namespace {
 constexpr uint64_t kMockStream = 0x6d6f'636b'0000'0001ULL;  // "mock", apart from the other streams
 }  // namespace
 
-MockDataset::MockDataset(uint64_t seed, int64_t vocab_size)
-    : seed_(seed), vocab_size_(vocab_size) {
+MockDataset::MockDataset(uint64_t seed, int64_t vocab_size) : seed_(seed), vocab_size_(vocab_size) {
   TANDEM_CHECK(vocab_size >= 1, "mock data needs a vocabulary of at least 1 token, got ",
                vocab_size);
 }

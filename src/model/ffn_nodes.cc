@@ -1,8 +1,8 @@
 // The feed-forward side of a layer: the experts' grouped SwiGLU and the dense mlp.
+#include <utility>
+
 #include "model/nodes.h"
 #include "ops/ops.h"
-
-#include <utility>
 
 namespace tandem::model {
 

@@ -197,12 +197,14 @@ TEST(Progress, SummaryLeavesTheFirstStepOut) {
     r.exposed_comm_seconds_by_rank = {i == 1 ? 0.1 : 0.01, 0.02};
     steps.push_back(r);
   }
-  EXPECT_EQ(format_summary(steps),
-            "done: 4 steps in 40.0s | 3.0k tok/s (median of steps 2-4) | peak 3.0 MiB | a2a exposed "
-            "10.0%, 10.0% (steps 2-4)");
+  EXPECT_EQ(
+      format_summary(steps),
+      "done: 4 steps in 40.0s | 3.0k tok/s (median of steps 2-4) | peak 3.0 MiB | a2a exposed "
+      "10.0%, 10.0% (steps 2-4)");
   steps.resize(1);
   steps[0].comm_seconds_by_rank.clear();
-  EXPECT_EQ(format_summary(steps), "done: 1 step in 10.0s | 100 tok/s (median of step 1) | peak 3.0 MiB");
+  EXPECT_EQ(format_summary(steps),
+            "done: 1 step in 10.0s | 100 tok/s (median of step 1) | peak 3.0 MiB");
   EXPECT_EQ(format_summary({}), "");
   std::ostringstream log, bar;
   ProgressReporter quiet({.total_iters = 1, .verbosity = Verbosity::kQuiet, .bar = BarMode::kNever},

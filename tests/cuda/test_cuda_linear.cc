@@ -8,8 +8,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <cstdint>
+#include <cstring>
 #include <functional>
 #include <string>
 #include <vector>
@@ -620,12 +620,13 @@ TEST(CudaLanes, PiecesAreBitwiseTheSerialProducts) {
   constexpr int64_t kPieces = 6, kRows = 96, kIn = 192, kOut = 320;
   const Tensor x0 = random_host({kPieces * kRows, kIn}, 71);
   std::vector<Tensor> w;
-  for (int64_t p = 0; p < kPieces; ++p) w.push_back(to_gpu(random_host({kOut, kIn}, 80 + p), DType::kBF16));
+  for (int64_t p = 0; p < kPieces; ++p)
+    w.push_back(to_gpu(random_host({kOut, kIn}, 80 + p), DType::kBF16));
   auto products = [&](bool lanes) {
     const Tensor x = to_gpu(x0, DType::kBF16);
     ops::scale(x, 2.0);  // on the current stream, before the fork point
-    const Tensor y =
-        Tensor::empty({kPieces * kRows, kOut}, DType::kBF16, MemCategory::kOther, "y", Device::kCUDA);
+    const Tensor y = Tensor::empty({kPieces * kRows, kOut}, DType::kBF16, MemCategory::kOther, "y",
+                                   Device::kCUDA);
     auto piece = [&](int64_t p) {
       ops::linear_forward(y.narrow_rows(p * kRows, kRows), x.narrow_rows(p * kRows, kRows), w[p]);
     };
