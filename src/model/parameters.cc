@@ -127,18 +127,14 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
     lw.wv = get(p + "self_attn.v_proj.weight");
     lw.wo = get(p + "self_attn.o_proj.weight");
     if (!cfg_.is_moe()) {
-      lw.w_gate = get(p + "mlp.gate_proj.weight");
-      lw.w_up = get(p + "mlp.up_proj.weight");
-      lw.w_down = get(p + "mlp.down_proj.weight");
       lw.w_gate_up = stacked(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
+      lw.w_down = get(p + "mlp.down_proj.weight");
     } else {
       lw.router = get(p + "block_sparse_moe.gate.weight");
       for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
         const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
-        lw.e_gate.push_back(get(q + "w1.weight"));
-        lw.e_up.push_back(get(q + "w3.weight"));
-        lw.e_down.push_back(get(q + "w2.weight"));
         lw.e_gate_up.push_back(stacked(q + "w1.weight", q + "w3.weight"));
+        lw.e_down.push_back(get(q + "w2.weight"));
       }
     }
     w.layers.push_back(std::move(lw));

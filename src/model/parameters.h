@@ -39,14 +39,12 @@ struct LayerWeights {
   Tensor input_norm, post_norm;  // [H]
   Tensor wq, wk, wv;             // [heads*D, H], [kv*D, H], [kv*D, H]
   Tensor wo;                     // [H, heads*D]
-  Tensor w_gate, w_up, w_down;   // dense: [F, H], [F, H], [H, F]
-  Tensor router;                 // MoE: [E, H]
-  std::vector<Tensor> e_gate, e_up, e_down;  // MoE, local experts: [F, H], [F, H], [H, F]
-  // gate over up, [2F, H]: the two are adjacent in the flat buffers, so one product forms both
-  // (Note [Gate and up in one product] in ffn_nodes.cc). Views of the same memory as w_gate and
-  // w_up (e_gate[e] and e_up[e]).
-  Tensor w_gate_up;
-  std::vector<Tensor> e_gate_up;
+  // Dense: gate_proj over up_proj, [2F, H] (the two are adjacent in the flat buffers, so one
+  // product forms both: Note [Gate and up in one product] in ffn_nodes.cc), and down, [H, F].
+  Tensor w_gate_up, w_down;
+  Tensor router;  // MoE: [E, H]
+  // MoE, local experts: w1 (gate) over w3 (up), [2F, H], and w2 (down), [H, F].
+  std::vector<Tensor> e_gate_up, e_down;
 };
 
 struct ModelWeights {
