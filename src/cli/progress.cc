@@ -81,13 +81,19 @@ std::string format_duration(double seconds) {
 
 namespace {
 
+// Rank p's exposed all-to-all seconds (0 when the record has none for it).
+double exposed_at(const IterationRecord& r, size_t p) {
+  return p < r.exposed_comm_seconds_by_rank.size() ? r.exposed_comm_seconds_by_rank[p] : 0.0;
+}
+
+// `exposed` as a percentage of `busy` all-to-all seconds (0 without any).
+double percent_of(double exposed, double busy) { return busy > 0 ? 100 * exposed / busy : 0.0; }
+
 // "9.3% (5.0/53.8 ms, 1.5 waiting)": rank p's exposed all-to-all as a fraction of its
 // all-to-all time, the two in ms, and the waiting part when measured.
 std::string exposed_of_rank(const IterationRecord& r, size_t p) {
-  const double busy = r.comm_seconds_by_rank[p];
-  const double exposed =
-      p < r.exposed_comm_seconds_by_rank.size() ? r.exposed_comm_seconds_by_rank[p] : 0.0;
-  std::string s = format_fixed(busy > 0 ? 100 * exposed / busy : 0.0, 1) + "% (" +
+  const double busy = r.comm_seconds_by_rank[p], exposed = exposed_at(r, p);
+  std::string s = format_fixed(percent_of(exposed, busy), 1) + "% (" +
                   format_fixed(1e3 * exposed, 1) + "/" + format_fixed(1e3 * busy, 1) + " ms";
   if (p < r.exposed_waiting_seconds_by_rank.size()) {
     s += ", " + format_fixed(1e3 * r.exposed_waiting_seconds_by_rank[p], 1) + " waiting";
@@ -108,9 +114,7 @@ std::string exposed_alltoall(const IterationRecord& r) {
   size_t worst = 0;
   double worst_fraction = -1;
   for (size_t p = 0; p < busy.size(); ++p) {
-    const double e =
-        p < r.exposed_comm_seconds_by_rank.size() ? r.exposed_comm_seconds_by_rank[p] : 0.0;
-    const double fraction = busy[p] > 0 ? e / busy[p] : 0.0;
+    const double fraction = percent_of(exposed_at(r, p), busy[p]);
     if (fraction > worst_fraction) worst = p, worst_fraction = fraction;
   }
   return s + "max " + exposed_of_rank(r, worst) + " on rank " + std::to_string(worst);
@@ -169,15 +173,13 @@ std::string format_summary(const std::vector<IterationRecord>& steps) {
     const IterationRecord& r = steps[i];
     for (size_t p = 0; p < ranks && p < r.comm_seconds_by_rank.size(); ++p) {
       busy[p] += r.comm_seconds_by_rank[p];
-      if (p < r.exposed_comm_seconds_by_rank.size())
-        exposed[p] += r.exposed_comm_seconds_by_rank[p];
+      exposed[p] += exposed_at(r, p);
     }
   }
   if (std::any_of(busy.begin(), busy.end(), [](double b) { return b > 0; })) {
     line += " | a2a exposed ";
     for (size_t p = 0; p < ranks; ++p) {
-      line +=
-          (p ? ", " : "") + format_fixed(busy[p] > 0 ? 100 * exposed[p] / busy[p] : 0.0, 1) + "%";
+      line += (p ? ", " : "") + format_fixed(percent_of(exposed[p], busy[p]), 1) + "%";
     }
     line += " (" + range + ")";
   }

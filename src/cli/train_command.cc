@@ -16,8 +16,8 @@
 #include "data/addition.h"
 #include "data/file_dataset.h"
 #include "data/mock.h"
-#include "runtime/checkpoint.h"
 #include "ops/ops.h"
+#include "runtime/checkpoint.h"
 #include "runtime/trainer.h"
 #include "train_common.h"
 
