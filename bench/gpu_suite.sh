@@ -120,9 +120,11 @@ for s in $SUITE; do
       for ov in on off; do
         timeout 180 $M $B/tandem train $A --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap $ov --log-json $T/ep2c-$ov.jsonl > $T/ep2c-$ov.log 2>&1; echo "ep2 combined overlap=$ov rc=$?"; tail -2 $T/ep2c-$ov.log
       done
+      # Note [Paired forwards]: (0F0;0F1) first, the all-to-all on its own stream.
+      timeout 180 $M $B/tandem train $A --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --log-json $T/ep2c-paired.jsonl > $T/ep2c-paired.log 2>&1; echo "ep2 combined paired rc=$?"
       timeout 180 $M $B/tandem train $A --pipeline-model-parallel-size 2 --schedule combined-1f1b --log-json $T/pp2c.jsonl > $T/pp2c.log 2>&1; echo "pp2 combined rc=$?"
       timeout 180 $M $B/tandem train $A --pipeline-model-parallel-size 2 --schedule dualpipev --virtual-pipeline-model-parallel-size 2 --log-json $T/pp2d.jsonl > $T/pp2d.log 2>&1; echo "pp2 dualpipev rc=$?"
-      python3 devrun/compare_losses.py --rtol=0 $T/ep2c-off.jsonl $T/ep2c-on.jsonl | tee "$OUT/overlap_eq.txt"
+      python3 devrun/compare_losses.py --rtol=0 $T/ep2c-off.jsonl $T/ep2c-on.jsonl $T/ep2c-paired.jsonl | tee "$OUT/overlap_eq.txt"
       python3 devrun/compare_losses.py --rtol=1e-2 $T/one.jsonl $T/ep2c-on.jsonl $T/pp2c.jsonl $T/pp2d.jsonl | tee -a "$OUT/overlap_eq.txt" ;;
     multi-b2)
       # Issue 6's benchmark, shape (b) on 2 GPUs: tandem's PP2 schedules and EP2 with and without
@@ -142,7 +144,9 @@ for s in $SUITE; do
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
-                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json"
+                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
+                 "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
+                 "ep2-combined-paired-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --moe-router-force-load-balancing"
       peer_runs "$SB" 2 170 $T multi_b.txt ;;
     ab)
       # A/B of tandem binaries (AB="tandem-base tandem", each in devrun/bin) on shape (b)'s EP2
@@ -152,7 +156,7 @@ for s in $SUITE; do
       for r in fresh balanced; do
         for bin in ${AB:-tandem}; do
           extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
-          TANDEM=$B/$bin tandem_runs "$SB" 2 150 $T ab.txt "$bin-$r --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $extra --trace $OUT/trace-$bin-$r.json"
+          TANDEM=$B/$bin tandem_runs "$SB" 2 150 $T ab.txt "$bin-$r --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $extra ${AB_EXTRA:-} --trace $OUT/trace-$bin-$r.json"
         done
       done ;;
     lanes)

@@ -129,6 +129,10 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
   s.push_back({"virtual-pipeline-model-parallel-size", &p.virtual_pipeline_model_parallel_size,
                "model chunks per pipeline rank (>= 2 for interleaved-1f1b)", Bound::kPositive});
   s.push_back({"schedule", &p.schedule, "pipeline schedule", Bound::kAny, kSchedules});
+  s.push_back({"pair-first-forwards", &p.pair_first_forwards,
+               "combined-1f1b with one pipeline stage (expert parallelism): run the first two "
+               "forwards as one pair, (0F0;0F1), so the first forward's all-to-all overlaps the "
+               "second's compute; holds one more micro-batch's activations"});
   s.push_back({"num-microbatches", &o.num_microbatches,
                "micro-batches per step for `plan`; 0 derives it from the batch sizes",
                Bound::kNonNegative});
@@ -559,6 +563,15 @@ void check_combinations(const RunOptions& o) {
                " is fewer than the ", chunks,
                " model chunks (--pipeline-model-parallel-size x "
                "--virtual-pipeline-model-parallel-size): each chunk needs at least one layer");
+  TANDEM_CHECK(!p.pair_first_forwards ||
+                   (p.schedule == "combined-1f1b" && p.pipeline_model_parallel_size == 1 &&
+                    p.virtual_pipeline_model_parallel_size == 1),
+               "--pair-first-forwards pairs the first two forwards of combined-1f1b with one "
+               "stage; it needs --schedule combined-1f1b (it is ",
+               p.schedule, "), --pipeline-model-parallel-size 1 (it is ",
+               p.pipeline_model_parallel_size,
+               ") and --virtual-pipeline-model-parallel-size 1 (it is ",
+               p.virtual_pipeline_model_parallel_size, ")");
   TANDEM_CHECK(p.schedule != "interleaved-1f1b" || p.virtual_pipeline_model_parallel_size >= 2,
                "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
                "(it is ",

@@ -10,8 +10,8 @@
 #include "cli/options.h"
 #include "comm/layout.h"
 #include "core/error.h"
-#include "schedule/routing_file.h"
 #include "schedule/planner.h"
+#include "schedule/routing_file.h"
 
 namespace tandem::cli {
 namespace {
@@ -104,7 +104,7 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
     v = 2;
   const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches();
   req.shape = {static_cast<int32_t>(o.parallel.pipeline_model_parallel_size),
-               static_cast<int32_t>(v), static_cast<int32_t>(m)};
+               static_cast<int32_t>(v), static_cast<int32_t>(m), o.parallel.pair_first_forwards};
   schedule::PlanInputs& in = req.inputs;
   in.model = o.model;
   in.micro_batch_size = o.train.micro_batch_size;

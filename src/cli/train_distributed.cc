@@ -47,12 +47,13 @@ std::string canonical_config(const RunOptions& o) {
     << "\nclip-grad=" << t.clip_grad << "\nseed=" << t.seed
     << "\nrecompute-experts=" << t.recompute_experts
     << "\nmoe-router-force-load-balancing=" << t.moe_router_force_balance
-    << "\npipeline-model-parallel-size=" << p.pipeline_model_parallel_size << "\nexpert-model-parallel-size="
-    << p.expert_model_parallel_size << "\nvirtual-pipeline-model-parallel-size="
-    << p.virtual_pipeline_model_parallel_size << "\nschedule=" << p.schedule
-    << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir << "\nsave-interval="
-    << o.save_interval << "\nkeep-checkpoints=" << o.keep_checkpoints << "\nload=" << o.load_dir
-    << "\nnan-policy=" << o.nan_policy << "\n";
+    << "\npipeline-model-parallel-size=" << p.pipeline_model_parallel_size
+    << "\nexpert-model-parallel-size=" << p.expert_model_parallel_size
+    << "\nvirtual-pipeline-model-parallel-size=" << p.virtual_pipeline_model_parallel_size
+    << "\nschedule=" << p.schedule << "\npair-first-forwards=" << p.pair_first_forwards
+    << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir
+    << "\nsave-interval=" << o.save_interval << "\nkeep-checkpoints=" << o.keep_checkpoints
+    << "\nload=" << o.load_dir << "\nnan-policy=" << o.nan_policy << "\n";
   return s.str();
 }
 
@@ -220,7 +221,7 @@ void run_train_distributed(RunOptions& o) {
   o.train.validate(L.dp());
   const schedule::ScheduleShape shape{
       static_cast<int32_t>(L.pp), static_cast<int32_t>(p.virtual_pipeline_model_parallel_size),
-      static_cast<int32_t>(o.train.num_microbatches(L.dp()))};
+      static_cast<int32_t>(o.train.num_microbatches(L.dp())), p.pair_first_forwards};
   const schedule::Schedule sched =
       schedule::generate_schedule(schedule::parse_schedule_kind(p.schedule), shape);
   schedule::validate_schedule(sched);

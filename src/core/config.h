@@ -74,6 +74,7 @@ struct ParallelConfig {
   int64_t expert_model_parallel_size = 1;
   int64_t virtual_pipeline_model_parallel_size = 1;
   std::string schedule = "1f1b";
+  bool pair_first_forwards = false;  // combined-1f1b, one stage: (0F0;0F1) first
 };
 
 }  // namespace tandem

@@ -5,7 +5,8 @@
 // Note [Combined 1F1B on streams]: for a MoE layer pair (forward layer i of f, backward layer
 // n-1-i of b) the issue order is DESIGN.md's:
 //   comm: combine.bwd(b) | dispatch.fwd(f) -> dispatch.bwd(b) | combine.fwd(f)
-//   comp: attention.fwd(f) | experts.bwd(b) -> experts.bwd_w(b) -> experts.fwd(f) | attention.bwd(b)
+//   comp: attention.fwd(f) | experts.bwd(b) -> experts.bwd_w(b) -> experts.fwd(f) |
+//   attention.bwd(b)
 // Each node waits only for the event of the node whose output it reads (its predecessor in its
 // own micro-batch), so f's attention runs while b's combine all-to-all is in flight, and so on.
 //
@@ -97,15 +98,18 @@ static Units split_units(const std::vector<model::NodeRef>& nodes) {
   return u;
 }
 
-PipelineTrainer::CombinedHalves PipelineTrainer::prepare_combined(const schedule::Action& a,
-                                                                  int64_t iteration) {
-  const schedule::Action f = a.forward_half(), b = a.backward_half();
-  StageRuntime& fs = local(f.stage);
-  StageRuntime& bs = local(b.stage);
-  model::MicroBatchState& fm = prepare_forward(f.stage, f.microbatch, iteration);
-  model::MicroBatchState& bm = prepare_backward(b.stage, b.microbatch);
-  const bool with_w = b.kind == schedule::ActionKind::kBackward;
-  return {f, b, fs, bs, fm, bm, context(fs), context(bs), with_w};
+PipelineTrainer::PairHalves PipelineTrainer::prepare_pair(const schedule::Action& a,
+                                                          int64_t iteration) {
+  auto half = [&](const schedule::Action& x) -> PairHalf {
+    StageRuntime& s = local(x.stage);
+    model::MicroBatchState& m = x.kind == ActionKind::kForward
+                                    ? prepare_forward(x.stage, x.microbatch, iteration)
+                                    : prepare_backward(x.stage, x.microbatch);
+    return {x, &s, &m, context(s)};
+  };
+  // In the order the plain actions would prepare them: the forward's input first.
+  PairHalf first = half(a.first_half());
+  return {std::move(first), half(a.second_half())};
 }
 
 void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration) {
@@ -113,33 +117,38 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
     run_combined_on_device(a, iteration);
     return;
   }
-  const CombinedHalves h = prepare_combined(a, iteration);
+  const PairHalves h = prepare_pair(a, iteration);
   const bool overlap = comm_stream_ != nullptr && groups_->layout.ep > 1;
   CpuStream& comp = *compute_stream_;
-  Event f_last, b_last;
-  auto issue = [&](bool fwd, size_t i) {
-    StageRuntime& s = fwd ? h.fs : h.bs;
-    const NodeKind kind = s.chunk->nodes()[i].kind;
+  Event last[2];
+  auto issue = [&](int k, size_t i) {
+    const PairHalf& half = h[k];
+    const NodeKind kind = half.stage->chunk->nodes()[i].kind;
     CpuStream& stream = overlap && schedule::node_is_communication(kind) ? *comm_stream_ : comp;
-    Event& last = fwd ? f_last : b_last;
-    const int32_t mb = fwd ? h.f.microbatch : h.b.microbatch;
-    last = stream.enqueue(
-        [&, fwd, i, kind, mb, is_comm = &stream != &comp] {
+    last[k] = stream.enqueue(
+        [&half, i, kind, is_comm = &stream != &comp, this] {
           const auto t0 = std::chrono::steady_clock::now();
+          const bool fwd = half.action.kind == ActionKind::kForward;
           if (fwd) {
-            h.fs.chunk->forward_node(i, h.fm, h.fc);
+            half.stage->chunk->forward_node(i, *half.state, half.context);
           } else {
-            h.bs.chunk->backward_node(i, h.bm, h.bc);
-            if (h.with_w) h.bs.chunk->backward_weights_node(i, h.bm, h.bc);
+            half.stage->chunk->backward_node(i, *half.state, half.context);
+            if (half.action.kind == ActionKind::kBackward)
+              half.stage->chunk->backward_weights_node(i, *half.state, half.context);
           }
-          record_span(is_comm ? "comm" : "compute", kind, fwd, mb, t0);
+          record_span(is_comm ? "comm" : "compute", kind, fwd, half.action.microbatch, t0);
         },
-        {last});
+        {last[k]});
   };
-  const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
-  auto prepare = [](size_t) {};  // the comm worker runs each dispatch whole
+  const Units u0 = split_units(h[0].stage->chunk->nodes());
+  const Units u1 = split_units(h[1].stage->chunk->nodes());
+  auto prepare = [](int, size_t) {};  // the comm worker runs each dispatch whole
   try {
-    issue_pairs(fu, bu, issue, prepare, overlap);
+    if (a.kind == ActionKind::kForwardForward) {
+      issue_forward_pairs(u0, u1, issue, prepare, overlap);
+    } else {
+      issue_pairs(u0, u1, issue, prepare, overlap);
+    }
   } catch (...) {
     // The comm worker may still run tasks that refer to this frame: let them finish first.
     if (comm_stream_) {
@@ -152,35 +161,43 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
   }
   if (comm_stream_) comm_stream_->synchronize();
   comp.synchronize();
-  finish_forward(h.fs, h.f.microbatch, h.fm);
+  for (const PairHalf& half : h) {
+    if (half.action.kind == ActionKind::kForward)
+      finish_forward(*half.stage, half.action.microbatch, *half.state);
+  }
 }
 
 void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t iteration) {
-  const CombinedHalves h = prepare_combined(a, iteration);
+  const PairHalves h = prepare_pair(a, iteration);
   const bool overlap = overlap_ == CommOverlap::kOn && groups_->layout.ep > 1;
   // Both micro-batches' chains start after everything enqueued so far on the compute stream
   // (their inputs are there).
   const DeviceStream compute = DeviceStreams::compute();
   DeviceChain chains[2] = {{compute, dev_->mark(compute)}, {compute, nullptr}};
   chains[1].done = chains[0].done;
-  const ActionKind b_kind = h.with_w ? ActionKind::kBackward : ActionKind::kBackwardInput;
-  auto issue = [&](bool fwd, size_t i) {
-    if (fwd) {
-      issue_node_on_device(h.fs, h.fm, h.fc, i, ActionKind::kForward, h.f.microbatch, overlap,
-                           false, chains[0]);
-    } else {
-      issue_node_on_device(h.bs, h.bm, h.bc, i, b_kind, h.b.microbatch, overlap, false,
-                           chains[1]);
-    }
+  auto issue = [&](int k, size_t i) {
+    const PairHalf& half = h[k];
+    issue_node_on_device(*half.stage, *half.state, half.context, i, half.action.kind,
+                         half.action.microbatch, overlap, false, chains[k]);
   };
-  auto prepare = [&](size_t i) {
-    prepare_node_on_device(h.fs, h.fm, h.fc, i, h.f.microbatch, chains[0]);
+  auto prepare = [&](int k, size_t i) {
+    const PairHalf& half = h[k];
+    prepare_node_on_device(*half.stage, *half.state, half.context, i, half.action.microbatch,
+                           chains[k]);
   };
-  const Units fu = split_units(h.fs.chunk->nodes()), bu = split_units(h.bs.chunk->nodes());
-  issue_pairs(fu, bu, issue, prepare, overlap);
+  const Units u0 = split_units(h[0].stage->chunk->nodes());
+  const Units u1 = split_units(h[1].stage->chunk->nodes());
+  if (a.kind == ActionKind::kForwardForward) {
+    issue_forward_pairs(u0, u1, issue, prepare, overlap);
+  } else {
+    issue_pairs(u0, u1, issue, prepare, overlap);
+  }
   // What follows runs on the compute stream and reads both micro-batches' results.
   for (DeviceChain& chain : chains) join_chain(chain, "combined");
-  finish_forward(h.fs, h.f.microbatch, h.fm);
+  for (const PairHalf& half : h) {
+    if (half.action.kind == ActionKind::kForward)
+      finish_forward(*half.stage, half.action.microbatch, *half.state);
+  }
 }
 
 void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
@@ -280,10 +297,11 @@ void PipelineTrainer::join_chain(const DeviceChain& chain, const std::string& wh
 }
 
 template <typename Issue, typename Prepare>
-void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue,
-                                  Prepare& prepare, bool overlapped) {
-  if (bu.has_loss) issue(false, bu.num_nodes - 1);
-  if (fu.has_embed) issue(true, 0);
+void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepare,
+                                  bool overlapped) {
+  constexpr int f = 0, b = 1;
+  if (bu.has_loss) issue(b, bu.num_nodes - 1);
+  if (fu.has_embed) issue(f, 0);
   const size_t pairs = std::max(fu.layers.size(), bu.layers.size());
   for (size_t p = 0; p < pairs; ++p) {
     const bool has_f = p < fu.layers.size(), has_b = p < bu.layers.size();
@@ -291,27 +309,70 @@ void PipelineTrainer::issue_pairs(const Units& fu, const Units& bu, Issue& issue
     if (has_f && has_b && fu.layers[p].second - fu.layers[p].first == 4 &&
         bu.layers[bl].second - bu.layers[bl].first == 4) {
       const size_t fa = fu.layers[p].first, ba = bu.layers[bl].first;  // attention indices
-      issue(false, ba + 3);                 // combine.bwd(b)
-      issue(true, fa);                      // attention.fwd(f)
-      if (overlapped) prepare(fa + 1);      // dispatch.fwd(f)'s counts: Note [Issue order]
-      if (overlapped) issue(false, ba + 2);  // experts.bwd(b) first: Note [Issue order]
-      issue(true, fa + 1);                  // dispatch.fwd(f)
-      if (!overlapped) issue(false, ba + 2);  // experts.bwd(b) (+ weights)
-      issue(false, ba + 1);                 // dispatch.bwd(b)
-      issue(true, fa + 2);   // experts.fwd(f)
-      issue(true, fa + 3);   // combine.fwd(f)
-      issue(false, ba);      // attention.bwd(b) (+ weights)
+      issue(b, ba + 3);                                                // combine.bwd(b)
+      issue(f, fa);                                                    // attention.fwd(f)
+      if (overlapped) prepare(f, fa + 1);  // dispatch.fwd(f)'s counts: Note [Issue order]
+      if (overlapped) issue(b, ba + 2);    // experts.bwd(b) first: Note [Issue order]
+      issue(f, fa + 1);                    // dispatch.fwd(f)
+      if (!overlapped) issue(b, ba + 2);   // experts.bwd(b) (+ weights)
+      issue(b, ba + 1);                    // dispatch.bwd(b)
+      issue(f, fa + 2);                    // experts.fwd(f)
+      issue(f, fa + 3);                    // combine.fwd(f)
+      issue(b, ba);                        // attention.bwd(b) (+ weights)
       continue;
     }
     if (has_f) {
-      for (size_t i = fu.layers[p].first; i < fu.layers[p].second; ++i) issue(true, i);
+      for (size_t i = fu.layers[p].first; i < fu.layers[p].second; ++i) issue(f, i);
     }
     if (has_b) {
-      for (size_t i = bu.layers[bl].second; i-- > bu.layers[bl].first;) issue(false, i);
+      for (size_t i = bu.layers[bl].second; i-- > bu.layers[bl].first;) issue(b, i);
     }
   }
-  if (fu.has_loss) issue(true, fu.num_nodes - 1);
-  if (bu.has_embed) issue(false, 0);
+  if (fu.has_loss) issue(f, fu.num_nodes - 1);
+  if (bu.has_embed) issue(b, 0);
+}
+
+// Note [Paired forwards on streams]: two forwards f (half 0) and g (half 1), layer by layer:
+//   comp: attention(f) | attention(g) | experts(f) | experts(g)
+//   comm: dispatch(f)  | dispatch(g)  | combine(f) | combine(g)
+// so f's dispatch runs beside g's attention, g's beside f's experts, f's combine beside g's
+// experts and g's combine beside the next layer's attention(f). As in Note [Issue order], each
+// dispatch's counts go out right after its attention, and the host blocks (for them) only with
+// the other forward's work queued on the compute stream: attention(g) when it reads f's, and
+// experts(f) when it reads g's. Each stream's order, and so every value, is that of f then g.
+template <typename Issue, typename Prepare>
+void PipelineTrainer::issue_forward_pairs(const Units& u0, const Units& u1, Issue& issue,
+                                          Prepare& prepare, bool overlapped) {
+  constexpr int f = 0, g = 1;
+  if (u0.has_embed) issue(f, 0);
+  if (u1.has_embed) issue(g, 0);
+  const size_t layers = std::max(u0.layers.size(), u1.layers.size());
+  for (size_t p = 0; p < layers; ++p) {
+    const bool has_f = p < u0.layers.size(), has_g = p < u1.layers.size();
+    if (has_f && has_g && u0.layers[p].second - u0.layers[p].first == 4 &&
+        u1.layers[p].second - u1.layers[p].first == 4) {
+      const size_t fa = u0.layers[p].first, ga = u1.layers[p].first;  // attention indices
+      issue(f, fa);                                                   // attention(f)
+      if (overlapped) prepare(f, fa + 1);                             // dispatch(f)'s counts
+      issue(g, ga);                                                   // attention(g)
+      issue(f, fa + 1);                                               // dispatch(f)
+      if (overlapped) prepare(g, ga + 1);                             // dispatch(g)'s counts
+      issue(f, fa + 2);                                               // experts(f)
+      issue(g, ga + 1);                                               // dispatch(g)
+      issue(g, ga + 2);                                               // experts(g)
+      issue(f, fa + 3);                                               // combine(f)
+      issue(g, ga + 3);                                               // combine(g)
+      continue;
+    }
+    if (has_f) {
+      for (size_t i = u0.layers[p].first; i < u0.layers[p].second; ++i) issue(f, i);
+    }
+    if (has_g) {
+      for (size_t i = u1.layers[p].first; i < u1.layers[p].second; ++i) issue(g, i);
+    }
+  }
+  if (u0.has_loss) issue(f, u0.num_nodes - 1);
+  if (u1.has_loss) issue(g, u1.num_nodes - 1);
 }
 
 }  // namespace tandem::runtime

@@ -386,6 +386,7 @@ void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
       return;
     case ActionKind::kBackwardWeight: weights(a.stage, a.microbatch); return;
     case ActionKind::kForwardBackward:
+    case ActionKind::kForwardForward:
       run_combined(a, iteration);
       return;
     default: communicate(a); return;
@@ -471,7 +472,7 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
     const auto start = std::chrono::steady_clock::now();
     run_action(a, iteration);
-    if (!dev_ && a.kind != ActionKind::kForwardBackward) record_action_span(a, start);
+    if (!dev_ && !schedule::is_pair(a.kind)) record_action_span(a, start);
     // Note [Sends done early]: a delivered message's buffer goes now, not at the step's end,
     // as the planner frees it (its "in flight" ends at the receive).
     std::erase_if(pending_, [](const std::unique_ptr<comm::PendingSend>& p) { return p->done(); });

@@ -3,12 +3,13 @@
 // reduces gradients over data-parallel (dense) and expert-data-parallel (experts) groups.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <string>
-#include <memory>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -132,15 +133,15 @@ class PipelineTrainer {
   model::MicroBatchState& prepare_forward(int32_t stage, int32_t mb, int64_t iteration);
   void finish_forward(StageRuntime& s, int32_t mb, const model::MicroBatchState& state);
   model::MicroBatchState& prepare_backward(int32_t stage, int32_t mb);
-  // Both halves of a combined action, their inputs in place (combined.cc).
-  struct CombinedHalves {
-    schedule::Action f, b;
-    StageRuntime &fs, &bs;
-    model::MicroBatchState &fm, &bm;
-    model::NodeContext fc, bc;
-    bool with_w;  // b is a full backward (its weight halves run with it)
+  // One half of a pair (FB or FF), its input in place (combined.cc).
+  struct PairHalf {
+    schedule::Action action;  // kForward, kBackward (with its weight halves) or kBackwardInput
+    StageRuntime* stage;
+    model::MicroBatchState* state;
+    model::NodeContext context;
   };
-  CombinedHalves prepare_combined(const schedule::Action& a, int64_t iteration);
+  using PairHalves = std::array<PairHalf, 2>;
+  PairHalves prepare_pair(const schedule::Action& a, int64_t iteration);
   // Neighbouring gradient entries reduced in one call (Note [Gradient runs]); expert: reduced
   // over the expert-data-parallel group (only when EP > 1).
   struct GradRun {
@@ -150,12 +151,16 @@ class PipelineTrainer {
   std::vector<GradRun> gradient_runs(const model::Parameters& params) const;
   void run_combined(const schedule::Action& a, int64_t iteration);
   void run_combined_on_device(const schedule::Action& a, int64_t iteration);
-  // issue(forward?, node) issues a node of f or b, prepare(node) what of f's node may run ahead
-  // of it (Chunk::prepare_forward_node); overlapped: the two streams really run side by side
-  // (Note [Issue order] in combined.cc).
+  // issue(half, node) issues a node of half 0 (the forward) or half 1 (the backward), prepare(
+  // half, node) what of a forward's node may run ahead of it (Chunk::prepare_forward_node);
+  // overlapped: the two streams really run side by side (Note [Issue order] in combined.cc).
   template <typename Issue, typename Prepare>
   void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue, Prepare& prepare,
                    bool overlapped);
+  // The same for two forwards (Note [Paired forwards] in schedule/action.h).
+  template <typename Issue, typename Prepare>
+  void issue_forward_pairs(const struct Units& u0, const struct Units& u1, Issue& issue,
+                           Prepare& prepare, bool overlapped);
   // A plain compute action's nodes (F, B, I or W), in the chunk's order; on the GPU each between
   // timing events.
   void run_nodes(StageRuntime& s, model::MicroBatchState& state, int32_t mb,

@@ -13,11 +13,11 @@ namespace tandem::schedule {
 namespace {
 
 constexpr std::array<std::string_view, kNumActionKinds> kKindNames = {
-    "F", "B", "I", "W", "FB", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
+    "F", "B", "I", "W", "FB", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "FF"};
 
 constexpr std::string_view kAcceptedForms =
     "expected <stage><F|B|I|W|SEND_F|RECV_F|SEND_B|RECV_B><micro-batch> such as 0F3, 2SEND_F1, "
-    "or a combined pair (<stage>F<mb>;<stage>B<mb>) such as (0F4;1B2)";
+    "or a pair (<stage>F<mb>;<stage>B|I|F<mb>) such as (0F4;1B2) or (0F0;0F1)";
 
 bool parse_int(std::string_view digits, int32_t& out) {
   if (digits.empty() || digits.size() > 9) return false;
@@ -43,7 +43,7 @@ bool parse_single(std::string_view text, Action& out) {
   if (!parse_int(text.substr(j), mb)) return false;
   for (int k = 0; k < kNumActionKinds; ++k) {
     const auto ak = static_cast<ActionKind>(k);
-    if (ak == ActionKind::kForwardBackward || kKindNames[k] != kind) continue;
+    if (is_pair(ak) || kKindNames[k] != kind) continue;
     out = Action::make(ak, stage, mb);
     return true;
   }
@@ -67,6 +67,10 @@ bool parse_combined(std::string_view text, Action& out) {
   Action a, b;
   if (!parse_single(trim(text.substr(0, semi)), a) || !parse_single(trim(text.substr(semi + 1)), b))
     return false;
+  if (a.kind == ActionKind::kForward && b.kind == ActionKind::kForward) {
+    out = Action::paired_forwards(a.stage, a.microbatch, b.stage, b.microbatch);
+    return true;
+  }
   if (b.kind == ActionKind::kForward) std::swap(a, b);  // accept (1B2;0F4) as well
   if (a.kind != ActionKind::kForward || !is_backward_of_input(b.kind)) return false;
   out = Action::combined(a.stage, a.microbatch, b.kind, b.stage, b.microbatch);
@@ -101,10 +105,10 @@ void infer_layout(Schedule& s, std::string_view source) {
   int32_t max_stage = -1, max_mb = -1;
   for (const auto& list : s.ranks) {
     for (const Action& a : list) {
-      max_stage =
-          std::max({max_stage, a.stage, a.kind == ActionKind::kForwardBackward ? a.bwd_stage : -1});
-      max_mb = std::max(
-          {max_mb, a.microbatch, a.kind == ActionKind::kForwardBackward ? a.bwd_microbatch : -1});
+      for (const Action& h : halves(a)) {
+        max_stage = std::max(max_stage, h.stage);
+        max_mb = std::max(max_mb, h.microbatch);
+      }
     }
   }
   TANDEM_CHECK(max_stage >= 0, source, ": the schedule has no actions");
@@ -114,9 +118,9 @@ void infer_layout(Schedule& s, std::string_view source) {
   for (int32_t r = 0; r < s.num_ranks; ++r) {
     for (const Action& a : s.ranks[r]) {
       if (!is_compute(a.kind)) continue;
-      if (s.stage_rank[a.stage] < 0) s.stage_rank[a.stage] = r;
-      if (a.kind == ActionKind::kForwardBackward && s.stage_rank[a.bwd_stage] < 0)
-        s.stage_rank[a.bwd_stage] = r;
+      for (const Action& h : halves(a)) {
+        if (s.stage_rank[h.stage] < 0) s.stage_rank[h.stage] = r;
+      }
     }
   }
   for (int32_t st = 0; st < s.num_stages; ++st) {
@@ -132,10 +136,12 @@ std::string_view action_kind_name(ActionKind kind) { return kKindNames[static_ca
 
 bool is_compute(ActionKind kind) {
   return kind == ActionKind::kForward || kind == ActionKind::kBackward ||
-         kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight ||
-         kind == ActionKind::kForwardBackward;
+         kind == ActionKind::kBackwardInput || kind == ActionKind::kBackwardWeight || is_pair(kind);
 }
 bool is_communication(ActionKind kind) { return !is_compute(kind); }
+bool is_pair(ActionKind kind) {
+  return kind == ActionKind::kForwardBackward || kind == ActionKind::kForwardForward;
+}
 bool is_backward_of_input(ActionKind kind) {
   return kind == ActionKind::kBackward || kind == ActionKind::kBackwardInput;
 }
@@ -148,33 +154,44 @@ Action Action::make(ActionKind kind, int32_t stage, int32_t microbatch) {
   return a;
 }
 
-Action Action::combined(int32_t f_stage, int32_t f_mb, ActionKind bwd_kind, int32_t b_stage,
+Action Action::combined(int32_t f_stage, int32_t f_mb, ActionKind second_kind, int32_t b_stage,
                         int32_t b_mb) {
   Action a = make(ActionKind::kForwardBackward, f_stage, f_mb);
-  a.bwd_kind = bwd_kind;
-  a.bwd_stage = b_stage;
-  a.bwd_microbatch = b_mb;
+  a.second_kind = second_kind;
+  a.second_stage = b_stage;
+  a.second_microbatch = b_mb;
   return a;
 }
 
-Action Action::forward_half() const {
-  return kind == ActionKind::kForwardBackward ? make(ActionKind::kForward, stage, microbatch)
-                                              : *this;
+Action Action::paired_forwards(int32_t stage, int32_t mb, int32_t second_stage, int32_t second_mb) {
+  Action a = combined(stage, mb, ActionKind::kForward, second_stage, second_mb);
+  a.kind = ActionKind::kForwardForward;
+  return a;
 }
 
-Action Action::backward_half() const {
-  return kind == ActionKind::kForwardBackward ? make(bwd_kind, bwd_stage, bwd_microbatch) : *this;
+Action Action::first_half() const {
+  return is_pair(kind) ? make(ActionKind::kForward, stage, microbatch) : *this;
+}
+
+Action Action::second_half() const {
+  return is_pair(kind) ? make(second_kind, second_stage, second_microbatch) : *this;
+}
+
+std::vector<Action> halves(const Action& a) {
+  if (!is_pair(a.kind)) return {a};
+  return {a.first_half(), a.second_half()};
 }
 
 bool Action::operator==(const Action& o) const {
   if (kind != o.kind || stage != o.stage || microbatch != o.microbatch) return false;
-  if (kind != ActionKind::kForwardBackward) return true;
-  return bwd_kind == o.bwd_kind && bwd_stage == o.bwd_stage && bwd_microbatch == o.bwd_microbatch;
+  if (!is_pair(kind)) return true;
+  return second_kind == o.second_kind && second_stage == o.second_stage &&
+         second_microbatch == o.second_microbatch;
 }
 
 std::string to_string(const Action& a) {
-  if (a.kind == ActionKind::kForwardBackward) {
-    return "(" + to_string(a.forward_half()) + ";" + to_string(a.backward_half()) + ")";
+  if (is_pair(a.kind)) {
+    return "(" + to_string(a.first_half()) + ";" + to_string(a.second_half()) + ")";
   }
   std::string out = std::to_string(a.stage);
   out += action_kind_name(a.kind);

@@ -26,38 +26,52 @@ enum class ActionKind : uint8_t {
   kRecvF,
   kSendB,
   kRecvB,
+  kForwardForward,  // (F;F): two forwards of the same rank, overlapped (Note [Paired forwards])
 };
-constexpr int kNumActionKinds = 9;
+constexpr int kNumActionKinds = 10;
 
-// The text of a kind: "F", "B", "I", "W", "FB", "SEND_F", "RECV_F", "SEND_B", "RECV_B".
+// The text of a kind: "F", "B", "I", "W", "FB", "SEND_F", "RECV_F", "SEND_B", "RECV_B", "FF".
 std::string_view action_kind_name(ActionKind kind);
 
-bool is_compute(ActionKind kind);            // F, B, I, W, FB
+bool is_compute(ActionKind kind);            // F, B, I, W, FB, FF
 bool is_communication(ActionKind kind);      // SEND_*, RECV_*
 bool is_backward_of_input(ActionKind kind);  // B or I: produces the input gradient
+bool is_pair(ActionKind kind);               // FB or FF: two halves run together
 
-// One entry of a rank's list. For kForwardBackward, (stage, microbatch) is the forward half and
-// (bwd_stage, bwd_microbatch, bwd_kind) the backward half; bwd_kind is kBackward or
-// kBackwardInput. For every other kind the bwd_* fields are unused and left at their defaults.
+// Note [Paired forwards]: the first forward of combined 1F1B with one stage has no backward to
+// pair with, so each of its all-to-alls is exposed: every node reads the one before. (F;F) runs
+// two forwards layer by layer, each one's all-to-all beside the other's attention or experts;
+// the steady (F;B) pairs then start one micro-batch later, so the rank holds one more
+// micro-batch's activations. The halves must be different micro-batches (neither may read the
+// other's output).
+
+// One entry of a rank's list. For a pair, (stage, microbatch) is the first half, a forward, and
+// (second_stage, second_microbatch, second_kind) the second half: kBackward or kBackwardInput
+// for kForwardBackward, kForward for kForwardForward. For every other kind the second_* fields
+// are unused and left at their defaults.
 struct Action {
   ActionKind kind = ActionKind::kForward;
   int32_t stage = 0;
   int32_t microbatch = 0;
-  ActionKind bwd_kind = ActionKind::kBackward;
-  int32_t bwd_stage = 0;
-  int32_t bwd_microbatch = 0;
+  ActionKind second_kind = ActionKind::kBackward;
+  int32_t second_stage = 0;
+  int32_t second_microbatch = 0;
 
   static Action make(ActionKind kind, int32_t stage, int32_t microbatch);
-  static Action combined(int32_t f_stage, int32_t f_mb, ActionKind bwd_kind, int32_t b_stage,
+  static Action combined(int32_t f_stage, int32_t f_mb, ActionKind second_kind, int32_t b_stage,
                          int32_t b_mb);
-  // The halves of a combined action (kForward and bwd_kind); *this for a single action.
-  Action forward_half() const;
-  Action backward_half() const;
+  static Action paired_forwards(int32_t stage, int32_t mb, int32_t second_stage, int32_t second_mb);
+  // The halves of a pair (kForward and second_kind); *this for a single action.
+  Action first_half() const;
+  Action second_half() const;
 
   bool operator==(const Action& other) const;
 };
 
-// `0F3`, `1B2`, `0I2`, `0W2`, `2SEND_F1`, `(0F4;1B2)`.
+// The halves of an action: one for a single action, two for a pair.
+std::vector<Action> halves(const Action& action);
+
+// `0F3`, `1B2`, `0I2`, `0W2`, `2SEND_F1`, `(0F4;1B2)`, `(0F0;0F1)`.
 std::string to_string(const Action& action);
 
 // Parses one action; throws tandem::Error naming the text and the accepted forms. A combined

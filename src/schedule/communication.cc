@@ -54,13 +54,11 @@ class Lowering {
   void collect_sends() {
     for (int32_t r = 0; r < s_.num_ranks; ++r) {
       for (const Action& a : s_.ranks[r]) {
-        if (a.kind == ActionKind::kForward || a.kind == ActionKind::kForwardBackward) {
-          const Action f = a.forward_half();
-          if (sends_forward(f, r)) add_send(r, {Direction::kForward, f.stage, f.microbatch});
-        }
-        if (is_backward_of_input(a.kind) || a.kind == ActionKind::kForwardBackward) {
-          const Action b = a.backward_half();
-          if (sends_backward(b, r)) add_send(r, {Direction::kBackward, b.stage, b.microbatch});
+        for (const Action& h : halves(a)) {
+          if (h.kind == ActionKind::kForward && sends_forward(h, r))
+            add_send(r, {Direction::kForward, h.stage, h.microbatch});
+          if (is_backward_of_input(h.kind) && sends_backward(h, r))
+            add_send(r, {Direction::kBackward, h.stage, h.microbatch});
         }
       }
     }
@@ -85,20 +83,23 @@ class Lowering {
     std::vector<Action> out;
     out.reserve(s_.ranks[r].size() * 3);
     for (const Action& a : s_.ranks[r]) {
-      const bool has_f = a.kind == ActionKind::kForward || a.kind == ActionKind::kForwardBackward;
-      const bool has_b = is_backward_of_input(a.kind) || a.kind == ActionKind::kForwardBackward;
-      const Action f = a.forward_half(), b = a.backward_half();
-      if (has_f && f.stage > 0 && s_.stage_rank[f.stage - 1] != r)
-        receive(out, r, s_.stage_rank[f.stage - 1],
-                {Direction::kForward, f.stage - 1, f.microbatch});
-      if (has_b && b.stage + 1 < s_.num_stages && s_.stage_rank[b.stage + 1] != r)
-        receive(out, r, s_.stage_rank[b.stage + 1],
-                {Direction::kBackward, b.stage + 1, b.microbatch});
+      const std::vector<Action> hs = halves(a);
+      for (const Action& h : hs) {
+        if (h.kind == ActionKind::kForward && h.stage > 0 && s_.stage_rank[h.stage - 1] != r)
+          receive(out, r, s_.stage_rank[h.stage - 1],
+                  {Direction::kForward, h.stage - 1, h.microbatch});
+        if (is_backward_of_input(h.kind) && h.stage + 1 < s_.num_stages &&
+            s_.stage_rank[h.stage + 1] != r)
+          receive(out, r, s_.stage_rank[h.stage + 1],
+                  {Direction::kBackward, h.stage + 1, h.microbatch});
+      }
       out.push_back(a);
-      if (has_f && sends_forward(f, r))
-        out.push_back(Action::make(ActionKind::kSendF, f.stage, f.microbatch));
-      if (has_b && sends_backward(b, r))
-        out.push_back(Action::make(ActionKind::kSendB, b.stage, b.microbatch));
+      for (const Action& h : hs) {
+        if (h.kind == ActionKind::kForward && sends_forward(h, r))
+          out.push_back(Action::make(ActionKind::kSendF, h.stage, h.microbatch));
+        if (is_backward_of_input(h.kind) && sends_backward(h, r))
+          out.push_back(Action::make(ActionKind::kSendB, h.stage, h.microbatch));
+      }
     }
     return out;
   }

@@ -51,8 +51,18 @@ ActionList gpipe_rank(int32_t r, int32_t m) {
 // interleaved count with one stage per rank: the +1 keeps a pair's halves independent, and the
 // step of 2 between neighbours lets rank r+1's pair i use rank r's pair i-2 (with a step of 1 it
 // would need pair i-1, and every pair would wait for its neighbour's: half the time idle).
-ActionList one_f_one_b_rank(int32_t r, int32_t p, int32_t m, ScheduleKind kind) {
+// With pair_first_forwards (combined, P = 1) the warm-up is two forwards run as one pair.
+ActionList one_f_one_b_rank(int32_t r, int32_t p, int32_t m, ScheduleKind kind,
+                            bool pair_first_forwards) {
   const bool combined = kind == ScheduleKind::kCombined1f1b;
+  if (pair_first_forwards) {
+    ActionList out = {Action::paired_forwards(r, 0, r, 1)};
+    for (int32_t i = 0; i + 2 < m; ++i) {
+      out.push_back(Action::combined(r, i + 2, ActionKind::kBackward, r, i));
+    }
+    for (int32_t i = std::max(0, m - 2); i < m; ++i) out.push_back(bwd(r, i));
+    return out;
+  }
   const int32_t warmup = std::min(combined ? 2 * (p - 1 - r) + 1 : p - 1 - r, m);
   ActionList out;
   for (int32_t i = 0; i < warmup; ++i) out.push_back(fwd(r, i));
@@ -223,6 +233,16 @@ void check_supported(ScheduleKind kind, const ScheduleShape& sh) {
   TANDEM_CHECK(v >= 1, "--virtual-pipeline-model-parallel-size ", v,
                " is invalid: need at least 1");
   TANDEM_CHECK(m >= 1, "--num-microbatches ", m, " is invalid: need at least 1");
+  if (sh.pair_first_forwards) {
+    TANDEM_CHECK(kind == ScheduleKind::kCombined1f1b,
+                 "--pair-first-forwards pairs combined-1f1b's first two forwards; --schedule ",
+                 name, " has no such pairs (use combined-1f1b)");
+    TANDEM_CHECK(p == 1 && v == 1,
+                 "--pair-first-forwards needs one stage: --pipeline-model-parallel-size 1 and "
+                 "--virtual-pipeline-model-parallel-size 1 (got ",
+                 p, " and ", v, ")");
+    TANDEM_CHECK(m >= 2, "--pair-first-forwards needs --num-microbatches >= 2 (got ", m, ")");
+  }
   switch (kind) {
     case ScheduleKind::kGpipe:
     case ScheduleKind::k1f1b:
@@ -272,13 +292,13 @@ Schedule generate_compute_schedule(ScheduleKind kind, const ScheduleShape& sh) {
         list = gpipe_rank(r, m);
         break;
       case ScheduleKind::k1f1b:
-        list = one_f_one_b_rank(r, p, m, kind);
+        list = one_f_one_b_rank(r, p, m, kind, false);
         break;
       case ScheduleKind::kInterleaved1f1b:
         list = interleaved_rank(r, sh, kind);
         break;
       case ScheduleKind::kCombined1f1b:
-        list = sh.virtual_stages == 1 ? one_f_one_b_rank(r, p, m, kind)
+        list = sh.virtual_stages == 1 ? one_f_one_b_rank(r, p, m, kind, sh.pair_first_forwards)
                                       : interleaved_rank(r, sh, kind);
         break;
       case ScheduleKind::kZbH1:

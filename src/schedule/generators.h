@@ -31,6 +31,8 @@ struct ScheduleShape {
   int32_t pipeline_size = 1;     // P: pipeline ranks
   int32_t virtual_stages = 1;    // V: stages per rank
   int32_t num_microbatches = 1;  // M
+  // combined-1f1b with P = 1: (0F0;0F1), then (0F2;0B0) ... (Note [Paired forwards]).
+  bool pair_first_forwards = false;
 };
 
 // How stages sit on ranks: loop style (interleaved) puts stage s on rank s % P; V style
@@ -44,6 +46,7 @@ StagePlacement placement_of(ScheduleKind kind);
 //  combined-1f1b:      V = 1 (any P, M >= 1; P = 1 is the no-pipeline case) or V >= 2 with
 //                      P >= 2 and M a multiple of P.
 //  dualpipev:          V = 2, M >= 2P.
+//  pair_first_forwards: combined-1f1b with P = 1 and M >= 2 only.
 // Throws tandem::Error naming the option and the values that would be valid.
 void check_supported(ScheduleKind kind, const ScheduleShape& shape);
 

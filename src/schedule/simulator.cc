@@ -7,7 +7,8 @@
 //  - F runs the stage's nodes in order, B/I in reverse (a node's I, then its W when the
 //    backward is full); W runs the weight halves. FB interleaves a forward layer with a backward
 //    layer per DESIGN.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all
-//    of one half overlaps matrix work of the other. Under uniform costs the pair is one unit:
+//    of one half overlaps matrix work of the other; FF interleaves two forwards' layers the same
+//    way (kForwardsMoe). Under uniform costs the pair is one unit:
 //    both halves start once both inputs are there (as the executor, which receives both before
 //    it runs the pair, so its memory changes in the runtime's order) and publish together.
 //  - SEND runs on the sender's comm stream once its tensor exists: latency + bytes / link.
@@ -86,20 +87,56 @@ void run_pairs(HalfRun& f, HalfRun& b) {
   if (bs.has_embed()) b.node(0);
 }
 
+// Note [Paired forwards] in action.h: two forwards layer by layer (MoE positions as above).
+// Compute stream: attn.f, attn.g, experts.f, experts.g; comm stream: dispatch.f, dispatch.g,
+// combine.f, combine.g. A dense layer runs f's nodes, then g's.
+struct ForwardStep {
+  bool second;
+  int32_t pos;
+};
+constexpr std::array<ForwardStep, 8> kForwardsMoe = {
+    {{false, 0}, {true, 0}, {false, 1}, {false, 2}, {true, 1}, {true, 2}, {false, 3}, {true, 3}}};
+
+void run_forward_pairs(HalfRun& f, HalfRun& g) {
+  const Stage& fs = f.stage();
+  const Stage& gs = g.stage();
+  const int32_t n = std::max(fs.num_layers, gs.num_layers);
+  auto layer = [](HalfRun& h, int32_t i, int32_t pos) {
+    const Stage& s = h.stage();
+    if (i < s.num_layers) h.node(s.first_layer_node + i * s.nodes_per_layer + pos);
+  };
+  if (fs.has_embed()) f.node(0);
+  if (gs.has_embed()) g.node(0);
+  for (int32_t i = 0; i < n; ++i) {
+    if (fs.nodes_per_layer == 4 && gs.nodes_per_layer == 4) {
+      for (const ForwardStep& st : kForwardsMoe) layer(st.second ? g : f, i, st.pos);
+      continue;
+    }
+    for (int32_t p = 0; p < fs.nodes_per_layer; ++p) layer(f, i, p);
+    for (int32_t p = 0; p < gs.nodes_per_layer; ++p) layer(g, i, p);
+  }
+  if (fs.has_loss()) f.node(static_cast<int32_t>(fs.nodes.size()) - 1);
+  if (gs.has_loss()) g.node(static_cast<int32_t>(gs.nodes.size()) - 1);
+}
+
 }  // namespace
 
 void SimState::run_combined(int32_t r, int32_t index, const Action& a) {
-  HalfRun f(*this, r, index, a.forward_half());
-  HalfRun b(*this, r, index, a.backward_half());
+  HalfRun f(*this, r, index, a.first_half());
+  HalfRun b(*this, r, index, a.second_half());
   const bool atomic = model.cost_kind == CostModelKind::kUniform;
   if (atomic) {  // one unit, Note [Simulation model]: it starts once both inputs are there
     const double start = std::max(f.ready(), b.ready());
     f.start_not_before(start);
     b.start_not_before(start);
   }
-  if (b.stage().has_loss()) b.node(static_cast<int32_t>(b.stage().nodes.size()) - 1);
-  if (f.stage().has_embed()) f.node(0);
-  run_pairs(f, b);
+  if (a.kind == ActionKind::kForwardForward) {
+    run_forward_pairs(f, b);
+  } else {
+    if (b.stage().has_loss()) b.node(static_cast<int32_t>(b.stage().nodes.size()) - 1);
+    if (f.stage().has_embed()) f.node(0);
+    run_pairs(f, b);
+  }
   // Real costs: each half publishes as soon as its own nodes are done (the forward's output
   // leaves while the backward still runs). Uniform costs: the pair is one unit, as in theory.
   const double atomic_end = atomic ? std::max(f.last_end(), b.last_end()) : 0;
@@ -189,6 +226,7 @@ bool SimState::advance(int32_t r) {
         run_weight(r, index, a);
         break;
       case ActionKind::kForwardBackward:
+      case ActionKind::kForwardForward:
         run_combined(r, index, a);
         break;
       case ActionKind::kSendF:

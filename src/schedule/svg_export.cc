@@ -28,6 +28,8 @@ const char* action_color(ActionKind kind, Phase phase) {
       return "#9c9c9c";
     case ActionKind::kForwardBackward:
       return "#b07aa1";
+    case ActionKind::kForwardForward:
+      return "#76b7b2";
     case ActionKind::kSendF:
     case ActionKind::kSendB:
       return "#f28e2b";

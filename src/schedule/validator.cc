@@ -90,8 +90,16 @@ class Walk {
         break;
       case ActionKind::kForwardBackward: {
         // The halves run together, so the backward may not need the forward: check it first.
-        backward(r, i, a.backward_half());
-        forward(r, i, a.forward_half());
+        backward(r, i, a.second_half());
+        forward(r, i, a.first_half());
+        break;
+      }
+      case ActionKind::kForwardForward: {
+        // Note [Paired forwards]: neither half may read the other's output.
+        TANDEM_CHECK(a.microbatch != a.second_microbatch, at(), "both forwards are micro-batch ",
+                     a.microbatch, ": pair forwards of two different micro-batches");
+        forward(r, i, a.first_half());
+        forward(r, i, a.second_half());
         break;
       }
       case ActionKind::kSendF: {
@@ -241,12 +249,16 @@ void validate_structure(const Schedule& s) {
   for (int32_t r = 0; r < s.num_ranks; ++r) {
     for (size_t i = 0; i < s.ranks[r].size(); ++i) {
       const Action& a = s.ranks[r][i];
-      check_half_structure(s, r, i, a, a.forward_half());
+      check_half_structure(s, r, i, a, a.first_half());
       if (a.kind == ActionKind::kForwardBackward) {
-        TANDEM_CHECK(is_backward_of_input(a.bwd_kind), where(s, r, i, a),
+        TANDEM_CHECK(is_backward_of_input(a.second_kind), where(s, r, i, a),
                      "the second half of a combined action must be B or I");
-        check_half_structure(s, r, i, a, a.backward_half());
       }
+      if (a.kind == ActionKind::kForwardForward) {
+        TANDEM_CHECK(a.second_kind == ActionKind::kForward, where(s, r, i, a),
+                     "the second half of a pair of forwards must be F");
+      }
+      if (is_pair(a.kind)) check_half_structure(s, r, i, a, a.second_half());
     }
   }
 }

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "common/random_tokens.h"
 #include "comm/mpi_communicator.h"
+#include "common/random_tokens.h"
 #include "core/cuda/context.h"
 #include "core/tensor.h"
 #include "runtime/distributed.h"
@@ -41,7 +41,7 @@ struct TrainRun {
   schedule::NodeTimesTable node_times;
 };
 
-TrainRun train(CommOverlap overlap, int steps) {
+TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false) {
   const ModelConfig m = small_moe();
   TrainConfig t;
   t.micro_batch_size = 2;
@@ -50,7 +50,7 @@ TrainRun train(CommOverlap overlap, int steps) {
   t.lr = 1e-3;
   t.device = Device::kCUDA;
   Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), 1, 2, Device::kCUDA);
-  const schedule::ScheduleShape shape{1, 1, 4};
+  const schedule::ScheduleShape shape{1, 1, 4, pair_first_forwards};
   const schedule::Schedule sched =
       schedule::generate_schedule(schedule::ScheduleKind::kCombined1f1b, shape);
   schedule::validate_schedule(sched);
@@ -104,6 +104,24 @@ TEST(GpuPipeline, CombinedOverlapIsBitwiseTheSameAsInOrder) {
   for (size_t i = 0; i < on.params.size(); ++i) differ += on.params[i] != off.params[i];
   EXPECT_EQ(differ, 0u) << "of " << on.params.size() << " master weights";
   EXPECT_LT(on.losses.back(), on.losses.front());  // it trains
+}
+
+// Note [Paired forwards]: (0F0;0F1) with the all-to-all on its own stream, bit for bit the
+// unpaired schedule in order, and each first forward's all-to-all on the comm track.
+TEST(GpuPipeline, PairedFirstForwardsAreBitwiseTheSameAsInOrder) {
+  const TrainRun paired = train(CommOverlap::kOn, 3, true);
+  const TrainRun off = train(CommOverlap::kOff, 3);
+  ASSERT_EQ(paired.losses.size(), off.losses.size());
+  for (size_t i = 0; i < paired.losses.size(); ++i) {
+    EXPECT_EQ(paired.losses[i], off.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(paired.norms[i], off.norms[i]) << "step " << i + 1;
+  }
+  ASSERT_EQ(paired.params.size(), off.params.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < paired.params.size(); ++i) differ += paired.params[i] != off.params[i];
+  EXPECT_EQ(differ, 0u) << "of " << paired.params.size() << " master weights";
+  EXPECT_TRUE(has_span(paired.timeline, "comm", "F0 dispatch"));
+  EXPECT_TRUE(has_span(paired.timeline, "comm", "F1 combine"));
 }
 
 TEST(GpuPipeline, TimelineComesFromCudaEvents) {

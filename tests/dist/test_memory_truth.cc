@@ -7,11 +7,10 @@
 // core/footprint.h.
 #include <gtest/gtest.h>
 
-#include "common/random_tokens.h"
-
 #include <algorithm>
 #include <iostream>
 
+#include "common/random_tokens.h"
 #include "core/rng.h"
 #include "dist_env.h"
 #include "runtime/distributed.h"
@@ -58,15 +57,16 @@ schedule::RoutingCounts measured_routing(PipelineTrainer& trainer, Groups& group
 // recompute: TrainConfig::recompute_experts on both sides (Note [Recomputed experts]).
 Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recompute = false) {
   Checked checked;
-  for (const char* name : {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "combined-1f1b", "dualpipev"}) {
-    for (int v : {1, 2}) {
+  for (const char* name :
+       {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "combined-1f1b", "dualpipev"}) {
+    for (const auto& [v, pair] : {std::pair{1, false}, {2, false}, {1, true}}) {
       TrainConfig t;
       t.micro_batch_size = 1;
       t.global_batch_size = 4 * pp * dp;
       t.recompute_experts = recompute;
       schedule::PlanRequest req;
       req.schedule_name = name;
-      req.shape = {pp, v, static_cast<int32_t>(4 * pp)};
+      req.shape = {pp, v, static_cast<int32_t>(4 * pp), pair};
       req.inputs.model = m;
       req.inputs.micro_batch_size = 1;
       req.inputs.expert_parallel_size = ep;
@@ -94,8 +94,9 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
         plan = schedule::make_plan(req);
       }
       const int64_t planned = plan.sim.ranks[pp_rank].activation_peak_bytes;
-      EXPECT_EQ(measured, planned) << name << " v" << v << " pp" << pp << " dp" << dp << " ep" << ep
-                                   << " rank " << g_world->rank();
+      EXPECT_EQ(measured, planned)
+          << name << (pair ? " paired first forwards" : "") << " v" << v << " pp" << pp << " dp"
+          << dp << " ep" << ep << " rank " << g_world->rank();
       ++checked.schedules;
     }
   }

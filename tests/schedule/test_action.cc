@@ -31,26 +31,34 @@ TEST(Action, PrintsPyTorchNotation) {
   EXPECT_EQ(to_string(Action::make(ActionKind::kRecvB, 3, 0)), "3RECV_B0");
   EXPECT_EQ(to_string(Action::combined(0, 4, ActionKind::kBackward, 1, 2)), "(0F4;1B2)");
   EXPECT_EQ(to_string(Action::combined(0, 4, ActionKind::kBackwardInput, 1, 2)), "(0F4;1I2)");
+  EXPECT_EQ(to_string(Action::paired_forwards(0, 0, 0, 1)), "(0F0;0F1)");
 }
 
 TEST(Action, ParsesEveryKind) {
   for (const char* text : {"0F3", "12B20", "0I2", "7W0", "2SEND_F1", "3RECV_F1", "3SEND_B0",
-                           "2RECV_B0", "(0F4;1B2)", "(10F0;3I99)"}) {
+                           "2RECV_B0", "(0F4;1B2)", "(10F0;3I99)", "(0F0;0F1)", "(0F4;1F2)"}) {
     EXPECT_EQ(to_string(parse_action(text)), text);
   }
   const Action fb = parse_action("(0F7;7B3)OVERLAP_F_B");
   EXPECT_EQ(fb.kind, ActionKind::kForwardBackward);
   EXPECT_EQ(fb.stage, 0);
   EXPECT_EQ(fb.microbatch, 7);
-  EXPECT_EQ(fb.bwd_stage, 7);
-  EXPECT_EQ(fb.bwd_microbatch, 3);
-  EXPECT_EQ(fb.bwd_kind, ActionKind::kBackward);
+  EXPECT_EQ(fb.second_stage, 7);
+  EXPECT_EQ(fb.second_microbatch, 3);
+  EXPECT_EQ(fb.second_kind, ActionKind::kBackward);
   EXPECT_EQ(parse_action("(1B2;0F4)"), parse_action("(0F4;1B2)"));
   EXPECT_EQ(parse_action("( 0F4 ; 1B2 )"), parse_action("(0F4;1B2)"));
+  const Action ff = parse_action("(0F0;2F1)");
+  EXPECT_EQ(ff.kind, ActionKind::kForwardForward);
+  EXPECT_EQ(ff.first_half(), Action::make(ActionKind::kForward, 0, 0));
+  EXPECT_EQ(ff.second_half(), Action::make(ActionKind::kForward, 2, 1));
+  EXPECT_EQ(halves(ff).size(), 2u);
+  EXPECT_EQ(halves(Action::make(ActionKind::kForward, 0, 0)).size(), 1u);
+  EXPECT_FALSE(parse_action("(0F0;0F1)") == parse_action("(0F1;0F0)"));  // order is kept
 }
 
 TEST(Action, RejectsMalformed) {
-  for (const char* text : {"", "F3", "0F", "0X3", "0f3", "(0F4)", "(0F4;1F2)", "(0B4;1B2)",
+  for (const char* text : {"", "F3", "0F", "0X3", "0f3", "(0F4)", "(0FF4;1F2)", "(0B4;1B2)",
                            "(0F4;1W2)", "0SEND3", "0F3x", "(0F4;1B2", "(0F4;1SEND_F2)"}) {
     const std::string msg = error_of([&] { parse_action(text); });
     EXPECT_NE(msg.find("bad action '" + std::string(text) + "'"), std::string::npos) << text;
@@ -60,9 +68,13 @@ TEST(Action, RejectsMalformed) {
 
 TEST(Schedule, TextRoundTripOfEveryGenerator) {
   const std::pair<ScheduleKind, ScheduleShape> cases[] = {
-      {ScheduleKind::kGpipe, {3, 1, 4}},           {ScheduleKind::k1f1b, {4, 1, 8}},
-      {ScheduleKind::kInterleaved1f1b, {2, 3, 4}}, {ScheduleKind::kCombined1f1b, {1, 1, 5}},
-      {ScheduleKind::kCombined1f1b, {4, 2, 8}},    {ScheduleKind::kZbH1, {4, 1, 6}},
+      {ScheduleKind::kGpipe, {3, 1, 4}},
+      {ScheduleKind::k1f1b, {4, 1, 8}},
+      {ScheduleKind::kInterleaved1f1b, {2, 3, 4}},
+      {ScheduleKind::kCombined1f1b, {1, 1, 5}},
+      {ScheduleKind::kCombined1f1b, {4, 2, 8}},
+      {ScheduleKind::kZbH1, {4, 1, 6}},
+      {ScheduleKind::kCombined1f1b, {1, 1, 5, true}},
       {ScheduleKind::kDualPipeV, {3, 2, 8}}};
   for (const auto& [kind, shape] : cases) {
     const Schedule s = generate_schedule(kind, shape);

@@ -266,6 +266,45 @@ TEST(Simulator, CombinedOneFOneBHidesTheAllToAllOfOneHalfBehindTheOther) {
   EXPECT_TRUE(found);
 }
 
+// Note [Paired forwards], two layers, two micro-batches. (0F0;0F1) per kForwardsMoe, layer 1:
+// compute attn.0 [0,2] attn.1 [2,4] exp.0 [4,7] exp.1 [7,10]; comm disp.0 [2,3] disp.1 [4,5]
+// comb.0 [7,8] comb.1 [10,11]. Layer 2: attn.0 [10,12] attn.1 [12,14] exp.0 [14,17] exp.1
+// [17,20]; disp.0 [12,13] disp.1 [14,15] comb.0 [17,18] comb.1 [20,21]. Then B0 [21,42] and B1
+// [42,63], each a comb.b, an experts' I and W beside disp.b, an attention's I and W per layer.
+// Exposed: comb.1 [20,21] and each backward's first comb.b, [21,22] and [42,43]: 3; step 63.
+// Unpaired, 0F0 alone exposes its 4 all-to-alls (step 65, exposed 5). The activation peak holds
+// one more micro-batch: with 4, (0F2;0B0) holds three where (0F1;0B0) holds two.
+TEST(Simulator, PairedFirstForwardsHideTheFirstForwardsAllToAll) {
+  PlanRequest req = table_request("combined-1f1b", 1, 2);
+  req.inputs.model.num_layers = 2;
+  const Plan unpaired = make_plan(req);
+  EXPECT_NEAR(unpaired.sim.step_time_s, 65, kEps);
+  EXPECT_NEAR(unpaired.sim.ranks[0].exposed_alltoall_s, 5, kEps);
+  req.shape.pair_first_forwards = true;
+  const Plan plan = make_plan(req);
+  EXPECT_EQ(to_string(plan.schedule.ranks[0].front()), "(0F0;0F1)");
+  const RankResult& r = plan.sim.ranks[0];
+  EXPECT_NEAR(plan.sim.step_time_s, 63, kEps);
+  EXPECT_NEAR(r.exposed_comm_s, 3, kEps);
+  EXPECT_NEAR(r.exposed_alltoall_s, 3, kEps);
+  std::vector<double> experts, dispatch;  // forward starts, in time order
+  for (const Span& s : r.spans) {
+    if (s.kind != SpanKind::kNode || s.phase != Phase::kForward) continue;
+    if (s.node == NodeKind::kExperts) experts.push_back(s.start);
+    if (s.node == NodeKind::kDispatch) dispatch.push_back(s.start);
+  }
+  EXPECT_EQ(experts, (std::vector<double>{4, 7, 14, 17}));
+  EXPECT_EQ(dispatch, (std::vector<double>{2, 4, 12, 14}));
+
+  PlanRequest four = table_request("combined-1f1b", 1, 4);
+  const int64_t plain = make_plan(four).sim.ranks[0].activation_peak_bytes;
+  four.shape.pair_first_forwards = true;
+  const int64_t paired = make_plan(four).sim.ranks[0].activation_peak_bytes;
+  const int64_t one = table_plan("1f1b", 1, 1).sim.ranks[0].activation_peak_bytes;
+  EXPECT_GT(one, 0);
+  EXPECT_EQ(paired - plain, one);
+}
+
 TEST(Simulator, PipelineMessagesAndTheirBuffers) {
   // PP 2, m 1, one layer per stage, p2p 0.5. Rank 0: F0 ends 7, SEND [7,7.5]. Rank 1: RECV
   // [7,7.5], F0 [7.5,14.5], B0 [14.5,25.5], SEND_B [25.5,26]. Rank 0: RECV_B [25.5,26],

@@ -58,6 +58,30 @@ TEST(Generators, CombinedPairsForwardOfOneMicroBatchWithBackwardOfAnother) {
   EXPECT_EQ(join(s.ranks[1]), "1F0 (1F1;1B0) (1F2;1B1) (1F3;1B2) 1B3");
 }
 
+// Note [Paired forwards]: the first two forwards as one pair, the steady pairs one micro-batch
+// later, two backwards alone at the end.
+TEST(Generators, CombinedWithPairedFirstForwards) {
+  EXPECT_EQ(join(generate_schedule(ScheduleKind::kCombined1f1b, {1, 1, 4, true}).ranks[0]),
+            "(0F0;0F1) (0F2;0B0) (0F3;0B1) 0B2 0B3");
+  EXPECT_EQ(join(generate_schedule(ScheduleKind::kCombined1f1b, {1, 1, 2, true}).ranks[0]),
+            "(0F0;0F1) 0B0 0B1");
+  for (int32_t m = 2; m <= 9; ++m) {
+    EXPECT_NO_THROW(
+        validate_schedule(generate_schedule(ScheduleKind::kCombined1f1b, {1, 1, m, true})))
+        << m;
+  }
+  EXPECT_NE(error_of(ScheduleKind::kCombined1f1b, {2, 1, 4, true})
+                .find("--pair-first-forwards needs one stage: --pipeline-model-parallel-size 1 "
+                      "and --virtual-pipeline-model-parallel-size 1 (got 2 and 1)"),
+            std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::k1f1b, {1, 1, 4, true})
+                .find("--schedule 1f1b has no such pairs (use combined-1f1b)"),
+            std::string::npos);
+  EXPECT_NE(error_of(ScheduleKind::kCombined1f1b, {1, 1, 1, true})
+                .find("--pair-first-forwards needs --num-microbatches >= 2 (got 1)"),
+            std::string::npos);
+}
+
 TEST(Generators, ZeroBubbleH1DelaysWeightGradientsByRank) {
   const Schedule s = generate_compute_schedule(ScheduleKind::kZbH1, {2, 1, 3});
   EXPECT_EQ(join(s.ranks[0]), "0F0 0F1 0I0 0W0 0F2 0I1 0W1 0I2 0W2");

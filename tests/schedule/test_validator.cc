@@ -118,6 +118,19 @@ TEST(Validator, RepeatedWork) {
       "rank 1, action #1 1RECV_F0: repeated receive: already received at action #0");
 }
 
+// Note [Paired forwards]: the halves run together, so neither may read the other's output.
+TEST(Validator, PairedForwards) {
+  EXPECT_EQ(error_of("rank 0: (0F0;0F1) 0B0 0B1\n"), "");
+  EXPECT_EQ(error_of("rank 0: (0F1;0F0) (0F2;0B0) 0B1 0B2\n"), "");
+  EXPECT_MESSAGE(error_of("rank 0: (0F0;0F0) 0B0\n"),
+                 "rank 0, action #0 (0F0;0F0): both forwards are micro-batch 0: pair forwards "
+                 "of two different micro-batches");
+  // Stage 1 of micro-batch 0 reads stage 0's output of the same micro-batch.
+  EXPECT_MESSAGE(error_of("rank 0: (0F0;1F0) 1B0 0B0\n"), "both forwards are micro-batch 0");
+  EXPECT_MESSAGE(error_of("rank 0: (0F0;0F1) 0B0\n"),
+                 "missing work: rank 0 never runs the backward of stage 0 micro-batch 1");
+}
+
 TEST(Validator, WeightGradientBeforeItsInputGradient) {
   EXPECT_MESSAGE(error_of("rank 0: 0F0 0W0 0I0\n"),
                  "rank 0, action #1 0W0: weight gradient before its input gradient 0I0");
