@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), lanes (LANES="1 2 4 8"), scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -147,6 +147,12 @@ for s in $SUITE; do
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
                  "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
                  "ep2-combined-paired-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --moe-router-force-load-balancing"
+      # The same steps, bit for bit, whatever the order (Note [Paired forwards]) and run to run
+      # (Note [Deterministic attention backward]).
+      for r in "" -balanced; do
+        [ -s $T/ep2-combined-on$r.jsonl ] && [ -s $T/ep2-combined-paired$r.jsonl ] &&
+          python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on$r.jsonl $T/ep2-combined-paired$r.jsonl | tee -a "$OUT/multi_b.txt"
+      done
       peer_runs "$SB" 2 170 $T multi_b.txt ;;
     ab)
       # A/B of tandem binaries (AB="tandem-base tandem", each in devrun/bin) on shape (b)'s EP2
@@ -170,6 +176,17 @@ for s in $SUITE; do
           "ep2-combined --expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32"
       done
       unset TANDEM_EXPERT_LANES MPI_EXTRA ;;
+    repeat)
+      # Shape (b) on random tokens, EP2 combined 1F1B twice and paired once, one GPU twice: are
+      # the losses the same bit for bit (deterministic kernels, Note [Paired forwards])?
+      SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/repeat; mkdir -p $T
+      tandem_runs "$SB" 2 150 $T repeat.txt "ep2-a --expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32" \
+        "ep2-b --expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32" \
+        "ep2-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32"
+      ONLY='^one-gpu$' tandem_runs "$SB" 1 150 $T repeat.txt "one-gpu --global-batch-size 16"
+      cp $T/one-gpu.jsonl $T/one-a.jsonl; ONLY='^one-gpu$' tandem_runs "$SB" 1 150 $T repeat.txt "one-gpu --global-batch-size 16"
+      python3 devrun/compare_losses.py --rtol=0 $T/ep2-a.jsonl $T/ep2-b.jsonl $T/ep2-paired.jsonl | tee -a "$OUT/repeat.txt"
+      python3 devrun/compare_losses.py --rtol=0 $T/one-a.jsonl $T/one-gpu.jsonl | tee -a "$OUT/repeat.txt" ;;
     scale-equiv)
       # Issue 8: the equivalence matrix on all $G GPUs against one (demo model, small learning
       # rate): PP up to 4, EP up to 4, and PP2 x EP4 on 8; every layout that divides $G.

@@ -112,7 +112,10 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   const int64_t start = n * h * es + d_n2 + d_logits + (moe ? n * k * h * es + n * k * st : 0);
   const int64_t held =  // d_n2, d_logits, d_h1, d_a, d_q, d_k, d_v
       d_n2 + d_logits + n * h * es + 2 * n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
-  const int64_t op = n * cfg.q_width() * kF32 + n * cfg.num_attention_heads * kF32;
+  // The op's delta [N*heads] f32; its deterministic backward (the default) needs no f32 dq
+  // workspace (Note [Deterministic attention backward] in ops/cuda/attention.cu; the one-pass
+  // variants' [N, heads*D] f32 is not counted).
+  const int64_t op = n * cfg.num_attention_heads * kF32;
   w.backward_input = std::max({start, held + op, held + 2 * n * h * es});
   w.backward_weight = d_logits + n * h * es + n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
   w.incoming_grad = moe ? n * k * h * es : d_n2;  // d_routed or the mlp's d_n2

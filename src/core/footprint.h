@@ -92,9 +92,9 @@ struct NodeWorkspace {
 //  attention: F MoE: router logits [N,E] stat, routed [N*k,H] (handed to dispatch)
 //             I the largest of: at the start d_out [N,H], d_n2 [N,H], MoE d_routed [N*k,H],
 //               d_topk_w [N,k] stat, d_logits [N,E]; mid: d_n2, d_logits, d_h1 [N,H],
-//               d_a, d_q [N,heads*D], d_k, d_v [N,kv*D], the attention op's dq_acc
-//               [N,heads*D] f32 and delta [N*heads] f32; at the end the same with d_n1, d_x
-//               [N,H] instead of the op's buffers
+//               d_a, d_q [N,heads*D], d_k, d_v [N,kv*D], the attention op's delta
+//               [N*heads] f32 (its default backward has no f32 dq workspace); at the end the
+//               same with d_n1, d_x [N,H] instead of the op's buffer
 //             W d_h1, d_q, d_k, d_v, MoE d_logits (kept from I for W)
 //  dispatch:  F EP = 1: the routed rows handed on [N*k,H]; EP > 1: recv [R,H] and the larger of
 //               routed [N*k,H] and x_in [R,H]

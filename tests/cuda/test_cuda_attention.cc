@@ -2,8 +2,9 @@
 // reference: the f32 CPU ops on the same inputs rounded to bf16. Shapes cover the tensor-core path
 // (D 64 and 128, 16-byte aligned tensors) and the generic path (D 8, 16, 32, 40, 256, and D 64
 // through misaligned views), seq not a multiple of any tile, batch 2, GQA and MHA. Also: the
-// backward's dk and dv are bitwise reproducible (dq, summed by atomics, to rounding), and bad
-// arguments throw tandem::Error. Every D 64 tile variant is checked the same way.
+// default backward is bitwise reproducible (the one-pass variants' dq, summed by atomics, to
+// rounding), and bad arguments throw tandem::Error. Every D 64 tile variant is checked the same
+// way.
 //
 // Tolerances, |gpu - ref| <= atol + rtol |ref| elementwise:
 //   out (bf16): rtol 1.6e-2 for the output's own bf16 rounding (gpu_test.h); atol 2^-8 because the
@@ -169,22 +170,32 @@ TEST(CudaAttentionPaths, MisalignedViewsTakeTheGenericPathAndAgree) {
   check_backward(s, to_gpu_misaligned, 41);
 }
 
-// dk and dv are bitwise reproducible (each key's block sums its queries in order); dq is summed
-// by fp32 atomics in arrival order, so two runs agree only to rounding: the gradient tolerance.
-TEST(CudaAttentionPaths, BackwardIsReproducible) {
+// The GPU backward of one shape's inputs (seed) twice.
+std::pair<Grads, Grads> backward_twice(const AttentionShape& s, uint64_t seed) {
+  const Inputs in = make_inputs(s, seed);
+  const Forward fwd = cpu_forward(in, s);
+  const Tensor out_bf16 = rounded(fwd.out, DType::kBF16);
+  Grads a = gpu_backward(in, out_bf16, fwd.lse, s, to_gpu_bf16);
+  Grads b = gpu_backward(in, out_bf16, fwd.lse, s, to_gpu_bf16);
+  return {std::move(a), std::move(b)};
+}
+
+// Each pair of gradients byte for byte the same.
+void expect_same_bits(std::initializer_list<std::tuple<const Tensor*, const Tensor*, const char*>> pairs,
+                      int64_t head_dim) {
+  for (const auto& [x, y, name] : pairs) {
+    EXPECT_EQ(std::memcmp(x->data<float>(), y->data<float>(), size_t(x->nbytes())), 0)
+        << name << " D " << head_dim;
+  }
+}
+
+// Note [Deterministic attention backward]: the default backward gives the same bits on every
+// run, dq included, on a shape with many key tiles per query row (seq 1000: 16 tiles of 64) and
+// a group of 4.
+TEST(CudaAttentionPaths, BackwardIsBitwiseReproducible) {
   for (const int64_t d : {64, 128}) {
-    const AttentionShape s{2, 130, 4, 2, d};
-    const Inputs in = make_inputs(s, 51);
-    const Forward fwd = cpu_forward(in, s);
-    const Tensor out_bf16 = rounded(fwd.out, DType::kBF16);
-    const Grads a = gpu_backward(in, out_bf16, fwd.lse, s, to_gpu_bf16);
-    const Grads b = gpu_backward(in, out_bf16, fwd.lse, s, to_gpu_bf16);
-    for (const auto& [x, y, name] :
-         {std::tuple{&a.dk, &b.dk, "dk"}, std::tuple{&a.dv, &b.dv, "dv"}}) {
-      EXPECT_EQ(std::memcmp(x->data<float>(), y->data<float>(), size_t(x->nbytes())), 0)
-          << name << " D " << d;
-    }
-    expect_close(b.dq, a.dq, grad_tolerance(a.dq), "dq");
+    const auto [a, b] = backward_twice({2, 1000, 8, 2, d}, 51);
+    expect_same_bits({{&a.dq, &b.dq, "dq"}, {&a.dk, &b.dk, "dk"}, {&a.dv, &b.dv, "dv"}}, d);
   }
 }
 
@@ -226,6 +237,26 @@ TEST(CudaAttentionVariants, EveryBackwardVariantMatchesCpuReference) {
       SCOPED_TRACE(std::string(names[size_t(i)]) + " seq " + std::to_string(s.seq));
       check_backward(s, to_gpu_bf16, 71);
     }
+  }
+}
+
+// The one-pass backward (variant 1, and D 128 whenever an atomic variant is picked): dk and dv
+// are bitwise reproducible (each key's block sums its queries in order); dq is summed by fp32
+// atomics in arrival order, so two runs agree only to rounding (the gradient tolerance). D 128's
+// one-pass form against the CPU reference too (D 64's: the test above).
+TEST(CudaAttentionVariants, OnePassBackwardSumsDqByAtomics) {
+  const std::vector<const char*> names = ops::cuda::attention_backward_variant_names();
+  ASSERT_EQ(std::string(names.at(0)), "deterministic");
+  const VariantGuard guard(-1, 1);
+  for (const int64_t d : {64, 128}) {
+    const auto [a, b] = backward_twice({2, 130, 4, 2, d}, 81);
+    expect_same_bits({{&a.dk, &b.dk, "dk"}, {&a.dv, &b.dv, "dv"}}, d);
+    expect_close(b.dq, a.dq, grad_tolerance(a.dq), "dq");
+  }
+  for (const AttentionShape& s :
+       {AttentionShape{2, 130, 4, 2, 128}, AttentionShape{2, 77, 4, 4, 128}}) {
+    SCOPED_TRACE("D 128 seq " + std::to_string(s.seq));
+    check_backward(s, to_gpu_bf16, 91);
   }
 }
 

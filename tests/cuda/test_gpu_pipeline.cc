@@ -91,18 +91,23 @@ bool has_span(const std::vector<Span>& spans, const std::string& stream, const s
   return false;
 }
 
+// The same losses, gradient norms and master weights, bit for bit.
+void expect_bitwise_equal(const TrainRun& a, const TrainRun& b) {
+  ASSERT_EQ(a.losses.size(), b.losses.size());
+  for (size_t i = 0; i < a.losses.size(); ++i) {
+    EXPECT_EQ(a.losses[i], b.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(a.norms[i], b.norms[i]) << "step " << i + 1;
+  }
+  ASSERT_EQ(a.params.size(), b.params.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < a.params.size(); ++i) differ += a.params[i] != b.params[i];
+  EXPECT_EQ(differ, 0u) << "of " << a.params.size() << " master weights";
+}
+
 TEST(GpuPipeline, CombinedOverlapIsBitwiseTheSameAsInOrder) {
   const TrainRun on = train(CommOverlap::kOn, 3);
   const TrainRun off = train(CommOverlap::kOff, 3);
-  ASSERT_EQ(on.losses.size(), off.losses.size());
-  for (size_t i = 0; i < on.losses.size(); ++i) {
-    EXPECT_EQ(on.losses[i], off.losses[i]) << "step " << i + 1;
-    EXPECT_EQ(on.norms[i], off.norms[i]) << "step " << i + 1;
-  }
-  ASSERT_EQ(on.params.size(), off.params.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < on.params.size(); ++i) differ += on.params[i] != off.params[i];
-  EXPECT_EQ(differ, 0u) << "of " << on.params.size() << " master weights";
+  expect_bitwise_equal(on, off);
   EXPECT_LT(on.losses.back(), on.losses.front());  // it trains
 }
 
@@ -111,15 +116,7 @@ TEST(GpuPipeline, CombinedOverlapIsBitwiseTheSameAsInOrder) {
 TEST(GpuPipeline, PairedFirstForwardsAreBitwiseTheSameAsInOrder) {
   const TrainRun paired = train(CommOverlap::kOn, 3, true);
   const TrainRun off = train(CommOverlap::kOff, 3);
-  ASSERT_EQ(paired.losses.size(), off.losses.size());
-  for (size_t i = 0; i < paired.losses.size(); ++i) {
-    EXPECT_EQ(paired.losses[i], off.losses[i]) << "step " << i + 1;
-    EXPECT_EQ(paired.norms[i], off.norms[i]) << "step " << i + 1;
-  }
-  ASSERT_EQ(paired.params.size(), off.params.size());
-  size_t differ = 0;
-  for (size_t i = 0; i < paired.params.size(); ++i) differ += paired.params[i] != off.params[i];
-  EXPECT_EQ(differ, 0u) << "of " << paired.params.size() << " master weights";
+  expect_bitwise_equal(paired, off);
   EXPECT_TRUE(has_span(paired.timeline, "comm", "F0 dispatch"));
   EXPECT_TRUE(has_span(paired.timeline, "comm", "F1 combine"));
 }

@@ -2,10 +2,11 @@
 // gradients, f32 log-sum-exp, fp32 accumulation everywhere. Head dims 64 and 128 (16-byte aligned
 // tensors) run on the tensor cores (mma.sync m16n8k16 bf16, tiles staged in shared memory by
 // cp.async, tiles above the diagonal skipped); any other D up to 256 runs a plain warp-per-row
-// kernel. The tensor-core backward is one FlashAttention-2 pass per KV-head key tile: dk and dv
-// are deterministic (the tile's block owns them and sums its query heads in order), dq is summed
-// in an f32 workspace by atomics, so its bits depend on arrival order. The generic backward is
-// deterministic: one pass owns the dq rows (and writes delta), a second the dk/dv rows.
+// kernel. The tensor-core backward is FlashAttention-2's, by default in two passes (dk and dv by
+// key tiles, then dq by query tiles: deterministic, Note [Deterministic attention backward]), or
+// in one pass per KV-head key tile that sums dq in an f32 workspace by atomics (faster; its bits
+// depend on arrival order). The generic backward is deterministic: one pass owns the dq rows
+// (and writes delta), a second the dk/dv rows.
 // The generic kernels are in attention_generic.cu; the geometry both use in
 // attention_common.cuh.
 #include <cuda_bf16.h>
@@ -16,6 +17,8 @@
 #include <cstdint>
 #include <cstdlib>
 #include <iterator>
+#include <string>
+#include <string_view>
 
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_common.cuh"
@@ -150,6 +153,20 @@ __device__ __forceinline__ void mma_nn(float (&c)[MT][NT][4], const uint32_t (&a
   }
 }
 
+// acc[mt] += c[mt] B over K = 16 KT: c's C fragments (KT k16 steps of two n8 tiles) rounded to
+// bf16 as A fragments, B a k-major shared tile of 16 KT rows (mma_nn). P V, dS K.
+template <int MT, int KT, int NT>
+__device__ __forceinline__ void mma_c_nn(float (&acc)[MT][NT][4], const float (&c)[MT][2 * KT][4],
+                                         const bf16* rows, int pitch, int lane) {
+#pragma unroll
+  for (int kc = 0; kc < KT; ++kc) {
+    uint32_t a[MT][4];
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) c_to_a<2 * KT>(a[mt], c[mt], kc);
+    mma_nn<MT, NT>(acc, a, rows + kc * 16 * pitch, pitch, lane);
+  }
+}
+
 // Starts copying rows [row0, row0 + ROWS) of a [seq, D] slice (row stride `stride` elements) into
 // a shared tile of pitch D + 8 (the pad spreads ldmatrix rows over all banks), THREADS threads
 // sharing the work; rows at or past seq become zeros, so masked products never meet garbage
@@ -184,6 +201,31 @@ __device__ __forceinline__ void store_rows(bf16* base, int64_t stride, int row0,
       *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
           __floats2bfloat162_rn(c[dn][2 * r] * mul, c[dn][2 * r + 1] * mul);
     }
+  }
+}
+
+// The key tiles [0, n_tiles) of a query block, BC keys each, K and V double-buffered in s_k and
+// s_v (2 x BC rows of pitch D + 8 each; tile 0 already loading): prefetches tile j + 1, waits
+// for tile j, and runs step(k tile, v tile, first key) on it unless every key of the tile is
+// above `last_row` (the calling warp's last query row).
+template <int BC, int D, int THREADS, typename Step>
+__device__ __forceinline__ void walk_key_tiles(bf16* s_k, bf16* s_v, const bf16* k, const bf16* v,
+                                               int64_t kv_off, int n_tiles, int last_row,
+                                               const Geometry& g, Step&& step) {
+  constexpr int kP = D + 8;
+  for (int j = 0; j < n_tiles; ++j) {
+    const int buf = j & 1;
+    if (j + 1 < n_tiles) {  // prefetch the next tile into the buffer freed at the end of j - 1
+      load_tile<BC, D, THREADS>(s_k + (buf ^ 1) * BC * kP, k + kv_off, g.kv_stride, (j + 1) * BC,
+                                g.seq);
+      load_tile<BC, D, THREADS>(s_v + (buf ^ 1) * BC * kP, v + kv_off, g.kv_stride, (j + 1) * BC,
+                                g.seq);
+    }
+    cp_async_commit();
+    cp_async_wait<1>();  // tile j
+    __syncthreads();
+    if (j * BC <= last_row) step(s_k + buf * BC * kP, s_v + buf * BC * kP, j * BC);
+    __syncthreads();
   }
 }
 
@@ -269,13 +311,7 @@ __device__ __forceinline__ void forward_key_tile(float (&o)[MT][D / 8][4], float
       }
     }
   }
-#pragma unroll
-  for (int kc = 0; kc < kBc / 16; ++kc) {
-    uint32_t p[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) c_to_a<kNt>(p[mt], s[mt], kc);
-    mma_nn<MT, D / 8>(o, p, s_v + kc * 16 * kP, kP, lane);
-  }
+  mma_c_nn<MT, kBc / 16, D / 8>(o, s, s_v, kP, lane);  // o += P V
 }
 
 // MINB: blocks per multiprocessor the register allocation must allow (__launch_bounds__).
@@ -317,23 +353,10 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0;
 
-  for (int j = 0; j < n_tiles; ++j) {
-    const int buf = j & 1;
-    if (j + 1 < n_tiles) {  // prefetch the next tile into the buffer freed at the end of j - 1
-      load_tile<kBc, D, kTh>(s_k + (buf ^ 1) * kBc * kP, k + kv_off, g.kv_stride, (j + 1) * kBc,
-                             g.seq);
-      load_tile<kBc, D, kTh>(s_v + (buf ^ 1) * kBc * kP, v + kv_off, g.kv_stride, (j + 1) * kBc,
-                             g.seq);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();  // tile j
-    __syncthreads();
-    if (j * kBc <= row0 + 16 * MT - 1) {  // else every key of the tile is above this warp's rows
-      forward_key_tile<D, MT, BC>(o, m, l, qf, s_k + buf * kBc * kP, s_v + buf * kBc * kP, j * kBc,
-                              row0, g, lane);
-    }
-    __syncthreads();
-  }
+  walk_key_tiles<kBc, D, kTh>(s_k, s_v, k, v, kv_off, n_tiles, row0 + 16 * MT - 1, g,
+                              [&](const bf16* tk, const bf16* tv, int k0) {
+                                forward_key_tile<D, MT, BC>(o, m, l, qf, tk, tv, k0, row0, g, lane);
+                              });
 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -457,7 +480,8 @@ __device__ __forceinline__ StatRow load_stat_row(const float* lse, const float* 
   return {lse[at] * kLog2e, delta[at]};
 }
 
-// delta of every (row, head) and zeros in the dq workspace. D / 8 threads per (row, head), each
+// delta of every (row, head) and zeros in the dq workspace (when there is one). D / 8 threads per
+// (row, head), each
 // on one 16-byte chunk of dout and out. `rows` = batch * seq * heads.
 template <int D>
 __global__ void __launch_bounds__(256)
@@ -478,8 +502,10 @@ __global__ void __launch_bounds__(256)
       const float2 a = __bfloat1622float2(xh[i]), b = __bfloat1622float2(yh[i]);
       part += a.x * b.x + a.y * b.y;
     }
-    float4* z = reinterpret_cast<float4*>(dq_acc + chunk * 8);
-    z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (dq_acc != nullptr) {
+      float4* z = reinterpret_cast<float4*>(dq_acc + chunk * 8);
+      z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
+    }
   }
 #pragma unroll
   for (int o = 1; o < kLanes; o *= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
@@ -559,7 +585,8 @@ __device__ __forceinline__ void dq_atomic_step(float* dq_acc, const bf16* s_ds, 
   }
 }
 
-template <int D, int WARPS, int BR, int MINB>
+// DQ false: dk and dv only (the deterministic backward's first pass; dq_acc unused).
+template <int D, int WARPS, int BR, int MINB, bool DQ = true>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_backward_fused_kernel(float* __restrict__ dq_acc, bf16* __restrict__ dk,
                                 bf16* __restrict__ dv, const bf16* __restrict__ dout,
@@ -620,9 +647,11 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
                              s_q + buf * BR * kP, s_do + buf * BR * kP, s_stats + buf * 2 * BR,
                              key0, st.q0, g, lane);
     }
-    store_ds<BR>(s_ds + warp * 16 * kDsP, ds, lane);
-    __syncthreads();
-    dq_atomic_step<D, WARPS, BR>(dq_acc, s_ds, s_k, b, st, warp, g, lane);
+    if constexpr (DQ) {
+      store_ds<BR>(s_ds + warp * 16 * kDsP, ds, lane);
+      __syncthreads();
+      dq_atomic_step<D, WARPS, BR>(dq_acc, s_ds, s_k, b, st, warp, g, lane);
+    }
     if (more && tid < BR) {
       s_stats[(buf ^ 1) * 2 * BR + tid] = next.lse2;
       s_stats[(buf ^ 1) * 2 * BR + BR + tid] = next.delta;
@@ -631,6 +660,123 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   }
   store_rows<D>(dk + kv_off, g.kv_stride, key0, g.seq, dk_acc[0], g.scale, lane);
   store_rows<D>(dv + kv_off, g.kv_stride, key0, g.seq, dv_acc[0], 1.f, lane);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Note [Deterministic attention backward]: the fused backward above sums each dq row over key
+// tiles with fp32 atomics, in whatever order the blocks arrive, so two runs of the same step can
+// differ in the last bits (and, through the router, in everything after). The two-pass backward
+// is FlashAttention-2's other form: the fused kernel without its dq part gives dk and dv, and a
+// query-tile kernel gives dq. Its block holds WARPS warps x 16 MT query rows of one (batch, head)
+// with their Q and dO fragments in registers and walks the key tiles up to the diagonal (K and V
+// double-buffered, as the forward): S = Q K^T, P = exp2(S scale log2 e - lse log2 e),
+// dP = dO V^T, dS = P (dP - delta), dQ += dS K (dS as bf16, as the fused kernel's). Each dq row
+// is one warp's, summed in key order: the same bits on every run. It recomputes S and forms dP a
+// second time (the fused kernel forms both per key tile already), so it costs more time (shape
+// (b) on an H200: 0.282 ms against 0.255 ms a layer's backward, about 1.5% of a step), and it
+// needs no f32 dq workspace. It is the default; TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another
+// variant) takes the one-pass form (Note [Attention variants]).
+// ---------------------------------------------------------------------------------------------
+
+template <int D, int WARPS, int MT, int BC>
+struct DqTiles {
+  static constexpr int kThreads = 32 * WARPS, kBr = WARPS * 16 * MT, kBc = BC, kPitch = D + 8;
+  static constexpr int kSmemBytes = (2 * kBr + 4 * kBc) * kPitch * int{sizeof(bf16)};
+};
+
+// One key tile for one warp: dq += dS K for its rows; lse2 (lse log2 e) and dlt (delta) per row
+// of its C fragments.
+template <int D, int MT, int BC>
+__device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
+                                            const uint32_t (&qf)[D / 16][MT][4],
+                                            const uint32_t (&dof)[D / 16][MT][4],
+                                            const float (&lse2)[MT][2], const float (&dlt)[MT][2],
+                                            const bf16* s_k, const bf16* s_v, int k0, int row0,
+                                            const Geometry& g, int lane) {
+  constexpr int kP = D + 8, kNt = BC / 8;
+  float s[MT][kNt][4] = {}, dp[MT][kNt][4] = {};
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+    mma_nt<MT, kNt>(s, qf[kc], s_k + kc * 16, kP, lane);
+    mma_nt<MT, kNt>(dp, dof[kc], s_v + kc * 16, kP, lane);
+  }
+  const bool need_mask = k0 + BC - 1 > row0 || k0 + BC > g.seq;
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int nt = 0; nt < kNt; ++nt) {
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int r = e >> 1;
+        const int row = row0 + mt * 16 + (lane >> 2) + 8 * r;
+        const int col = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
+        float p = fast_exp2(s[mt][nt][e] * g.scale_log2 - lse2[mt][r]);
+        if (need_mask && !(col <= row && col < g.seq)) p = 0.f;
+        s[mt][nt][e] = p * (dp[mt][nt][e] - dlt[mt][r]);  // dS (unscaled)
+      }
+    }
+  }
+  mma_c_nn<MT, BC / 16, D / 8>(dq, s, s_k, kP, lane);  // dq += dS K
+}
+
+template <int D, int WARPS, int MT, int BC, int MINB>
+__global__ void __launch_bounds__(32 * WARPS, MINB)
+    flash_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
+                             const bf16* __restrict__ q, const bf16* __restrict__ k,
+                             const bf16* __restrict__ v, const float* __restrict__ lse,
+                             const float* __restrict__ delta, Geometry g) {
+  using T = DqTiles<D, WARPS, MT, BC>;
+  constexpr int kBr = T::kBr, kBc = T::kBc, kP = T::kPitch, kTh = T::kThreads;
+  extern __shared__ uint4 smem[];
+  bf16* s_q = reinterpret_cast<bf16*>(smem);  // [kBr][kP]
+  bf16* s_do = s_q + kBr * kP;                // [kBr][kP]
+  bf16* s_k = s_do + kBr * kP;                // [2][kBc][kP]
+  bf16* s_v = s_k + 2 * kBc * kP;             // [2][kBc][kP]
+
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const auto [b, h, q0, q_off, kv_off, n_tiles] = query_tile<D, kBr, kBc>(g);
+
+  load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
+  load_tile<kBr, D, kTh>(s_do, dout + q_off, g.q_stride, q0, g.seq);
+  cp_async_commit();
+  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, 0, g.seq);
+  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, 0, g.seq);
+  cp_async_commit();
+
+  const int row0 = q0 + warp * 16 * MT;  // this warp's first query row
+  float lse2[MT][2], dlt[MT][2];
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + mt * 16 + (lane >> 2) + 8 * r;
+      const int64_t at = (int64_t{b} * g.heads + h) * g.seq + row;
+      lse2[mt][r] = row < g.seq ? lse[at] * kLog2e : 0.f;
+      dlt[mt][r] = row < g.seq ? delta[at] : 0.f;
+    }
+  }
+  cp_async_wait<1>();  // the Q and dO tiles
+  __syncthreads();
+  uint32_t qf[D / 16][MT][4], dof[D / 16][MT][4];
+#pragma unroll
+  for (int kc = 0; kc < D / 16; ++kc) {
+#pragma unroll
+    for (int mt = 0; mt < MT; ++mt) {
+      const int at = (warp * 16 * MT + mt * 16 + (lane & 15)) * kP + kc * 16 + (lane >> 4) * 8;
+      ldmatrix_x4(qf[kc][mt], s_q + at);
+      ldmatrix_x4(dof[kc][mt], s_do + at);
+    }
+  }
+  float acc[MT][D / 8][4] = {};
+  walk_key_tiles<kBc, D, kTh>(s_k, s_v, k, v, kv_off, n_tiles, row0 + 16 * MT - 1, g,
+                              [&](const bf16* tk, const bf16* tv, int k0) {
+                                dq_key_tile<D, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0, row0,
+                                                       g, lane);
+                              });
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+    store_rows<D>(dq + q_off, g.q_stride, row0 + mt * 16, g.seq, acc[mt], g.scale, lane);
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -735,6 +881,35 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
+// Note [Deterministic attention backward]: delta, dk and dv (the fused kernel without dq), then
+// dq by query tiles.
+template <int D, int WARPS, int BR, int MINB, int DQ_WARPS, int DQ_MT, int DQ_BC, int DQ_MINB>
+void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& dv,
+                              const Tensor& dout, const Tensor& q, const Tensor& k,
+                              const Tensor& v, const Tensor& out, const Tensor& lse,
+                              const Tensor& delta, const Geometry& g) {
+  using T = BackwardTiles<D, WARPS, BR>;
+  using TQ = DqTiles<D, DQ_WARPS, DQ_MT, DQ_BC>;
+  auto* dkdv = flash_backward_fused_kernel<D, WARPS, BR, MINB, false>;
+  auto* dq_kernel = flash_backward_dq_kernel<D, DQ_WARPS, DQ_MT, DQ_BC, DQ_MINB>;
+  static const bool configured =
+      (allow_smem(dkdv, T::kSmemBytes), allow_smem(dq_kernel, TQ::kSmemBytes), true);
+  (void)configured;
+  const int64_t rows = int64_t{g.batch} * g.seq * g.heads, chunks = rows * (D / 8);
+  attention_delta_kernel<D><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
+      delta.data<float>(), nullptr, cptr(dout), cptr(out), rows, g);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
+  dkdv<<<grid, T::kThreads, T::kSmemBytes, stream()>>>(nullptr, mptr(dk), mptr(dv), cptr(dout),
+                                                       cptr(q), cptr(k), cptr(v),
+                                                       lse.data<float>(), delta.data<float>(), g);
+  TANDEM_CUDA_CHECK_LAUNCH();
+  const dim3 dq_grid(static_cast<unsigned>(g.batch * g.heads), tiles(g.seq, TQ::kBr));
+  dq_kernel<<<dq_grid, TQ::kThreads, TQ::kSmemBytes, stream()>>>(
+      mptr(dq), cptr(dout), cptr(q), cptr(k), cptr(v), lse.data<float>(), delta.data<float>(), g);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
 // Note [Attention variants]: the D 64 tensor-core kernels come in a few tile shapes, so that one
 // benchmark run on the GPU can time them all (bench/attention_timing). Index 0 is the default;
 // TANDEM_ATTN_FWD / TANDEM_ATTN_BWD (read once per process) pick another, and
@@ -757,45 +932,59 @@ constexpr Variant<ForwardLaunch> kForwardVariants[] = {
     {"w8_q128_k32_m2", launch_forward<64, 8, 1, 32, 2>},
 };
 // Backward: keys per block = 16 x warps; query rows per step BR.
+// Index 0, the default, is the deterministic two-pass form (Note [Deterministic attention
+// backward]): dk/dv blocks of 64 keys walking 64-row query tiles, dq blocks of 64 query rows
+// walking 64-key tiles. The others sum dq by atomics: 1 is the fastest on the H200 (shape (b):
+// 0.255 ms against 0.282 ms for the whole backward).
 constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
+    {"deterministic", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 64, 2>},
     {"w4_q64_k64_m2", launch_backward_fused<64, 4, 64, 2>},
     {"w8_q64_k128_m1", launch_backward_fused<64, 8, 64, 1>},
     {"w8_q128_k128_m1", launch_backward_fused<64, 8, 128, 1>},
     {"w4_q128_k64_m1", launch_backward_fused<64, 4, 128, 1>},
 };
+constexpr int kDeterministicBackward = 0;
 constexpr int kForwardVariantCount = int{std::size(kForwardVariants)};
 constexpr int kBackwardVariantCount = int{std::size(kBackwardVariants)};
+static_assert(kBackwardVariants[kDeterministicBackward].name[0] == 'd');
 
 std::atomic<int> forward_override{-1}, backward_override{-1};  // -1: environment or default
-
-// The variant index in environment variable `name` (unset or empty: 0).
-int env_variant(const char* name, int count) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return 0;
-  char* end = nullptr;
-  const long index = std::strtol(text, &end, 10);
-  TANDEM_CHECK(*end == '\0' && index >= 0 && index < count, name, "=", text,
-               " is not a variant index in [0, ", count, ") (Note [Attention variants])");
-  return static_cast<int>(index);
-}
-int forward_variant() {
-  const int chosen = forward_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_FWD", kForwardVariantCount);
-  return from_env;
-}
-int backward_variant() {
-  const int chosen = backward_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_BWD", kBackwardVariantCount);
-  return from_env;
-}
 
 template <typename Launch, size_t N>
 std::vector<const char*> variant_names(const Variant<Launch> (&variants)[N]) {
   std::vector<const char*> names;
   for (const Variant<Launch>& v : variants) names.push_back(v.name);
   return names;
+}
+
+// The variant in environment variable `name`, by index or by name (unset or empty: 0).
+template <typename Launch, size_t N>
+int env_variant(const char* name, const Variant<Launch> (&variants)[N]) {
+  const char* text = std::getenv(name);
+  if (text == nullptr || *text == '\0') return 0;
+  for (size_t i = 0; i < N; ++i) {
+    if (std::string_view(text) == variants[i].name) return static_cast<int>(i);
+  }
+  char* end = nullptr;
+  const long index = std::strtol(text, &end, 10);
+  std::string names;
+  for (const char* n : variant_names(variants)) names += std::string(names.empty() ? "" : ", ") + n;
+  TANDEM_CHECK(*end == '\0' && index >= 0 && index < static_cast<long>(N), name, "=", text,
+               " is not a variant: give an index in [0, ", N, ") or one of ", names,
+               " (Note [Attention variants])");
+  return static_cast<int>(index);
+}
+int forward_variant() {
+  const int chosen = forward_override.load(std::memory_order_relaxed);
+  if (chosen >= 0) return chosen;
+  static const int from_env = env_variant("TANDEM_ATTN_FWD", kForwardVariants);
+  return from_env;
+}
+int backward_variant() {
+  const int chosen = backward_override.load(std::memory_order_relaxed);
+  if (chosen >= 0) return chosen;
+  static const int from_env = env_variant("TANDEM_ATTN_BWD", kBackwardVariants);
+  return from_env;
 }
 
 }  // namespace
@@ -849,12 +1038,16 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   const Tensor delta = Tensor::empty({s.batch, s.heads, s.seq}, DType::kF32, MemCategory::kOther,
                                      "attention_backward.delta", Device::kCUDA);
   if (fast_path(g, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
-    // 64-key blocks walking query tiles of 64 rows (D 64) or 32 (D 128), two blocks per
-    // multiprocessor: the fastest measured on the H200 (D 128 spills 24 bytes, still faster
-    // than 16-row tiles without spills).
-    // (Note [Attention variants]: index 0 of the D 64 table.)
+    // dk/dv: 64-key blocks walking query tiles of 64 rows (D 64) or 32 (D 128), two blocks per
+    // multiprocessor (D 128 spills 24 bytes, still faster than 16-row tiles without spills);
+    // dq: 64-row blocks walking 64-key tiles. D 64: the table's variant (Note [Attention
+    // variants]); D 128 has one shape of each form, the deterministic one unless
+    // TANDEM_ATTN_BWD picks an atomic variant (Note [Deterministic attention backward]).
     if (g.head_dim == 64) {
       kBackwardVariants[backward_variant()].launch(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
+    } else if (backward_variant() == kDeterministicBackward) {
+      launch_backward_two_pass<128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse,
+                                                           delta, g);
     } else {
       launch_backward_fused<128, 4, 32, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
     }
