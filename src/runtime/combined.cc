@@ -1,6 +1,7 @@
 // Combined 1F1B on two CPU streams (Note [Combined 1F1B on streams]): one micro-batch's forward
 // and another's backward issued layer pair by layer pair, dispatch and combine on the
-// communication stream (a worker thread), the rest on the compute stream (this thread).
+// communication stream (a worker thread), the rest on the compute stream (this thread); a pair
+// of forwards the same way (Note [Paired forwards on streams]).
 //
 // Note [Combined 1F1B on streams]: for a MoE layer pair (forward layer i of f, backward layer
 // n-1-i of b) the issue order is DESIGN.md's:
