@@ -25,6 +25,7 @@ Action bwd(int32_t s, int32_t m) { return Action::make(ActionKind::kBackward, s,
 Schedule empty_schedule(ScheduleKind kind, const ScheduleShape& shape) {
   Schedule s;
   s.name = std::string(schedule_kind_name(kind));
+  if (shape.pair_first_forwards) s.name += " (paired first forwards)";
   s.num_ranks = shape.pipeline_size;
   s.num_stages = shape.pipeline_size * shape.virtual_stages;
   s.num_microbatches = shape.num_microbatches;

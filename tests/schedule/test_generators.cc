@@ -65,6 +65,9 @@ TEST(Generators, CombinedWithPairedFirstForwards) {
             "(0F0;0F1) (0F2;0B0) (0F3;0B1) 0B2 0B3");
   EXPECT_EQ(join(generate_schedule(ScheduleKind::kCombined1f1b, {1, 1, 2, true}).ranks[0]),
             "(0F0;0F1) 0B0 0B1");
+  // What the run's banner, the plan's table and its JSON call it.
+  EXPECT_EQ(generate_schedule(ScheduleKind::kCombined1f1b, {1, 1, 2, true}).name,
+            "combined-1f1b (paired first forwards)");
   for (int32_t m = 2; m <= 9; ++m) {
     EXPECT_NO_THROW(
         validate_schedule(generate_schedule(ScheduleKind::kCombined1f1b, {1, 1, m, true})))
