@@ -1,5 +1,5 @@
 // Times the GPU flash attention (ops::attention_forward / backward on CUDA tensors) with CUDA
-// events: every D 64 tile variant (Note [Attention variants] in src/ops/cuda/attention.cu) on the
+// events: every D 64 tile variant (Note [Attention variants] in src/ops/cuda/attention_mma.cuh) on the
 // two benchmark shapes, each checked against variant 0, then the default D 128 path; prints
 // TFLOP/s. Causal FLOPs: forward 2*2*b*h*s*s*D/2 (the two products over the lower triangle),
 // backward 2.5x that. Standalone (no Google Benchmark): `attention_timing [iterations]`.
@@ -109,7 +109,7 @@ void backward(const Problem& p) {
   tandem::ops::attention_backward(p.dq, p.dk, p.dv, p.dout, p.q, p.k, p.v, p.out, p.lse, p.s);
 }
 
-// One line per forward and per backward variant (Note [Attention variants] in attention.cu):
+// One line per forward and per backward variant (Note [Attention variants] in attention_mma.cuh):
 // time and TFLOP/s, and the largest difference of its outputs from variant 0's (a broken variant
 // shows as a large one). Every backward runs on variant 0's out and lse.
 void bench_variants(const char* label, const AttentionShape& s, int iters) {

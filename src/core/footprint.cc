@@ -113,7 +113,7 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   const int64_t held =  // d_n2, d_logits, d_h1, d_a, d_q, d_k, d_v
       d_n2 + d_logits + n * h * es + 2 * n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
   // The op's delta [N*heads] f32; its deterministic backward (the default) needs no f32 dq
-  // workspace (Note [Deterministic attention backward] in ops/cuda/attention.cu; the one-pass
+  // workspace (Note [Deterministic attention backward] in ops/cuda/attention_backward.cu; the one-pass
   // variants' [N, heads*D] f32 is not counted).
   const int64_t op = n * cfg.num_attention_heads * kF32;
   w.backward_input = std::max({start, held + op, held + 2 * n * h * es});

@@ -7,8 +7,9 @@
 // in one pass per KV-head key tile that sums dq in an f32 workspace by atomics (faster; its bits
 // depend on arrival order). The generic backward is deterministic: one pass owns the dq rows
 // (and writes delta), a second the dk/dv rows.
-// The generic kernels are in attention_generic.cu; the geometry both use in
-// attention_common.cuh.
+// This file: the forward kernels, the checks and the dispatch; the backward kernels are in
+// attention_backward.cu, what both use in attention_mma.cuh, the generic kernels in
+// attention_generic.cu and the geometry all use in attention_common.cuh.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -21,234 +22,14 @@
 #include <string_view>
 
 #include "ops/cuda/attention.h"
-#include "ops/cuda/attention_common.cuh"
-#include "ops/cuda/common.cuh"
-#include "ops/cuda/common.h"
+#include "ops/cuda/attention_mma.cuh"
 #include "ops/cuda/cuda_ops.h"
 
 namespace tandem::ops::cuda {
 
 namespace {
 
-using bf16 = __nv_bfloat16;
-
-constexpr float kLog2e = 1.4426950408889634f;
-constexpr float kLn2 = 0.6931471805599453f;
-// Keys per block of the dk/dv pass; no block of any pass covers fewer rows (grid y limit).
-constexpr int kKeyTile = 64;
-
-// ---------------------------------------------------------------------------------------------
-// Device helpers (and pack_bf16x2, warp_sum from common.cuh).
-// Note [mma fragments] (PTX ISA, mma.m16n8k16 .bf16; g = lane / 4, t = lane % 4):
-//   A 16x16 (row major), 4 regs of 2 bf16: r0 (g, 2t..2t+1), r1 (g+8, 2t..), r2 (g, 2t+8..),
-//     r3 (g+8, 2t+8..); the low half holds the lower column.
-//   B 16x8 (k x n), 2 regs: r0 (k 2t..2t+1, n g), r1 (k 2t+8.., n g).
-//   C 16x8 f32, 4 regs: c0, c1 (g, 2t..2t+1), c2, c3 (g+8, 2t..2t+1).
-// ldmatrix.x4 loads four 8x8 b16 matrices whose row addresses come from lanes 8i..8i+7; lane l
-// receives from matrix i (row l/4, columns 2(l%4)..+1) in register i (.trans: the transpose).
-// So an A fragment is rows (l & 15), column block (l >> 4) of a 16x16 window; the C fragments of
-// two adjacent n8 tiles, packed to bf16, are the A fragment of one k16 step (used for P and dS).
-// ---------------------------------------------------------------------------------------------
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-// 16-byte asynchronous copy global -> shared; writes zeros instead when !valid (`src` must still
-// be a mapped address).
-__device__ __forceinline__ void cp_async_16(void* dst, const void* src, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(dst)),
-               "l"(__cvta_generic_to_global(src)), "r"(valid ? 16 : 0)
-               : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
-__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-}
-__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const bf16* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p))
-               : "memory");
-}
-
-// c += a * b for one m16n8k16 step (Note [mma fragments]).
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0,
-                                         uint32_t b1) {
-  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, "
-      "{%4, %5, %6, %7}, {%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ float fast_exp2(float x) {  // exp2(-inf) = 0
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float quad_max(float x) {
-  x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
-  return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
-}
-__device__ __forceinline__ float quad_sum(float x) {
-  x += __shfl_xor_sync(0xffffffffu, x, 1);
-  return x + __shfl_xor_sync(0xffffffffu, x, 2);
-}
-
-// The A fragment of k16 step `kc` from C fragments c[2kc], c[2kc+1] (Note [mma fragments]).
-template <int NT>
-__device__ __forceinline__ void c_to_a(uint32_t (&a)[4], const float (&c)[NT][4], int kc) {
-  a[0] = pack_bf16x2(c[2 * kc][0], c[2 * kc][1]);
-  a[1] = pack_bf16x2(c[2 * kc][2], c[2 * kc][3]);
-  a[2] = pack_bf16x2(c[2 * kc + 1][0], c[2 * kc + 1][1]);
-  a[3] = pack_bf16x2(c[2 * kc + 1][2], c[2 * kc + 1][3]);
-}
-
-// c[mt][nt] += a[mt] * B for one k16 step, where B (16 x NT*8) is the transpose of a window of a
-// shared tile: `rows` points at (n row 0, k column 0) of NT*8 rows, k contiguous.
-template <int MT, int NT>
-__device__ __forceinline__ void mma_nt(float (&c)[MT][NT][4], const uint32_t (&a)[MT][4],
-                                       const bf16* rows, int pitch, int lane) {
-  static_assert(NT % 2 == 0);
-#pragma unroll
-  for (int nb = 0; nb < NT / 2; ++nb) {
-    uint32_t b[4];
-    ldmatrix_x4(b, rows + (nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * pitch +
-                       ((lane >> 3) & 1) * 8);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      mma_bf16(c[mt][2 * nb], a[mt], b[0], b[1]);
-      mma_bf16(c[mt][2 * nb + 1], a[mt], b[2], b[3]);
-    }
-  }
-}
-
-// c[mt][nt] += a[mt] * B for one k16 step, where B (16 x NT*8) is a window of a shared tile
-// stored k-major: `rows` points at (k row 0, n column 0), n contiguous (ldmatrix.trans).
-template <int MT, int NT>
-__device__ __forceinline__ void mma_nn(float (&c)[MT][NT][4], const uint32_t (&a)[MT][4],
-                                       const bf16* rows, int pitch, int lane) {
-  static_assert(NT % 2 == 0);
-#pragma unroll
-  for (int nb = 0; nb < NT / 2; ++nb) {
-    uint32_t b[4];
-    ldmatrix_x4_trans(b, rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch + nb * 16 +
-                             (lane >> 4) * 8);
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      mma_bf16(c[mt][2 * nb], a[mt], b[0], b[1]);
-      mma_bf16(c[mt][2 * nb + 1], a[mt], b[2], b[3]);
-    }
-  }
-}
-
-// acc[mt] += c[mt] B over K = 16 KT: c's C fragments (KT k16 steps of two n8 tiles) rounded to
-// bf16 as A fragments, B a k-major shared tile of 16 KT rows (mma_nn). P V, dS K.
-template <int MT, int KT, int NT>
-__device__ __forceinline__ void mma_c_nn(float (&acc)[MT][NT][4], const float (&c)[MT][2 * KT][4],
-                                         const bf16* rows, int pitch, int lane) {
-#pragma unroll
-  for (int kc = 0; kc < KT; ++kc) {
-    uint32_t a[MT][4];
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) c_to_a<2 * KT>(a[mt], c[mt], kc);
-    mma_nn<MT, NT>(acc, a, rows + kc * 16 * pitch, pitch, lane);
-  }
-}
-
-// Starts copying rows [row0, row0 + ROWS) of a [seq, D] slice (row stride `stride` elements) into
-// a shared tile of pitch D + 8 (the pad spreads ldmatrix rows over all banks), THREADS threads
-// sharing the work; rows at or past seq become zeros, so masked products never meet garbage
-// (0 * NaN).
-template <int ROWS, int D, int THREADS>
-__device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int64_t stride, int row0,
-                                          int seq) {
-  constexpr int kChunks = D / 8;  // 16-byte chunks per row
-  static_assert((ROWS * kChunks) % THREADS == 0);
-#pragma unroll
-  for (int i = 0; i < ROWS * kChunks / THREADS; ++i) {
-    const int c = i * THREADS + static_cast<int>(threadIdx.x);
-    const int r = c / kChunks, col = (c % kChunks) * 8;
-    const bool valid = row0 + r < seq;
-    const bf16* src = base + (valid ? int64_t{row0 + r} * stride : 0) + col;
-    cp_async_16(tile + r * (D + 8) + col, src, valid);
-  }
-}
-
-// Stores the C fragments of one 16-row warp tile (rows row0 + g, row0 + g + 8 of a [seq, D] slice)
-// as bf16 times `mul`, skipping rows at or past seq.
-template <int D>
-__device__ __forceinline__ void store_rows(bf16* base, int64_t stride, int row0, int seq,
-                                           const float (&c)[D / 8][4], float mul, int lane) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + (lane >> 2) + 8 * r;
-    if (row >= seq) continue;
-    bf16* dst = base + int64_t{row} * stride + 2 * (lane & 3);
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
-          __floats2bfloat162_rn(c[dn][2 * r] * mul, c[dn][2 * r + 1] * mul);
-    }
-  }
-}
-
-// The key tiles [0, n_tiles) of a query block, BC keys each, K and V double-buffered in s_k and
-// s_v (2 x BC rows of pitch D + 8 each; tile 0 already loading): prefetches tile j + 1, waits
-// for tile j, and runs step(k tile, v tile, first key) on it unless every key of the tile is
-// above `last_row` (the calling warp's last query row).
-template <int BC, int D, int THREADS, typename Step>
-__device__ __forceinline__ void walk_key_tiles(bf16* s_k, bf16* s_v, const bf16* k, const bf16* v,
-                                               int64_t kv_off, int n_tiles, int last_row,
-                                               const Geometry& g, Step&& step) {
-  constexpr int kP = D + 8;
-  for (int j = 0; j < n_tiles; ++j) {
-    const int buf = j & 1;
-    if (j + 1 < n_tiles) {  // prefetch the next tile into the buffer freed at the end of j - 1
-      load_tile<BC, D, THREADS>(s_k + (buf ^ 1) * BC * kP, k + kv_off, g.kv_stride, (j + 1) * BC,
-                                g.seq);
-      load_tile<BC, D, THREADS>(s_v + (buf ^ 1) * BC * kP, v + kv_off, g.kv_stride, (j + 1) * BC,
-                                g.seq);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();  // tile j
-    __syncthreads();
-    if (j * BC <= last_row) step(s_k + buf * BC * kP, s_v + buf * BC * kP, j * BC);
-    __syncthreads();
-  }
-}
-
-// The query tile of a forward or pass-1 block: (batch b, head h) from blockIdx.x, rows [q0, q0 +
-// BR) from blockIdx.y, the last tile first (its rows see the most keys); the offsets of that
-// (batch, head) in q (and out, dout, dq) and of its KV head in k and v; the key tiles of BC keys
-// that reach its last row.
-struct QueryTile {
-  int b, h, q0;
-  int64_t q_off, kv_off;
-  int n_tiles;
-};
-template <int D, int BR, int BC>
-__device__ __forceinline__ QueryTile query_tile(const Geometry& g) {
-  const int b = static_cast<int>(blockIdx.x) / g.heads, h = static_cast<int>(blockIdx.x) % g.heads;
-  const int q0 = static_cast<int>(gridDim.y - 1 - blockIdx.y) * BR;
-  return {b,
-          h,
-          q0,
-          int64_t{b} * g.seq * g.q_stride + int64_t{h} * D,
-          int64_t{b} * g.seq * g.kv_stride + int64_t{h / g.group} * D,
-          min((q0 + BR + BC - 1) / BC, (g.seq + BC - 1) / BC)};
-}
+using namespace attn;  // NOLINT: this file's own kernels' helpers
 
 // ---------------------------------------------------------------------------------------------
 // Tensor-core forward. Block: kBr = WARPS warps x 16*MT query rows of one (batch, head); K/V
@@ -378,414 +159,6 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Tensor-core backward (FlashAttention-2, one pass). A prologue kernel writes delta =
-// rowsum(dO * O) and zeros an f32 dq workspace [batch * seq, heads * D]. Main kernel block: 16 keys
-// per warp (WARPS warps) of one (batch, KV head), K/V tiles resident in shared memory; it walks the
-// query tiles (BR rows, double-buffered with their lse and delta) of every query head of the group,
-// from the diagonal on, in the transposed form: S^T = K Q^T, P^T, dV += P^T dO, dP^T = V dO^T,
-// dS^T = P^T (dP^T - delta), dK += dS^T Q; then each warp stores its dS^T rows (bf16) to shared
-// memory and the warps split dQ = dS K of the tile by rows (and, for BR < 16 WARPS, columns) and
-// add it to the workspace with fp32 atomics. An epilogue kernel writes dq = scale * workspace
-// (bf16).
-// ---------------------------------------------------------------------------------------------
-
-template <int D, int WARPS, int BR>
-struct BackwardTiles {
-  static constexpr int kThreads = 32 * WARPS, kBc = 16 * WARPS, kBr = BR, kPitch = D + 8,
-                       kDsPitch = BR + 8;
-  static_assert(kBc >= kKeyTile);  // the grid-y limit of check_attention
-  static constexpr int kSmemBytes = (2 * kBc + 4 * kBr) * kPitch * int{sizeof(bf16)} +
-                                    kBc * kDsPitch * int{sizeof(bf16)} +
-                                    4 * kBr * int{sizeof(float)};
-};
-
-// One (query tile, key tile) step for one warp: dk, dv accumulate, and dp_out (zeros on entry)
-// receives this warp's dS^T (unscaled); `stats` holds lse * log2 e in [0, BR) and delta in
-// [BR, 2 BR) for the tile's rows.
-template <int D, int BR>
-__device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float (&dv)[1][D / 8][4],
-                                                float (&dp_out)[BR / 8][4], const bf16* s_k,
-                                                const bf16* s_v, const bf16* s_q, const bf16* s_do,
-                                                const float* stats, int key0, int q0,
-                                                const Geometry& g, int lane) {
-  constexpr int kP = D + 8, kNt = BR / 8;
-  float s[1][kNt][4] = {};
-  float(&dp)[1][kNt][4] = reinterpret_cast<float(&)[1][kNt][4]>(dp_out);
-#pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
-    uint32_t a[1][4];
-    ldmatrix_x4(a[0], s_k + (lane & 15) * kP + kc * 16 + (lane >> 4) * 8);
-    mma_nt<1, kNt>(s, a, s_q + kc * 16, kP, lane);
-  }
-#pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
-    uint32_t a[1][4];
-    ldmatrix_x4(a[0], s_v + (lane & 15) * kP + kc * 16 + (lane >> 4) * 8);
-    mma_nt<1, kNt>(dp, a, s_do + kc * 16, kP, lane);
-  }
-  const bool need_mask = key0 + 15 > q0 || q0 + BR > g.seq;
-#pragma unroll
-  for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) {
-      const int key = key0 + (lane >> 2) + 8 * (e >> 1);
-      const int col = nt * 8 + 2 * (lane & 3) + (e & 1);  // query q0 + col
-      float p = fast_exp2(s[0][nt][e] * g.scale_log2 - stats[col]);
-      if (need_mask && !(key <= q0 + col && q0 + col < g.seq)) p = 0.f;
-      s[0][nt][e] = p;
-      dp[0][nt][e] = p * (dp[0][nt][e] - stats[BR + col]);  // dS^T (unscaled)
-    }
-  }
-#pragma unroll
-  for (int kc = 0; kc < BR / 16; ++kc) {
-    uint32_t a[1][4];
-    c_to_a<kNt>(a[0], s[0], kc);
-    mma_nn<1, D / 8>(dv, a, s_do + kc * 16 * kP, kP, lane);
-    c_to_a<kNt>(a[0], dp[0], kc);
-    mma_nn<1, D / 8>(dk, a, s_q + kc * 16 * kP, kP, lane);
-  }
-}
-
-// Where step `it` of a backward block reads: query head and first row of its query tile.
-struct QueryStep {
-  int head, q0;
-};
-__device__ __forceinline__ QueryStep query_step(int it, int first_tile, int per_head, int kvh,
-                                                int br, const Geometry& g) {
-  return {kvh * g.group + it / per_head, (first_tile + it % per_head) * br};
-}
-
-// Starts loading the Q and dO tiles of step `st` (cp.async).
-template <int D, int BR, int THREADS>
-__device__ __forceinline__ void dkdv_load_tiles(bf16* s_q, bf16* s_do, const bf16* q,
-                                                const bf16* dout, int b, QueryStep st,
-                                                const Geometry& g) {
-  const int64_t q_off = int64_t{b} * g.seq * g.q_stride + int64_t{st.head} * D;
-  load_tile<BR, D, THREADS>(s_q, q + q_off, g.q_stride, st.q0, g.seq);
-  load_tile<BR, D, THREADS>(s_do, dout + q_off, g.q_stride, st.q0, g.seq);
-}
-
-// lse * log2 e and delta of row `i` of step `st`'s query tile (zeros past seq). Loaded into
-// registers a step ahead and stored to shared memory after that step's products, so that the
-// global latency hides behind them.
-struct StatRow {
-  float lse2, delta;
-};
-__device__ __forceinline__ StatRow load_stat_row(const float* lse, const float* delta, int b,
-                                                 QueryStep st, int i, const Geometry& g) {
-  const int row = st.q0 + i;
-  if (row >= g.seq) return {0.f, 0.f};
-  const int64_t at = (int64_t{b} * g.heads + st.head) * g.seq + row;
-  return {lse[at] * kLog2e, delta[at]};
-}
-
-// delta of every (row, head) and zeros in the dq workspace (when there is one). D / 8 threads per
-// (row, head), each
-// on one 16-byte chunk of dout and out. `rows` = batch * seq * heads.
-template <int D>
-__global__ void __launch_bounds__(256)
-    attention_delta_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
-                           const bf16* __restrict__ dout, const bf16* __restrict__ out,
-                           int64_t rows, Geometry g) {
-  constexpr int kLanes = D / 8;
-  const int64_t chunk = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
-  const int64_t rh = chunk / kLanes;  // token row * heads + head
-  float part = 0;
-  if (rh < rows) {
-    const uint4 x = *reinterpret_cast<const uint4*>(dout + chunk * 8);
-    const uint4 y = *reinterpret_cast<const uint4*>(out + chunk * 8);
-    const __nv_bfloat162* xh = reinterpret_cast<const __nv_bfloat162*>(&x);
-    const __nv_bfloat162* yh = reinterpret_cast<const __nv_bfloat162*>(&y);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float2 a = __bfloat1622float2(xh[i]), b = __bfloat1622float2(yh[i]);
-      part += a.x * b.x + a.y * b.y;
-    }
-    if (dq_acc != nullptr) {
-      float4* z = reinterpret_cast<float4*>(dq_acc + chunk * 8);
-      z[0] = z[1] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
-#pragma unroll
-  for (int o = 1; o < kLanes; o *= 2) part += __shfl_xor_sync(0xffffffffu, part, o);
-  if (rh < rows && chunk % kLanes == 0) {
-    const int64_t n = rh / g.heads;
-    const int h = static_cast<int>(rh % g.heads);
-    const int64_t b = n / g.seq, t = n % g.seq;
-    delta[(b * g.heads + h) * g.seq + t] = part;
-  }
-}
-
-// dq = scale * dq_acc in bf16, 8 elements per thread; `n` elements in all (a multiple of 8).
-__global__ void __launch_bounds__(256)
-    attention_dq_convert_kernel(bf16* __restrict__ dq, const float* __restrict__ dq_acc, int64_t n,
-                                float scale) {
-  const int64_t i = (int64_t{blockIdx.x} * blockDim.x + threadIdx.x) * 8;
-  if (i >= n) return;
-  const float4 a = *reinterpret_cast<const float4*>(dq_acc + i);
-  const float4 b = *reinterpret_cast<const float4*>(dq_acc + i + 4);
-  uint4 u;
-  u.x = pack_bf16x2(a.x * scale, a.y * scale);
-  u.y = pack_bf16x2(a.z * scale, a.w * scale);
-  u.z = pack_bf16x2(b.x * scale, b.y * scale);
-  u.w = pack_bf16x2(b.z * scale, b.w * scale);
-  *reinterpret_cast<uint4*>(dq + i) = u;
-}
-
-// This warp's dS^T rows (16 keys x BR queries, C fragments `ds`) to shared memory as bf16.
-template <int BR>
-__device__ __forceinline__ void store_ds(bf16* s_ds, const float (&ds)[BR / 8][4], int lane) {
-  constexpr int kP = BR + 8;
-#pragma unroll
-  for (int nt = 0; nt < BR / 8; ++nt) {
-    bf16* at = s_ds + (lane >> 2) * kP + nt * 8 + 2 * (lane & 3);
-    *reinterpret_cast<uint32_t*>(at) = pack_bf16x2(ds[nt][0], ds[nt][1]);
-    *reinterpret_cast<uint32_t*>(at + 8 * kP) = pack_bf16x2(ds[nt][2], ds[nt][3]);
-  }
-}
-
-// dQ of the step's query tile from the block's dS^T (BC x BR in shared memory) and K tile (BC
-// keys): warp `warp` takes 16-row groups wr = warp % kRowGroups + WARPS i and columns [kCols wc,
-// kCols (wc + 1)) of the tile, and adds them to the workspace rows of (batch b, head) with fp32
-// atomics.
-template <int D, int WARPS, int BR>
-__device__ __forceinline__ void dq_atomic_step(float* dq_acc, const bf16* s_ds, const bf16* s_k,
-                                               int b, QueryStep st, int warp, const Geometry& g,
-                                               int lane) {
-  constexpr int kBc = 16 * WARPS, kRowGroups = BR / 16;
-  constexpr int kColGroups = kRowGroups >= WARPS ? 1 : WARPS / kRowGroups, kCols = D / kColGroups;
-  constexpr int kPerWarp = kRowGroups >= WARPS ? kRowGroups / WARPS : 1;  // row groups per warp
-  constexpr int kP = D + 8, kDsP = BR + 8;
-  static_assert(kPerWarp * WARPS == kRowGroups * kColGroups && kCols % 16 == 0);
-  const int col0 = (warp / (WARPS / kColGroups)) * kCols;
-  float* base =
-      dq_acc + int64_t{b} * g.seq * g.q_stride + int64_t{st.head} * D + col0 + 2 * (lane & 3);
-#pragma unroll
-  for (int i = 0; i < kPerWarp; ++i) {
-    const int wr = warp % (WARPS / kColGroups) + WARPS * i;
-    float acc[1][kCols / 8][4] = {};
-#pragma unroll
-    for (int kc = 0; kc < kBc / 16; ++kc) {
-      uint32_t a[1][4];  // dS rows 16 wr.., keys 16 kc.. (the transpose of the stored dS^T)
-      ldmatrix_x4_trans(a[0], s_ds + (kc * 16 + (lane & 7) + ((lane >> 4) << 3)) * kDsP + wr * 16 +
-                                  ((lane >> 3) & 1) * 8);
-      mma_nn<1, kCols / 8>(acc, a, s_k + kc * 16 * kP + col0, kP, lane);
-    }
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = st.q0 + wr * 16 + (lane >> 2) + 8 * r;
-      if (row >= g.seq) continue;
-#pragma unroll
-      for (int dn = 0; dn < kCols / 8; ++dn) {
-        atomicAdd(reinterpret_cast<float2*>(base + int64_t{row} * g.q_stride + dn * 8),
-                  make_float2(acc[0][dn][2 * r], acc[0][dn][2 * r + 1]));
-      }
-    }
-  }
-}
-
-// DQ false: dk and dv only (the deterministic backward's first pass; dq_acc unused).
-template <int D, int WARPS, int BR, int MINB, bool DQ = true>
-__global__ void __launch_bounds__(32 * WARPS, MINB)
-    flash_backward_fused_kernel(float* __restrict__ dq_acc, bf16* __restrict__ dk,
-                                bf16* __restrict__ dv, const bf16* __restrict__ dout,
-                                const bf16* __restrict__ q, const bf16* __restrict__ k,
-                                const bf16* __restrict__ v, const float* __restrict__ lse,
-                                const float* __restrict__ delta, Geometry g) {
-  using T = BackwardTiles<D, WARPS, BR>;
-  constexpr int kBc = T::kBc, kP = T::kPitch, kDsP = T::kDsPitch, kTh = T::kThreads;
-  extern __shared__ uint4 smem[];
-  bf16* s_k = reinterpret_cast<bf16*>(smem);                     // [kBc][kP]
-  bf16* s_v = s_k + kBc * kP;                                    // [kBc][kP]
-  bf16* s_q = s_v + kBc * kP;                                    // [2][BR][kP]
-  bf16* s_do = s_q + 2 * BR * kP;                                // [2][BR][kP]
-  bf16* s_ds = s_do + 2 * BR * kP;                               // [kBc][kDsP]
-  float* s_stats = reinterpret_cast<float*>(s_ds + kBc * kDsP);  // [2][2 * BR]
-
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int b = static_cast<int>(blockIdx.x) / g.kv_heads;
-  const int kvh = static_cast<int>(blockIdx.x) % g.kv_heads;
-  const int k0 = static_cast<int>(blockIdx.y) * kBc;  // key tile 0 sees the most queries: first
-  const int64_t kv_off = int64_t{b} * g.seq * g.kv_stride + int64_t{kvh} * D;
-  const int first_tile = k0 / BR;
-  const int per_head = (g.seq + BR - 1) / BR - first_tile;
-  const int n_steps = g.group * per_head;
-  const int tid = static_cast<int>(threadIdx.x);  // threads below BR carry one stats row
-  static_assert(BR <= kTh);
-
-  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, k0, g.seq);
-  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, k0, g.seq);
-  const QueryStep first = query_step(0, first_tile, per_head, kvh, BR, g);
-  dkdv_load_tiles<D, BR, kTh>(s_q, s_do, q, dout, b, first, g);
-  cp_async_commit();
-  if (tid < BR) {
-    const StatRow r = load_stat_row(lse, delta, b, first, tid, g);
-    s_stats[tid] = r.lse2;
-    s_stats[BR + tid] = r.delta;
-  }
-
-  const int key0 = k0 + warp * 16;  // this warp's first key
-  float dk_acc[1][D / 8][4] = {}, dv_acc[1][D / 8][4] = {};
-  for (int it = 0; it < n_steps; ++it) {
-    const int buf = it & 1;
-    const bool more = it + 1 < n_steps;
-    StatRow next{0.f, 0.f};
-    if (more) {  // prefetch step it + 1 into the buffers freed at the end of step it - 1
-      const QueryStep st = query_step(it + 1, first_tile, per_head, kvh, BR, g);
-      dkdv_load_tiles<D, BR, kTh>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kP, q, dout, b,
-                                  st, g);
-      if (tid < BR) next = load_stat_row(lse, delta, b, st, tid, g);
-    }
-    cp_async_commit();
-    cp_async_wait<1>();
-    __syncthreads();
-    const QueryStep st = query_step(it, first_tile, per_head, kvh, BR, g);
-    float ds[BR / 8][4] = {};
-    if (key0 <= st.q0 + BR - 1) {  // else every query of the tile is before this warp's keys
-      dkdv_query_tile<D, BR>(dk_acc, dv_acc, ds, s_k + warp * 16 * kP, s_v + warp * 16 * kP,
-                             s_q + buf * BR * kP, s_do + buf * BR * kP, s_stats + buf * 2 * BR,
-                             key0, st.q0, g, lane);
-    }
-    if constexpr (DQ) {
-      store_ds<BR>(s_ds + warp * 16 * kDsP, ds, lane);
-      __syncthreads();
-      dq_atomic_step<D, WARPS, BR>(dq_acc, s_ds, s_k, b, st, warp, g, lane);
-    }
-    if (more && tid < BR) {
-      s_stats[(buf ^ 1) * 2 * BR + tid] = next.lse2;
-      s_stats[(buf ^ 1) * 2 * BR + BR + tid] = next.delta;
-    }
-    __syncthreads();
-  }
-  store_rows<D>(dk + kv_off, g.kv_stride, key0, g.seq, dk_acc[0], g.scale, lane);
-  store_rows<D>(dv + kv_off, g.kv_stride, key0, g.seq, dv_acc[0], 1.f, lane);
-}
-
-// ---------------------------------------------------------------------------------------------
-// Note [Deterministic attention backward]: the fused backward above sums each dq row over key
-// tiles with fp32 atomics, in whatever order the blocks arrive, so two runs of the same step can
-// differ in the last bits (and, through the router, in everything after). The two-pass backward
-// is FlashAttention-2's other form: the fused kernel without its dq part gives dk and dv, and a
-// query-tile kernel gives dq. Its block holds WARPS warps x 16 MT query rows of one (batch, head)
-// with their Q and dO fragments in registers and walks the key tiles up to the diagonal (K and V
-// double-buffered, as the forward): S = Q K^T, P = exp2(S scale log2 e - lse log2 e),
-// dP = dO V^T, dS = P (dP - delta), dQ += dS K (dS as bf16, as the fused kernel's). Each dq row
-// is one warp's, summed in key order: the same bits on every run. It recomputes S and forms dP a
-// second time (the fused kernel forms both per key tile already), so it costs more time (shape
-// (b) on an H200: 0.282 ms against 0.255 ms a layer's backward, about 1.5% of a step), and it
-// needs no f32 dq workspace. It is the default; TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another
-// variant) takes the one-pass form (Note [Attention variants]).
-// ---------------------------------------------------------------------------------------------
-
-template <int D, int WARPS, int MT, int BC>
-struct DqTiles {
-  static constexpr int kThreads = 32 * WARPS, kBr = WARPS * 16 * MT, kBc = BC, kPitch = D + 8;
-  static constexpr int kSmemBytes = (2 * kBr + 4 * kBc) * kPitch * int{sizeof(bf16)};
-};
-
-// One key tile for one warp: dq += dS K for its rows; lse2 (lse log2 e) and dlt (delta) per row
-// of its C fragments.
-template <int D, int MT, int BC>
-__device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
-                                            const uint32_t (&qf)[D / 16][MT][4],
-                                            const uint32_t (&dof)[D / 16][MT][4],
-                                            const float (&lse2)[MT][2], const float (&dlt)[MT][2],
-                                            const bf16* s_k, const bf16* s_v, int k0, int row0,
-                                            const Geometry& g, int lane) {
-  constexpr int kP = D + 8, kNt = BC / 8;
-  float s[MT][kNt][4] = {}, dp[MT][kNt][4] = {};
-#pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
-    mma_nt<MT, kNt>(s, qf[kc], s_k + kc * 16, kP, lane);
-    mma_nt<MT, kNt>(dp, dof[kc], s_v + kc * 16, kP, lane);
-  }
-  const bool need_mask = k0 + BC - 1 > row0 || k0 + BC > g.seq;
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int nt = 0; nt < kNt; ++nt) {
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int r = e >> 1;
-        const int row = row0 + mt * 16 + (lane >> 2) + 8 * r;
-        const int col = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-        float p = fast_exp2(s[mt][nt][e] * g.scale_log2 - lse2[mt][r]);
-        if (need_mask && !(col <= row && col < g.seq)) p = 0.f;
-        s[mt][nt][e] = p * (dp[mt][nt][e] - dlt[mt][r]);  // dS (unscaled)
-      }
-    }
-  }
-  mma_c_nn<MT, BC / 16, D / 8>(dq, s, s_k, kP, lane);  // dq += dS K
-}
-
-template <int D, int WARPS, int MT, int BC, int MINB>
-__global__ void __launch_bounds__(32 * WARPS, MINB)
-    flash_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
-                             const bf16* __restrict__ q, const bf16* __restrict__ k,
-                             const bf16* __restrict__ v, const float* __restrict__ lse,
-                             const float* __restrict__ delta, Geometry g) {
-  using T = DqTiles<D, WARPS, MT, BC>;
-  constexpr int kBr = T::kBr, kBc = T::kBc, kP = T::kPitch, kTh = T::kThreads;
-  extern __shared__ uint4 smem[];
-  bf16* s_q = reinterpret_cast<bf16*>(smem);  // [kBr][kP]
-  bf16* s_do = s_q + kBr * kP;                // [kBr][kP]
-  bf16* s_k = s_do + kBr * kP;                // [2][kBc][kP]
-  bf16* s_v = s_k + 2 * kBc * kP;             // [2][kBc][kP]
-
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const auto [b, h, q0, q_off, kv_off, n_tiles] = query_tile<D, kBr, kBc>(g);
-
-  load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
-  load_tile<kBr, D, kTh>(s_do, dout + q_off, g.q_stride, q0, g.seq);
-  cp_async_commit();
-  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, 0, g.seq);
-  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, 0, g.seq);
-  cp_async_commit();
-
-  const int row0 = q0 + warp * 16 * MT;  // this warp's first query row
-  float lse2[MT][2], dlt[MT][2];
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-#pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = row0 + mt * 16 + (lane >> 2) + 8 * r;
-      const int64_t at = (int64_t{b} * g.heads + h) * g.seq + row;
-      lse2[mt][r] = row < g.seq ? lse[at] * kLog2e : 0.f;
-      dlt[mt][r] = row < g.seq ? delta[at] : 0.f;
-    }
-  }
-  cp_async_wait<1>();  // the Q and dO tiles
-  __syncthreads();
-  uint32_t qf[D / 16][MT][4], dof[D / 16][MT][4];
-#pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
-#pragma unroll
-    for (int mt = 0; mt < MT; ++mt) {
-      const int at = (warp * 16 * MT + mt * 16 + (lane & 15)) * kP + kc * 16 + (lane >> 4) * 8;
-      ldmatrix_x4(qf[kc][mt], s_q + at);
-      ldmatrix_x4(dof[kc][mt], s_do + at);
-    }
-  }
-  float acc[MT][D / 8][4] = {};
-  walk_key_tiles<kBc, D, kTh>(s_k, s_v, k, v, kv_off, n_tiles, row0 + 16 * MT - 1, g,
-                              [&](const bf16* tk, const bf16* tv, int k0) {
-                                dq_key_tile<D, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0, row0,
-                                                       g, lane);
-                              });
-#pragma unroll
-  for (int mt = 0; mt < MT; ++mt) {
-    store_rows<D>(dq + q_off, g.q_stride, row0 + mt * 16, g.seq, acc[mt], g.scale, lane);
-  }
-}
-
-// ---------------------------------------------------------------------------------------------
-// Host side.
-// ---------------------------------------------------------------------------------------------
-
-const bf16* cptr(const Tensor& t) { return static_cast<const bf16*>(t.raw_data()); }
-bf16* mptr(const Tensor& t) { return static_cast<bf16*>(t.raw_data()); }
-
 // Checks the shape against the tensors (throws tandem::Error naming the op) and returns it as
 // kernel geometry.
 Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -832,15 +205,6 @@ bool fast_path(const Geometry& g, std::initializer_list<const Tensor*> tensors) 
   return true;
 }
 
-// Raises a kernel's dynamic shared-memory limit once per process (above the default 48 KiB).
-template <typename Kernel>
-void allow_smem(Kernel kernel, int bytes) {
-  TANDEM_CUDA_CHECK(
-      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
-}
-
-unsigned tiles(int seq, int tile) { return static_cast<unsigned>((seq + tile - 1) / tile); }
-
 template <int D, int WARPS, int MT, int BC, int MINB>
 void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                     const Tensor& v, const Geometry& g) {
@@ -854,148 +218,57 @@ void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
-// delta and the zeroed f32 dq workspace, the single-pass kernel, then dq from the workspace.
-template <int D, int WARPS, int BR, int MINB>
-void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
-                           const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
-                           const Tensor& lse, const Tensor& delta, const Geometry& g) {
-  using T = BackwardTiles<D, WARPS, BR>;
-  static const bool configured =
-      (allow_smem(flash_backward_fused_kernel<D, WARPS, BR, MINB>, T::kSmemBytes), true);
-  (void)configured;
-  // dq_acc: [batch * seq, heads * D] f32 (the layout of dq); op workspace like delta.
-  const Tensor dq_acc =
-      Tensor::empty({int64_t{g.batch} * g.seq, int64_t{g.heads} * D}, DType::kF32,
-                    MemCategory::kOther, "attention_backward.dq_acc", Device::kCUDA);
-  const int64_t rows = int64_t{g.batch} * g.seq * g.heads, chunks = rows * (D / 8);
-  attention_delta_kernel<D><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
-      delta.data<float>(), dq_acc.data<float>(), cptr(dout), cptr(out), rows, g);
-  TANDEM_CUDA_CHECK_LAUNCH();
-  const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
-  flash_backward_fused_kernel<D, WARPS, BR, MINB><<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
-      dq_acc.data<float>(), mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k), cptr(v),
-      lse.data<float>(), delta.data<float>(), g);
-  TANDEM_CUDA_CHECK_LAUNCH();
-  attention_dq_convert_kernel<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
-      mptr(dq), dq_acc.data<float>(), chunks * 8, g.scale);
-  TANDEM_CUDA_CHECK_LAUNCH();
-}
-
-// Note [Deterministic attention backward]: delta, dk and dv (the fused kernel without dq), then
-// dq by query tiles.
-template <int D, int WARPS, int BR, int MINB, int DQ_WARPS, int DQ_MT, int DQ_BC, int DQ_MINB>
-void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                              const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& out, const Tensor& lse,
-                              const Tensor& delta, const Geometry& g) {
-  using T = BackwardTiles<D, WARPS, BR>;
-  using TQ = DqTiles<D, DQ_WARPS, DQ_MT, DQ_BC>;
-  auto* dkdv = flash_backward_fused_kernel<D, WARPS, BR, MINB, false>;
-  auto* dq_kernel = flash_backward_dq_kernel<D, DQ_WARPS, DQ_MT, DQ_BC, DQ_MINB>;
-  static const bool configured =
-      (allow_smem(dkdv, T::kSmemBytes), allow_smem(dq_kernel, TQ::kSmemBytes), true);
-  (void)configured;
-  const int64_t rows = int64_t{g.batch} * g.seq * g.heads, chunks = rows * (D / 8);
-  attention_delta_kernel<D><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
-      delta.data<float>(), nullptr, cptr(dout), cptr(out), rows, g);
-  TANDEM_CUDA_CHECK_LAUNCH();
-  const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
-  dkdv<<<grid, T::kThreads, T::kSmemBytes, stream()>>>(nullptr, mptr(dk), mptr(dv), cptr(dout),
-                                                       cptr(q), cptr(k), cptr(v),
-                                                       lse.data<float>(), delta.data<float>(), g);
-  TANDEM_CUDA_CHECK_LAUNCH();
-  const dim3 dq_grid(static_cast<unsigned>(g.batch * g.heads), tiles(g.seq, TQ::kBr));
-  dq_kernel<<<dq_grid, TQ::kThreads, TQ::kSmemBytes, stream()>>>(
-      mptr(dq), cptr(dout), cptr(q), cptr(k), cptr(v), lse.data<float>(), delta.data<float>(), g);
-  TANDEM_CUDA_CHECK_LAUNCH();
-}
-
-// Note [Attention variants]: the D 64 tensor-core kernels come in a few tile shapes, so that one
-// benchmark run on the GPU can time them all (bench/attention_timing). Index 0 is the default;
-// TANDEM_ATTN_FWD / TANDEM_ATTN_BWD (read once per process) pick another, and
-// select_attention_variants (benchmarks, tests) overrides both. D 128 always takes its one shape.
-// Names: w<warps>_q<query rows>_k<keys>_m<blocks per SM (__launch_bounds__)>.
-using ForwardLaunch = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                               const Tensor&, const Geometry&);
-using BackwardLaunch = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                                const Tensor&, const Tensor&, const Geometry&);
-template <typename Launch>
-struct Variant {
-  const char* name;
-  Launch launch;
-};
 // Forward: query rows per block = warps x 16 x MT, each K/V fragment serving MT m16 tiles.
 constexpr Variant<ForwardLaunch> kForwardVariants[] = {
     {"w4_q128_k64_m2", launch_forward<64, 4, 2, 64, 2>},
     {"w4_q64_k128_m2", launch_forward<64, 4, 1, 128, 2>},
     {"w8_q128_k32_m2", launch_forward<64, 8, 1, 32, 2>},
 };
-// Backward: keys per block = 16 x warps; query rows per step BR.
-// Index 0, the default, is the deterministic two-pass form (Note [Deterministic attention
-// backward]): dk/dv blocks of 64 keys walking 64-row query tiles, dq blocks of 64 query rows
-// walking 64-key tiles. The others sum dq by atomics: 1 is the fastest on the H200 (shape (b):
-// 0.255 ms against 0.282 ms for the whole backward).
-constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
-    {"deterministic", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 64, 2>},
-    {"w4_q64_k64_m2", launch_backward_fused<64, 4, 64, 2>},
-    {"w8_q64_k128_m1", launch_backward_fused<64, 8, 64, 1>},
-    {"w8_q128_k128_m1", launch_backward_fused<64, 8, 128, 1>},
-    {"w4_q128_k64_m1", launch_backward_fused<64, 4, 128, 1>},
-};
-constexpr int kDeterministicBackward = 0;
 constexpr int kForwardVariantCount = int{std::size(kForwardVariants)};
-constexpr int kBackwardVariantCount = int{std::size(kBackwardVariants)};
-static_assert(kBackwardVariants[kDeterministicBackward].name[0] == 'd');
 
 std::atomic<int> forward_override{-1}, backward_override{-1};  // -1: environment or default
 
-template <typename Launch, size_t N>
-std::vector<const char*> variant_names(const Variant<Launch> (&variants)[N]) {
+std::vector<const char*> forward_variant_names() {
   std::vector<const char*> names;
-  for (const Variant<Launch>& v : variants) names.push_back(v.name);
+  for (const Variant<ForwardLaunch>& v : kForwardVariants) names.push_back(v.name);
   return names;
 }
 
 // The variant in environment variable `name`, by index or by name (unset or empty: 0).
-template <typename Launch, size_t N>
-int env_variant(const char* name, const Variant<Launch> (&variants)[N]) {
+int env_variant(const char* name, const std::vector<const char*>& names) {
   const char* text = std::getenv(name);
   if (text == nullptr || *text == '\0') return 0;
-  for (size_t i = 0; i < N; ++i) {
-    if (std::string_view(text) == variants[i].name) return static_cast<int>(i);
+  for (size_t i = 0; i < names.size(); ++i) {
+    if (std::string_view(text) == names[i]) return static_cast<int>(i);
   }
   char* end = nullptr;
   const long index = std::strtol(text, &end, 10);
-  std::string names;
-  for (const char* n : variant_names(variants)) names += std::string(names.empty() ? "" : ", ") + n;
-  TANDEM_CHECK(*end == '\0' && index >= 0 && index < static_cast<long>(N), name, "=", text,
-               " is not a variant: give an index in [0, ", N, ") or one of ", names,
-               " (Note [Attention variants])");
+  std::string listed;
+  for (const char* n : names) listed += std::string(listed.empty() ? "" : ", ") + n;
+  TANDEM_CHECK(*end == '\0' && index >= 0 && index < static_cast<long>(names.size()), name, "=",
+               text, " is not a variant: give an index in [0, ", names.size(), ") or one of ",
+               listed, " (Note [Attention variants])");
   return static_cast<int>(index);
 }
 int forward_variant() {
   const int chosen = forward_override.load(std::memory_order_relaxed);
   if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_FWD", kForwardVariants);
+  static const int from_env = env_variant("TANDEM_ATTN_FWD", forward_variant_names());
   return from_env;
 }
 int backward_variant() {
   const int chosen = backward_override.load(std::memory_order_relaxed);
   if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_BWD", kBackwardVariants);
+  static const int from_env = env_variant("TANDEM_ATTN_BWD", backward_variant_names());
   return from_env;
 }
 
 }  // namespace
 
-std::vector<const char*> attention_forward_variant_names() {
-  return variant_names(kForwardVariants);
-}
-std::vector<const char*> attention_backward_variant_names() {
-  return variant_names(kBackwardVariants);
-}
+std::vector<const char*> attention_forward_variant_names() { return forward_variant_names(); }
+std::vector<const char*> attention_backward_variant_names() { return backward_variant_names(); }
 void select_attention_variants(int forward, int backward) {
+  const int kBackwardVariantCount = static_cast<int>(backward_variant_names().size());
   TANDEM_CHECK(forward >= -1 && forward < kForwardVariantCount && backward >= -1 &&
                    backward < kBackwardVariantCount,
                "select_attention_variants: forward ", forward, " / backward ", backward,
@@ -1038,19 +311,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   const Tensor delta = Tensor::empty({s.batch, s.heads, s.seq}, DType::kF32, MemCategory::kOther,
                                      "attention_backward.delta", Device::kCUDA);
   if (fast_path(g, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
-    // dk/dv: 64-key blocks walking query tiles of 64 rows (D 64) or 32 (D 128), two blocks per
-    // multiprocessor (D 128 spills 24 bytes, still faster than 16-row tiles without spills);
-    // dq: 64-row blocks walking 64-key tiles. D 64: the table's variant (Note [Attention
-    // variants]); D 128 has one shape of each form, the deterministic one unless
-    // TANDEM_ATTN_BWD picks an atomic variant (Note [Deterministic attention backward]).
-    if (g.head_dim == 64) {
-      kBackwardVariants[backward_variant()].launch(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
-    } else if (backward_variant() == kDeterministicBackward) {
-      launch_backward_two_pass<128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse,
-                                                           delta, g);
-    } else {
-      launch_backward_fused<128, 4, 32, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
-    }
+    // Note [Attention variants], Note [Deterministic attention backward].
+    launch_tensor_core_backward(backward_variant(), dq, dk, dv, dout, q, k, v, out, lse, delta, g);
     return;
   }
   generic_attention_backward(g, mptr(dq), mptr(dk), mptr(dv), delta.data<float>(), cptr(dout),
