@@ -100,7 +100,8 @@ namespace {
 constexpr int64_t kF32 = 4;
 constexpr int64_t kI32 = 4;
 
-// Attention's phases (attention_node.cc; the op's buffers in ops/cuda/attention.cu).
+// Attention's phases (attention_node.cc; the op's buffers in ops/cuda/attention.cu and
+// attention_backward.cu).
 NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& s) {
   const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes, st = s.stat_size();
   const int64_t k = cfg.moe_router_topk, e = cfg.num_experts;

@@ -1,6 +1,6 @@
-// What attention.cu (the tensor-core kernels, the checks, the dispatch) and attention_generic.cu
-// (the warp-per-row kernels for any head dim) share: one call's geometry and the generic path's
-// launchers. Private to src/ops/cuda.
+// What attention.cu and attention_backward.cu (the tensor-core kernels, the checks, the dispatch)
+// and attention_generic.cu (the warp-per-row kernels for any head dim) share: one call's
+// geometry and the generic path's launchers. Private to src/ops/cuda.
 #pragma once
 
 #include <cuda_bf16.h>
