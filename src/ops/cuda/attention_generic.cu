@@ -1,8 +1,8 @@
 // The generic attention kernels (any head dim up to 256, any alignment), for what the
 // tensor-core kernels (attention.cu, attention_backward.cu) do not take: one warp per row, lane
-// i holding head-dim elements i + 32 j; keys one at a time with an fp32 online softmax. Slow but plainly the
-// equations. The backward is deterministic: one pass owns the dq rows (and writes delta), a
-// second the dk/dv rows.
+// i holding head-dim elements i + 32 j; keys one at a time with an fp32 online softmax. Slow
+// but plainly the equations. The backward is deterministic: one pass owns the dq rows (and
+// writes delta), a second the dk/dv rows.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
