@@ -181,8 +181,8 @@ std::pair<Grads, Grads> backward_twice(const AttentionShape& s, uint64_t seed) {
 }
 
 // Each pair of gradients byte for byte the same.
-void expect_same_bits(std::initializer_list<std::tuple<const Tensor*, const Tensor*, const char*>> pairs,
-                      int64_t head_dim) {
+using GradPair = std::tuple<const Tensor*, const Tensor*, const char*>;
+void expect_same_bits(std::initializer_list<GradPair> pairs, int64_t head_dim) {
   for (const auto& [x, y, name] : pairs) {
     EXPECT_EQ(std::memcmp(x->data<float>(), y->data<float>(), size_t(x->nbytes())), 0)
         << name << " D " << head_dim;
@@ -199,7 +199,8 @@ TEST(CudaAttentionPaths, BackwardIsBitwiseReproducible) {
   }
 }
 
-// Every D 64 tile variant (Note [Attention variants] in attention_mma.cuh) against the CPU reference:
+// Every D 64 tile variant (Note [Attention variants] in attention_mma.cuh) against the CPU
+// reference:
 // seq ending mid-tile of every tile size (77, 130, 300), one key (1), tiles of 128 rows and keys
 // with a tail and a group of 4 (520), MHA and GQA.
 class VariantGuard {  // selects a variant pair for one scope, then restores the default choice
