@@ -200,9 +200,8 @@ TEST(CudaAttentionPaths, BackwardIsBitwiseReproducible) {
 }
 
 // Every D 64 tile variant (Note [Attention variants] in attention_mma.cuh) against the CPU
-// reference:
-// seq ending mid-tile of every tile size (77, 130, 300), one key (1), tiles of 128 rows and keys
-// with a tail and a group of 4 (520), MHA and GQA.
+// reference: seq ending mid-tile of every tile size (77, 130, 300), one key (1), tiles of 128
+// rows and keys with a tail and a group of 4 (520), MHA and GQA.
 class VariantGuard {  // selects a variant pair for one scope, then restores the default choice
  public:
   VariantGuard(int forward, int backward) {
