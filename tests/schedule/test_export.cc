@@ -129,6 +129,28 @@ TEST(Planner, ScheduleFileWithoutCommunicationIsLoweredAndMatchesTheGenerator) {
   EXPECT_EQ(a.sim.ranks[0].peak_bytes, b.sim.ranks[0].peak_bytes);
 }
 
+// A hand-written schedule with a pair of forwards plans as the generator's --pair-first-forwards
+// does, and its SVG and trace name the pair.
+TEST(Planner, ScheduleFileWithPairedForwardsMatchesTheGenerator) {
+  const std::string path = ::testing::TempDir() + "/paired.txt";
+  {
+    std::ofstream f(path);
+    f << "rank 0: (0F0;0F1) (0F2;0B0) (0F3;0B1) 0B2 0B3\n";
+  }
+  PlanRequest from_file = request("combined-1f1b", 1, 1, 4);
+  from_file.schedule_file = path;
+  PlanRequest generated = request("combined-1f1b", 1, 1, 4);
+  generated.shape.pair_first_forwards = true;
+  const Plan a = make_plan(from_file);
+  const Plan b = make_plan(generated);
+  EXPECT_EQ(a.schedule.ranks, b.schedule.ranks);
+  EXPECT_EQ(b.schedule.name, "combined-1f1b (paired first forwards)");
+  EXPECT_DOUBLE_EQ(a.sim.step_time_s, b.sim.step_time_s);
+  EXPECT_EQ(a.sim.ranks[0].peak_bytes, b.sim.ranks[0].peak_bytes);
+  EXPECT_NE(plan_svg(a).find("(0F0;0F1)"), std::string::npos);
+  EXPECT_NE(trace_json(a).find("(0F0;0F1)"), std::string::npos);
+}
+
 TEST(Planner, BrokenScheduleFileIsRejectedBeforeSimulation) {
   const std::string path = ::testing::TempDir() + "/broken.txt";
   {
