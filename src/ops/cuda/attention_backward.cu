@@ -2,6 +2,7 @@
 // key tiles then dq by query tiles (Note [Deterministic attention backward]), or in one pass
 // that sums dq by fp32 atomics; and the backward variant table (Note [Attention variants]).
 #include <iterator>
+#include <string_view>
 
 #include "ops/cuda/attention_mma.cuh"
 
@@ -304,7 +305,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 // dP = dO V^T, dS = P (dP - delta), dQ += dS K (dS as bf16, as the fused kernel's). Each dq row
 // is one warp's, summed in key order: the same bits on every run. It recomputes S and forms dP a
 // second time (the fused kernel forms both per key tile already), so it costs more time (shape
-// (b) on an H200: 0.282 ms against 0.255 ms a layer's backward, about 1.5% of a step), and it
+// (b) on an H200: 0.272 ms against 0.256 ms a layer's backward, about 1% of a step), and it
 // needs no f32 dq workspace. It is the default; TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another
 // variant) takes the one-pass form (Note [Attention variants]).
 // ---------------------------------------------------------------------------------------------
@@ -469,16 +470,25 @@ void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& 
 // Backward: keys per block = 16 x warps; query rows per step BR.
 // Index 0, the default, is the deterministic two-pass form (Note [Deterministic attention
 // backward]): dk/dv blocks of 64 keys walking 64-row query tiles, dq blocks of 64 query rows
-// walking 64-key tiles. The others sum dq by atomics: 1 is the fastest on the H200 (shape (b):
-// 0.255 ms against 0.282 ms for the whole backward).
+// walking 32-key tiles (156 registers, three blocks a multiprocessor: on the H200 0.272 ms for
+// shape (b)'s whole backward, 0.282 with 64-key tiles and 0.300 with 128-row blocks, the last
+// two kept as variants; all three give the same bits). The others sum dq by atomics: 1 is the
+// fastest on the H200 (0.256 ms).
 constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
-    {"deterministic", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 64, 2>},
+    {"deterministic", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 32, 3>},
     {"w4_q64_k64_m2", launch_backward_fused<64, 4, 64, 2>},
     {"w8_q64_k128_m1", launch_backward_fused<64, 8, 64, 1>},
     {"w8_q128_k128_m1", launch_backward_fused<64, 8, 128, 1>},
     {"w4_q128_k64_m1", launch_backward_fused<64, 4, 128, 1>},
+    {"deterministic_dq_w4_q64_k64", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 64, 2>},
+    {"deterministic_dq_w8_q128_k64", launch_backward_two_pass<64, 4, 64, 2, 8, 1, 64, 1>},
 };
 static_assert(kBackwardVariants[kDeterministicBackward].name[0] == 'd');
+
+// Whether a variant is one of the two-pass (deterministic) forms: the name says so.
+bool is_deterministic(int variant) {
+  return std::string_view(kBackwardVariants[variant].name).starts_with("deterministic");
+}
 
 }  // namespace
 
@@ -497,7 +507,7 @@ void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk
   // dq: 64-row blocks walking 64-key tiles.
   if (g.head_dim == 64) {
     kBackwardVariants[variant].launch(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
-  } else if (variant == kDeterministicBackward) {
+  } else if (is_deterministic(variant)) {
     launch_backward_two_pass<128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse,
                                                          delta, g);
   } else {

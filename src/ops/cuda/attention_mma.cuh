@@ -272,7 +272,7 @@ struct Variant {
 
 // attention_backward.cu: the backward table's names (index kDeterministicBackward, the default,
 // is the two-pass form), and the tensor-core backward (D 64 or 128, fast_path) of `variant`:
-// D 64 the table's entry, D 128 its deterministic form for kDeterministicBackward and its
+// D 64 the table's entry, D 128 its deterministic form for a deterministic entry and its
 // one-pass form otherwise.
 constexpr int kDeterministicBackward = 0;
 std::vector<const char*> backward_variant_names();
