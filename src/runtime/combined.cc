@@ -141,15 +141,9 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
         },
         {last[k]});
   };
-  const Units u0 = split_units(h[0].stage->chunk->nodes());
-  const Units u1 = split_units(h[1].stage->chunk->nodes());
   auto prepare = [](int, size_t) {};  // the comm worker runs each dispatch whole
   try {
-    if (a.kind == ActionKind::kForwardForward) {
-      issue_forward_pairs(u0, u1, issue, prepare, overlap);
-    } else {
-      issue_pairs(u0, u1, issue, prepare, overlap);
-    }
+    issue_pair_nodes(a, h, issue, prepare, overlap);
   } catch (...) {
     // The comm worker may still run tasks that refer to this frame: let them finish first.
     if (comm_stream_) {
@@ -162,10 +156,7 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
   }
   if (comm_stream_) comm_stream_->synchronize();
   comp.synchronize();
-  for (const PairHalf& half : h) {
-    if (half.action.kind == ActionKind::kForward)
-      finish_forward(*half.stage, half.action.microbatch, *half.state);
-  }
+  finish_pair_forwards(h);
 }
 
 void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t iteration) {
@@ -186,15 +177,13 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
     prepare_node_on_device(*half.stage, *half.state, half.context, i, half.action.microbatch,
                            chains[k]);
   };
-  const Units u0 = split_units(h[0].stage->chunk->nodes());
-  const Units u1 = split_units(h[1].stage->chunk->nodes());
-  if (a.kind == ActionKind::kForwardForward) {
-    issue_forward_pairs(u0, u1, issue, prepare, overlap);
-  } else {
-    issue_pairs(u0, u1, issue, prepare, overlap);
-  }
+  issue_pair_nodes(a, h, issue, prepare, overlap);
   // What follows runs on the compute stream and reads both micro-batches' results.
   for (DeviceChain& chain : chains) join_chain(chain, "combined");
+  finish_pair_forwards(h);
+}
+
+void PipelineTrainer::finish_pair_forwards(const PairHalves& h) {
   for (const PairHalf& half : h) {
     if (half.action.kind == ActionKind::kForward)
       finish_forward(*half.stage, half.action.microbatch, *half.state);
@@ -295,6 +284,18 @@ void PipelineTrainer::prepare_node_on_device(StageRuntime& s, model::MicroBatchS
 void PipelineTrainer::join_chain(const DeviceChain& chain, const std::string& what) {
   const DeviceStream compute = DeviceStreams::compute();
   if (chain.stream != compute) dev_->wait_measured(compute, chain.done, chain.stream, what);
+}
+
+template <typename Issue, typename Prepare>
+void PipelineTrainer::issue_pair_nodes(const schedule::Action& a, const PairHalves& h,
+                                       Issue& issue, Prepare& prepare, bool overlapped) {
+  const Units u0 = split_units(h[0].stage->chunk->nodes());
+  const Units u1 = split_units(h[1].stage->chunk->nodes());
+  if (a.kind == ActionKind::kForwardForward) {
+    issue_forward_pairs(u0, u1, issue, prepare, overlapped);
+  } else {
+    issue_pairs(u0, u1, issue, prepare, overlapped);
+  }
 }
 
 template <typename Issue, typename Prepare>

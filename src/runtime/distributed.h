@@ -142,6 +142,8 @@ class PipelineTrainer {
   };
   using PairHalves = std::array<PairHalf, 2>;
   PairHalves prepare_pair(const schedule::Action& a, int64_t iteration);
+  // finish_forward of each forward half, first to second (the plain actions' order).
+  void finish_pair_forwards(const PairHalves& h);
   // Neighbouring gradient entries reduced in one call (Note [Gradient runs]); expert: reduced
   // over the expert-data-parallel group (only when EP > 1).
   struct GradRun {
@@ -157,6 +159,10 @@ class PipelineTrainer {
   template <typename Issue, typename Prepare>
   void issue_pairs(const struct Units& fu, const struct Units& bu, Issue& issue, Prepare& prepare,
                    bool overlapped);
+  // The pair's nodes: issue_pairs for FB, issue_forward_pairs for FF.
+  template <typename Issue, typename Prepare>
+  void issue_pair_nodes(const schedule::Action& a, const PairHalves& h, Issue& issue,
+                        Prepare& prepare, bool overlapped);
   // The same for two forwards (Note [Paired forwards] in schedule/action.h).
   template <typename Issue, typename Prepare>
   void issue_forward_pairs(const struct Units& u0, const struct Units& u1, Issue& issue,
