@@ -108,6 +108,13 @@ TEST(Export, Table) {
   EXPECT_EQ(rows, 3);
 }
 
+// Writes `text` to `name` in the test's temporary directory; returns the path.
+std::string temp_file(const std::string& name, const std::string& text) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream(path) << text;
+  return path;
+}
+
 // The same lists, step time and rank 0 peak.
 void expect_same_plan(const Plan& a, const Plan& b) {
   EXPECT_EQ(a.schedule.ranks, b.schedule.ranks);
@@ -135,13 +142,9 @@ TEST(Planner, ScheduleFileWithoutCommunicationIsLoweredAndMatchesTheGenerator) {
 // A hand-written schedule with a pair of forwards plans as the generator's --pair-first-forwards
 // does, and its SVG and trace name the pair.
 TEST(Planner, ScheduleFileWithPairedForwardsMatchesTheGenerator) {
-  const std::string path = ::testing::TempDir() + "/paired.txt";
-  {
-    std::ofstream f(path);
-    f << "rank 0: (0F0;0F1) (0F2;0B0) (0F3;0B1) 0B2 0B3\n";
-  }
   PlanRequest from_file = request("combined-1f1b", 1, 1, 4);
-  from_file.schedule_file = path;
+  from_file.schedule_file =
+      temp_file("paired.txt", "rank 0: (0F0;0F1) (0F2;0B0) (0F3;0B1) 0B2 0B3\n");
   PlanRequest generated = request("combined-1f1b", 1, 1, 4);
   generated.shape.pair_first_forwards = true;
   const Plan a = make_plan(from_file);
@@ -153,11 +156,8 @@ TEST(Planner, ScheduleFileWithPairedForwardsMatchesTheGenerator) {
 }
 
 TEST(Planner, BrokenScheduleFileIsRejectedBeforeSimulation) {
-  const std::string path = ::testing::TempDir() + "/broken.txt";
-  {
-    std::ofstream f(path);
-    f << "rank 0: 0F0 0SEND_F0 0B0\nrank 1: 1RECV_F0 1F0 1B0 1SEND_B0\n";
-  }
+  const std::string path =
+      temp_file("broken.txt", "rank 0: 0F0 0SEND_F0 0B0\nrank 1: 1RECV_F0 1F0 1B0 1SEND_B0\n");
   PlanRequest req = request("1f1b", 2, 1, 1);
   req.schedule_file = path;
   try {
