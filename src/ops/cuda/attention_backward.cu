@@ -483,12 +483,12 @@ constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
     {"deterministic_dq_w4_q64_k64", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 64, 2>},
     {"deterministic_dq_w8_q128_k64", launch_backward_two_pass<64, 4, 64, 2, 8, 1, 64, 1>},
 };
-static_assert(kBackwardVariants[kDeterministicBackward].name[0] == 'd');
 
 // Whether a variant is one of the two-pass (deterministic) forms: the name says so.
-bool is_deterministic(int variant) {
+constexpr bool is_deterministic(int variant) {
   return std::string_view(kBackwardVariants[variant].name).starts_with("deterministic");
 }
+static_assert(is_deterministic(0), "the default backward (index 0) is the deterministic form");
 
 }  // namespace
 

@@ -270,11 +270,9 @@ struct Variant {
   Launch launch;
 };
 
-// attention_backward.cu: the backward table's names (index kDeterministicBackward, the default,
-// is the two-pass form), and the tensor-core backward (D 64 or 128, fast_path) of `variant`:
-// D 64 the table's entry, D 128 its deterministic form for a deterministic entry and its
-// one-pass form otherwise.
-constexpr int kDeterministicBackward = 0;
+// attention_backward.cu: the backward table's names (index 0, the default, is the two-pass
+// form), and the tensor-core backward (D 64 or 128, fast_path) of `variant`: D 64 the table's
+// entry, D 128 its deterministic form for a deterministic entry and its one-pass form otherwise.
 std::vector<const char*> backward_variant_names();
 void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                  const Tensor& dout, const Tensor& q, const Tensor& k,
