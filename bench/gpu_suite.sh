@@ -40,6 +40,7 @@ tandem_runs() {
     [ $name = one-gpu ] && n=1 && launch=""
     timeout $limit $launch ${TANDEM:-$B/tandem} train --device cuda $shape "$@" --train-iters 7 --log-interval 1 --quiet --log-json $tmp/$name.jsonl > $tmp/$name.log 2>&1
     echo "tandem $name ($n GPUs) rc=$? $(summary $tmp/$name.jsonl)" | tee -a "$OUT/$out"
+    python3 -c "import json,sys;[print('  iter', r['iter'], r['note']) for r in map(json.loads, open(sys.argv[1])) if 'note' in r]" $tmp/$name.jsonl 2>/dev/null | tee -a "$OUT/$out"
     [ -s $tmp/$name.jsonl ] || tail -5 $tmp/$name.log
   done
 }
@@ -146,7 +147,12 @@ for s in $SUITE; do
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
                  "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
-                 "ep2-combined-paired-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --moe-router-force-load-balancing"
+                 "ep2-combined-paired-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --moe-router-force-load-balancing" \
+                 "ep2-combined-rebalanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --rebalance-experts 2 --trace $OUT/trace-ep2-combined-rebalanced.json --node-times-out $OUT/nodes-ep2-combined-rebalanced.json --routing-out $OUT/routing-ep2-combined-rebalanced.json"
+      # Note [Rebalancing experts]: the same training whatever rank runs which expert (the norm
+      # is summed expert by expert there, Note [Norm by expert], so its last bits may differ).
+      [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-rebalanced.jsonl ] &&
+        python3 devrun/compare_losses.py --rtol=1e-5 $T/ep2-combined-on.jsonl $T/ep2-combined-rebalanced.jsonl | tee -a "$OUT/multi_b.txt"
       # The same steps, bit for bit, whatever the order (Note [Paired forwards]) and run to run
       # (Note [Deterministic attention backward]).
       for r in "" -balanced; do

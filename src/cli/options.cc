@@ -226,6 +226,12 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
   s.push_back({"moe-router-force-load-balancing", &o.train.moe_router_force_balance,
                "MoE, for benchmarks only: route each token to k experts round-robin so every "
                "expert (and expert rank) gets the same rows; the router still weights them"});
+  s.push_back({"rebalance-experts", &o.train.rebalance_experts,
+               "MoE with expert parallelism: every N steps, lay each layer's experts out anew "
+               "over the expert-parallel ranks so that each rank's experts take about the same "
+               "rows (measured over those N steps), moving their weights and Adam moments; the "
+               "results do not change; 0: never",
+               Bound::kNonNegative, {}, "N"});
   s.push_back({"addition-max-digits", &o.addition_max_digits,
                "operand digits of the built-in addition task (used without --data-path)",
                Bound::kPositive});
@@ -572,6 +578,12 @@ void check_combinations(const RunOptions& o) {
                p.pipeline_model_parallel_size,
                ") and --virtual-pipeline-model-parallel-size 1 (it is ",
                p.virtual_pipeline_model_parallel_size, ")");
+  TANDEM_CHECK(o.train.rebalance_experts == 0 ||
+                   (o.model.is_moe() && p.expert_model_parallel_size > 1),
+               "--rebalance-experts ", o.train.rebalance_experts,
+               " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
+               o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
+               p.expert_model_parallel_size, "), or 0 (never)");
   TANDEM_CHECK(p.schedule != "interleaved-1f1b" || p.virtual_pipeline_model_parallel_size >= 2,
                "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
                "(it is ",

@@ -14,16 +14,16 @@
 #include "core/error.h"
 
 namespace tandem::cli {
-namespace {
-
-constexpr int kBarWidth = 24;
-constexpr auto kMinRedraw = std::chrono::milliseconds(50);
-
 std::string format_fixed(double v, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof buf, "%.*f", decimals, v);
   return buf;
 }
+
+namespace {
+
+constexpr int kBarWidth = 24;
+constexpr auto kMinRedraw = std::chrono::milliseconds(50);
 
 std::string format_sci(double v) {
   char buf[64];
@@ -213,8 +213,10 @@ std::string to_json_line(const IterationRecord& r) {
       {"mem_peak_bytes", per_rank(r.mem_peak_bytes)},
       {"activation_peak_bytes", per_rank(r.activation_peak_bytes)},
   };
-  if (r.comm_seconds < 0) return j.dump();
+  if (r.comm_seconds < 0 && r.note.empty()) return j.dump();
   nlohmann::json with_comm = j;
+  if (!r.note.empty()) with_comm["note"] = r.note;
+  if (r.comm_seconds < 0) return with_comm.dump();
   with_comm["alltoall_s"] = number(r.comm_seconds);
   with_comm["exposed_alltoall_s"] = number(r.exposed_comm_seconds);
   if (!r.comm_seconds_by_rank.empty()) {
@@ -279,6 +281,10 @@ void ProgressReporter::report(const IterationRecord& record) {
   }
   steps_.push_back(record);
   if (config_.verbosity == Verbosity::kQuiet) return;
+  if (!record.note.empty()) {
+    clear_bar();
+    log_out_ << "iter " << record.iter << ": " << record.note << std::endl;
+  }
   const bool last = record.iter >= config_.total_iters;
   const bool log = last || (config_.log_interval > 0 && record.iter % config_.log_interval == 0);
   if (log) {

@@ -45,6 +45,9 @@ struct IterationRecord {
   // events, from the step's start to the end of its last action (no gradient reduction or
   // optimizer), the figure `tandem plan` predicts as its step time.
   double forward_backward_seconds = -1;
+  // Something the step did besides training, printed on a line of its own and kept in the JSON
+  // line as "note" (e.g. experts re-placed, Note [Rebalancing experts]); empty: nothing.
+  std::string note;
 };
 
 enum class Verbosity : uint8_t { kNormal, kQuiet };       // kQuiet: no bar, no log lines
@@ -103,6 +106,8 @@ class ProgressReporter {
 
 // Human units with one decimal, binary prefixes: "512 B", "12.3 MiB".
 std::string format_bytes(int64_t bytes);
+// v with `decimals` digits after the point ("1.018").
+std::string format_fixed(double v, int decimals);
 // "42s", "3m05s", "2h03m"; "--" for an unknown (negative or non-finite) duration.
 std::string format_duration(double seconds);
 // The --log-interval line (no newline). Memory is the maximum over ranks.

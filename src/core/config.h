@@ -61,6 +61,10 @@ struct TrainConfig {
   // expert ranks' work is equal and the all-to-all waits for no straggler. The router still
   // weights the chosen experts by its softmax (Note [Balanced routing] in attention_node.cc).
   bool moe_router_force_balance = false;
+  // --rebalance-experts N: every N steps, lay each MoE layer's experts out anew over the
+  // expert-parallel ranks from the rows they received (Note [Rebalancing experts] in
+  // runtime/distributed.h); 0: never. The results do not change, only which rank runs which.
+  int64_t rebalance_experts = 0;
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

@@ -36,6 +36,15 @@ static Tensor balanced_routing_bias(int64_t n, int64_t e, int64_t k, const Tenso
   return like.device() == Device::kCPU ? b : b.to(like.device());
 }
 
+// The rows routed to each expert, [E] i32: s.counts itself when expert x is at place x, else
+// counted again from topk_idx, as s.counts is then per place (Note [Expert placement]).
+static Tensor expert_counts(const AttentionSaved& s, const LayerWeights& w, int64_t e) {
+  if (!w.expert_slot.defined()) return s.counts;
+  Tensor counts = work_tensor({e}, DType::kI32, "attn.expert_counts");
+  ops::router_counts(counts, s.topk_idx);
+  return counts;
+}
+
 void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t n = c.tokens(), h = cfg.hidden_size;
@@ -76,9 +85,10 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits);
   s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
-  ops::moe_permutation(s.perm, s.counts, s.topk_idx, e);
+  ops::moe_permutation(s.perm, s.counts, s.topk_idx, e, w.expert_slot);  // by place
   s.counts_read = std::make_shared<HostRead>(s.counts);  // Note [Routing counts on the host]
-  a.aux_loss = ops::router_aux_loss_start(s.probs, s.counts, k, cfg.moe_aux_loss_coeff);
+  a.aux_loss = ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k,
+                                          cfg.moe_aux_loss_coeff);
   a.routed = work_tensor({n * k, h}, c.dtype, "routed");          // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }
@@ -92,8 +102,9 @@ static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const No
   Tensor d_n2 = work_tensor({n, cfg.hidden_size}, c.dtype, "d_n2");
   ops::permute_backward(d_n2, a.d_routed, s.perm, k);
   s.d_logits = work_tensor({n, cfg.num_experts}, c.dtype, "d_router_logits");
-  ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs, s.counts, k,
-                       cfg.moe_aux_loss_coeff, c.loss_scale);
+  ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs,
+                       expert_counts(s, w, cfg.num_experts), k, cfg.moe_aux_loss_coeff,
+                       c.loss_scale);
   ops::linear_backward_input(d_n2, s.d_logits, w.router, Accumulate::kAdd);
   a.d_routed = Tensor();
   a.d_topk_w = Tensor();

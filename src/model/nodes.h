@@ -56,7 +56,9 @@ struct NodeContext {
 
 struct AttentionSaved {
   Tensor x, n1, rstd1, q, k, v, a, lse, h1, rstd2, n2;  // see footprint.h
-  Tensor probs, topk_w, topk_idx, counts, perm;           // MoE routing
+  // MoE routing. counts and perm go by place, which is by expert unless the layer's experts
+  // are placed out of order (Note [Expert placement] in model/expert_placement.h).
+  Tensor probs, topk_w, topk_idx, counts, perm;
   std::vector<int32_t> counts_host;  // counts on the host (Note [Routing counts on the host])
   std::shared_ptr<HostRead> counts_read;  // counts on their way there, taken by dispatch
   // Kept from backward to backward_weights: gradients at the matrices' outputs.

@@ -1,6 +1,7 @@
 // Parameter registry, flat buffers and MODEL.md's initialisation.
 #include "model/parameters.h"
 
+#include <algorithm>
 #include <cmath>
 #include <unordered_map>
 
@@ -19,19 +20,56 @@ ChunkSpec ChunkSpec::whole(const ModelConfig& cfg) {
 Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype, Device device)
     : cfg_(cfg), spec_(spec), dtype_(dtype), device_(device) {
   TANDEM_ASSERT(dtype == DType::kF32 || dtype == DType::kF64);
+  check_placement(spec.placement, cfg.num_layers, cfg.num_experts);
   TANDEM_CHECK(device == Device::kCPU || dtype == DType::kF32,
                "GPU parameters are f32 (master weights), not ", dtype_name(dtype));
   build_entries();
   flat_params_ =
       Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters", device);
   flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients", device);
-  weights_ = make_views(flat_params_);
-  grads_ = make_views(flat_grads_);
   if (device != Device::kCPU) {
     flat_compute_ = Tensor::zeros({total_}, DType::kBF16, MemCategory::kParameter,
                                   "parameters.bf16", device);
-    compute_ = make_views(flat_compute_);
   }
+  build_views();
+}
+
+void Parameters::build_views() {
+  // Each layer's place of every expert, for the attention node's sort (Note [Expert placement]).
+  expert_slots_ = Tensor();
+  const int64_t layers = spec_.layer_end - spec_.layer_begin, e = cfg_.num_experts;
+  bool contiguous = true;
+  for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
+    contiguous = contiguous && spec_.placement.contiguous(l);
+  }
+  if (cfg_.is_moe() && !contiguous) {
+    const Tensor host = Tensor::empty({layers, e}, DType::kI32, MemCategory::kOther,
+                                      "expert_slot.host", Device::kCPU);
+    for (int64_t l = 0; l < layers; ++l) {
+      const std::vector<int32_t> places = spec_.placement.places(spec_.layer_begin + l, e);
+      std::copy(places.begin(), places.end(), host.data<int32_t>() + l * e);
+    }
+    expert_slots_ =
+        Tensor::empty({layers, e}, DType::kI32, MemCategory::kOther, "expert_slot", device_);
+    expert_slots_.copy_from(host);
+  }
+  weights_ = make_views(flat_params_);
+  grads_ = make_views(flat_grads_);
+  if (device_ != Device::kCPU) compute_ = make_views(flat_compute_);
+}
+
+void Parameters::set_placement(const ExpertPlacement& p) {
+  check_placement(p, cfg_.num_layers, cfg_.num_experts);
+  const std::vector<ParamEntry> before = std::move(entries_);
+  entries_.clear();
+  total_ = 0;
+  spec_.placement = p;
+  build_entries();
+  TANDEM_ASSERT(entries_.size() == before.size() && total_ == flat_params_.numel());
+  for (size_t i = 0; i < before.size(); ++i) {
+    TANDEM_ASSERT(entries_[i].offset == before[i].offset && entries_[i].shape == before[i].shape);
+  }
+  build_views();
 }
 
 void Parameters::refresh_compute_copy() {
@@ -77,7 +115,8 @@ void Parameters::build_entries() {
     add(p + "block_sparse_moe.gate.weight", {c.num_experts, h}, ParamKind::kMatrix,
         ParamShard::kDense, std);
     for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
-      const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+      const std::string q = p + "block_sparse_moe.experts." +
+                            std::to_string(spec_.placement.expert_at(l, e)) + ".";
       add(q + "w1.weight", {f, h}, ParamKind::kMatrix, ParamShard::kExpert, std);
       add(q + "w3.weight", {f, h}, ParamKind::kMatrix, ParamShard::kExpert, std);
       add(q + "w2.weight", {h, f}, ParamKind::kMatrix, ParamShard::kExpert, out_std);
@@ -131,8 +170,13 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
       lw.w_down = get(p + "mlp.down_proj.weight");
     } else {
       lw.router = get(p + "block_sparse_moe.gate.weight");
+      if (expert_slots_.defined()) {
+        lw.expert_slot =
+            expert_slots_.narrow_rows(l - spec_.layer_begin, 1).reshape({cfg_.num_experts});
+      }
       for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
-        const std::string q = p + "block_sparse_moe.experts." + std::to_string(e) + ".";
+        const std::string q = p + "block_sparse_moe.experts." +
+                              std::to_string(spec_.placement.expert_at(l, e)) + ".";
         lw.e_gate_up.push_back(stacked(q + "w1.weight", q + "w3.weight"));
         lw.e_down.push_back(get(q + "w2.weight"));
       }

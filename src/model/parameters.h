@@ -9,6 +9,7 @@
 
 #include "core/config.h"
 #include "core/tensor.h"
+#include "model/expert_placement.h"
 
 namespace tandem::model {
 
@@ -17,7 +18,8 @@ struct ChunkSpec {
   int64_t layer_begin = 0, layer_end = 0;    // [begin, end) of the model's layers
   bool has_embed = true;                     // first pipeline stage
   bool has_head = true;                      // last pipeline stage: final norm + LM head
-  int64_t expert_begin = 0, expert_end = 0;  // [begin, end) of each MoE layer's experts
+  int64_t expert_begin = 0, expert_end = 0;  // [begin, end) of each MoE layer's places
+  ExpertPlacement placement;  // which expert is at each place (Note [Expert placement])
 
   static ChunkSpec whole(const ModelConfig& cfg);
 };
@@ -43,8 +45,12 @@ struct LayerWeights {
   // product forms both: Note [Gate and up in one product] in ffn_nodes.cc), and down, [H, F].
   Tensor w_gate_up, w_down;
   Tensor router;  // MoE: [E, H]
-  // MoE, local experts: w1 (gate) over w3 (up), [2F, H], and w2 (down), [H, F].
+  // MoE, local experts (the chunk's places, in order): w1 (gate) over w3 (up), [2F, H], and w2
+  // (down), [H, F].
   std::vector<Tensor> e_gate_up, e_down;
+  // MoE with the layer's experts out of order: [E] i32, each expert's place (Note [Expert
+  // placement]); undefined when expert e is at place e.
+  Tensor expert_slot;
 };
 
 struct ModelWeights {
@@ -95,10 +101,15 @@ class Parameters {
   // Copies every master weight from `other` (same entries; any device); refreshes the copy.
   void copy_weights_from(const Parameters& other);
   void zero_grads();
+  // Lays the experts out as `p` says (Note [Expert placement]): renames the local experts'
+  // entries and views (their offsets stay, as every expert has the same shapes). Only the names
+  // change: moving the values (and the optimizer's) to their new places is the caller's job.
+  void set_placement(const ExpertPlacement& p);
 
  private:
   void add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard, double std);
   void build_entries();
+  void build_views();
   ModelWeights make_views(const Tensor& flat) const;
   static Tensor view(const Tensor& flat, const ParamEntry& e);
 
@@ -109,6 +120,7 @@ class Parameters {
   std::vector<ParamEntry> entries_;
   int64_t total_ = 0;
   Tensor flat_params_, flat_grads_, flat_compute_;
+  Tensor expert_slots_;  // [chunk layers, E] i32, on the device; undefined when contiguous
   ModelWeights weights_, grads_, compute_;
 };
 

@@ -173,8 +173,9 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
   TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff, aux_scale);
 }
 
-void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx, int64_t num_experts) {
-  TANDEM_OP(perm, moe_permutation, perm, counts, topk_idx, num_experts);
+void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,
+                     int64_t num_experts, const Tensor& expert_slot) {
+  TANDEM_OP(perm, moe_permutation, perm, counts, topk_idx, num_experts, expert_slot);
 }
 
 void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int64_t k) {

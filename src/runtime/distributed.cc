@@ -105,6 +105,13 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     st.optimizer = std::make_unique<AdamW>(*st.params, train_);
     stages_.push_back(std::move(st));
   }
+  if (train_.rebalance_experts > 0) {  // Note [Rebalancing experts]
+    TANDEM_CHECK(model_.is_moe() && L.ep > 1, "--rebalance-experts ", train_.rebalance_experts,
+                 " moves experts between expert-parallel ranks; it needs experts and "
+                 "--expert-model-parallel-size > 1 (it is ",
+                 L.ep, "), or 0");
+    expert_load_.assign(static_cast<size_t>(model_.num_layers * model_.num_experts), 0);
+  }
 }
 
 PipelineTrainer::~PipelineTrainer() = default;
@@ -156,6 +163,7 @@ void PipelineTrainer::finish_forward(StageRuntime& s, int32_t mb,
   if (s.params->spec().has_head) pending_lm_.push_back(state.pending_lm_loss);
   // Summed at the step's end, in this order (Note [Routing counts on the host]).
   pending_aux_.push_back(state.aux_losses);
+  record_expert_load(s, state);
   if (routing_.empty()) return;
   // The experts node keeps its input rows [R, H] until its backward: R is what it received.
   const auto first = static_cast<int32_t>(s.params->spec().layer_begin);
@@ -433,23 +441,42 @@ void PipelineTrainer::reduce_gradients() {
 // counted would go unseen; each rank therefore also adds a flag, 1 when any of its own gradients
 // is not finite, and the flags are summed with the norm in one all-reduce. The result (NaN when
 // any flag is set) is the same on every rank, and so is the global loss.
+// Note [Norm by expert]: experts that move between ranks (Note [Rebalancing experts]) would
+// change which rank's partial sum holds each expert's squares, and so the norm's last bits (and
+// the clipping's). With rebalancing on, each expert's squares go to a slot of its own, by layer
+// and global id, in the all-reduce (one rank fills each slot, so the sum there is exact), and the
+// slots are added in that order: the norm does not depend on the placement.
 double PipelineTrainer::global_grad_norm() {
   const comm::ParallelLayout& L = groups_->layout;
+  const bool by_expert = !expert_load_.empty();
   double sq = 0, non_finite = 0;
+  std::vector<double> experts(by_expert ? expert_load_.size() : 0, 0.0);
   for (StageRuntime& s : stages_) {
+    const Tensor& g = s.params->flat_grads();
     for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
-      const double part =
-          ops::sum_squares(s.params->flat_grads().narrow_rows(run.begin, run.count));
+      if (run.expert && by_expert) continue;  // below, expert by expert
+      const double part = ops::sum_squares(g.narrow_rows(run.begin, run.count));
       if (!std::isfinite(part)) non_finite = 1;
       if ((run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0) sq += part;
     }
+    if (!by_expert) continue;
+    for (const ExpertBlock& b : expert_blocks(*s.params)) {
+      const double part = ops::sum_squares(g.narrow_rows(b.offset, expert_block_numel()));
+      if (!std::isfinite(part)) non_finite = 1;
+      if (L.edp_rank(groups_->rank) != 0) continue;
+      experts[static_cast<size_t>(b.layer * model_.num_experts + b.expert)] = part;
+    }
   }
-  Tensor t = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "grad_norm");
+  Tensor t = Tensor::empty({2 + static_cast<int64_t>(experts.size())}, DType::kF64,
+                           MemCategory::kOther, "grad_norm");
   t.data<double>()[0] = sq;
   t.data<double>()[1] = non_finite;
+  std::copy(experts.begin(), experts.end(), t.data<double>() + 2);
   groups_->world->all_reduce_sum(t);
   if (t.data<double>()[1] > 0) return std::numeric_limits<double>::quiet_NaN();
-  return std::sqrt(t.data<double>()[0]);
+  double total = t.data<double>()[0];
+  for (size_t i = 0; i < experts.size(); ++i) total += t.data<double>()[2 + i];
+  return std::sqrt(total);
 }
 
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
@@ -528,6 +555,7 @@ StepResult PipelineTrainer::step() {
     }
   }
   if (!finite) r.status = StepStatus::kSkipped;
+  rebalance_experts();  // part of the step's time
   synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   if (dev_) {  // every event of the step has completed

@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -124,6 +125,24 @@ class PipelineTrainer {
   // call it.
   schedule::RoutingCounts pipeline_routing_counts();
 
+  // Note [Rebalancing experts]: with TrainConfig::rebalance_experts = N > 0 (EP > 1), every N
+  // steps the trainer lays each MoE layer's experts out anew (model/expert_placement.h) from the
+  // rows they received over those steps, and moves the weights and Adam moments of the experts
+  // that change rank (Note [Moving experts] in expert_rebalance.cc). A layer moves only when its
+  // most loaded expert rank gets lighter by more than 1% of the mean rank's rows, so a steady
+  // routing moves once and then stays. The move is part of the step's time.
+  struct Rebalance {
+    int64_t iteration = 0;  // the step after which it ran
+    int layers = 0;         // MoE layers whose placement changed
+    // Over the MoE layers, sum of each layer's most loaded expert rank over sum of the mean, in
+    // the steps measured: with the old placement and with the new (1: even).
+    double before = 1, after = 1;
+    int64_t moved_bytes = 0;  // this rank sent to others (weights and Adam moments)
+  };
+  // Set by the last step() when it re-placed experts, else empty.
+  const std::optional<Rebalance>& last_rebalance() const { return last_rebalance_; }
+  const model::ExpertPlacement& expert_placement() const { return placement_; }
+
  private:
   StageRuntime& local(int32_t stage);
   bool is_local(int32_t stage) const;
@@ -235,6 +254,19 @@ class PipelineTrainer {
   double comm_busy_s_ = 0, comm_exposed_s_ = 0, comm_waiting_s_ = -1;
   schedule::RoutingCounts routing_;  // this step's, this rank's layers
   GradientHook after_backward_;
+  // Note [Rebalancing experts] (expert_rebalance.cc).
+  void record_expert_load(const StageRuntime& s, const model::MicroBatchState& state);
+  void rebalance_experts();
+  int64_t move_experts(const model::ExpertPlacement& to);  // bytes sent to other ranks
+  // A local expert's three matrices, one block of expert_block_numel() in the flat buffers.
+  struct ExpertBlock {
+    int64_t layer, expert, offset;
+  };
+  std::vector<ExpertBlock> expert_blocks(const model::Parameters& params) const;
+  int64_t expert_block_numel() const;
+  model::ExpertPlacement placement_;
+  std::vector<int64_t> expert_load_;  // [layer * E + expert]: rows this rank's experts took
+  std::optional<Rebalance> last_rebalance_;
 };
 
 }  // namespace tandem::runtime

@@ -6,10 +6,13 @@
 // for the ops that promise run-to-run reproducibility.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <iterator>
 #include <limits>
+#include <numeric>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -609,6 +612,27 @@ TEST(CudaMoe, PermutationIsTheCpuOrderExactly) {
     ops::moe_permutation(perm, counts, idx.to(Device::kCUDA), c.e);
     Tensor perm_want = host({c.n * c.k}, DType::kI32), counts_want = host({c.e}, DType::kI32);
     ops::moe_permutation(perm_want, counts_want, idx, c.e);
+    EXPECT_EQ(ints(perm), ints(perm_want)) << what;
+    EXPECT_EQ(ints(counts), ints(counts_want)) << what;
+  }
+}
+
+// Note [Expert placement]: sorted by a shuffled place of each expert, as the CPU sorts.
+TEST(CudaMoe, PermutationByPlaceIsTheCpuOrderExactly) {
+  for (const PermCase& c : kPermCases) {
+    const std::string what = "moe_permutation by place n " + std::to_string(c.n) + " E " +
+                             std::to_string(c.e);
+    Tensor idx = random_ids({c.n, c.k}, c.e, 39);
+    std::vector<int32_t> places(static_cast<size_t>(c.e));
+    std::iota(places.begin(), places.end(), 0);
+    std::shuffle(places.begin(), places.end(), std::mt19937(static_cast<unsigned>(c.e)));
+    Tensor slot = host({c.e}, DType::kI32);
+    std::copy(places.begin(), places.end(), slot.data<int32_t>());
+    Tensor perm = Tensor::empty({c.n * c.k}, DType::kI32, MemCategory::kOther, "p", Device::kCUDA);
+    Tensor counts = Tensor::empty({c.e}, DType::kI32, MemCategory::kOther, "c", Device::kCUDA);
+    ops::moe_permutation(perm, counts, idx.to(Device::kCUDA), c.e, slot.to(Device::kCUDA));
+    Tensor perm_want = host({c.n * c.k}, DType::kI32), counts_want = host({c.e}, DType::kI32);
+    ops::moe_permutation(perm_want, counts_want, idx, c.e, slot);
     EXPECT_EQ(ints(perm), ints(perm_want)) << what;
     EXPECT_EQ(ints(counts), ints(counts_want)) << what;
   }

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -16,6 +17,7 @@
 #include "common/random_tokens.h"
 #include "core/cuda/context.h"
 #include "core/tensor.h"
+#include "runtime/checkpoint_parallel.h"
 #include "runtime/distributed.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
@@ -36,12 +38,16 @@ ModelConfig small_moe() {
 struct TrainRun {
   std::vector<double> losses, norms;
   std::vector<float> params;  // every master weight after the last step
+  // Rank 0: every weight and Adam moment of the model by name (gather_checkpoint); others empty.
+  NamedTensors state;
+  int rebalances = 0;  // steps that re-placed experts (Note [Rebalancing experts])
   std::vector<Span> timeline;
   double busy = 0, exposed = 0, waiting = -1, forward_backward = 0, step_seconds = 0;
   schedule::NodeTimesTable node_times;
 };
 
-TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false) {
+TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
+               int64_t rebalance_experts = 0) {
   const ModelConfig m = small_moe();
   TrainConfig t;
   t.micro_batch_size = 2;
@@ -49,6 +55,7 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false)
   t.train_iters = steps;
   t.lr = 1e-3;
   t.device = Device::kCUDA;
+  t.rebalance_experts = rebalance_experts;
   Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), 1, 2, Device::kCUDA);
   const schedule::ScheduleShape shape{1, 1, 4, pair_first_forwards};
   const schedule::Schedule sched =
@@ -62,7 +69,11 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false)
     r.losses.push_back(s.loss);
     r.norms.push_back(s.grad_norm);
     r.step_seconds = s.seconds;
+    r.rebalances += trainer.last_rebalance().has_value();
   }
+  const CheckpointState gathered = gather_checkpoint(trainer, nlohmann::json::object());
+  r.state = gathered.model;
+  r.state.insert(r.state.end(), gathered.optimizer.begin(), gathered.optimizer.end());
   const Tensor host = trainer.stages().front().params->flat_params().to(Device::kCPU);
   r.params.assign(host.data<float>(), host.data<float>() + host.numel());
   r.timeline = trainer.timeline();
@@ -119,6 +130,30 @@ TEST(GpuPipeline, PairedFirstForwardsAreBitwiseTheSameAsInOrder) {
   expect_bitwise_equal(paired, off);
   EXPECT_TRUE(has_span(paired.timeline, "comm", "F0 dispatch"));
   EXPECT_TRUE(has_span(paired.timeline, "comm", "F1 combine"));
+}
+
+// Note [Rebalancing experts]: experts re-placed after every step, their weights and moments
+// moved over NCCL, train bit for bit as experts that stay (the norm summed by expert in both,
+// Note [Norm by expert]): every loss, norm, weight and moment by name.
+TEST(GpuPipeline, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
+  const TrainRun moving = train(CommOverlap::kOn, 4, false, 1);
+  const TrainRun staying = train(CommOverlap::kOn, 4, false, 1000);
+  EXPECT_GT(moving.rebalances, 0) << "no step re-placed an expert: the test shows nothing";
+  EXPECT_EQ(staying.rebalances, 0);
+  ASSERT_EQ(moving.losses.size(), staying.losses.size());
+  for (size_t i = 0; i < moving.losses.size(); ++i) {
+    EXPECT_EQ(moving.losses[i], staying.losses[i]) << "step " << i + 1;
+    EXPECT_EQ(moving.norms[i], staying.norms[i]) << "step " << i + 1;
+  }
+  ASSERT_EQ(moving.state.size(), staying.state.size());
+  for (size_t i = 0; i < moving.state.size(); ++i) {
+    const Tensor& a = moving.state[i].second;
+    const Tensor& b = staying.state[i].second;
+    ASSERT_EQ(moving.state[i].first, staying.state[i].first);
+    EXPECT_TRUE(a.nbytes() == b.nbytes() &&
+                std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
+        << moving.state[i].first;
+  }
 }
 
 TEST(GpuPipeline, TimelineComesFromCudaEvents) {

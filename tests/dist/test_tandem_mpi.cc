@@ -54,6 +54,34 @@ TEST(TandemMpi, FourRanksPp2Ep2CombinedMatchesOneRank) {
   EXPECT_EQ(j.at("activation_peak_bytes").size(), 4u);
 }
 
+// Note [Rebalancing experts]: the run says when it re-placed experts, on a line of its own and
+// in the JSON line of that step, and trains as the run that never moves them.
+TEST(TandemMpi, RebalancedExpertsAreReportedAndTrainAsTheStayingOnes) {
+  const std::string dir = temp_dir("rebalance");
+  std::string ep = kModel + " --train-iters 4 --expert-model-parallel-size 2"
+                            " --schedule combined-1f1b --log-json ";
+  ep.erase(ep.find(" --quiet"), 8);  // the log lines, with the note's
+  const Result moving = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + ep + dir +
+                            "/moving.jsonl --rebalance-experts 1");
+  ASSERT_EQ(moving.code, 0) << moving.output;
+  EXPECT_NE(moving.output.find(": experts re-placed in "), std::string::npos) << moving.output;
+  const Result staying = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + ep + dir +
+                             "/staying.jsonl --rebalance-experts 100");
+  ASSERT_EQ(staying.code, 0) << staying.output;
+  EXPECT_EQ(losses(dir + "/moving.jsonl"), losses(dir + "/staying.jsonl"));
+  int notes = 0;
+  for (const auto& j : tandem::test::json_lines(dir + "/moving.jsonl")) {
+    if (!j.contains("note")) continue;
+    ++notes;
+    EXPECT_NE(j.at("note").get<std::string>().find("experts re-placed in "), std::string::npos)
+        << j.dump();
+  }
+  EXPECT_GT(notes, 0) << "no step re-placed an expert: the test shows nothing";
+  for (const auto& j : tandem::test::json_lines(dir + "/staying.jsonl")) {
+    EXPECT_FALSE(j.contains("note")) << j.dump();
+  }
+}
+
 TEST(TandemMpi, CombinedStepWritesTheMeasuredTimelineAndExposedAllToAll) {
   const std::string dir = temp_dir("trace");
   const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel +

@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "model/chunk.h"
@@ -142,7 +145,7 @@ TEST(Parameters, ChunkInitialisationMatchesWholeModel) {
   const ModelConfig cfg = testing::tiny_config(true);
   Parameters whole(cfg, ChunkSpec::whole(cfg), DType::kF32);
   whole.initialize(11);
-  ChunkSpec part{1, 2, false, true, 2, 4};
+  ChunkSpec part{1, 2, false, true, 2, 4, {}};
   Parameters chunk(cfg, part, DType::kF32);
   chunk.initialize(11);
   const Tensor a = whole.weights().layers[1].e_down[3];  // expert 3 of layer 1
@@ -150,6 +153,99 @@ TEST(Parameters, ChunkInitialisationMatchesWholeModel) {
   ASSERT_EQ(a.numel(), b.numel());
   for (int64_t i = 0; i < a.numel(); ++i) EXPECT_EQ(a.data<float>()[i], b.data<float>()[i]);
   EXPECT_EQ(whole.weights().layers[0].input_norm.data<float>()[0], 1.0f);
+}
+
+// Note [Expert placement]: a chunk's places hold the experts the placement names, initialised
+// as the whole model's experts of those ids, and named by them.
+TEST(Parameters, PlacedExpertsAreTheWholeModelsExpertsOfThoseIds) {
+  const ModelConfig cfg = testing::tiny_config(true);
+  Parameters whole(cfg, ChunkSpec::whole(cfg), DType::kF32);
+  whole.initialize(11);
+  ChunkSpec part{1, 2, false, true, 2, 4, {}};
+  part.placement.layers = {{}, {3, 0, 2, 1}};  // layer 1: places 2, 3 hold experts 2, 1
+  Parameters chunk(cfg, part, DType::kF32);
+  chunk.initialize(11);
+  for (const auto& [place, expert] : {std::pair{0, 2}, std::pair{1, 1}}) {
+    const Tensor a = whole.weights().layers[1].e_gate_up[expert];
+    const Tensor b = chunk.weights().layers[0].e_gate_up[place];
+    ASSERT_EQ(a.numel(), b.numel());
+    for (int64_t i = 0; i < a.numel(); ++i) ASSERT_EQ(a.data<float>()[i], b.data<float>()[i]);
+  }
+  bool named = false;
+  for (const ParamEntry& e : chunk.entries()) {
+    named = named || e.name == "model.layers.1.block_sparse_moe.experts.1.w2.weight";
+    EXPECT_EQ(e.name.find("experts.0."), std::string::npos) << e.name;
+  }
+  EXPECT_TRUE(named);
+  // Each expert's place, for the attention node's sort.
+  const Tensor slot = chunk.weights().layers[0].expert_slot;
+  ASSERT_TRUE(slot.defined());
+  EXPECT_EQ(std::vector<int32_t>(slot.data<int32_t>(), slot.data<int32_t>() + 4),
+            (std::vector<int32_t>{1, 3, 2, 0}));
+  EXPECT_FALSE(whole.weights().layers[1].expert_slot.defined());
+}
+
+TEST(Parameters, SetPlacementRenamesTheExpertsInPlace) {
+  const ModelConfig cfg = testing::tiny_config(true);
+  Parameters p(cfg, ChunkSpec::whole(cfg), DType::kF32);
+  const std::vector<ParamEntry> before = p.entries();
+  p.set_placement(ExpertPlacement{{{1, 0, 3, 2}}});
+  ASSERT_EQ(p.entries().size(), before.size());
+  int renamed = 0;
+  for (size_t i = 0; i < before.size(); ++i) {
+    EXPECT_EQ(p.entries()[i].offset, before[i].offset);
+    renamed += p.entries()[i].name != before[i].name;
+  }
+  EXPECT_EQ(renamed, 4 * 3);  // layer 0's four experts, three matrices each
+  EXPECT_TRUE(p.weights().layers[0].expert_slot.defined());
+  EXPECT_FALSE(p.weights().layers[1].expert_slot.defined() &&
+               p.weights().layers[1].expert_slot.data<int32_t>()[0] != 0);
+}
+
+TEST(Parameters, BadPlacementIsRefusedNamingIt) {
+  const ModelConfig cfg = testing::tiny_config(true);
+  ChunkSpec spec = ChunkSpec::whole(cfg);
+  spec.placement.layers = {{0, 1, 1, 3}};
+  try {
+    Parameters p(cfg, spec, DType::kF32);
+    FAIL() << "a placement with expert 1 twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0 holds expert 1"), std::string::npos) << e.what();
+  }
+  spec.placement.layers = {{0, 1, 2}};
+  EXPECT_THROW(Parameters(cfg, spec, DType::kF32), Error);
+}
+
+// Note [Expert placement]: the loss and every gradient, by name, are bitwise those of the
+// contiguous layout when the experts sit at other places (one rank: the places only reorder the
+// sort and the experts' runs).
+TEST(Parameters, PlacementChangesNoResultBitwise) {
+  const ModelConfig cfg = testing::tiny_config(true);
+  const int64_t batch = 2, n = batch * cfg.seq_length;
+  const Tensor ids = testing::random_ids(n, cfg.vocab_size, 1);
+  const Tensor targets = testing::random_ids(n, cfg.vocab_size, 2);
+  auto run = [&](const ExpertPlacement& placement, double* loss) {
+    ChunkSpec spec = ChunkSpec::whole(cfg);
+    spec.placement = placement;
+    auto params = std::make_unique<Parameters>(cfg, spec, DType::kF64);
+    params->initialize(7);
+    for (int64_t i = 0; i < params->numel(); ++i) params->flat_params().data<double>()[i] *= 10.0;
+    ModelChunk chunk(*params);
+    MicroBatchState mb;
+    *loss = run_loss(chunk, ids, targets, batch, false, &mb);
+    chunk.backward(mb, context_of(chunk, batch, false));
+    std::map<std::string, std::vector<double>> grads;
+    for (const ParamEntry& e : params->entries()) {
+      const Tensor g = params->grad(e);
+      grads[e.name].assign(g.data<double>(), g.data<double>() + g.numel());
+    }
+    return grads;
+  };
+  double a = 0, b = 0;
+  const auto contiguous = run(ExpertPlacement{}, &a);
+  const auto placed = run(ExpertPlacement{{{2, 3, 1, 0}, {3, 1, 0, 2}}}, &b);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(contiguous, placed);
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <string>
 
 #include "op_test_util.h"
 #include "ops/ops.h"
@@ -121,6 +122,24 @@ TEST(Permutation, StableExpertOrderThenTokenThenSlot) {
   Tensor perm2 = make({4}, DType::kI32), counts2 = make({2}, DType::kI32);
   moe_permutation(perm2, counts2, dup, 2);
   EXPECT_EQ(values(perm2), (std::vector<double>{2, 0, 1, 3}));
+}
+
+// Note [Expert placement]: by place, the same slots as the example above, hand-sorted.
+TEST(Permutation, ByPlaceSortsByEachExpertsPlace) {
+  Tensor idx = i32({4, 2}, {2, 0, 0, 2, 3, 0, 2, 0});
+  Tensor slot = i32({4}, {2, 3, 0, 1});  // expert 0 at place 2, 1 at 3, 2 at 0, 3 at 1
+  Tensor perm = make({8}, DType::kI32), counts = make({4}, DType::kI32);
+  moe_permutation(perm, counts, idx, 4, slot);
+  // Place 0 (expert 2): slots 0 3 6; place 1 (expert 3): 4; place 2 (expert 0): 1 2 5 7.
+  EXPECT_EQ(values(perm), (std::vector<double>{0, 3, 6, 4, 1, 2, 5, 7}));
+  EXPECT_EQ(values(counts), (std::vector<double>{3, 1, 4, 0}));
+  Tensor twice = i32({4}, {2, 3, 2, 1});
+  try {
+    moe_permutation(perm, counts, idx, 4, twice);
+    FAIL() << "a placement with place 2 twice was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("place 2 twice"), std::string::npos) << e.what();
+  }
 }
 
 TEST(Permutation, PermuteForwardCopiesTokenRows) {

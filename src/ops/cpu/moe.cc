@@ -174,7 +174,7 @@ std::vector<int32_t> invert_perm(const char* op, const Tensor& perm, int64_t cou
 }  // namespace
 
 void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,
-                     int64_t num_experts) {
+                     int64_t num_experts, const Tensor& expert_slot) {
   const char* op = "moe_permutation";
   cpu::expect_at_least(op, "num_experts", num_experts, 1);
   cpu::expect_rank(op, "topk_idx", topk_idx, 2);
@@ -184,16 +184,33 @@ void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& top
   expect(op, "counts", counts, DType::kI32, {num_experts});
   const int32_t* pi = topk_idx.data<int32_t>();
   cpu::expect_indices(op, "expert id", pi, nk, num_experts);
+  // The sort key of each expert: its place (Note [Expert placement]), or the expert itself.
+  std::vector<int32_t> key(static_cast<size_t>(num_experts));
+  for (int64_t x = 0; x < num_experts; ++x) key[static_cast<size_t>(x)] = static_cast<int32_t>(x);
+  if (expert_slot.defined()) {
+    expect(op, "expert_slot", expert_slot, DType::kI32, {num_experts});
+    const int32_t* ps = expert_slot.data<int32_t>();
+    cpu::expect_indices(op, "expert place", ps, num_experts, num_experts);
+    std::vector<bool> seen(static_cast<size_t>(num_experts), false);
+    for (int64_t x = 0; x < num_experts; ++x) {
+      TANDEM_CHECK(!seen[static_cast<size_t>(ps[x])], op, ": expert_slot holds place ", ps[x],
+                   " twice; it must be a permutation of [0, ", num_experts, ")");
+      seen[static_cast<size_t>(ps[x])] = true;
+      key[static_cast<size_t>(x)] = ps[x];
+    }
+  }
   int32_t* pc = counts.data<int32_t>();
   for (int64_t x = 0; x < num_experts; ++x) pc[x] = 0;
-  for (int64_t s = 0; s < nk; ++s) ++pc[pi[s]];
-  // Counting sort: slots in flat order (token, then slot) land after their expert's offset.
+  for (int64_t s = 0; s < nk; ++s) ++pc[key[static_cast<size_t>(pi[s])]];
+  // Counting sort: slots in flat order (token, then slot) land after their key's offset.
   std::vector<int64_t> next(static_cast<size_t>(num_experts), 0);
   for (int64_t x = 1; x < num_experts; ++x) {
     next[static_cast<size_t>(x)] = next[static_cast<size_t>(x - 1)] + pc[x - 1];
   }
   int32_t* pp = perm.data<int32_t>();
-  for (int64_t s = 0; s < nk; ++s) pp[next[static_cast<size_t>(pi[s])]++] = static_cast<int32_t>(s);
+  for (int64_t s = 0; s < nk; ++s) {
+    pp[next[static_cast<size_t>(key[static_cast<size_t>(pi[s])])]++] = static_cast<int32_t>(s);
+  }
 }
 
 void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int64_t k) {

@@ -228,12 +228,15 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- token permutation ----
 
-// keys[i] = expert of slot i, or e for an id outside [0, e) (sorted last); slots[i] = i.
+// keys[i] = expert of slot i, or its place expert_slot[expert] when expert_slot is given, or e
+// for an id (or place) outside [0, e) (sorted last, not counted); slots[i] = i.
 __global__ void __launch_bounds__(kThreads)
-    slot_keys_kernel(int32_t* keys, int32_t* slots, const int32_t* ids, int64_t count, int e) {
+    slot_keys_kernel(int32_t* keys, int32_t* slots, const int32_t* ids, const int32_t* expert_slot,
+                     int64_t count, int e) {
   for (int64_t i = global_thread(); i < count; i += grid_threads()) {
-    const int32_t id = ids[i];
-    keys[i] = id >= 0 && id < e ? id : e;
+    int32_t key = ids[i];
+    if (expert_slot != nullptr && key >= 0 && key < e) key = expert_slot[key];
+    keys[i] = key >= 0 && key < e ? key : e;
     slots[i] = static_cast<int32_t>(i);
   }
 }
@@ -550,7 +553,7 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
 // ---- token permutation ----
 
 void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,
-                     int64_t num_experts) {
+                     int64_t num_experts, const Tensor& expert_slot) {
   const char* op = "moe_permutation";
   TANDEM_CHECK(num_experts >= 1 && num_experts < INT_MAX, op, ": num_experts is ", num_experts,
                ", expected at least 1");
@@ -559,10 +562,16 @@ void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& top
   expect_slot_count(op, count);
   expect_cuda(op, "perm", perm, {DType::kI32}, {count});
   expect_cuda(op, "counts", counts, {DType::kI32}, {num_experts});
+  // Not checked to be a permutation here (that would read it to the host); the CPU op checks.
+  if (expert_slot.defined()) {
+    expect_cuda(op, "expert_slot", expert_slot, {DType::kI32}, {num_experts});
+  }
   const int32_t* ids = topk_idx.data<int32_t>();
-  launch_counts(counts.data<int32_t>(), ids, count, num_experts);
-  if (count == 0) return;
-  // Stable radix sort of the slots (token, then slot: their flat order) by expert.
+  if (count == 0) {
+    launch_counts(counts.data<int32_t>(), ids, count, num_experts);
+    return;
+  }
+  // Stable radix sort of the slots (token, then slot: their flat order) by expert (or place).
   Scratch scratch(op);
   int32_t* keys_in = scratch.take<int32_t>(count);
   int32_t* keys_out = scratch.take<int32_t>(count);
@@ -575,8 +584,10 @@ void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& top
                                                     stream()));
   void* temp = scratch.take_bytes(temp_bytes);
   slot_keys_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(
-      keys_in, slots, ids, count, static_cast<int>(num_experts));
+      keys_in, slots, ids, expert_slot.defined() ? expert_slot.data<int32_t>() : nullptr, count,
+      static_cast<int>(num_experts));
   TANDEM_CUDA_CHECK_LAUNCH();
+  launch_counts(counts.data<int32_t>(), keys_in, count, num_experts);
   TANDEM_CUDA_CHECK(cub::DeviceRadixSort::SortPairs(temp, temp_bytes, keys_in, keys_out, slots,
                                                     perm.data<int32_t>(), items, 0, end_bit,
                                                     stream()));

@@ -1,0 +1,185 @@
+// Rebalancing experts between steps (Note [Rebalancing experts] in distributed.h): the rows each
+// expert took, a new placement of each MoE layer's experts, and the move of the weights and Adam
+// moments of the experts that change rank.
+//
+// Note [Moving experts]: every rank takes the same decision, from the loads summed over the whole
+// world (so the expert-data-parallel replicas, whose tokens differ, keep the same placement and
+// their expert gradients keep meaning the same expert). The move is one all-to-all of the expert
+// group per MoE layer and buffer (master weights, exp_avg, exp_avg_sq): an expert's three
+// matrices are adjacent in the flat buffers and every expert has the same size, so an expert is
+// one row of B = 3 F H elements, and the places keep their offsets (Parameters::set_placement).
+// Rows travel to each peer in the order of their new places, which both sides know. Gradients are
+// not moved: the next step zeroes them first. The bf16 compute copy is formed again after.
+#include <algorithm>
+
+#include "runtime/distributed.h"
+
+namespace tandem::runtime {
+
+constexpr double kMinGain = 0.01;
+
+std::vector<PipelineTrainer::ExpertBlock> PipelineTrainer::expert_blocks(
+    const model::Parameters& params) const {
+  const model::ChunkSpec& spec = params.spec();
+  const int64_t el = spec.expert_end - spec.expert_begin;
+  std::vector<ExpertBlock> out;
+  // The first matrix (w1) of each local expert, in place order within each layer.
+  for (const model::ParamEntry& x : params.entries()) {
+    if (x.shard != model::ParamShard::kExpert || !x.name.ends_with(".w1.weight")) continue;
+    const auto i = static_cast<int64_t>(out.size());
+    const int64_t layer = spec.layer_begin + i / el;
+    out.push_back({layer, placement_.expert_at(layer, spec.expert_begin + i % el), x.offset});
+  }
+  TANDEM_ASSERT(static_cast<int64_t>(out.size()) == (spec.layer_end - spec.layer_begin) * el);
+  return out;
+}
+
+int64_t PipelineTrainer::expert_block_numel() const {
+  return 3 * model_.ffn_hidden_size * model_.hidden_size;  // w1, w3, w2: adjacent entries
+}
+
+void PipelineTrainer::record_expert_load(const StageRuntime& s,
+                                         const model::MicroBatchState& state) {
+  if (expert_load_.empty()) return;
+  const model::ChunkSpec& spec = s.params->spec();
+  const int64_t e = model_.num_experts;
+  for (size_t l = 0; l < state.layers.size(); ++l) {
+    const int64_t layer = spec.layer_begin + static_cast<int64_t>(l);
+    const std::vector<int32_t>& rows = state.layers[l].experts.rows_host;  // per local place
+    for (size_t i = 0; i < rows.size(); ++i) {
+      const int32_t x = placement_.expert_at(layer, spec.expert_begin + static_cast<int64_t>(i));
+      expert_load_[static_cast<size_t>(layer * e + x)] += rows[i];
+    }
+  }
+}
+
+namespace {
+
+// One layer's decision: the balanced placement when it is worth a move (else empty), the most
+// loaded rank's rows before and after, and the mean rank's.
+struct LayerChoice {
+  std::vector<int32_t> to;
+  double before = 0, after = 0, mean = 0;
+};
+
+LayerChoice choose(const std::vector<int32_t>& now, const std::vector<int64_t>& load,
+                   int64_t ranks) {
+  const auto most = [&](const std::vector<int32_t>& at) {
+    const std::vector<int64_t> per = model::rank_loads(at, load, ranks);
+    return static_cast<double>(*std::max_element(per.begin(), per.end()));
+  };
+  LayerChoice c;
+  for (const int64_t x : load) c.mean += static_cast<double>(x) / static_cast<double>(ranks);
+  const std::vector<int32_t> best = model::balance_experts(load, ranks);
+  c.before = c.after = most(now);
+  // Worth a move only when the most loaded rank gets lighter by kMinGain of the mean rank:
+  // loads measured over a few steps wander by about that much (Note [Rebalancing experts]).
+  if (c.before - most(best) > kMinGain * c.mean) {
+    c.after = most(best);
+    c.to = best;
+  }
+  return c;
+}
+
+}  // namespace
+
+void PipelineTrainer::rebalance_experts() {
+  last_rebalance_.reset();
+  const int64_t every = train_.rebalance_experts;
+  if (expert_load_.empty() || every <= 0 || iteration_ % every != 0) return;
+  const auto n = static_cast<int64_t>(expert_load_.size());
+  const Tensor load = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "expert_load");
+  std::copy(expert_load_.begin(), expert_load_.end(), load.data<int64_t>());
+  groups_->world->all_reduce_sum(load);  // Note [Moving experts]
+  std::fill(expert_load_.begin(), expert_load_.end(), 0);
+  const int64_t e = model_.num_experts;
+  model::ExpertPlacement to = placement_;
+  to.layers.resize(static_cast<size_t>(model_.num_layers));
+  Rebalance r;
+  r.iteration = iteration_;
+  double before = 0, after = 0, mean = 0;
+  for (int64_t l = 0; l < model_.num_layers; ++l) {
+    std::vector<int32_t> now(static_cast<size_t>(e));
+    for (int64_t p = 0; p < e; ++p) now[static_cast<size_t>(p)] = placement_.expert_at(l, p);
+    const int64_t* layer_load = load.data<int64_t>() + l * e;
+    LayerChoice c = choose(now, {layer_load, layer_load + e}, groups_->layout.ep);
+    before += c.before;
+    after += c.after;
+    mean += c.mean;
+    if (c.to.empty()) continue;
+    to.layers[static_cast<size_t>(l)] = std::move(c.to);
+    ++r.layers;
+  }
+  if (r.layers == 0) return;
+  r.before = before / mean;
+  r.after = after / mean;
+  r.moved_bytes = move_experts(to);
+  placement_ = std::move(to);
+  last_rebalance_ = r;
+}
+
+int64_t PipelineTrainer::move_experts(const model::ExpertPlacement& to) {
+  comm::Communicator& ep = groups_->ep_data();
+  int64_t moved = 0;
+  const int64_t e = model_.num_experts, p = ep.size(), el = e / p, me = ep.rank();
+  const int64_t block = expert_block_numel();
+  for (StageRuntime& s : stages_) {
+    const model::ChunkSpec& spec = s.params->spec();
+    TANDEM_ASSERT(spec.expert_begin == me * el, "the expert group's rank ", me,
+                  " holds places from ", spec.expert_begin);
+    const std::vector<ExpertBlock> blocks = expert_blocks(*s.params);  // the places' offsets
+    const int64_t layers = spec.layer_end - spec.layer_begin;
+    const Tensor buffers[] = {s.params->flat_params(), s.optimizer->exp_avg(),
+                              s.optimizer->exp_avg_sq()};
+    for (int64_t l = 0; l < layers; ++l) {
+      const int64_t layer = spec.layer_begin + l;
+      const std::vector<int32_t> was = placement_.places(layer, e);
+      // Rows to each peer in the order of their new places (Note [Moving experts]): what this
+      // rank sends (its local index now) and receives (its local index then).
+      // Sent: new places ascending, so by destination rank, each one's rows in place order.
+      std::vector<int64_t> send_rows(static_cast<size_t>(p), 0), recv_rows(send_rows);
+      std::vector<int64_t> send_from;  // local index now, per row sent
+      for (int64_t q = 0; q < e; ++q) {
+        const int64_t was_at = was[static_cast<size_t>(to.expert_at(layer, q))];
+        if (was_at / el != me) continue;
+        ++send_rows[static_cast<size_t>(q / el)];
+        send_from.push_back(was_at - me * el);
+      }
+      // Received: by source rank, each one's rows in the order it sent them (place order).
+      std::vector<std::pair<int64_t, int64_t>> by_source;  // (source, local index then)
+      for (int64_t q = me * el; q < (me + 1) * el; ++q) {
+        const int64_t from = was[static_cast<size_t>(to.expert_at(layer, q))] / el;
+        ++recv_rows[static_cast<size_t>(from)];
+        by_source.emplace_back(from, q - me * el);
+      }
+      std::stable_sort(by_source.begin(), by_source.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
+      const DType dt = buffers[0].dtype();
+      const Tensor send = Tensor::empty({el, block}, dt, MemCategory::kCommunication,
+                                        "experts.move.send", buffers[0].device());
+      const Tensor recv = Tensor::empty({el, block}, dt, MemCategory::kCommunication,
+                                        "experts.move.recv", buffers[0].device());
+      for (const Tensor& flat : buffers) {
+        auto row = [&](int64_t local) {
+          return flat.narrow_rows(blocks[static_cast<size_t>(l * el + local)].offset, block)
+              .reshape({1, block});
+        };
+        for (size_t i = 0; i < send_from.size(); ++i) {
+          send.narrow_rows(static_cast<int64_t>(i), 1).copy_from(row(send_from[i]));
+        }
+        ep.all_to_all_v(recv, recv_rows, send, send_rows);
+        for (size_t i = 0; i < by_source.size(); ++i) {
+          row(by_source[i].second).copy_from(recv.narrow_rows(static_cast<int64_t>(i), 1));
+        }
+        for (int64_t d = 0; d < p; ++d) {
+          if (d != me) moved += send_rows[static_cast<size_t>(d)] * block * dtype_size(dt);
+        }
+      }
+    }
+    s.params->set_placement(to);
+    s.params->refresh_compute_copy();
+  }
+  return moved;
+}
+
+}  // namespace tandem::runtime
