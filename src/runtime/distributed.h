@@ -129,8 +129,10 @@ class PipelineTrainer {
   // steps the trainer lays each MoE layer's experts out anew (model/expert_placement.h) from the
   // rows they received over those steps, and moves the weights and Adam moments of the experts
   // that change rank (Note [Moving experts] in expert_rebalance.cc). A layer moves only when its
-  // most loaded expert rank gets lighter by more than 1% of the mean rank's rows, so a steady
-  // routing moves once and then stays. The move is part of the step's time.
+  // most loaded expert rank gets lighter by more than 5% of the mean rank's rows, so a steady
+  // routing moves once and then stays, and noise moves nothing. The move is part of the step's
+  // time. It pays where the same experts stay hot (a trained router); a fresh router that learns
+  // fast moves its hot experts from one window to the next (docs/parallel.md).
   struct Rebalance {
     int64_t iteration = 0;  // the step after which it ran
     int layers = 0;         // MoE layers whose placement changed

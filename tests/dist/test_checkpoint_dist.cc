@@ -143,7 +143,7 @@ TEST(CheckpointDist, AnyLayoutRestoresAndGathersTheOneRankStateBitwise) {
 // pipeline stages and expert-data-parallel replicas (whose tokens differ, so they must agree on
 // the placement). The run that never moves measures its norm the same way (--rebalance-experts
 // larger than the steps). One expert rank refuses it.
-TEST(CheckpointDist, RebalancedExpertsTrainBitwiseAsTheContiguousLayout) {
+TEST(CheckpointDist, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
   ModelConfig m = tiny_moe();
   m.num_experts = 8;
   const nlohmann::json data = {{"format", "test"}};
