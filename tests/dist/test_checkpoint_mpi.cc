@@ -91,6 +91,14 @@ TEST(CheckpointMpi, StopAndResumeIsBitwiseUnderPp2Ep2) {
   check_exact_resume("resume_pp2ep2", kPp2Ep2 + " --schedule combined-1f1b");
 }
 
+// Note [Rebalancing experts]: the checkpoint holds each expert by its global name wherever it
+// runs; the resumed run starts from the contiguous placement, measures afresh, and still follows
+// the uninterrupted run bit for bit (no result depends on the placement).
+TEST(CheckpointMpi, StopAndResumeIsBitwiseWithExpertsReplacedEveryStep) {
+  check_exact_resume("resume_rebalance",
+                     kPp2Ep2 + " --schedule combined-1f1b --rebalance-experts 1");
+}
+
 TEST(CheckpointMpi, StopAndResumeIsBitwiseUnderDp2Pp2) {
   check_exact_resume("resume_dp2pp2", " --pipeline-model-parallel-size 2");
 }
