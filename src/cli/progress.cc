@@ -213,9 +213,15 @@ std::string to_json_line(const IterationRecord& r) {
       {"mem_peak_bytes", per_rank(r.mem_peak_bytes)},
       {"activation_peak_bytes", per_rank(r.activation_peak_bytes)},
   };
-  if (r.comm_seconds < 0 && r.note.empty()) return j.dump();
+  if (r.comm_seconds < 0 && r.note.empty() && r.expert_rows_step < 0) return j.dump();
   nlohmann::json with_comm = j;
   if (!r.note.empty()) with_comm["note"] = r.note;
+  if (r.expert_rows_step >= 0) {
+    with_comm["expert_rows_max_over_mean"] = {
+        {"step", number(r.expert_rows_step)},
+        {"microbatch_median", number(r.expert_rows_microbatch_median)},
+        {"microbatch_max", number(r.expert_rows_microbatch_max)}};
+  }
   if (r.comm_seconds < 0) return with_comm.dump();
   with_comm["alltoall_s"] = number(r.comm_seconds);
   with_comm["exposed_alltoall_s"] = number(r.exposed_comm_seconds);

@@ -45,6 +45,11 @@ struct IterationRecord {
   // events, from the step's start to the end of its last action (no gradient reduction or
   // optimizer), the figure `tandem plan` predicts as its step time.
   double forward_backward_seconds = -1;
+  // MoE with EP > 1 (negative: not measured): rank 0's expert-parallel group, its most loaded
+  // rank's routed rows over the group's mean, over the step and per micro-batch and layer
+  // (median and largest; schedule::expert_rows_spread).
+  double expert_rows_step = -1, expert_rows_microbatch_median = -1,
+         expert_rows_microbatch_max = -1;
   // Something the step did besides training, printed on a line of its own and kept in the JSON
   // line as "note" (e.g. experts re-placed, Note [Rebalancing experts]); empty: nothing.
   std::string note;

@@ -103,6 +103,46 @@ std::vector<ExpertPace> expert_pace(const std::vector<RoutingCounts>& group, siz
   return pace;
 }
 
+RowsSpread expert_rows_spread(const std::vector<RoutingCounts>& group) {
+  RowsSpread out;
+  if (group.empty()) return out;
+  const RoutingCounts& first = group.front();
+  std::vector<double> per_mb;
+  double most_sum = 0, mean_sum = 0;
+  for (int32_t l = 0; l < first.num_layers; ++l) {
+    std::vector<int64_t> step(group.size(), 0);
+    bool measured = false;
+    for (int32_t mb = 0; mb < first.num_microbatches; ++mb) {
+      int64_t most = 0, sum = 0;
+      for (size_t r = 0; r < group.size(); ++r) {
+        const int64_t rows = group[r].at(mb, l);
+        if (rows < 0) continue;
+        measured = true;
+        most = std::max(most, rows);
+        sum += rows;
+        step[r] += rows;
+      }
+      if (sum > 0) {
+        per_mb.push_back(static_cast<double>(most) * static_cast<double>(group.size()) /
+                         static_cast<double>(sum));
+      }
+    }
+    if (!measured) continue;
+    int64_t sum = 0;
+    for (const int64_t x : step) sum += x;
+    most_sum += static_cast<double>(*std::max_element(step.begin(), step.end()));
+    mean_sum += static_cast<double>(sum) / static_cast<double>(group.size());
+  }
+  if (mean_sum > 0) out.step = most_sum / mean_sum;
+  if (!per_mb.empty()) {
+    std::sort(per_mb.begin(), per_mb.end());
+    const size_t n = per_mb.size();
+    out.microbatch_median = n % 2 ? per_mb[n / 2] : 0.5 * (per_mb[n / 2 - 1] + per_mb[n / 2]);
+    out.microbatch_max = per_mb.back();
+  }
+  return out;
+}
+
 std::map<int, RoutingCounts> load_routing_tables(const std::string& path) {
   std::ifstream in(path);
   TANDEM_CHECK(in.good(), "--routing ", path, ": cannot read the file");

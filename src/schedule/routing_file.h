@@ -40,4 +40,14 @@ RoutingCounts routing_table_of(const std::map<int, RoutingCounts>& tables, int r
 // routing is balanced). Unmeasured entries (-1: layers of other stages) are skipped.
 std::vector<ExpertPace> expert_pace(const std::vector<RoutingCounts>& group, size_t me);
 
+// How unevenly a step's routed rows fell on the ranks of an expert-parallel group, as the most
+// loaded rank's rows over the group's mean (1: even): over the step (each layer's rows summed
+// over the micro-batches; sum over layers of the largest over sum of the means) and per
+// (micro-batch, layer), which is what each all-to-all waits for (the median and the largest).
+// Unmeasured entries (-1) are skipped; every figure is -1 when nothing was measured.
+struct RowsSpread {
+  double step = -1, microbatch_median = -1, microbatch_max = -1;
+};
+RowsSpread expert_rows_spread(const std::vector<RoutingCounts>& group);
+
 }  // namespace tandem::schedule

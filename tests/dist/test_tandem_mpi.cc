@@ -71,6 +71,12 @@ TEST(TandemMpi, RebalancedExpertsAreReportedAndTrainAsTheStayingOnes) {
   EXPECT_EQ(losses(dir + "/moving.jsonl"), losses(dir + "/staying.jsonl"));
   int notes = 0;
   for (const auto& j : tandem::test::json_lines(dir + "/moving.jsonl")) {
+    // How unevenly the rows fell (schedule::expert_rows_spread): 1 is even.
+    const auto& spread = j.at("expert_rows_max_over_mean");
+    EXPECT_GE(spread.at("step").get<double>(), 1.0);
+    EXPECT_GE(spread.at("microbatch_median").get<double>(), 1.0);
+    EXPECT_GE(spread.at("microbatch_max").get<double>(), spread.at("microbatch_median"));
+    EXPECT_LE(spread.at("microbatch_max").get<double>(), 2.0);  // 2 ranks: at most all rows
     if (!j.contains("note")) continue;
     ++notes;
     EXPECT_NE(j.at("note").get<std::string>().find("experts re-placed in "), std::string::npos)

@@ -102,5 +102,22 @@ TEST(RoutingFile, ExpertPacePerLayer) {
   }
 }
 
+// Hand values: two ranks, two micro-batches, two layers and one unmeasured one.
+TEST(RoutingFile, RowsSpreadOverTheStepAndPerMicroBatch) {
+  RoutingCounts a(2, 3), b(2, 3);
+  a.at(0, 0) = 30, b.at(0, 0) = 10;  // 1.5
+  a.at(1, 0) = 10, b.at(1, 0) = 30;  // 1.5; the step's layer 0: 40 / 40, even
+  a.at(0, 1) = 20, b.at(0, 1) = 20;  // 1
+  a.at(1, 1) = 24, b.at(1, 1) = 16;  // 1.2; layer 1 over the step: 44 against 36
+  const RowsSpread s = expert_rows_spread({a, b});
+  EXPECT_DOUBLE_EQ(s.step, (40.0 + 44.0) / (40.0 + 40.0));
+  EXPECT_DOUBLE_EQ(s.microbatch_median, (1.2 + 1.5) / 2);
+  EXPECT_DOUBLE_EQ(s.microbatch_max, 1.5);
+  const RowsSpread none = expert_rows_spread({RoutingCounts(2, 3)});
+  EXPECT_EQ(none.step, -1);
+  EXPECT_EQ(none.microbatch_median, -1);
+  EXPECT_EQ(expert_rows_spread({}).microbatch_max, -1);
+}
+
 }  // namespace
 }  // namespace tandem::schedule
