@@ -12,6 +12,7 @@
 #include <limits>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "common/random_tokens.h"
@@ -137,28 +138,58 @@ TEST(CheckpointDist, AnyLayoutRestoresAndGathersTheOneRankStateBitwise) {
 
 // A run trained under a layout, gathered, restored into the one-rank trainer: its checkpoint is
 // the gathered one (PP x EP -> 1 rank).
-// Note [Rebalancing experts]: experts re-placed (and their weights and Adam moments moved) after
-// every step train exactly as experts that never move: every loss and gradient norm (clipping
-// on, Note [Norm by expert]), and every weight and moment gathered by name, bitwise; with
-// pipeline stages and expert-data-parallel replicas (whose tokens differ, so they must agree on
-// the placement). The run that never moves measures its norm the same way (--rebalance-experts
-// larger than the steps). One expert rank refuses it.
-TEST(CheckpointDist, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
-  ModelConfig m = tiny_moe();
-  m.num_experts = 8;
+// Four steps of `sched` with experts re-placed after every step (b) and never (a): see below.
+void expect_rebalanced_as_staying(const ModelConfig& m, const TrainConfig& t,
+                                  const schedule::Schedule& sched, int pp, int ep,
+                                  const std::string& what) {
   const nlohmann::json data = {{"format", "test"}};
-  const int world = g_world->size();
-  const int pp = world >= 8 ? 2 : 1, ep = world >= 2 ? 2 : 1;
-  TrainConfig t = train_for(world / pp);
-  t.clip_grad = 0.05;  // every step clips: the norm's last bit reaches the weights
-  t.rebalance_experts = 1000;
-  const schedule::Schedule sched =
-      schedule::generate_schedule(schedule::ScheduleKind::kCombined1f1b, {pp, 1, 4});
   RandomTokens tokens(m.vocab_size);
   TrainConfig moving = t;
   moving.rebalance_experts = 1;
+  Groups ga = Groups::make(world_copy(), pp, ep), gb = Groups::make(world_copy(), pp, ep);
+  PipelineTrainer a(m, t, sched, ga, tokens), b(m, moving, sched, gb, tokens);
+  int moves = 0;
+  for (int step = 0; step < 4; ++step) {
+    const StepResult ra = a.step(), rb = b.step();
+    EXPECT_EQ(ra.loss, rb.loss) << what << ", step " << step + 1;
+    EXPECT_EQ(ra.grad_norm, rb.grad_norm) << what << ", step " << step + 1;
+    EXPECT_GT(rb.grad_norm, t.clip_grad);
+    EXPECT_FALSE(a.last_rebalance().has_value());
+    if (const auto& r = b.last_rebalance()) {
+      ++moves;
+      EXPECT_GT(r->layers, 0);
+      EXPECT_LT(r->after, r->before);
+      EXPECT_GE(r->after, 1.0);
+    }
+  }
+  EXPECT_GT(moves, 0) << what << ": no step re-placed an expert, the test shows nothing";
+  bool placed = false;
+  for (int64_t l = 0; l < m.num_layers; ++l) placed = placed || !b.expert_placement().contiguous(l);
+  EXPECT_TRUE(placed) << what;
+  const CheckpointState want = gather_checkpoint(a, data), got = gather_checkpoint(b, data);
+  if (ga.rank != 0) return;
+  expect_same_tensors(got.model, want.model, what + " weights");
+  expect_same_tensors(got.optimizer, want.optimizer, what + " moments");
+}
+
+// Note [Rebalancing experts]: experts re-placed (and their weights and Adam moments moved) after
+// every step train exactly as experts that never move: every loss and gradient norm (clipping
+// on, Note [Norm by expert]), and every weight and moment gathered by name, bitwise; with
+// pipeline stages, two stages a rank (interleaved) and expert-data-parallel replicas (whose
+// tokens differ, so they must agree on the placement). The run that never moves measures its
+// norm the same way (--rebalance-experts larger than the steps). One expert rank refuses it.
+TEST(CheckpointDist, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
+  ModelConfig m = tiny_moe();
+  m.num_experts = 8;
+  const int world = g_world->size();
+  const int ep = world >= 2 ? 2 : 1;
   if (ep == 1) {
-    Groups g = Groups::make(world_copy(), pp, ep);
+    TrainConfig moving = train_for(1);
+    moving.rebalance_experts = 1;
+    const schedule::Schedule sched =
+        schedule::generate_schedule(schedule::ScheduleKind::kCombined1f1b, {1, 1, 4});
+    RandomTokens tokens(m.vocab_size);
+    Groups g = Groups::make(world_copy(), 1, ep);
     try {
       PipelineTrainer refused(m, moving, sched, g, tokens);
       ADD_FAILURE() << "--rebalance-experts with one expert rank was accepted";
@@ -169,30 +200,18 @@ TEST(CheckpointDist, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
     }
     return;
   }
-  Groups ga = Groups::make(world_copy(), pp, ep), gb = Groups::make(world_copy(), pp, ep);
-  PipelineTrainer a(m, t, sched, ga, tokens), b(m, moving, sched, gb, tokens);
-  int moves = 0;
-  for (int step = 0; step < 4; ++step) {
-    const StepResult ra = a.step(), rb = b.step();
-    EXPECT_EQ(ra.loss, rb.loss) << "step " << step + 1;
-    EXPECT_EQ(ra.grad_norm, rb.grad_norm) << "step " << step + 1;
-    EXPECT_GT(rb.grad_norm, t.clip_grad);
-    EXPECT_FALSE(a.last_rebalance().has_value());
-    if (const auto& r = b.last_rebalance()) {
-      ++moves;
-      EXPECT_GT(r->layers, 0);
-      EXPECT_LT(r->after, r->before);
-      EXPECT_GE(r->after, 1.0);
-    }
+  for (const auto& [kind, pp, v] :
+       {std::tuple{schedule::ScheduleKind::kCombined1f1b, world >= 8 ? 2 : 1, 1},
+        std::tuple{schedule::ScheduleKind::kInterleaved1f1b, world >= 4 ? 2 : 1, 2}}) {
+    if (kind == schedule::ScheduleKind::kInterleaved1f1b && pp == 1) continue;
+    TrainConfig t = train_for(world / pp);
+    t.clip_grad = 0.05;  // every step clips: the norm's last bit reaches the weights
+    t.rebalance_experts = 1000;
+    const schedule::Schedule sched = schedule::generate_schedule(kind, {pp, v, 4});
+    std::ostringstream what;
+    what << sched.name << " pp" << pp << " ep" << ep << " on " << world << " ranks";
+    expect_rebalanced_as_staying(m, t, sched, pp, ep, what.str());
   }
-  EXPECT_GT(moves, 0) << "no step re-placed an expert: the test shows nothing";
-  bool placed = false;
-  for (int64_t l = 0; l < m.num_layers; ++l) placed = placed || !b.expert_placement().contiguous(l);
-  EXPECT_TRUE(placed);
-  const CheckpointState want = gather_checkpoint(a, data), got = gather_checkpoint(b, data);
-  if (ga.rank != 0) return;
-  expect_same_tensors(got.model, want.model, "weights");
-  expect_same_tensors(got.optimizer, want.optimizer, "moments");
 }
 
 TEST(CheckpointDist, GatheredStateRestoresIntoOneRank) {
