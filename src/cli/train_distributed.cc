@@ -298,7 +298,9 @@ void run_train_distributed(RunOptions& o) {
       write_routing(o.routing_out, trainer, *groups.world);
     }
     IterationRecord rec = gather_record(r, trainer, *groups.world);
-    if (const auto& moved = trainer.last_rebalance()) rec.note = rebalance_note(*moved, o.model.num_layers);
+    if (const auto& moved = trainer.last_rebalance()) {
+      rec.note = rebalance_note(*moved, o.model.num_layers);
+    }
     if (o.train.device != Device::kCPU) {
       rec.forward_backward_seconds = trainer.measured_forward_backward_seconds();
     }

@@ -1,8 +1,9 @@
 // Multi-rank checkpoints in-process (runtime/checkpoint_parallel.h), the multi-rank
-// --nan-policy verdict, and experts re-placed between steps (gathered by name). Oracles: the one-rank trainer's checkpoint state (restored into any
-// layout and gathered back, every weight and Adam moment is bitwise the same, in the same order,
-// with the same trainer state); the weights before a skipped step; the error every rank must
-// throw when one rank fails.
+// --nan-policy verdict, and experts re-placed between steps. Oracles: the one-rank trainer's
+// checkpoint state (restored into any layout and gathered back, every weight and Adam moment is
+// bitwise the same, in the same order, with the same trainer state); the weights before a
+// skipped step; the error every rank must throw when one rank fails; the run whose experts
+// never move (gathered by name).
 #include <gtest/gtest.h>
 #include <stdlib.h>  // mkdtemp
 

@@ -70,7 +70,9 @@ TEST(ExpertPlacement, BalanceSplitsAHandMadeCase) {
   EXPECT_EQ(most_loaded(at, load, 2), 13);
   EXPECT_EQ(optimum(load, 2), 13);
   // 10 and 9 on different ranks.
-  const auto rank_of = [&](int32_t x) { return (std::find(at.begin(), at.end(), x) - at.begin()) / 4; };
+  const auto rank_of = [&](int32_t x) {
+    return (std::find(at.begin(), at.end(), x) - at.begin()) / 4;
+  };
   EXPECT_NE(rank_of(0), rank_of(1));
 }
 
