@@ -148,7 +148,12 @@ for s in $SUITE; do
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
                  "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
                  "ep2-combined-paired-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --moe-router-force-load-balancing" \
+                 "ep2-combined-split --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap split --global-batch-size 32 --trace $OUT/trace-ep2-combined-split.json" \
+                 "ep2-combined-split-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap split --global-batch-size 32 --moe-router-force-load-balancing" \
                  "ep2-combined-rebalanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --rebalance-experts 2 --trace $OUT/trace-ep2-combined-rebalanced.json --node-times-out $OUT/nodes-ep2-combined-rebalanced.json --routing-out $OUT/routing-ep2-combined-rebalanced.json"
+      # Note [A stream pair per half]: the same steps, bit for bit.
+      [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-split.jsonl ] &&
+        python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-split.jsonl | tee -a "$OUT/multi_b.txt"
       # Note [Rebalancing experts]: the same training whatever rank runs which expert (the norm
       # is summed expert by expert there, Note [Norm by expert], so its last bits may differ).
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-rebalanced.jsonl ] &&

@@ -67,7 +67,7 @@ const std::vector<std::string> kSchedules = {"gpipe",         "1f1b",  "interlea
 const std::vector<std::string> kDataFormats = {"auto", "megatron", "tokens", "text"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
 const std::vector<std::string> kNanPolicies = {"stop", "skip"};
-const std::vector<std::string> kOnOff = {"on", "off"};
+const std::vector<std::string> kOverlaps = {"on", "off", "split"};
 
 void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
   s.push_back(
@@ -212,8 +212,9 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
   s.push_back({"comm-overlap", &o.comm_overlap,
                "combined-1f1b and dualpipev with expert parallelism: run the expert all-to-all "
                "on a communication stream of its own, overlapped with the other micro-batch's "
-               "compute (on), or in order on the compute stream (off)",
-               Bound::kAny, kOnOff});
+               "compute (on), or in order on the compute stream (off); split (GPUs): each "
+               "micro-batch of a pair on a compute and a communication stream of its own",
+               Bound::kAny, kOverlaps});
   s.push_back({"device", &o.device,
                "where to train: cpu (OpenBLAS, f32) or cuda (one GPU per process, bf16 "
                "activations, f32 master weights; needs a binary built with CUDA)",
@@ -584,6 +585,9 @@ void check_combinations(const RunOptions& o) {
                " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
                o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
                p.expert_model_parallel_size, "), or 0 (never)");
+  TANDEM_CHECK(o.comm_overlap != "split" || o.train.device == Device::kCUDA,
+               "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it "
+               "needs --device cuda (it is cpu), or use on");
   TANDEM_CHECK(p.schedule != "interleaved-1f1b" || p.virtual_pipeline_model_parallel_size >= 2,
                "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
                "(it is ",

@@ -31,7 +31,7 @@ struct RunOptions {
   std::string trace_path;        // --trace FILE.json: the measured timeline
   std::string node_times_out;    // --node-times-out FILE.json: measured node times (GPU)
   std::string routing_out;       // --routing-out FILE.json: the last step's routing tables
-  std::string comm_overlap = "on";  // --comm-overlap on | off: all-to-all on its own stream
+  std::string comm_overlap = "on";  // --comm-overlap on | off | split (runtime::CommOverlap)
   std::string device = "cpu";    // --device cpu | cuda
   bool quiet = false;            // --quiet: no progress bar, no log lines
   int64_t addition_max_digits = 3;  // --addition-max-digits: the built-in task's operand digits

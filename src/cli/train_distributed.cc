@@ -264,7 +264,9 @@ void run_train_distributed(RunOptions& o) {
                ": node times are measured with CUDA events; use --device cuda");
   runtime::PipelineTrainer trainer(
       o.model, o.train, sched, groups, *data, DType::kF32,
-      o.comm_overlap == "off" ? runtime::CommOverlap::kOff : runtime::CommOverlap::kOn);
+      o.comm_overlap == "off"     ? runtime::CommOverlap::kOff
+      : o.comm_overlap == "split" ? runtime::CommOverlap::kSplit
+                                  : runtime::CommOverlap::kOn);
   Allocator& alloc = allocator_for(o.train.device);
   TANDEM_CHECK(o.routing_out.empty() || o.model.is_moe(), "--routing-out ", o.routing_out,
                ": routing needs experts (--num-experts > 0)");

@@ -35,6 +35,19 @@
 // compute stream; an event after each node is the data edge its successor in the same
 // micro-batch waits on (the other micro-batch's nodes never wait for it).
 //
+// Note [A stream pair per half]: with one communication stream, an all-to-all that waits for a
+// slower expert rank (uneven routing, Note [Waiting for the slowest expert rank]) holds up every
+// all-to-all queued behind it, the other micro-batch's too, and with them that micro-batch's next
+// layer. Under CommOverlap::kSplit (GPU only) the pair's second half runs on a compute stream
+// and a communication stream of its own, its all-to-alls through a second NCCL communicator of
+// the expert group (Groups::ep2_dev): a half waiting for the slower rank leaves the other half
+// free to go on. Each communicator still sees its operations in the same order on every rank
+// (the host issues the same order everywhere). The halves share only the weights, which they
+// read; of the gradients, the forward half adds the LM head's (Note [Loss gradient in the
+// forward]) and the backward half all the others, each micro-batch in order, so results are
+// bitwise those of kOn and kOff. The expert lanes (Note [Lanes]) are shared by both compute
+// streams.
+//
 // Note [Weight gradients off the chain]: a node's weight gradient is read by nothing later in
 // the step but the optimizer, so in a backward that runs alone its successor's event is
 // recorded after the node's input gradient, before its weight gradient: the weight gradient
@@ -160,8 +173,12 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
 }
 
 void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t iteration) {
-  const PairHalves h = prepare_pair(a, iteration);
-  const bool overlap = overlap_ == CommOverlap::kOn && groups_->layout.ep > 1;
+  PairHalves h = prepare_pair(a, iteration);
+  const bool overlap = overlap_ != CommOverlap::kOff && groups_->layout.ep > 1;
+  // Note [A stream pair per half]: the second half's all-to-alls go through the second expert
+  // group.
+  const bool split = overlap && overlap_ == CommOverlap::kSplit;
+  if (split) h[1].context.ep = &groups_->ep2_data();
   // Both micro-batches' chains start after everything enqueued so far on the compute stream
   // (their inputs are there).
   const DeviceStream compute = DeviceStreams::compute();
@@ -170,12 +187,12 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
   auto issue = [&](int k, size_t i) {
     const PairHalf& half = h[k];
     issue_node_on_device(*half.stage, *half.state, half.context, i, half.action.kind,
-                         half.action.microbatch, overlap, false, chains[k]);
+                         half.action.microbatch, overlap, false, chains[k], split ? k : 0);
   };
   auto prepare = [&](int k, size_t i) {
     const PairHalf& half = h[k];
     prepare_node_on_device(*half.stage, *half.state, half.context, i, half.action.microbatch,
-                           chains[k]);
+                           chains[k], split ? k : 0);
   };
   issue_pair_nodes(a, h, issue, prepare, overlap);
   // What follows runs on the compute stream and reads both micro-batches' results.
@@ -193,7 +210,7 @@ void PipelineTrainer::finish_pair_forwards(const PairHalves& h) {
 void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                                            const model::NodeContext& c, size_t i,
                                            ActionKind kind, int32_t mb, bool overlap,
-                                           bool w_off_chain, DeviceChain& chain) {
+                                           bool w_off_chain, DeviceChain& chain, int half) {
 #if TANDEM_WITH_CUDA
   const auto host_begin = std::chrono::steady_clock::now();
   DeviceStreams& d = *dev_;
@@ -201,7 +218,7 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
   // A weight-gradient action has nothing to do for a node without weights.
   if (kind == ActionKind::kBackwardWeight && !schedule::node_has_weights(node.kind)) return;
   const bool on_comm = overlap && schedule::node_is_communication(node.kind);
-  const DeviceStream stream = on_comm ? d.comm() : DeviceStreams::compute();
+  const DeviceStream stream = on_comm ? d.comm(half) : d.compute_of(half);
   const char* letter = kind == ActionKind::kForward ? "F" : "B";
   if (chain.stream != stream) {
     d.wait_measured(stream, chain.done, chain.stream,
@@ -211,7 +228,7 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
   auto timed = [&](NodePhase phase, auto&& run) {
     const DeviceEvent begin = d.begin(stream);
     run();
-    d.end(stream, begin, node_span(node.kind, phase, mb, on_comm));
+    d.end(stream, begin, node_span(node.kind, phase, mb, on_comm, half));
   };
   switch (kind) {
     case ActionKind::kForward:
@@ -223,7 +240,7 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
       break;
     default: break;
   }
-  if (on_comm && node.layer >= 0) record_on_comm(state.layers[node.layer]);
+  if (on_comm && node.layer >= 0) record_on_comm(state.layers[node.layer], half);
   // Note [Weight gradients off the chain]
   const bool with_w = kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight;
   const bool weights = with_w && schedule::node_has_weights(node.kind);
@@ -239,45 +256,45 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
               host_begin, std::chrono::steady_clock::now());
 #else
   (void)s, (void)state, (void)c, (void)i, (void)kind, (void)mb, (void)overlap, (void)w_off_chain;
-  (void)chain;
+  (void)chain, (void)half;
 #endif
 }
 
 // Note [Nodes on the communication stream].
-void PipelineTrainer::record_on_comm(const model::LayerActs& layer) {
+void PipelineTrainer::record_on_comm(const model::LayerActs& layer, int half) {
 #if TANDEM_WITH_CUDA
   for (const Tensor* t : model::all_tensors(layer)) {
     if (t->defined() && !t->released() && t->device() == Device::kCUDA) {
-      cuda::record_stream(*t, dev_->comm());
+      cuda::record_stream(*t, dev_->comm(half));
     }
   }
 #else
-  (void)layer;
+  (void)layer, (void)half;
 #endif
 }
 
 void PipelineTrainer::prepare_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                                              const model::NodeContext& c, size_t i, int32_t mb,
-                                             DeviceChain& chain) {
+                                             DeviceChain& chain, int half) {
 #if TANDEM_WITH_CUDA
   const auto host_begin = std::chrono::steady_clock::now();
   DeviceStreams& d = *dev_;
   const model::NodeRef node = s.chunk->nodes()[i];
-  const DeviceStream comm = d.comm();
+  const DeviceStream comm = d.comm(half);
   if (chain.stream != comm) d.wait(comm, chain.done);
   cuda::StreamScope on(comm);
   const DeviceEvent begin = d.begin(comm);
   s.chunk->prepare_forward_node(i, state, c);
-  DeviceStreams::SpanInfo info = node_span(node.kind, NodePhase::kForward, mb, true);
+  DeviceStreams::SpanInfo info = node_span(node.kind, NodePhase::kForward, mb, true, half);
   info.name += " counts";
   info.part = true;  // the dispatch's own span follows: one node, one count
   const std::string name = info.name;
   d.end(comm, begin, std::move(info));
-  if (node.layer >= 0) record_on_comm(state.layers[node.layer]);
+  if (node.layer >= 0) record_on_comm(state.layers[node.layer], half);
   chain = {comm, d.mark(comm)};
   d.host_span(name, host_begin, std::chrono::steady_clock::now());
 #else
-  (void)s, (void)state, (void)c, (void)i, (void)mb, (void)chain;
+  (void)s, (void)state, (void)c, (void)i, (void)mb, (void)chain, (void)half;
 #endif
 }
 

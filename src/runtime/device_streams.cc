@@ -45,11 +45,13 @@ DeviceStreams::DeviceStreams() {
   int least = 0, greatest = 0;
   TANDEM_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&comm_, cudaStreamNonBlocking, greatest));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&comm2_, cudaStreamNonBlocking, greatest));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&compute2_, cudaStreamNonBlocking, least));
   step_zero_ = new_event(true);
 }
 
 DeviceStreams::~DeviceStreams() {
-  for (DeviceStream s : {fwd_, bwd_, comm_}) {
+  for (DeviceStream s : {fwd_, bwd_, comm_, comm2_, compute2_}) {
     (void)cudaStreamSynchronize(s);
     (void)cudaStreamDestroy(s);
   }
@@ -94,13 +96,14 @@ void DeviceStreams::end(DeviceStream s, DeviceEvent begin, SpanInfo info) {
 
 void DeviceStreams::wait_measured(DeviceStream to, DeviceEvent e, DeviceStream from,
                                   const std::string& name) {
-  if (to != compute() || from != comm_) {
+  if (!is_compute(to) || (from != comm_ && from != comm2_)) {
     wait(to, e);
     return;
   }
   const DeviceEvent before = timed_mark(to);
   wait(to, e);
-  SpanInfo info{"compute", "wait " + name, -1, NodePhase::kForward, false};
+  SpanInfo info{to == compute2_ ? "compute2" : "compute", "wait " + name, -1,
+                NodePhase::kForward, false};
   end(to, before, std::move(info));
 }
 
@@ -120,7 +123,7 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     if (p.info.all_to_all) {
       out.all_to_all_s += e - b;
       out.all_to_all.push_back({p.info.name, b, e});
-    } else if (p.info.track == "compute" && p.info.kind >= 0) {
+    } else if ((p.info.track == "compute" || p.info.track == "compute2") && p.info.kind >= 0) {
       out.compute.emplace_back(b, e);
     }
     if (p.info.kind >= 0) {

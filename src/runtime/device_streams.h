@@ -51,8 +51,11 @@ class DeviceStreams {
 
   DeviceStream fwd() const { return fwd_; }    // pipeline activations
   DeviceStream bwd() const { return bwd_; }    // pipeline gradients
-  DeviceStream comm() const { return comm_; }  // expert all-to-all of combined actions
-  static DeviceStream compute();               // the calling thread's current stream
+  // Expert all-to-all of combined actions; half 1: the second half's under CommOverlap::kSplit.
+  DeviceStream comm(int half = 0) const { return half ? comm2_ : comm_; }
+  static DeviceStream compute();  // the calling thread's current stream
+  // The compute stream of a pair's half: compute() for half 0, a second one for half 1.
+  DeviceStream compute_of(int half) const { return half ? compute2_ : compute(); }
 
   // An event recorded now on `s`, valid until the next begin_step.
   DeviceEvent mark(DeviceStream s);
@@ -81,7 +84,7 @@ class DeviceStreams {
   // the GPU is idle when a step begins). Not part of the step's GPU figures.
   using HostTime = std::chrono::steady_clock::time_point;
   void host_span(std::string name, HostTime begin, HostTime end);
-  // `to` waits for `e`, which `from` recorded; when `to` is the compute stream and `from` the
+  // `to` waits for `e`, which `from` recorded; when `to` is a compute stream and `from` a
   // communication stream, the wait is a span of the trace ("wait ...").
   void wait_measured(DeviceStream to, DeviceEvent e, DeviceStream from, const std::string& name);
 
@@ -90,7 +93,7 @@ class DeviceStreams {
   struct StepTimes {
     std::vector<Span> spans;
     double all_to_all_s = 0, exposed_s = 0;
-    // The all-to-all spans in the order the host issued them, and the compute stream's node
+    // The all-to-all spans in the order the host issued them, and the compute streams' node
     // intervals (Note [Waiting for the slowest expert rank]).
     std::vector<AllToAllSpan> all_to_all;
     std::vector<std::pair<double, double>> compute;
@@ -102,7 +105,9 @@ class DeviceStreams {
  private:
   DeviceEvent timed_mark(DeviceStream s);
 
-  DeviceStream fwd_ = nullptr, bwd_ = nullptr, comm_ = nullptr;
+  DeviceStream fwd_ = nullptr, bwd_ = nullptr, comm_ = nullptr, comm2_ = nullptr,
+               compute2_ = nullptr;
+  bool is_compute(DeviceStream s) const { return s == compute() || s == compute2_; }
   std::vector<DeviceEvent> plain_, timed_;  // event pools, reused every step
   size_t plain_used_ = 0, timed_used_ = 0;
   DeviceEvent step_zero_ = nullptr;

@@ -42,6 +42,7 @@ Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, D
     g.pp_bwd_dev = comm::make_nccl_communicator(*g.pp, timeout);
     g.dp_dev = comm::make_nccl_communicator(*g.dp, timeout);
     g.ep_dev = comm::make_nccl_communicator(*g.ep, timeout);
+    if (ep > 1) g.ep2_dev = comm::make_nccl_communicator(*g.ep, timeout);
     g.edp_dev = comm::make_nccl_communicator(*g.edp, timeout);
 #else
     TANDEM_CHECK(false, "device groups need a binary built with CUDA");
@@ -82,7 +83,8 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
   compute_stream_ = std::make_unique<CpuStream>("compute", StreamMode::kInline);
   if (train_.device != Device::kCPU) {
     dev_ = std::make_unique<DeviceStreams>();  // CUDA streams; no host threads
-  } else if (overlap == CommOverlap::kOn) {
+  } else if (overlap != CommOverlap::kOff) {
+    TANDEM_CHECK(overlap == CommOverlap::kOn, "--comm-overlap split runs on GPUs (--device cuda)");
     comm_stream_ = std::make_unique<CpuStream>("comm", StreamMode::kWorker);
   }
   const comm::ParallelLayout& L = groups.layout;
@@ -198,12 +200,12 @@ void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
 }
 
 DeviceStreams::SpanInfo PipelineTrainer::node_span(NodeKind kind, NodePhase phase, int32_t mb,
-                                                   bool on_comm_stream) const {
+                                                   bool on_comm_stream, int half) const {
   const char* letter = phase == NodePhase::kForward ? "F" : phase == NodePhase::kBackwardInput
                                                                ? "B"
                                                                : "W";
   DeviceStreams::SpanInfo info;
-  info.track = on_comm_stream ? "comm" : "compute";
+  info.track = std::string(on_comm_stream ? "comm" : "compute") + (half ? "2" : "");
   info.name = letter + std::to_string(mb) + " " + std::string(node_kind_name(kind));
   info.kind = static_cast<int>(kind);
   info.phase = phase;
@@ -217,7 +219,7 @@ void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, 
   const size_t n = s.chunk->nodes().size();
   if (dev_) {
     // Note [The unpaired backward's all-to-all] (combined.cc).
-    const bool overlap = kind == ActionKind::kBackward && overlap_ == CommOverlap::kOn &&
+    const bool overlap = kind == ActionKind::kBackward && overlap_ != CommOverlap::kOff &&
                          groups_->layout.ep > 1;
     const DeviceStream compute = DeviceStreams::compute();
     DeviceChain chain{compute, overlap ? dev_->mark(compute) : nullptr};

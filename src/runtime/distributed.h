@@ -37,6 +37,9 @@ struct Groups {
   // group, and two for the pipeline, one per direction (Note [Pipeline streams on the GPU] in
   // distributed.cc).
   std::unique_ptr<comm::Communicator> pp_fwd_dev, pp_bwd_dev, dp_dev, ep_dev, edp_dev;
+  // A second device expert group, for the second half of a combined pair under
+  // CommOverlap::kSplit (Note [A stream pair per half] in combined.cc).
+  std::unique_ptr<comm::Communicator> ep2_dev;
 
   // Splits `world` into the layout's groups; every rank must call it. device: kCUDA also builds
   // the NCCL groups (cuda::initialize must have run).
@@ -46,6 +49,7 @@ struct Groups {
   comm::Communicator& pp_bwd() { return pp_bwd_dev ? *pp_bwd_dev : *pp; }
   comm::Communicator& dp_data() { return dp_dev ? *dp_dev : *dp; }
   comm::Communicator& ep_data() { return ep_dev ? *ep_dev : *ep; }
+  comm::Communicator& ep2_data() { return ep2_dev ? *ep2_dev : ep_data(); }
   comm::Communicator& edp_data() { return edp_dev ? *edp_dev : *edp; }
 };
 
@@ -64,7 +68,9 @@ struct StageRuntime {
 // Whether combined forward-backward actions run their all-to-all nodes on a communication
 // stream of their own (a worker thread on the CPU, a high-priority CUDA stream on the GPU) or
 // everything in order on the compute stream.
-enum class CommOverlap : uint8_t { kOff, kOn };
+// kSplit (GPU only): as kOn, and the two halves of a pair each get a compute and a communication
+// stream of their own (Note [A stream pair per half] in combined.cc).
+enum class CommOverlap : uint8_t { kOff, kOn, kSplit };
 
 class PipelineTrainer {
  public:
@@ -203,23 +209,26 @@ class PipelineTrainer {
   // else on the compute stream, after the chain's event; the chain then ends at this node, or
   // with w_off_chain at its input gradient (Note [Weight gradients off the chain] in
   // combined.cc).
+  // half: which of DeviceStreams' stream pairs (0, or 1 for a pair's second half under
+  // CommOverlap::kSplit).
   void issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                             const model::NodeContext& c, size_t i, schedule::ActionKind kind,
-                            int32_t mb, bool overlap, bool w_off_chain, DeviceChain& chain);
+                            int32_t mb, bool overlap, bool w_off_chain, DeviceChain& chain,
+                            int half = 0);
   // Chunk::prepare_forward_node of node i on the communication stream, after the chain's event,
   // timed as the first part of that node (Note [Counts ahead of the rows] in moe_exchange.cc).
   void prepare_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                               const model::NodeContext& c, size_t i, int32_t mb,
-                              DeviceChain& chain);
+                              DeviceChain& chain, int half = 0);
   // Records every tensor the layer holds as used on the communication stream (Note [Nodes on
   // the communication stream] in combined.cc).
-  void record_on_comm(const model::LayerActs& layer);
+  void record_on_comm(const model::LayerActs& layer, int half);
   // The compute stream waits for the chain's last node (measured when that was an all-to-all).
   void join_chain(const DeviceChain& chain, const std::string& what);
   // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts"); dispatch and
   // combine count as all-to-all only with EP > 1 (else they only hand tensors over).
   DeviceStreams::SpanInfo node_span(NodeKind kind, NodePhase phase, int32_t mb,
-                                    bool on_comm_stream) const;
+                                    bool on_comm_stream, int half = 0) const;
   void record_span(const char* stream, NodeKind kind, bool forward, int32_t mb,
                    std::chrono::steady_clock::time_point start);
   void record_action_span(const schedule::Action& a, std::chrono::steady_clock::time_point start);

@@ -15,15 +15,25 @@ std::string rank_trace_events(int rank, const std::vector<Span>& spans,
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
                     {"args", {{"name", "rank " + std::to_string(rank) + " (measured)"}}}});
-  const bool has_host =
-      std::any_of(spans.begin(), spans.end(), [](const Span& s) { return s.stream == "host"; });
-  const char* names[] = {"compute", "comm", "host"};
-  for (int tid = 0; tid < (has_host ? 3 : 2); ++tid) {
+  // Tracks: compute and comm always, host and the second half's pair of streams (compute2,
+  // comm2: CommOverlap::kSplit) when some span is there.
+  const char* names[] = {"compute", "comm", "host", "compute2", "comm2"};
+  auto tid_of = [&](const std::string& stream) {
+    for (int tid = 1; tid < 5; ++tid) {
+      if (stream == names[tid]) return tid;
+    }
+    return 0;
+  };
+  for (int tid = 0; tid < 5; ++tid) {
+    const bool used = tid < 2 || std::any_of(spans.begin(), spans.end(), [&](const Span& s) {
+                        return tid_of(s.stream) == tid;
+                      });
+    if (!used) continue;
     events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
                       {"args", {{"name", names[tid]}}}});
   }
   for (const Span& s : spans) {
-    const int tid = s.stream == "comm" ? 1 : s.stream == "host" ? 2 : 0;
+    const int tid = tid_of(s.stream);
     events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank}, {"tid", tid},
                       {"ts", s.start * 1e6}, {"dur", (s.end - s.start) * 1e6}});
   }

@@ -233,6 +233,11 @@ TEST(Options, BadInputsAreRejectedWithAUsefulMessage) {
         "2"},
        "",
        "--pipeline-model-parallel-size 1 (it is 2)"},
+      {"split streams on the CPU",
+       {"--comm-overlap", "split"},
+       "",
+       "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it needs "
+       "--device cuda (it is cpu), or use on"},
       {"rebalancing experts with one expert rank",
        {"--rebalance-experts", "10"},
        "",

@@ -132,6 +132,21 @@ TEST(GpuPipeline, PairedFirstForwardsAreBitwiseTheSameAsInOrder) {
   EXPECT_TRUE(has_span(paired.timeline, "comm", "F1 combine"));
 }
 
+// Note [A stream pair per half]: each micro-batch of a pair on a compute and a communication
+// stream of its own (the second half's all-to-alls through a second NCCL expert group), bit for
+// bit the in-order run, with spans on all four tracks.
+TEST(GpuPipeline, SplitStreamsAreBitwiseTheSameAsInOrder) {
+  const TrainRun split = train(CommOverlap::kSplit, 3);
+  const TrainRun off = train(CommOverlap::kOff, 3);
+  expect_bitwise_equal(split, off);
+  for (const char* track : {"compute", "comm", "compute2", "comm2"}) {
+    bool found = false;
+    for (const Span& s : split.timeline) found = found || s.stream == track;
+    EXPECT_TRUE(found) << "no span on " << track;
+  }
+  EXPECT_LE(split.exposed, split.busy);
+}
+
 // Note [Rebalancing experts]: experts re-placed after every step, their weights and moments
 // moved over NCCL, train bit for bit as experts that stay (the norm summed by expert in both,
 // Note [Norm by expert]): every loss, norm, weight and moment by name.
