@@ -249,7 +249,8 @@ void run_train_distributed(RunOptions& o) {
   const ParallelConfig& p = o.parallel;
   runtime::Groups groups = runtime::Groups::make(
       std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
-      static_cast<int>(p.expert_model_parallel_size), o.train.device);
+      static_cast<int>(p.expert_model_parallel_size), o.train.device,
+      /*second_expert_group=*/o.comm_overlap == "split");
   const comm::ParallelLayout& L = groups.layout;
   o.train.validate(L.dp());
   const schedule::ScheduleShape shape{

@@ -23,7 +23,8 @@ namespace tandem::runtime {
 using schedule::Action;
 using schedule::ActionKind;
 
-Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, Device device) {
+Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, Device device,
+                    bool second_expert_group) {
   Groups g;
   g.rank = world->rank();
   g.layout = comm::ParallelLayout::make(world->size(), pp, ep);
@@ -42,7 +43,7 @@ Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, D
     g.pp_bwd_dev = comm::make_nccl_communicator(*g.pp, timeout);
     g.dp_dev = comm::make_nccl_communicator(*g.dp, timeout);
     g.ep_dev = comm::make_nccl_communicator(*g.ep, timeout);
-    if (ep > 1) g.ep2_dev = comm::make_nccl_communicator(*g.ep, timeout);
+    if (ep > 1 && second_expert_group) g.ep2_dev = comm::make_nccl_communicator(*g.ep, timeout);
     g.edp_dev = comm::make_nccl_communicator(*g.edp, timeout);
 #else
     TANDEM_CHECK(false, "device groups need a binary built with CUDA");
@@ -87,6 +88,9 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     TANDEM_CHECK(overlap == CommOverlap::kOn, "--comm-overlap split runs on GPUs (--device cuda)");
     comm_stream_ = std::make_unique<CpuStream>("comm", StreamMode::kWorker);
   }
+  TANDEM_CHECK(!dev_ || overlap != CommOverlap::kSplit || groups.layout.ep == 1 ||
+                   groups.ep2_dev != nullptr,
+               "CommOverlap::kSplit needs Groups made with second_expert_group");
   const comm::ParallelLayout& L = groups.layout;
   model_.validate();
   train_.validate(L.dp());

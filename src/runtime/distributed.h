@@ -38,13 +38,15 @@ struct Groups {
   // distributed.cc).
   std::unique_ptr<comm::Communicator> pp_fwd_dev, pp_bwd_dev, dp_dev, ep_dev, edp_dev;
   // A second device expert group, for the second half of a combined pair under
-  // CommOverlap::kSplit (Note [A stream pair per half] in combined.cc).
+  // CommOverlap::kSplit (Note [A stream pair per half] in combined.cc); made only for it (NCCL's
+  // buffers take device memory).
   std::unique_ptr<comm::Communicator> ep2_dev;
 
   // Splits `world` into the layout's groups; every rank must call it. device: kCUDA also builds
   // the NCCL groups (cuda::initialize must have run).
+  // second_expert_group: also ep2_dev (GPU, EP > 1), for CommOverlap::kSplit.
   static Groups make(std::unique_ptr<comm::Communicator> world, int pp, int ep,
-                     Device device = Device::kCPU);
+                     Device device = Device::kCPU, bool second_expert_group = false);
   comm::Communicator& pp_fwd() { return pp_fwd_dev ? *pp_fwd_dev : *pp; }
   comm::Communicator& pp_bwd() { return pp_bwd_dev ? *pp_bwd_dev : *pp; }
   comm::Communicator& dp_data() { return dp_dev ? *dp_dev : *dp; }

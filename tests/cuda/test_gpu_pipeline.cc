@@ -56,7 +56,8 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
   t.lr = 1e-3;
   t.device = Device::kCUDA;
   t.rebalance_experts = rebalance_experts;
-  Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), 1, 2, Device::kCUDA);
+  Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), 1, 2, Device::kCUDA,
+                               /*second_expert_group=*/overlap == CommOverlap::kSplit);
   const schedule::ScheduleShape shape{1, 1, 4, pair_first_forwards};
   const schedule::Schedule sched =
       schedule::generate_schedule(schedule::ScheduleKind::kCombined1f1b, shape);
