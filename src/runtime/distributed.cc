@@ -46,6 +46,7 @@ Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, D
     if (ep > 1 && second_expert_group) g.ep2_dev = comm::make_nccl_communicator(*g.ep, timeout);
     g.edp_dev = comm::make_nccl_communicator(*g.edp, timeout);
 #else
+    (void)second_expert_group;
     TANDEM_CHECK(false, "device groups need a binary built with CUDA");
 #endif
   }
