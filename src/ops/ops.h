@@ -92,7 +92,9 @@ class PendingScalar {
 // operands. It pays where one product is too small to fill the GPU (an expert's ~1,000 rows
 // of the down projection give under half a wave of an H200's 132 SMs). Tensors the pieces
 // use must outlive join() (the side streams' work is ordered before the current stream's
-// next op, so memory freed after join() is safe to reuse). On the CPU, pieces run in order.
+// next op, so memory freed after join() is safe to reuse). Each current stream has side
+// streams of its own, so two compute streams' pieces never queue on one lane. On the CPU,
+// pieces run in order.
 class Lanes {
  public:
   static constexpr int kMaxLanes = 8;

@@ -45,8 +45,8 @@
 // (the host issues the same order everywhere). The halves share only the weights, which they
 // read; of the gradients, the forward half adds the LM head's (Note [Loss gradient in the
 // forward]) and the backward half all the others, each micro-batch in order, so results are
-// bitwise those of kOn and kOff. The expert lanes (Note [Lanes]) are shared by both compute
-// streams.
+// bitwise those of kOn and kOff. Each compute stream forks its experts' products onto lanes
+// of its own (Note [Lanes]).
 //
 // Note [Weight gradients off the chain]: a node's weight gradient is read by nothing later in
 // the step but the optimizer, so in a backward that runs alone its successor's event is

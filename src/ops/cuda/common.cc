@@ -1,6 +1,7 @@
 // Argument checks shared by the CUDA ops (common.h).
 #include "ops/cuda/common.h"
 
+#include <map>
 #include <sstream>
 
 #include "ops/cuda/cuda_ops.h"
@@ -43,25 +44,31 @@ void expect_cuda(const char* op, const char* name, const Tensor& t,
 
 namespace {
 
-// The side lanes' streams and events, made on first use (one GPU per process, one host thread
-// issuing GPU work). mark: the fork point on the current stream; done[l]: lane l's join point.
+// The side lanes' streams and events of one parent stream, made on the parent's first use (one
+// GPU per process, one host thread issuing GPU work). mark: the fork point on the parent;
+// done[l]: lane l's join point. Each parent has lanes of its own, so the work of two compute
+// streams (Note [A stream pair per half] in runtime/combined.cc) never queues on one lane.
 struct LaneState {
   cudaStream_t streams[Lanes::kMaxLanes] = {};
   cudaEvent_t done[Lanes::kMaxLanes] = {};
   cudaEvent_t mark = nullptr;
 };
 
+// The current stream's lanes: fork, run and join are all called with the parent current.
 LaneState& lanes() {
-  static LaneState* state = [] {
-    auto* s = new LaneState;  // lives as long as the process, as the context's streams do
-    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s->mark, cudaEventDisableTiming));
+  // Lives as long as the process, as the context's streams do.
+  static auto* by_parent = new std::map<cudaStream_t, LaneState>;
+  const cudaStream_t parent = tandem::cuda::current_stream();
+  auto [it, fresh] = by_parent->try_emplace(parent);
+  LaneState& s = it->second;
+  if (fresh) {
+    TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s.mark, cudaEventDisableTiming));
     for (int l = 1; l < Lanes::kMaxLanes; ++l) {
-      TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s->streams[l], cudaStreamNonBlocking));
-      TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s->done[l], cudaEventDisableTiming));
+      TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s.streams[l], cudaStreamNonBlocking));
+      TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&s.done[l], cudaEventDisableTiming));
     }
-    return s;
-  }();
-  return *state;
+  }
+  return s;
 }
 
 void check_lane(int lane) {
