@@ -29,8 +29,9 @@ print('tokens/s', round(m('tokens_per_s')), 'peak GiB', gib(r[-1]['mem_peak_byte
 }
 G=$(nvidia-smi -L 2>/dev/null | wc -l)
 # tandem_runs SHAPE RANKS LIMIT_S TMPDIR OUTFILE "name options..." ...: tandem train on the shape
-# for 7 steps, under mpirun with RANKS ranks (the run named one-gpu: one process), each run's
-# summary line appended to $OUT/OUTFILE; ONLY=regex picks runs by name.
+# for $STEPS steps (default 7; the summary takes medians from the fourth on: more steps settle
+# effects of a few percent), under mpirun with RANKS ranks (the run named one-gpu: one process),
+# each run's summary line appended to $OUT/OUTFILE; ONLY=regex picks runs by name.
 tandem_runs() {
   local shape=$1 ranks=$2 limit=$3 tmp=$4 out=$5 run name launch n; shift 5
   for run in "$@"; do
@@ -38,7 +39,7 @@ tandem_runs() {
     [[ $name =~ ${ONLY:-.} ]] || continue
     n=$ranks; launch="mpirun --allow-run-as-root --oversubscribe ${MPI_EXTRA:-} -np $n -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH"
     [ $name = one-gpu ] && n=1 && launch=""
-    timeout $limit $launch ${TANDEM:-$B/tandem} train --device cuda $shape "$@" --train-iters 7 --log-interval 1 --quiet --log-json $tmp/$name.jsonl > $tmp/$name.log 2>&1
+    timeout $limit $launch ${TANDEM:-$B/tandem} train --device cuda $shape "$@" --train-iters ${STEPS:-7} --log-interval 1 --quiet --log-json $tmp/$name.jsonl > $tmp/$name.log 2>&1
     echo "tandem $name ($n GPUs) rc=$? $(summary $tmp/$name.jsonl)" | tee -a "$OUT/$out"
     python3 -c "import json,sys;[print('  iter', r['iter'], r['note']) for r in map(json.loads, open(sys.argv[1])) if 'note' in r]" $tmp/$name.jsonl 2>/dev/null | tee -a "$OUT/$out"
     [ -s $tmp/$name.jsonl ] || tail -5 $tmp/$name.log
