@@ -199,7 +199,7 @@ std::string format_bar(const IterationRecord& r, int64_t total_iters, double eta
 }
 
 std::string to_json_line(const IterationRecord& r) {
-  const nlohmann::json j = {
+  nlohmann::json j = {
       {"iter", r.iter},
       {"skipped", r.status == UpdateStatus::kSkipped},
       {"loss", number(r.loss)},
@@ -213,34 +213,32 @@ std::string to_json_line(const IterationRecord& r) {
       {"mem_peak_bytes", per_rank(r.mem_peak_bytes)},
       {"activation_peak_bytes", per_rank(r.activation_peak_bytes)},
   };
-  if (r.comm_seconds < 0 && r.note.empty() && r.expert_rows_step < 0) return j.dump();
-  nlohmann::json with_comm = j;
-  if (!r.note.empty()) with_comm["note"] = r.note;
+  if (!r.note.empty()) j["note"] = r.note;
   if (r.expert_rows_step >= 0) {
-    with_comm["expert_rows_max_over_mean"] = {
+    j["expert_rows_max_over_mean"] = {
         {"step", number(r.expert_rows_step)},
         {"microbatch_median", number(r.expert_rows_microbatch_median)},
         {"microbatch_max", number(r.expert_rows_microbatch_max)}};
   }
-  if (r.comm_seconds < 0) return with_comm.dump();
-  with_comm["alltoall_s"] = number(r.comm_seconds);
-  with_comm["exposed_alltoall_s"] = number(r.exposed_comm_seconds);
+  if (r.comm_seconds < 0) return j.dump();
+  j["alltoall_s"] = number(r.comm_seconds);
+  j["exposed_alltoall_s"] = number(r.exposed_comm_seconds);
   if (!r.comm_seconds_by_rank.empty()) {
     nlohmann::json busy = nlohmann::json::array(), exposed = nlohmann::json::array();
     for (double v : r.comm_seconds_by_rank) busy.push_back(number(v));
     for (double v : r.exposed_comm_seconds_by_rank) exposed.push_back(number(v));
-    with_comm["alltoall_s_by_rank"] = std::move(busy);
-    with_comm["exposed_alltoall_s_by_rank"] = std::move(exposed);
+    j["alltoall_s_by_rank"] = std::move(busy);
+    j["exposed_alltoall_s_by_rank"] = std::move(exposed);
   }
   if (!r.exposed_waiting_seconds_by_rank.empty()) {
     nlohmann::json waiting = nlohmann::json::array();
     for (double v : r.exposed_waiting_seconds_by_rank) waiting.push_back(number(v));
-    with_comm["exposed_alltoall_waiting_s_by_rank"] = std::move(waiting);
+    j["exposed_alltoall_waiting_s_by_rank"] = std::move(waiting);
   }
   if (r.forward_backward_seconds >= 0) {
-    with_comm["forward_backward_s"] = number(r.forward_backward_seconds);
+    j["forward_backward_s"] = number(r.forward_backward_seconds);
   }
-  return with_comm.dump();
+  return j.dump();
 }
 
 ProgressReporter::ProgressReporter(ReporterConfig config, std::ostream& log_out,
