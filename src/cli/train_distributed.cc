@@ -183,19 +183,9 @@ std::string rebalance_note(const runtime::PipelineTrainer::Rebalance& r, int64_t
 // The step's routed rows over this rank's expert-parallel group (every rank calls it; each
 // group gathers its own), as the most loaded rank's over the mean (schedule::RowsSpread).
 void expert_rows_spread(IterationRecord& rec, runtime::PipelineTrainer& trainer) {
-  const schedule::RoutingCounts& mine = trainer.routing_counts();
-  comm::Communicator& ep = *trainer.groups().ep;
-  if (mine.empty() || ep.size() < 2) return;
-  const auto n = static_cast<int64_t>(mine.expert_rows.size());
-  const Tensor own = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "routing.own");
-  std::copy(mine.expert_rows.begin(), mine.expert_rows.end(), own.data<int64_t>());
-  const Tensor all = Tensor::empty({ep.size() * n}, DType::kI64, MemCategory::kOther, "routing.ep");
-  ep.all_gather(all, own);
-  std::vector<schedule::RoutingCounts> group(static_cast<size_t>(ep.size()), mine);
-  for (int r = 0; r < ep.size(); ++r) {
-    std::copy(all.data<int64_t>() + r * n, all.data<int64_t>() + (r + 1) * n,
-              group[static_cast<size_t>(r)].expert_rows.begin());
-  }
+  if (trainer.groups().ep->size() < 2) return;
+  const std::vector<schedule::RoutingCounts> group = trainer.expert_group_routing_counts();
+  if (group.empty()) return;
   const schedule::RowsSpread s = schedule::expert_rows_spread(group);
   rec.expert_rows_step = s.step;
   rec.expert_rows_microbatch_median = s.microbatch_median;

@@ -179,22 +179,35 @@ void PipelineTrainer::finish_forward(StageRuntime& s, int32_t mb,
   }
 }
 
-schedule::RoutingCounts PipelineTrainer::pipeline_routing_counts() {
-  if (routing_.empty()) return routing_;
+std::vector<schedule::RoutingCounts> PipelineTrainer::gather_routing(comm::Communicator& group) {
   const auto n = static_cast<int64_t>(routing_.expert_rows.size());
-  comm::Communicator& pp = *groups_->pp;
   Tensor mine = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "routing.mine");
   std::copy(routing_.expert_rows.begin(), routing_.expert_rows.end(), mine.data<int64_t>());
-  Tensor all = Tensor::empty({pp.size() * n}, DType::kI64, MemCategory::kOther, "routing.all");
-  pp.all_gather(all, mine);
+  Tensor all = Tensor::empty({group.size() * n}, DType::kI64, MemCategory::kOther, "routing.all");
+  group.all_gather(all, mine);
+  std::vector<schedule::RoutingCounts> out(static_cast<size_t>(group.size()), routing_);
+  for (int r = 0; r < group.size(); ++r) {
+    std::copy(all.data<int64_t>() + r * n, all.data<int64_t>() + (r + 1) * n,
+              out[static_cast<size_t>(r)].expert_rows.begin());
+  }
+  return out;
+}
+
+schedule::RoutingCounts PipelineTrainer::pipeline_routing_counts() {
+  if (routing_.empty()) return routing_;
   // Each layer lives on one pipeline rank; the others report -1 for it.
   schedule::RoutingCounts out = routing_;
-  for (int p = 0; p < pp.size(); ++p) {
-    for (int64_t i = 0; i < n; ++i) {
-      out.expert_rows[i] = std::max(out.expert_rows[i], all.data<int64_t>()[p * n + i]);
+  for (const schedule::RoutingCounts& t : gather_routing(*groups_->pp)) {
+    for (size_t i = 0; i < out.expert_rows.size(); ++i) {
+      out.expert_rows[i] = std::max(out.expert_rows[i], t.expert_rows[i]);
     }
   }
   return out;
+}
+
+std::vector<schedule::RoutingCounts> PipelineTrainer::expert_group_routing_counts() {
+  if (routing_.empty()) return {};
+  return gather_routing(*groups_->ep);
 }
 
 void PipelineTrainer::forward(int32_t stage, int32_t mb, int64_t iteration) {
@@ -455,9 +468,9 @@ void PipelineTrainer::reduce_gradients() {
 // slots are added in that order: the norm does not depend on the placement.
 double PipelineTrainer::global_grad_norm() {
   const comm::ParallelLayout& L = groups_->layout;
-  const bool by_expert = !expert_load_.empty();
+  const bool by_expert = train_.rebalance_experts > 0;
   double sq = 0, non_finite = 0;
-  std::vector<double> experts(by_expert ? expert_load_.size() : 0, 0.0);
+  std::vector<double> experts(by_expert ? model_.num_layers * model_.num_experts : 0, 0.0);
   for (StageRuntime& s : stages_) {
     const Tensor& g = s.params->flat_grads();
     for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]

@@ -132,6 +132,9 @@ class PipelineTrainer {
   // exact plan of this rank: gathered over the pipeline group, so every rank of the group must
   // call it.
   schedule::RoutingCounts pipeline_routing_counts();
+  // Every rank's table of this rank's expert-parallel group, in group order (empty for a dense
+  // model); every rank of the group must call it.
+  std::vector<schedule::RoutingCounts> expert_group_routing_counts();
 
   // Note [Rebalancing experts]: with TrainConfig::rebalance_experts = N > 0 (EP > 1), every N
   // steps the trainer lays each MoE layer's experts out anew (model/expert_placement.h) from the
@@ -142,7 +145,6 @@ class PipelineTrainer {
   // time. It pays where the same experts stay hot (a trained router); a fresh router that learns
   // fast moves its hot experts from one window to the next (docs/parallel.md).
   struct Rebalance {
-    int64_t iteration = 0;  // the step after which it ran
     int layers = 0;         // MoE layers whose placement changed
     // Over the MoE layers, sum of each layer's most loaded expert rank over sum of the mean, in
     // the steps measured: with the old placement and with the new (1: even).
@@ -151,11 +153,16 @@ class PipelineTrainer {
   };
   // Set by the last step() when it re-placed experts, else empty.
   const std::optional<Rebalance>& last_rebalance() const { return last_rebalance_; }
-  const model::ExpertPlacement& expert_placement() const { return placement_; }
+  // Every stage holds the whole model's placement (Parameters::spec()), the same in each.
+  const model::ExpertPlacement& expert_placement() const {
+    return stages_.front().params->spec().placement;
+  }
 
  private:
   StageRuntime& local(int32_t stage);
   bool is_local(int32_t stage) const;
+  // routing_ of every rank of `group`, in group order (collective).
+  std::vector<schedule::RoutingCounts> gather_routing(comm::Communicator& group);
   model::NodeContext context(const StageRuntime& s) const;
   void run_action(const schedule::Action& a, int64_t iteration);
   void forward(int32_t stage, int32_t mb, int64_t iteration);
@@ -270,14 +277,14 @@ class PipelineTrainer {
   // Note [Rebalancing experts] (expert_rebalance.cc).
   void record_expert_load(const StageRuntime& s, const model::MicroBatchState& state);
   void rebalance_experts();
-  int64_t move_experts(const model::ExpertPlacement& to);  // bytes sent to other ranks
+  // Moves the experts to `to` and sets it on every stage; bytes sent to other ranks.
+  int64_t move_experts(const model::ExpertPlacement& to);
   // A local expert's three matrices, one block of expert_block_numel() in the flat buffers.
   struct ExpertBlock {
     int64_t layer, expert, offset;
   };
   std::vector<ExpertBlock> expert_blocks(const model::Parameters& params) const;
   int64_t expert_block_numel() const;
-  model::ExpertPlacement placement_;
   std::vector<int64_t> expert_load_;  // [layer * E + expert]: rows this rank's experts took
   std::optional<Rebalance> last_rebalance_;
 };

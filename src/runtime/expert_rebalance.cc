@@ -31,7 +31,7 @@ std::vector<PipelineTrainer::ExpertBlock> PipelineTrainer::expert_blocks(
     if (x.shard != model::ParamShard::kExpert || !x.name.ends_with(".w1.weight")) continue;
     const auto i = static_cast<int64_t>(out.size());
     const int64_t layer = spec.layer_begin + i / el;
-    out.push_back({layer, placement_.expert_at(layer, spec.expert_begin + i % el), x.offset});
+    out.push_back({layer, spec.placement.expert_at(layer, spec.expert_begin + i % el), x.offset});
   }
   TANDEM_ASSERT(static_cast<int64_t>(out.size()) == (spec.layer_end - spec.layer_begin) * el);
   return out;
@@ -50,7 +50,8 @@ void PipelineTrainer::record_expert_load(const StageRuntime& s,
     const int64_t layer = spec.layer_begin + static_cast<int64_t>(l);
     const std::vector<int32_t>& rows = state.layers[l].experts.rows_host;  // per local place
     for (size_t i = 0; i < rows.size(); ++i) {
-      const int32_t x = placement_.expert_at(layer, spec.expert_begin + static_cast<int64_t>(i));
+      const int64_t place = spec.expert_begin + static_cast<int64_t>(i);
+      const int32_t x = spec.placement.expert_at(layer, place);
       expert_load_[static_cast<size_t>(layer * e + x)] += rows[i];
     }
   }
@@ -95,14 +96,14 @@ void PipelineTrainer::rebalance_experts() {
   groups_->world->all_reduce_sum(load);  // Note [Moving experts]
   std::fill(expert_load_.begin(), expert_load_.end(), 0);
   const int64_t e = model_.num_experts;
-  model::ExpertPlacement to = placement_;
+  const model::ExpertPlacement& placed = expert_placement();
+  model::ExpertPlacement to = placed;
   to.layers.resize(static_cast<size_t>(model_.num_layers));
   Rebalance r;
-  r.iteration = iteration_;
   double before = 0, after = 0, mean = 0;
   for (int64_t l = 0; l < model_.num_layers; ++l) {
     std::vector<int32_t> now(static_cast<size_t>(e));
-    for (int64_t p = 0; p < e; ++p) now[static_cast<size_t>(p)] = placement_.expert_at(l, p);
+    for (int64_t p = 0; p < e; ++p) now[static_cast<size_t>(p)] = placed.expert_at(l, p);
     const int64_t* layer_load = load.data<int64_t>() + l * e;
     LayerChoice c = choose(now, {layer_load, layer_load + e}, groups_->layout.ep);
     before += c.before;
@@ -116,7 +117,6 @@ void PipelineTrainer::rebalance_experts() {
   r.before = before / mean;
   r.after = after / mean;
   r.moved_bytes = move_experts(to);
-  placement_ = std::move(to);
   last_rebalance_ = r;
 }
 
@@ -174,7 +174,7 @@ int64_t PipelineTrainer::move_experts(const model::ExpertPlacement& to) {
     const DType dt = buffers[0].dtype();
     for (int64_t l = 0; l < spec.layer_end - spec.layer_begin; ++l) {
       const int64_t layer = spec.layer_begin + l;
-      const std::vector<int32_t> was = placement_.places(layer, e);
+      const std::vector<int32_t> was = spec.placement.places(layer, e);
       if (was == to.places(layer, e)) continue;  // the same on every rank of the group
       const LayerMove m = plan_move(was, to, layer, me, el, p);
       const auto sent = static_cast<int64_t>(m.send_from.size());
