@@ -49,15 +49,21 @@
 // of its own (Note [Lanes]).
 //
 // Note [Weight gradients off the chain]: a node's weight gradient is read by nothing later in
-// the step but the optimizer, so in a backward that runs alone its successor's event is
-// recorded after the node's input gradient, before its weight gradient: the weight gradient
-// follows on the compute stream and runs while the successor's all-to-all is in flight
-// (experts.bwd_w beside dispatch.bwd, attention.bwd_w beside the next layer's combine.bwd, the LM
-// head's beside the last layer's combine.bwd). Inside a combined pair the other micro-batch's
-// nodes already fill that time, and the weight gradients stay on the chain: run beside the
-// all-to-all they only lost SMs to it (on 2 H200s the weight gradients took 10-40% longer, for
-// no earlier start that mattered: f's dispatch is ahead of b's on the communication stream).
-// Each stream's order, so every result, is unchanged either way.
+// the step but the optimizer, so when the streams overlap its successor's event is recorded
+// after the node's input gradient, before its weight gradient: the weight gradient follows on
+// the compute stream and runs while the successor's all-to-all is in flight (experts.bwd_w
+// beside dispatch.bwd, attention.bwd_w beside the next layer's combine.bwd, the LM head's beside
+// the last layer's combine.bwd). This holds inside a combined pair too, where it matters most:
+// dispatch.bwd(b) no longer waits for b's expert weight gradients, so it is covered by them and
+// by experts.fwd(f), not by experts.fwd(f) alone, and an expert rank with more rows than its
+// peer keeps the peer waiting for its input gradient only. On 2 H200s (shape (b), EP2, random
+// tokens, two runs each in one call) the exposed all-to-all went from 9.7 / 11.5% and 9.9 /
+// 10.4% (rank 0 / 1, weights on the chain) to 9.0 / 8.3% and 8.9 / 9.0%, tokens/s +0.5%. (An
+// earlier session had kept them on the chain inside pairs: beside the all-to-all they took
+// 10-40% longer. They do, but the chain is shorter. Deferring them to after experts.fwd(f)
+// instead left dispatch.fwd(f) less cover and measured worse: 9.7-10.4 / 12.5-13.3%.) It is
+// also what the simulator has always assumed (a backward node's successor starts at the end of
+// its input gradient). Each stream's order, so every result, is unchanged either way.
 //
 // Note [The unpaired backward's all-to-all]: combined 1F1B pairs F(i+1) with B(i); on a rank
 // whose schedule has no partner for some backward (the last one with one stage, and the
@@ -186,8 +192,9 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
   chains[1].done = chains[0].done;
   auto issue = [&](int k, size_t i) {
     const PairHalf& half = h[k];
+    // Note [Weight gradients off the chain]: off it whenever the streams overlap.
     issue_node_on_device(*half.stage, *half.state, half.context, i, half.action.kind,
-                         half.action.microbatch, overlap, false, chains[k], split ? k : 0);
+                         half.action.microbatch, overlap, overlap, chains[k], split ? k : 0);
   };
   auto prepare = [&](int k, size_t i) {
     const PairHalf& half = h[k];
