@@ -192,9 +192,8 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
   chains[1].done = chains[0].done;
   auto issue = [&](int k, size_t i) {
     const PairHalf& half = h[k];
-    // Note [Weight gradients off the chain]: off it whenever the streams overlap.
     issue_node_on_device(*half.stage, *half.state, half.context, i, half.action.kind,
-                         half.action.microbatch, overlap, overlap, chains[k], split ? k : 0);
+                         half.action.microbatch, overlap, chains[k], split ? k : 0);
   };
   auto prepare = [&](int k, size_t i) {
     const PairHalf& half = h[k];
@@ -217,7 +216,7 @@ void PipelineTrainer::finish_pair_forwards(const PairHalves& h) {
 void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                                            const model::NodeContext& c, size_t i,
                                            ActionKind kind, int32_t mb, bool overlap,
-                                           bool w_off_chain, DeviceChain& chain, int half) {
+                                           DeviceChain& chain, int half) {
 #if TANDEM_WITH_CUDA
   const auto host_begin = std::chrono::steady_clock::now();
   DeviceStreams& d = *dev_;
@@ -251,18 +250,18 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
   // Note [Weight gradients off the chain]
   const bool with_w = kind == ActionKind::kBackward || kind == ActionKind::kBackwardWeight;
   const bool weights = with_w && schedule::node_has_weights(node.kind);
-  if (!w_off_chain && weights) {
+  if (!overlap && weights) {
     timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, c); });
   }
   chain = {stream, d.mark(stream)};
-  if (w_off_chain && weights) {
+  if (overlap && weights) {
     timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, c); });
   }
   d.host_span(std::string(kind == ActionKind::kBackwardWeight ? "W" : letter) +
                   std::to_string(mb) + " " + std::string(node_kind_name(node.kind)),
               host_begin, std::chrono::steady_clock::now());
 #else
-  (void)s, (void)state, (void)c, (void)i, (void)kind, (void)mb, (void)overlap, (void)w_off_chain;
+  (void)s, (void)state, (void)c, (void)i, (void)kind, (void)mb, (void)overlap;
   (void)chain, (void)half;
 #endif
 }

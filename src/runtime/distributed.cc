@@ -243,7 +243,7 @@ void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, 
     DeviceChain chain{compute, overlap ? dev_->mark(compute) : nullptr};
     for (size_t k = 0; k < n; ++k) {
       const size_t i = kind == ActionKind::kForward ? k : n - 1 - k;
-      issue_node_on_device(s, state, c, i, kind, mb, overlap, /*w_off_chain=*/overlap, chain);
+      issue_node_on_device(s, state, c, i, kind, mb, overlap, chain);
     }
     join_chain(chain, "B" + std::to_string(mb));
     return;

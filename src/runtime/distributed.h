@@ -216,13 +216,12 @@ class PipelineTrainer {
   // Node i of `s` for micro-batch mb, the part `kind` names (F; B with or without its weight
   // gradient; W), timed: on the communication stream if overlap and it is dispatch or combine,
   // else on the compute stream, after the chain's event; the chain then ends at this node, or
-  // with w_off_chain at its input gradient (Note [Weight gradients off the chain] in
-  // combined.cc).
+  // with overlap at its input gradient (Note [Weight gradients off the chain] in combined.cc).
   // half: which of DeviceStreams' stream pairs (0, or 1 for a pair's second half under
   // CommOverlap::kSplit).
   void issue_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                             const model::NodeContext& c, size_t i, schedule::ActionKind kind,
-                            int32_t mb, bool overlap, bool w_off_chain, DeviceChain& chain,
+                            int32_t mb, bool overlap, DeviceChain& chain,
                             int half = 0);
   // Chunk::prepare_forward_node of node i on the communication stream, after the chain's event,
   // timed as the first part of that node (Note [Counts ahead of the rows] in moe_exchange.cc).
