@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -145,6 +145,7 @@ for s in $SUITE; do
                  "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json --routing-out $OUT/routing-ep2.json" \
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
+                 "ep2-combined-deferred --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --defer-optimizer --trace $OUT/trace-ep2-combined-deferred.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
                  "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
@@ -155,6 +156,9 @@ for s in $SUITE; do
       # Note [A stream pair per half]: the same steps, bit for bit.
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-split.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-split.jsonl | tee -a "$OUT/multi_b.txt"
+      # Note [The update beside the first forward]: the same steps, bit for bit.
+      [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-deferred.jsonl ] &&
+        python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-deferred.jsonl | tee -a "$OUT/multi_b.txt"
       # Note [Rebalancing experts]: the same training whatever rank runs which expert (the norm
       # is summed expert by expert there, Note [Norm by expert], so its last bits may differ).
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-rebalanced.jsonl ] &&
@@ -176,6 +180,18 @@ for s in $SUITE; do
           extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
           TANDEM=$B/$bin tandem_runs "$SB" 2 150 $T ab.txt "$bin-$r --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $extra ${AB_EXTRA:-} --trace $OUT/trace-$bin-$r.json"
         done
+      done ;;
+    defer)
+      # Note [The update beside the first forward]: EP2 combined 1F1B with overlap on shape (b),
+      # the update at the step's end against --defer-optimizer, in alternating order (fresh
+      # routing, then balanced); the losses bit for bit.
+      SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/defer; mkdir -p $T
+      C="--expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32"
+      for r in fresh balanced; do
+        extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
+        tandem_runs "$SB" 2 150 $T defer.txt "end-$r-1 $C $extra" "deferred-$r-1 $C $extra --defer-optimizer --trace $OUT/trace-deferred-$r.json" \
+          "deferred-$r-2 $C $extra --defer-optimizer" "end-$r-2 $C $extra"
+        python3 devrun/compare_losses.py --rtol=0 $T/end-$r-1.jsonl $T/deferred-$r-1.jsonl $T/deferred-$r-2.jsonl | tee -a "$OUT/defer.txt"
       done ;;
     lanes)
       # Note [Lanes]: the experts' products on 1, 2, 4 and 8 lanes (TANDEM_EXPERT_LANES), one GPU

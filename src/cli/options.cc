@@ -227,6 +227,11 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
   s.push_back({"moe-router-force-load-balancing", &o.train.moe_router_force_balance,
                "MoE, for benchmarks only: route each token to k experts round-robin so every "
                "expert (and expert rank) gets the same rows; the router still weights them"});
+  s.push_back({"defer-optimizer", &o.train.defer_optimizer,
+               "under mpirun: run each step's AdamW update layer by layer inside the next "
+               "step's first forward, just before it reads each layer's weights; on GPUs with "
+               "expert parallelism and --comm-overlap, that forward's all-to-all then runs "
+               "beside the update (the results do not change)"});
   s.push_back({"rebalance-experts", &o.train.rebalance_experts,
                "MoE with expert parallelism: every N steps, lay each layer's experts out anew "
                "over the expert-parallel ranks so that each rank's experts take about the same "

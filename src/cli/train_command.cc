@@ -115,6 +115,10 @@ void run_train(const CLI::App& app, RunOptions& o) {
   TANDEM_CHECK(o.routing_out.empty(), "--routing-out ", o.routing_out,
                ": routing tables come from the pipeline trainer: start tandem under mpirun "
                "(mpirun -np 1 for one rank)");
+  TANDEM_CHECK(!o.train.defer_optimizer,
+               "--defer-optimizer moves each step's update into the next step's first forward "
+               "in the pipeline trainer: start tandem under mpirun (mpirun -np 1 for one rank), "
+               "or leave it out");
   std::unique_ptr<data::Dataset> data = make_dataset(o);
   runtime::Trainer trainer(o.model, o.train, *data);
   install_test_fault_hooks(trainer);

@@ -65,6 +65,11 @@ struct TrainConfig {
   // expert-parallel ranks from the rows they received (Note [Rebalancing experts] in
   // runtime/distributed.h); 0: never. The results do not change, only which rank runs which.
   int64_t rebalance_experts = 0;
+  // --defer-optimizer (pipeline trainer): each step's AdamW update runs layer by layer inside
+  // the next step's first forward, just before that forward reads each layer's weights (Note
+  // [Deferred update] in runtime/optimizer.cc); the values are those of updating at the step's
+  // end.
+  bool defer_optimizer = false;
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

@@ -149,6 +149,12 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
         [&half, i, kind, is_comm = &stream != &comp, this] {
           const auto t0 = std::chrono::steady_clock::now();
           const bool fwd = half.action.kind == ActionKind::kForward;
+          // Note [The update beside the first forward] (deferred_update.cc); none for the
+          // all-to-all, which reads no weights.
+          if (!is_comm) {
+            update_weights(*half.stage, fwd ? half.stage->weight_ends[i]
+                                            : half.stage->params->numel());
+          }
           if (fwd) {
             half.stage->chunk->forward_node(i, *half.state, half.context);
           } else {
@@ -185,6 +191,11 @@ void PipelineTrainer::run_combined_on_device(const schedule::Action& a, int64_t 
   // group.
   const bool split = overlap && overlap_ == CommOverlap::kSplit;
   if (split) h[1].context.ep = &groups_->ep2_data();
+  // Note [The update beside the first forward]: a second compute stream would read weights
+  // updated on the first without waiting for them; what the halves read is updated first.
+  if (split) {
+    for (const PairHalf& half : h) update_weights(*half.stage, half.stage->params->numel());
+  }
   // Both micro-batches' chains start after everything enqueued so far on the compute stream
   // (their inputs are there).
   const DeviceStream compute = DeviceStreams::compute();
@@ -226,6 +237,11 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
   const bool on_comm = overlap && schedule::node_is_communication(node.kind);
   const DeviceStream stream = on_comm ? d.comm(half) : d.compute_of(half);
   const char* letter = kind == ActionKind::kForward ? "F" : "B";
+  // Note [The update beside the first forward] (deferred_update.cc): the weights this node
+  // reads, on its compute stream before it (and before its wait for the chain).
+  if (!on_comm) {
+    update_weights(s, kind == ActionKind::kForward ? s.weight_ends[i] : s.params->numel(), half);
+  }
   if (chain.stream != stream) {
     d.wait_measured(stream, chain.done, chain.stream,
                     letter + std::to_string(mb) + " " + std::string(node_kind_name(node.kind)));

@@ -123,7 +123,8 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     if (p.info.all_to_all) {
       out.all_to_all_s += e - b;
       out.all_to_all.push_back({p.info.name, b, e});
-    } else if ((p.info.track == "compute" || p.info.track == "compute2") && p.info.kind >= 0) {
+    } else if ((p.info.track == "compute" || p.info.track == "compute2") &&
+               (p.info.kind >= 0 || p.info.busy)) {
       out.compute.emplace_back(b, e);
     }
     if (p.info.kind >= 0) {

@@ -77,6 +77,10 @@ class DeviceStreams {
     NodePhase phase = NodePhase::kForward;
     bool all_to_all = false;  // counted in the all-to-all's busy time
     bool part = false;  // a first part of a node: its time counts in the node's, not its count
+    // On a compute track, work that is not a node (kind < 0) but covers the all-to-all like
+    // one: the deferred optimizer update (Note [The update beside the first forward] in
+    // deferred_update.cc).
+    bool busy = false;
   };
   void end(DeviceStream s, DeviceEvent begin, SpanInfo info);
   // A span of the host's own work (issuing a node, waiting inside it), on the trace's "host"

@@ -110,6 +110,7 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     st.params->initialize(train_.seed);
     st.chunk = std::make_unique<model::ModelChunk>(*st.params);
     st.optimizer = std::make_unique<AdamW>(*st.params, train_);
+    st.weight_ends = node_weight_ends(*st.params, st.chunk->nodes());
     stages_.push_back(std::move(st));
   }
   if (train_.rebalance_experts > 0) {  // Note [Rebalancing experts]
@@ -236,9 +237,13 @@ void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, 
   const model::NodeContext c = context(s);
   const size_t n = s.chunk->nodes().size();
   if (dev_) {
+    const bool ep_overlap = overlap_ != CommOverlap::kOff && groups_->layout.ep > 1;
+    if (kind == ActionKind::kForward && ep_overlap && s.optimizer->update_pending()) {
+      forward_beside_update_on_device(s, state, mb);  // Note [The update beside the first forward]
+      return;
+    }
     // Note [The unpaired backward's all-to-all] (combined.cc).
-    const bool overlap = kind == ActionKind::kBackward && overlap_ != CommOverlap::kOff &&
-                         groups_->layout.ep > 1;
+    const bool overlap = kind == ActionKind::kBackward && ep_overlap;
     const DeviceStream compute = DeviceStreams::compute();
     DeviceChain chain{compute, overlap ? dev_->mark(compute) : nullptr};
     for (size_t k = 0; k < n; ++k) {
@@ -249,9 +254,13 @@ void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, 
     return;
   }
   if (kind == ActionKind::kForward) {
-    for (size_t i = 0; i < n; ++i) s.chunk->forward_node(i, state, c);
+    for (size_t i = 0; i < n; ++i) {
+      update_weights(s, s.weight_ends[i]);  // Note [The update beside the first forward]
+      s.chunk->forward_node(i, state, c);
+    }
     return;
   }
+  update_weights(s, s.params->numel());
   for (size_t i = n; i-- > 0;) {
     if (kind != ActionKind::kBackwardWeight) s.chunk->backward_node(i, state, c);
     if (kind != ActionKind::kBackwardInput) s.chunk->backward_weights_node(i, state, c);
@@ -554,7 +563,10 @@ StepResult PipelineTrainer::step() {
   Allocator& alloc = allocator_for(train_.device);
   alloc.reset_peaks();
   const auto start = std::chrono::steady_clock::now();
-  for (StageRuntime& s : stages_) s.params->zero_grads();
+  // A deferred update zeroes the gradients it reads (Note [Deferred update] in optimizer.cc).
+  for (StageRuntime& s : stages_) {
+    if (!s.optimizer->update_pending()) s.params->zero_grads();
+  }
   StepResult r = forward_backward(iteration_);
   const int64_t this_iteration = iteration_ + 1;
   if (after_backward_) after_backward_(stages_, this_iteration);
@@ -569,7 +581,13 @@ StepResult PipelineTrainer::step() {
     if (finite) {
       // Every rank steps all of its stages' weights (the gradients are all-reduced, nothing is
       // gathered after): the step writes the compute copy itself, as in Trainer::step.
-      s.optimizer->step(r.lr, clip_coefficient(r.grad_norm, train_.clip_grad));
+      // Note [The update beside the first forward] (deferred_update.cc).
+      const double coeff = clip_coefficient(r.grad_norm, train_.clip_grad);
+      if (train_.defer_optimizer) {
+        s.optimizer->defer_step(r.lr, coeff);
+      } else {
+        s.optimizer->step(r.lr, coeff);
+      }
     } else {
       s.params->zero_grads();
     }

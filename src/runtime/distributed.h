@@ -65,7 +65,15 @@ struct StageRuntime {
   std::unique_ptr<model::ModelChunk> chunk;
   std::unique_ptr<AdamW> optimizer;
   std::vector<model::MicroBatchState> mbs;
+  // Per node of chunk->nodes(): the end of the flat weights it and the nodes before it read
+  // (node_weight_ends).
+  std::vector<int64_t> weight_ends;
 };
+
+// Note [The update beside the first forward] (deferred_update.cc): for each node, in elements of
+// the flat buffers, the end of the prefix of weights that it and the nodes before it read.
+std::vector<int64_t> node_weight_ends(const model::Parameters& params,
+                                      const std::vector<model::NodeRef>& nodes);
 
 // Whether combined forward-backward actions run their all-to-all nodes on a communication
 // stream of their own (a worker thread on the CPU, a high-priority CUDA stream on the GPU) or
@@ -94,8 +102,17 @@ class PipelineTrainer {
   // finite (Note [Non-finite steps on several ranks] in distributed.cc).
   StepResult step();
 
-  std::vector<StageRuntime>& stages() { return stages_; }
+  // This rank's stages, their weights up to date: a deferred update (TrainConfig::
+  // defer_optimizer) is finished first. The const overload leaves it as it is: its weights may
+  // still wait for the last step's update (finish_updates).
+  std::vector<StageRuntime>& stages() {
+    finish_updates();
+    return stages_;
+  }
   const std::vector<StageRuntime>& stages() const { return stages_; }
+  // Note [The update beside the first forward] (deferred_update.cc): applies what is left of the
+  // last step's deferred update on every stage (on the GPU, enqueued on the compute stream).
+  void finish_updates();
   int64_t iteration() const { return iteration_; }
   // The position a restored checkpoint continues from (runtime/checkpoint_parallel.h).
   void set_iteration(int64_t iteration) { iteration_ = iteration; }
@@ -187,6 +204,12 @@ class PipelineTrainer {
     bool expert;
   };
   std::vector<GradRun> gradient_runs(const model::Parameters& params) const;
+  // Note [The update beside the first forward] (deferred_update.cc): what of stage s's deferred
+  // update lies before element `end`, now (CPU) or on the compute stream of `half` (GPU, timed).
+  void update_weights(StageRuntime& s, int64_t end, int half = 0);
+  // The unpaired first forward on the GPU with its all-to-all on the communication stream and the
+  // deferred update beside it.
+  void forward_beside_update_on_device(StageRuntime& s, model::MicroBatchState& state, int32_t mb);
   void run_combined(const schedule::Action& a, int64_t iteration);
   void run_combined_on_device(const schedule::Action& a, int64_t iteration);
   // issue(half, node) issues a node of half 0 (the forward) or half 1 (the backward), prepare(

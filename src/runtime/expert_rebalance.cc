@@ -160,6 +160,7 @@ LayerMove plan_move(const std::vector<int32_t>& was, const model::ExpertPlacemen
 }  // namespace
 
 int64_t PipelineTrainer::move_experts(const model::ExpertPlacement& to) {
+  finish_updates();  // the moments move with the weights: the last step's update first
   comm::Communicator& ep = groups_->ep_data();
   int64_t moved = 0;
   const int64_t e = model_.num_experts, p = ep.size(), el = e / p, me = ep.rank();

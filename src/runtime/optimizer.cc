@@ -1,9 +1,11 @@
 // AdamW, clipping and the learning-rate schedule.
 #include "runtime/optimizer.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
+#include "core/error.h"
 #include "ops/ops.h"
 
 namespace tandem::runtime {
@@ -48,13 +50,55 @@ AdamW::AdamW(model::Parameters& params, const TrainConfig& t)
                        params.device())),
       v_(Tensor::zeros({params.numel()}, params.dtype(), MemCategory::kOptimizer, "adam.v",
                        params.device())),
-      decayed_(decayed_ranges(params)) {}
+      decayed_(decayed_ranges(params)),
+      done_(params.numel()) {}
 
 void AdamW::step(double lr, double grad_scale) {
+  TANDEM_CHECK(!update_pending(), "AdamW::step: the deferred step ", step_,
+               " has updated ", done_, " of ", params_->numel(), " elements; finish it first");
   ++step_;
   ops::adamw_step_flat(params_->flat_params(), m_, v_, params_->flat_compute(),
                        params_->flat_grads(), decayed_, grad_scale,
                        {lr, hp_.adam_beta1, hp_.adam_beta2, hp_.adam_eps, hp_.weight_decay, step_});
+}
+
+// Note [Deferred update]: a step's update of one element reads only that element's weight,
+// gradient and moments, so it may be split into pieces along the flat buffers and run later, as
+// long as each piece runs before anything reads its weights or adds to its gradients. The
+// pipeline trainer (TrainConfig::defer_optimizer) updates each layer's weights just before the
+// next step's first forward reads them, so that forward's expert all-to-all runs beside the
+// update of the layers after it (Note [The update beside the first forward] in
+// runtime/deferred_update.cc). Each piece zeroes the gradients it read, as the next step's
+// zero_grads would have done, so a step never adds to a gradient an update has yet to read.
+void AdamW::defer_step(double lr, double grad_scale) {
+  TANDEM_CHECK(!update_pending(), "AdamW::defer_step: the deferred step ", step_,
+               " has updated ", done_, " of ", params_->numel(), " elements; finish it first");
+  ++step_;
+  lr_ = lr;
+  grad_scale_ = grad_scale;
+  done_ = 0;
+}
+
+void AdamW::update_until(int64_t end) {
+  end = std::min(end, params_->numel());
+  if (end <= done_) return;
+  const int64_t begin = done_, n = end - begin;
+  std::vector<int64_t> decayed;  // decayed_ within [begin, end), from begin
+  for (size_t r = 0; r + 1 < decayed_.size(); r += 2) {
+    const int64_t b = std::max(decayed_[r], begin), e = std::min(decayed_[r + 1], end);
+    if (b < e) {
+      decayed.push_back(b - begin);
+      decayed.push_back(e - begin);
+    }
+  }
+  auto part = [&](const Tensor& t) { return t.defined() ? t.narrow_rows(begin, n) : Tensor(); };
+  const Tensor grads = part(params_->flat_grads());
+  const ops::AdamWParams hp{lr_, hp_.adam_beta1, hp_.adam_beta2, hp_.adam_eps, hp_.weight_decay,
+                            step_};
+  ops::adamw_step_flat(part(params_->flat_params()), part(m_), part(v_),
+                       part(params_->flat_compute()), grads, decayed, grad_scale_, hp);
+  grads.zero_();
+  done_ = end;
 }
 
 double grad_sum_squares(const model::Parameters& params) {

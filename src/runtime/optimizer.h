@@ -26,6 +26,15 @@ class AdamW {
   // which on the GPU also writes the bf16 compute copy (Note [Compute copy] in
   // model/parameters.h): no refresh_compute_copy() is needed after it.
   void step(double lr, double grad_scale);
+  // Note [Deferred update] (optimizer.cc): the same update in pieces. defer_step counts the step
+  // and keeps its scalars; update_until(end) updates the elements [updated_until(), end) of the
+  // flat buffers and zeroes their gradients (the next step's zero_grads must skip the elements
+  // still waiting); finish_step() updates the rest. The values are step()'s, bit for bit.
+  void defer_step(double lr, double grad_scale);
+  void update_until(int64_t end);
+  void finish_step() { update_until(params_->numel()); }
+  bool update_pending() const { return done_ < params_->numel(); }
+  int64_t updated_until() const { return done_; }
   int64_t steps() const { return step_; }
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
@@ -37,6 +46,9 @@ class AdamW {
   Tensor m_, v_;  // flat, like the parameters (kOptimizer)
   std::vector<int64_t> decayed_;  // the matrices' element ranges, neighbours merged
   int64_t step_ = 0;
+  // The deferred step's scalars and the elements it has updated (all of them: none pending).
+  double lr_ = 0, grad_scale_ = 1;
+  int64_t done_ = 0;
 };
 
 // Sum of squares of the gradients (for the global norm; add across ranks before the sqrt).

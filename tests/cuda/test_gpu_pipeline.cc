@@ -47,7 +47,7 @@ struct TrainRun {
 };
 
 TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
-               int64_t rebalance_experts = 0) {
+               int64_t rebalance_experts = 0, bool defer_optimizer = false) {
   const ModelConfig m = small_moe();
   TrainConfig t;
   t.micro_batch_size = 2;
@@ -56,6 +56,7 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
   t.lr = 1e-3;
   t.device = Device::kCUDA;
   t.rebalance_experts = rebalance_experts;
+  t.defer_optimizer = defer_optimizer;
   Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), 1, 2, Device::kCUDA,
                                /*second_expert_group=*/overlap == CommOverlap::kSplit);
   const schedule::ScheduleShape shape{1, 1, 4, pair_first_forwards};
@@ -169,6 +170,36 @@ TEST(GpuPipeline, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
     EXPECT_TRUE(a.nbytes() == b.nbytes() &&
                 std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
         << moving.state[i].first;
+  }
+}
+
+bool has_span_starting(const std::vector<Span>& spans, const std::string& stream,
+                       const std::string& prefix) {
+  for (const Span& s : spans) {
+    if (s.stream == stream && s.name.rfind(prefix, 0) == 0) return true;
+  }
+  return false;
+}
+
+// Note [The update beside the first forward]: each step's update run inside the next step's
+// first forward, beside its all-to-all (on the comm track) or before the halves of a pair on
+// split streams, or with the first forwards paired: bit for bit the in-order run that updates
+// at each step's end, the update on the compute track of the timeline.
+TEST(GpuPipeline, DeferredUpdateIsBitwiseTheUpdateAtTheStepsEnd) {
+  const TrainRun off = train(CommOverlap::kOff, 3);
+  for (const auto& [overlap, paired] :
+       {std::pair{CommOverlap::kOn, false}, std::pair{CommOverlap::kSplit, false},
+        std::pair{CommOverlap::kOn, true}, std::pair{CommOverlap::kOff, false}}) {
+    SCOPED_TRACE(std::string("overlap ") + (overlap == CommOverlap::kOff ? "off" : "on/split") +
+                 (paired ? ", paired" : ""));
+    const TrainRun deferred = train(overlap, 3, paired, 0, true);
+    expect_bitwise_equal(deferred, off);
+    EXPECT_TRUE(has_span_starting(deferred.timeline, "compute", "update 0 [0, "));
+    if (overlap != CommOverlap::kOff) {
+      EXPECT_TRUE(has_span(deferred.timeline, "comm", "F0 dispatch"));
+      EXPECT_TRUE(has_span(deferred.timeline, "comm", "F0 combine"));
+    }
+    EXPECT_LE(deferred.exposed, deferred.busy);
   }
 }
 

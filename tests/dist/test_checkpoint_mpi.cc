@@ -99,6 +99,22 @@ TEST(CheckpointMpi, StopAndResumeIsBitwiseWithExpertsReplacedEveryStep) {
                      kPp2Ep2 + " --schedule combined-1f1b --rebalance-experts 1");
 }
 
+// Note [The update beside the first forward]: with --defer-optimizer each step's update runs in
+// the next step's first forward; a save finishes it first. Stopped and resumed, the run follows
+// its uninterrupted self bit for bit, and both follow the run that updates at each step's end:
+// the same losses and norms every step, the same files at iteration 4.
+TEST(CheckpointMpi, DeferredUpdateSavesAndResumesAsTheUpdateAtTheStepsEnd) {
+  const std::string layout = kPp2Ep2 + " --schedule combined-1f1b";
+  check_exact_resume("resume_deferred", layout + " --defer-optimizer");
+  const std::string deferred = ::testing::TempDir() + "/tandem_mpi_resume_deferred";
+  const std::string dir = temp_dir("deferred_plain");
+  const Result r = run(tandem_on(4) + kModel + layout + " --train-iters 4 --save " + dir +
+                       "/plain --log-json " + dir + "/plain.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_same_tail(deferred + "/full.jsonl", dir + "/plain.jsonl", 4);
+  expect_same_files(deferred + "/full/iter_0000004", dir + "/plain/iter_0000004", kAllFiles);
+}
+
 TEST(CheckpointMpi, StopAndResumeIsBitwiseUnderDp2Pp2) {
   check_exact_resume("resume_dp2pp2", " --pipeline-model-parallel-size 2");
 }

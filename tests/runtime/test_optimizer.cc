@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 
+#include "core/error.h"
 #include "ops/ops.h"
 #include "runtime/optimizer.h"
 
@@ -119,6 +120,52 @@ void check_scale_fused_into_step(DType dt) {
 
 TEST(AdamW, GradScaleEqualsScaleThenStepF32) { check_scale_fused_into_step<float>(DType::kF32); }
 TEST(AdamW, GradScaleEqualsScaleThenStepF64) { check_scale_fused_into_step<double>(DType::kF64); }
+
+// Note [Deferred update]: the same three steps (clipped, weight decay on) split into pieces at
+// odd element boundaries, inside matrices and across a norm, with new gradients written between
+// steps as a step would (added to zeros): bitwise the one-pass step. Each piece zeroes exactly
+// the gradients it read; step() and defer_step() refuse to start while a step is unfinished.
+TEST(AdamW, DeferredStepInPiecesIsTheStepBitwise) {
+  const ModelConfig m = one_layer_dense();
+  const model::ChunkSpec whole = model::ChunkSpec::whole(m);
+  model::Parameters one(m, whole, DType::kF32), pieces(m, whole, DType::kF32);
+  one.initialize(5);
+  pieces.initialize(5);
+  TrainConfig t;
+  t.weight_decay = 0.1;
+  AdamW a(one, t), b(pieces, t);
+  const int64_t n = one.numel();
+  ASSERT_GT(n, 40);
+  for (int64_t step = 1; step <= 3; ++step) {
+    for (int64_t i = 0; i < n; ++i) {
+      const auto g = static_cast<float>(std::cos(0.29 * static_cast<double>(i + 7 * step)));
+      one.flat_grads().data<float>()[i] = g;
+      // Zero (the last piece cleared them) plus this step's gradient.
+      ASSERT_EQ(pieces.flat_grads().data<float>()[i], 0.0f) << "step " << step << ", " << i;
+      pieces.flat_grads().data<float>()[i] += g;
+    }
+    const double coeff = step == 2 ? 1.0 : 0.3, lr = 1e-2 * static_cast<double>(step);
+    a.step(lr, coeff);
+    b.defer_step(lr, coeff);
+    EXPECT_EQ(b.steps(), step);
+    EXPECT_TRUE(b.update_pending());
+    EXPECT_THROW(b.step(lr, coeff), Error);
+    EXPECT_THROW(b.defer_step(lr, coeff), Error);
+    for (const int64_t end : {int64_t{3}, int64_t{3}, n / 3 + 1, n - 7}) {
+      b.update_until(end);
+      EXPECT_EQ(b.updated_until(), end);
+      for (int64_t i = 0; i < n; ++i) {
+        const bool zeroed = pieces.flat_grads().data<float>()[i] == 0.0f;
+        EXPECT_EQ(zeroed, i < end) << "step " << step << ", piece to " << end << ", element " << i;
+      }
+    }
+    b.finish_step();
+    EXPECT_FALSE(b.update_pending());
+    EXPECT_TRUE(same_bits<float>(pieces.flat_params(), one.flat_params())) << "step " << step;
+    EXPECT_TRUE(same_bits<float>(b.exp_avg(), a.exp_avg())) << "step " << step;
+    EXPECT_TRUE(same_bits<float>(b.exp_avg_sq(), a.exp_avg_sq())) << "step " << step;
+  }
+}
 
 }  // namespace
 }  // namespace tandem::runtime
