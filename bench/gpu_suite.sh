@@ -189,9 +189,13 @@ for s in $SUITE; do
       C="--expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32"
       for r in fresh balanced; do
         extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
-        tandem_runs "$SB" 2 150 $T defer.txt "end-$r-1 $C $extra" "deferred-$r-1 $C $extra --defer-optimizer --trace $OUT/trace-deferred-$r.json" \
+        tandem_runs "$SB" 2 150 $T defer.txt "end-$r-1 $C $extra --trace $T/trace-end-$r.json" "deferred-$r-1 $C $extra --defer-optimizer --trace $OUT/trace-deferred-$r.json" \
           "deferred-$r-2 $C $extra --defer-optimizer" "end-$r-2 $C $extra"
         python3 devrun/compare_losses.py --rtol=0 $T/end-$r-1.jsonl $T/deferred-$r-1.jsonl $T/deferred-$r-2.jsonl | tee -a "$OUT/defer.txt"
+        # Where the last step's exposed all-to-all lies, without and with the deferred update.
+        for f in $T/trace-end-$r.json $OUT/trace-deferred-$r.json; do
+          echo "$f:"; python3 devrun/exposed_gaps.py --top 4 $f
+        done 2>&1 | tee -a "$OUT/defer.txt"
       done ;;
     lanes)
       # Note [Lanes]: the experts' products on 1, 2, 4 and 8 lanes (TANDEM_EXPERT_LANES), one GPU

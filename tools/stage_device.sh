@@ -17,5 +17,5 @@ libs=(libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libtomlplusplus.so.3)
 for l in "${libs[@]}"; do cp -L "/lib/x86_64-linux-gnu/$l" devrun/lib/; done
 tar -C devrun -cJf devrun/lib.tar.xz lib && rm -rf devrun/lib
 [ -f ../shared/peers/torch_peer.py ] && cp ../shared/peers/torch_peer.py devrun/
-cp bench/gpu_suite.sh bench/compare_losses.py bench/kernel_summary.py tests/python/check_hf_load.py devrun/
+cp bench/gpu_suite.sh bench/compare_losses.py bench/kernel_summary.py bench/exposed_gaps.py tests/python/check_hf_load.py devrun/
 du -sh devrun
