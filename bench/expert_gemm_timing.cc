@@ -1,0 +1,197 @@
+// Times the experts' gate-and-up product of shape (b) (H 1024, 2F 5632) with CUDA events, the
+// way the experts node runs it and the ways it could: one product per expert in order on one
+// stream, one per expert on lanes (Note [Lanes] in src/ops/ops.h, what the node does), one
+// cuBLAS grouped call for all experts (cublasGemmGroupedBatchedEx), and one product over every
+// row with a single expert's weights (the rate the experts would reach as one large product:
+// an upper bound). Rows per expert even (EP2's 4 experts or one GPU's 8 at 1,024 rows) and
+// uneven (the busier rank's). Each variant's output is checked against the in-order products.
+// Standalone (no Google Benchmark): `expert_gemm_timing [iterations]`.
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <exception>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "core/cuda/check.h"
+#include "core/cuda/context.h"
+#include "core/error.h"
+#include "core/rng.h"
+#include "core/tensor.h"
+#include "ops/ops.h"
+
+namespace {
+
+using tandem::Device;
+using tandem::DType;
+using tandem::MemCategory;
+using tandem::Shape;
+using tandem::Tensor;
+
+constexpr int64_t kHidden = 1024, kGateUp = 2 * 2816;
+
+#define CUBLAS_OK(call)                                                             \
+  do {                                                                              \
+    const cublasStatus_t st_ = (call);                                              \
+    TANDEM_CHECK(st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: status ", int(st_)); \
+  } while (0)
+
+Tensor random_gpu(const Shape& shape, uint64_t seed) {
+  Tensor host = Tensor::empty(shape, DType::kF32, MemCategory::kOther, "bench", Device::kCPU);
+  float* p = host.data<float>();
+  for (int64_t i = 0; i < host.numel(); ++i) {
+    const uint64_t r = tandem::splitmix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
+    p[i] = static_cast<float>(static_cast<double>(r >> 11) * (2.0 / 9007199254740992.0) - 1.0);
+  }
+  Tensor cast = Tensor::empty(shape, DType::kBF16, MemCategory::kOther, "bench", Device::kCPU);
+  tandem::ops::convert(cast, host);
+  return cast.to(Device::kCUDA);
+}
+
+// Milliseconds per call of fn, over `iters` calls after two warm-up calls.
+double time_ms(const std::function<void()>& fn, int iters) {
+  cudaStream_t s = tandem::cuda::current_stream();
+  fn();
+  fn();
+  cudaEvent_t a, b;
+  TANDEM_CUDA_CHECK(cudaEventCreate(&a));
+  TANDEM_CUDA_CHECK(cudaEventCreate(&b));
+  TANDEM_CUDA_CHECK(cudaEventRecord(a, s));
+  for (int i = 0; i < iters; ++i) fn();
+  TANDEM_CUDA_CHECK(cudaEventRecord(b, s));
+  TANDEM_CUDA_CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(a));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(b));
+  return ms / iters;
+}
+
+// Largest |a - b| over |b|'s largest, on the host.
+double max_rel_diff(const Tensor& a, const Tensor& b) {
+  auto f32 = [](const Tensor& t) {
+    const Tensor host = t.to(Device::kCPU);
+    Tensor out = Tensor::empty(host.shape(), DType::kF32, MemCategory::kOther, "bench",
+                               Device::kCPU);
+    tandem::ops::convert(out, host);
+    return out;
+  };
+  const Tensor x = f32(a), y = f32(b);
+  double diff = 0, scale = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    diff = std::fmax(diff, std::fabs(double(x.data<float>()[i]) - y.data<float>()[i]));
+    scale = std::fmax(scale, std::fabs(double(y.data<float>()[i])));
+  }
+  return diff / std::fmax(scale, 1e-30);
+}
+
+void bench_case(const char* name, const std::vector<int64_t>& rows, int iters,
+                cublasHandle_t blas) {
+  const int64_t experts = static_cast<int64_t>(rows.size());
+  int64_t total = 0;
+  std::vector<int64_t> begin;
+  for (int64_t r : rows) {
+    begin.push_back(total);
+    total += r;
+  }
+  const Tensor x = random_gpu({total, kHidden}, 1);
+  std::vector<Tensor> w;
+  for (int64_t e = 0; e < experts; ++e) w.push_back(random_gpu({kGateUp, kHidden}, 10 + e));
+  auto out = [&] {
+    return Tensor::zeros({total, kGateUp}, DType::kBF16, MemCategory::kOther, "y", Device::kCUDA);
+  };
+  const Tensor ref = out(), lanes_y = out(), grouped_y = out(), one_y = out();
+  const double flops = 2.0 * double(total) * kHidden * kGateUp;
+  auto report = [&](const char* how, double ms, double diff) {
+    std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  max rel diff %.2e\n", how, ms,
+                flops / (ms * 1e9), diff);
+  };
+  std::printf("%s: %lld experts, rows", name, static_cast<long long>(experts));
+  for (int64_t r : rows) std::printf(" %lld", static_cast<long long>(r));
+  std::printf(" (%lld)\n", static_cast<long long>(total));
+
+  const double in_order = time_ms([&] {
+    for (int64_t e = 0; e < experts; ++e)
+      tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
+                                  x.narrow_rows(begin[e], rows[e]), w[e]);
+  }, iters);
+  report("per expert, in order", in_order, 0);
+
+  const double lanes = time_ms([&] {
+    tandem::ops::Lanes l(x);
+    for (int64_t e = 0; e < experts; ++e) {
+      l.run(e, [&, e] {
+        tandem::ops::linear_forward(lanes_y.narrow_rows(begin[e], rows[e]),
+                                    x.narrow_rows(begin[e], rows[e]), w[e]);
+      });
+    }
+    l.join();
+  }, iters);
+  report("per expert, lanes", lanes, max_rel_diff(lanes_y, ref));
+
+  // Grouped: column-major Y^T[2F, R_e] = W_e'^T (W_e row-major [2F, H] is column-major
+  // [H, 2F]) times X_e^T (column-major [H, R_e]), each expert its own group.
+  const auto count = static_cast<size_t>(experts);
+  std::vector<cublasOperation_t> ta(count, CUBLAS_OP_T), tb(count, CUBLAS_OP_N);
+  std::vector<int> m(count, int(kGateUp)), n(count), k(count, int(kHidden)), one(count, 1);
+  std::vector<int> lda(count, int(kHidden)), ldb(count, int(kHidden)), ldc(count, int(kGateUp));
+  std::vector<float> alpha(count, 1.0f), beta(count, 0.0f);
+  std::vector<const void*> a_host(count), b_host(count);
+  std::vector<void*> c_host(count);
+  for (size_t e = 0; e < count; ++e) {
+    n[e] = int(rows[e]);
+    a_host[e] = w[e].raw_data();
+    b_host[e] = x.narrow_rows(begin[e], rows[e]).raw_data();
+    c_host[e] = grouped_y.narrow_rows(begin[e], rows[e]).raw_data();
+  }
+  void** ptrs = nullptr;  // A, B and C pointer arrays, back to back
+  TANDEM_CUDA_CHECK(cudaMalloc(&ptrs, 3 * count * sizeof(void*)));
+  std::vector<const void*> all(a_host);
+  all.insert(all.end(), b_host.begin(), b_host.end());
+  for (void* c : c_host) all.push_back(c);
+  TANDEM_CUDA_CHECK(cudaMemcpy(ptrs, all.data(), all.size() * sizeof(void*),
+                               cudaMemcpyHostToDevice));
+  CUBLAS_OK(cublasSetStream(blas, tandem::cuda::current_stream()));
+  const double grouped = time_ms([&] {
+    CUBLAS_OK(cublasGemmGroupedBatchedEx(
+        blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+        reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
+        reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(), beta.data(),
+        ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts), one.data(),
+        CUBLAS_COMPUTE_32F));
+  }, iters);
+  report("cuBLAS grouped", grouped, max_rel_diff(grouped_y, ref));
+  TANDEM_CUDA_CHECK(cudaFree(ptrs));
+
+  const double single = time_ms([&] { tandem::ops::linear_forward(one_y, x, w[0]); }, iters);
+  report("one product, all rows", single, -1);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
+    if (iters < 1) {
+      std::fprintf(stderr, "usage: expert_gemm_timing [iterations >= 1]\n");
+      return 2;
+    }
+    tandem::cuda::initialize(0);
+    std::printf("GPU: %s, %d iterations\n", tandem::cuda::device_description().c_str(), iters);
+    cublasHandle_t blas = nullptr;
+    CUBLAS_OK(cublasCreate(&blas));
+    bench_case("EP2 rank, even", {1024, 1024, 1024, 1024}, iters, blas);
+    bench_case("EP2 rank, uneven", {1600, 700, 1350, 1266}, iters, blas);
+    bench_case("one GPU, even", std::vector<int64_t>(8, 1024), iters, blas);
+    bench_case("one GPU, uneven", {1600, 700, 1350, 1266, 900, 1100, 300, 976}, iters, blas);
+    CUBLAS_OK(cublasDestroy(blas));
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "expert_gemm_timing: %s\n", e.what());
+    return 1;
+  }
+}
