@@ -1,20 +1,23 @@
-// Times the experts' gate-and-up product of shape (b) (H 1024, 2F 5632) with CUDA events, the
-// way the experts node runs it and the ways it could: one product per expert in order on one
-// stream, one per expert on lanes (Note [Lanes] in src/ops/ops.h, what the node does), one
-// cuBLAS grouped call for all experts (cublasGemmGroupedBatchedEx), and one product over every
-// row with a single expert's weights (the rate the experts would reach as one large product:
-// an upper bound). Rows per expert even (EP2's 4 experts or one GPU's 8 at 1,024 rows) and
-// uneven (the busier rank's). Each variant's output is checked against the in-order products.
+// Times the experts' products of shape (b) (gate and up: H 1024 -> 2F 5632; down: F 2816 ->
+// H) with CUDA events, the way the experts node runs them and the ways it could: one product per
+// expert in order on one stream; one per expert on lanes (Note [Lanes] in src/ops/ops.h, what
+// the node does); on lanes with each lane given about the same rows, an expert's rows cut where
+// a lane fills up; one cuBLAS grouped call for all experts (cublasGemmGroupedBatchedEx); and one
+// product over every row with a single expert's weights (the rate of one large product: an
+// upper bound). Rows per expert even (EP2's 4 experts or one GPU's 8 at 1,024 rows) and uneven
+// (a busier rank's). Each variant's output is checked against the in-order products.
 // Standalone (no Google Benchmark): `expert_gemm_timing [iterations]`.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -32,7 +35,6 @@ using tandem::MemCategory;
 using tandem::Shape;
 using tandem::Tensor;
 
-constexpr int64_t kHidden = 1024, kGateUp = 2 * 2816;
 
 #define CUBLAS_OK(call)                                                             \
   do {                                                                              \
@@ -89,8 +91,37 @@ double max_rel_diff(const Tensor& a, const Tensor& b) {
   return diff / std::fmax(scale, 1e-30);
 }
 
-void bench_case(const char* name, const std::vector<int64_t>& rows, int iters,
-                cublasHandle_t blas) {
+// Each lane a contiguous run of about total / lanes rows, an expert's rows cut where a lane
+// fills up (at a multiple of 128 rows): {lane, expert, first row, rows} per piece.
+struct Piece {
+  int64_t lane, expert, begin, rows;
+};
+std::vector<Piece> balanced_pieces(const std::vector<int64_t>& rows, int64_t lanes) {
+  int64_t total = 0;
+  for (int64_t r : rows) total += r;
+  const int64_t target = ((total + lanes - 1) / lanes + 127) / 128 * 128;
+  std::vector<Piece> out;
+  int64_t lane = 0, room = target, begin = 0;
+  for (int64_t e = 0; e < static_cast<int64_t>(rows.size()); ++e) {
+    int64_t left = rows[e];
+    while (left > 0) {
+      const int64_t take = lane == lanes - 1 ? left : std::min(left, room);
+      out.push_back({lane, e, begin, take});
+      begin += take;
+      left -= take;
+      room -= take;
+      if (room <= 0 && lane < lanes - 1) {
+        ++lane;
+        room = target;
+      }
+    }
+  }
+  return out;
+}
+
+// y [R, out] = x [R, in] @ W_e^T per expert's rows.
+void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, int64_t out_dim,
+                int iters, cublasHandle_t blas) {
   const int64_t experts = static_cast<int64_t>(rows.size());
   int64_t total = 0;
   std::vector<int64_t> begin;
@@ -98,19 +129,21 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int iters,
     begin.push_back(total);
     total += r;
   }
-  const Tensor x = random_gpu({total, kHidden}, 1);
+  const Tensor x = random_gpu({total, in}, 1);
   std::vector<Tensor> w;
-  for (int64_t e = 0; e < experts; ++e) w.push_back(random_gpu({kGateUp, kHidden}, 10 + e));
+  for (int64_t e = 0; e < experts; ++e) w.push_back(random_gpu({out_dim, in}, 10 + e));
   auto out = [&] {
-    return Tensor::zeros({total, kGateUp}, DType::kBF16, MemCategory::kOther, "y", Device::kCUDA);
+    return Tensor::zeros({total, out_dim}, DType::kBF16, MemCategory::kOther, "y", Device::kCUDA);
   };
   const Tensor ref = out(), lanes_y = out(), grouped_y = out(), one_y = out();
-  const double flops = 2.0 * double(total) * kHidden * kGateUp;
+  const double flops = 2.0 * double(total) * double(in) * double(out_dim);
   auto report = [&](const char* how, double ms, double diff) {
     std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  max rel diff %.2e\n", how, ms,
                 flops / (ms * 1e9), diff);
   };
-  std::printf("%s: %lld experts, rows", name, static_cast<long long>(experts));
+  std::printf("%s, [R, %lld] @ [%lld, %lld]^T: %lld experts, rows", name,
+              static_cast<long long>(in), static_cast<long long>(out_dim),
+              static_cast<long long>(in), static_cast<long long>(experts));
   for (int64_t r : rows) std::printf(" %lld", static_cast<long long>(r));
   std::printf(" (%lld)\n", static_cast<long long>(total));
 
@@ -133,12 +166,27 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int iters,
   }, iters);
   report("per expert, lanes", lanes, max_rel_diff(lanes_y, ref));
 
+  const std::vector<Piece> pieces = balanced_pieces(rows, tandem::ops::Lanes::count());
+  const Tensor balanced_y = out();
+  const double balanced = time_ms([&] {
+    tandem::ops::Lanes l(x);
+    for (const Piece& p : pieces) {
+      l.run(p.lane, [&, p] {
+        tandem::ops::linear_forward(balanced_y.narrow_rows(p.begin, p.rows),
+                                    x.narrow_rows(p.begin, p.rows), w[p.expert]);
+      });
+    }
+    l.join();
+  }, iters);
+  report(("lanes, rows balanced (" + std::to_string(pieces.size()) + " pieces)").c_str(),
+         balanced, max_rel_diff(balanced_y, ref));
+
   // Grouped: column-major Y^T[2F, R_e] = W_e'^T (W_e row-major [2F, H] is column-major
   // [H, 2F]) times X_e^T (column-major [H, R_e]), each expert its own group.
   const auto count = static_cast<size_t>(experts);
   std::vector<cublasOperation_t> ta(count, CUBLAS_OP_T), tb(count, CUBLAS_OP_N);
-  std::vector<int> m(count, int(kGateUp)), n(count), k(count, int(kHidden)), one(count, 1);
-  std::vector<int> lda(count, int(kHidden)), ldb(count, int(kHidden)), ldc(count, int(kGateUp));
+  std::vector<int> m(count, int(out_dim)), n(count), k(count, int(in)), one(count, 1);
+  std::vector<int> lda(count, int(in)), ldb(count, int(in)), ldc(count, int(out_dim));
   std::vector<float> alpha(count, 1.0f), beta(count, 0.0f);
   std::vector<const void*> a_host(count), b_host(count);
   std::vector<void*> c_host(count);
@@ -184,10 +232,16 @@ int main(int argc, char** argv) {
     std::printf("GPU: %s, %d iterations\n", tandem::cuda::device_description().c_str(), iters);
     cublasHandle_t blas = nullptr;
     CUBLAS_OK(cublasCreate(&blas));
-    bench_case("EP2 rank, even", {1024, 1024, 1024, 1024}, iters, blas);
-    bench_case("EP2 rank, uneven", {1600, 700, 1350, 1266}, iters, blas);
-    bench_case("one GPU, even", std::vector<int64_t>(8, 1024), iters, blas);
-    bench_case("one GPU, uneven", {1600, 700, 1350, 1266, 900, 1100, 300, 976}, iters, blas);
+    const std::vector<std::pair<const char*, std::vector<int64_t>>> cases = {
+        {"EP2 rank, even", {1024, 1024, 1024, 1024}},
+        {"EP2 rank, uneven", {1600, 700, 1350, 1266}},
+        {"EP2 rank, one hot expert", {2400, 500, 800, 700}},
+        {"one GPU, even", std::vector<int64_t>(8, 1024)},
+        {"one GPU, uneven", {1600, 700, 1350, 1266, 900, 1100, 300, 976}}};
+    for (const auto& [name, rows] : cases) {
+      bench_case(name, rows, 1024, 2 * 2816, iters, blas);  // gate and up
+      bench_case(name, rows, 2816, 1024, iters, blas);      // down
+    }
     CUBLAS_OK(cublasDestroy(blas));
     return 0;
   } catch (const std::exception& e) {
