@@ -5,9 +5,13 @@
 
 #include <cmath>
 #include <cstring>
+#include <string>
+#include <utility>
 
 #include "core/error.h"
+#include "model/chunk.h"
 #include "ops/ops.h"
+#include "runtime/distributed.h"
 #include "runtime/optimizer.h"
 
 namespace tandem::runtime {
@@ -164,6 +168,67 @@ TEST(AdamW, DeferredStepInPiecesIsTheStepBitwise) {
     EXPECT_TRUE(same_bits<float>(pieces.flat_params(), one.flat_params())) << "step " << step;
     EXPECT_TRUE(same_bits<float>(b.exp_avg(), a.exp_avg())) << "step " << step;
     EXPECT_TRUE(same_bits<float>(b.exp_avg_sq(), a.exp_avg_sq())) << "step " << step;
+  }
+}
+
+// Note [The update beside the first forward]: before each node the deferred update reaches
+// exactly the end of the weights that node reads (no further, or the all-to-all before the node
+// would have less to overlap): the embedding's, each layer's attention side up to its router,
+// then its experts' or mlp's, the head's; dispatch and combine none. For a whole MoE model, a
+// middle pipeline stage (no embedding, no head, half the experts) and a dense model.
+TEST(DeferredUpdate, EachNodeUpdatesExactlyTheWeightsItReads) {
+  ModelConfig moe = one_layer_dense();
+  moe.num_layers = 4;
+  moe.num_experts = 4;
+  moe.moe_router_topk = 2;
+  ModelConfig dense = moe;
+  dense.num_experts = 0;
+  model::ChunkSpec middle = model::ChunkSpec::whole(moe);
+  middle.layer_begin = 1;
+  middle.layer_end = 3;
+  middle.has_embed = middle.has_head = false;
+  middle.expert_begin = 2;
+  middle.expert_end = 4;
+  for (const auto& [m, spec] :
+       {std::pair{moe, model::ChunkSpec::whole(moe)}, std::pair{moe, middle},
+        std::pair{dense, model::ChunkSpec::whole(dense)}}) {
+    const model::Parameters p(m, spec, DType::kF32);
+    const model::ModelChunk chunk(p);
+    const std::vector<int64_t> ends = node_weight_ends(p, chunk.nodes());
+    ASSERT_EQ(ends.size(), chunk.nodes().size());
+    auto end_of = [&](const std::string& name) {
+      for (const model::ParamEntry& e : p.entries()) {
+        if (e.name == name) return e.offset + shape_numel(e.shape);
+      }
+      ADD_FAILURE() << "no weight " << name;
+      return int64_t{-1};
+    };
+    int64_t before = 0;
+    for (size_t i = 0; i < ends.size(); ++i) {
+      const model::NodeRef n = chunk.nodes()[i];
+      const std::string layer =
+          "model.layers." + std::to_string(spec.layer_begin + n.layer) + ".";
+      int64_t want = before;
+      switch (n.kind) {
+        case NodeKind::kEmbed: want = end_of("model.embed_tokens.weight"); break;
+        case NodeKind::kAttention:
+          want = end_of(layer + (m.is_moe() ? "block_sparse_moe.gate.weight"
+                                            : "post_attention_layernorm.weight"));
+          break;
+        case NodeKind::kExperts:
+          want = end_of(layer + "block_sparse_moe.experts." +
+                        std::to_string(spec.expert_end - 1) + ".w2.weight");
+          break;
+        case NodeKind::kMlp: want = end_of(layer + "mlp.down_proj.weight"); break;
+        case NodeKind::kLoss: want = p.numel(); break;
+        default: break;
+      }
+      EXPECT_EQ(ends[i], want) << "node " << i << " (" << node_kind_name(n.kind) << ")";
+      before = ends[i];
+    }
+    EXPECT_EQ(ends.back(), spec.has_head ? p.numel() : end_of("model.layers." +
+              std::to_string(spec.layer_end - 1) + ".block_sparse_moe.experts." +
+              std::to_string(spec.expert_end - 1) + ".w2.weight"));
   }
 }
 
