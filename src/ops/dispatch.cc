@@ -80,8 +80,8 @@ void scale(const Tensor& x, double alpha) {
   TANDEM_OP(x, scale, x, alpha);
 }
 
-double sum_squares(const Tensor& x) {
-  TANDEM_OP(x, sum_squares, x);
+PendingScalar sum_squares_start(const Tensor& x) {
+  TANDEM_OP(x, sum_squares_start, x);
 }
 
 bool all_finite(const Tensor& x) {

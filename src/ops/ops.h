@@ -116,6 +116,9 @@ class Lanes {
   unsigned forked_ = 0;  // bit l: side lane l waits for the fork point
 };
 
+// sum_squares_start's value, waited for.
+inline double sum_squares(const Tensor& x) { return sum_squares_start(x).get(); }
+
 // router_aux_loss_start's value, waited for.
 inline double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k,
                               double coeff) {

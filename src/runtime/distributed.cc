@@ -480,21 +480,35 @@ double PipelineTrainer::global_grad_norm() {
   const bool by_expert = train_.rebalance_experts > 0;
   double sq = 0, non_finite = 0;
   std::vector<double> experts(by_expert ? model_.num_layers * model_.num_experts : 0, 0.0);
+  // Every sum is enqueued before the first is read (one wait for the GPU, not one per sum),
+  // then added in the same order as ever. slot: -1 the dense part, -2 none, else experts[slot].
+  struct Part {
+    ops::PendingScalar value;
+    int64_t slot;
+  };
+  std::vector<Part> parts;
   for (StageRuntime& s : stages_) {
     const Tensor& g = s.params->flat_grads();
     for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
       if (run.expert && by_expert) continue;  // below, expert by expert
-      const double part = ops::sum_squares(g.narrow_rows(run.begin, run.count));
-      if (!std::isfinite(part)) non_finite = 1;
-      if ((run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0) sq += part;
+      const bool counted =
+          (run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0;
+      parts.push_back({ops::sum_squares_start(g.narrow_rows(run.begin, run.count)),
+                       counted ? -1 : -2});
     }
     if (!by_expert) continue;
     for (const ExpertBlock& b : expert_blocks(*s.params)) {
-      const double part = ops::sum_squares(g.narrow_rows(b.offset, expert_block_numel()));
-      if (!std::isfinite(part)) non_finite = 1;
-      if (L.edp_rank(groups_->rank) != 0) continue;
-      experts[static_cast<size_t>(b.layer * model_.num_experts + b.expert)] = part;
+      const int64_t slot = L.edp_rank(groups_->rank) == 0 ? b.layer * model_.num_experts + b.expert
+                                                          : -2;
+      parts.push_back({ops::sum_squares_start(g.narrow_rows(b.offset, expert_block_numel())),
+                       slot});
     }
+  }
+  for (Part& p : parts) {
+    const double part = p.value.get();
+    if (!std::isfinite(part)) non_finite = 1;
+    if (p.slot == -1) sq += part;
+    if (p.slot >= 0) experts[static_cast<size_t>(p.slot)] = part;
   }
   Tensor t = Tensor::empty({2 + static_cast<int64_t>(experts.size())}, DType::kF64,
                            MemCategory::kOther, "grad_norm");

@@ -41,15 +41,15 @@ void scale(const Tensor& x, double alpha) {
   });
 }
 
-double sum_squares(const Tensor& x) {
+PendingScalar sum_squares_start(const Tensor& x) {
   const DType dt = float_dtype("sum_squares", "x", x, -1);
-  return dispatch_float(dt, [&](auto tag) {
+  return PendingScalar(dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
     const T* px = x.data<T>();
     double s = 0;
     for (int64_t i = 0, n = x.numel(); i < n; ++i) s += static_cast<double>(px[i]) * px[i];
     return s;
-  });
+  }));
 }
 
 bool all_finite(const Tensor& x) {

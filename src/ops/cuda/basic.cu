@@ -339,29 +339,27 @@ void scale(const Tensor& x, double alpha) {
   });
 }
 
-double sum_squares(const Tensor& x) {
+PendingScalar sum_squares_start(const Tensor& x) {
   const char* op = "sum_squares";
   expect_cuda_rank(op, "x", x, kFloat, -1);
   const int64_t n = x.numel();
-  if (n == 0) return 0.0;
+  if (n == 0) return PendingScalar(0.0);
   const int64_t nvec = vec_count(n, {x.raw_data()});
   const unsigned blocks = elementwise_blocks(n, nvec);
   Scratch scratch(op);
   double* partial = scratch.take<double>(blocks);
-  double* total = scratch.take<double>(1);
+  const Tensor total = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "sum_squares.total",
+                                     Device::kCUDA);
   dispatch_act(x.dtype(), [&](auto tx) {
     using T = typename decltype(tx)::type;
     sum_squares_kernel<T><<<blocks, kThreads, 0, stream()>>>(
         partial, static_cast<const T*>(x.raw_data()), n, nvec);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
-  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(total, partial, static_cast<int>(blocks));
+  sum_partials_kernel<<<1, kThreads, 0, stream()>>>(total.data<double>(), partial,
+                                                      static_cast<int>(blocks));
   TANDEM_CUDA_CHECK_LAUNCH();
-  double result = 0;
-  TANDEM_CUDA_CHECK(
-      cudaMemcpyAsync(&result, total, sizeof(double), cudaMemcpyDeviceToHost, stream()));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
-  return result;
+  return PendingScalar(HostRead(total), 1.0);
 }
 
 bool all_finite(const Tensor& x) {
