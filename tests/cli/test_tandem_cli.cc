@@ -103,3 +103,15 @@ TEST(TandemProgram, PlanForTheGpuCountsTheWeightCopyAndBf16Activations) {
               c.at("activation_peak_bytes").get<int64_t>());
   }
 }
+
+// --defer-optimizer is a run option the planner does not model: `tandem plan` says so on stderr
+// and still prints its plan (stdout stays one JSON document).
+TEST(TandemProgram, PlanSaysItDoesNotModelTheDeferredUpdate) {
+  TempDir work, capture;
+  const RunResult r = run_tandem({"plan", "--json", "--expert-model-parallel-size", "2",
+                                  "--schedule", "combined-1f1b", "--defer-optimizer"},
+                                 work.path(), capture.path());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("--defer-optimizer is not modeled"), std::string::npos) << r.err;
+  EXPECT_TRUE(nlohmann::json::accept(r.out)) << r.out;
+}
