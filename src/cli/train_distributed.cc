@@ -276,7 +276,12 @@ void run_train_distributed(RunOptions& o) {
     std::cout << "tandem train: " << L.world << " ranks (pipeline " << L.pp << ", data "
               << L.dp() << ", expert " << L.ep << "), schedule " << sched.name << ", "
               << shape.num_microbatches << " micro-batches per data-parallel rank, data: "
-              << data->describe() << std::endl;
+              << data->describe()
+              << (o.train.defer_optimizer
+                      ? "; each step's update runs in the next step's first forward "
+                        "(--defer-optimizer)"
+                      : "")
+              << std::endl;
   }
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
