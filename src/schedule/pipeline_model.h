@@ -28,6 +28,10 @@ struct StageNode {
   // received rows; empty: saved_bytes and weight_saved_bytes hold for every micro-batch.
   std::vector<int64_t> saved_bytes_by_mb, weight_saved_bytes_by_mb;
   NodePhaseTimes times;
+  // Weights this node is the stage's first node to read (embedding; a layer's attention side
+  // with its router; its experts or mlp; the final norm and LM head): what a deferred update
+  // must have written before the node runs (Note [Deferred update in the plan] in simulator.cc).
+  int64_t params = 0;
   // Of `times`, the first part of an all-to-all spent waiting for the group's slowest expert
   // rank (Note [Slowest expert rank] in routing_file.h): combine forward, dispatch backward.
   NodePhaseTimes wait;
@@ -117,6 +121,8 @@ struct PlanInputs {
   // Per global layer, this rank's experts' pace and its wait for the expert group's slowest
   // rank (Note [Slowest expert rank] in routing_file.h); empty: balanced.
   std::vector<ExpertPace> expert_pace;
+  // TrainConfig::defer_optimizer (Note [Deferred update in the plan] in simulator.cc).
+  bool defer_optimizer = false;
 };
 
 struct PipelineModel {
@@ -125,6 +131,10 @@ struct PipelineModel {
   FootprintShape shape;  // one micro-batch on one rank
   CostModelKind cost_kind = CostModelKind::kRoofline;
   int64_t expert_parallel_size = 1;  // with 1, dispatch and combine are no all-to-all
+  // Note [Deferred update in the plan] (simulator.cc): each stage's first forward updates the
+  // weights it reads, at update_s_per_param seconds a weight (0: not deferred, or uniform costs).
+  bool defer_optimizer = false;
+  double update_s_per_param = 0;
 };
 
 // Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws

@@ -14,6 +14,14 @@
 //  - SEND runs on the sender's comm stream once its tensor exists: latency + bytes / link.
 //    RECV occupies the receiver's comm stream from when both the stream is free and the send
 //    has started, until the send has ended. A send never waits for its receive to be posted.
+//  - Note [Deferred update in the plan]: with PipelineModel::defer_optimizer (--defer-optimizer,
+//    Note [The update beside the first forward] in runtime/deferred_update.cc) each stage's
+//    weights are updated in its first forward: before each compute node, the weights it is the
+//    first to read (StageNode::params) at update_s_per_param each, on the compute stream as soon
+//    as it is free (an "update" span); and in a forward that runs alone with EP > 1, right after
+//    each all-to-all, the next compute node's weights and half of the one after's, as the
+//    runtime issues them. The planner models no update at the step's end (it times forward and
+//    backward only), so the deferred plan's step holds the update and the other does not.
 //  - Memory (Note [Memory accounting] in docs/schedules.md): a node's saved bytes are held from
 //    the end of its forward to the end of its backward, or of its W when the backward is split
 //    (nodes without weights: to the end of their I). A stage's output is held from the end of
@@ -146,6 +154,9 @@ void SimState::run_combined(int32_t r, int32_t index, const Action& a) {
 
 void SimState::run_single(int32_t r, int32_t index, const Action& a) {
   HalfRun h(*this, r, index, a);
+  if (a.kind == ActionKind::kForward && model.expert_parallel_size > 1) {
+    h.set_update_beside_all_to_all();  // Note [Deferred update in the plan]
+  }
   const auto n = static_cast<int32_t>(h.stage().nodes.size());
   if (a.kind == ActionKind::kForward) {
     for (int32_t k = 0; k < n; ++k) h.node(k);

@@ -12,7 +12,9 @@
 
 namespace tandem::schedule {
 
-enum class SpanKind : uint8_t { kNode, kSend, kRecv };
+// kUpdate: a piece of a deferred optimizer update (Note [Deferred update in the plan] in
+// simulator.cc), on the compute stream before the node `node` names.
+enum class SpanKind : uint8_t { kNode, kSend, kRecv, kUpdate };
 enum class Phase : uint8_t { kForward, kBackwardInput, kBackwardWeight };
 
 // One interval of work on one stream of one rank.

@@ -21,6 +21,23 @@ SimState::SimState(const Schedule& s, const PipelineModel& m)
     ranks[r].spans.reserve(s.ranks[r].size() * 4);
     ranks[r].mem.reserve(s.ranks[r].size() * 4);
   }
+  for (const Stage& st : m.stages) {
+    updated.push_back(m.defer_optimizer ? 0 : st.num_params);
+    std::vector<int64_t> ends;
+    int64_t sum = 0;
+    for (const StageNode& n : st.nodes) ends.push_back(sum += n.params);
+    weight_ends.push_back(std::move(ends));
+  }
+}
+
+void SimState::update(int32_t rank, int32_t stage, int64_t upto, Span proto) {
+  int64_t& done = updated[static_cast<size_t>(stage)];
+  if (upto <= done) return;
+  proto.kind = SpanKind::kUpdate;
+  proto.phase = Phase::kForward;
+  issue(rank, Stream::kCompute, 0.0,
+        static_cast<double>(upto - done) * model.update_s_per_param, proto);
+  done = upto;
 }
 
 double SimState::issue(int32_t rank, Stream stream, double ready, double duration, Span proto) {
@@ -93,6 +110,12 @@ void HalfRun::start_not_before(double t) {
 void HalfRun::node(int32_t k) {
   const StageNode& n = stage_.nodes[k];
   const bool forward = half_.kind == ActionKind::kForward;
+  // Note [Deferred update in the plan] (simulator.cc): the weights this node reads first.
+  const std::vector<int64_t>& ends = sim_.weight_ends[static_cast<size_t>(stage_.index)];
+  if (n.stream == Stream::kCompute) {
+    sim_.update(rank_, stage_.index, forward ? ends[k] : stage_.num_params,
+                SimState::node_span(index_, half_, n, Phase::kForward));
+  }
   const bool has_input = forward ? stage_.index > 0 : stage_.index + 1 < sim_.schedule.num_stages;
   const double start = sim_.start_time(rank_, n.stream, ready_);
   double end = 0;
@@ -141,6 +164,19 @@ void HalfRun::node(int32_t k) {
   if (done_ == 0 && has_input) sim_.memory(rank_, end, -stage_.message_bytes, MemKind::kInFlight);
   ready_ = end;
   ++done_;
+  if (forward && cover_ && n.stream == Stream::kComm) {
+    // Beside the all-to-all: the next compute node's weights and half of the one after's.
+    auto next_compute = [&](size_t i) {
+      while (i < stage_.nodes.size() && stage_.nodes[i].stream != Stream::kCompute) ++i;
+      return i;
+    };
+    const size_t j = next_compute(static_cast<size_t>(k) + 1);
+    const size_t j2 = j < ends.size() ? next_compute(j + 1) : ends.size();
+    const int64_t a = j < ends.size() ? ends[j] : stage_.num_params;
+    const int64_t b = j2 < ends.size() ? ends[j2] : stage_.num_params;
+    sim_.update(rank_, stage_.index, a + (b - a) / 2,
+                SimState::node_span(index_, half_, n, Phase::kForward));
+  }
 }
 
 void HalfRun::finish(double not_before) {

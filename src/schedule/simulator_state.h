@@ -45,6 +45,11 @@ struct SimState {
   std::vector<Interval> send_f, send_b;
   std::vector<int32_t> waiter_f, waiter_b;  // rank blocked on that SEND, or -1
   std::vector<int32_t> work;                // ranks that may advance
+  // Note [Deferred update in the plan] (simulator.cc): per stage, the weights updated so far
+  // (all of them when nothing is deferred), and per node the end of the weights it and the
+  // nodes before it read.
+  std::vector<int64_t> updated;
+  std::vector<std::vector<int64_t>> weight_ends;
 
   size_t cell(int32_t stage, int32_t mb) const {
     return static_cast<size_t>(stage) * schedule.num_microbatches + mb;
@@ -58,6 +63,9 @@ struct SimState {
   void memory(int32_t rank, double time, int64_t delta, MemKind kind,
               NodeKind node = NodeKind::kEmbed);
   static Span node_span(int32_t index, const Action& a, const StageNode& n, Phase phase);
+  // The deferred update of `stage`'s weights up to `upto`, on the compute stream as soon as it
+  // is free; the span as `proto` says (its kind becomes kUpdate).
+  void update(int32_t rank, int32_t stage, int64_t upto, Span proto);
   static Span message_span(int32_t index, const Action& a);
 
   bool advance(int32_t rank);  // false when blocked on a RECV
@@ -82,6 +90,9 @@ class HalfRun {
   // `not_before` if later (uniform costs treat a combined action as one atomic unit).
   void finish(double not_before = 0);
   double last_end() const { return last_; }
+  // A forward that runs alone with expert parallelism: beside each all-to-all it updates part
+  // of what the next nodes read (Note [Deferred update in the plan] in simulator.cc).
+  void set_update_beside_all_to_all() { cover_ = true; }
 
  private:
   SimState& sim_;
@@ -92,6 +103,7 @@ class HalfRun {
   double ready_ = 0;  // when the tensor the next node reads is ready
   double last_ = 0;   // when the last span of this half ends
   int32_t done_ = 0;  // nodes run so far
+  bool cover_ = false;
 };
 
 // Metrics of a finished run (simulator_metrics.cc).

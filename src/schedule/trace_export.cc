@@ -14,12 +14,14 @@ namespace {
 std::string span_name(const Span& s) {
   if (s.kind == SpanKind::kSend) return s.phase == Phase::kForward ? "SEND_F" : "SEND_B";
   if (s.kind == SpanKind::kRecv) return s.phase == Phase::kForward ? "RECV_F" : "RECV_B";
+  if (s.kind == SpanKind::kUpdate) return "update";  // Note [Deferred update in the plan]
   std::string out(node_kind_name(s.node));
   out += s.phase == Phase::kForward ? ".fwd" : s.phase == Phase::kBackwardInput ? ".bwd" : ".bwd_w";
   return out;
 }
 
 const char* span_category(const Span& s) {
+  if (s.kind == SpanKind::kUpdate) return "U";
   if (s.kind != SpanKind::kNode) return "p2p";
   return s.phase == Phase::kForward ? "F" : s.phase == Phase::kBackwardInput ? "B" : "W";
 }

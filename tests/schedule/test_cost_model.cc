@@ -305,6 +305,49 @@ TEST(Simulator, PairedFirstForwardsHideTheFirstForwardsAllToAll) {
   EXPECT_EQ(paired - plain, one);
 }
 
+// Note [Deferred update in the plan]: the weights (embedding 256, attention side 240, experts
+// 384, head 264; 1,144 in all) updated at 1/128 s each in the first forward. F0 alone with EP
+// 4: compute upd.embed [0,2] attn: upd [2,3.875] attn [3.875,5.875]; comm disp [5.875,6.875]
+// and beside it the experts' weights and half the head's (516: [5.875,9.90625]); exp
+// [9.90625,12.90625]; comb [12.90625,13.90625] beside the rest of the head (132:
+// [12.90625,13.9375]). F0's all-to-alls are hidden; the rest of the step is the undeferred
+// one's 7 -> 33 moved by 6.9375: step 39.9375, exposed 1 (B1's comb.b). Uniform costs: the
+// update takes no time and the plan is the undeferred one.
+TEST(Simulator, DeferredUpdateRunsBesideTheFirstForwardsAllToAll) {
+  PlanRequest req = table_request("combined-1f1b", 1, 2);
+  req.inputs.defer_optimizer = true;
+  req.inputs.cost.device.memory_bytes_per_s = 28.0 * 128;  // 1/128 s a weight (CPU: 28 bytes)
+  const Plan plan = make_plan(req);
+  EXPECT_EQ(plan.model.stages[0].num_params, 1144);
+  const RankResult& r = plan.sim.ranks[0];
+  EXPECT_NEAR(plan.sim.step_time_s, 39.9375, kEps);
+  EXPECT_NEAR(r.exposed_alltoall_s, 1, kEps);
+  std::vector<std::pair<double, double>> updates;
+  for (const Span& s : r.spans) {
+    if (s.kind == SpanKind::kUpdate) updates.emplace_back(s.start, s.end);
+    if (s.kind == SpanKind::kNode && s.microbatch == 0 && s.phase == Phase::kForward &&
+        s.node == NodeKind::kExperts) {
+      EXPECT_NEAR(s.start, 9.90625, kEps);
+      EXPECT_NEAR(s.end, 12.90625, kEps);
+    }
+  }
+  const std::vector<std::pair<double, double>> want = {
+      {0, 2}, {2, 3.875}, {5.875, 9.90625}, {12.90625, 13.9375}};
+  ASSERT_EQ(updates.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_NEAR(updates[i].first, want[i].first, kEps) << "update " << i;
+    EXPECT_NEAR(updates[i].second, want[i].second, kEps) << "update " << i;
+  }
+  EXPECT_NE(trace_json(plan).find("{\"name\":\"update\",\"cat\":\"U\""), std::string::npos);
+  PlanRequest uniform = req;
+  uniform.inputs.cost.kind = CostModelKind::kUniform;
+  PlanRequest plain = uniform;
+  plain.inputs.defer_optimizer = false;
+  const Plan u = make_plan(uniform), p = make_plan(plain);
+  EXPECT_EQ(u.sim.step_time_s, p.sim.step_time_s);
+  EXPECT_EQ(u.sim.ranks[0].spans.size(), p.sim.ranks[0].spans.size());
+}
+
 TEST(Simulator, PipelineMessagesAndTheirBuffers) {
   // PP 2, m 1, one layer per stage, p2p 0.5. Rank 0: F0 ends 7, SEND [7,7.5]. Rank 1: RECV
   // [7,7.5], F0 [7.5,14.5], B0 [14.5,25.5], SEND_B [25.5,26]. Rank 0: RECV_B [25.5,26],
