@@ -129,8 +129,13 @@ void write_measured_trace(const std::string& path, runtime::PipelineTrainer& tra
 void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
                       comm::Communicator& world, bool recompute_experts) {
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
-  Tensor mine = Tensor::zeros({kNumNodeKinds * kValues}, DType::kF64, MemCategory::kOther,
+  // The nodes', then the deferred update's seconds per weight and 1 when measured.
+  Tensor mine = Tensor::zeros({kNumNodeKinds * kValues + 2}, DType::kF64, MemCategory::kOther,
                               "node_times");
+  if (const auto& u = trainer.measured_node_times().update_s_per_weight) {
+    mine.data<double>()[kNumNodeKinds * kValues] = *u;
+    mine.data<double>()[kNumNodeKinds * kValues + 1] = 1;
+  }
   for (int k = 0; k < kNumNodeKinds; ++k) {
     const auto& t = trainer.measured_node_times().nodes[k];
     if (!t) continue;
@@ -150,8 +155,11 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
         {"forward", v[0] / v[3]}, {"backward_input", v[1] / v[3]},
         {"backward_weight", v[2] / v[3]}};
   }
+  nlohmann::json out = {{"nodes", nodes}, {"recompute_experts", recompute_experts}};
+  const double* u = mine.data<double>() + kNumNodeKinds * kValues;
+  if (u[1] > 0) out["update_per_weight"] = u[0] / u[1];  // Note [Deferred update in the plan]
   std::ofstream f(path);
-  f << nlohmann::json{{"nodes", nodes}, {"recompute_experts", recompute_experts}}.dump(2) << "\n";
+  f << out.dump(2) << "\n";
   TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");
 }
 

@@ -87,6 +87,7 @@ void PipelineTrainer::update_weights(StageRuntime& s, int64_t end, int half) {
   info.name = "update " + std::to_string(s.stage) + " [" + std::to_string(from) + ", " +
               std::to_string(end) + ")";
   info.busy = true;
+  info.weights = end - from;
   d.end(stream, begin, std::move(info));
 #else
   (void)half;

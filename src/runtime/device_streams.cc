@@ -114,6 +114,8 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, step_zero_, e));
     return static_cast<double>(ms) * 1e-3;
   };
+  double update_s = 0;
+  int64_t update_weights = 0;
   std::array<std::array<double, 3>, kNumNodeKinds> sum{};
   std::array<std::array<int64_t, 3>, kNumNodeKinds> count{};
   for (const Pending& p : pending_) {
@@ -126,6 +128,10 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     } else if ((p.info.track == "compute" || p.info.track == "compute2") &&
                (p.info.kind >= 0 || p.info.busy)) {
       out.compute.emplace_back(b, e);
+    }
+    if (p.info.weights > 0) {
+      update_s += e - b;
+      update_weights += p.info.weights;
     }
     if (p.info.kind >= 0) {
       const auto ph = static_cast<size_t>(p.info.phase);
@@ -143,6 +149,9 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     if (count[k][0] == 0) continue;  // not on this rank
     auto mean = [&](size_t ph) { return count[k][ph] > 0 ? sum[k][ph] / count[k][ph] : 0.0; };
     out.node_times.nodes[k] = schedule::NodePhaseTimes{mean(0), mean(1), mean(2)};
+  }
+  if (update_weights > 0) {
+    out.node_times.update_s_per_weight = update_s / static_cast<double>(update_weights);
   }
   return out;
 }

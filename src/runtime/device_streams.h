@@ -81,6 +81,7 @@ class DeviceStreams {
     // one: the deferred optimizer update (Note [The update beside the first forward] in
     // deferred_update.cc).
     bool busy = false;
+    int64_t weights = 0;  // a deferred update's: the weights it updated (StepTimes' rate)
   };
   void end(DeviceStream s, DeviceEvent begin, SpanInfo info);
   // A span of the host's own work (issuing a node, waiting inside it), on the trace's "host"

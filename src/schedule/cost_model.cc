@@ -175,8 +175,10 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
                ": expected {\"nodes\": {\"attention\": {\"forward\": ...}, ...}, \"p2p\": ...}");
   NodeTimesTable table;
   for (const auto& [key, value] : j.items()) {
-    TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts", source,
-                 ": unknown key \"", key, "\"; valid keys are nodes, p2p and recompute_experts");
+    TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts" ||
+                     key == "update_per_weight",
+                 source, ": unknown key \"", key,
+                 "\"; valid keys are nodes, p2p, recompute_experts and update_per_weight");
   }
   if (j.contains("recompute_experts")) {
     TANDEM_CHECK(j["recompute_experts"].is_boolean(), source,
@@ -194,6 +196,14 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
                  "attention, dispatch, experts, combine, mlp, loss");
     const auto kind = static_cast<NodeKind>(found);
     table.nodes[found] = parse_phase_times(value, kind, detail::concat(source, ": nodes.", name));
+  }
+  if (j.contains("update_per_weight")) {
+    const nlohmann::json& u = j["update_per_weight"];
+    TANDEM_CHECK(u.is_number() && u.get<double>() > 0, source,
+                 ": update_per_weight: expected the deferred update's seconds per weight (> 0), "
+                 "got ",
+                 u.dump());
+    table.update_s_per_weight = u.get<double>();
   }
   if (j.contains("p2p")) {
     TANDEM_CHECK(j["p2p"].is_number() && j["p2p"].get<double>() >= 0, source,

@@ -68,6 +68,9 @@ struct NodeTimesTable {
   // The times were measured with --recompute-experts: the experts' input-gradient half already
   // includes forming gate, up and act again (Note [Recompute in the plan] in pipeline_model.cc).
   bool recompute_experts = false;
+  // Seconds the deferred optimizer update took per weight (--defer-optimizer runs; Note
+  // [Deferred update in the plan] in simulator.cc); empty: the roofline's estimate.
+  std::optional<double> update_s_per_weight;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);

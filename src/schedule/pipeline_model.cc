@@ -230,6 +230,10 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   pm.defer_optimizer = in.defer_optimizer;
   if (in.defer_optimizer && in.cost.kind != CostModelKind::kUniform) {
     pm.update_s_per_param = (in.gpu ? 30.0 : 28.0) / in.cost.device.memory_bytes_per_s;
+    // Measured (--node-times-out of a --defer-optimizer run): the table's rate.
+    if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.update_s_per_weight) {
+      pm.update_s_per_param = *in.cost.table.update_s_per_weight;
+    }
   }
   const int32_t stages = sch.num_stages;
   const auto layers = static_cast<int32_t>(in.model.num_layers);

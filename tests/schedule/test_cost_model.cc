@@ -339,6 +339,25 @@ TEST(Simulator, DeferredUpdateRunsBesideTheFirstForwardsAllToAll) {
     EXPECT_NEAR(updates[i].second, want[i].second, kEps) << "update " << i;
   }
   EXPECT_NE(trace_json(plan).find("{\"name\":\"update\",\"cat\":\"U\""), std::string::npos);
+  // A measured rate (--node-times-out of a deferred run) replaces the estimate: 1/64 s a weight
+  // doubles every update.
+  PlanRequest measured = req;
+  measured.inputs.cost.table.update_s_per_weight = 1.0 / 64;
+  double total = 0;
+  const Plan measured_plan = make_plan(measured);
+  for (const Span& s : measured_plan.sim.ranks[0].spans) {
+    if (s.kind == SpanKind::kUpdate) total += s.end - s.start;
+  }
+  EXPECT_NEAR(total, 1144.0 / 64, kEps);
+  const NodeTimesTable rate = parse_node_times(R"({"nodes": {}, "update_per_weight": 2e-9})", "t");
+  EXPECT_EQ(rate.update_s_per_weight, 2e-9);
+  try {
+    parse_node_times(R"({"nodes": {}, "update_per_weight": -1})", "t.json");
+    ADD_FAILURE() << "a negative update_per_weight was accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("t.json: update_per_weight: expected"),
+              std::string::npos) << e.what();
+  }
   PlanRequest uniform = req;
   uniform.inputs.cost.kind = CostModelKind::kUniform;
   PlanRequest plain = uniform;
