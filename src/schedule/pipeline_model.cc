@@ -225,8 +225,8 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   pm.expert_parallel_size = in.expert_parallel_size;
   // Note [Deferred update in the plan]: AdamW reads weight, gradient and two moments (f32) and
   // writes weight and moments, and on the GPU the bf16 copy: 28 or 30 bytes a weight at the
-  // memory bandwidth. (One H200 measured 5.6 ms for 644M weights, 8.7 ns each, where 30 bytes
-  // over the default 4.3e12 give 7.0: this estimate is about 20% fast.)
+  // memory bandwidth. (One H200 measured 5.6 ms for 644M weights, 8.6 ps each, where 30 bytes
+  // over the default 4.3e12 B/s give 7.0 ps: this estimate is about 20% fast.)
   pm.defer_optimizer = in.defer_optimizer;
   if (in.defer_optimizer && in.cost.kind != CostModelKind::kUniform) {
     pm.update_s_per_param = (in.gpu ? 30.0 : 28.0) / in.cost.device.memory_bytes_per_s;
