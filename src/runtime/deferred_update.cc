@@ -16,7 +16,9 @@
 // issues, right after each, the update of what comes next: after combine(l), layer l+1's
 // attention weights and half of its experts' (the compute stream runs them while combine(l)
 // is in flight); after dispatch(l)'s counts, the other half (beside the counts and the rows).
-// Every update runs on the compute stream before the node that reads its weights, so the values
+// A stage that receives its input from another rank updates all its weights at the receive
+// instead, while it waits (the pipeline's warm-up bubble). Every update runs on the compute
+// stream before the node that reads its weights, so the values
 // are those of updating at the step's end, bit for bit; updates are spans of the trace ("update")
 // that count as compute in the exposed measure (Note [Exposed all-to-all] in device_streams.h).
 // Whatever reads the weights between steps (checkpoints, tests, moving experts) finishes the

@@ -315,6 +315,9 @@ void PipelineTrainer::weights(int32_t stage, int32_t mb) {
 // Note [Pipeline messages]: activations go on tag 0 and gradients on tag 1; messages between a
 // pair of ranks match in the order sent, which the validator has checked for the schedule.
 void PipelineTrainer::communicate(const Action& a) {
+  // Note [The update beside the first forward] (deferred_update.cc): a stage that receives its
+  // input updates all its weights while it waits for it (the pipeline's warm-up bubble).
+  if (a.kind == ActionKind::kRecvF) update_weights(local(a.stage), local(a.stage).params->numel());
   if (dev_) {
     communicate_on_device(a);
     return;

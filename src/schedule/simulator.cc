@@ -20,8 +20,10 @@
 //    first to read (StageNode::params) at update_s_per_param each, on the compute stream as soon
 //    as it is free (an "update" span); and in a forward that runs alone with EP > 1, right after
 //    each all-to-all, the next compute node's weights and half of the one after's, as the
-//    runtime issues them. The planner models no update at the step's end (it times forward and
-//    backward only), so the deferred plan's step holds the update and the other does not.
+//    runtime issues them. A stage that receives its input (RECV_F) updates all its weights at
+//    the receive, while it waits, and the receive starts after that update. The planner models
+//    no update at the step's end (it times forward and backward only), so the deferred plan's
+//    step holds the update and the other does not.
 //  - Memory (Note [Memory accounting] in docs/schedules.md): a node's saved bytes are held from
 //    the end of its forward to the end of its backward, or of its W when the backward is split
 //    (nodes without weights: to the end of their I). A stage's output is held from the end of
@@ -200,6 +202,14 @@ void SimState::run_send(int32_t r, int32_t index, const Action& a) {
 
 bool SimState::run_recv(int32_t r, int32_t index, const Action& a) {
   const bool fwd = a.kind == ActionKind::kRecvF;
+  const int64_t all = model.stages[a.stage].num_params;
+  if (fwd && updated[static_cast<size_t>(a.stage)] < all) {
+    // Note [Deferred update in the plan]: the receiving stage updates its weights while it
+    // waits; the receive is enqueued after the update (the runtime orders it after the compute
+    // stream's work).
+    update(r, a.stage, all, message_span(index, a));
+    recv_after[cell(a.stage, a.microbatch)] = ranks[r].free[0];
+  }
   const size_t from = cell(fwd ? a.stage - 1 : a.stage + 1, a.microbatch);
   const Interval sent = (fwd ? send_f : send_b)[from];
   if (sent.end < 0) {
@@ -207,7 +217,8 @@ bool SimState::run_recv(int32_t r, int32_t index, const Action& a) {
     return false;
   }
   RankState& st = ranks[r];
-  const double start = std::max(st.free[1], sent.start);
+  const double start =
+      std::max({st.free[1], sent.start, recv_after[cell(a.stage, a.microbatch)]});
   const double end = std::max(start, sent.end);
   if (end > start) {
     Span s = message_span(index, a);

@@ -17,6 +17,7 @@ SimState::SimState(const Schedule& s, const PipelineModel& m)
   send_b.assign(cells, Interval{});
   waiter_f.assign(cells, -1);
   waiter_b.assign(cells, -1);
+  recv_after.assign(cells, 0);
   for (int32_t r = 0; r < s.num_ranks; ++r) {
     ranks[r].spans.reserve(s.ranks[r].size() * 4);
     ranks[r].mem.reserve(s.ranks[r].size() * 4);

@@ -50,6 +50,7 @@ struct SimState {
   // nodes before it read.
   std::vector<int64_t> updated;
   std::vector<std::vector<int64_t>> weight_ends;
+  std::vector<double> recv_after;  // per cell: a RECV_F starts after the update issued at it
 
   size_t cell(int32_t stage, int32_t mb) const {
     return static_cast<size_t>(stage) * schedule.num_microbatches + mb;

@@ -367,6 +367,34 @@ TEST(Simulator, DeferredUpdateRunsBesideTheFirstForwardsAllToAll) {
   EXPECT_EQ(u.sim.ranks[0].spans.size(), p.sim.ranks[0].spans.size());
 }
 
+// Note [Deferred update in the plan], PP 2 as in PipelineMessagesAndTheirBuffers below (step
+// 37), weights at 1/128 s: stage 0 (embedding 256, layer 624) updates in F0, the experts beside
+// the dispatch: upd [0,2] [2,3.875] attn [3.875,5.875] disp [5.875,6.875] upd [5.875,8.875]
+// exp [8.875,11.875] comb [11.875,12.875], SEND [12.875,13.375]. Stage 1 (layer 624, head 264)
+// updates everything at its RECV_F, [0,6.9375], inside the bubble; RECV [12.875,13.375]. The
+// step grows by stage 0's 5.875 only: 42.875.
+TEST(Simulator, DeferredUpdateOfAReceivingStageFillsTheBubble) {
+  PlanRequest req = table_request("1f1b", 2, 1);
+  req.inputs.defer_optimizer = true;
+  req.inputs.cost.device.memory_bytes_per_s = 28.0 * 128;
+  const Plan plan = make_plan(req);
+  EXPECT_NEAR(plan.sim.step_time_s, 37 + 5.875, kEps);
+  std::vector<std::pair<double, double>> updates;
+  bool recv = false;
+  for (const Span& s : plan.sim.ranks[1].spans) {
+    if (s.kind == SpanKind::kUpdate) updates.emplace_back(s.start, s.end);
+    if (s.kind == SpanKind::kRecv && s.phase == Phase::kForward) {
+      EXPECT_NEAR(s.start, 12.875, kEps);
+      EXPECT_NEAR(s.end, 13.375, kEps);
+      recv = true;
+    }
+  }
+  EXPECT_TRUE(recv);
+  ASSERT_EQ(updates.size(), 1u);
+  EXPECT_NEAR(updates[0].first, 0, kEps);
+  EXPECT_NEAR(updates[0].second, 888.0 / 128, kEps);
+}
+
 TEST(Simulator, PipelineMessagesAndTheirBuffers) {
   // PP 2, m 1, one layer per stage, p2p 0.5. Rank 0: F0 ends 7, SEND [7,7.5]. Rank 1: RECV
   // [7,7.5], F0 [7.5,14.5], B0 [14.5,25.5], SEND_B [25.5,26]. Rank 0: RECV_B [25.5,26],
