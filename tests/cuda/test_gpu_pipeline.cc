@@ -46,8 +46,9 @@ struct TrainRun {
   schedule::NodeTimesTable node_times;
 };
 
+// pp 2: a pipeline of two stages (1f1b) instead of two expert ranks (combined-1f1b).
 TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
-               int64_t rebalance_experts = 0, bool defer_optimizer = false) {
+               int64_t rebalance_experts = 0, bool defer_optimizer = false, int pp = 1) {
   const ModelConfig m = small_moe();
   TrainConfig t;
   t.micro_batch_size = 2;
@@ -57,11 +58,12 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
   t.device = Device::kCUDA;
   t.rebalance_experts = rebalance_experts;
   t.defer_optimizer = defer_optimizer;
-  Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), 1, 2, Device::kCUDA,
+  Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), pp, 2 / pp, Device::kCUDA,
                                /*second_expert_group=*/overlap == CommOverlap::kSplit);
-  const schedule::ScheduleShape shape{1, 1, 4, pair_first_forwards};
-  const schedule::Schedule sched =
-      schedule::generate_schedule(schedule::ScheduleKind::kCombined1f1b, shape);
+  // 16 samples of 2: 4 micro-batches on each of 2 data-parallel ranks, or 8 down the pipeline.
+  const schedule::ScheduleShape shape{pp, 1, 4 * pp, pair_first_forwards};
+  const schedule::Schedule sched = schedule::generate_schedule(
+      pp == 1 ? schedule::ScheduleKind::kCombined1f1b : schedule::ScheduleKind::k1f1b, shape);
   schedule::validate_schedule(sched);
   const testing::RandomTokens data(m.vocab_size);
   PipelineTrainer trainer(m, t, sched, groups, data, DType::kF32, overlap);
@@ -201,6 +203,12 @@ TEST(GpuPipeline, DeferredUpdateIsBitwiseTheUpdateAtTheStepsEnd) {
     }
     EXPECT_LE(deferred.exposed, deferred.busy);
   }
+  // Two pipeline stages: the second updates at its receive (Note [The update beside the first
+  // forward]); bitwise the pipeline that updates at each step's end.
+  const TrainRun pipeline = train(CommOverlap::kOn, 3, false, 0, false, 2);
+  const TrainRun deferred = train(CommOverlap::kOn, 3, false, 0, true, 2);
+  expect_bitwise_equal(deferred, pipeline);
+  EXPECT_TRUE(has_span_starting(deferred.timeline, "compute", "update "));
 }
 
 TEST(GpuPipeline, TimelineComesFromCudaEvents) {
