@@ -4,10 +4,11 @@
 // pipeline size 1 or 2 with two expert ranks and the rest data-parallel. With expert ranks the
 // plan takes the routing the step measured (Note [Measured routing] in schedule/pipeline_model.h).
 // Oracle: schedule::make_plan (the planner), which never sees the runtime's allocations; both use
-// core/footprint.h.
+// core/footprint.h. Also: each stream runs a combined step's pairs in the planned order.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cctype>
 #include <iostream>
 
 #include "common/random_tokens.h"
@@ -162,6 +163,76 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithExpertRanks) {
   if (g_world->rank() == 0) {
     std::cout << "EP = 2 and 4: " << checked << " schedules per rank, " << t.data<int64_t>()[1]
               << " (rank, schedule) peaks that balanced routing would have missed\n";
+  }
+}
+
+// The planner's FB and FF pairs (kPairMoe, kForwardsMoe in schedule/simulator.cc) and the
+// runtime's issue order (Note [Issue order] in runtime/combined.cc) are written separately;
+// what they must share is each stream's order. Oracle: the plan's spans of the pair actions,
+// stream by stream (input-gradient and forward halves; a node's weight half follows its input
+// half on the same stream; the embedding left out, whose backward is a weight half only),
+// against the nodes the runtime ran inside its pair actions, stream by stream: combined-1f1b
+// with its first forwards paired or not, with two expert ranks (the all-to-all on the
+// communication worker) when the world size is even, else one (then only the compute stream's
+// nodes are compared, the all-to-all running in order beside them).
+TEST(PlanTruth, EachStreamRunsThePairsNodesInThePlannedOrder) {
+  ModelConfig m;
+  m.vocab_size = 20;
+  m.hidden_size = 8;
+  m.num_layers = 2;
+  m.num_attention_heads = 2;
+  m.num_query_groups = 1;
+  m.ffn_hidden_size = 12;
+  m.num_experts = 4;
+  m.seq_length = 6;
+  const int world = g_world->size();
+  const int ep = world % 2 == 0 ? 2 : 1;
+  for (const bool paired : {false, true}) {
+    TrainConfig t;
+    t.micro_batch_size = 1;
+    t.global_batch_size = 4 * world;  // 4 micro-batches on each rank (all are data-parallel)
+    schedule::PlanRequest req;
+    req.schedule_name = "combined-1f1b";
+    req.shape = {1, 1, 4, paired};
+    req.inputs.model = m;
+    req.inputs.expert_parallel_size = ep;
+    const schedule::Plan plan = schedule::make_plan(req);
+    std::vector<int> all;
+    for (int r = 0; r < world; ++r) all.push_back(r);
+    Groups groups = Groups::make(g_world->subgroup(all, "world"), 1, ep);
+    RandomTokens data(16);
+    PipelineTrainer trainer(m, t, plan.schedule, groups, data);
+    trainer.forward_backward(0);
+    const std::vector<schedule::Action>& list = plan.schedule.ranks[0];
+    for (const std::string stream : {"compute", "comm"}) {
+      if (ep == 1 && stream == "comm") continue;
+      std::vector<std::string> planned, ran;
+      for (const schedule::Span& s : plan.sim.ranks[0].spans) {
+        const bool on = (s.stream == schedule::Stream::kCompute) == (stream == "compute");
+        const bool weight_half = s.phase == schedule::Phase::kBackwardWeight;
+        if (s.kind != schedule::SpanKind::kNode || !on || weight_half ||
+            !schedule::is_pair(list[static_cast<size_t>(s.action)].kind)) {
+          continue;
+        }
+        if (ep == 1 && schedule::node_is_communication(s.node)) continue;
+        if (s.node == NodeKind::kEmbed) continue;  // its backward is only a weight half
+        planned.push_back(std::string(s.phase == schedule::Phase::kForward ? "F" : "B") +
+                          std::to_string(s.microbatch) + " " +
+                          std::string(node_kind_name(s.node)));
+      }
+      for (const Span& s : trainer.timeline()) {
+        const bool node = (s.name[0] == 'F' || s.name[0] == 'B') && s.name.size() > 1 &&
+                          std::isdigit(static_cast<unsigned char>(s.name[1])) &&
+                          s.name.find(' ') != std::string::npos;
+        const bool comm_kind = s.name.find(" dispatch") != std::string::npos ||
+                               s.name.find(" combine") != std::string::npos;
+        const bool embed = s.name.find(" embed") != std::string::npos;
+        if (!node || embed || s.stream != stream || (ep == 1 && comm_kind)) continue;
+        ran.push_back(s.name);
+      }
+      EXPECT_GT(planned.size(), 8u) << stream;
+      EXPECT_EQ(ran, planned) << stream << (paired ? ", paired first forwards" : "");
+    }
   }
 }
 
