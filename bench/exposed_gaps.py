@@ -7,6 +7,7 @@ stream runs a node (an "update" span of --defer-optimizer counts as compute; "wa
 not), each put down to the all-to-all in flight and to the compute node that ends it, then
 summed by the micro-batch phase of that all-to-all: the first forward (F0, alone in combined
 1F1B unless --pair-first-forwards), the last backward, and everything between (the pairs).
+With --defer-optimizer it also says how much of the update ran beside an all-to-all.
 
   python3 bench/exposed_gaps.py trace.json [--top N]
 
@@ -112,6 +113,12 @@ def analyse(rank, top):
     exposed = sum(e - b for b, e in gaps)
     print(f"{rank['name']}: all-to-all {busy:.2f} ms, exposed {exposed:.2f} ms "
           f"({100 * exposed / busy:.1f}%)")
+    updates = merge([(b, e) for t, n, b, e in spans if t.startswith("compute")
+                     and n.startswith("update ")])
+    if updates:  # --defer-optimizer: how much of the update ran beside an all-to-all
+        total = sum(e - b for b, e in updates)
+        alone = sum(e - b for b, e in uncovered(updates, merge([(b, e) for _, _, b, e in a2a])))
+        print(f"  update {total:.2f} ms, {total - alone:.2f} ms of it beside an all-to-all")
     for p, ms in by_phase.most_common():
         print(f"  {p:14s} {ms:7.2f} ms")
     print("  largest stretches (ms, at ms, all-to-all in flight, the node that ends it):")
