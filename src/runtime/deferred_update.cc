@@ -18,9 +18,10 @@
 // is in flight); after dispatch(l)'s counts, the other half (beside the counts and the rows).
 // A stage that receives its input from another rank updates all its weights at the receive
 // instead, while it waits (the pipeline's warm-up bubble). Every update runs on the compute
-// stream before the node that reads its weights, so the values
-// are those of updating at the step's end, bit for bit; updates are spans of the trace ("update")
-// that count as compute in the exposed measure (Note [Exposed all-to-all] in device_streams.h).
+// stream before the node that reads its weights, so the values are those of updating at the
+// step's end, bit for bit; updates are spans of the trace ("update") that count as compute in
+// the exposed measure (Note [Exposed all-to-all] in device_streams.h). The planner models the
+// same (Note [Deferred update in the plan] in schedule/simulator.cc).
 // Whatever reads the weights between steps (checkpoints, tests, moving experts) finishes the
 // update first: stages() does, and so does move_experts.
 #include <algorithm>
