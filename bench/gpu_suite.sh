@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -290,6 +290,10 @@ PY
         [ $sh = a ] && SH="$SHAPE_A" || SH="$SHAPE_B"
         env $pick timeout 300 $B/gpu_train_bench $SH --steps 10 --warmup-steps 3 2> "$OUT/bench_$sh.pick.err" | tee -a "$OUT/results.jsonl"
       done ;;
+    expert-gemm)
+      # The experts' products per expert, on lanes, rows balanced, cuBLAS grouped, as one
+      # (bench/expert_gemm_timing.cc; stage bench/expert_gemm_timing).
+      timeout 200 $B/expert_gemm_timing 50 > "$OUT/expert_gemm.txt" 2>&1; echo "expert_gemm_timing rc=$?"; cat "$OUT/expert_gemm.txt" ;;
     attn)
       [ -x $B/attention_timing ] && timeout 120 $B/attention_timing > "$OUT/attn.log" 2>&1; cat "$OUT/attn.log" ;;
     bench-a) timeout 300 $B/gpu_train_bench $SHAPE_A --steps 10 --warmup-steps 3 2> "$OUT/bench_a.err" | tee -a "$OUT/results.jsonl"; tail -3 "$OUT/bench_a.err" ;;
