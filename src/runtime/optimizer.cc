@@ -53,35 +53,9 @@ AdamW::AdamW(model::Parameters& params, const TrainConfig& t)
       decayed_(decayed_ranges(params)),
       done_(params.numel()) {}
 
-void AdamW::step(double lr, double grad_scale) {
-  TANDEM_CHECK(!update_pending(), "AdamW::step: the deferred step ", step_,
-               " has updated ", done_, " of ", params_->numel(), " elements; finish it first");
-  ++step_;
-  ops::adamw_step_flat(params_->flat_params(), m_, v_, params_->flat_compute(),
-                       params_->flat_grads(), decayed_, grad_scale,
-                       {lr, hp_.adam_beta1, hp_.adam_beta2, hp_.adam_eps, hp_.weight_decay, step_});
-}
-
-// Note [Deferred update]: a step's update of one element reads only that element's weight,
-// gradient and moments, so it may be split into pieces along the flat buffers and run later, as
-// long as each piece runs before anything reads its weights or adds to its gradients. The
-// pipeline trainer (TrainConfig::defer_optimizer) updates each layer's weights just before the
-// next step's first forward reads them, so that forward's expert all-to-all runs beside the
-// update of the layers after it (Note [The update beside the first forward] in
-// runtime/deferred_update.cc). Each piece zeroes the gradients it read, as the next step's
-// zero_grads would have done, so a step never adds to a gradient an update has yet to read.
-void AdamW::defer_step(double lr, double grad_scale) {
-  TANDEM_CHECK(!update_pending(), "AdamW::defer_step: the deferred step ", step_,
-               " has updated ", done_, " of ", params_->numel(), " elements; finish it first");
-  ++step_;
-  lr_ = lr;
-  grad_scale_ = grad_scale;
-  done_ = 0;
-}
-
-void AdamW::update_until(int64_t end) {
-  end = std::min(end, params_->numel());
-  if (end <= done_) return;
+// One piece of the step's pass (Note [Deferred update]): the elements [updated_until(), end),
+// step() the whole buffer at once; returns the piece's gradients (left as they are).
+Tensor AdamW::update_range(int64_t end) {
   const int64_t begin = done_, n = end - begin;
   std::vector<int64_t> decayed;  // decayed_ within [begin, end), from begin
   for (size_t r = 0; r + 1 < decayed_.size(); r += 2) {
@@ -97,8 +71,39 @@ void AdamW::update_until(int64_t end) {
                             step_};
   ops::adamw_step_flat(part(params_->flat_params()), part(m_), part(v_),
                        part(params_->flat_compute()), grads, decayed, grad_scale_, hp);
-  grads.zero_();
   done_ = end;
+  return grads;
+}
+
+void AdamW::start_step(const char* who, double lr, double grad_scale) {
+  TANDEM_CHECK(!update_pending(), "AdamW::", who, ": the deferred step ", step_, " has updated ",
+               done_, " of ", params_->numel(), " elements; finish it first");
+  ++step_;
+  lr_ = lr;
+  grad_scale_ = grad_scale;
+  done_ = 0;
+}
+
+void AdamW::step(double lr, double grad_scale) {
+  start_step("step", lr, grad_scale);
+  update_range(params_->numel());
+}
+
+// Note [Deferred update]: a step's update of one element reads only that element's weight,
+// gradient and moments, so it may be split into pieces along the flat buffers and run later, as
+// long as each piece runs before anything reads its weights or adds to its gradients. The
+// pipeline trainer (TrainConfig::defer_optimizer) updates each layer's weights just before the
+// next step's first forward reads them, so that forward's expert all-to-all runs beside the
+// update of the layers after it (Note [The update beside the first forward] in
+// runtime/deferred_update.cc). Each piece zeroes the gradients it read, as the next step's
+// zero_grads would have done, so a step never adds to a gradient an update has yet to read.
+// step() runs the same pass in one piece.
+void AdamW::defer_step(double lr, double grad_scale) { start_step("defer_step", lr, grad_scale); }
+
+void AdamW::update_until(int64_t end) {
+  end = std::min(end, params_->numel());
+  if (end <= done_) return;
+  update_range(end).zero_();
 }
 
 double grad_sum_squares(const model::Parameters& params) {

@@ -46,9 +46,13 @@ class AdamW {
   Tensor m_, v_;  // flat, like the parameters (kOptimizer)
   std::vector<int64_t> decayed_;  // the matrices' element ranges, neighbours merged
   int64_t step_ = 0;
-  // The deferred step's scalars and the elements it has updated (all of them: none pending).
+  // The step's scalars and the elements it has updated (all of them: none pending).
   double lr_ = 0, grad_scale_ = 1;
   int64_t done_ = 0;
+  // Counts a step and keeps its scalars, nothing updated yet; throws (naming `who`) while the
+  // last one is unfinished.
+  void start_step(const char* who, double lr, double grad_scale);
+  Tensor update_range(int64_t end);
 };
 
 // Sum of squares of the gradients (for the global norm; add across ranks before the sqrt).
