@@ -110,19 +110,6 @@ void PipelineTrainer::forward_beside_update_on_device(StageRuntime& s,
   const size_t n = nodes.size();
   const std::vector<int64_t>& ends = s.weight_ends;
   auto is_comm = [&](size_t i) { return schedule::node_is_communication(nodes[i].kind); };
-  auto next_compute = [&](size_t i) {
-    while (i < n && is_comm(i)) ++i;
-    return i;
-  };
-  // Beside the all-to-all node k: the weights of the next compute node and half of those of the
-  // one after it (Note [The update beside the first forward]).
-  auto cover = [&](size_t k) {
-    const size_t j = next_compute(k + 1);
-    if (j >= n) return s.params->numel();
-    const size_t j2 = next_compute(j + 1);
-    const int64_t a = ends[j], b = j2 < n ? ends[j2] : s.params->numel();
-    return a + (b - a) / 2;
-  };
   const DeviceStream compute = DeviceStreams::compute();
   DeviceChain chain{compute, dev_->mark(compute)};
   for (size_t i = 0; i < n; ++i) {
@@ -134,7 +121,8 @@ void PipelineTrainer::forward_beside_update_on_device(StageRuntime& s,
     // The dispatch's counts go first (Note [Counts ahead of the rows] in moe_exchange.cc), so
     // the host, waiting for them inside the dispatch, has the update queued already.
     if (nodes[i].kind == NodeKind::kDispatch) prepare_node_on_device(s, state, c, i, mb, chain);
-    update_weights(s, cover(i));
+    // Beside the all-to-all: the planner's rule (schedule/pipeline_model.h).
+    update_weights(s, schedule::update_beside_all_to_all(ends, i, s.params->numel(), is_comm));
     issue_node_on_device(s, state, c, i, schedule::ActionKind::kForward, mb, true, chain);
   }
   join_chain(chain, "F" + std::to_string(mb));

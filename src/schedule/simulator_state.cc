@@ -166,17 +166,10 @@ void HalfRun::node(int32_t k) {
   ready_ = end;
   ++done_;
   if (forward && cover_ && n.stream == Stream::kComm) {
-    // Beside the all-to-all: the next compute node's weights and half of the one after's.
-    auto next_compute = [&](size_t i) {
-      while (i < stage_.nodes.size() && stage_.nodes[i].stream != Stream::kCompute) ++i;
-      return i;
-    };
-    const size_t j = next_compute(static_cast<size_t>(k) + 1);
-    const size_t j2 = j < ends.size() ? next_compute(j + 1) : ends.size();
-    const int64_t a = j < ends.size() ? ends[j] : stage_.num_params;
-    const int64_t b = j2 < ends.size() ? ends[j2] : stage_.num_params;
-    sim_.update(rank_, stage_.index, a + (b - a) / 2,
-                SimState::node_span(index_, half_, n, Phase::kForward));
+    const int64_t upto =
+        update_beside_all_to_all(ends, static_cast<size_t>(k), stage_.num_params,
+                                 [&](size_t i) { return stage_.nodes[i].stream == Stream::kComm; });
+    sim_.update(rank_, stage_.index, upto, SimState::node_span(index_, half_, n, Phase::kForward));
   }
 }
 
