@@ -166,6 +166,20 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithExpertRanks) {
   }
 }
 
+// Two MoE layers of four experts: a combined step of a few micro-batches in moments.
+ModelConfig two_moe_layers() {
+  ModelConfig m;
+  m.vocab_size = 20;
+  m.hidden_size = 8;
+  m.num_layers = 2;
+  m.num_attention_heads = 2;
+  m.num_query_groups = 1;
+  m.ffn_hidden_size = 12;
+  m.num_experts = 4;
+  m.seq_length = 6;
+  return m;
+}
+
 // The planner's FB and FF pairs (kPairMoe, kForwardsMoe in schedule/simulator.cc) and the
 // runtime's issue order (Note [Issue order] in runtime/combined.cc) are written separately;
 // what they must share is each stream's order. Oracle: the plan's spans of the pair actions,
@@ -176,15 +190,7 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithExpertRanks) {
 // communication worker) when the world size is even, else one (then only the compute stream's
 // nodes are compared, the all-to-all running in order beside them).
 TEST(PlanTruth, EachStreamRunsThePairsNodesInThePlannedOrder) {
-  ModelConfig m;
-  m.vocab_size = 20;
-  m.hidden_size = 8;
-  m.num_layers = 2;
-  m.num_attention_heads = 2;
-  m.num_query_groups = 1;
-  m.ffn_hidden_size = 12;
-  m.num_experts = 4;
-  m.seq_length = 6;
+  const ModelConfig m = two_moe_layers();
   const int world = g_world->size();
   const int ep = world % 2 == 0 ? 2 : 1;
   for (const bool paired : {false, true}) {
@@ -246,15 +252,7 @@ namespace {
 // backward, before the next node of the step starts. Oracle: the measured timeline (node spans)
 // and the allocator's trace of the same step.
 TEST(MemoryTruth, LogitsFreedBeforeTheNextNodeOfACombinedStep) {
-  ModelConfig m;
-  m.vocab_size = 20;
-  m.hidden_size = 8;
-  m.num_layers = 2;
-  m.num_attention_heads = 2;
-  m.num_query_groups = 1;
-  m.ffn_hidden_size = 12;
-  m.num_experts = 4;
-  m.seq_length = 6;
+  const ModelConfig m = two_moe_layers();
   TrainConfig t;
   t.micro_batch_size = 1;
   t.global_batch_size = 3;
