@@ -13,9 +13,8 @@
 #include <iterator>
 #include <vector>
 
-#include "core/cuda/check.h"
+#include "cuda_timing.h"
 #include "core/cuda/context.h"
-#include "core/rng.h"
 #include "core/tensor.h"
 #include "ops/cuda/attention.h"
 #include "ops/ops.h"
@@ -23,6 +22,9 @@
 namespace {
 
 namespace attn = tandem::ops::cuda;
+using tandem::bench::host_f32;
+using tandem::bench::random_gpu;
+using tandem::bench::time_ms;
 using tandem::ops::AttentionShape;
 using tandem::Device;
 using tandem::DType;
@@ -30,49 +32,10 @@ using tandem::MemCategory;
 using tandem::Shape;
 using tandem::Tensor;
 
-// A bf16 GPU tensor of uniform values in [-1, 1) from `seed`.
-Tensor random_gpu(const Shape& shape, uint64_t seed) {
-  Tensor host = Tensor::empty(shape, DType::kF32, MemCategory::kOther, "bench", Device::kCPU);
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) {
-    const uint64_t r = tandem::splitmix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
-    p[i] = static_cast<float>(static_cast<double>(r >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-  }
-  Tensor cast = Tensor::empty(shape, DType::kBF16, MemCategory::kOther, "bench", Device::kCPU);
-  tandem::ops::convert(cast, host);
-  return cast.to(Device::kCUDA);
-}
-
-// Milliseconds per call of `fn`, averaged over `iters` calls after 3 warm-up calls.
-template <typename Fn>
-double time_ms(int iters, Fn fn) {
-  for (int i = 0; i < 3; ++i) fn();
-  cudaStream_t stream = tandem::cuda::current_stream();
-  cudaEvent_t start, stop;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
-  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
-  TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
-  for (int i = 0; i < iters; ++i) fn();
-  TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
-  TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
-  float ms = 0;
-  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(start));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(stop));
-  return ms / iters;
-}
-
 // Causal FLOPs of one forward call (the two products over the lower triangle).
 double forward_flops(const AttentionShape& s) {
   return 2.0 * 2.0 * double(s.batch) * double(s.heads) * double(s.seq) * double(s.seq) *
          double(s.head_dim) / 2.0;
-}
-
-// `t` (bf16 or f32, on the GPU) as a host f32 tensor.
-Tensor host_f32(const Tensor& t) {
-  Tensor out = Tensor::empty(t.shape(), DType::kF32, MemCategory::kOther, "bench", Device::kCPU);
-  tandem::ops::convert(out, t.to(Device::kCPU));
-  return out;
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {  // host f32 tensors of one shape

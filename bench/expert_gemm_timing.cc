@@ -15,15 +15,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
-#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
 
+#include "cuda_timing.h"
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/error.h"
-#include "core/rng.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
 
@@ -34,6 +33,11 @@ using tandem::DType;
 using tandem::MemCategory;
 using tandem::Shape;
 using tandem::Tensor;
+using tandem::bench::host_f32;
+using tandem::bench::random_gpu;
+using tandem::bench::time_ms;
+
+constexpr int kWarmup = 2;  // calls before the timed ones
 
 
 #define CUBLAS_OK(call)                                                             \
@@ -42,47 +46,9 @@ using tandem::Tensor;
     TANDEM_CHECK(st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: status ", int(st_)); \
   } while (0)
 
-Tensor random_gpu(const Shape& shape, uint64_t seed) {
-  Tensor host = Tensor::empty(shape, DType::kF32, MemCategory::kOther, "bench", Device::kCPU);
-  float* p = host.data<float>();
-  for (int64_t i = 0; i < host.numel(); ++i) {
-    const uint64_t r = tandem::splitmix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i));
-    p[i] = static_cast<float>(static_cast<double>(r >> 11) * (2.0 / 9007199254740992.0) - 1.0);
-  }
-  Tensor cast = Tensor::empty(shape, DType::kBF16, MemCategory::kOther, "bench", Device::kCPU);
-  tandem::ops::convert(cast, host);
-  return cast.to(Device::kCUDA);
-}
-
-// Milliseconds per call of fn, over `iters` calls after two warm-up calls.
-double time_ms(const std::function<void()>& fn, int iters) {
-  cudaStream_t s = tandem::cuda::current_stream();
-  fn();
-  fn();
-  cudaEvent_t a, b;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&a));
-  TANDEM_CUDA_CHECK(cudaEventCreate(&b));
-  TANDEM_CUDA_CHECK(cudaEventRecord(a, s));
-  for (int i = 0; i < iters; ++i) fn();
-  TANDEM_CUDA_CHECK(cudaEventRecord(b, s));
-  TANDEM_CUDA_CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, a, b));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(a));
-  TANDEM_CUDA_CHECK(cudaEventDestroy(b));
-  return ms / iters;
-}
-
 // Largest |a - b| over |b|'s largest, on the host.
 double max_rel_diff(const Tensor& a, const Tensor& b) {
-  auto f32 = [](const Tensor& t) {
-    const Tensor host = t.to(Device::kCPU);
-    Tensor out = Tensor::empty(host.shape(), DType::kF32, MemCategory::kOther, "bench",
-                               Device::kCPU);
-    tandem::ops::convert(out, host);
-    return out;
-  };
-  const Tensor x = f32(a), y = f32(b);
+  const Tensor x = host_f32(a), y = host_f32(b);
   double diff = 0, scale = 0;
   for (int64_t i = 0; i < x.numel(); ++i) {
     diff = std::fmax(diff, std::fabs(double(x.data<float>()[i]) - y.data<float>()[i]));
@@ -147,14 +113,14 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   for (int64_t r : rows) std::printf(" %lld", static_cast<long long>(r));
   std::printf(" (%lld)\n", static_cast<long long>(total));
 
-  const double in_order = time_ms([&] {
+  const double in_order = time_ms(iters, [&] {
     for (int64_t e = 0; e < experts; ++e)
       tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
                                   x.narrow_rows(begin[e], rows[e]), w[e]);
-  }, iters);
+  }, kWarmup);
   report("per expert, in order", in_order, 0);
 
-  const double lanes = time_ms([&] {
+  const double lanes = time_ms(iters, [&] {
     tandem::ops::Lanes l(x);
     for (int64_t e = 0; e < experts; ++e) {
       l.run(e, [&, e] {
@@ -163,12 +129,12 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
       });
     }
     l.join();
-  }, iters);
+  }, kWarmup);
   report("per expert, lanes", lanes, max_rel_diff(lanes_y, ref));
 
   const std::vector<Piece> pieces = balanced_pieces(rows, tandem::ops::Lanes::count());
   const Tensor balanced_y = out();
-  const double balanced = time_ms([&] {
+  const double balanced = time_ms(iters, [&] {
     tandem::ops::Lanes l(x);
     for (const Piece& p : pieces) {
       l.run(p.lane, [&, p] {
@@ -177,7 +143,7 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
       });
     }
     l.join();
-  }, iters);
+  }, kWarmup);
   report(("lanes, rows balanced (" + std::to_string(pieces.size()) + " pieces)").c_str(),
          balanced, max_rel_diff(balanced_y, ref));
 
@@ -204,18 +170,19 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   TANDEM_CUDA_CHECK(cudaMemcpy(ptrs, all.data(), all.size() * sizeof(void*),
                                cudaMemcpyHostToDevice));
   CUBLAS_OK(cublasSetStream(blas, tandem::cuda::current_stream()));
-  const double grouped = time_ms([&] {
+  const double grouped = time_ms(iters, [&] {
     CUBLAS_OK(cublasGemmGroupedBatchedEx(
         blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
         reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
         reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(), beta.data(),
         ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts), one.data(),
         CUBLAS_COMPUTE_32F));
-  }, iters);
+  }, kWarmup);
   report("cuBLAS grouped", grouped, max_rel_diff(grouped_y, ref));
   TANDEM_CUDA_CHECK(cudaFree(ptrs));
 
-  const double single = time_ms([&] { tandem::ops::linear_forward(one_y, x, w[0]); }, iters);
+  const double single =
+      time_ms(iters, [&] { tandem::ops::linear_forward(one_y, x, w[0]); }, kWarmup);
   report("one product, all rows", single, -1);
 }
 
