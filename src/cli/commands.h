@@ -1,7 +1,7 @@
 // The subcommands of the tandem program; each registers itself with its options and callback.
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "cli/cli_fwd.h"
 
 namespace tandem::cli {
 

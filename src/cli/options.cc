@@ -20,6 +20,8 @@
 #include <variant>
 #include <vector>
 
+#include <CLI/CLI.hpp>
+
 #include "core/error.h"
 
 // Note [Exit codes]

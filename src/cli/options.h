@@ -7,8 +7,7 @@
 #include <nlohmann/json.hpp>
 #include <string>
 
-#include <CLI/CLI.hpp>
-
+#include "cli/cli_fwd.h"
 #include "core/config.h"
 
 namespace tandem::cli {

@@ -7,6 +7,8 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 
+#include <CLI/CLI.hpp>
+
 #include "cli/options.h"
 #include "comm/layout.h"
 #include "core/error.h"

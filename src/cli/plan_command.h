@@ -2,7 +2,7 @@
 // memory for a schedule (built in or from a file) before a step runs (src/schedule).
 #pragma once
 
-#include <CLI/CLI.hpp>
+#include "cli/cli_fwd.h"
 
 namespace tandem::cli {
 

@@ -4,6 +4,8 @@
 #include <iostream>
 #include <memory>
 
+#include <CLI/CLI.hpp>
+
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/progress.h"
