@@ -4,7 +4,8 @@
 // pipeline size 1 or 2 with two expert ranks and the rest data-parallel. With expert ranks the
 // plan takes the routing the step measured (Note [Measured routing] in schedule/pipeline_model.h).
 // Oracle: schedule::make_plan (the planner), which never sees the runtime's allocations; both use
-// core/footprint.h. Also: each stream runs a combined step's pairs in the planned order.
+// core/footprint.h. Also: each stream runs a combined step's pairs in the planned order, and
+// each node reads first the weights the plan says it does.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -52,6 +53,27 @@ schedule::RoutingCounts measured_routing(PipelineTrainer& trainer, Groups& group
   return counts;
 }
 
+// The weights each node is the first to read: the planner's count (StageNode::params, from the
+// config) against the runtime's prefix of the flat buffer (node_weight_ends, from the weights'
+// names), node by node, for each of this rank's stages. The deferred update relies on both.
+void expect_plan_reads_the_weights_nodes_read(const schedule::Plan& plan,
+                                              PipelineTrainer& trainer) {
+  for (const StageRuntime& s : trainer.stages()) {
+    const std::vector<schedule::StageNode>& planned =
+        plan.model.stages[static_cast<size_t>(s.stage)].nodes;
+    const std::vector<model::NodeRef>& nodes = s.chunk->nodes();
+    ASSERT_EQ(nodes.size(), planned.size()) << "stage " << s.stage;
+    int64_t before = 0;
+    for (size_t i = 0; i < nodes.size(); ++i) {
+      EXPECT_EQ(nodes[i].kind, planned[i].kind) << "stage " << s.stage << " node " << i;
+      EXPECT_EQ(s.weight_ends[i] - before, planned[i].params)
+          << "stage " << s.stage << " node " << i << " (" << node_kind_name(nodes[i].kind) << ")";
+      before = s.weight_ends[i];
+    }
+    EXPECT_EQ(before, s.params->numel()) << "stage " << s.stage;
+  }
+}
+
 // Runs every schedule the generators allow on pipeline size pp with dp data-parallel ranks (ep
 // of them expert-parallel) and compares this rank's measured activation peak with the plan's
 // for its pipeline rank.
@@ -84,6 +106,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       Groups groups = Groups::make(g_world->subgroup(all, "world"), pp, ep);
       RandomTokens data(16);
       PipelineTrainer trainer(m, t, plan.schedule, groups, data, DType::kF32, CommOverlap::kOff);
+      expect_plan_reads_the_weights_nodes_read(plan, trainer);
       cpu_allocator().reset_peaks();  // the peaks of this step only
       const int64_t base = cpu_allocator().stats().in_use_of(MemCategory::kActivation);
       trainer.forward_backward(0);
