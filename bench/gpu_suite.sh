@@ -145,7 +145,7 @@ for s in $SUITE; do
                  "ep2-1f1b --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --node-times-out $OUT/nodes-ep2.json --routing-out $OUT/routing-ep2.json" \
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
-                 "ep2-combined-deferred --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --defer-optimizer --trace $OUT/trace-ep2-combined-deferred.json" \
+                 "ep2-combined-end --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --defer-optimizer=false --trace $OUT/trace-ep2-combined-end.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
                  "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
@@ -157,8 +157,8 @@ for s in $SUITE; do
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-split.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-split.jsonl | tee -a "$OUT/multi_b.txt"
       # Note [The update beside the first forward]: the same steps, bit for bit.
-      [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-deferred.jsonl ] &&
-        python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-deferred.jsonl | tee -a "$OUT/multi_b.txt"
+      [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-end.jsonl ] &&
+        python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-end.jsonl | tee -a "$OUT/multi_b.txt"
       # Note [Rebalancing experts]: the same training whatever rank runs which expert (the norm
       # is summed expert by expert there, Note [Norm by expert], so its last bits may differ).
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-rebalanced.jsonl ] &&
@@ -189,8 +189,8 @@ for s in $SUITE; do
       C="--expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32"
       for r in fresh balanced; do
         extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
-        tandem_runs "$SB" 2 150 $T defer.txt "end-$r-1 $C $extra --trace $T/trace-end-$r.json" "deferred-$r-1 $C $extra --defer-optimizer --trace $OUT/trace-deferred-$r.json" \
-          "deferred-$r-2 $C $extra --defer-optimizer" "end-$r-2 $C $extra"
+        tandem_runs "$SB" 2 150 $T defer.txt "end-$r-1 $C $extra --defer-optimizer=false --trace $T/trace-end-$r.json" "deferred-$r-1 $C $extra --defer-optimizer --trace $OUT/trace-deferred-$r.json" \
+          "deferred-$r-2 $C $extra --defer-optimizer" "end-$r-2 $C $extra --defer-optimizer=false"
         python3 devrun/compare_losses.py --rtol=0 $T/end-$r-1.jsonl $T/deferred-$r-1.jsonl $T/deferred-$r-2.jsonl | tee -a "$OUT/defer.txt"
         # Where the last step's exposed all-to-all lies, without and with the deferred update.
         for f in $T/trace-end-$r.json $OUT/trace-deferred-$r.json; do

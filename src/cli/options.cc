@@ -55,6 +55,7 @@ struct OptionSpec {
   std::vector<std::string> choices = {};  // non-empty: the only valid values of a string option
   std::string metavar = {};               // shown in --help instead of TEXT
   InFile in_file = InFile::kAllowed;
+  std::string default_text = {};  // non-empty: shown as the default instead of the value
 };
 
 template <class... Fs>
@@ -233,7 +234,10 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "under mpirun: run each step's AdamW update layer by layer inside the next "
                "step's first forward, just before it reads each layer's weights; on GPUs with "
                "expert parallelism and --comm-overlap, that forward's all-to-all then runs "
-               "beside the update (the results do not change)"});
+               "beside the update (the results do not change); --defer-optimizer=false: never",
+               Bound::kAny, {}, {}, InFile::kAllowed,
+               "on with --device cuda, --expert-model-parallel-size > 1 and --schedule "
+               "combined-1f1b with --comm-overlap on or split, else off"});
   s.push_back({"rebalance-experts", &o.train.rebalance_experts,
                "MoE with expert parallelism: every N steps, lay each layer's experts out anew "
                "over the expert-parallel ranks so that each rank's experts take about the same "
@@ -280,6 +284,7 @@ void store_value(const OptionSpec& spec, const Value& v) {
 }
 
 std::string default_suffix(const OptionSpec& spec) {
+  if (!spec.default_text.empty()) return " (default: " + spec.default_text + ")";
   const Value v = current_value(spec);
   if (const auto* b = std::get_if<bool>(&v)) return *b ? " (default: on)" : " (default: off)";
   if (const auto* s = std::get_if<std::string>(&v); s && s->empty()) return "";
@@ -764,6 +769,17 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   opts.train.device = opts.device == "cuda" ? Device::kCUDA : Device::kCPU;
   opts.train.non_finite_policy =
       opts.nan_policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
+  // Note [Deferred update by default]: with expert parallelism on GPUs and the all-to-all on a
+  // stream of its own, the update covers the first forward's all-to-all (on 2 H200s the exposed
+  // share fell from a median of 15.5% to 9.7%, tokens/s unchanged; bench/results/gpu_multi.md,
+  // eleventh session); the values are bitwise the same either way. Elsewhere there is nothing
+  // for it to cover, so it stays off. A value given anywhere (command line, --config) wins.
+  if (origins["defer-optimizer"].source == Origin::Source::kDefault) {
+    const ParallelConfig& p = opts.parallel;
+    opts.train.defer_optimizer = opts.train.device == Device::kCUDA && opts.model.is_moe() &&
+                                 p.expert_model_parallel_size > 1 &&
+                                 p.schedule == "combined-1f1b" && opts.comm_overlap != "off";
+  }
   try {
     check_combinations(opts);
   } catch (const Error& e) {

@@ -124,6 +124,35 @@ TEST(Options, ConfigFileValuesApply) {
   EXPECT_EQ(o.model.hidden_size, 256);  // not in the file: the default stays
 }
 
+// Note [Deferred update by default] (options.cc): on where the update has an all-to-all to
+// cover (GPUs, expert parallelism, combined-1f1b with its own communication stream), off
+// elsewhere, and a value given on the command line or in --config wins either way.
+TEST(Options, DeferredUpdateIsOnByDefaultOnlyWhereItCoversAnAllToAll) {
+  // --device, --expert-model-parallel-size and --schedule, then any other options.
+  auto defer = [](const std::string& device, const std::string& ep, const std::string& schedule,
+                  std::vector<std::string> extra = {}) {
+    std::vector<std::string> args = {"--device", device, "--expert-model-parallel-size", ep,
+                                     "--schedule", schedule};
+    args.insert(args.end(), extra.begin(), extra.end());
+    return parse(args).train.defer_optimizer;
+  };
+  EXPECT_TRUE(defer("cuda", "2", "combined-1f1b"));
+  EXPECT_TRUE(defer("cuda", "2", "combined-1f1b", {"--comm-overlap", "split"}));
+  EXPECT_TRUE(defer("cuda", "2", "combined-1f1b", {"--pipeline-model-parallel-size", "2"}));
+  EXPECT_FALSE(defer("cuda", "2", "combined-1f1b", {"--comm-overlap", "off"}));
+  EXPECT_FALSE(defer("cuda", "2", "combined-1f1b", {"--defer-optimizer=false"}));
+  EXPECT_FALSE(defer("cpu", "2", "combined-1f1b"));
+  EXPECT_FALSE(defer("cuda", "2", "1f1b"));
+  EXPECT_FALSE(defer("cuda", "1", "combined-1f1b"));
+  EXPECT_FALSE(parse({}).train.defer_optimizer);
+  EXPECT_TRUE(parse({"--defer-optimizer"}).train.defer_optimizer);  // asked for, on the CPU
+  TempDir dir;
+  EXPECT_FALSE(defer("cuda", "2", "combined-1f1b",
+                     {"--config", dir.file("off.toml", "defer-optimizer = false\n")}));
+  EXPECT_TRUE(
+      parse({"--config", dir.file("on.toml", "defer-optimizer = true\n")}).train.defer_optimizer);
+}
+
 TEST(Options, CommandLineOverridesConfigFile) {
   TempDir dir;
   const std::string cfg = dir.file("run.toml", "num-layers = 2\nlr = 1e-3\nschedule = \"gpipe\"\n");
