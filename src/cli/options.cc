@@ -774,7 +774,8 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   // share fell from a median of 15.5% to 9.7%, tokens/s unchanged; bench/results/gpu_multi.md,
   // eleventh session); the values are bitwise the same either way. Elsewhere there is nothing
   // for it to cover, so it stays off. A value given anywhere (command line, --config) wins.
-  if (origins["defer-optimizer"].source == Origin::Source::kDefault) {
+  const auto defer = origins.find("defer-optimizer");
+  if (defer == origins.end() || defer->second.source == Origin::Source::kDefault) {
     const ParallelConfig& p = opts.parallel;
     opts.train.defer_optimizer = opts.train.device == Device::kCUDA && opts.model.is_moe() &&
                                  p.expert_model_parallel_size > 1 &&
