@@ -135,7 +135,8 @@ for s in $SUITE; do
       T=/tmp/multib; mkdir -p $T
       # tandem reads random tokens (--mock-data), as torch_peer.py does; DATA="" the addition task.
       tandem_runs "$SB ${DATA---mock-data}" 2 150 $T multi_b.txt "one-gpu --global-batch-size 16" \
-                 "dp2 --global-batch-size 32" \
+                 "dp2 --global-batch-size 32 --trace $OUT/trace-dp2.json" \
+                 "dp2-end --global-batch-size 32 --overlap-grad-reduce=false" \
                  "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
                  "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \
                  "pp2-combined --pipeline-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2-combined.json" \
@@ -156,6 +157,9 @@ for s in $SUITE; do
       # Note [A stream pair per half]: the same steps, bit for bit.
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-split.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-split.jsonl | tee -a "$OUT/multi_b.txt"
+      # Note [Gradients reduced beside the backward]: the same steps, bit for bit (two ranks).
+      [ -s $T/dp2.jsonl ] && [ -s $T/dp2-end.jsonl ] &&
+        python3 devrun/compare_losses.py --rtol=0 $T/dp2.jsonl $T/dp2-end.jsonl | tee -a "$OUT/multi_b.txt"
       # Note [The update beside the first forward]: the same steps, bit for bit.
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-end.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-end.jsonl | tee -a "$OUT/multi_b.txt"

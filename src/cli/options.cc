@@ -238,6 +238,11 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kAny, {}, {}, InFile::kAllowed,
                "on with --device cuda, --expert-model-parallel-size > 1 and --schedule "
                "combined-1f1b with --comm-overlap on or split, else off"});
+  s.push_back({"overlap-grad-reduce", &o.train.overlap_grad_reduce,
+               "under mpirun with data parallelism: all-reduce each layer's gradients as soon "
+               "as the step's backward has finished with that layer, beside the backward of the "
+               "layers below it, instead of all of them after the backward; "
+               "--overlap-grad-reduce=false: at the step's end"});
   s.push_back({"rebalance-experts", &o.train.rebalance_experts,
                "MoE with expert parallelism: every N steps, lay each layer's experts out anew "
                "over the expert-parallel ranks so that each rank's experts take about the same "

@@ -49,6 +49,7 @@ std::string canonical_config(const RunOptions& o) {
     << "\nmoe-router-force-load-balancing=" << t.moe_router_force_balance
     << "\nrebalance-experts=" << t.rebalance_experts
     << "\ndefer-optimizer=" << t.defer_optimizer
+    << "\noverlap-grad-reduce=" << t.overlap_grad_reduce
     << "\npipeline-model-parallel-size=" << p.pipeline_model_parallel_size
     << "\nexpert-model-parallel-size=" << p.expert_model_parallel_size
     << "\nvirtual-pipeline-model-parallel-size=" << p.virtual_pipeline_model_parallel_size

@@ -70,6 +70,12 @@ struct TrainConfig {
   // [Deferred update] in runtime/optimizer.cc); the values are those of updating at the step's
   // end.
   bool defer_optimizer = false;
+  // --overlap-grad-reduce (pipeline trainer, data-parallel or expert-data-parallel groups of more
+  // than one rank): each unit's gradients (a layer, the embedding, the head) are all-reduced as
+  // soon as the step's last weight gradient of that unit is issued, beside the rest of the
+  // backward, instead of all at the step's end (Note [Gradients reduced beside the backward] in
+  // runtime/grad_reduce.cc).
+  bool overlap_grad_reduce = true;
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

@@ -165,6 +165,11 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
           record_span(is_comm ? "comm" : "compute", kind, fwd, half.action.microbatch, t0);
         },
         {last[k]});
+    // Reduced after the pair, once both streams are done (Note [Gradients reduced beside the
+    // backward]).
+    if (half.action.kind == ActionKind::kBackward && schedule::node_has_weights(kind)) {
+      weight_grad_issued(*half.stage, i);
+    }
   };
   auto prepare = [](int, size_t) {};  // the comm worker runs each dispatch whole
   try {
@@ -268,10 +273,12 @@ void PipelineTrainer::issue_node_on_device(StageRuntime& s, model::MicroBatchSta
   const bool weights = with_w && schedule::node_has_weights(node.kind);
   if (!overlap && weights) {
     timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, c); });
+    weight_grad_issued(s, i, stream);  // Note [Gradients reduced beside the backward]
   }
   chain = {stream, d.mark(stream)};
   if (overlap && weights) {
     timed(NodePhase::kBackwardWeight, [&] { s.chunk->backward_weights_node(i, state, c); });
+    weight_grad_issued(s, i, stream);
   }
   d.host_span(std::string(kind == ActionKind::kBackwardWeight ? "W" : letter) +
                   std::to_string(mb) + " " + std::string(node_kind_name(node.kind)),

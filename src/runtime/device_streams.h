@@ -56,6 +56,9 @@ class DeviceStreams {
   static DeviceStream compute();  // the calling thread's current stream
   // The compute stream of a pair's half: compute() for half 0, a second one for half 1.
   DeviceStream compute_of(int half) const { return half ? compute2_ : compute(); }
+  // Gradient all-reduces beside the backward (Note [Gradients reduced beside the backward] in
+  // grad_reduce.cc); its spans ("reduce" track) are not part of the forward-backward time.
+  DeviceStream reduce() const { return reduce_; }
 
   // An event recorded now on `s`, valid until the next begin_step.
   DeviceEvent mark(DeviceStream s);
@@ -111,7 +114,7 @@ class DeviceStreams {
   DeviceEvent timed_mark(DeviceStream s);
 
   DeviceStream fwd_ = nullptr, bwd_ = nullptr, comm_ = nullptr, comm2_ = nullptr,
-               compute2_ = nullptr;
+               compute2_ = nullptr, reduce_ = nullptr;
   bool is_compute(DeviceStream s) const { return s == compute() || s == compute2_; }
   std::vector<DeviceEvent> plain_, timed_;  // event pools, reused every step
   size_t plain_used_ = 0, timed_used_ = 0;

@@ -111,6 +111,7 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     st.chunk = std::make_unique<model::ModelChunk>(*st.params);
     st.optimizer = std::make_unique<AdamW>(*st.params, train_);
     st.weight_ends = node_weight_ends(*st.params, st.chunk->nodes());
+    st.grad_units = gradient_units(*st.params, st.chunk->nodes(), st.node_unit);
     stages_.push_back(std::move(st));
   }
   if (train_.rebalance_experts > 0) {  // Note [Rebalancing experts]
@@ -263,7 +264,10 @@ void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, 
   update_weights(s, s.params->numel());
   for (size_t i = n; i-- > 0;) {
     if (kind != ActionKind::kBackwardWeight) s.chunk->backward_node(i, state, c);
-    if (kind != ActionKind::kBackwardInput) s.chunk->backward_weights_node(i, state, c);
+    if (kind != ActionKind::kBackwardInput) {
+      s.chunk->backward_weights_node(i, state, c);
+      if (schedule::node_has_weights(s.chunk->nodes()[i].kind)) weight_grad_issued(s, i);
+    }
   }
 }
 
@@ -456,6 +460,16 @@ std::vector<PipelineTrainer::GradRun> PipelineTrainer::gradient_runs(
 }
 
 void PipelineTrainer::reduce_gradients() {
+  if (grad_reduce_overlapped()) {  // Note [Gradients reduced beside the backward]
+    for (StageRuntime& s : stages_) {
+      for (const StageRuntime::GradUnit& u : s.grad_units) {
+        TANDEM_ASSERT(u.reduced, "unit ", u.name, " of stage ", s.stage, " still waits for ",
+                      u.pending, " weight-gradient passes at the step's end");
+      }
+    }
+    if (dev_) dev_->wait_all(DeviceStreams::compute(), dev_->reduce());
+    return;
+  }
   const comm::ParallelLayout& L = groups_->layout;
   for (StageRuntime& s : stages_) {
     for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
@@ -542,9 +556,11 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
     routing_ = schedule::RoutingCounts(static_cast<int32_t>(num_mb_),
                                        static_cast<int32_t>(model_.num_layers));
   }
+  begin_grad_units();
   for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
     const auto start = std::chrono::steady_clock::now();
     run_action(a, iteration);
+    reduce_ready_units();  // CPU: Note [Gradients reduced beside the backward]
     if (!dev_ && !schedule::is_pair(a.kind)) record_action_span(a, start);
     // Note [Sends done early]: a delivered message's buffer goes now, not at the step's end,
     // as the planner frees it (its "in flight" ends at the receive).

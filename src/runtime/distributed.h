@@ -68,7 +68,25 @@ struct StageRuntime {
   // Per node of chunk->nodes(): the end of the flat weights it and the nodes before it read
   // (node_weight_ends).
   std::vector<int64_t> weight_ends;
+  // Note [Gradients reduced beside the backward] (grad_reduce.cc): the chunk's units (the
+  // embedding, each layer, the head), each with the range of the flat buffers its nodes' weight
+  // gradients fill, and each node's unit.
+  struct GradUnit {
+    std::string name;        // "embed", "layer 3" (global layer), "head": the trace's span
+    int64_t begin = 0, end = 0;
+    int64_t weighted_nodes = 0;  // its nodes that write weight gradients
+    int64_t pending = 0;         // weight-gradient passes still to come this step
+    bool reduced = false;        // this step's reduction issued
+  };
+  std::vector<GradUnit> grad_units;
+  std::vector<int32_t> node_unit;
 };
+
+// The units of `params`' chunk `nodes` (Note [Gradients reduced beside the backward]): their
+// weights' ranges by parameter name, and node_unit filled with each node's unit.
+std::vector<StageRuntime::GradUnit> gradient_units(const model::Parameters& params,
+                                                   const std::vector<model::NodeRef>& nodes,
+                                                   std::vector<int32_t>& node_unit);
 
 // Note [The update beside the first forward] (deferred_update.cc): for each node, in elements of
 // the flat buffers, the end of the prefix of weights that it and the nodes before it read.
@@ -268,6 +286,16 @@ class PipelineTrainer {
   void communicate(const schedule::Action& a);
   void communicate_on_device(const schedule::Action& a);
   void reduce_gradients();
+  // Note [Gradients reduced beside the backward] (grad_reduce.cc): whether it is on this run
+  // (TrainConfig::overlap_grad_reduce and a group to reduce over); the step's counts set; a
+  // node's weight gradient issued (on the GPU: on `stream`), reducing its unit once that was
+  // the unit's last; on the CPU the units made ready by the action just run.
+  bool grad_reduce_overlapped() const;
+  void begin_grad_units();
+  void weight_grad_issued(StageRuntime& s, size_t node, DeviceStream stream = nullptr);
+  void reduce_ready_units();
+  void reduce_unit(StageRuntime& s, StageRuntime::GradUnit& u);
+  std::vector<std::pair<StageRuntime*, size_t>> ready_units_;  // CPU: (stage, unit)
   double global_grad_norm();
 
   ModelConfig model_;

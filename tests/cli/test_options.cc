@@ -153,6 +153,19 @@ TEST(Options, DeferredUpdateIsOnByDefaultOnlyWhereItCoversAnAllToAll) {
       parse({"--config", dir.file("on.toml", "defer-optimizer = true\n")}).train.defer_optimizer);
 }
 
+// Note [Gradients reduced beside the backward]: on unless turned off, on the command line or in
+// --config; "=false" is the only way to the reduction at the step's end.
+TEST(Options, GradientsAreReducedBesideTheBackwardUnlessTurnedOff) {
+  EXPECT_TRUE(parse({}).train.overlap_grad_reduce);
+  EXPECT_TRUE(parse({"--device", "cuda"}).train.overlap_grad_reduce);
+  EXPECT_TRUE(parse({"--overlap-grad-reduce"}).train.overlap_grad_reduce);
+  EXPECT_FALSE(parse({"--overlap-grad-reduce=false"}).train.overlap_grad_reduce);
+  TempDir dir;
+  EXPECT_FALSE(parse({"--config", dir.file("off.toml", "overlap-grad-reduce = false\n")})
+                   .train.overlap_grad_reduce);
+  EXPECT_NE(error_of({"--overlap-grad-reduce=maybe"}), "");
+}
+
 TEST(Options, CommandLineOverridesConfigFile) {
   TempDir dir;
   const std::string cfg = dir.file("run.toml", "num-layers = 2\nlr = 1e-3\nschedule = \"gpipe\"\n");

@@ -48,7 +48,8 @@ struct TrainRun {
 
 // pp 2: a pipeline of two stages (1f1b) instead of two expert ranks (combined-1f1b).
 TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
-               int64_t rebalance_experts = 0, bool defer_optimizer = false, int pp = 1) {
+               int64_t rebalance_experts = 0, bool defer_optimizer = false, int pp = 1,
+               bool overlap_grad_reduce = true) {
   const ModelConfig m = small_moe();
   TrainConfig t;
   t.micro_batch_size = 2;
@@ -58,6 +59,7 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
   t.device = Device::kCUDA;
   t.rebalance_experts = rebalance_experts;
   t.defer_optimizer = defer_optimizer;
+  t.overlap_grad_reduce = overlap_grad_reduce;
   Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), pp, 2 / pp, Device::kCUDA,
                                /*second_expert_group=*/overlap == CommOverlap::kSplit);
   // 16 samples of 2: 4 micro-batches on each of 2 data-parallel ranks, or 8 down the pipeline.
@@ -209,6 +211,42 @@ TEST(GpuPipeline, DeferredUpdateIsBitwiseTheUpdateAtTheStepsEnd) {
   const TrainRun deferred = train(CommOverlap::kOn, 3, false, 0, true, 2);
   expect_bitwise_equal(deferred, pipeline);
   EXPECT_TRUE(has_span_starting(deferred.timeline, "compute", "update "));
+}
+
+const Span* find_span(const std::vector<Span>& spans, const std::string& stream,
+                      const std::string& name) {
+  for (const Span& s : spans) {
+    if (s.stream == stream && s.name == name) return &s;
+  }
+  return nullptr;
+}
+
+// Note [Gradients reduced beside the backward]: with two expert ranks the dense weights are
+// replicated on both, so their gradients are all-reduced; unit by unit on the reduce track,
+// the head's starting before the backward ends, bit for bit the reduction at the step's end
+// (two ranks: a + b), with the all-to-all in order, overlapped, on split streams, and with the
+// deferred update.
+TEST(GpuPipeline, GradientsReducedBesideTheBackwardAreBitwiseThoseAtTheEnd) {
+  for (const auto& [overlap, deferred] :
+       {std::pair{CommOverlap::kOff, false}, std::pair{CommOverlap::kOn, false},
+        std::pair{CommOverlap::kSplit, false}, std::pair{CommOverlap::kOn, true}}) {
+    SCOPED_TRACE(std::string("overlap ") + (overlap == CommOverlap::kOff  ? "off"
+                                            : overlap == CommOverlap::kOn ? "on"
+                                                                          : "split") +
+                 (deferred ? ", deferred update" : ""));
+    const TrainRun beside = train(overlap, 3, false, 0, deferred, 1, true);
+    const TrainRun at_end = train(overlap, 3, false, 0, deferred, 1, false);
+    expect_bitwise_equal(beside, at_end);
+    for (const char* unit : {"reduce head", "reduce layer 1", "reduce layer 0", "reduce embed"}) {
+      EXPECT_NE(find_span(beside.timeline, "reduce", unit), nullptr) << unit;
+    }
+    const Span* head = find_span(beside.timeline, "reduce", "reduce head");
+    if (head != nullptr) {
+      EXPECT_LT(head->start, beside.forward_backward) << "the head's reduction waited for the "
+                                                         "whole backward";
+    }
+    EXPECT_FALSE(has_span_starting(at_end.timeline, "reduce", "reduce "));
+  }
 }
 
 TEST(GpuPipeline, TimelineComesFromCudaEvents) {
