@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -15,16 +16,17 @@ std::string rank_trace_events(int rank, const std::vector<Span>& spans,
   nlohmann::json events = nlohmann::json::array();
   events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
                     {"args", {{"name", "rank " + std::to_string(rank) + " (measured)"}}}});
-  // Tracks: compute and comm always, host and the second half's pair of streams (compute2,
-  // comm2: CommOverlap::kSplit) when some span is there.
-  const char* names[] = {"compute", "comm", "host", "compute2", "comm2"};
+  // Tracks: compute and comm always, host, the second half's pair of streams (compute2, comm2:
+  // CommOverlap::kSplit) and the gradient reduction's (reduce) when some span is there.
+  const char* names[] = {"compute", "comm", "host", "compute2", "comm2", "reduce"};
+  constexpr int kTracks = static_cast<int>(std::size(names));
   auto tid_of = [&](const std::string& stream) {
-    for (int tid = 1; tid < 5; ++tid) {
+    for (int tid = 1; tid < kTracks; ++tid) {
       if (stream == names[tid]) return tid;
     }
     return 0;
   };
-  for (int tid = 0; tid < 5; ++tid) {
+  for (int tid = 0; tid < kTracks; ++tid) {
     const bool used = tid < 2 || std::any_of(spans.begin(), spans.end(), [&](const Span& s) {
                         return tid_of(s.stream) == tid;
                       });
