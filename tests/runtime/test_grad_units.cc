@@ -6,21 +6,15 @@
 #include <string>
 
 #include "model/chunk.h"
+#include "model/tiny.h"
 #include "runtime/distributed.h"
 
 namespace tandem::runtime {
 namespace {
 
 ModelConfig model(bool moe) {
-  ModelConfig m;
-  m.vocab_size = 32;
-  m.hidden_size = 16;
+  ModelConfig m = testing::tiny_config(moe);
   m.num_layers = 4;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 24;
-  m.num_experts = moe ? 4 : 0;
-  m.seq_length = 8;
   return m;
 }
 
