@@ -20,7 +20,10 @@
 // ranks run the same bookkeeping and the same calls in the same order (their tests check it)
 // without an overlap to gain. Every data-parallel rank runs the same schedule, so each group sees
 // its reductions in the same order everywhere; a rank that waits in one waits only for its own
-// stage's replicas, which run the same actions.
+// stage's replicas, which run the same actions. On the GPU the reduce stream's all-reduces run
+// beside the all-to-alls and pipeline messages of other NCCL communicators; NCCL asks that
+// communicators used at once get their operations in the same order on every rank, which holds:
+// one host thread issues all of them in the schedule's order, the same on every rank.
 // Each element is summed over the same ranks as at the step's end; with two ranks a sum has one
 // order (a + b), so the values are bitwise those of reducing at the end; with more, the
 // library's summation order may depend on the size of the call (last bits).
