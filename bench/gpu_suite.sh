@@ -147,6 +147,7 @@ for s in $SUITE; do
                  "ep2-combined-off --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap off --global-batch-size 32" \
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
                  "ep2-combined-end --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --defer-optimizer=false --trace $OUT/trace-ep2-combined-end.json" \
+                 "ep2-combined-reduce-end --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --overlap-grad-reduce=false --trace $OUT/trace-ep2-combined-reduce-end.json" \
                  "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
                  "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
                  "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
@@ -160,6 +161,8 @@ for s in $SUITE; do
       # Note [Gradients reduced beside the backward]: the same steps, bit for bit (two ranks).
       [ -s $T/dp2.jsonl ] && [ -s $T/dp2-end.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/dp2.jsonl $T/dp2-end.jsonl | tee -a "$OUT/multi_b.txt"
+      [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-reduce-end.jsonl ] &&
+        python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-reduce-end.jsonl | tee -a "$OUT/multi_b.txt"
       # Note [The update beside the first forward]: the same steps, bit for bit.
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-end.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-end.jsonl | tee -a "$OUT/multi_b.txt"
