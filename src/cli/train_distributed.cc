@@ -290,6 +290,10 @@ void run_train_distributed(RunOptions& o) {
                       ? "; each step's update runs in the next step's first forward "
                         "(--defer-optimizer)"
                       : "")
+              << (trainer.grad_reduce_overlapped()
+                      ? "; gradients all-reduced layer by layer beside the backward "
+                        "(--overlap-grad-reduce)"
+                      : "")
               << std::endl;
   }
   reporter.open();

@@ -143,6 +143,9 @@ class PipelineTrainer {
   using GradientHook = std::function<void(std::vector<StageRuntime>& stages, int64_t iteration)>;
   void set_after_backward_hook(GradientHook hook) { after_backward_ = std::move(hook); }
   int64_t microbatches_per_rank() const { return num_mb_; }
+  // Whether this run reduces gradients beside the backward (Note [Gradients reduced beside the
+  // backward] in grad_reduce.cc): TrainConfig::overlap_grad_reduce and a group to reduce over.
+  bool grad_reduce_overlapped() const;
   // The last step's measured timeline on this rank, and its communication figures: seconds the
   // all-to-all tasks ran, and seconds the compute stream stood waiting for them (exposed). On
   // the GPU these come from CUDA events (Note [Measured on the GPU] in device_streams.h).
@@ -286,11 +289,9 @@ class PipelineTrainer {
   void communicate(const schedule::Action& a);
   void communicate_on_device(const schedule::Action& a);
   void reduce_gradients();
-  // Note [Gradients reduced beside the backward] (grad_reduce.cc): whether it is on this run
-  // (TrainConfig::overlap_grad_reduce and a group to reduce over); the step's counts set; a
+  // Note [Gradients reduced beside the backward] (grad_reduce.cc): the step's counts set; a
   // node's weight gradient issued (on the GPU: on `stream`), reducing its unit once that was
   // the unit's last; on the CPU the units made ready by the action just run.
-  bool grad_reduce_overlapped() const;
   void begin_grad_units();
   void weight_grad_issued(StageRuntime& s, size_t node, DeviceStream stream = nullptr);
   void reduce_ready_units();
