@@ -132,6 +132,33 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   }, kWarmup);
   report("per expert, lanes", lanes, max_rel_diff(lanes_y, ref));
 
+  // The same pieces issued largest first: lane = position % lanes (what the node could do), and
+  // each next largest on the lane with the fewest rows so far (longest processing time first).
+  std::vector<int64_t> by_rows(static_cast<size_t>(experts));
+  for (int64_t e = 0; e < experts; ++e) by_rows[static_cast<size_t>(e)] = e;
+  std::stable_sort(by_rows.begin(), by_rows.end(),
+                   [&](int64_t a, int64_t b) { return rows[a] > rows[b]; });
+  const int lane_count = tandem::ops::Lanes::count();
+  for (const bool lpt : {false, true}) {
+    const Tensor y = out();
+    const double ms = time_ms(iters, [&] {
+      tandem::ops::Lanes l(x);
+      std::vector<int64_t> load(static_cast<size_t>(lane_count), 0);
+      for (size_t i = 0; i < by_rows.size(); ++i) {
+        const int64_t e = by_rows[i];
+        int64_t lane = static_cast<int64_t>(i) % lane_count;
+        if (lpt) lane = std::min_element(load.begin(), load.end()) - load.begin();
+        load[static_cast<size_t>(lane)] += rows[e];
+        l.run(lane, [&, e] {
+          tandem::ops::linear_forward(y.narrow_rows(begin[e], rows[e]),
+                                      x.narrow_rows(begin[e], rows[e]), w[e]);
+        });
+      }
+      l.join();
+    }, kWarmup);
+    report(lpt ? "lanes, largest first, LPT" : "lanes, largest first", ms, max_rel_diff(y, ref));
+  }
+
   const std::vector<Piece> pieces = balanced_pieces(rows, tandem::ops::Lanes::count());
   const Tensor balanced_y = out();
   const double balanced = time_ms(iters, [&] {
@@ -203,6 +230,8 @@ int main(int argc, char** argv) {
         {"EP2 rank, even", {1024, 1024, 1024, 1024}},
         {"EP2 rank, uneven", {1600, 700, 1350, 1266}},
         {"EP2 rank, one hot expert", {2400, 500, 800, 700}},
+        {"EP2 busier rank, 16k rows", {8200, 4100, 2700, 1245}},
+        {"EP2 busier rank, hot last", {1245, 2700, 4100, 8200}},
         {"one GPU, even", std::vector<int64_t>(8, 1024)},
         {"one GPU, uneven", {1600, 700, 1350, 1266, 900, 1100, 300, 976}}};
     for (const auto& [name, rows] : cases) {
