@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -64,6 +64,18 @@ for s in $SUITE; do
       timeout 300 $B/test_cuda_ops > /tmp/test_cuda_ops.log 2>&1; echo "ops rc=$?"
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
       grep -B2 -A12 "Failure$" /tmp/test_cuda_ops.log | head -60 ;;
+    fault)
+      # Note [Bounded waits on the GPU]: rank 1 hangs on the host before step 3 (TANDEM_FAULT);
+      # rank 0's GPU then waits in NCCL for it, and rank 0 must stop with an error naming the
+      # wait within --comm-timeout instead of hanging (rc 124 here would be the hang).
+      A="--device cuda --addition-max-digits 2 --micro-batch-size 4 --global-batch-size 16 --train-iters 6 --log-interval 1 --comm-timeout 15"
+      M="mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH -x TANDEM_FAULT"
+      for layout in "--expert-model-parallel-size 2 --schedule combined-1f1b" "--pipeline-model-parallel-size 2 --schedule 1f1b" ""; do
+        t0=$(date +%s)
+        TANDEM_FAULT=rank=1,iter=3,mode=hang timeout 150 $M $B/tandem train $A $layout > /tmp/fault.log 2>&1
+        echo "fault hang [${layout:-dp2}]: rc=$? after $(( $(date +%s) - t0 )) s" | tee -a "$OUT/fault.txt"
+        grep -m2 -E "waited|error" /tmp/fault.log | cut -c1-400 | tee -a "$OUT/fault.txt"
+      done ;;
     gpupipe)
       timeout 300 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_NVLS_ENABLE -x LD_LIBRARY_PATH \
         $B/test_gpu_pipeline > "$OUT/test_gpu_pipeline.log" 2>&1; echo "gpu pipeline rc=$?"; grep -E "FAILED|PASSED|OK \]" "$OUT/test_gpu_pipeline.log" | tail -8 ;;

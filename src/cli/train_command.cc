@@ -14,6 +14,7 @@
 #include "core/device.h"
 #if TANDEM_WITH_CUDA
 #include "core/cuda/context.h"
+#include "core/cuda/wait.h"
 #endif
 #include "data/addition.h"
 #include "data/file_dataset.h"
@@ -78,6 +79,8 @@ void open_device(const RunOptions& o) {
   TANDEM_CHECK(local < gpus, "--device cuda: local rank ", local, " needs GPU ", local,
                " but this machine has ", gpus, "; start at most ", gpus, " ranks per machine");
   cuda::initialize(local);
+  // Note [Bounded waits on the GPU]: under mpirun a wait for the GPU may wait for a peer.
+  if (comm::launched_by_mpirun()) cuda::set_wait_limit(o.comm_timeout_s);
   (void)ops::Lanes::count();  // a bad TANDEM_EXPERT_LANES stops the run here, not mid-step
 #else
   TANDEM_CHECK(false, "--device ", o.device,

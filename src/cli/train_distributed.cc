@@ -250,7 +250,7 @@ void run_train_distributed(RunOptions& o) {
   runtime::Groups groups = runtime::Groups::make(
       std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
       static_cast<int>(p.expert_model_parallel_size), o.train.device,
-      /*second_expert_group=*/o.comm_overlap == "split");
+      /*second_expert_group=*/o.comm_overlap == "split", o.comm_timeout_s);
   const comm::ParallelLayout& L = groups.layout;
   o.train.validate(L.dp());
   const schedule::ScheduleShape shape{

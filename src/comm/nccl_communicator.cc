@@ -15,6 +15,7 @@
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_allocator.h"
+#include "core/cuda/wait.h"
 #include "core/error.h"
 
 namespace tandem::comm {
@@ -199,9 +200,19 @@ void NcclCommunicator::initialize() {
   watch(detail::concat("creating the NCCL communicator of ", size_, " rank(s)"),
         std::max(timeout_s_, kNcclInitTimeoutS), nullptr);
   last_op_ = "creation";
+  // Note [Bounded waits on the GPU]: a host wait that gives up aborts us, so that our kernels,
+  // spinning for a peer that will not come, end.
+  abort_hook_ = cuda::add_abort_hook([this] {
+    if (comm_ == nullptr) return;
+    (void)ncclCommAbort(comm_);
+    comm_ = nullptr;
+    abort_reason_ = detail::concat("a wait for the GPU ran past its limit (last operation: ",
+                                   last_op_, ")");
+  });
 }
 
 NcclCommunicator::~NcclCommunicator() {
+  if (abort_hook_ != 0) cuda::remove_abort_hook(abort_hook_);
   if (comm_ == nullptr) return;  // aborted: ncclCommAbort has freed it
   // Finalize flushes what is still enqueued; like every wait it is bounded, and a communicator
   // that does not finish in time is aborted instead of destroyed.

@@ -122,6 +122,9 @@ class NcclCommunicator final : public Communicator {
   ncclComm* comm_ = nullptr;  // null once aborted (ncclCommAbort frees it)
   std::string last_op_ = "none";
   std::string abort_reason_;
+  // Aborts this communicator when a host wait for the GPU runs past its limit (Note [Bounded
+  // waits on the GPU] in core/cuda/wait.h); 0 until registered.
+  int abort_hook_ = 0;
 };
 
 // "NCCL 2.28.9 (built with 2.28.9)": the library loaded and the header compiled against.

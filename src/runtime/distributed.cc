@@ -24,7 +24,7 @@ using schedule::Action;
 using schedule::ActionKind;
 
 Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, Device device,
-                    bool second_expert_group) {
+                    bool second_expert_group, double timeout_s) {
   Groups g;
   g.rank = world->rank();
   g.layout = comm::ParallelLayout::make(world->size(), pp, ep);
@@ -38,7 +38,7 @@ Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, D
     // they were issued, and a send waits on the GPU for its receive. Activations and gradients
     // flow in opposite directions, so one communicator for both would deadlock (each rank's
     // first operation a send); one per direction keeps each in the validated schedule's order.
-    const double timeout = 120.0;
+    const double timeout = timeout_s;
     g.pp_fwd_dev = comm::make_nccl_communicator(*g.pp, timeout);
     g.pp_bwd_dev = comm::make_nccl_communicator(*g.pp, timeout);
     g.dp_dev = comm::make_nccl_communicator(*g.dp, timeout);
@@ -46,7 +46,7 @@ Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, D
     if (ep > 1 && second_expert_group) g.ep2_dev = comm::make_nccl_communicator(*g.ep, timeout);
     g.edp_dev = comm::make_nccl_communicator(*g.edp, timeout);
 #else
-    (void)second_expert_group;
+    (void)second_expert_group, (void)timeout_s;
     TANDEM_CHECK(false, "device groups need a binary built with CUDA");
 #endif
   }

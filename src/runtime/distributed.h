@@ -43,10 +43,11 @@ struct Groups {
   std::unique_ptr<comm::Communicator> ep2_dev;
 
   // Splits `world` into the layout's groups; every rank must call it. device: kCUDA also builds
-  // the NCCL groups (cuda::initialize must have run).
-  // second_expert_group: also ep2_dev (GPU, EP > 1), for CommOverlap::kSplit.
+  // the NCCL groups (cuda::initialize must have run), each waiting at most timeout_s for a peer
+  // (--comm-timeout). second_expert_group: also ep2_dev (GPU, EP > 1), for CommOverlap::kSplit.
   static Groups make(std::unique_ptr<comm::Communicator> world, int pp, int ep,
-                     Device device = Device::kCPU, bool second_expert_group = false);
+                     Device device = Device::kCPU, bool second_expert_group = false,
+                     double timeout_s = 120.0);
   comm::Communicator& pp_fwd() { return pp_fwd_dev ? *pp_fwd_dev : *pp; }
   comm::Communicator& pp_bwd() { return pp_bwd_dev ? *pp_bwd_dev : *pp; }
   comm::Communicator& dp_data() { return dp_dev ? *dp_dev : *dp; }

@@ -2,17 +2,26 @@
 // table per dtype that every CUDA op is held to against the CPU reference.
 #pragma once
 
+#include <cuda_runtime.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstdint>
 #include <string>
 
+#include "core/cuda/check.h"
 #include "core/rng.h"
 #include "core/tensor.h"
 #include "ops/ops.h"
 
 namespace tandem::testing_gpu {
+
+// A stream of the test's own, never destroyed (a handle never comes back as another stream).
+inline cudaStream_t new_stream() {
+  cudaStream_t s = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  return s;
+}
 
 // Tolerances of a CUDA result against the CPU reference (f32 on the CPU, inputs already rounded
 // to the GPU's storage dtype): |gpu - ref| <= atol + rtol * |ref| elementwise.

@@ -29,11 +29,7 @@
 namespace tandem::cuda {
 namespace {
 
-cudaStream_t new_stream() {
-  cudaStream_t s = nullptr;
-  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  return s;
-}
+using testing_gpu::new_stream;
 
 // Holds `stream` up for `ms` milliseconds: what is enqueued after runs that much later.
 void delay(cudaStream_t stream, int ms) {

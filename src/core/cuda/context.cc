@@ -9,6 +9,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/cuda_allocator.h"
+#include "core/cuda/wait.h"
 #include "core/device.h"
 #include "core/host_read.h"
 
@@ -68,7 +69,7 @@ void copy_hook(void* dst, Device dst_device, const void* src, Device src_device,
   // the source before it returns, so the host stays free to run ahead of the GPU (a wait here
   // for every batch of token ids would drain the GPU's queue once per micro-batch).
   if (kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyHostToHost) {
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+    wait_stream(s, "a copy to the host");  // Note [Bounded waits on the GPU]
   }
 }
 
@@ -81,11 +82,22 @@ struct ReadSlot {
 
 std::mutex g_read_mutex;
 std::vector<ReadSlot*> g_free_reads;  // never freed: slots outlive main's statics
+std::vector<ReadSlot*> g_dropped_reads;  // dropped before their copy landed: pooled once it has
+
+// Dropped slots whose copy has landed, back to the pool (the caller holds g_read_mutex).
+void pool_landed_drops() {
+  std::erase_if(g_dropped_reads, [](ReadSlot* slot) {
+    if (cudaEventQuery(slot->done) != cudaSuccess) return false;
+    g_free_reads.push_back(slot);
+    return true;
+  });
+}
 
 uint64_t start_read_hook(const void* src, size_t bytes) {
   ReadSlot* slot = nullptr;
   {
     std::lock_guard lock(g_read_mutex);
+    pool_landed_drops();
     if (!g_free_reads.empty()) {
       slot = g_free_reads.back();
       g_free_reads.pop_back();
@@ -109,16 +121,19 @@ void release_read(ReadSlot* slot) {
 
 void finish_read_hook(uint64_t ticket, void* dst, size_t bytes) {
   auto* slot = reinterpret_cast<ReadSlot*>(ticket);
-  const cudaError_t e = cudaEventSynchronize(slot->done);
-  if (e == cudaSuccess) std::memcpy(dst, slot->pinned, bytes);
+  // Past the limit this throws and the slot stays out of the pool: its copy may land later.
+  wait_event(slot->done, "a value read back to the host");  // Note [Bounded waits on the GPU]
+  std::memcpy(dst, slot->pinned, bytes);
   release_read(slot);
-  TANDEM_CUDA_CHECK(e);
 }
 
 void drop_read_hook(uint64_t ticket) {
   auto* slot = reinterpret_cast<ReadSlot*>(ticket);
-  // The copy may still be writing the buffer: the slot is reused only after it lands.
-  if (cudaEventSynchronize(slot->done) == cudaSuccess) release_read(slot);
+  // The copy may still be writing the buffer: the slot is reused only after it lands. No wait
+  // here (a drop runs while unwinding too, maybe from a wait that timed out).
+  std::lock_guard lock(g_read_mutex);
+  g_dropped_reads.push_back(slot);
+  pool_landed_drops();
 }
 
 }  // namespace
@@ -150,7 +165,7 @@ void initialize(int device_index) {
   backend.allocator = &cuda_allocator();
   backend.zero = zero_hook;
   backend.copy = copy_hook;
-  backend.synchronize = [] { TANDEM_CUDA_CHECK(cudaDeviceSynchronize()); };
+  backend.synchronize = [] { wait_device("the work enqueued so far"); };
   backend.start_read = start_read_hook;
   backend.finish_read = finish_read_hook;
   backend.drop_read = drop_read_hook;
@@ -198,7 +213,7 @@ StreamScope::~StreamScope() {
   t_stream_set = previous_ != nullptr;
 }
 
-void synchronize_current() { TANDEM_CUDA_CHECK(cudaStreamSynchronize(current_stream())); }
+void synchronize_current() { wait_stream(current_stream(), "the current stream's work"); }
 
 cublasLtHandle_t cublaslt_handle() {
   TANDEM_CHECK(initialized(), "CUDA is not initialised: call cuda::initialize() first");

@@ -45,6 +45,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/wait.h"
 #include "core/tensor.h"
 
 namespace tandem::cuda {
@@ -290,7 +291,7 @@ void CudaAllocator::State::process_events() {
 void CudaAllocator::State::synchronize_events() {
   while (!pending.empty()) {
     const PendingFree p = pending.front();
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(p.event));
+    wait_event(p.event, "the work that last used memory being freed");
     pending.pop_front();
     event_completed(p.event, p.block);
   }
@@ -306,7 +307,7 @@ void CudaAllocator::State::release_cached_segments() {
   }
   if (whole.empty()) return;
   // A block freed on its own stream may still be in use by work enqueued there before the free.
-  TANDEM_CUDA_CHECK(cudaDeviceSynchronize());
+  wait_device("the work that last used cached memory");
   for (Block* b : whole) {
     pool_of(b).erase(b);
     TANDEM_CUDA_CHECK(cudaFree(b->ptr));

@@ -379,7 +379,7 @@ bool all_finite(const Tensor& x) {
   });
   int result = 0;
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(&result, bad, sizeof(int), cudaMemcpyDeviceToHost, stream()));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  tandem::cuda::wait_stream(stream(), "the finiteness check");
   return result == 0;
 }
 
@@ -436,12 +436,12 @@ void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table
   if (check == IdCheck::kCheckedByCaller) return;
   int bad = 0;
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(&bad, bad_row, sizeof(int), cudaMemcpyDeviceToHost, stream()));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+  tandem::cuda::wait_stream(stream(), "the embedding's check of the token ids");
   if (bad < n) {
     int32_t id = 0;
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(&id, ids.data<int32_t>() + bad, sizeof(int32_t),
                                       cudaMemcpyDeviceToHost, stream()));
-    TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream()));
+    tandem::cuda::wait_stream(stream(), "the copy of a bad token id to the host");
     TANDEM_CHECK(false, op, ": id ", id, " at row ", bad, " is outside [0, ", v, ")");
   }
 }

@@ -9,6 +9,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/wait.h"
 #include "core/tensor.h"
 
 namespace tandem::ops::cuda {

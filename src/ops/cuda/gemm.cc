@@ -17,6 +17,7 @@
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/wait.h"
 #include "core/tensor.h"
 
 namespace tandem::ops::cuda {
@@ -196,7 +197,7 @@ cublasLtMatmulAlgo_t tune(const GemmPlan& plan, const GemmKey& key,
   std::vector<int32_t> want(static_cast<size_t>(words)), got(static_cast<size_t>(words));
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(want.data(), reference.raw_data(), static_cast<size_t>(bytes),
                                     cudaMemcpyDeviceToHost, stream));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  tandem::cuda::wait_stream(stream, "a product's reference output (tuning its algorithm)");
   cudaEvent_t start = nullptr, stop = nullptr;
   TANDEM_CUDA_CHECK(cudaEventCreate(&start));
   TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
@@ -209,7 +210,7 @@ cublasLtMatmulAlgo_t tune(const GemmPlan& plan, const GemmKey& key,
     TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
     for (int i = 0; i < kTuneRuns; ++i) (void)run(algo, trial);
     TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
-    TANDEM_CUDA_CHECK(cudaEventSynchronize(stop));
+    tandem::cuda::wait_event(stop, "a product's trial runs (tuning its algorithm)");
     float ms = 0;
     TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
     if (std::memcmp(want.data(), got.data(), static_cast<size_t>(bytes)) != 0) continue;

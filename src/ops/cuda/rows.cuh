@@ -127,7 +127,7 @@ void expect_targets(const char* op, const Tensor& targets, int64_t v) {
   const cudaStream_t s = stream();
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(host.data(), targets.raw_data(), host.size() * sizeof(int32_t),
                                     cudaMemcpyDeviceToHost, s));
-  TANDEM_CUDA_CHECK(cudaStreamSynchronize(s));
+  tandem::cuda::wait_stream(s, "the copy of the loss targets to the host");
   for (size_t r = 0; r < host.size(); ++r) {
     TANDEM_CHECK(host[r] >= 0 && host[r] < v, op, ": target ", host[r], " at row ", r,
                  " is outside [0, ", v, ")");
