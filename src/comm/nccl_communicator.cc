@@ -202,12 +202,13 @@ void NcclCommunicator::initialize() {
   last_op_ = "creation";
   // Note [Bounded waits on the GPU]: a host wait that gives up aborts us, so that our kernels,
   // spinning for a peer that will not come, end.
-  abort_hook_ = cuda::add_abort_hook([this] {
-    if (comm_ == nullptr) return;
+  abort_hook_ = cuda::add_abort_hook([this]() -> std::string {
+    if (comm_ == nullptr) return "";
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
-    abort_reason_ = detail::concat("a wait for the GPU ran past its limit (last operation: ",
-                                   last_op_, ")");
+    abort_reason_ = "a wait for the GPU ran past its limit";
+    return detail::concat("NCCL group '", name_, "' (rank ", rank_, " of ", size_,
+                          ", last operation enqueued: ", last_op_, ")");
   });
 }
 

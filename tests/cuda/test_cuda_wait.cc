@@ -52,6 +52,7 @@ TEST(CudaWait, PastTheLimitTheHooksRunAndTheErrorNamesTheWait) {
   const int hook = add_abort_hook([&] {
     ++aborted;
     gate = true;
+    return std::string("the test's gate");
   });
   const Limit limit(0.3);
   const auto start = std::chrono::steady_clock::now();
@@ -65,6 +66,7 @@ TEST(CudaWait, PastTheLimitTheHooksRunAndTheErrorNamesTheWait) {
   remove_abort_hook(hook);
   EXPECT_NE(message.find("the test's held stream"), std::string::npos) << message;
   EXPECT_NE(message.find("0.3 s (--comm-timeout)"), std::string::npos) << message;
+  EXPECT_NE(message.find("aborted: the test's gate"), std::string::npos) << message;
   EXPECT_EQ(aborted, 1);
   EXPECT_GE(waited, 0.3);
   EXPECT_LT(waited, 5.0);
@@ -77,7 +79,10 @@ TEST(CudaWait, WithinTheLimitAWaitReturnsWhenTheWorkIsDone) {
   std::atomic<bool> gate{false};
   hold(s, gate);
   int aborted = 0;
-  const int hook = add_abort_hook([&] { ++aborted; });
+  const int hook = add_abort_hook([&] {
+    ++aborted;
+    return std::string();
+  });
   const Limit limit(30);
   std::thread opener([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <chrono>
 #include <map>
+#include <string>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -20,7 +21,7 @@ std::atomic<double> g_limit{0};
 
 struct Hooks {
   std::mutex mutex;
-  std::map<int, std::function<void()>> by_id;  // in the order added (ids grow)
+  std::map<int, std::function<std::string()>> by_id;  // in the order added (ids grow)
   int next = 1;
 };
 
@@ -29,13 +30,19 @@ Hooks& hooks() {
   return *h;
 }
 
-void run_abort_hooks() {
-  std::vector<std::function<void()>> run;
+// What the hooks aborted, "; "-separated.
+std::string run_abort_hooks() {
+  std::vector<std::function<std::string()>> run;
   {
     std::lock_guard lock(hooks().mutex);
     for (const auto& [id, hook] : hooks().by_id) run.push_back(hook);
   }
-  for (const auto& hook : run) hook();  // outside the lock: a hook may remove itself
+  std::string aborted;
+  for (const auto& hook : run) {  // outside the lock: a hook may remove itself
+    const std::string what = hook();
+    if (!what.empty()) aborted += (aborted.empty() ? "" : "; ") + what;
+  }
+  return aborted;
 }
 
 }  // namespace
@@ -48,7 +55,7 @@ void set_wait_limit(double seconds) {
 
 double wait_limit() { return g_limit; }
 
-int add_abort_hook(std::function<void()> hook) {
+int add_abort_hook(std::function<std::string()> hook) {
   std::lock_guard lock(hooks().mutex);
   const int id = hooks().next++;
   hooks().by_id.emplace(id, std::move(hook));
@@ -72,11 +79,11 @@ void wait_until(double limit, Done done, const char* what) {
   while (!done()) {
     const auto waited = Clock::now() - start;
     if (std::chrono::duration<double>(waited).count() > limit) {
-      run_abort_hooks();
+      const std::string aborted = run_abort_hooks();
       TANDEM_CHECK(false, "waited ", limit, " s (--comm-timeout) for the GPU to finish ", what,
                    ": its work waits for another rank's, which has probably died, hung or "
-                   "diverged (or was started with a different configuration); this rank's NCCL "
-                   "communicators were aborted");
+                   "diverged (or was started with a different configuration)",
+                   aborted.empty() ? "" : "; aborted: " + aborted);
     }
     if (waited > kSpin) std::this_thread::sleep_for(std::chrono::microseconds(50));
   }

@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include <functional>
+#include <string>
 
 namespace tandem::cuda {
 
@@ -23,9 +24,10 @@ namespace tandem::cuda {
 void set_wait_limit(double seconds);
 double wait_limit();
 
-// Runs when a wait runs past the limit, before the error is thrown (in the order added); the
-// id removes it again. Hooks must not throw.
-int add_abort_hook(std::function<void()> hook);
+// Runs when a wait runs past the limit, before the error is thrown (in the order added); what
+// it returns (what it aborted: "NCCL group 'ep' ...", or "") goes into the error. The id removes
+// it again. Hooks must not throw.
+int add_abort_hook(std::function<std::string()> hook);
 void remove_abort_hook(int id);
 
 // Waits until `event` has completed (Note [Bounded waits on the GPU]); `what` names the wait in
