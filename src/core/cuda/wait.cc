@@ -75,7 +75,7 @@ template <typename Done>
 void wait_until(double limit, Done done, const char* what) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
-  constexpr auto kSpin = std::chrono::milliseconds(2);
+  constexpr auto kSpin = std::chrono::seconds(1);
   while (!done()) {
     const auto waited = Clock::now() - start;
     if (std::chrono::duration<double>(waited).count() > limit) {
@@ -85,7 +85,11 @@ void wait_until(double limit, Done done, const char* what) {
                    "diverged (or was started with a different configuration)",
                    aborted.empty() ? "" : "; aborted: " + aborted);
     }
-    if (waited > kSpin) std::this_thread::sleep_for(std::chrono::microseconds(50));
+    if (waited > kSpin) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    } else {
+      std::this_thread::yield();
+    }
   }
 }
 

@@ -9,8 +9,10 @@
 // and, past the limit, runs the abort hooks (each NCCL communicator aborts, so its kernels end
 // and the GPU drains) and throws tandem::Error naming what it waited for; main then ends the
 // job (MPI_Abort), as for any error. Without a limit (one GPU, no peers) the waits are CUDA's
-// own blocking ones. The first 2 ms of a wait spin on cudaEventQuery, as cudaEventSynchronize
-// would, then sleep 50 us between queries.
+// own blocking ones. For its first second a wait spins on cudaEventQuery (yielding), as
+// cudaEventSynchronize spins, so that the host learns at once that a value it waits for has
+// landed (its next kernels are what the GPU then waits for); after that it sleeps 1 ms between
+// queries.
 #pragma once
 
 #include <cuda_runtime.h>
