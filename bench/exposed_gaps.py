@@ -7,7 +7,8 @@ stream runs a node (an "update" span of --defer-optimizer counts as compute; "wa
 not), each put down to the all-to-all in flight and to the compute node that ends it, then
 summed by the micro-batch phase of that all-to-all: the first forward (F0, alone in combined
 1F1B unless --pair-first-forwards), the last backward, and everything between (the pairs).
-With --defer-optimizer it also says how much of the update ran beside an all-to-all.
+With --defer-optimizer it also says how much of the update ran beside an all-to-all, and with
+data parallelism how much of the gradient all-reduce ran beside the backward.
 
   python3 bench/exposed_gaps.py trace.json [--top N]
 
@@ -128,6 +129,22 @@ def analyse(rank, top):
     return busy, exposed
 
 
+def reduce_summary(rank):
+    """The gradient all-reduces beside the backward (the reduce track, Note [Gradients reduced
+    beside the backward]): their time, and how much of it ran after the last compute node."""
+    spans = rank["spans"]
+    reduces = merge([(b, e) for t, _, b, e in spans if t == "reduce"])
+    if not reduces:
+        return False
+    end = max((e for t, n, b, e in spans if t.startswith("compute") and not n.startswith("wait ")),
+              default=0.0)
+    total = sum(e - b for b, e in reduces)
+    tail = sum(e - max(b, end) for b, e in reduces if e > end)
+    print(f"{rank['name']}: gradient all-reduce {total:.2f} ms on the reduce track, "
+          f"{total - tail:.2f} ms beside the backward, {tail:.2f} ms after its last node")
+    return True
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("trace")
@@ -141,8 +158,10 @@ def main():
         if "measured" not in rank["name"]:
             continue  # a planned timeline beside the measured one
         found = analyse(rank, args.top) is not None or found
+        found = reduce_summary(rank) or found
     if not found:
-        sys.exit(f"{args.trace}: no measured all-to-all spans (a GPU run with EP > 1 writes them)")
+        sys.exit(f"{args.trace}: no measured all-to-all or reduce spans (a GPU run with EP > 1, "
+                 "or with data parallelism, writes them)")
 
 
 if __name__ == "__main__":

@@ -170,7 +170,9 @@ for s in $SUITE; do
       # Note [A stream pair per half]: the same steps, bit for bit.
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-split.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on.jsonl $T/ep2-combined-split.jsonl | tee -a "$OUT/multi_b.txt"
-      # Note [Gradients reduced beside the backward]: the same steps, bit for bit (two ranks).
+      # Note [Gradients reduced beside the backward]: the same steps, bit for bit (two ranks);
+      # how much of the all-reduce ran beside the backward.
+      [ -s $OUT/trace-dp2.json ] && python3 devrun/exposed_gaps.py $OUT/trace-dp2.json | tee -a "$OUT/multi_b.txt"
       [ -s $T/dp2.jsonl ] && [ -s $T/dp2-end.jsonl ] &&
         python3 devrun/compare_losses.py --rtol=0 $T/dp2.jsonl $T/dp2-end.jsonl | tee -a "$OUT/multi_b.txt"
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-reduce-end.jsonl ] &&
