@@ -167,9 +167,7 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
         {last[k]});
     // Reduced after the pair, once both streams are done (Note [Gradients reduced beside the
     // backward]).
-    if (half.action.kind == ActionKind::kBackward && schedule::node_has_weights(kind)) {
-      weight_grad_issued(*half.stage, i);
-    }
+    if (half.action.kind == ActionKind::kBackward) weight_grad_issued(*half.stage, i);
   };
   auto prepare = [](int, size_t) {};  // the comm worker runs each dispatch whole
   try {

@@ -266,7 +266,7 @@ void PipelineTrainer::run_nodes(StageRuntime& s, model::MicroBatchState& state, 
     if (kind != ActionKind::kBackwardWeight) s.chunk->backward_node(i, state, c);
     if (kind != ActionKind::kBackwardInput) {
       s.chunk->backward_weights_node(i, state, c);
-      if (schedule::node_has_weights(s.chunk->nodes()[i].kind)) weight_grad_issued(s, i);
+      weight_grad_issued(s, i);
     }
   }
 }

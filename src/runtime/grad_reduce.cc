@@ -103,7 +103,8 @@ void PipelineTrainer::begin_grad_units() {
 }
 
 void PipelineTrainer::weight_grad_issued(StageRuntime& s, size_t node, DeviceStream stream) {
-  if (!grad_reduce_overlapped()) return;
+  // Only nodes with weights count (StageRuntime::GradUnit::weighted_nodes).
+  if (!grad_reduce_overlapped() || !schedule::node_has_weights(s.chunk->nodes()[node].kind)) return;
   const auto k = static_cast<size_t>(s.node_unit[node]);
   StageRuntime::GradUnit& u = s.grad_units[k];
   TANDEM_ASSERT(u.pending > 0, "unit ", u.name, " of stage ", s.stage,

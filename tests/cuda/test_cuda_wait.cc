@@ -24,14 +24,19 @@ namespace {
 
 using testing_gpu::new_stream;
 
-// Holds `stream` until `gate` is set (what is enqueued after runs only then).
-void hold(cudaStream_t stream, std::atomic<bool>& gate) {
-  const cudaHostFn_t wait = [](void* arg) {
-    auto* open = static_cast<std::atomic<bool>*>(arg);
-    while (!open->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  };
-  TANDEM_CUDA_CHECK(cudaLaunchHostFunc(stream, wait, &gate));
-}
+// A stream of the test's own held by a host function until `gate` is set (what is enqueued
+// after runs only then), as a peer's missing NCCL kernel holds a real one.
+struct HeldStream {
+  cudaStream_t stream = new_stream();
+  std::atomic<bool> gate{false};
+  HeldStream() {
+    const cudaHostFn_t wait = [](void* arg) {
+      auto* open = static_cast<std::atomic<bool>*>(arg);
+      while (!open->load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    };
+    TANDEM_CUDA_CHECK(cudaLaunchHostFunc(stream, wait, &gate));
+  }
+};
 
 // Sets the limit for one test and clears it after (the other tests run without one).
 struct Limit {
@@ -44,14 +49,13 @@ double seconds_since(std::chrono::steady_clock::time_point t) {
 }
 
 TEST(CudaWait, PastTheLimitTheHooksRunAndTheErrorNamesTheWait) {
-  const cudaStream_t s = new_stream();
-  std::atomic<bool> gate{false};
-  hold(s, gate);
+  HeldStream held;
+  const cudaStream_t s = held.stream;
   int aborted = 0;
   // As an NCCL communicator's abort ends its kernels, this hook lets the stream go.
   const int hook = add_abort_hook([&] {
     ++aborted;
-    gate = true;
+    held.gate = true;
     return std::string("the test's gate");
   });
   const Limit limit(0.3);
@@ -75,9 +79,7 @@ TEST(CudaWait, PastTheLimitTheHooksRunAndTheErrorNamesTheWait) {
 }
 
 TEST(CudaWait, WithinTheLimitAWaitReturnsWhenTheWorkIsDone) {
-  const cudaStream_t s = new_stream();
-  std::atomic<bool> gate{false};
-  hold(s, gate);
+  HeldStream held;
   int aborted = 0;
   const int hook = add_abort_hook([&] {
     ++aborted;
@@ -86,10 +88,10 @@ TEST(CudaWait, WithinTheLimitAWaitReturnsWhenTheWorkIsDone) {
   const Limit limit(30);
   std::thread opener([&] {
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    gate = true;
+    held.gate = true;
   });
   const auto start = std::chrono::steady_clock::now();
-  wait_stream(s, "the test's held stream");
+  wait_stream(held.stream, "the test's held stream");
   EXPECT_GE(seconds_since(start), 0.04);
   opener.join();
   remove_abort_hook(hook);
@@ -111,15 +113,13 @@ TEST(CudaWait, ReadsBackToTheHostArriveUnderALimit) {
   const Tensor back = t.to(Device::kCPU);
   EXPECT_EQ(back.data<int32_t>()[3], 22);
 
-  const cudaStream_t s = new_stream();
-  std::atomic<bool> gate{false};
+  HeldStream held;
   {
-    StreamScope on(s);
-    hold(s, gate);
+    StreamScope on(held.stream);
     HostRead dropped(t);  // its copy waits behind the held stream; dropping must not wait
   }
-  gate = true;
-  wait_stream(s, "the test's stream");
+  held.gate = true;
+  wait_stream(held.stream, "the test's stream");
 }
 
 }  // namespace

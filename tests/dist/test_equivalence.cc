@@ -60,6 +60,13 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return true;
 }
 
+// The layout's groups over every rank of the test world (collective).
+Groups world_groups(int pp, int ep) {
+  std::vector<int> all;
+  for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
+  return Groups::make(g_world->subgroup(all, "world"), pp, ep);
+}
+
 struct Case {
   bool moe;
   int pp, ep, v;
@@ -90,11 +97,7 @@ bool run_case(const Case& c, int dp) {
   std::map<std::string, Tensor> ref_grads;
   for (const auto& e : reference.params().entries()) ref_grads[e.name] = reference.params().grad(e);
 
-  Groups groups = Groups::make(g_world->subgroup([&] {
-    std::vector<int> all;
-    for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
-    return all;
-  }(), "world"), c.pp, c.ep);
+  Groups groups = world_groups(c.pp, c.ep);
   PipelineTrainer trainer(m, t, sched, groups, data, DType::kF64);
   const StepResult got = trainer.forward_backward(0);
 
@@ -161,16 +164,11 @@ TEST(Equivalence, PairedFirstForwardsAreBitwiseTheUnpairedSchedule) {
   t.micro_batch_size = 1;
   t.global_batch_size = 4 * world;
   RandomTokens data(m.vocab_size);
-  auto make_groups = [&] {
-    std::vector<int> all;
-    for (int r = 0; r < world; ++r) all.push_back(r);
-    return Groups::make(g_world->subgroup(all, "world"), 1, ep);
-  };
   const auto kind = schedule::ScheduleKind::kCombined1f1b;
   const schedule::Schedule plain = schedule::generate_schedule(kind, {1, 1, 4, false});
   const schedule::Schedule paired = schedule::generate_schedule(kind, {1, 1, 4, true});
   ASSERT_EQ(paired.ranks[0].front().kind, schedule::ActionKind::kForwardForward);
-  Groups g1 = make_groups(), g2 = make_groups();
+  Groups g1 = world_groups(1, ep), g2 = world_groups(1, ep);
   PipelineTrainer a(m, t, plain, g1, data, DType::kF64);
   PipelineTrainer b(m, t, paired, g2, data, DType::kF64);
   const StepResult ra = a.forward_backward(0), rb = b.forward_backward(0);
@@ -219,12 +217,7 @@ void run_overlap_against_end(bool moe) {
         t.global_batch_size = 2 * pp * dp;
         TrainConfig at_end = t;
         at_end.overlap_grad_reduce = false;
-        auto groups = [&] {
-          std::vector<int> all;
-          for (int r = 0; r < world; ++r) all.push_back(r);
-          return Groups::make(g_world->subgroup(all, "world"), pp, ep);
-        };
-        Groups g1 = groups(), g2 = groups();
+        Groups g1 = world_groups(pp, ep), g2 = world_groups(pp, ep);
         PipelineTrainer a(m, t, sched, g1, data, DType::kF64);
         PipelineTrainer b(m, at_end, sched, g2, data, DType::kF64);
         const StepResult ra = a.forward_backward(0), rb = b.forward_backward(0);

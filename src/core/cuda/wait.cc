@@ -1,13 +1,12 @@
 // Bounded host waits for the GPU (Note [Bounded waits on the GPU] in wait.h).
 #include "core/cuda/wait.h"
 
-#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <map>
-#include <string>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -52,8 +51,6 @@ void set_wait_limit(double seconds) {
                "not ", seconds);
   g_limit = seconds;
 }
-
-double wait_limit() { return g_limit; }
 
 int add_abort_hook(std::function<std::string()> hook) {
   std::lock_guard lock(hooks().mutex);

@@ -24,7 +24,6 @@ namespace tandem::cuda {
 
 // The longest the host waits for the GPU, in seconds; 0 (the default): as long as it takes.
 void set_wait_limit(double seconds);
-double wait_limit();
 
 // Runs when a wait runs past the limit, before the error is thrown (in the order added); what
 // it returns (what it aborted: "NCCL group 'ep' ...", or "") goes into the error. The id removes
