@@ -30,6 +30,7 @@ struct PlanOptions {
   std::string write_schedule;
   OutputFormat format = OutputFormat::kTable;
   int64_t activation_bytes = 4;
+  int64_t data_parallel_size = 0;  // 0: --expert-model-parallel-size
   schedule::DeviceDesc device;
 };
 
@@ -76,6 +77,13 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
                  "weights' bf16 copy)")
       ->check(CLI::IsMember({2, 4, 8}))
       ->option_text("2|4|8");
+  sub.add_option("--data-parallel-size", p.data_parallel_size,
+                 "ranks per pipeline stage, as `mpirun -np` / PP gives `tandem train` (expert "
+                 "ranks included): divides --global-batch-size into micro-batches as training "
+                 "does, and plans the gradient all-reduce over them (with --overlap-grad-reduce "
+                 "beside the backward) (default: --expert-model-parallel-size)")
+      ->check(CLI::PositiveNumber)
+      ->option_text("N");
   sub.add_option("--matrix-flops", p.device.matrix_flops_per_s,
                  "the device's matrix rate, flop/s (default: 7.9e14, about one H200 in bf16)")
       ->check(CLI::PositiveNumber)
@@ -104,7 +112,14 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   if (o.parallel.schedule == "dualpipev" &&
       app.count("--virtual-pipeline-model-parallel-size") == 0)
     v = 2;
-  const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches();
+  // As `tandem train` under mpirun: micro-batches per data-parallel rank.
+  const int64_t dp = p.data_parallel_size > 0 ? p.data_parallel_size
+                                              : o.parallel.expert_model_parallel_size;
+  TANDEM_CHECK(dp % o.parallel.expert_model_parallel_size == 0, "--data-parallel-size ", dp,
+               " is invalid: the expert ranks are carved out of the data-parallel ones, so use a "
+               "multiple of --expert-model-parallel-size ", o.parallel.expert_model_parallel_size);
+  if (o.num_microbatches == 0) o.train.validate(dp);
+  const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches(dp);
   req.shape = {static_cast<int32_t>(o.parallel.pipeline_model_parallel_size),
                static_cast<int32_t>(v), static_cast<int32_t>(m), o.parallel.pair_first_forwards};
   schedule::PlanInputs& in = req.inputs;
@@ -116,6 +131,8 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   in.gpu = o.device == "cuda";
   in.recompute_experts = o.train.recompute_experts;
   in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
+  in.data_parallel_size = p.data_parallel_size;  // Note [Gradient reduction in the plan]
+  in.overlap_grad_reduce = o.train.overlap_grad_reduce;
   if (in.gpu && app.count("--activation-bytes") == 0) in.activation_elem_bytes = 2;
   in.cost.device = p.device;
   in.cost.kind = schedule::parse_cost_model(p.cost_model);

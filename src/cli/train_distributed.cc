@@ -130,12 +130,17 @@ void write_measured_trace(const std::string& path, runtime::PipelineTrainer& tra
 void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
                       comm::Communicator& world, bool recompute_experts) {
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
-  // The nodes', then the deferred update's seconds per weight and 1 when measured.
-  Tensor mine = Tensor::zeros({kNumNodeKinds * kValues + 2}, DType::kF64, MemCategory::kOther,
+  // The nodes', then the deferred update's seconds per weight and 1 when measured, then the
+  // gradient all-reduce's bus bandwidth and 1 when measured.
+  Tensor mine = Tensor::zeros({kNumNodeKinds * kValues + 4}, DType::kF64, MemCategory::kOther,
                               "node_times");
   if (const auto& u = trainer.measured_node_times().update_s_per_weight) {
     mine.data<double>()[kNumNodeKinds * kValues] = *u;
     mine.data<double>()[kNumNodeKinds * kValues + 1] = 1;
+  }
+  if (const auto& b = trainer.measured_node_times().grad_reduce_bus_bytes_per_s) {
+    mine.data<double>()[kNumNodeKinds * kValues + 2] = *b;
+    mine.data<double>()[kNumNodeKinds * kValues + 3] = 1;
   }
   for (int k = 0; k < kNumNodeKinds; ++k) {
     const auto& t = trainer.measured_node_times().nodes[k];
@@ -159,6 +164,8 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   nlohmann::json out = {{"nodes", nodes}, {"recompute_experts", recompute_experts}};
   const double* u = mine.data<double>() + kNumNodeKinds * kValues;
   if (u[1] > 0) out["update_per_weight"] = u[0] / u[1];  // Note [Deferred update in the plan]
+  // Note [Gradient reduction in the plan] (schedule/simulator.cc)
+  if (u[3] > 0) out["grad_reduce_bus_bytes_per_s"] = u[2] / u[3];
   std::ofstream f(path);
   f << out.dump(2) << "\n";
   TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");

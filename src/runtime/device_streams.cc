@@ -115,7 +115,7 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, step_zero_, e));
     return static_cast<double>(ms) * 1e-3;
   };
-  double update_s = 0;
+  double update_s = 0, reduce_s = 0, reduce_bus_bytes = 0;
   int64_t update_weights = 0;
   std::array<std::array<double, 3>, kNumNodeKinds> sum{};
   std::array<std::array<int64_t, 3>, kNumNodeKinds> count{};
@@ -133,6 +133,10 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
     if (p.info.weights > 0) {
       update_s += e - b;
       update_weights += p.info.weights;
+    }
+    if (p.info.bus_bytes > 0) {
+      reduce_s += e - b;
+      reduce_bus_bytes += p.info.bus_bytes;
     }
     if (p.info.kind >= 0) {
       const auto ph = static_cast<size_t>(p.info.phase);
@@ -154,6 +158,7 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   if (update_weights > 0) {
     out.node_times.update_s_per_weight = update_s / static_cast<double>(update_weights);
   }
+  if (reduce_s > 0) out.node_times.grad_reduce_bus_bytes_per_s = reduce_bus_bytes / reduce_s;
   return out;
 }
 

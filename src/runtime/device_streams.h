@@ -85,6 +85,10 @@ class DeviceStreams {
     // deferred_update.cc).
     bool busy = false;
     int64_t weights = 0;  // a deferred update's: the weights it updated (StepTimes' rate)
+    // A gradient unit's all-reduce: its bus bytes, sum of bytes x 2 (n-1) / n over its groups
+    // of n ranks (StepTimes' rate, Note [Gradient reduction in the plan] in
+    // schedule/simulator.cc).
+    double bus_bytes = 0;
   };
   void end(DeviceStream s, DeviceEvent begin, SpanInfo info);
   // A span of the host's own work (issuing a node, waiting inside it), on the trace's "host"

@@ -296,7 +296,8 @@ class PipelineTrainer {
   void begin_grad_units();
   void weight_grad_issued(StageRuntime& s, size_t node, DeviceStream stream = nullptr);
   void reduce_ready_units();
-  void reduce_unit(StageRuntime& s, StageRuntime::GradUnit& u);
+  // All-reduces the unit's gradients; returns their bus bytes (SpanInfo::bus_bytes).
+  double reduce_unit(StageRuntime& s, StageRuntime::GradUnit& u);
   std::vector<std::pair<StageRuntime*, size_t>> ready_units_;  // CPU: (stage, unit)
   double global_grad_norm();
 

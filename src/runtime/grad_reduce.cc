@@ -119,8 +119,8 @@ void PipelineTrainer::weight_grad_issued(StageRuntime& s, size_t node, DeviceStr
   DeviceStreams::wait(reduce, dev_->mark(stream));
   cuda::StreamScope on(reduce);
   const DeviceEvent begin = dev_->begin(reduce);
-  reduce_unit(s, u);
   DeviceStreams::SpanInfo info;
+  info.bus_bytes = reduce_unit(s, u);
   info.track = "reduce";
   info.name = "reduce " + u.name;
   dev_->end(reduce, begin, std::move(info));
@@ -134,16 +134,21 @@ void PipelineTrainer::reduce_ready_units() {
   ready_units_.clear();
 }
 
-void PipelineTrainer::reduce_unit(StageRuntime& s, StageRuntime::GradUnit& u) {
+double PipelineTrainer::reduce_unit(StageRuntime& s, StageRuntime::GradUnit& u) {
   const comm::ParallelLayout& L = groups_->layout;
+  double bus_bytes = 0;
   for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
     const int64_t begin = std::max(run.begin, u.begin);
     const int64_t end = std::min(run.begin + run.count, u.end);
-    if (begin >= end || (run.expert ? L.edp() : L.dp()) <= 1) continue;
+    const int n = run.expert ? L.edp() : L.dp();
+    if (begin >= end || n <= 1) continue;
     comm::Communicator& group = run.expert ? groups_->edp_data() : groups_->dp_data();
-    group.all_reduce_sum(s.params->flat_grads().narrow_rows(begin, end - begin));
+    const Tensor grads = s.params->flat_grads().narrow_rows(begin, end - begin);
+    group.all_reduce_sum(grads);
+    bus_bytes += static_cast<double>(grads.nbytes()) * 2.0 * (n - 1) / n;
   }
   u.reduced = true;
+  return bus_bytes;
 }
 
 }  // namespace tandem::runtime

@@ -164,6 +164,16 @@ double p2p_time(const CostModel& cost, int64_t bytes) {
   return 0;
 }
 
+double all_reduce_time(const CostModel& cost, int64_t bytes, int64_t ranks) {
+  if (cost.kind == CostModelKind::kUniform || ranks <= 1 || bytes <= 0) return 0;
+  const double bus = cost.kind == CostModelKind::kNodeTimes && cost.table.grad_reduce_bus_bytes_per_s
+                         ? *cost.table.grad_reduce_bus_bytes_per_s
+                         : cost.device.link_bytes_per_s;
+  const double steps = 2.0 * static_cast<double>(ranks - 1);
+  return steps * cost.device.link_latency_s +
+         steps / static_cast<double>(ranks) * dbl(bytes) / bus;
+}
+
 NodeTimesTable parse_node_times(std::string_view text, std::string_view source) {
   nlohmann::json j;
   try {
@@ -176,9 +186,10 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
   NodeTimesTable table;
   for (const auto& [key, value] : j.items()) {
     TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts" ||
-                     key == "update_per_weight",
+                     key == "update_per_weight" || key == "grad_reduce_bus_bytes_per_s",
                  source, ": unknown key \"", key,
-                 "\"; valid keys are nodes, p2p, recompute_experts and update_per_weight");
+                 "\"; valid keys are nodes, p2p, recompute_experts, update_per_weight and "
+                 "grad_reduce_bus_bytes_per_s");
   }
   if (j.contains("recompute_experts")) {
     TANDEM_CHECK(j["recompute_experts"].is_boolean(), source,
@@ -204,6 +215,14 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
                  "got ",
                  u.dump());
     table.update_s_per_weight = u.get<double>();
+  }
+  if (j.contains("grad_reduce_bus_bytes_per_s")) {  // Note [Gradient reduction in the plan]
+    const nlohmann::json& b = j["grad_reduce_bus_bytes_per_s"];
+    TANDEM_CHECK(b.is_number() && b.get<double>() > 0, source,
+                 ": grad_reduce_bus_bytes_per_s: expected the gradient all-reduce's bus "
+                 "bandwidth in bytes/s (> 0), got ",
+                 b.dump());
+    table.grad_reduce_bus_bytes_per_s = b.get<double>();
   }
   if (j.contains("p2p")) {
     TANDEM_CHECK(j["p2p"].is_number() && j["p2p"].get<double>() >= 0, source,

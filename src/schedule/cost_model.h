@@ -71,6 +71,9 @@ struct NodeTimesTable {
   // Seconds the deferred optimizer update took per weight (--defer-optimizer runs; Note
   // [Deferred update in the plan] in simulator.cc); empty: the roofline's estimate.
   std::optional<double> update_s_per_weight;
+  // The gradient all-reduce's bus bandwidth, bytes/s, as measured beside the backward (Note
+  // [Gradient reduction in the plan] in simulator.cc); empty: the link's.
+  std::optional<double> grad_reduce_bus_bytes_per_s;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);
@@ -91,5 +94,10 @@ NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfi
 
 // Time of one pipeline message of `bytes` (0 for kUniform).
 double p2p_time(const CostModel& cost, int64_t bytes);
+
+// Time of one all-reduce of `bytes` over `ranks` ranks (0 for one rank or kUniform): a ring moves
+// 2 (n-1)/n of the bytes over each rank's link at the bus bandwidth (the table's
+// grad_reduce_bus_bytes_per_s, else the link's) in 2 (n-1) steps of one latency each.
+double all_reduce_time(const CostModel& cost, int64_t bytes, int64_t ranks);
 
 }  // namespace tandem::schedule

@@ -90,6 +90,11 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
     TANDEM_CHECK(in.expert_parallel_size == 1, "--expert-model-parallel-size ",
                  in.expert_parallel_size, " needs experts: the model is dense (--num-experts 0)");
   }
+  // comm::ParallelLayout: expert parallelism is carved out of data parallelism.
+  const int64_t dp = in.data_parallel_size;
+  TANDEM_CHECK(dp == 0 || (dp >= 1 && dp % in.expert_parallel_size == 0), "--data-parallel-size ",
+               dp, " is invalid: the expert ranks are carved out of the data-parallel ones, so "
+               "use a multiple of --expert-model-parallel-size ", in.expert_parallel_size);
   TANDEM_CHECK(in.activation_elem_bytes == 2 || in.activation_elem_bytes == 4 ||
                    in.activation_elem_bytes == 8,
                "--activation-bytes ", in.activation_elem_bytes, " is invalid: use 2, 4 or 8");
@@ -160,6 +165,32 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   return node;
 }
 
+int64_t resolved_dp(const PlanInputs& in) {
+  return in.data_parallel_size > 0 ? in.data_parallel_size : in.expert_parallel_size;
+}
+
+// Note [Gradient reduction in the plan] (simulator.cc): the stage's units, as the runtime's
+// gradient_units (runtime/grad_reduce.cc) cut them, each with its all-reduce: the experts'
+// gradients over the expert-data-parallel group (DP / EP ranks), the rest over the
+// data-parallel group (DP ranks), in f32.
+void add_grad_units(Stage& st, const PlanInputs& in) {
+  const int64_t dp = resolved_dp(in), edp = dp / in.expert_parallel_size;
+  for (const StageNode& n : st.nodes) {
+    const int32_t layer = n.kind == NodeKind::kEmbed || n.kind == NodeKind::kLoss ? -1 : n.layer;
+    const bool same = !st.grad_units.empty() && st.grad_units.back().layer == layer &&
+                      n.kind != NodeKind::kLoss;  // the head is a unit of its own
+    if (!same) st.grad_units.push_back(GradUnit{layer, 0, 0, 0});
+    GradUnit& u = st.grad_units.back();
+    st.node_unit.push_back(static_cast<int32_t>(st.grad_units.size()) - 1);
+    if (!node_has_weights(n.kind)) continue;
+    ++u.weighted_nodes;
+    const int64_t ranks = n.kind == NodeKind::kExperts ? edp : dp;
+    if (ranks <= 1) continue;
+    u.bytes += n.params * kFp32;
+    u.reduce_s += all_reduce_time(in.cost, n.params * kFp32, ranks);
+  }
+}
+
 // Uniform costs: an action costs 1 per half, spread evenly over the stage's compute nodes.
 void spread_uniform(Stage& stage) {
   int compute = 0;
@@ -204,6 +235,7 @@ Stage build_stage(int32_t index, int32_t num_stages, int32_t first_layer, int32_
                 " weights, the stage holds ", st.num_params);
   st.message_bytes = p2p_bytes(cfg, s);
   st.message_s = p2p_time(in.cost, st.message_bytes);
+  add_grad_units(st, in);
   return st;
 }
 
@@ -223,6 +255,8 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   pm.shape = rank_shape(in);
   pm.cost_kind = in.cost.kind;
   pm.expert_parallel_size = in.expert_parallel_size;
+  pm.data_parallel_size = resolved_dp(in);
+  pm.overlap_grad_reduce = in.overlap_grad_reduce;
   // Note [Deferred update in the plan]: AdamW reads weight, gradient and two moments (f32) and
   // writes weight and moments, and on the GPU the bf16 copy: 28 or 30 bytes a weight at the
   // memory bandwidth. (One H200 measured 5.6 ms for 644M weights, 8.6 ps each, where 30 bytes

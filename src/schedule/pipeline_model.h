@@ -15,7 +15,9 @@
 
 namespace tandem::schedule {
 
-enum class Stream : uint8_t { kCompute, kComm };
+// kReduce: the gradient all-reduce's own stream (Note [Gradient reduction in the plan] in
+// simulator.cc), as the GPU runtime's DeviceStreams::reduce.
+enum class Stream : uint8_t { kCompute, kComm, kReduce };
 
 struct StageNode {
   NodeKind kind = NodeKind::kAttention;
@@ -44,6 +46,16 @@ struct StageNode {
   }
 };
 
+// One unit of a stage's gradients, all-reduced over the data-parallel groups in one piece (the
+// runtime's StageRuntime::GradUnit: the embedding, a layer, the head; Note [Gradient reduction
+// in the plan] in simulator.cc).
+struct GradUnit {
+  int32_t layer = -1;          // global layer; -1 for the embedding and the head
+  int32_t weighted_nodes = 0;  // the unit's nodes with a weight gradient
+  int64_t bytes = 0;           // f32 gradient bytes all-reduced (groups of more than one rank)
+  double reduce_s = 0;         // the all-reduce's time (dense over DP, experts over DP / EP)
+};
+
 struct Stage {
   int32_t index = 0;
   int32_t rank = 0;
@@ -57,6 +69,8 @@ struct Stage {
                                  // routing)
   int64_t message_bytes = 0;     // one pipeline message (activation or gradient)
   double message_s = 0;          // time of one pipeline message
+  std::vector<GradUnit> grad_units;  // forward order: [embedding], layers, [head]
+  std::vector<int32_t> node_unit;    // per node, its index in grad_units
 
   bool has_embed() const { return !nodes.empty() && nodes.front().kind == NodeKind::kEmbed; }
   bool has_loss() const { return !nodes.empty() && nodes.back().kind == NodeKind::kLoss; }
@@ -123,6 +137,12 @@ struct PlanInputs {
   std::vector<ExpertPace> expert_pace;
   // TrainConfig::defer_optimizer (Note [Deferred update in the plan] in simulator.cc).
   bool defer_optimizer = false;
+  // Ranks per pipeline stage (comm::ParallelLayout::dp(): the dense part's data-parallel size,
+  // expert parallelism carved out of it); 0: the expert-parallel size, no replicas beyond the
+  // expert ranks. Its gradient all-reduce and TrainConfig::overlap_grad_reduce: Note [Gradient
+  // reduction in the plan] in simulator.cc.
+  int64_t data_parallel_size = 0;
+  bool overlap_grad_reduce = true;
 };
 
 struct PipelineModel {
@@ -135,6 +155,9 @@ struct PipelineModel {
   // weights it reads, at update_s_per_param seconds a weight (0: not deferred, or uniform costs).
   bool defer_optimizer = false;
   double update_s_per_param = 0;
+  // Note [Gradient reduction in the plan] (simulator.cc).
+  int64_t data_parallel_size = 1;  // resolved: at least the expert-parallel size
+  bool overlap_grad_reduce = true;
 };
 
 // Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws

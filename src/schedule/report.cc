@@ -1,4 +1,5 @@
 // The plan as text: a table per rank and the JSON summary that `tandem plan --json` prints.
+#include <algorithm>
 #include <cstdio>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -55,6 +56,23 @@ std::string format_plan_table(const Plan& plan) {
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
                 format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
   out << line;
+  const int64_t dp = plan.model.data_parallel_size;
+  if (dp > 1) {  // Note [Gradient reduction in the plan]
+    double tail = 0, busy = 0;
+    for (const RankResult& r : plan.sim.ranks) {
+      tail = std::max(tail, r.grad_reduce_tail_s);
+      busy = std::max(busy, r.grad_reduce_s);
+    }
+    std::snprintf(line, sizeof line,
+                  "data-parallel size %lld: gradient all-reduce %s a rank, %s of it after the "
+                  "backward (%s); step with it %s\n",
+                  static_cast<long long>(dp), format_time(busy, cm).c_str(),
+                  format_time(tail, cm).c_str(),
+                  plan.model.overlap_grad_reduce ? "each unit beside the backward"
+                                                 : "all at the step's end",
+                  format_time(plan.sim.step_with_reduce_s, cm).c_str());
+    out << line;
+  }
   std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %14s %6s\n",
                 "rank", "stages", "busy%", "bubble%", "exposed comm", "exposed a2a",
                 "params+grads", "optimizer", "activations", "in flight", "workspace", "peak");
@@ -102,10 +120,13 @@ nlohmann::json plan_summary_json(const Plan& plan) {
   j["virtual_stages"] = s.num_ranks > 0 ? s.num_stages / s.num_ranks : 0;
   j["num_microbatches"] = s.num_microbatches;
   j["expert_parallel_size"] = plan.inputs.expert_parallel_size;
+  j["data_parallel_size"] = plan.model.data_parallel_size;  // Note [Gradient reduction in the plan]
+  j["overlap_grad_reduce"] = plan.model.overlap_grad_reduce;
   j["cost_model"] = std::string(cost_model_name(plan.inputs.cost.kind));
   j["time_unit"] = plan.inputs.cost.kind == CostModelKind::kUniform ? "uniform" : "s";
   j["step_time_s"] = plan.sim.step_time_s;
   j["bubble_fraction"] = plan.sim.bubble_fraction;
+  j["step_with_reduce_s"] = plan.sim.step_with_reduce_s;
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankResult& r : plan.sim.ranks) {
     ranks.push_back({{"rank", r.rank},
@@ -117,6 +138,8 @@ nlohmann::json plan_summary_json(const Plan& plan) {
                      {"exposed_comm_s", r.exposed_comm_s},
                      {"exposed_alltoall_s", r.exposed_alltoall_s},
                      {"exposed_alltoall_waiting_s", r.exposed_alltoall_waiting_s},
+                     {"grad_reduce_s", r.grad_reduce_s},
+                     {"grad_reduce_tail_s", r.grad_reduce_tail_s},
                      {"param_bytes", r.static_memory.param_bytes},
                      {"grad_bytes", r.static_memory.grad_bytes},
                      {"optimizer_bytes", r.static_memory.optimizer_bytes},

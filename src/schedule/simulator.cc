@@ -24,6 +24,19 @@
 //    the receive, while it waits, and the receive starts after that update. The planner models
 //    no update at the step's end (it times forward and backward only), so the deferred plan's
 //    step holds the update and the other does not.
+//  - Note [Gradient reduction in the plan]: with PipelineModel::data_parallel_size ranks per
+//    stage each stage's gradients are all-reduced in units (Stage::grad_units: the embedding,
+//    each layer, the head; the experts' part over DP / EP ranks, the rest over DP, f32, a ring's
+//    time at the link's or the measured bus bandwidth) on a third stream per rank, reduce, that
+//    runs in order as the GPU runtime's (Note [Gradients reduced beside the backward] in
+//    runtime/grad_reduce.cc): with overlap_grad_reduce a unit's all-reduce is issued when its
+//    step's last weight gradient ends (the counts of the runtime: weighted nodes x
+//    micro-batches), otherwise all units after the rank's forward-backward. It reads nothing the
+//    other streams write later and holds no memory beyond the gradients (static), so it never
+//    delays them: RankResult::end_s and SimResult::step_time_s stay the forward-backward's (the
+//    runtime's forward_backward_s), and grad_reduce_end_s / step_with_reduce_s add the
+//    reduction. Not modelled: the all-reduce's kernels slowing the compute beside them, and the
+//    links it shares with the all-to-all and pipeline messages.
 //  - Memory (Note [Memory accounting] in docs/schedules.md): a node's saved bytes are held from
 //    the end of its forward to the end of its backward, or of its W when the backward is split
 //    (nodes without weights: to the end of their I). A stage's output is held from the end of
@@ -181,6 +194,7 @@ void SimState::run_weight(int32_t r, int32_t index, const Action& a) {
     memory(r, start, n.workspace.backward_weight, MemKind::kWorkspace);
     memory(r, last, -n.workspace.backward_weight, MemKind::kWorkspace);
     memory(r, last, -n.weight_saved(a.microbatch), MemKind::kActivation, n.kind);
+    weight_done(r, index, a, k, last);
   }
   ranks[r].live.push_back({last, -1});
 }
@@ -279,6 +293,7 @@ SimResult simulate(const Schedule& schedule, const PipelineModel& model) {
     TANDEM_ASSERT(sim.ranks[r].pc == schedule.ranks[r].size(), "simulate: rank ", r,
                   " is blocked; validate_schedule must run first");
   }
+  sim.reduce_at_end();  // Note [Gradient reduction in the plan]
   return summarize(sim);
 }
 

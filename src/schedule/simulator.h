@@ -13,8 +13,10 @@
 namespace tandem::schedule {
 
 // kUpdate: a piece of a deferred optimizer update (Note [Deferred update in the plan] in
-// simulator.cc), on the compute stream before the node `node` names.
-enum class SpanKind : uint8_t { kNode, kSend, kRecv, kUpdate };
+// simulator.cc), on the compute stream before the node `node` names. kReduce: one gradient
+// unit's all-reduce on the reduce stream (Note [Gradient reduction in the plan]); `layer` names
+// the unit, or with -1 `node` does (kEmbed: the embedding, kLoss: the head).
+enum class SpanKind : uint8_t { kNode, kSend, kRecv, kUpdate, kReduce };
 enum class Phase : uint8_t { kForward, kBackwardInput, kBackwardWeight };
 
 // One interval of work on one stream of one rank.
@@ -45,10 +47,11 @@ struct MemorySample {
 struct RankResult {
   int32_t rank = 0;
   std::vector<int32_t> stages;
-  std::vector<Span> spans;           // compute and comm spans, each stream in time order
+  std::vector<Span> spans;           // compute, comm and reduce spans, each stream in time order
   std::vector<MemorySample> memory;  // starts at time 0 with nothing held
   RankMemory static_memory;          // parameters, gradients, optimizer state
-  double end_s = 0;                  // when the rank's last span ends
+  double end_s = 0;                  // when the rank's forward-backward ends (its last compute or
+                                     // comm span; the gradient all-reduce aside)
   double compute_busy_s = 0;
   double comm_busy_s = 0;
   double busy_fraction = 0;       // compute busy / step time
@@ -58,6 +61,11 @@ struct RankResult {
   // Of exposed_alltoall_s, the time only the all-to-alls' waits for the slowest expert rank were
   // in flight (the runtime's split, Note [Waiting for the slowest expert rank]).
   double exposed_alltoall_waiting_s = 0;
+  // Note [Gradient reduction in the plan]: the rank's gradient all-reduce time, when its last
+  // one ends (0: none), and how far that is past end_s (the step's tail the reduction adds).
+  double grad_reduce_s = 0;
+  double grad_reduce_end_s = 0;
+  double grad_reduce_tail_s = 0;
   int64_t activation_peak_bytes = 0;
   int64_t in_flight_peak_bytes = 0;
   int64_t workspace_peak_bytes = 0;  // op temporaries (Note [Node workspace]), at their peak
@@ -70,7 +78,10 @@ struct RankResult {
 
 struct SimResult {
   std::vector<RankResult> ranks;
-  double step_time_s = 0;      // the last rank's end
+  double step_time_s = 0;      // the last rank's end of forward and backward (RankResult::end_s)
+  // The same with each rank's gradient all-reduce: the step but the norm and the optimizer's
+  // update at its end (Note [Gradient reduction in the plan]).
+  double step_with_reduce_s = 0;
   double bubble_fraction = 0;  // 1 - total compute busy / (ranks x step time)
 };
 

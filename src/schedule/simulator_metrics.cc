@@ -133,10 +133,15 @@ SimResult summarize(SimState& sim) {
       out.exposed_alltoall_waiting_s =
           std::max(0.0, out.exposed_alltoall_s - uncovered_time(transfer, compute));
     }
+    // Note [Gradient reduction in the plan]
+    out.grad_reduce_s = total(stream_intervals(st.spans, Stream::kReduce, Which::kAll));
+    out.grad_reduce_end_s = st.free[2];
+    out.grad_reduce_tail_s = std::max(0.0, st.free[2] - out.end_s);
     memory_curve(st, out);
     out.peak_live_microbatches = peak_live(st.live);
     out.spans = std::move(st.spans);
     res.step_time_s = std::max(res.step_time_s, out.end_s);
+    res.step_with_reduce_s = std::max({res.step_with_reduce_s, out.end_s, st.free[2]});
   }
   double busy = 0;
   for (RankResult& out : res.ranks) {

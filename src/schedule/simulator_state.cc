@@ -4,6 +4,8 @@
 
 #include <algorithm>
 
+#include "core/error.h"
+
 namespace tandem::schedule {
 
 SimState::SimState(const Schedule& s, const PipelineModel& m)
@@ -23,6 +25,9 @@ SimState::SimState(const Schedule& s, const PipelineModel& m)
     ranks[r].mem.reserve(s.ranks[r].size() * 4);
   }
   for (const Stage& st : m.stages) {
+    std::vector<int64_t> pending;
+    for (const GradUnit& u : st.grad_units) pending.push_back(u.weighted_nodes * s.num_microbatches);
+    unit_pending.push_back(std::move(pending));
     updated.push_back(m.defer_optimizer ? 0 : st.num_params);
     std::vector<int64_t> ends;
     int64_t sum = 0;
@@ -39,6 +44,51 @@ void SimState::update(int32_t rank, int32_t stage, int64_t upto, Span proto) {
   issue(rank, Stream::kCompute, 0.0,
         static_cast<double>(upto - done) * model.update_s_per_param, proto);
   done = upto;
+}
+
+namespace {
+
+Span reduce_span(int32_t index, const Stage& stage, const GradUnit& u, int32_t mb) {
+  Span s;
+  s.action = index;
+  s.layer = u.layer;
+  s.stage = stage.index;
+  s.microbatch = mb;
+  s.kind = SpanKind::kReduce;
+  s.phase = Phase::kBackwardWeight;
+  s.node = u.layer >= 0 ? NodeKind::kAttention : stage.has_embed() && &u == &stage.grad_units[0]
+                                                     ? NodeKind::kEmbed
+                                                     : NodeKind::kLoss;
+  return s;
+}
+
+}  // namespace
+
+void SimState::weight_done(int32_t rank, int32_t index, const Action& a, int32_t node, double t) {
+  const Stage& stage = model.stages[a.stage];
+  const auto k = static_cast<size_t>(stage.node_unit[static_cast<size_t>(node)]);
+  int64_t& pending = unit_pending[static_cast<size_t>(a.stage)][k];
+  TANDEM_ASSERT(pending > 0, "stage ", a.stage, " unit ", k,
+                " got more weight gradients than the step's micro-batches");
+  if (--pending > 0 || !model.overlap_grad_reduce) return;
+  const GradUnit& u = stage.grad_units[k];
+  issue(rank, Stream::kReduce, t, u.reduce_s, reduce_span(index, stage, u, a.microbatch));
+}
+
+void SimState::reduce_at_end() {
+  if (model.overlap_grad_reduce) return;
+  for (int32_t r = 0; r < schedule.num_ranks; ++r) {
+    RankState& st = ranks[static_cast<size_t>(r)];
+    const double end = std::max(st.free[0], st.free[1]);
+    const auto last = static_cast<int32_t>(schedule.ranks[static_cast<size_t>(r)].size()) - 1;
+    for (const int32_t s : schedule.stages_of_rank(r)) {
+      const Stage& stage = model.stages[static_cast<size_t>(s)];
+      for (const GradUnit& u : stage.grad_units) {
+        issue(r, Stream::kReduce, end, u.reduce_s,
+              reduce_span(last, stage, u, schedule.num_microbatches - 1));
+      }
+    }
+  }
 }
 
 double SimState::issue(int32_t rank, Stream stream, double ready, double duration, Span proto) {
@@ -144,6 +194,7 @@ void HalfRun::node(int32_t k) {
       const double w_start = sim_.start_time(rank_, Stream::kCompute, end);
       release = sim_.issue(rank_, Stream::kCompute, end, n.times.backward_weight_s,
                            SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
+      sim_.weight_done(rank_, index_, half_, k, release);
       sim_.memory(rank_, w_start, n.workspace.backward_weight, MemKind::kWorkspace);
       sim_.memory(rank_, release, -n.workspace.backward_weight, MemKind::kWorkspace);
     }

@@ -26,7 +26,7 @@ struct Interval {
 };
 
 struct RankState {
-  std::array<double, 2> free{0, 0};  // when each stream (compute, comm) is next free
+  std::array<double, 3> free{0, 0, 0};  // when each stream (compute, comm, reduce) is next free
   std::vector<Span> spans;
   std::vector<MemEvent> mem;
   std::vector<std::pair<double, int>> live;  // (time, +1 / -1) per (stage, micro-batch)
@@ -51,6 +51,9 @@ struct SimState {
   std::vector<int64_t> updated;
   std::vector<std::vector<int64_t>> weight_ends;
   std::vector<double> recv_after;  // per cell: a RECV_F starts after the update issued at it
+  // Note [Gradient reduction in the plan] (simulator.cc): per stage and unit, the weight
+  // gradients still to come this step (Stage::grad_units' weighted nodes x micro-batches).
+  std::vector<std::vector<int64_t>> unit_pending;
 
   size_t cell(int32_t stage, int32_t mb) const {
     return static_cast<size_t>(stage) * schedule.num_microbatches + mb;
@@ -68,6 +71,11 @@ struct SimState {
   // is free; the span as `proto` says (its kind becomes kUpdate).
   void update(int32_t rank, int32_t stage, int64_t upto, Span proto);
   static Span message_span(int32_t index, const Action& a);
+  // Node `node` of `stage` wrote a weight gradient of one micro-batch, ending at `t`, in action
+  // `index`: with the overlap on, the unit it completes is all-reduced from then on.
+  void weight_done(int32_t rank, int32_t index, const Action& a, int32_t node, double t);
+  // Without the overlap: every rank's units all-reduced after its forward-backward.
+  void reduce_at_end();
 
   bool advance(int32_t rank);  // false when blocked on a RECV
   void run_single(int32_t rank, int32_t index, const Action& a);

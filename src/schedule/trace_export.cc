@@ -1,5 +1,6 @@
 // Chrome / Perfetto trace of a plan: process = rank, thread 0 = compute stream, thread 1 = comm
-// stream, "X" events per node span and message, a "memory" counter track per rank.
+// stream, thread 2 = the gradient all-reduce's stream, "X" events per node span, message and
+// reduction, a "memory" counter track per rank.
 #include <cstdio>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -15,6 +16,10 @@ std::string span_name(const Span& s) {
   if (s.kind == SpanKind::kSend) return s.phase == Phase::kForward ? "SEND_F" : "SEND_B";
   if (s.kind == SpanKind::kRecv) return s.phase == Phase::kForward ? "RECV_F" : "RECV_B";
   if (s.kind == SpanKind::kUpdate) return "update";  // Note [Deferred update in the plan]
+  if (s.kind == SpanKind::kReduce) {  // Note [Gradient reduction in the plan]
+    if (s.layer >= 0) return "reduce layer " + std::to_string(s.layer);
+    return s.node == NodeKind::kEmbed ? "reduce embed" : "reduce head";
+  }
   std::string out(node_kind_name(s.node));
   out += s.phase == Phase::kForward ? ".fwd" : s.phase == Phase::kBackwardInput ? ".bwd" : ".bwd_w";
   return out;
@@ -22,6 +27,7 @@ std::string span_name(const Span& s) {
 
 const char* span_category(const Span& s) {
   if (s.kind == SpanKind::kUpdate) return "U";
+  if (s.kind == SpanKind::kReduce) return "R";
   if (s.kind != SpanKind::kNode) return "p2p";
   return s.phase == Phase::kForward ? "F" : s.phase == Phase::kBackwardInput ? "B" : "W";
 }
@@ -29,13 +35,14 @@ const char* span_category(const Span& s) {
 void append_metadata(std::string& out, int32_t rank, const std::vector<int32_t>& stages) {
   std::string st;
   for (int32_t s : stages) st += (st.empty() ? "" : ",") + std::to_string(s);
-  char buf[256];
+  char buf[512];
   std::snprintf(buf, sizeof buf,
                 "{\"name\":\"process_name\",\"ph\":\"M\",\"pid\":%d,\"args\":{\"name\":\"rank %d "
                 "(stages %s)\"}},\n{\"name\":\"thread_name\",\"ph\":\"M\",\"pid\":%d,\"tid\":0,"
                 "\"args\":{\"name\":\"compute\"}},\n{\"name\":\"thread_name\",\"ph\":\"M\","
-                "\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"comm\"}},\n",
-                rank, rank, st.c_str(), rank, rank);
+                "\"pid\":%d,\"tid\":1,\"args\":{\"name\":\"comm\"}},\n{\"name\":\"thread_name\","
+                "\"ph\":\"M\",\"pid\":%d,\"tid\":2,\"args\":{\"name\":\"reduce\"}},\n",
+                rank, rank, st.c_str(), rank, rank, rank);
   out += buf;
 }
 
@@ -55,7 +62,7 @@ std::string trace_json(const Plan& plan) {
                     "\"pid\":%d,\"tid\":%d,\"args\":{\"action\":\"%s\",\"stage\":%d,"
                     "\"microbatch\":%d,\"layer\":%d}},\n",
                     span_name(s).c_str(), span_category(s), s.start * scale,
-                    (s.end - s.start) * scale, r.rank, s.stream == Stream::kCompute ? 0 : 1,
+                    (s.end - s.start) * scale, r.rank, static_cast<int>(s.stream),
                     to_string(list[s.action]).c_str(), s.stage, s.microbatch, s.layer);
       out += buf;
     }

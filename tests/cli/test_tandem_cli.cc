@@ -111,9 +111,10 @@ TEST(TandemProgram, PlanForTheGpuCountsTheWeightCopyAndBf16Activations) {
 TEST(TandemProgram, PlanModelsTheDeferredUpdate) {
   TempDir work, capture;
   auto plan = [&](const std::string& defer) {
+    // Two ranks, two micro-batches each (as `mpirun -np 2 tandem train` would run it).
     std::vector<std::string> args = {"plan", "--json", "--device", "cuda",
                                      "--expert-model-parallel-size", "2", "--schedule",
-                                     "combined-1f1b"};
+                                     "combined-1f1b", "--global-batch-size", "32"};
     if (!defer.empty()) args.push_back(defer);
     const RunResult r = run_tandem(args, work.path(), capture.path());
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -124,4 +125,56 @@ TEST(TandemProgram, PlanModelsTheDeferredUpdate) {
             end.at("exposed_alltoall_s").get<double>());
   EXPECT_GT(deferred.at("compute_busy_s").get<double>(), end.at("compute_busy_s").get<double>());
   EXPECT_EQ(plan("").dump(), deferred.dump());  // the default
+}
+
+// Note [Gradient reduction in the plan]: `tandem plan --data-parallel-size N` divides the global
+// batch as `tandem train` on N ranks a stage does and plans the gradient all-reduce: beside the
+// backward by default, after it with --overlap-grad-reduce=false; neither moves the
+// forward-backward. Bad sizes get an error that names them.
+TEST(TandemProgram, PlanModelsTheDataParallelGradientReduction) {
+  TempDir work, capture;
+  auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {"plan", "--json", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers", "4", "--global-batch-size", "32"};
+    args.insert(args.end(), more.begin(), more.end());
+    return run_tandem(args, work.path(), capture.path());
+  };
+  auto plan = [&](std::vector<std::string> more) {
+    const RunResult r = run(std::move(more));
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json one = plan({}), beside = plan({"--data-parallel-size", "2"}),
+                       at_end = plan({"--data-parallel-size", "2", "--overlap-grad-reduce=false"});
+  EXPECT_EQ(one.at("data_parallel_size"), 1);
+  EXPECT_EQ(one.at("num_microbatches"), 4);  // 32 / micro-batch 8
+  EXPECT_EQ(one.at("step_with_reduce_s"), one.at("step_time_s"));
+  EXPECT_EQ(beside.at("data_parallel_size"), 2);
+  EXPECT_EQ(beside.at("num_microbatches"), 2);  // 32 / (8 x 2)
+  EXPECT_EQ(beside.at("step_time_s"), at_end.at("step_time_s"));
+  EXPECT_GT(beside.at("step_with_reduce_s").get<double>(), beside.at("step_time_s").get<double>());
+  EXPECT_LT(beside.at("step_with_reduce_s").get<double>(),
+            at_end.at("step_with_reduce_s").get<double>());
+  for (size_t r = 0; r < 2; ++r) {
+    const nlohmann::json& b = beside.at("ranks")[r];
+    const nlohmann::json& e = at_end.at("ranks")[r];
+    EXPECT_EQ(one.at("ranks")[r].at("grad_reduce_s"), 0);
+    EXPECT_GT(b.at("grad_reduce_s").get<double>(), 0);
+    EXPECT_DOUBLE_EQ(b.at("grad_reduce_s").get<double>(), e.at("grad_reduce_s").get<double>());
+    EXPECT_DOUBLE_EQ(e.at("grad_reduce_tail_s").get<double>(), e.at("grad_reduce_s").get<double>());
+    EXPECT_LT(b.at("grad_reduce_tail_s").get<double>(), e.at("grad_reduce_tail_s").get<double>());
+  }
+  const RunResult text = run_tandem({"plan", "--pipeline-model-parallel-size", "2", "--num-layers",
+                                     "4", "--global-batch-size", "32", "--data-parallel-size", "2"},
+                                    work.path(), capture.path());
+  EXPECT_NE(text.out.find("data-parallel size 2: gradient all-reduce"), std::string::npos)
+      << text.out;
+  const RunResult odd = run({"--expert-model-parallel-size", "2", "--data-parallel-size", "3"});
+  EXPECT_EQ(odd.exit_code, 2);
+  EXPECT_NE(odd.err.find("--data-parallel-size 3 is invalid"), std::string::npos) << odd.err;
+  EXPECT_NE(odd.err.find("multiple of --expert-model-parallel-size 2"), std::string::npos);
+  const RunResult batch = run({"--data-parallel-size", "8"});
+  EXPECT_EQ(batch.exit_code, 2);
+  EXPECT_NE(batch.err.find("valid global batch sizes are multiples of 64"), std::string::npos)
+      << batch.err;
 }

@@ -33,6 +33,12 @@ TEST(Export, SummaryJson) {
   EXPECT_EQ(j["cost_model"], "roofline");
   EXPECT_DOUBLE_EQ(j["bubble_fraction"].get<double>(), plan.sim.bubble_fraction);
   EXPECT_DOUBLE_EQ(j["step_time_s"].get<double>(), plan.sim.step_time_s);
+  // EP 2 on 2 ranks a stage: the dense gradients all-reduced over both (Note [Gradient
+  // reduction in the plan]), beside the backward by default.
+  EXPECT_EQ(j["data_parallel_size"], 2);
+  EXPECT_EQ(j["overlap_grad_reduce"], true);
+  EXPECT_DOUBLE_EQ(j["step_with_reduce_s"].get<double>(), plan.sim.step_with_reduce_s);
+  EXPECT_GE(plan.sim.step_with_reduce_s, plan.sim.step_time_s);
   ASSERT_EQ(j["ranks"].size(), 2u);
   for (int r = 0; r < 2; ++r) {
     const auto& jr = j["ranks"][r];
@@ -41,6 +47,9 @@ TEST(Export, SummaryJson) {
     EXPECT_EQ(jr["activation_peak_bytes"], plan.sim.ranks[r].activation_peak_bytes);
     EXPECT_EQ(jr["workspace_peak_bytes"], 0);  // a CPU plan (Note [Node workspace])
     EXPECT_DOUBLE_EQ(jr["exposed_comm_s"].get<double>(), plan.sim.ranks[r].exposed_comm_s);
+    EXPECT_DOUBLE_EQ(jr["grad_reduce_s"].get<double>(), plan.sim.ranks[r].grad_reduce_s);
+    EXPECT_GT(jr["grad_reduce_s"].get<double>(), 0);
+    EXPECT_DOUBLE_EQ(jr["grad_reduce_tail_s"].get<double>(), plan.sim.ranks[r].grad_reduce_tail_s);
     EXPECT_EQ(jr["stages"], (std::vector<int>{r, r + 2}));
     EXPECT_GT(jr["activation_peak_bytes"].get<int64_t>(), 0);
     EXPECT_GT(jr["exposed_comm_s"].get<double>(), 0);  // EP 2: all-to-all with nothing to hide it
@@ -70,7 +79,9 @@ TEST(Export, ChromeTrace) {
       ++counters;
     }
   }
-  EXPECT_EQ(tracks, (std::set<std::pair<int, int>>{{0, 0}, {0, 1}, {1, 0}, {1, 1}}));
+  // Compute, comm and (EP 2 on 2 ranks a stage: the dense gradients' all-reduce) reduce.
+  EXPECT_EQ(tracks,
+            (std::set<std::pair<int, int>>{{0, 0}, {0, 1}, {0, 2}, {1, 0}, {1, 1}, {1, 2}}));
   size_t spans = 0;
   for (const RankResult& r : plan.sim.ranks) spans += r.spans.size();
   EXPECT_EQ(complete, static_cast<int>(spans));
