@@ -147,7 +147,7 @@ for s in $SUITE; do
       T=/tmp/multib; mkdir -p $T
       # tandem reads random tokens (--mock-data), as torch_peer.py does; DATA="" the addition task.
       tandem_runs "$SB ${DATA---mock-data}" 2 150 $T multi_b.txt "one-gpu --global-batch-size 16" \
-                 "dp2 --global-batch-size 32 --trace $OUT/trace-dp2.json" \
+                 "dp2 --global-batch-size 32 --trace $OUT/trace-dp2.json --node-times-out $OUT/nodes-dp2.json" \
                  "dp2-end --global-batch-size 32 --overlap-grad-reduce=false" \
                  "pp2-1f1b --pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16 --node-times-out $OUT/nodes-pp2.json --trace $OUT/trace-pp2-1f1b.json" \
                  "pp2-interleaved --pipeline-model-parallel-size 2 --schedule interleaved-1f1b --virtual-pipeline-model-parallel-size 2 --global-batch-size 16" \

@@ -269,6 +269,16 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
       pm.update_s_per_param = *in.cost.table.update_s_per_weight;
     }
   }
+  // Note [The step's end in the plan] (simulator.cc): the norm reads each f32 gradient once;
+  // the update at the step's end costs what a deferred one does.
+  if (in.cost.kind != CostModelKind::kUniform) {
+    double update = (in.gpu ? 30.0 : 28.0) / in.cost.device.memory_bytes_per_s;
+    if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.update_s_per_weight) {
+      update = *in.cost.table.update_s_per_weight;
+    }
+    pm.step_end_s_per_param =
+        kFp32 / in.cost.device.memory_bytes_per_s + (in.defer_optimizer ? 0.0 : update);
+  }
   const int32_t stages = sch.num_stages;
   const auto layers = static_cast<int32_t>(in.model.num_layers);
   int32_t next_layer = 0;

@@ -158,6 +158,9 @@ struct PipelineModel {
   // Note [Gradient reduction in the plan] (simulator.cc).
   int64_t data_parallel_size = 1;  // resolved: at least the expert-parallel size
   bool overlap_grad_reduce = true;
+  // Note [The step's end in the plan] (simulator.cc): seconds per weight of the work after the
+  // forward-backward and the all-reduce, the gradient norm's read and (not deferred) the update.
+  double step_end_s_per_param = 0;
 };
 
 // Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws

@@ -56,6 +56,17 @@ std::string format_plan_table(const Plan& plan) {
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
                 format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
   out << line;
+  if (plan.sim.full_step_s > 0) {  // Note [The step's end in the plan]
+    const double tokens = static_cast<double>(s.num_microbatches * plan.inputs.micro_batch_size *
+                                              plan.model.data_parallel_size *
+                                              plan.inputs.model.seq_length);
+    std::snprintf(line, sizeof line,
+                  "whole step %s (with the gradient all-reduce, norm and update): %.0f tokens/s "
+                  "on %lld ranks\n",
+                  format_time(plan.sim.full_step_s, cm).c_str(), tokens / plan.sim.full_step_s,
+                  static_cast<long long>(s.num_ranks * plan.model.data_parallel_size));
+    out << line;
+  }
   const int64_t dp = plan.model.data_parallel_size;
   if (dp > 1) {  // Note [Gradient reduction in the plan]
     double tail = 0, busy = 0;
@@ -127,6 +138,13 @@ nlohmann::json plan_summary_json(const Plan& plan) {
   j["step_time_s"] = plan.sim.step_time_s;
   j["bubble_fraction"] = plan.sim.bubble_fraction;
   j["step_with_reduce_s"] = plan.sim.step_with_reduce_s;
+  j["full_step_s"] = plan.sim.full_step_s;  // Note [The step's end in the plan]
+  if (plan.sim.full_step_s > 0) {
+    const ModelConfig& m = plan.inputs.model;
+    j["tokens_per_s"] = static_cast<double>(s.num_microbatches * plan.inputs.micro_batch_size *
+                                            plan.model.data_parallel_size * m.seq_length) /
+                        plan.sim.full_step_s;
+  }
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankResult& r : plan.sim.ranks) {
     ranks.push_back({{"rank", r.rank},
@@ -140,6 +158,7 @@ nlohmann::json plan_summary_json(const Plan& plan) {
                      {"exposed_alltoall_waiting_s", r.exposed_alltoall_waiting_s},
                      {"grad_reduce_s", r.grad_reduce_s},
                      {"grad_reduce_tail_s", r.grad_reduce_tail_s},
+                     {"step_end_work_s", r.step_end_work_s},
                      {"param_bytes", r.static_memory.param_bytes},
                      {"grad_bytes", r.static_memory.grad_bytes},
                      {"optimizer_bytes", r.static_memory.optimizer_bytes},

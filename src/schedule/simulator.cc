@@ -37,6 +37,11 @@
 //    runtime's forward_backward_s), and grad_reduce_end_s / step_with_reduce_s add the
 //    reduction. Not modelled: the all-reduce's kernels slowing the compute beside them, and the
 //    links it shares with the all-to-all and pipeline messages.
+//  - Note [The step's end in the plan]: after its forward-backward and its all-reduce each rank
+//    computes the gradient norm (a read of every f32 gradient at the memory bandwidth) and,
+//    unless deferred, updates its weights (at update_s_per_param each); full_step_s adds both,
+//    the plan's figure for a run's step_seconds. Not modelled: the host's waits at the step's
+//    end (losses and norm read back, the norm's all-reduce), about 1 ms on one H200.
 //  - Memory (Note [Memory accounting] in docs/schedules.md): a node's saved bytes are held from
 //    the end of its forward to the end of its backward, or of its W when the backward is split
 //    (nodes without weights: to the end of their I). A stage's output is held from the end of

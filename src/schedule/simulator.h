@@ -66,6 +66,10 @@ struct RankResult {
   double grad_reduce_s = 0;
   double grad_reduce_end_s = 0;
   double grad_reduce_tail_s = 0;
+  // Note [The step's end in the plan]: the gradient norm and the optimizer's update after both,
+  // and when the rank's step ends with them.
+  double step_end_work_s = 0;
+  double full_step_end_s = 0;
   int64_t activation_peak_bytes = 0;
   int64_t in_flight_peak_bytes = 0;
   int64_t workspace_peak_bytes = 0;  // op temporaries (Note [Node workspace]), at their peak
@@ -82,6 +86,9 @@ struct SimResult {
   // The same with each rank's gradient all-reduce: the step but the norm and the optimizer's
   // update at its end (Note [Gradient reduction in the plan]).
   double step_with_reduce_s = 0;
+  // ... and with the norm and the update at its end: the whole step (Note [The step's end in
+  // the plan]).
+  double full_step_s = 0;
   double bubble_fraction = 0;  // 1 - total compute busy / (ranks x step time)
 };
 

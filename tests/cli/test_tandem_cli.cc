@@ -155,6 +155,12 @@ TEST(TandemProgram, PlanModelsTheDataParallelGradientReduction) {
   EXPECT_GT(beside.at("step_with_reduce_s").get<double>(), beside.at("step_time_s").get<double>());
   EXPECT_LT(beside.at("step_with_reduce_s").get<double>(),
             at_end.at("step_with_reduce_s").get<double>());
+  // The whole step (Note [The step's end in the plan]) and the tokens it trains: 32 x 128.
+  EXPECT_GT(beside.at("full_step_s").get<double>(), beside.at("step_with_reduce_s").get<double>());
+  EXPECT_NEAR(beside.at("tokens_per_s").get<double>() * beside.at("full_step_s").get<double>(),
+              32.0 * 128, 1e-6);
+  EXPECT_NEAR(one.at("tokens_per_s").get<double>() * one.at("full_step_s").get<double>(),
+              32.0 * 128, 1e-6);
   for (size_t r = 0; r < 2; ++r) {
     const nlohmann::json& b = beside.at("ranks")[r];
     const nlohmann::json& e = at_end.at("ranks")[r];

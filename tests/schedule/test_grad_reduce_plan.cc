@@ -213,5 +213,46 @@ TEST(GradReducePlan, EachUnitAfterItsLastWeightGradientOrAllAtTheEnd) {
   }
 }
 
+// Note [The step's end in the plan]: after the forward-backward and the all-reduce, the norm reads
+// every f32 gradient (4 bytes a weight) and the update (30 bytes on the GPU, or the measured
+// rate) writes them; a deferred update is in the forward already; uniform costs have no end.
+TEST(GradReducePlan, TheStepsEnd) {
+  for (const bool deferred : {false, true}) {
+    PlanRequest req = request("1f1b", 2, 1, 2, 4, true);
+    req.inputs.gpu = true;
+    req.inputs.defer_optimizer = deferred;
+    req.inputs.cost.device.memory_bytes_per_s = 1e12;
+    const Plan plan = make_plan(req);
+    const double per_weight = (4.0 + (deferred ? 0.0 : 30.0)) / 1e12;
+    double full = 0;
+    for (const RankResult& r : plan.sim.ranks) {
+      int64_t params = 0;
+      for (const int32_t s : r.stages) params += plan.model.stages[static_cast<size_t>(s)].num_params;
+      EXPECT_NEAR(r.step_end_work_s, static_cast<double>(params) * per_weight, kEps);
+      EXPECT_NEAR(r.full_step_end_s, std::max(r.end_s, r.grad_reduce_end_s) + r.step_end_work_s,
+                  kEps);
+      full = std::max(full, r.full_step_end_s);
+    }
+    EXPECT_EQ(plan.sim.full_step_s, full);
+    EXPECT_GT(plan.sim.full_step_s, plan.sim.step_with_reduce_s);
+    // A measured rate replaces the update's estimate.
+    req.inputs.cost.kind = CostModelKind::kNodeTimes;
+    req.inputs.cost.table = parse_node_times(
+        R"({"nodes": {"embed": {"forward": 1e-5}, "attention": {"forward": 1e-4},
+            "dispatch": {"forward": 1e-5}, "experts": {"forward": 1e-4},
+            "combine": {"forward": 1e-5}, "loss": {"forward": 1e-4}},
+            "update_per_weight": 1e-10})",
+        "t");
+    const Plan measured = make_plan(req);
+    const int64_t params0 = measured.model.stages[0].num_params;
+    EXPECT_NEAR(measured.sim.ranks[0].step_end_work_s,
+                static_cast<double>(params0) * (4.0 / 1e12 + (deferred ? 0.0 : 1e-10)), kEps);
+  }
+  PlanRequest uniform = request("1f1b", 2, 1, 2, 4, true);
+  uniform.inputs.cost.kind = CostModelKind::kUniform;
+  const Plan u = make_plan(uniform);
+  EXPECT_EQ(u.sim.full_step_s, u.sim.step_with_reduce_s);
+}
+
 }  // namespace
 }  // namespace tandem::schedule
