@@ -10,6 +10,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/options.h"
+#include "cli/progress.h"
 #include "comm/layout.h"
 #include "core/error.h"
 #include "schedule/planner.h"
@@ -103,6 +104,23 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
       ->option_text("SECONDS");
 }
 
+// What a training run with these options is, for the planner: the model, the layout, the GPU
+// trainer's layout of memory (bf16 activations) or the CPU's (f32), recomputation, the deferred
+// update and the gradient all-reduce (dp 0: the expert-parallel size).
+schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
+  schedule::PlanInputs in;
+  in.model = o.model;
+  in.micro_batch_size = o.train.micro_batch_size;
+  in.expert_parallel_size = o.parallel.expert_model_parallel_size;
+  in.gpu = o.device == "cuda";
+  in.activation_elem_bytes = in.gpu ? 2 : 4;
+  in.recompute_experts = o.train.recompute_experts;
+  in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
+  in.data_parallel_size = dp;  // Note [Gradient reduction in the plan]
+  in.overlap_grad_reduce = o.train.overlap_grad_reduce;
+  return in;
+}
+
 schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, const PlanOptions& p) {
   schedule::PlanRequest req;
   req.schedule_name = o.parallel.schedule;
@@ -122,18 +140,10 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches(dp);
   req.shape = {static_cast<int32_t>(o.parallel.pipeline_model_parallel_size),
                static_cast<int32_t>(v), static_cast<int32_t>(m), o.parallel.pair_first_forwards};
+  req.inputs = run_inputs(o, p.data_parallel_size);
   schedule::PlanInputs& in = req.inputs;
-  in.model = o.model;
-  in.micro_batch_size = o.train.micro_batch_size;
-  in.expert_parallel_size = o.parallel.expert_model_parallel_size;
-  in.activation_elem_bytes = p.activation_bytes;
   // --device cuda plans the GPU trainer: bf16 activations unless --activation-bytes says else.
-  in.gpu = o.device == "cuda";
-  in.recompute_experts = o.train.recompute_experts;
-  in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
-  in.data_parallel_size = p.data_parallel_size;  // Note [Gradient reduction in the plan]
-  in.overlap_grad_reduce = o.train.overlap_grad_reduce;
-  if (in.gpu && app.count("--activation-bytes") == 0) in.activation_elem_bytes = 2;
+  if (!in.gpu || app.count("--activation-bytes") > 0) in.activation_elem_bytes = p.activation_bytes;
   in.cost.device = p.device;
   in.cost.kind = schedule::parse_cost_model(p.cost_model);
   if (!p.node_times.empty()) {
@@ -188,6 +198,54 @@ void write_text(const std::string& path, const std::string& text, const char* wh
   f << text;
   TANDEM_CHECK(f.good(), "writing the ", what, " file '", path, "' failed");
 }
+
+}  // namespace
+
+schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedule_name,
+                                 const schedule::ScheduleShape& shape, int64_t dp) {
+  schedule::PlanRequest req;
+  req.schedule_name = schedule_name;
+  req.shape = shape;
+  req.inputs = run_inputs(o, dp);
+  return schedule::make_plan(req);
+}
+
+std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
+                                          const schedule::ScheduleShape& shape, int64_t dp) {
+  try {
+    return plan_training_run(o, schedule_name, shape, dp);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+}
+
+void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
+                       const std::vector<int32_t>& pipeline_rank_of_world_rank) {
+  rec.planned_peak_bytes.clear();
+  rec.planned_activation_peak_bytes.clear();
+  for (const int32_t p : pipeline_rank_of_world_rank) {
+    const schedule::RankResult& r = plan.sim.ranks.at(static_cast<size_t>(p));
+    rec.planned_peak_bytes.push_back(r.peak_bytes);
+    rec.planned_activation_peak_bytes.push_back(r.activation_peak_bytes);
+  }
+}
+
+std::string planned_memory_line(const schedule::Plan& plan) {
+  std::string peaks, acts;
+  for (const schedule::RankResult& r : plan.sim.ranks) {
+    peaks += (peaks.empty() ? "" : ", ") + format_bytes(r.peak_bytes);
+    acts += (acts.empty() ? "" : ", ") + format_bytes(r.activation_peak_bytes);
+  }
+  const bool many = plan.sim.ranks.size() > 1;
+  return detail::concat("memory as planned (tandem plan", plan.inputs.expert_parallel_size > 1
+                                                              ? ", balanced routing"
+                                                              : "",
+                        "): peak ", peaks, many ? " per pipeline rank" : "", ", of it activations ",
+                        acts,
+                        plan.inputs.gpu ? "" : " (on the CPU the ops' temporaries come on top)");
+}
+
+namespace {
 
 void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   finalize_run_options(app, o);

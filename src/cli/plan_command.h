@@ -2,9 +2,35 @@
 // memory for a schedule (built in or from a file) before a step runs (src/schedule).
 #pragma once
 
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
 #include "cli/cli_fwd.h"
+#include "schedule/planner.h"
 
 namespace tandem::cli {
+
+struct RunOptions;
+struct IterationRecord;
+
+// The plan of a training run with these options (the schedule and shape it runs, dp ranks a
+// stage), with the roofline's costs: what `tandem train` holds in memory, planned before its
+// first step (the activation peak exactly, with one expert rank; docs/parallel.md).
+schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedule_name,
+                                 const schedule::ScheduleShape& shape, int64_t dp);
+// plan_training_run, or nothing when the planner does not take the run (its error is the
+// planner's own, and the run goes on without a plan).
+std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
+                                          const schedule::ScheduleShape& shape, int64_t dp);
+// The plan's peak and activation peak of each of `ranks` world ranks (pipeline rank
+// pp_rank_of(r)'s), into the record's planned_* fields.
+void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
+                       const std::vector<int32_t>& pipeline_rank_of_world_rank);
+// "memory as planned (tandem plan): peak 7.28 GiB, 6.53 GiB per pipeline rank, of it
+// activations 1.84 GiB, 1.30 GiB".
+std::string planned_memory_line(const schedule::Plan& plan);
 
 // Adds the `plan` subcommand: the shared run options plus --schedule-file, --cost-model,
 // --node-times, --svg, --json, --write-schedule and the device description.

@@ -167,6 +167,9 @@ std::string format_summary(const std::vector<IterationRecord>& steps) {
                                      : format_duration(seconds)) +
                      " | " + format_rate(median) + " tok/s (median of " + range + ")";
   if (peak > 0) line += " | peak " + format_bytes(peak);
+  if (peak > 0 && !steps.back().planned_peak_bytes.empty()) {
+    line += " (planned " + format_bytes(max_of(steps.back().planned_peak_bytes)) + ")";
+  }
   const size_t ranks = steps.back().comm_seconds_by_rank.size();
   std::vector<double> busy(ranks, 0.0), exposed(ranks, 0.0);
   for (size_t i = from; i < steps.size(); ++i) {
@@ -213,6 +216,10 @@ std::string to_json_line(const IterationRecord& r) {
       {"mem_peak_bytes", per_rank(r.mem_peak_bytes)},
       {"activation_peak_bytes", per_rank(r.activation_peak_bytes)},
   };
+  if (!r.planned_peak_bytes.empty()) {
+    j["planned_peak_bytes"] = per_rank(r.planned_peak_bytes);
+    j["planned_activation_peak_bytes"] = per_rank(r.planned_activation_peak_bytes);
+  }
   if (!r.note.empty()) j["note"] = r.note;
   if (r.expert_rows_step >= 0) {
     j["expert_rows_max_over_mean"] = {

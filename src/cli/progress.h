@@ -31,6 +31,9 @@ struct IterationRecord {
   std::vector<int64_t> mem_in_use_bytes;  // allocator bytes in use after the step
   std::vector<int64_t> mem_peak_bytes;    // allocator peak during the step
   std::vector<int64_t> activation_peak_bytes;  // peak of activations and saved tensors
+  // The same two peaks as `tandem plan` predicted them before the first step, per rank (empty:
+  // not planned; plan_training_run in plan_command.h).
+  std::vector<int64_t> planned_peak_bytes, planned_activation_peak_bytes;
   // Multi-rank only (negative: not measured): seconds rank 0's all-to-all tasks ran during the
   // step, and of those the seconds its compute stream stood waiting for them (exposed).
   double comm_seconds = -1;
@@ -122,6 +125,7 @@ std::string format_log_line(const IterationRecord& record, int64_t total_iters);
 // ranks, and with an all-to-all each rank's exposed share of it over those steps.
 // "done: 7 steps in 1.2s | 480.2k tok/s (median of steps 2-7) | peak 8.4 GiB | a2a exposed
 // 9.3%, 10.7% (steps 2-7)". Empty for no steps.
+// With planned peaks in the records: "| peak 8.4 GiB (planned 8.3 GiB)".
 std::string format_summary(const std::vector<IterationRecord>& steps);
 // The bar (no \r): "[#####.....]  45/300  15% loss 2.345 | 12.3k tok/s | ETA 1m05s".
 std::string format_bar(const IterationRecord& record, int64_t total_iters, double eta_seconds);

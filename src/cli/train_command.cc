@@ -3,10 +3,12 @@
 #include <cstdio>
 #include <iostream>
 #include <memory>
+#include <optional>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
+#include "cli/plan_command.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"
@@ -129,6 +131,9 @@ void run_train(const CLI::App& app, RunOptions& o) {
   install_test_fault_hooks(trainer);
   const int64_t start = resume_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);
+  // One process runs each micro-batch's forward, then its backward: 1f1b on one stage.
+  const std::optional<schedule::Plan> plan = plan_of_run(
+      o, "1f1b", {1, 1, static_cast<int32_t>(o.train.num_microbatches()), false}, 1);
   ProgressReporter reporter(reporter_config(o));
   if (!o.quiet) {
     std::cout << "tandem train: " << trainer.params().numel() << " parameters, "
@@ -146,6 +151,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
                                                  : std::string("a GPU"))
 #endif
               << std::endl;
+    if (plan) std::cout << "tandem train: " << planned_memory_line(*plan) << std::endl;
   }
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
@@ -159,7 +165,9 @@ void run_train(const CLI::App& app, RunOptions& o) {
                                                     trainer.step_start_seconds())});
       alloc.set_trace(false);
     }
-    reporter.report(to_record(r));
+    IterationRecord rec = to_record(r);
+    if (plan) set_planned_peaks(rec, *plan, {0});
+    reporter.report(rec);
     if (should_save(o, r.iteration)) save_training_checkpoint(trainer, o);
   }
   reporter.print_summary();

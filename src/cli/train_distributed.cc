@@ -7,12 +7,14 @@
 #include <cstdlib>
 #include <iostream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
+#include "cli/plan_command.h"
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"
 #include "comm/mpi_communicator.h"
@@ -283,6 +285,9 @@ void run_train_distributed(RunOptions& o) {
   const bool lead = groups.rank == 0;
   const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   ReporterConfig rc = reporter_config(o);
+  const std::optional<schedule::Plan> plan = plan_of_run(o, p.schedule, shape, L.dp());
+  std::vector<int32_t> pipeline_rank;  // of each world rank
+  for (int w = 0; w < L.world; ++w) pipeline_rank.push_back(L.pp_rank(w));
   if (!lead) {
     rc.verbosity = Verbosity::kQuiet;
     rc.log_json_path.clear();
@@ -302,6 +307,7 @@ void run_train_distributed(RunOptions& o) {
                         "(--overlap-grad-reduce)"
                       : "")
               << std::endl;
+    if (plan) std::cout << "tandem train: " << planned_memory_line(*plan) << std::endl;
   }
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
@@ -323,6 +329,7 @@ void run_train_distributed(RunOptions& o) {
     if (o.train.device != Device::kCPU) {
       rec.forward_backward_seconds = trainer.measured_forward_backward_seconds();
     }
+    if (plan) set_planned_peaks(rec, *plan, pipeline_rank);
     reporter.report(rec);
     if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
   }

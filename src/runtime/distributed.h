@@ -292,7 +292,8 @@ class PipelineTrainer {
   void reduce_gradients();
   // Note [Gradients reduced beside the backward] (grad_reduce.cc): the step's counts set; a
   // node's weight gradient issued (on the GPU: on `stream`; a node without weights counts for
-  // nothing), reducing its unit once that was the unit's last; on the CPU the units made ready by the action just run.
+  // nothing), reducing its unit once that was the unit's last; on the CPU the units made ready
+  // by the action just run.
   void begin_grad_units();
   void weight_grad_issued(StageRuntime& s, size_t node, DeviceStream stream = nullptr);
   void reduce_ready_units();

@@ -144,7 +144,9 @@ SimResult summarize(SimState& sim) {
     res.step_with_reduce_s = std::max({res.step_with_reduce_s, out.end_s, st.free[2]});
     // Note [The step's end in the plan]
     int64_t params = 0;
-    for (const int32_t s : out.stages) params += sim.model.stages[static_cast<size_t>(s)].num_params;
+    for (const int32_t s : out.stages) {
+      params += sim.model.stages[static_cast<size_t>(s)].num_params;
+    }
     out.step_end_work_s = static_cast<double>(params) * sim.model.step_end_s_per_param;
     out.full_step_end_s = std::max(out.end_s, st.free[2]) + out.step_end_work_s;
     res.full_step_s = std::max(res.full_step_s, out.full_step_end_s);

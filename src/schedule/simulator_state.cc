@@ -26,7 +26,9 @@ SimState::SimState(const Schedule& s, const PipelineModel& m)
   }
   for (const Stage& st : m.stages) {
     std::vector<int64_t> pending;
-    for (const GradUnit& u : st.grad_units) pending.push_back(u.weighted_nodes * s.num_microbatches);
+    for (const GradUnit& u : st.grad_units) {
+      pending.push_back(u.weighted_nodes * s.num_microbatches);
+    }
     unit_pending.push_back(std::move(pending));
     updated.push_back(m.defer_optimizer ? 0 : st.num_params);
     std::vector<int64_t> ends;

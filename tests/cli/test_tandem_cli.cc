@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -184,3 +185,33 @@ TEST(TandemProgram, PlanModelsTheDataParallelGradientReduction) {
   EXPECT_NE(batch.err.find("valid global batch sizes are multiples of 64"), std::string::npos)
       << batch.err;
 }
+
+namespace {
+
+// `tandem train` plans its memory before the first step (plan_training_run): a line on stdout,
+// each JSON line's planned peaks, and the summary's. On the CPU the activation peak is planned
+// to the byte (docs/parallel.md, Memory: measured equals planned); the whole peak is a lower
+// bound there (the ops' temporaries are not planned on the CPU).
+TEST(TandemProgram, TrainPrintsAndLogsItsPlannedMemory) {
+  TempDir work, capture;
+  const RunResult r =
+      run_train({"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
+                 "--num-query-groups", "2", "--ffn-hidden-size", "48", "--num-experts", "4",
+                 "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "6",
+                 "--train-iters", "2", "--log-json", "log.jsonl"},
+                work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("memory as planned (tandem plan): peak "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find(" (planned "), std::string::npos) << r.out;  // the summary
+  std::istringstream lines(tandem::test::slurp(work.path() / "log.jsonl"));
+  int n = 0;
+  for (std::string line; std::getline(lines, line); ++n) {
+    const nlohmann::json j = nlohmann::json::parse(line);
+    EXPECT_EQ(j.at("planned_activation_peak_bytes"), j.at("activation_peak_bytes")) << line;
+    EXPECT_GT(j.at("planned_peak_bytes").get<int64_t>(), 0);
+    EXPECT_LE(j.at("planned_peak_bytes").get<int64_t>(), j.at("mem_peak_bytes").get<int64_t>());
+  }
+  EXPECT_EQ(n, 2);
+}
+
+}  // namespace

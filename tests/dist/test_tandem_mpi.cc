@@ -200,6 +200,9 @@ TEST(TandemMpi, ForcedBalancedRoutingMatchesTheBalancedPlan) {
                               .at("ranks")[0].at("activation_peak_bytes").get<int64_t>();
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(last.at("activation_peak_bytes")[rank].get<int64_t>(), planned) << "rank " << rank;
+    // The run's own plan, made before its first step (plan_training_run), says the same.
+    EXPECT_EQ(last.at("planned_activation_peak_bytes")[rank].get<int64_t>(), planned)
+        << "rank " << rank;
   }
 }
 

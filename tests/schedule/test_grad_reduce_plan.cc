@@ -227,7 +227,9 @@ TEST(GradReducePlan, TheStepsEnd) {
     double full = 0;
     for (const RankResult& r : plan.sim.ranks) {
       int64_t params = 0;
-      for (const int32_t s : r.stages) params += plan.model.stages[static_cast<size_t>(s)].num_params;
+      for (const int32_t s : r.stages) {
+        params += plan.model.stages[static_cast<size_t>(s)].num_params;
+      }
       EXPECT_NEAR(r.step_end_work_s, static_cast<double>(params) * per_weight, kEps);
       EXPECT_NEAR(r.full_step_end_s, std::max(r.end_s, r.grad_reduce_end_s) + r.step_end_work_s,
                   kEps);
