@@ -168,7 +168,14 @@ std::string format_summary(const std::vector<IterationRecord>& steps) {
                      " | " + format_rate(median) + " tok/s (median of " + range + ")";
   if (peak > 0) line += " | peak " + format_bytes(peak);
   if (peak > 0 && !steps.back().planned_peak_bytes.empty()) {
-    line += " (planned " + format_bytes(max_of(steps.back().planned_peak_bytes)) + ")";
+    // The plan is of a steady step; the first may hold more (a GPU's one-time tuning buffers).
+    int64_t later = 0;
+    for (size_t i = from; i < steps.size(); ++i) {
+      later = std::max(later, max_of(steps[i].mem_peak_bytes));
+    }
+    line += " (";
+    if (later != peak) line += range + ": " + format_bytes(later) + ", ";
+    line += "planned " + format_bytes(max_of(steps.back().planned_peak_bytes)) + ")";
   }
   const size_t ranks = steps.back().comm_seconds_by_rank.size();
   std::vector<double> busy(ranks, 0.0), exposed(ranks, 0.0);

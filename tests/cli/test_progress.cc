@@ -201,6 +201,16 @@ TEST(Progress, SummaryLeavesTheFirstStepOut) {
       format_summary(steps),
       "done: 4 steps in 40.0s | 3.0k tok/s (median of steps 2-4) | peak 3.0 MiB | a2a exposed "
       "10.0%, 10.0% (steps 2-4)");
+  // A planned run: the plan beside the peak, and the later steps' own peak where the first
+  // step's was higher.
+  std::vector<IterationRecord> planned = steps;
+  for (IterationRecord& r : planned) r.planned_peak_bytes = {int64_t{2} << 20, int64_t{5} << 19};
+  EXPECT_NE(format_summary(planned).find("| peak 3.0 MiB (planned 2.5 MiB) |"), std::string::npos)
+      << format_summary(planned);
+  planned[0].mem_peak_bytes = {int64_t{4} << 20};
+  EXPECT_NE(format_summary(planned).find("| peak 4.0 MiB (steps 2-4: 3.0 MiB, planned 2.5 MiB) |"),
+            std::string::npos)
+      << format_summary(planned);
   steps.resize(1);
   steps[0].comm_seconds_by_rank.clear();
   EXPECT_EQ(format_summary(steps),
