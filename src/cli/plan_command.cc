@@ -12,6 +12,11 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "comm/layout.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#if TANDEM_WITH_CUDA
+#include "core/cuda/context.h"
+#endif
 #include "core/error.h"
 #include "schedule/planner.h"
 #include "schedule/routing_file.h"
@@ -228,6 +233,21 @@ void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
     rec.planned_peak_bytes.push_back(r.peak_bytes);
     rec.planned_activation_peak_bytes.push_back(r.activation_peak_bytes);
   }
+}
+
+void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipeline_rank,
+                                        Device device, const std::string& prefix) {
+  if (device == Device::kCPU) return;
+#if TANDEM_WITH_CUDA
+  const int64_t capacity =
+      cuda::free_device_bytes() + allocator_for(device).stats().total_in_use;
+  const int64_t planned = plan.sim.ranks.at(static_cast<size_t>(pipeline_rank)).peak_bytes;
+  if (const auto w = memory_warning(planned, capacity)) std::cerr << prefix << *w << std::endl;
+#else
+  (void)plan;
+  (void)pipeline_rank;
+  (void)prefix;
+#endif
 }
 
 std::string planned_memory_line(const schedule::Plan& plan) {

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "cli/cli_fwd.h"
+#include "core/dtype.h"
 #include "schedule/planner.h"
 
 namespace tandem::cli {
@@ -24,10 +25,15 @@ schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedul
 // planner's own, and the run goes on without a plan).
 std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
                                           const schedule::ScheduleShape& shape, int64_t dp);
-// The plan's peak and activation peak of each of `ranks` world ranks (pipeline rank
-// pp_rank_of(r)'s), into the record's planned_* fields.
+// The plan's peak and activation peak for each world rank (its pipeline rank's, as given), into
+// the record's planned_* fields.
 void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
                        const std::vector<int32_t>& pipeline_rank_of_world_rank);
+// On a GPU: prints memory_warning (progress.h) for pipeline rank `pipeline_rank`'s planned peak
+// to std::cerr after `prefix`, the device's capacity being its free bytes plus the allocator's
+// live ones.
+void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipeline_rank,
+                                        Device device, const std::string& prefix);
 // "memory as planned (tandem plan): peak 7.28 GiB, 6.53 GiB per pipeline rank, of it
 // activations 1.84 GiB, 1.30 GiB".
 std::string planned_memory_line(const schedule::Plan& plan);

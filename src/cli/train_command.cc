@@ -153,6 +153,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
               << std::endl;
     if (plan) std::cout << "tandem train: " << planned_memory_line(*plan) << std::endl;
   }
+  if (plan) warn_if_planned_memory_exceeds_gpu(*plan, 0, o.train.device, "tandem train: ");
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
     const bool trace_this = !o.trace_path.empty() && it + 1 == o.train.train_iters;

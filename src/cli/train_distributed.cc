@@ -309,6 +309,10 @@ void run_train_distributed(RunOptions& o) {
               << std::endl;
     if (plan) std::cout << "tandem train: " << planned_memory_line(*plan) << std::endl;
   }
+  if (plan) {
+    warn_if_planned_memory_exceeds_gpu(*plan, L.pp_rank(groups.rank), o.train.device,
+                                       "tandem train: rank " + std::to_string(groups.rank) + ": ");
+  }
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
     maybe_inject_fault(fault, groups.rank, it + 1);

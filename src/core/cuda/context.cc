@@ -186,6 +186,12 @@ std::string device_description() {
   return out.str();
 }
 
+int64_t free_device_bytes() {
+  size_t free_bytes = 0, total_bytes = 0;
+  TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(free_bytes);
+}
+
 cudaStream_t default_stream() {
   TANDEM_CHECK(initialized(), "CUDA is not initialised: call cuda::initialize() first");
   return context().stream;

@@ -25,6 +25,8 @@ bool initialized();
 int device_count();
 // "NVIDIA H200 (sm_90, 139.8 GiB)".
 std::string device_description();
+// Bytes the driver says are free on the current GPU now (cudaMemGetInfo).
+int64_t free_device_bytes();
 
 // The calling thread's current stream (Note [Current stream]).
 cudaStream_t current_stream();
