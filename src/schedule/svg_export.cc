@@ -1,4 +1,5 @@
-// SVG chart of a plan: per rank a compute row and a comm row (spans of one action closer than
+// SVG chart of a plan: per rank a compute row and a comm row (with data parallelism a third, the
+// gradient all-reduce's; spans of one action closer than
 // half a pixel are merged, so the file stays small for big schedules), and beneath them the
 // rank's memory curve (static + activations + in flight + workspace), all ranks on one byte scale.
 #include <algorithm>
@@ -60,6 +61,10 @@ struct Canvas {
   }
 };
 
+// The reduce stream's spans are drawn in one colour of their own, each titled by the action
+// whose weight gradient made its unit final.
+constexpr const char* kReduceColor = "#edc948";
+
 void draw_stream(Canvas& c, const RankResult& r, const std::vector<Action>& list, Stream stream,
                  double y) {
   struct Box {
@@ -81,7 +86,9 @@ void draw_stream(Canvas& c, const RankResult& r, const std::vector<Action>& list
     const Action& a = list[b.action];
     const double x0 = c.x(b.start), w = c.x(b.end) - x0;
     const std::string label = to_string(a);
-    c.rect(x0, y, w, kRow - 2, action_color(a.kind, b.phase), label);
+    c.rect(x0, y, w, kRow - 2,
+           stream == Stream::kReduce ? kReduceColor : action_color(a.kind, b.phase),
+           stream == Stream::kReduce ? "reduce after " + label : label);
     if (w >= 7.0 * static_cast<double>(label.size())) {
       c.text(x0 + 2, y + kRow - 5, label, "font-size=\"10\" fill=\"white\"");
     }
@@ -126,9 +133,12 @@ void draw_memory(Canvas& c, const RankResult& r, double y, double top_bytes) {
 
 std::string plan_svg(const Plan& plan) {
   const auto& ranks = plan.sim.ranks;
-  const double band = 2 * kRow + kMem + kGap;
+  // Note [Gradient reduction in the plan]: a reduce row, and the chart as long as the step with it.
+  const bool reduce = plan.model.data_parallel_size > 1;
+  const double rows = reduce ? 3 : 2;
+  const double band = rows * kRow + kMem + kGap;
   const double height = kTop + band * static_cast<double>(ranks.size()) + 30;
-  Canvas c{"", plan.sim.step_time_s};
+  Canvas c{"", std::max(plan.sim.step_time_s, plan.sim.step_with_reduce_s)};
   char buf[512];
   std::snprintf(
       buf, sizeof buf,
@@ -152,10 +162,15 @@ std::string plan_svg(const Plan& plan) {
     c.text(4, y + 2 * kRow - 4, "comm", "font-size=\"11\"");
     draw_stream(c, r, plan.schedule.ranks[r.rank], Stream::kCompute, y);
     draw_stream(c, r, plan.schedule.ranks[r.rank], Stream::kComm, y + kRow);
-    draw_memory(c, r, y + 2 * kRow, top_bytes);
+    if (reduce) {
+      c.text(4, y + 3 * kRow - 4, "reduce", "font-size=\"11\"");
+      draw_stream(c, r, plan.schedule.ranks[r.rank], Stream::kReduce, y + 2 * kRow);
+    }
+    draw_memory(c, r, y + rows * kRow, top_bytes);
   }
-  std::snprintf(buf, sizeof buf, "step time %.6g %s", plan.sim.step_time_s,
-                plan.inputs.cost.kind == CostModelKind::kUniform ? "units" : "s");
+  std::snprintf(buf, sizeof buf, "step time %.6g %s%s", plan.sim.step_time_s,
+                plan.inputs.cost.kind == CostModelKind::kUniform ? "units" : "s",
+                reduce ? "; with the gradient all-reduce (yellow) to its end" : "");
   c.text(kLeft, height - 10, buf, "font-size=\"11\"");
   c.out += "</svg>\n";
   return c.out;

@@ -105,6 +105,13 @@ TEST(Export, SvgAndFiles) {
   const nlohmann::json back = nlohmann::json::parse(in);
   EXPECT_EQ(back["otherData"]["schedule"], "dualpipev");
   EXPECT_THROW(write_svg(plan, "/nonexistent-dir/x.svg"), Error);
+  // EP 2 on 2 ranks a stage: the dense gradients' all-reduce gets a row of its own.
+  EXPECT_NE(svg.find(">reduce</text>"), std::string::npos);
+  EXPECT_NE(svg.find("<title>reduce after "), std::string::npos);
+  PlanRequest one = request("dualpipev", 2, 2, 4);
+  one.inputs.expert_parallel_size = 1;
+  const std::string alone = plan_svg(make_plan(one));
+  EXPECT_EQ(alone.find(">reduce</text>"), std::string::npos);
 }
 
 TEST(Export, Table) {
