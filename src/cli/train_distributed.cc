@@ -132,8 +132,8 @@ void write_measured_trace(const std::string& path, runtime::PipelineTrainer& tra
 void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
                       comm::Communicator& world, bool recompute_experts) {
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
-  // The nodes', then the deferred update's seconds per weight and 1 when measured, then the
-  // gradient all-reduce's bus bandwidth and 1 when measured.
+  // The nodes', then (each with 1 when measured) the deferred update's seconds per weight and
+  // the gradient all-reduce's bus bandwidth.
   Tensor mine = Tensor::zeros({kNumNodeKinds * kValues + 4}, DType::kF64, MemCategory::kOther,
                               "node_times");
   if (const auto& u = trainer.measured_node_times().update_s_per_weight) {
@@ -144,6 +144,12 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
     mine.data<double>()[kNumNodeKinds * kValues + 2] = *b;
     mine.data<double>()[kNumNodeKinds * kValues + 3] = 1;
   }
+  // Note [The step's end in the plan]: the least of the ranks' rates, the rank that waited
+  // least for the others' forward-backward (a pipeline's ranks end theirs at different times).
+  Tensor end_rate = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "step_end");
+  end_rate.data<double>()[0] = trainer.measured_node_times().step_end_s_per_weight.value_or(-1);
+  Tensor end_rates = Tensor::empty({world.size()}, DType::kF64, MemCategory::kOther, "step_ends");
+  world.all_gather(end_rates, end_rate);
   for (int k = 0; k < kNumNodeKinds; ++k) {
     const auto& t = trainer.measured_node_times().nodes[k];
     if (!t) continue;
@@ -168,6 +174,14 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   if (u[1] > 0) out["update_per_weight"] = u[0] / u[1];  // Note [Deferred update in the plan]
   // Note [Gradient reduction in the plan] (schedule/simulator.cc)
   if (u[3] > 0) out["grad_reduce_bus_bytes_per_s"] = u[2] / u[3];
+  // Note [The step's end in the plan]: with the choice it was measured under.
+  double least = -1;
+  for (int p = 0; p < world.size(); ++p) {
+    const double e = end_rates.data<double>()[p];
+    if (e > 0 && (least < 0 || e < least)) least = e;
+  }
+  if (least > 0) out["step_end_per_weight"] = least;
+  out["defer_optimizer"] = trainer.measured_node_times().defer_optimizer;
   std::ofstream f(path);
   f << out.dump(2) << "\n";
   TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");

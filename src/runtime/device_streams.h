@@ -110,6 +110,7 @@ class DeviceStreams {
     std::vector<AllToAllSpan> all_to_all;
     std::vector<std::pair<double, double>> compute;
     double end_s = 0;  // the last span's end: the measured forward-backward time
+    double reduce_end_s = 0;  // the last gradient all-reduce's end (0: none on the reduce track)
     schedule::NodeTimesTable node_times;  // means over the step's layers and micro-batches
   };
   StepTimes resolve() const;

@@ -643,6 +643,15 @@ StepResult PipelineTrainer::step() {
     }
     node_times_ = t.node_times;
     fb_seconds_ = t.end_s;
+    // Note [The step's end in the plan] (schedule/simulator.cc): the host's step past the
+    // forward-backward and the all-reduce, per weight of this rank's stages.
+    int64_t weights = 0;
+    for (const StageRuntime& s : stages_) weights += s.params->numel();
+    const double end = r.seconds - std::max(t.end_s, t.reduce_end_s);
+    if (end > 0 && weights > 0) {
+      node_times_.step_end_s_per_weight = end / static_cast<double>(weights);
+    }
+    node_times_.defer_optimizer = train_.defer_optimizer;
   }
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);

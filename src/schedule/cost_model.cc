@@ -187,16 +187,18 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
   NodeTimesTable table;
   for (const auto& [key, value] : j.items()) {
     TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts" ||
-                     key == "update_per_weight" || key == "grad_reduce_bus_bytes_per_s",
+                     key == "update_per_weight" || key == "grad_reduce_bus_bytes_per_s" ||
+                     key == "step_end_per_weight" || key == "defer_optimizer",
                  source, ": unknown key \"", key,
-                 "\"; valid keys are nodes, p2p, recompute_experts, update_per_weight and "
-                 "grad_reduce_bus_bytes_per_s");
+                 "\"; valid keys are nodes, p2p, recompute_experts, update_per_weight, "
+                 "grad_reduce_bus_bytes_per_s, step_end_per_weight and defer_optimizer");
   }
-  if (j.contains("recompute_experts")) {
-    TANDEM_CHECK(j["recompute_experts"].is_boolean(), source,
-                 ": recompute_experts: expected true or false, got ",
-                 j["recompute_experts"].dump());
-    table.recompute_experts = j["recompute_experts"].get<bool>();
+  for (const char* key : {"recompute_experts", "defer_optimizer"}) {
+    if (!j.contains(key)) continue;
+    TANDEM_CHECK(j[key].is_boolean(), source, ": ", key, ": expected true or false, got ",
+                 j[key].dump());
+    (std::string_view(key) == "recompute_experts" ? table.recompute_experts
+                                                  : table.defer_optimizer) = j[key].get<bool>();
   }
   for (const auto& [name, value] : j["nodes"].items()) {
     int found = -1;
@@ -216,6 +218,13 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
                  "got ",
                  u.dump());
     table.update_s_per_weight = u.get<double>();
+  }
+  if (j.contains("step_end_per_weight")) {  // Note [The step's end in the plan]
+    const nlohmann::json& e = j["step_end_per_weight"];
+    TANDEM_CHECK(e.is_number() && e.get<double>() > 0, source,
+                 ": step_end_per_weight: expected the step's end's seconds per weight (> 0), got ",
+                 e.dump());
+    table.step_end_s_per_weight = e.get<double>();
   }
   if (j.contains("grad_reduce_bus_bytes_per_s")) {  // Note [Gradient reduction in the plan]
     const nlohmann::json& b = j["grad_reduce_bus_bytes_per_s"];

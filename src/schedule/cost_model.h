@@ -74,6 +74,12 @@ struct NodeTimesTable {
   // The gradient all-reduce's bus bandwidth, bytes/s, as measured beside the backward (Note
   // [Gradient reduction in the plan] in simulator.cc); empty: the link's.
   std::optional<double> grad_reduce_bus_bytes_per_s;
+  // Seconds per weight of a step's end as measured (the host's step time past the
+  // forward-backward and the all-reduce: the norm, the update unless deferred, the host's waits;
+  // Note [The step's end in the plan] in simulator.cc), and whether that run deferred its update
+  // (a plan uses the rate only for the same choice); empty: the memory bandwidth's estimate.
+  std::optional<double> step_end_s_per_weight;
+  bool defer_optimizer = false;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);

@@ -278,6 +278,12 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
     }
     pm.step_end_s_per_param =
         kFp32 / in.cost.device.memory_bytes_per_s + (in.defer_optimizer ? 0.0 : update);
+    // Measured by a run that made the same choice (--node-times-out): its rate, host waits too.
+    const NodeTimesTable& t = in.cost.table;
+    if (in.cost.kind == CostModelKind::kNodeTimes && t.step_end_s_per_weight &&
+        t.defer_optimizer == in.defer_optimizer) {
+      pm.step_end_s_per_param = *t.step_end_s_per_weight;
+    }
   }
   const int32_t stages = sch.num_stages;
   const auto layers = static_cast<int32_t>(in.model.num_layers);

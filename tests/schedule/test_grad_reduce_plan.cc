@@ -249,6 +249,30 @@ TEST(GradReducePlan, TheStepsEnd) {
     const int64_t params0 = measured.model.stages[0].num_params;
     EXPECT_NEAR(measured.sim.ranks[0].step_end_work_s,
                 static_cast<double>(params0) * (4.0 / 1e12 + (deferred ? 0.0 : 1e-10)), kEps);
+    // A measured step's end (--node-times-out) replaces both, for a run that made the same
+    // choice about deferring; for the other choice the estimate stays.
+    req.inputs.cost.table.step_end_s_per_weight = 3e-10;
+    for (const bool table_deferred : {false, true}) {
+      req.inputs.cost.table.defer_optimizer = table_deferred;
+      const Plan p = make_plan(req);
+      const double rate =
+          table_deferred == deferred ? 3e-10 : 4.0 / 1e12 + (deferred ? 0.0 : 1e-10);
+      EXPECT_NEAR(p.sim.ranks[0].step_end_work_s, static_cast<double>(params0) * rate, kEps);
+    }
+  }
+  const NodeTimesTable t = parse_node_times(
+      R"({"nodes": {}, "step_end_per_weight": 5e-12, "defer_optimizer": true})", "t");
+  EXPECT_EQ(t.step_end_s_per_weight, 5e-12);
+  EXPECT_TRUE(t.defer_optimizer);
+  for (const char* bad : {R"({"nodes": {}, "step_end_per_weight": "x"})",
+                          R"({"nodes": {}, "defer_optimizer": 1})"}) {
+    try {
+      parse_node_times(bad, "t.json");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("t.json: "), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("expected"), std::string::npos) << e.what();
+    }
   }
   PlanRequest uniform = request("1f1b", 2, 1, 2, 4, true);
   uniform.inputs.cost.kind = CostModelKind::kUniform;
