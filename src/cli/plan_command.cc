@@ -4,7 +4,10 @@
 
 #include <fstream>
 #include <iostream>
+#include <algorithm>
+#include <cstdio>
 #include <memory>
+#include <sstream>
 #include <nlohmann/json.hpp>
 
 #include <CLI/CLI.hpp>
@@ -35,6 +38,7 @@ struct PlanOptions {
   std::string svg;
   std::string write_schedule;
   OutputFormat format = OutputFormat::kTable;
+  bool compare_schedules = false;
   int64_t activation_bytes = 4;
   int64_t data_parallel_size = 0;  // 0: --expert-model-parallel-size
   schedule::DeviceDesc device;
@@ -77,6 +81,10 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
   sub.add_flag_callback(
       "--json", [&p] { p.format = OutputFormat::kJson; },
       "print a JSON summary instead of the table");
+  sub.add_flag("--compare-schedules", p.compare_schedules,
+               "plan every built-in schedule on this layout and model, one line each (step, "
+               "whole step, tokens/s, bubble, exposed all-to-all, highest peak), instead of one "
+               "schedule's table");
   sub.add_option("--activation-bytes", p.activation_bytes,
                  "bytes per activation element (2 bf16, 4 f32, 8 f64) (default: 4; 2 with "
                  "--device cuda, which also plans f32 statistics, the fused LM head and the "
@@ -267,9 +275,92 @@ std::string planned_memory_line(const schedule::Plan& plan) {
 
 namespace {
 
+// Stages per rank for `kind` when the user's V does not fit it: dualpipev always 2, interleaved
+// at least 2, the one-chunk schedules 1, combined 1f1b the user's.
+int32_t virtual_stages_for(schedule::ScheduleKind kind, int32_t v) {
+  using K = schedule::ScheduleKind;
+  switch (kind) {
+    case K::kDualPipeV: return 2;
+    case K::kInterleaved1f1b: return std::max(v, 2);
+    case K::kCombined1f1b: return v;
+    default: return 1;
+  }
+}
+
+// --compare-schedules: every built-in schedule on the request's layout, model and costs.
+void compare_schedules(const schedule::PlanRequest& base, OutputFormat format) {
+  nlohmann::json rows = nlohmann::json::array();
+  const schedule::CostModelKind cm = base.inputs.cost.kind;
+  const char* unit = cm == schedule::CostModelKind::kUniform ? "u" : "ms";
+  const double scale = cm == schedule::CostModelKind::kUniform ? 1 : 1e3;
+  std::ostringstream text;
+  char line[256];
+  std::snprintf(line, sizeof line, "%-17s %2s %12s %12s %12s %8s %13s %10s\n", "schedule", "V",
+                (std::string("step ") + unit).c_str(), (std::string("whole ") + unit).c_str(),
+                "tokens/s", "bubble%", "exposed a2a", "peak");
+  text << line;
+  for (int k = 0; k < schedule::kNumScheduleKinds; ++k) {
+    const auto kind = static_cast<schedule::ScheduleKind>(k);
+    schedule::PlanRequest req = base;
+    req.schedule_name = std::string(schedule::schedule_kind_name(kind));
+    req.shape.virtual_stages = virtual_stages_for(kind, base.shape.virtual_stages);
+    req.shape.pair_first_forwards =
+        kind == schedule::ScheduleKind::kCombined1f1b && base.shape.pair_first_forwards;
+    nlohmann::json row = {{"schedule", req.schedule_name},
+                          {"virtual_stages", req.shape.virtual_stages}};
+    try {
+      const schedule::Plan plan = schedule::make_plan(req);
+      double exposed = 0;
+      int64_t peak = 0;
+      for (const schedule::RankResult& r : plan.sim.ranks) {
+        exposed = std::max(exposed, r.exposed_alltoall_s);
+        peak = std::max(peak, r.peak_bytes);
+      }
+      const nlohmann::json summary = schedule::plan_summary_json(plan);
+      row["step_time_s"] = plan.sim.step_time_s;
+      row["full_step_s"] = plan.sim.full_step_s;
+      row["tokens_per_s"] = summary.value("tokens_per_s", 0.0);
+      row["bubble_fraction"] = plan.sim.bubble_fraction;
+      row["exposed_alltoall_s"] = exposed;
+      row["peak_bytes"] = peak;
+      std::snprintf(line, sizeof line, "%-17s %2d %12.3f %12.3f %12.0f %8.1f %13.3f %10s\n",
+                    req.schedule_name.c_str(), req.shape.virtual_stages,
+                    scale * plan.sim.step_time_s, scale * plan.sim.full_step_s,
+                    row["tokens_per_s"].get<double>(), 100 * plan.sim.bubble_fraction,
+                    scale * exposed, format_bytes(peak).c_str());
+      text << line;
+    } catch (const Error& e) {
+      row["error"] = e.what();
+      text << req.schedule_name << ": not on this layout: " << e.what() << "\n";
+    }
+    rows.push_back(std::move(row));
+  }
+  if (format == OutputFormat::kJson) {
+    std::cout << nlohmann::json{{"schedules", rows}}.dump(2) << std::endl;
+    return;
+  }
+  const int64_t dp = base.inputs.data_parallel_size > 0 ? base.inputs.data_parallel_size
+                                                       : base.inputs.expert_parallel_size;
+  std::cout << "every built-in schedule, PP " << base.shape.pipeline_size << ", "
+            << base.shape.num_microbatches << " micro-batches, EP "
+            << base.inputs.expert_parallel_size << ", DP " << dp << ", cost model "
+            << schedule::cost_model_name(cm)
+            << " (step: forward-backward; whole: with the all-reduce, norm and update; exposed "
+               "a2a and peak: the highest rank's)\n"
+            << text.str() << std::flush;
+}
+
 void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   finalize_run_options(app, o);
   const schedule::PlanRequest req = make_request(app, o, p);
+  if (p.compare_schedules) {
+    TANDEM_CHECK(p.schedule_file.empty() && p.svg.empty() && p.write_schedule.empty() &&
+                     o.trace_path.empty(),
+                 "--compare-schedules plans every built-in schedule: leave out --schedule-file, "
+                 "--svg, --write-schedule and --trace (they take one schedule)");
+    compare_schedules(req, p.format);
+    return;
+  }
   schedule::Plan plan;
   plan.schedule = schedule::plan_schedule(req);
   if (!p.schedule_file.empty()) check_file_agrees(app, o, plan.schedule, p.schedule_file);

@@ -2,6 +2,7 @@
 // Oracle: exit code 2, stderr names the bad value, and the directory is still empty afterwards.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <sstream>
 #include <string>
@@ -212,6 +213,55 @@ TEST(TandemProgram, TrainPrintsAndLogsItsPlannedMemory) {
     EXPECT_LE(j.at("planned_peak_bytes").get<int64_t>(), j.at("mem_peak_bytes").get<int64_t>());
   }
   EXPECT_EQ(n, 2);
+}
+
+}  // namespace
+
+namespace {
+
+// `tandem plan --compare-schedules`: one row per built-in schedule, each the plan that
+// `--schedule NAME` gives alone (or why it does not fit the layout), and an error for the
+// options that take one schedule.
+TEST(TandemProgram, PlanComparesEverySchedule) {
+  TempDir work, capture;
+  const std::vector<std::string> layout = {"plan", "--json", "--pipeline-model-parallel-size", "2",
+                                           "--num-layers", "2", "--global-batch-size", "32"};
+  auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = layout;
+    args.insert(args.end(), more.begin(), more.end());
+    return run_tandem(args, work.path(), capture.path());
+  };
+  const RunResult all = run({"--compare-schedules"});
+  ASSERT_EQ(all.exit_code, 0) << all.err;
+  const nlohmann::json rows = nlohmann::json::parse(all.out).at("schedules");
+  ASSERT_EQ(rows.size(), 6u);
+  int planned = 0;
+  for (const nlohmann::json& row : rows) {
+    const std::string name = row.at("schedule");
+    if (row.contains("error")) {
+      // Two layers on PP 2: no room for two stages a rank.
+      EXPECT_EQ(row.at("virtual_stages"), 2) << name;
+      EXPECT_NE(row.at("error").get<std::string>().find("--num-layers 2"), std::string::npos);
+      continue;
+    }
+    ++planned;
+    const RunResult one = run({"--schedule", name});
+    ASSERT_EQ(one.exit_code, 0) << name << ": " << one.err;
+    const nlohmann::json j = nlohmann::json::parse(one.out);
+    EXPECT_EQ(row.at("step_time_s"), j.at("step_time_s")) << name;
+    EXPECT_EQ(row.at("full_step_s"), j.at("full_step_s")) << name;
+    int64_t peak = 0;
+    for (const nlohmann::json& r : j.at("ranks")) {
+      peak = std::max(peak, r.at("peak_bytes").get<int64_t>());
+    }
+    EXPECT_EQ(row.at("peak_bytes"), peak) << name;
+  }
+  EXPECT_EQ(planned, 4);  // gpipe, 1f1b, combined-1f1b, zb-h1
+  const RunResult svg = run({"--compare-schedules", "--svg", "x.svg"});
+  EXPECT_EQ(svg.exit_code, 2);
+  EXPECT_NE(svg.err.find("--compare-schedules plans every built-in schedule"), std::string::npos)
+      << svg.err;
+  EXPECT_FALSE(fs::exists(work.path() / "x.svg"));
 }
 
 }  // namespace
