@@ -37,6 +37,7 @@ struct PlanOptions {
   int routing_rank = 0;  // --routing-rank: whose pipeline's table
   std::string svg;
   std::string write_schedule;
+  std::string measured_trace;  // --measured-trace FILE (tandem train --trace)
   OutputFormat format = OutputFormat::kTable;
   bool compare_schedules = false;
   int64_t activation_bytes = 4;
@@ -73,6 +74,12 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
       ->option_text("RANK");
   sub.add_option("--svg", p.svg,
                  "write a Gantt chart with each rank's memory curve to FILE.svg (default: none)")
+      ->option_text("FILE");
+  sub.add_option("--measured-trace", p.measured_trace,
+                 "a measured step (`tandem train --trace FILE`) to set beside the plan: each "
+                 "rank's forward-backward planned and measured, and with --trace one chart with "
+                 "each measured rank under its planned one (default: none)")
+      ->check(CLI::ExistingFile)
       ->option_text("FILE");
   sub.add_option("--write-schedule", p.write_schedule,
                  "write the (validated) schedule in the text format to FILE, to edit and plan "
@@ -203,6 +210,14 @@ void check_file_agrees(const CLI::App& app, const RunOptions& o, const schedule:
   TANDEM_CHECK(app.count("--num-microbatches") == 0 || o.num_microbatches == s.num_microbatches,
                "--num-microbatches ", o.num_microbatches, " disagrees with --schedule-file ", path,
                ", which has ", s.num_microbatches, " micro-batches");
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream f(path);
+  TANDEM_CHECK(f.good(), "cannot read '", path, "'");
+  std::stringstream buf;
+  buf << f.rdbuf();
+  return buf.str();
 }
 
 void write_text(const std::string& path, const std::string& text, const char* what) {
@@ -355,9 +370,10 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   const schedule::PlanRequest req = make_request(app, o, p);
   if (p.compare_schedules) {
     TANDEM_CHECK(p.schedule_file.empty() && p.svg.empty() && p.write_schedule.empty() &&
-                     o.trace_path.empty(),
+                     o.trace_path.empty() && p.measured_trace.empty(),
                  "--compare-schedules plans every built-in schedule: leave out --schedule-file, "
-                 "--svg, --write-schedule and --trace (they take one schedule)");
+                 "--svg, --write-schedule, --trace and --measured-trace (they take one "
+                 "schedule)");
     compare_schedules(req, p.format);
     return;
   }
@@ -370,12 +386,34 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   if (!p.write_schedule.empty()) {
     write_text(p.write_schedule, schedule::format_schedule(plan.schedule), "schedule");
   }
-  if (!o.trace_path.empty()) schedule::write_trace(plan, o.trace_path);
+  // Note [Planned and measured on one chart] (schedule/trace_export.cc).
+  const std::string measured = p.measured_trace.empty() ? "" : read_text(p.measured_trace);
+  if (!o.trace_path.empty()) {
+    if (measured.empty()) {
+      schedule::write_trace(plan, o.trace_path);
+    } else {
+      write_text(o.trace_path,
+                 schedule::merged_trace_json(plan, measured, p.measured_trace), "trace");
+    }
+  }
   if (!p.svg.empty()) schedule::write_svg(plan, p.svg);
   if (p.format == OutputFormat::kJson) {
-    std::cout << schedule::plan_summary_json(plan).dump(2) << std::endl;
+    nlohmann::json j = schedule::plan_summary_json(plan);
+    if (!measured.empty()) {
+      const std::map<int, double> ends =
+          schedule::measured_forward_backward(measured, p.measured_trace);
+      for (nlohmann::json& r : j["ranks"]) {
+        const auto it = ends.find(r["rank"].get<int>());
+        if (it != ends.end()) r["measured_forward_backward_s"] = it->second;
+      }
+    }
+    std::cout << j.dump(2) << std::endl;
   } else {
     std::cout << schedule::format_plan_table(plan) << std::flush;
+    if (!measured.empty()) {
+      std::cout << schedule::planned_against_measured(plan, measured, p.measured_trace)
+                << std::flush;
+    }
   }
 }
 

@@ -4,7 +4,9 @@
 #pragma once
 
 #include <nlohmann/json_fwd.hpp>
+#include <map>
 #include <string>
+#include <string_view>
 
 #include "schedule/action.h"
 #include "schedule/generators.h"
@@ -44,6 +46,19 @@ nlohmann::json plan_summary_json(const Plan& plan);
 // as a counter track. Throws tandem::Error if the file cannot be written.
 void write_trace(const Plan& plan, const std::string& path);
 std::string trace_json(const Plan& plan);
+
+// Note [Planned and measured on one chart]: the plan's trace with a measured one (`tandem train
+// --trace`, from `source`) merged in, each measured rank beside its planned one; throws
+// tandem::Error naming `source` when the measured text is not such a trace.
+std::string merged_trace_json(const Plan& plan, std::string_view measured_text,
+                              std::string_view source);
+// Each measured process's forward-backward: the end of its last compute or comm span, seconds.
+std::map<int, double> measured_forward_backward(std::string_view measured_text,
+                                               std::string_view source);
+// Per pipeline rank r of the plan, the measured trace's process r: "rank 0: forward-backward
+// planned 120.731 ms, measured 123.430 ms (-2.2%)" lines (the plan against the measurement).
+std::string planned_against_measured(const Plan& plan, std::string_view measured_text,
+                                     std::string_view source);
 
 // SVG Gantt chart (a row per rank and stream) with each rank's memory curve beneath.
 void write_svg(const Plan& plan, const std::string& path);

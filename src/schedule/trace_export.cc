@@ -3,6 +3,8 @@
 // reduction, a "memory" counter track per rank.
 #include <cstdio>
 #include <fstream>
+#include <map>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -81,6 +83,110 @@ std::string trace_json(const Plan& plan) {
   }
   if (out.size() >= 2 && out[out.size() - 2] == ',') out.erase(out.size() - 2, 1);
   out += "],\n\"otherData\":" + plan_summary_json(plan).dump() + "}\n";
+  return out;
+}
+
+// Note [Planned and measured on one chart]: DESIGN.md's promise that prediction and measurement
+// are compared on one chart. A measured trace (runtime/timeline.cc: a process per world rank,
+// times in microseconds from the step's start, as the plan's) is merged into the plan's: its
+// processes move to pid 1000 + rank, and sort indices put each measured rank right under the
+// planned one of the same number, so Perfetto shows planned rank 0, measured rank 0, planned
+// rank 1, ... on one time axis. With data parallelism the measured trace has more ranks than the
+// plan (one pipeline); they follow in rank order.
+namespace {
+
+constexpr int kMeasuredPid = 1000;
+
+nlohmann::json measured_events(std::string_view text, std::string_view source) {
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(text);
+  } catch (const nlohmann::json::exception& e) {
+    throw Error(detail::concat(source, ": not a trace (not valid JSON: ", e.what(), ")"));
+  }
+  TANDEM_CHECK(j.is_object() && j.contains("traceEvents") && j["traceEvents"].is_array(), source,
+               ": not a trace: expected {\"traceEvents\": [...]} as `tandem train --trace` "
+               "writes it");
+  return j["traceEvents"];
+}
+
+// The end of each measured process's last compute or comm span (its forward-backward).
+std::map<int, double> measured_ends(const nlohmann::json& events, std::string_view source) {
+  std::map<std::pair<int, int>, std::string> names;
+  for (const auto& e : events) {
+    if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
+      names[{e.value("pid", -1), e.value("tid", -1)}] = e["args"].value("name", "");
+    }
+  }
+  std::map<int, double> ends;
+  for (const auto& e : events) {
+    if (e.value("ph", "") != "X") continue;
+    TANDEM_CHECK(e.contains("pid") && e.contains("ts") && e.contains("dur"), source,
+                 ": an event lacks pid, ts or dur: ", e.dump());
+    const int pid = e["pid"].get<int>();
+    const std::string& track = names[{pid, e.value("tid", 0)}];
+    if (track.rfind("compute", 0) != 0 && track.rfind("comm", 0) != 0) continue;
+    double& end = ends[pid];
+    end = std::max(end, (e["ts"].get<double>() + e["dur"].get<double>()) * 1e-6);
+  }
+  return ends;
+}
+
+}  // namespace
+
+std::string merged_trace_json(const Plan& plan, std::string_view measured_text,
+                              std::string_view source) {
+  nlohmann::json merged = nlohmann::json::parse(trace_json(plan));
+  nlohmann::json& events = merged["traceEvents"];
+  for (nlohmann::json& e : events) {  // "rank 0 (stages 0,3)" -> "rank 0 (planned, stages 0,3)"
+    if (e.value("name", "") != "process_name") continue;
+    std::string name = e["args"].value("name", "");
+    const size_t paren = name.find(" (");
+    if (paren != std::string::npos) name.insert(paren + 2, "planned, ");
+    e["args"]["name"] = name;
+  }
+  const int planned = static_cast<int>(plan.sim.ranks.size());
+  for (nlohmann::json e : measured_events(measured_text, source)) {
+    if (!e.contains("pid")) continue;
+    e["pid"] = kMeasuredPid + e["pid"].get<int>();
+    events.push_back(std::move(e));
+  }
+  std::set<int> measured;
+  for (const auto& e : events) {
+    const int pid = e.value("pid", -1);
+    if (pid >= kMeasuredPid) measured.insert(pid);
+  }
+  auto sort_index = [&](int pid, int index) {
+    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid},
+                      {"args", {{"sort_index", index}}}});
+  };
+  for (int r = 0; r < planned; ++r) sort_index(r, 2 * r);
+  for (const int pid : measured) {
+    const int r = pid - kMeasuredPid;
+    sort_index(pid, r < planned ? 2 * r + 1 : 2 * planned + r);
+  }
+  return merged.dump() + "\n";
+}
+
+std::map<int, double> measured_forward_backward(std::string_view measured_text,
+                                               std::string_view source) {
+  return measured_ends(measured_events(measured_text, source), source);
+}
+
+std::string planned_against_measured(const Plan& plan, std::string_view measured_text,
+                                     std::string_view source) {
+  const std::map<int, double> ends = measured_forward_backward(measured_text, source);
+  std::string out;
+  char line[200];
+  for (const RankResult& r : plan.sim.ranks) {
+    const auto it = ends.find(r.rank);
+    if (it == ends.end()) continue;
+    std::snprintf(line, sizeof line,
+                  "rank %d: forward-backward planned %.3f ms, measured %.3f ms (%+.1f%%)\n",
+                  r.rank, r.end_s * 1e3, it->second * 1e3,
+                  it->second > 0 ? 100 * (r.end_s - it->second) / it->second : 0.0);
+    out += line;
+  }
   return out;
 }
 

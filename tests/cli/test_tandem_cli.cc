@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -262,6 +263,48 @@ TEST(TandemProgram, PlanComparesEverySchedule) {
   EXPECT_NE(svg.err.find("--compare-schedules plans every built-in schedule"), std::string::npos)
       << svg.err;
   EXPECT_FALSE(fs::exists(work.path() / "x.svg"));
+}
+
+}  // namespace
+
+namespace {
+
+// `tandem plan --measured-trace FILE`: a measured step (`tandem train --trace`) beside the plan
+// of the same run, each rank's forward-backward planned and measured, and with --trace one
+// chart holding both (Note [Planned and measured on one chart]); a file that is no trace is
+// named in the error.
+TEST(TandemProgram, PlanSetsAMeasuredStepBesideThePlan) {
+  TempDir work, capture;
+  const std::vector<std::string> model = {"--num-layers", "2", "--hidden-size", "32",
+                                          "--num-attention-heads", "4", "--num-query-groups", "2",
+                                          "--ffn-hidden-size", "48", "--num-experts", "4",
+                                          "--seq-length", "16", "--micro-batch-size", "2",
+                                          "--global-batch-size", "4", "--quiet"};
+  std::vector<std::string> train = {"--train-iters", "2", "--trace", "run.json"};
+  train.insert(train.end(), model.begin(), model.end());
+  ASSERT_EQ(run_train(train, work.path(), capture.path()).exit_code, 0);
+  std::vector<std::string> plan = {"plan", "--measured-trace", "run.json", "--trace", "both.json"};
+  plan.insert(plan.end(), model.begin(), model.end());
+  const RunResult r = run_tandem(plan, work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("rank 0: forward-backward planned "), std::string::npos) << r.out;
+  const nlohmann::json both =
+      nlohmann::json::parse(tandem::test::slurp(work.path() / "both.json"));
+  bool planned = false, measured = false;
+  for (const nlohmann::json& e : both.at("traceEvents")) {
+    if (e.value("name", "") != "process_name") continue;
+    planned = planned || e.at("args").at("name") == "rank 0 (planned, stages 0)";
+    measured = measured || (e.at("pid") == 1000 && e.at("args").at("name") == "rank 0 (measured)");
+  }
+  EXPECT_TRUE(planned && measured) << both.dump().substr(0, 600);
+  {
+    std::ofstream bad(work.path() / "bad.json");
+    bad << "{\"events\": []}";
+  }
+  plan[2] = "bad.json";
+  const RunResult b = run_tandem(plan, work.path(), capture.path());
+  EXPECT_EQ(b.exit_code, 2);
+  EXPECT_NE(b.err.find("bad.json: not a trace"), std::string::npos) << b.err;
 }
 
 }  // namespace

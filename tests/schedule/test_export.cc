@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
@@ -112,6 +113,56 @@ TEST(Export, SvgAndFiles) {
   one.inputs.expert_parallel_size = 1;
   const std::string alone = plan_svg(make_plan(one));
   EXPECT_EQ(alone.find(">reduce</text>"), std::string::npos);
+}
+
+// Note [Planned and measured on one chart]: a measured trace (as `tandem train --trace` writes
+// it) merged into the plan's, each measured rank sorted under its planned one; each rank's
+// measured forward-backward is the end of its last compute or comm span; bad files are named.
+TEST(Export, PlannedAndMeasuredOnOneChart) {
+  const Plan plan = make_plan(request("1f1b", 2, 1, 3));
+  const std::string measured = R"JSON({"displayTimeUnit":"ms","traceEvents":[
+    {"name":"process_name","ph":"M","pid":0,"args":{"name":"rank 0 (measured)"}},
+    {"name":"thread_name","ph":"M","pid":0,"tid":0,"args":{"name":"compute"}},
+    {"name":"thread_name","ph":"M","pid":0,"tid":1,"args":{"name":"comm"}},
+    {"name":"thread_name","ph":"M","pid":0,"tid":2,"args":{"name":"host"}},
+    {"name":"thread_name","ph":"M","pid":1,"tid":0,"args":{"name":"compute"}},
+    {"name":"attention.fwd","ph":"X","pid":0,"tid":0,"ts":0,"dur":1000},
+    {"name":"dispatch.fwd","ph":"X","pid":0,"tid":1,"ts":1000,"dur":2500},
+    {"name":"issue","ph":"X","pid":0,"tid":2,"ts":0,"dur":9000},
+    {"name":"loss.fwd","ph":"X","pid":1,"tid":0,"ts":500,"dur":1500},
+    {"name":"memory","ph":"C","pid":1,"ts":10,"args":{"activations":5}}]})JSON";
+  const nlohmann::json t = nlohmann::json::parse(merged_trace_json(plan, measured, "m.json"));
+  size_t planned_events = nlohmann::json::parse(trace_json(plan))["traceEvents"].size();
+  std::map<int, int> sort;
+  int measured_events = 0;
+  for (const auto& e : t["traceEvents"]) {
+    if (e["name"] == "process_sort_index") {
+      sort[e["pid"].get<int>()] = e["args"]["sort_index"].get<int>();
+    } else if (e["pid"].get<int>() >= 1000) {
+      ++measured_events;
+    }
+    if (e["name"] == "process_name" && e["pid"] == 0) {
+      EXPECT_EQ(e["args"]["name"], "rank 0 (planned, stages 0)");
+    }
+  }
+  EXPECT_EQ(measured_events, 10);
+  EXPECT_EQ(t["traceEvents"].size(), planned_events + 10 + 4);
+  EXPECT_EQ(sort, (std::map<int, int>{{0, 0}, {1000, 1}, {1, 2}, {1001, 3}}));
+  const std::map<int, double> ends = measured_forward_backward(measured, "m.json");
+  EXPECT_DOUBLE_EQ(ends.at(0), 3.5e-3);  // the comm span's end; the host track does not count
+  EXPECT_DOUBLE_EQ(ends.at(1), 2e-3);
+  const std::string lines = planned_against_measured(plan, measured, "m.json");
+  EXPECT_NE(lines.find("rank 0: forward-backward planned "), std::string::npos) << lines;
+  EXPECT_NE(lines.find("measured 3.500 ms"), std::string::npos) << lines;
+  EXPECT_NE(lines.find("measured 2.000 ms"), std::string::npos) << lines;
+  for (const char* bad : {"{", R"({"events": []})"}) {
+    try {
+      merged_trace_json(plan, bad, "m.json");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("m.json: not a trace"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST(Export, Table) {
