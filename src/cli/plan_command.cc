@@ -239,10 +239,12 @@ schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedul
 }
 
 std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
-                                          const schedule::ScheduleShape& shape, int64_t dp) {
+                                          const schedule::ScheduleShape& shape, int64_t dp,
+                                          std::string& why) {
   try {
     return plan_training_run(o, schedule_name, shape, dp);
-  } catch (const Error&) {
+  } catch (const Error& e) {
+    why = e.what();
     return std::nullopt;
   }
 }

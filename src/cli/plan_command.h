@@ -21,10 +21,11 @@ struct IterationRecord;
 // first step (the activation peak exactly, with one expert rank; docs/parallel.md).
 schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedule_name,
                                  const schedule::ScheduleShape& shape, int64_t dp);
-// plan_training_run, or nothing when the planner does not take the run (its error is the
-// planner's own, and the run goes on without a plan).
+// plan_training_run, or nothing when the planner does not take the run (the run goes on
+// without a plan; `why` gets the planner's error).
 std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
-                                          const schedule::ScheduleShape& shape, int64_t dp);
+                                          const schedule::ScheduleShape& shape, int64_t dp,
+                                          std::string& why);
 // The plan's peak and activation peak for each world rank (its pipeline rank's, as given), into
 // the record's planned_* fields.
 void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,

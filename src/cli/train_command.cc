@@ -132,8 +132,9 @@ void run_train(const CLI::App& app, RunOptions& o) {
   const int64_t start = resume_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);
   // One process runs each micro-batch's forward, then its backward: 1f1b on one stage.
+  std::string unplanned;
   const std::optional<schedule::Plan> plan = plan_of_run(
-      o, "1f1b", {1, 1, static_cast<int32_t>(o.train.num_microbatches()), false}, 1);
+      o, "1f1b", {1, 1, static_cast<int32_t>(o.train.num_microbatches()), false}, 1, unplanned);
   ProgressReporter reporter(reporter_config(o));
   if (!o.quiet) {
     std::cout << "tandem train: " << trainer.params().numel() << " parameters, "
@@ -151,7 +152,9 @@ void run_train(const CLI::App& app, RunOptions& o) {
                                                  : std::string("a GPU"))
 #endif
               << std::endl;
-    if (plan) std::cout << "tandem train: " << planned_memory_line(*plan) << std::endl;
+    std::cout << "tandem train: "
+              << (plan ? planned_memory_line(*plan) : "memory not planned: " + unplanned)
+              << std::endl;
   }
   if (plan) warn_if_planned_memory_exceeds_gpu(*plan, 0, o.train.device, "tandem train: ");
   reporter.open();

@@ -299,7 +299,8 @@ void run_train_distributed(RunOptions& o) {
   const bool lead = groups.rank == 0;
   const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   ReporterConfig rc = reporter_config(o);
-  const std::optional<schedule::Plan> plan = plan_of_run(o, p.schedule, shape, L.dp());
+  std::string unplanned;
+  const std::optional<schedule::Plan> plan = plan_of_run(o, p.schedule, shape, L.dp(), unplanned);
   std::vector<int32_t> pipeline_rank;  // of each world rank
   for (int w = 0; w < L.world; ++w) pipeline_rank.push_back(L.pp_rank(w));
   if (!lead) {
@@ -321,7 +322,9 @@ void run_train_distributed(RunOptions& o) {
                         "(--overlap-grad-reduce)"
                       : "")
               << std::endl;
-    if (plan) std::cout << "tandem train: " << planned_memory_line(*plan) << std::endl;
+    std::cout << "tandem train: "
+              << (plan ? planned_memory_line(*plan) : "memory not planned: " + unplanned)
+              << std::endl;
   }
   if (plan) {
     warn_if_planned_memory_exceeds_gpu(*plan, L.pp_rank(groups.rank), o.train.device,
