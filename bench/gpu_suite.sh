@@ -190,6 +190,25 @@ for s in $SUITE; do
         [ -s $T/ep2-combined-on$r.jsonl ] && [ -s $T/ep2-combined-paired$r.jsonl ] &&
           python3 devrun/compare_losses.py --rtol=0 $T/ep2-combined-on$r.jsonl $T/ep2-combined-paired$r.jsonl | tee -a "$OUT/multi_b.txt"
       done
+      # The planner against these runs, on this machine (Note [Gradient reduction in the plan],
+      # Note [Planned and measured on one chart]): each run's own node times and last-step trace.
+      plan_vs() {  # RUN NODES TRACE "layout options": the plan against that run's medians
+        local run=$1 nodes=$OUT/$2 trace=$OUT/$3; shift 3
+        [ -s $nodes ] && [ -s $trace ] && [ -s $T/$run.jsonl ] || return 0
+        echo "planner vs $run:" | tee -a "$OUT/multi_b.txt"
+        $B/tandem plan --device cuda $SB $1 --node-times $nodes --measured-trace $trace --json > $T/plan-$run.json 2>&1
+        python3 -c "
+import json,sys,statistics as s
+p=json.load(open(sys.argv[1])); r=[json.loads(l) for l in open(sys.argv[2])][3:]
+step=s.median(x['step_seconds'] for x in r); tok=s.median(x['tokens_per_s'] for x in r)
+pt=p.get('tokens_per_s',0)
+print('  planned: forward-backward ms', round(1e3*p['step_time_s'],2), 'whole step ms', round(1e3*p['full_step_s'],2), 'tokens/s', round(pt), '| measured: step ms', round(1e3*step,2), 'tokens/s', round(tok), '(plan %+.1f%%)' % (100*(pt-tok)/tok))
+for k in p['ranks']: print('  rank', k['rank'], 'measured forward-backward (trace) ms', round(1e3*k.get('measured_forward_backward_s',0),2), 'planned peak GiB', round(k['peak_bytes']/2**30,2), 'all-reduce after the backward ms', round(1e3*k['grad_reduce_tail_s'],2))
+m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b in (m if isinstance(m,list) else [m])])" $T/plan-$run.json $T/$run.jsonl 2>&1 | tee -a "$OUT/multi_b.txt"
+      }
+      plan_vs dp2 nodes-dp2.json trace-dp2.json "--global-batch-size 32 --data-parallel-size 2"
+      plan_vs pp2-1f1b nodes-pp2.json trace-pp2-1f1b.json "--pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16"
+      plan_vs ep2-combined-on nodes-ep2-combined.json trace-ep2-combined.json "--expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32"
       peer_runs "$SB" 2 170 $T multi_b.txt ;;
     ab)
       # A/B of tandem binaries (AB="tandem-base tandem", each in devrun/bin) on shape (b)'s EP2
