@@ -208,7 +208,7 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       }
       plan_vs dp2 nodes-dp2.json trace-dp2.json "--global-batch-size 32 --data-parallel-size 2"
       plan_vs pp2-1f1b nodes-pp2.json trace-pp2-1f1b.json "--pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16"
-      plan_vs ep2-combined-on nodes-ep2-combined.json trace-ep2-combined.json "--expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32"
+      plan_vs ep2-combined-on nodes-ep2-combined.json trace-ep2-combined.json "--expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32 --routing $OUT/routing-ep2-combined.json --routing-rank 0"
       peer_runs "$SB" 2 170 $T multi_b.txt ;;
     ab)
       # A/B of tandem binaries (AB="tandem-base tandem", each in devrun/bin) on shape (b)'s EP2
