@@ -156,7 +156,8 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   TANDEM_CHECK(dp % o.parallel.expert_model_parallel_size == 0, "--data-parallel-size ", dp,
                " is invalid: the expert ranks are carved out of the data-parallel ones, so use a "
                "multiple of --expert-model-parallel-size ", o.parallel.expert_model_parallel_size);
-  if (o.num_microbatches == 0) o.train.validate(dp);
+  // (A schedule file fixes the micro-batches itself.)
+  if (o.num_microbatches == 0 && p.schedule_file.empty()) o.train.validate(dp);
   const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches(dp);
   req.shape = {static_cast<int32_t>(o.parallel.pipeline_model_parallel_size),
                static_cast<int32_t>(v), static_cast<int32_t>(m), o.parallel.pair_first_forwards};
