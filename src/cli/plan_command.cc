@@ -5,6 +5,7 @@
 #include <fstream>
 #include <iostream>
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <memory>
 #include <sstream>
@@ -40,10 +41,44 @@ struct PlanOptions {
   std::string measured_trace;  // --measured-trace FILE (tandem train --trace)
   OutputFormat format = OutputFormat::kTable;
   bool compare_schedules = false;
+  double memory_limit = 0;  // --memory-limit: bytes a rank may hold; 0: none
   int64_t activation_bytes = 4;
   int64_t data_parallel_size = 0;  // 0: --expert-model-parallel-size
   schedule::DeviceDesc device;
 };
+
+// "80GiB", "7.5GiB", "141e9", "512MB" -> bytes as a number (CLI11 transform); "" when valid.
+std::string size_in_bytes(std::string& text) {
+  static const std::pair<const char*, double> kUnits[] = {
+      {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024},
+      {"tib", 1024.0 * 1024 * 1024 * 1024}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
+      {"b", 1.0}};
+  std::string lower;
+  for (const char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  double factor = 1;
+  for (const auto& [unit, f] : kUnits) {
+    const std::string u = unit;
+    if (lower.size() > u.size() && lower.compare(lower.size() - u.size(), u.size(), u) == 0) {
+      lower.resize(lower.size() - u.size());
+      factor = f;
+      break;
+    }
+  }
+  size_t used = 0;
+  double v = -1;
+  try {
+    v = std::stod(lower, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  if (used == 0 || used != lower.size() || !(v >= 0)) {
+    return "'" + text +
+           "' is not a size: use bytes (141e9) or a number with a unit (80GiB, 7.5GiB, 512MB; "
+           "KiB MiB GiB TiB are powers of 1024, KB MB GB TB of 1000)";
+  }
+  text = std::to_string(v * factor);
+  return "";
+}
 
 void add_plan_options(CLI::App& sub, PlanOptions& p) {
   sub.add_option("--schedule-file", p.schedule_file,
@@ -88,6 +123,12 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
   sub.add_flag_callback(
       "--json", [&p] { p.format = OutputFormat::kJson; },
       "print a JSON summary instead of the table");
+  sub.add_option("--memory-limit", p.memory_limit,
+                 "the memory a rank may hold (e.g. 80GiB, 141e9): says which ranks' planned "
+                 "peaks go over it, and with --compare-schedules which schedules fit "
+                 "(default: none)")
+      ->transform(CLI::Validator(size_in_bytes, "SIZE"))
+      ->option_text("SIZE");
   sub.add_flag("--compare-schedules", p.compare_schedules,
                "plan every built-in schedule on this layout and model, one line each (step, "
                "whole step, tokens/s, bubble, exposed all-to-all, highest peak), instead of one "
@@ -293,6 +334,25 @@ std::string planned_memory_line(const schedule::Plan& plan) {
 
 namespace {
 
+// "every rank within --memory-limit 80.0 GiB (highest peak 7.3 GiB)" or "over --memory-limit
+// ...: rank 0 (82.1 GiB), ...".
+std::string memory_limit_line(const schedule::Plan& plan, int64_t limit) {
+  std::string over;
+  int64_t highest = 0;
+  for (const schedule::RankResult& r : plan.sim.ranks) {
+    highest = std::max(highest, r.peak_bytes);
+    if (r.peak_bytes > limit) {
+      over += detail::concat(over.empty() ? "" : ", ", "rank ", r.rank, " (",
+                             format_bytes(r.peak_bytes), ")");
+    }
+  }
+  if (over.empty()) {
+    return detail::concat("every rank within --memory-limit ", format_bytes(limit),
+                          " (highest peak ", format_bytes(highest), ")\n");
+  }
+  return detail::concat("over --memory-limit ", format_bytes(limit), ": ", over, "\n");
+}
+
 // Stages per rank for `kind` when the user's V does not fit it: dualpipev always 2, interleaved
 // at least 2, the one-chunk schedules 1, combined 1f1b the user's.
 int32_t virtual_stages_for(schedule::ScheduleKind kind, int32_t v) {
@@ -306,7 +366,8 @@ int32_t virtual_stages_for(schedule::ScheduleKind kind, int32_t v) {
 }
 
 // --compare-schedules: every built-in schedule on the request's layout, model and costs.
-void compare_schedules(const schedule::PlanRequest& base, OutputFormat format) {
+void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
+                       int64_t memory_limit) {
   nlohmann::json rows = nlohmann::json::array();
   const schedule::CostModelKind cm = base.inputs.cost.kind;
   const char* unit = cm == schedule::CostModelKind::kUniform ? "u" : "ms";
@@ -341,11 +402,13 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format) {
       row["bubble_fraction"] = plan.sim.bubble_fraction;
       row["exposed_alltoall_s"] = exposed;
       row["peak_bytes"] = peak;
-      std::snprintf(line, sizeof line, "%-17s %2d %12.3f %12.3f %12.0f %8.1f %13.3f %10s\n",
+      if (memory_limit > 0) row["fits"] = peak <= memory_limit;
+      std::snprintf(line, sizeof line, "%-17s %2d %12.3f %12.3f %12.0f %8.1f %13.3f %10s%s\n",
                     req.schedule_name.c_str(), req.shape.virtual_stages,
                     scale * plan.sim.step_time_s, scale * plan.sim.full_step_s,
                     row["tokens_per_s"].get<double>(), 100 * plan.sim.bubble_fraction,
-                    scale * exposed, format_bytes(peak).c_str());
+                    scale * exposed, format_bytes(peak).c_str(),
+                    memory_limit > 0 && peak > memory_limit ? "  over the limit" : "");
       text << line;
     } catch (const Error& e) {
       row["error"] = e.what();
@@ -359,6 +422,7 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format) {
   }
   const int64_t dp = base.inputs.data_parallel_size > 0 ? base.inputs.data_parallel_size
                                                        : base.inputs.expert_parallel_size;
+  if (memory_limit > 0) text << "(--memory-limit " << format_bytes(memory_limit) << " a rank)\n";
   std::cout << "every built-in schedule, PP " << base.shape.pipeline_size << ", "
             << base.shape.num_microbatches << " micro-batches, EP "
             << base.inputs.expert_parallel_size << ", DP " << dp << ", cost model "
@@ -377,7 +441,7 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
                  "--compare-schedules plans every built-in schedule: leave out --schedule-file, "
                  "--svg, --write-schedule, --trace and --measured-trace (they take one "
                  "schedule)");
-    compare_schedules(req, p.format);
+    compare_schedules(req, p.format, static_cast<int64_t>(p.memory_limit));
     return;
   }
   schedule::Plan plan;
@@ -410,9 +474,17 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
         if (it != ends.end()) r["measured_forward_backward_s"] = it->second;
       }
     }
+    const auto limit = static_cast<int64_t>(p.memory_limit);
+    if (limit > 0) {
+      j["memory_limit_bytes"] = limit;
+      for (nlohmann::json& r : j["ranks"]) r["fits"] = r["peak_bytes"].get<int64_t>() <= limit;
+    }
     std::cout << j.dump(2) << std::endl;
   } else {
     std::cout << schedule::format_plan_table(plan) << std::flush;
+    if (p.memory_limit > 0) {
+      std::cout << memory_limit_line(plan, static_cast<int64_t>(p.memory_limit)) << std::flush;
+    }
     if (!measured.empty()) {
       std::cout << schedule::planned_against_measured(plan, measured, p.measured_trace)
                 << std::flush;

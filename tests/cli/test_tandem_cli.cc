@@ -308,3 +308,47 @@ TEST(TandemProgram, PlanSetsAMeasuredStepBesideThePlan) {
 }
 
 }  // namespace
+
+namespace {
+
+// `tandem plan --memory-limit SIZE`: which ranks' planned peaks go over it (JSON "fits", a line
+// under the table), which schedules fit under --compare-schedules, and a clear error for a size
+// that is none.
+TEST(TandemProgram, PlanChecksAMemoryLimit) {
+  TempDir work, capture;
+  auto run = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = {"plan", "--pipeline-model-parallel-size", "2",
+                                     "--num-layers", "4", "--global-batch-size", "32"};
+    args.insert(args.end(), more.begin(), more.end());
+    return run_tandem(args, work.path(), capture.path());
+  };
+  const RunResult plain = run({"--json"});
+  ASSERT_EQ(plain.exit_code, 0) << plain.err;
+  const nlohmann::json ranks = nlohmann::json::parse(plain.out).at("ranks");
+  const int64_t high = std::max(ranks[0].at("peak_bytes").get<int64_t>(),
+                                ranks[1].at("peak_bytes").get<int64_t>());
+  const int64_t low = std::min(ranks[0].at("peak_bytes").get<int64_t>(),
+                               ranks[1].at("peak_bytes").get<int64_t>());
+  ASSERT_LT(low, high);
+  const std::string between = std::to_string((low + high) / 2);
+  const nlohmann::json j = nlohmann::json::parse(run({"--json", "--memory-limit", between}).out);
+  EXPECT_EQ(j.at("memory_limit_bytes"), (low + high) / 2);
+  for (const nlohmann::json& r : j.at("ranks")) {
+    EXPECT_EQ(r.at("fits"), r.at("peak_bytes").get<int64_t>() == low);
+  }
+  EXPECT_NE(run({"--memory-limit", between}).out.find("over --memory-limit "), std::string::npos);
+  EXPECT_NE(run({"--memory-limit", "1TiB"}).out.find("every rank within --memory-limit 1.0 TiB"),
+            std::string::npos);
+  const nlohmann::json rows = nlohmann::json::parse(
+      run({"--json", "--compare-schedules", "--memory-limit", between}).out).at("schedules");
+  int over = 0;
+  for (const nlohmann::json& row : rows) {
+    if (row.contains("fits")) over += row.at("fits").get<bool>() ? 0 : 1;
+  }
+  EXPECT_GT(over, 0);  // 1f1b itself goes over
+  const RunResult bad = run({"--memory-limit", "lots"});
+  EXPECT_EQ(bad.exit_code, 2);
+  EXPECT_NE(bad.err.find("'lots' is not a size"), std::string::npos) << bad.err;
+}
+
+}  // namespace
