@@ -56,7 +56,8 @@ std::string format_plan_table(const Plan& plan) {
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
                 format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
   out << line;
-  if (plan.sim.full_step_s > 0) {  // Note [The step's end in the plan]
+  // Note [The step's end in the plan]; uniform units have no tokens per second.
+  if (plan.sim.full_step_s > 0 && cm != CostModelKind::kUniform) {
     const double tokens = static_cast<double>(s.num_microbatches * plan.inputs.micro_batch_size *
                                               plan.model.data_parallel_size *
                                               plan.inputs.model.seq_length);
@@ -139,7 +140,7 @@ nlohmann::json plan_summary_json(const Plan& plan) {
   j["bubble_fraction"] = plan.sim.bubble_fraction;
   j["step_with_reduce_s"] = plan.sim.step_with_reduce_s;
   j["full_step_s"] = plan.sim.full_step_s;  // Note [The step's end in the plan]
-  if (plan.sim.full_step_s > 0) {
+  if (plan.sim.full_step_s > 0 && plan.inputs.cost.kind != CostModelKind::kUniform) {
     const ModelConfig& m = plan.inputs.model;
     j["tokens_per_s"] = static_cast<double>(s.num_microbatches * plan.inputs.micro_batch_size *
                                             plan.model.data_parallel_size * m.seq_length) /
