@@ -48,6 +48,7 @@ struct PlanOptions {
 };
 
 // "80GiB", "7.5GiB", "141e9", "512MB" -> bytes as a number (CLI11 transform); "" when valid.
+// (CLI11's AsSizeValue reads whole numbers only: "7.5GiB" would be refused.)
 std::string size_in_bytes(std::string& text) {
   static const std::pair<const char*, double> kUnits[] = {
       {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024},
