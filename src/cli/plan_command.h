@@ -2,42 +2,9 @@
 // memory for a schedule (built in or from a file) before a step runs (src/schedule).
 #pragma once
 
-#include <cstdint>
-#include <optional>
-#include <string>
-#include <vector>
-
 #include "cli/cli_fwd.h"
-#include "core/dtype.h"
-#include "schedule/planner.h"
 
 namespace tandem::cli {
-
-struct RunOptions;
-struct IterationRecord;
-
-// The plan of a training run with these options (the schedule and shape it runs, dp ranks a
-// stage), with the roofline's costs: what `tandem train` holds in memory, planned before its
-// first step (the activation peak exactly, with one expert rank; docs/parallel.md).
-schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedule_name,
-                                 const schedule::ScheduleShape& shape, int64_t dp);
-// plan_training_run, or nothing when the planner does not take the run (the run goes on
-// without a plan; `why` gets the planner's error).
-std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
-                                          const schedule::ScheduleShape& shape, int64_t dp,
-                                          std::string& why);
-// The plan's peak and activation peak for each world rank (its pipeline rank's, as given), into
-// the record's planned_* fields.
-void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
-                       const std::vector<int32_t>& pipeline_rank_of_world_rank);
-// On a GPU: prints memory_warning (progress.h) for pipeline rank `pipeline_rank`'s planned peak
-// to std::cerr after `prefix`, the device's capacity being its free bytes plus the allocator's
-// live ones.
-void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipeline_rank,
-                                        Device device, const std::string& prefix);
-// "memory as planned (tandem plan): peak 7.28 GiB, 6.53 GiB per pipeline rank, of it
-// activations 1.84 GiB, 1.30 GiB".
-std::string planned_memory_line(const schedule::Plan& plan);
 
 // Adds the `plan` subcommand: the shared run options plus --schedule-file, --cost-model,
 // --node-times, --svg, --json, --write-schedule and the device description.

@@ -8,7 +8,7 @@
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "cli/plan_command.h"
+#include "cli/planned_run.h"
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"

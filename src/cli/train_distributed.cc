@@ -14,7 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/commands.h"
-#include "cli/plan_command.h"
+#include "cli/planned_run.h"
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"
 #include "comm/mpi_communicator.h"

@@ -1,0 +1,95 @@
+// The plan of a training run as `tandem train` runs it: its memory before the first step
+// (printed, logged beside the measured peaks, a warning when it will not fit on the GPU) and the
+// inputs `tandem plan` shares with it.
+#include "cli/planned_run.h"
+
+#include <algorithm>
+#include <iostream>
+
+#include "cli/options.h"
+#include "cli/progress.h"
+#include "core/allocator.h"
+#include "core/device.h"
+#include "core/error.h"
+#if TANDEM_WITH_CUDA
+#include "core/cuda/context.h"
+#endif
+
+namespace tandem::cli {
+
+schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
+  schedule::PlanInputs in;
+  in.model = o.model;
+  in.micro_batch_size = o.train.micro_batch_size;
+  in.expert_parallel_size = o.parallel.expert_model_parallel_size;
+  in.gpu = o.device == "cuda";
+  in.activation_elem_bytes = in.gpu ? 2 : 4;
+  in.recompute_experts = o.train.recompute_experts;
+  in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
+  in.data_parallel_size = dp;  // Note [Gradient reduction in the plan]
+  in.overlap_grad_reduce = o.train.overlap_grad_reduce;
+  return in;
+}
+
+schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedule_name,
+                                 const schedule::ScheduleShape& shape, int64_t dp) {
+  schedule::PlanRequest req;
+  req.schedule_name = schedule_name;
+  req.shape = shape;
+  req.inputs = run_inputs(o, dp);
+  return schedule::make_plan(req);
+}
+
+std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
+                                          const schedule::ScheduleShape& shape, int64_t dp,
+                                          std::string& why) {
+  try {
+    return plan_training_run(o, schedule_name, shape, dp);
+  } catch (const Error& e) {
+    why = e.what();
+    return std::nullopt;
+  }
+}
+
+void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
+                       const std::vector<int32_t>& pipeline_rank_of_world_rank) {
+  rec.planned_peak_bytes.clear();
+  rec.planned_activation_peak_bytes.clear();
+  for (const int32_t p : pipeline_rank_of_world_rank) {
+    const schedule::RankResult& r = plan.sim.ranks.at(static_cast<size_t>(p));
+    rec.planned_peak_bytes.push_back(r.peak_bytes);
+    rec.planned_activation_peak_bytes.push_back(r.activation_peak_bytes);
+  }
+}
+
+void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipeline_rank,
+                                        Device device, const std::string& prefix) {
+  if (device == Device::kCPU) return;
+#if TANDEM_WITH_CUDA
+  const int64_t capacity =
+      cuda::free_device_bytes() + allocator_for(device).stats().total_in_use;
+  const int64_t planned = plan.sim.ranks.at(static_cast<size_t>(pipeline_rank)).peak_bytes;
+  if (const auto w = memory_warning(planned, capacity)) std::cerr << prefix << *w << std::endl;
+#else
+  (void)plan;
+  (void)pipeline_rank;
+  (void)prefix;
+#endif
+}
+
+std::string planned_memory_line(const schedule::Plan& plan) {
+  std::string peaks, acts;
+  for (const schedule::RankResult& r : plan.sim.ranks) {
+    peaks += (peaks.empty() ? "" : ", ") + format_bytes(r.peak_bytes);
+    acts += (acts.empty() ? "" : ", ") + format_bytes(r.activation_peak_bytes);
+  }
+  const bool many = plan.sim.ranks.size() > 1;
+  return detail::concat("memory as planned (tandem plan", plan.inputs.expert_parallel_size > 1
+                                                              ? ", balanced routing"
+                                                              : "",
+                        "): peak ", peaks, many ? " per pipeline rank" : "", ", of it activations ",
+                        acts,
+                        plan.inputs.gpu ? "" : " (on the CPU the ops' temporaries come on top)");
+}
+
+}  // namespace tandem::cli
