@@ -152,8 +152,9 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
       ->check(CLI::PositiveNumber)
       ->option_text("BYTES/S");
   sub.add_option("--link-bandwidth", p.device.link_bytes_per_s,
-                 "per-GPU link bandwidth of all-to-all and pipeline messages, bytes/s (default: "
-                 "3.5e11, NVLink)")
+                 "per-GPU link bandwidth of all-to-all, pipeline messages and (unless the node "
+                 "times measured it) the gradient all-reduce's bus, bytes/s (default: 3.5e11, "
+                 "NVLink)")
       ->check(CLI::PositiveNumber)
       ->option_text("BYTES/S");
   sub.add_option("--link-latency", p.device.link_latency_s,
