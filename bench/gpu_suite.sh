@@ -62,6 +62,9 @@ for s in $SUITE; do
       # Logs stay in /tmp (the device tool brings back only a few files); failures are printed.
       timeout 300 $B/test_cuda_allocator > /tmp/test_cuda_allocator.log 2>&1; echo "allocator rc=$?"
       timeout 300 $B/test_cuda_ops > /tmp/test_cuda_ops.log 2>&1; echo "ops rc=$?"
+      if [ -x $B/test_cuda_memory ]; then
+        timeout 300 $B/test_cuda_memory > /tmp/test_cuda_memory.log 2>&1; echo "memory rc=$?"
+      fi
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
       grep -B2 -A12 "Failure$" /tmp/test_cuda_ops.log | head -60 ;;
     fault)

@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(tandem bench/gpu_train_bench tests/cuda/test_cuda_allocator tests/cuda/test_gpu_pipeline
-                               tests/cuda/test_cuda_ops)
+                               tests/cuda/test_cuda_ops tests/cuda/test_cuda_memory)
 rm -rf devrun && mkdir -p devrun/bin devrun/lib
 for b in "${bins[@]}"; do
   [ -f "build/$b" ] || { echo "stage_device: build/$b is missing; build it first" >&2; exit 1; }

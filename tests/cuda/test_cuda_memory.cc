@@ -1,0 +1,81 @@
+// The GPU trainer's memory against the planner's (Note [Memory accounting] in docs/schedules.md):
+// one process, a dense and a MoE model at several micro-batch sizes, the activation peak and the
+// whole peak (static + activations + in flight + the nodes' op temporaries; the allocator counts
+// the bytes asked for) equal to the plan's to the byte. Oracle:
+// schedule::make_plan for 1f1b on one stage (what one process runs), which never sees the
+// allocator; both use core/footprint.h. The second step is compared: the first also holds the
+// GEMM tuning's one-time buffers.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+#include "common/random_tokens.h"
+#include "core/device.h"
+#include "runtime/trainer.h"
+#include "schedule/planner.h"
+
+namespace tandem {
+namespace {
+
+struct Peaks {
+  int64_t activation = 0, total = 0;
+};
+
+ModelConfig model(bool moe) {
+  ModelConfig m;
+  m.vocab_size = 512;
+  m.hidden_size = 128;
+  m.num_layers = 2;
+  m.num_attention_heads = 4;
+  m.num_query_groups = 2;
+  m.ffn_hidden_size = 256;
+  m.num_experts = moe ? 4 : 0;
+  m.moe_router_topk = moe ? 2 : 1;
+  m.seq_length = 64;
+  return m;
+}
+
+Peaks measured(const ModelConfig& m, const TrainConfig& t) {
+  const testing::RandomTokens tokens(m.vocab_size);
+  runtime::Trainer trainer(m, t, tokens);
+  trainer.step();
+  const runtime::StepResult r = trainer.step();
+  return {r.activation_peak, r.memory.total_peak};
+}
+
+Peaks planned(const ModelConfig& m, const TrainConfig& t) {
+  schedule::PlanRequest req;
+  req.schedule_name = "1f1b";
+  req.shape = {1, 1, static_cast<int32_t>(t.num_microbatches())};
+  req.inputs.model = m;
+  req.inputs.micro_batch_size = t.micro_batch_size;
+  req.inputs.gpu = true;
+  req.inputs.activation_elem_bytes = 2;
+  const schedule::Plan plan = schedule::make_plan(req);
+  return {plan.sim.ranks[0].activation_peak_bytes, plan.sim.ranks[0].peak_bytes};
+}
+
+TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
+  for (const bool moe : {false, true}) {
+    for (const int64_t mbs : {1, 2, 4}) {
+      SCOPED_TRACE(std::string(moe ? "MoE" : "dense") + ", micro-batch " + std::to_string(mbs));
+      const ModelConfig m = model(moe);
+      TrainConfig t;
+      t.device = Device::kCUDA;
+      t.micro_batch_size = mbs;
+      t.global_batch_size = 3 * mbs;
+      const Peaks got = measured(m, t), want = planned(m, t);
+      std::printf("%s micro-batch %lld: activations %lld / %lld, peak %lld / %lld (measured / "
+                  "planned)\n",
+                  moe ? "MoE" : "dense", static_cast<long long>(mbs),
+                  static_cast<long long>(got.activation), static_cast<long long>(want.activation),
+                  static_cast<long long>(got.total), static_cast<long long>(want.total));
+      EXPECT_EQ(got.activation, want.activation);
+      EXPECT_EQ(got.total, want.total);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem
