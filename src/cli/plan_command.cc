@@ -2,11 +2,12 @@
 // rank (or --json), a Chrome/Perfetto trace (--trace) and an SVG chart (--svg).
 #include "cli/plan_command.h"
 
-#include <fstream>
-#include <iostream>
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <nlohmann/json.hpp>
@@ -18,6 +19,7 @@
 #include "cli/progress.h"
 #include "comm/layout.h"
 #include "core/error.h"
+#include "io/atomic_dir.h"
 #include "schedule/planner.h"
 #include "schedule/routing_file.h"
 
@@ -172,19 +174,15 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   if (o.parallel.schedule == "dualpipev" &&
       app.count("--virtual-pipeline-model-parallel-size") == 0)
     v = 2;
-  // As `tandem train` under mpirun: micro-batches per data-parallel rank.
-  const int64_t dp = p.data_parallel_size > 0 ? p.data_parallel_size
-                                              : o.parallel.expert_model_parallel_size;
-  TANDEM_CHECK(dp % o.parallel.expert_model_parallel_size == 0, "--data-parallel-size ", dp,
-               " is invalid: the expert ranks are carved out of the data-parallel ones, so use a "
-               "multiple of --expert-model-parallel-size ", o.parallel.expert_model_parallel_size);
-  // (A schedule file fixes the micro-batches itself.)
+  req.inputs = run_inputs(o, p.data_parallel_size);
+  schedule::PlanInputs& in = req.inputs;
+  // As `tandem train` under mpirun: micro-batches per data-parallel rank (a schedule file fixes
+  // them itself).
+  const int64_t dp = schedule::resolved_data_parallel_size(in);
   if (o.num_microbatches == 0 && p.schedule_file.empty()) o.train.validate(dp);
   const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches(dp);
   req.shape = {static_cast<int32_t>(o.parallel.pipeline_model_parallel_size),
                static_cast<int32_t>(v), static_cast<int32_t>(m), o.parallel.pair_first_forwards};
-  req.inputs = run_inputs(o, p.data_parallel_size);
-  schedule::PlanInputs& in = req.inputs;
   // --device cuda plans the GPU trainer: bf16 activations unless --activation-bytes says else.
   if (!in.gpu || app.count("--activation-bytes") > 0) in.activation_elem_bytes = p.activation_bytes;
   in.cost.device = p.device;
@@ -233,14 +231,6 @@ void check_file_agrees(const CLI::App& app, const RunOptions& o, const schedule:
   TANDEM_CHECK(app.count("--num-microbatches") == 0 || o.num_microbatches == s.num_microbatches,
                "--num-microbatches ", o.num_microbatches, " disagrees with --schedule-file ", path,
                ", which has ", s.num_microbatches, " micro-batches");
-}
-
-std::string read_text(const std::string& path) {
-  std::ifstream f(path);
-  TANDEM_CHECK(f.good(), "cannot read '", path, "'");
-  std::stringstream buf;
-  buf << f.rdbuf();
-  return buf.str();
 }
 
 void write_text(const std::string& path, const std::string& text, const char* what) {
@@ -311,10 +301,9 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
         exposed = std::max(exposed, r.exposed_alltoall_s);
         peak = std::max(peak, r.peak_bytes);
       }
-      const nlohmann::json summary = schedule::plan_summary_json(plan);
       row["step_time_s"] = plan.sim.step_time_s;
       row["full_step_s"] = plan.sim.full_step_s;
-      row["tokens_per_s"] = summary.value("tokens_per_s", 0.0);
+      row["tokens_per_s"] = schedule::planned_tokens_per_s(plan).value_or(0.0);
       row["bubble_fraction"] = plan.sim.bubble_fraction;
       row["exposed_alltoall_s"] = exposed;
       row["peak_bytes"] = peak;
@@ -336,8 +325,7 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
     std::cout << nlohmann::json{{"schedules", rows}}.dump(2) << std::endl;
     return;
   }
-  const int64_t dp = base.inputs.data_parallel_size > 0 ? base.inputs.data_parallel_size
-                                                       : base.inputs.expert_parallel_size;
+  const int64_t dp = schedule::resolved_data_parallel_size(base.inputs);
   if (memory_limit > 0) text << "(--memory-limit " << format_bytes(memory_limit) << " a rank)\n";
   std::cout << "every built-in schedule, PP " << base.shape.pipeline_size << ", "
             << base.shape.num_microbatches << " micro-batches, EP "
@@ -370,25 +358,27 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
     write_text(p.write_schedule, schedule::format_schedule(plan.schedule), "schedule");
   }
   // Note [Planned and measured on one chart] (schedule/trace_export.cc).
-  const std::string measured = p.measured_trace.empty() ? "" : read_text(p.measured_trace);
+  const bool with_measured = !p.measured_trace.empty();
+  const nlohmann::json measured =
+      with_measured ? schedule::measured_trace_events(io::read_file(p.measured_trace),
+                                                      p.measured_trace)
+                    : nlohmann::json();
+  const std::map<int, double> measured_ends =
+      with_measured ? schedule::measured_forward_backward(measured, p.measured_trace)
+                    : std::map<int, double>();
   if (!o.trace_path.empty()) {
-    if (measured.empty()) {
-      schedule::write_trace(plan, o.trace_path);
+    if (with_measured) {
+      write_text(o.trace_path, schedule::merged_trace_json(plan, measured), "trace");
     } else {
-      write_text(o.trace_path,
-                 schedule::merged_trace_json(plan, measured, p.measured_trace), "trace");
+      schedule::write_trace(plan, o.trace_path);
     }
   }
   if (!p.svg.empty()) schedule::write_svg(plan, p.svg);
   if (p.format == OutputFormat::kJson) {
     nlohmann::json j = schedule::plan_summary_json(plan);
-    if (!measured.empty()) {
-      const std::map<int, double> ends =
-          schedule::measured_forward_backward(measured, p.measured_trace);
-      for (nlohmann::json& r : j["ranks"]) {
-        const auto it = ends.find(r["rank"].get<int>());
-        if (it != ends.end()) r["measured_forward_backward_s"] = it->second;
-      }
+    for (nlohmann::json& r : j["ranks"]) {
+      const auto it = measured_ends.find(r["rank"].get<int>());
+      if (it != measured_ends.end()) r["measured_forward_backward_s"] = it->second;
     }
     const auto limit = static_cast<int64_t>(p.memory_limit);
     if (limit > 0) {
@@ -401,10 +391,7 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
     if (p.memory_limit > 0) {
       std::cout << memory_limit_line(plan, static_cast<int64_t>(p.memory_limit)) << std::flush;
     }
-    if (!measured.empty()) {
-      std::cout << schedule::planned_against_measured(plan, measured, p.measured_trace)
-                << std::flush;
-    }
+    std::cout << schedule::planned_against_measured(plan, measured_ends) << std::flush;
   }
 }
 

@@ -122,8 +122,8 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   for (const Pending& p : pending_) {
     const double b = seconds(p.begin), e = seconds(p.end);
     out.spans.push_back({p.info.track, p.info.name, b, e});
-    if (p.info.track != "reduce") out.end_s = std::max(out.end_s, e);
-    if (p.info.track == "reduce") out.reduce_end_s = std::max(out.reduce_end_s, e);
+    double& end = p.info.track == "reduce" ? out.reduce_end_s : out.end_s;
+    end = std::max(end, e);
     if (p.info.all_to_all) {
       out.all_to_all_s += e - b;
       out.all_to_all.push_back({p.info.name, b, e});

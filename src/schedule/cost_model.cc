@@ -211,29 +211,22 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
     const auto kind = static_cast<NodeKind>(found);
     table.nodes[found] = parse_phase_times(value, kind, detail::concat(source, ": nodes.", name));
   }
-  if (j.contains("update_per_weight")) {
-    const nlohmann::json& u = j["update_per_weight"];
-    TANDEM_CHECK(u.is_number() && u.get<double>() > 0, source,
-                 ": update_per_weight: expected the deferred update's seconds per weight (> 0), "
-                 "got ",
-                 u.dump());
-    table.update_s_per_weight = u.get<double>();
-  }
-  if (j.contains("step_end_per_weight")) {  // Note [The step's end in the plan]
-    const nlohmann::json& e = j["step_end_per_weight"];
-    TANDEM_CHECK(e.is_number() && e.get<double>() > 0, source,
-                 ": step_end_per_weight: expected the step's end's seconds per weight (> 0), got ",
-                 e.dump());
-    table.step_end_s_per_weight = e.get<double>();
-  }
-  if (j.contains("grad_reduce_bus_bytes_per_s")) {  // Note [Gradient reduction in the plan]
-    const nlohmann::json& b = j["grad_reduce_bus_bytes_per_s"];
-    TANDEM_CHECK(b.is_number() && b.get<double>() > 0, source,
-                 ": grad_reduce_bus_bytes_per_s: expected the gradient all-reduce's bus "
-                 "bandwidth in bytes/s (> 0), got ",
-                 b.dump());
-    table.grad_reduce_bus_bytes_per_s = b.get<double>();
-  }
+  // A positive rate under `key`, when the file has one.
+  auto positive = [&](const char* key, const char* what, std::optional<double>& out) {
+    if (!j.contains(key)) return;
+    const nlohmann::json& v = j[key];
+    TANDEM_CHECK(v.is_number() && v.get<double>() > 0, source, ": ", key, ": expected ", what,
+                 " (> 0), got ", v.dump());
+    out = v.get<double>();
+  };
+  // Note [Deferred update in the plan], Note [The step's end in the plan] and Note [Gradient
+  // reduction in the plan] (simulator.cc).
+  positive("update_per_weight", "the deferred update's seconds per weight",
+           table.update_s_per_weight);
+  positive("step_end_per_weight", "the step's end's seconds per weight",
+           table.step_end_s_per_weight);
+  positive("grad_reduce_bus_bytes_per_s", "the gradient all-reduce's bus bandwidth in bytes/s",
+           table.grad_reduce_bus_bytes_per_s);
   if (j.contains("p2p")) {
     TANDEM_CHECK(j["p2p"].is_number() && j["p2p"].get<double>() >= 0, source,
                  ": p2p: expected the time of one pipeline message in seconds, got ",

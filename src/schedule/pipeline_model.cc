@@ -90,11 +90,7 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
     TANDEM_CHECK(in.expert_parallel_size == 1, "--expert-model-parallel-size ",
                  in.expert_parallel_size, " needs experts: the model is dense (--num-experts 0)");
   }
-  // comm::ParallelLayout: expert parallelism is carved out of data parallelism.
-  const int64_t dp = in.data_parallel_size;
-  TANDEM_CHECK(dp == 0 || (dp >= 1 && dp % in.expert_parallel_size == 0), "--data-parallel-size ",
-               dp, " is invalid: the expert ranks are carved out of the data-parallel ones, so "
-               "use a multiple of --expert-model-parallel-size ", in.expert_parallel_size);
+  (void)resolved_data_parallel_size(in);  // checks it
   TANDEM_CHECK(in.activation_elem_bytes == 2 || in.activation_elem_bytes == 4 ||
                    in.activation_elem_bytes == 8,
                "--activation-bytes ", in.activation_elem_bytes, " is invalid: use 2, 4 or 8");
@@ -165,16 +161,12 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   return node;
 }
 
-int64_t resolved_dp(const PlanInputs& in) {
-  return in.data_parallel_size > 0 ? in.data_parallel_size : in.expert_parallel_size;
-}
-
 // Note [Gradient reduction in the plan] (simulator.cc): the stage's units, as the runtime's
 // gradient_units (runtime/grad_reduce.cc) cut them, each with its all-reduce: the experts'
 // gradients over the expert-data-parallel group (DP / EP ranks), the rest over the
 // data-parallel group (DP ranks), in f32.
 void add_grad_units(Stage& st, const PlanInputs& in) {
-  const int64_t dp = resolved_dp(in), edp = dp / in.expert_parallel_size;
+  const int64_t dp = resolved_data_parallel_size(in), edp = dp / in.expert_parallel_size;
   for (const StageNode& n : st.nodes) {
     const int32_t layer = n.kind == NodeKind::kEmbed || n.kind == NodeKind::kLoss ? -1 : n.layer;
     const bool same = !st.grad_units.empty() && st.grad_units.back().layer == layer &&
@@ -241,6 +233,15 @@ Stage build_stage(int32_t index, int32_t num_stages, int32_t first_layer, int32_
 
 }  // namespace
 
+int64_t resolved_data_parallel_size(const PlanInputs& in) {
+  // comm::ParallelLayout: expert parallelism is carved out of data parallelism.
+  const int64_t dp = in.data_parallel_size;
+  TANDEM_CHECK(dp == 0 || (dp >= 1 && dp % in.expert_parallel_size == 0), "--data-parallel-size ",
+               dp, " is invalid: the expert ranks are carved out of the data-parallel ones, so "
+               "use a multiple of --expert-model-parallel-size ", in.expert_parallel_size);
+  return dp > 0 ? dp : in.expert_parallel_size;
+}
+
 int64_t stage_params(const ModelConfig& cfg, int32_t num_layers, bool first, bool last,
                      int64_t ep) {
   int64_t n = num_layers * layer_params(cfg, ep);
@@ -255,35 +256,28 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   pm.shape = rank_shape(in);
   pm.cost_kind = in.cost.kind;
   pm.expert_parallel_size = in.expert_parallel_size;
-  pm.data_parallel_size = resolved_dp(in);
+  pm.data_parallel_size = resolved_data_parallel_size(in);
   pm.overlap_grad_reduce = in.overlap_grad_reduce;
   // Note [Deferred update in the plan]: AdamW reads weight, gradient and two moments (f32) and
   // writes weight and moments, and on the GPU the bf16 copy: 28 or 30 bytes a weight at the
   // memory bandwidth. (One H200 measured 5.6 ms for 644M weights, 8.6 ps each, where 30 bytes
   // over the default 4.3e12 B/s give 7.0 ps: this estimate is about 20% fast.)
   pm.defer_optimizer = in.defer_optimizer;
-  if (in.defer_optimizer && in.cost.kind != CostModelKind::kUniform) {
-    pm.update_s_per_param = (in.gpu ? 30.0 : 28.0) / in.cost.device.memory_bytes_per_s;
-    // Measured (--node-times-out of a --defer-optimizer run): the table's rate.
-    if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.update_s_per_weight) {
-      pm.update_s_per_param = *in.cost.table.update_s_per_weight;
-    }
-  }
-  // Note [The step's end in the plan] (simulator.cc): the norm reads each f32 gradient once;
-  // the update at the step's end costs what a deferred one does.
   if (in.cost.kind != CostModelKind::kUniform) {
-    double update = (in.gpu ? 30.0 : 28.0) / in.cost.device.memory_bytes_per_s;
-    if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.update_s_per_weight) {
-      update = *in.cost.table.update_s_per_weight;
-    }
-    pm.step_end_s_per_param =
-        kFp32 / in.cost.device.memory_bytes_per_s + (in.defer_optimizer ? 0.0 : update);
-    // Measured by a run that made the same choice (--node-times-out): its rate, host waits too.
+    const bool measured = in.cost.kind == CostModelKind::kNodeTimes;
     const NodeTimesTable& t = in.cost.table;
-    if (in.cost.kind == CostModelKind::kNodeTimes && t.step_end_s_per_weight &&
-        t.defer_optimizer == in.defer_optimizer) {
-      pm.step_end_s_per_param = *t.step_end_s_per_weight;
-    }
+    // Measured (--node-times-out of a --defer-optimizer run): the table's rate.
+    const double update = measured && t.update_s_per_weight
+                              ? *t.update_s_per_weight
+                              : (in.gpu ? 30.0 : 28.0) / in.cost.device.memory_bytes_per_s;
+    if (in.defer_optimizer) pm.update_s_per_param = update;
+    // Note [The step's end in the plan] (simulator.cc): the norm reads each f32 gradient once;
+    // the update at the step's end costs what a deferred one does. Measured by a run that made
+    // the same choice (--node-times-out): its rate, host waits too.
+    pm.step_end_s_per_param =
+        measured && t.step_end_s_per_weight && t.defer_optimizer == in.defer_optimizer
+            ? *t.step_end_s_per_weight
+            : kFp32 / in.cost.device.memory_bytes_per_s + (in.defer_optimizer ? 0.0 : update);
   }
   const int32_t stages = sch.num_stages;
   const auto layers = static_cast<int32_t>(in.model.num_layers);

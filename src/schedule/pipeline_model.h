@@ -163,6 +163,10 @@ struct PipelineModel {
   double step_end_s_per_param = 0;
 };
 
+// PlanInputs::data_parallel_size, 0 (the default) read as the expert-parallel size. Throws
+// tandem::Error naming it when it is not a multiple of the expert-parallel size.
+int64_t resolved_data_parallel_size(const PlanInputs& in);
+
 // Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws
 // tandem::Error if S does not divide L or EP does not divide the experts.
 PipelineModel build_pipeline_model(const Schedule& schedule, const PlanInputs& in);

@@ -5,6 +5,7 @@
 
 #include <nlohmann/json_fwd.hpp>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -35,6 +36,10 @@ Schedule plan_schedule(const PlanRequest& request);
 // plan_schedule, build_pipeline_model and simulate. Throws tandem::Error for bad input.
 Plan make_plan(const PlanRequest& request);
 
+// The global batch's tokens (micro-batches x micro-batch x data-parallel ranks x sequence) over
+// the whole step (SimResult::full_step_s); none under uniform costs.
+std::optional<double> planned_tokens_per_s(const Plan& plan);
+
 // A table with one row per rank (stages, busy, bubble, exposed communication, memory).
 std::string format_plan_table(const Plan& plan);
 
@@ -47,18 +52,17 @@ nlohmann::json plan_summary_json(const Plan& plan);
 void write_trace(const Plan& plan, const std::string& path);
 std::string trace_json(const Plan& plan);
 
-// Note [Planned and measured on one chart]: the plan's trace with a measured one (`tandem train
-// --trace`, from `source`) merged in, each measured rank beside its planned one; throws
-// tandem::Error naming `source` when the measured text is not such a trace.
-std::string merged_trace_json(const Plan& plan, std::string_view measured_text,
-                              std::string_view source);
+// Note [Planned and measured on one chart]: the events of a measured trace (`tandem train
+// --trace`, read from `source`); throws tandem::Error naming `source` when it is not one.
+nlohmann::json measured_trace_events(std::string_view measured_text, std::string_view source);
+// The plan's trace with those events merged in, each measured rank beside its planned one.
+std::string merged_trace_json(const Plan& plan, const nlohmann::json& measured_events);
 // Each measured process's forward-backward: the end of its last compute or comm span, seconds.
-std::map<int, double> measured_forward_backward(std::string_view measured_text,
+std::map<int, double> measured_forward_backward(const nlohmann::json& measured_events,
                                                std::string_view source);
-// Per pipeline rank r of the plan, the measured trace's process r: "rank 0: forward-backward
+// Per pipeline rank r of the plan with a measured forward-backward: "rank 0: forward-backward
 // planned 120.731 ms, measured 123.430 ms (-2.2%)" lines (the plan against the measurement).
-std::string planned_against_measured(const Plan& plan, std::string_view measured_text,
-                                     std::string_view source);
+std::string planned_against_measured(const Plan& plan, const std::map<int, double>& measured);
 
 // SVG Gantt chart (a row per rank and stream) with each rank's memory curve beneath.
 void write_svg(const Plan& plan, const std::string& path);

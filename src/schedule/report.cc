@@ -45,6 +45,15 @@ std::string join_stages(const std::vector<int32_t>& stages) {
 
 }  // namespace
 
+std::optional<double> planned_tokens_per_s(const Plan& plan) {
+  // Note [The step's end in the plan]; uniform units have no tokens per second.
+  if (plan.sim.full_step_s <= 0 || plan.inputs.cost.kind == CostModelKind::kUniform) return {};
+  const Schedule& s = plan.schedule;
+  return static_cast<double>(s.num_microbatches * plan.inputs.micro_batch_size *
+                             plan.model.data_parallel_size * plan.inputs.model.seq_length) /
+         plan.sim.full_step_s;
+}
+
 std::string format_plan_table(const Plan& plan) {
   const Schedule& s = plan.schedule;
   const CostModelKind cm = plan.inputs.cost.kind;
@@ -56,15 +65,11 @@ std::string format_plan_table(const Plan& plan) {
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
                 format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
   out << line;
-  // Note [The step's end in the plan]; uniform units have no tokens per second.
-  if (plan.sim.full_step_s > 0 && cm != CostModelKind::kUniform) {
-    const double tokens = static_cast<double>(s.num_microbatches * plan.inputs.micro_batch_size *
-                                              plan.model.data_parallel_size *
-                                              plan.inputs.model.seq_length);
+  if (const std::optional<double> tokens = planned_tokens_per_s(plan)) {
     std::snprintf(line, sizeof line,
                   "whole step %s (with the gradient all-reduce, norm and update): %.0f tokens/s "
                   "on %lld ranks\n",
-                  format_time(plan.sim.full_step_s, cm).c_str(), tokens / plan.sim.full_step_s,
+                  format_time(plan.sim.full_step_s, cm).c_str(), *tokens,
                   static_cast<long long>(s.num_ranks * plan.model.data_parallel_size));
     out << line;
   }
@@ -140,12 +145,7 @@ nlohmann::json plan_summary_json(const Plan& plan) {
   j["bubble_fraction"] = plan.sim.bubble_fraction;
   j["step_with_reduce_s"] = plan.sim.step_with_reduce_s;
   j["full_step_s"] = plan.sim.full_step_s;  // Note [The step's end in the plan]
-  if (plan.sim.full_step_s > 0 && plan.inputs.cost.kind != CostModelKind::kUniform) {
-    const ModelConfig& m = plan.inputs.model;
-    j["tokens_per_s"] = static_cast<double>(s.num_microbatches * plan.inputs.micro_batch_size *
-                                            plan.model.data_parallel_size * m.seq_length) /
-                        plan.sim.full_step_s;
-  }
+  if (const std::optional<double> tokens = planned_tokens_per_s(plan)) j["tokens_per_s"] = *tokens;
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankResult& r : plan.sim.ranks) {
     ranks.push_back({{"rank", r.rank},

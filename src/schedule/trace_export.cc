@@ -97,7 +97,9 @@ namespace {
 
 constexpr int kMeasuredPid = 1000;
 
-nlohmann::json measured_events(std::string_view text, std::string_view source) {
+}  // namespace
+
+nlohmann::json measured_trace_events(std::string_view text, std::string_view source) {
   nlohmann::json j;
   try {
     j = nlohmann::json::parse(text);
@@ -110,8 +112,8 @@ nlohmann::json measured_events(std::string_view text, std::string_view source) {
   return j["traceEvents"];
 }
 
-// The end of each measured process's last compute or comm span (its forward-backward).
-std::map<int, double> measured_ends(const nlohmann::json& events, std::string_view source) {
+std::map<int, double> measured_forward_backward(const nlohmann::json& events,
+                                               std::string_view source) {
   std::map<std::pair<int, int>, std::string> names;
   for (const auto& e : events) {
     if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
@@ -132,10 +134,7 @@ std::map<int, double> measured_ends(const nlohmann::json& events, std::string_vi
   return ends;
 }
 
-}  // namespace
-
-std::string merged_trace_json(const Plan& plan, std::string_view measured_text,
-                              std::string_view source) {
+std::string merged_trace_json(const Plan& plan, const nlohmann::json& measured_events) {
   nlohmann::json merged = nlohmann::json::parse(trace_json(plan));
   nlohmann::json& events = merged["traceEvents"];
   for (nlohmann::json& e : events) {  // "rank 0 (stages 0,3)" -> "rank 0 (planned, stages 0,3)"
@@ -146,15 +145,13 @@ std::string merged_trace_json(const Plan& plan, std::string_view measured_text,
     e["args"]["name"] = name;
   }
   const int planned = static_cast<int>(plan.sim.ranks.size());
-  for (nlohmann::json e : measured_events(measured_text, source)) {
-    if (!e.contains("pid")) continue;
-    e["pid"] = kMeasuredPid + e["pid"].get<int>();
-    events.push_back(std::move(e));
-  }
   std::set<int> measured;
-  for (const auto& e : events) {
-    const int pid = e.value("pid", -1);
-    if (pid >= kMeasuredPid) measured.insert(pid);
+  for (nlohmann::json e : measured_events) {
+    if (!e.contains("pid")) continue;
+    const int pid = kMeasuredPid + e["pid"].get<int>();
+    e["pid"] = pid;
+    measured.insert(pid);
+    events.push_back(std::move(e));
   }
   auto sort_index = [&](int pid, int index) {
     events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid},
@@ -168,14 +165,7 @@ std::string merged_trace_json(const Plan& plan, std::string_view measured_text,
   return merged.dump() + "\n";
 }
 
-std::map<int, double> measured_forward_backward(std::string_view measured_text,
-                                               std::string_view source) {
-  return measured_ends(measured_events(measured_text, source), source);
-}
-
-std::string planned_against_measured(const Plan& plan, std::string_view measured_text,
-                                     std::string_view source) {
-  const std::map<int, double> ends = measured_forward_backward(measured_text, source);
+std::string planned_against_measured(const Plan& plan, const std::map<int, double>& ends) {
   std::string out;
   char line[200];
   for (const RankResult& r : plan.sim.ranks) {

@@ -131,7 +131,8 @@ TEST(Export, PlannedAndMeasuredOnOneChart) {
     {"name":"issue","ph":"X","pid":0,"tid":2,"ts":0,"dur":9000},
     {"name":"loss.fwd","ph":"X","pid":1,"tid":0,"ts":500,"dur":1500},
     {"name":"memory","ph":"C","pid":1,"ts":10,"args":{"activations":5}}]})JSON";
-  const nlohmann::json t = nlohmann::json::parse(merged_trace_json(plan, measured, "m.json"));
+  const nlohmann::json events = measured_trace_events(measured, "m.json");
+  const nlohmann::json t = nlohmann::json::parse(merged_trace_json(plan, events));
   size_t planned_events = nlohmann::json::parse(trace_json(plan))["traceEvents"].size();
   std::map<int, int> sort;
   int measured_events = 0;
@@ -148,16 +149,16 @@ TEST(Export, PlannedAndMeasuredOnOneChart) {
   EXPECT_EQ(measured_events, 10);
   EXPECT_EQ(t["traceEvents"].size(), planned_events + 10 + 4);
   EXPECT_EQ(sort, (std::map<int, int>{{0, 0}, {1000, 1}, {1, 2}, {1001, 3}}));
-  const std::map<int, double> ends = measured_forward_backward(measured, "m.json");
+  const std::map<int, double> ends = measured_forward_backward(events, "m.json");
   EXPECT_DOUBLE_EQ(ends.at(0), 3.5e-3);  // the comm span's end; the host track does not count
   EXPECT_DOUBLE_EQ(ends.at(1), 2e-3);
-  const std::string lines = planned_against_measured(plan, measured, "m.json");
+  const std::string lines = planned_against_measured(plan, ends);
   EXPECT_NE(lines.find("rank 0: forward-backward planned "), std::string::npos) << lines;
   EXPECT_NE(lines.find("measured 3.500 ms"), std::string::npos) << lines;
   EXPECT_NE(lines.find("measured 2.000 ms"), std::string::npos) << lines;
   for (const char* bad : {"{", R"({"events": []})"}) {
     try {
-      merged_trace_json(plan, bad, "m.json");
+      measured_trace_events(bad, "m.json");
       ADD_FAILURE() << bad << " was accepted";
     } catch (const Error& e) {
       EXPECT_NE(std::string(e.what()).find("m.json: not a trace"), std::string::npos) << e.what();
