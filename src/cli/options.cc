@@ -40,7 +40,7 @@
 namespace tandem::cli {
 namespace {
 
-enum class Bound : uint8_t { kAny, kNonNegative, kPositive };
+using Bound = FieldBound;
 // Whether a key may appear in the --config file (--config itself may not).
 enum class InFile : uint8_t { kAllowed, kForbidden };
 
@@ -72,31 +72,12 @@ const std::vector<std::string> kDevices = {"cpu", "cuda"};
 const std::vector<std::string> kNanPolicies = {"stop", "skip"};
 const std::vector<std::string> kOverlaps = {"on", "off", "split"};
 
+// The model's options, from the one table of model fields (Note [One table of model fields]).
 void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
-  s.push_back(
-      {"num-layers", &m.num_layers, "L, the number of transformer layers", Bound::kPositive});
-  s.push_back(
-      {"hidden-size", &m.hidden_size, "H, the width of the residual stream", Bound::kPositive});
-  s.push_back({"num-attention-heads", &m.num_attention_heads,
-               "attention heads; head dim = hidden-size / heads (must be even)", Bound::kPositive});
-  s.push_back({"num-query-groups", &m.num_query_groups,
-               "KV heads for grouped-query attention; divides num-attention-heads",
-               Bound::kPositive});
-  s.push_back({"ffn-hidden-size", &m.ffn_hidden_size,
-               "F, the SwiGLU width of the dense MLP or of each expert", Bound::kPositive});
-  s.push_back({"num-experts", &m.num_experts, "E, experts per MoE layer; 0 makes a dense model",
-               Bound::kNonNegative});
-  s.push_back({"moe-router-topk", &m.moe_router_topk,
-               "k, experts each token is routed to (1..num-experts)", Bound::kPositive});
-  s.push_back({"moe-aux-loss-coeff", &m.moe_aux_loss_coeff,
-               "alpha, the weight of the load-balancing loss", Bound::kNonNegative});
-  s.push_back({"vocab-size", &m.vocab_size,
-               "V, the vocabulary size (>= 256 for the built-in task, whose tokens are bytes)",
-               Bound::kPositive});
-  s.push_back({"seq-length", &m.seq_length, "T, tokens per sample", Bound::kPositive});
-  s.push_back(
-      {"rotary-base", &m.rotary_base, "theta of the rotary position embedding", Bound::kPositive});
-  s.push_back({"norm-epsilon", &m.norm_epsilon, "eps added inside RMSNorm", Bound::kPositive});
+  for (const ModelField& f : model_fields()) {
+    std::visit([&](auto member) { s.push_back({f.name, &(m.*member), f.help, f.bound}); },
+               f.member);
+  }
 }
 
 void add_train_specs(std::vector<OptionSpec>& s, TrainConfig& t) {

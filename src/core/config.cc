@@ -1,9 +1,96 @@
 // Validation of the run configuration; each message names the value and what would be valid.
 #include "core/config.h"
 
+#include <cmath>
+#include <numbers>
+
 #include "core/error.h"
 
 namespace tandem {
+
+std::vector<double> rope_inv_freq(const RopeSpec& rope, int64_t head_dim) {
+  TANDEM_ASSERT(head_dim >= 2 && head_dim % 2 == 0, "rope head_dim ", head_dim);
+  std::vector<double> inv(static_cast<size_t>(head_dim / 2));
+  for (size_t i = 0; i < inv.size(); ++i) {
+    inv[i] = std::pow(rope.theta, -2.0 * static_cast<double>(i) / static_cast<double>(head_dim));
+  }
+  if (rope.scaling == RopeScaling::kLlama3) {
+    const double original = static_cast<double>(rope.original_max_position);
+    const double low_wavelen = original / rope.low_freq_factor;    // longer: scaled
+    const double high_wavelen = original / rope.high_freq_factor;  // shorter: kept
+    for (double& f : inv) {
+      const double wavelen = 2 * std::numbers::pi / f;
+      if (wavelen > low_wavelen) {
+        f /= rope.factor;
+      } else if (wavelen >= high_wavelen) {
+        const double smooth = (original / wavelen - rope.low_freq_factor) /
+                              (rope.high_freq_factor - rope.low_freq_factor);
+        f = (1 - smooth) * f / rope.factor + smooth * f;
+      }
+    }
+  }
+  return inv;
+}
+
+const std::vector<ModelField>& model_fields() {
+  using M = ModelConfig;
+  constexpr FieldBound kPositive = FieldBound::kPositive, kNonNegative = FieldBound::kNonNegative;
+  static const std::vector<ModelField> fields = {
+      {"num-layers", &M::num_layers, "L, the number of transformer layers", kPositive},
+      {"hidden-size", &M::hidden_size, "H, the width of the residual stream", kPositive},
+      {"num-attention-heads", &M::num_attention_heads,
+       "attention heads; head dim = hidden-size / heads unless --kv-channels sets it", kPositive},
+      {"num-query-groups", &M::num_query_groups,
+       "KV heads for grouped-query attention; divides num-attention-heads", kPositive},
+      {"kv-channels", &M::kv_channels,
+       "D, the head dim of q, k and v (even); 0: hidden-size / num-attention-heads",
+       kNonNegative, false},
+      {"ffn-hidden-size", &M::ffn_hidden_size,
+       "F, the SwiGLU width of the dense MLP or of each expert", kPositive},
+      {"num-experts", &M::num_experts, "E, experts per MoE layer; 0 makes a dense model",
+       kNonNegative},
+      {"moe-router-topk", &M::moe_router_topk,
+       "k, experts each token is routed to (1..num-experts)", kPositive},
+      {"moe-aux-loss-coeff", &M::moe_aux_loss_coeff,
+       "alpha, the weight of the load-balancing loss", kNonNegative},
+      {"vocab-size", &M::vocab_size,
+       "V, the vocabulary size (>= 256 for the built-in task, whose tokens are bytes)", kPositive},
+      {"seq-length", &M::seq_length, "T, tokens per sample", kPositive},
+      {"rotary-base", &M::rotary_base, "theta of the rotary position embedding", kPositive},
+      {"use-rope-scaling", &M::use_rope_scaling,
+       "scale RoPE's low frequencies as Llama 3 does (transformers' rope_type \"llama3\")",
+       FieldBound::kAny, false},
+      {"rope-scaling-factor", &M::rope_scaling_factor,
+       "--use-rope-scaling: the low frequencies are divided by this", kPositive, false},
+      {"rope-low-freq-factor", &M::rope_low_freq_factor,
+       "--use-rope-scaling: wavelengths above original / this are scaled", kPositive, false},
+      {"rope-high-freq-factor", &M::rope_high_freq_factor,
+       "--use-rope-scaling: wavelengths below original / this are kept", kPositive, false},
+      {"rope-original-max-position-embeddings", &M::rope_original_max_position,
+       "--use-rope-scaling: the context length the model was first trained at", kPositive,
+       false},
+      {"norm-epsilon", &M::norm_epsilon, "eps added inside RMSNorm", kPositive},
+  };
+  return fields;
+}
+
+std::string field_json_key(const ModelField& f) {
+  std::string key = f.name;
+  for (char& c : key) c = c == '-' ? '_' : c;
+  return key;
+}
+
+RopeSpec ModelConfig::rope() const {
+  RopeSpec r(rotary_base);
+  if (use_rope_scaling) {
+    r.scaling = RopeScaling::kLlama3;
+    r.factor = rope_scaling_factor;
+    r.low_freq_factor = rope_low_freq_factor;
+    r.high_freq_factor = rope_high_freq_factor;
+    r.original_max_position = rope_original_max_position;
+  }
+  return r;
+}
 
 void ModelConfig::validate() const {
   TANDEM_CHECK(vocab_size >= 2, "--vocab-size ", vocab_size, " is invalid: need at least 2");
@@ -11,12 +98,19 @@ void ModelConfig::validate() const {
   TANDEM_CHECK(num_layers >= 1, "--num-layers ", num_layers, " is invalid: need at least 1");
   TANDEM_CHECK(num_attention_heads >= 1, "--num-attention-heads ", num_attention_heads,
                " is invalid: need at least 1");
-  TANDEM_CHECK(hidden_size % num_attention_heads == 0, "--num-attention-heads ",
-               num_attention_heads, " does not divide --hidden-size ", hidden_size,
-               ": choose a number of heads that divides the hidden size");
-  TANDEM_CHECK(head_dim() % 2 == 0, "head dimension ", head_dim(), " (--hidden-size ",
-               hidden_size, " / --num-attention-heads ", num_attention_heads,
-               ") is odd: rotary embeddings need an even head dimension");
+  TANDEM_CHECK(kv_channels >= 0, "--kv-channels ", kv_channels,
+               " is invalid: use 0 for hidden-size / num-attention-heads or a positive head dim");
+  if (kv_channels == 0) {
+    TANDEM_CHECK(hidden_size % num_attention_heads == 0, "--num-attention-heads ",
+                 num_attention_heads, " does not divide --hidden-size ", hidden_size,
+                 ": choose a number of heads that divides the hidden size, or set --kv-channels");
+    TANDEM_CHECK(head_dim() % 2 == 0, "head dimension ", head_dim(), " (--hidden-size ",
+                 hidden_size, " / --num-attention-heads ", num_attention_heads,
+                 ") is odd: rotary embeddings need an even head dimension");
+  } else {
+    TANDEM_CHECK(kv_channels % 2 == 0, "--kv-channels ", kv_channels,
+                 " is odd: rotary embeddings need an even head dimension");
+  }
   TANDEM_CHECK(num_query_groups >= 1 && num_attention_heads % num_query_groups == 0,
                "--num-query-groups ", num_query_groups, " does not divide --num-attention-heads ",
                num_attention_heads, ": it must be a divisor of the number of heads");
@@ -32,6 +126,15 @@ void ModelConfig::validate() const {
   TANDEM_CHECK(moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff ", moe_aux_loss_coeff,
                " is invalid: it must be >= 0");
   TANDEM_CHECK(rotary_base > 1, "--rotary-base ", rotary_base, " is invalid: it must be > 1");
+  if (use_rope_scaling) {
+    TANDEM_CHECK(rope_scaling_factor >= 1, "--rope-scaling-factor ", rope_scaling_factor,
+                 " is invalid: it must be >= 1");
+    TANDEM_CHECK(rope_low_freq_factor > 0 && rope_high_freq_factor > rope_low_freq_factor,
+                 "--rope-low-freq-factor ", rope_low_freq_factor, " and --rope-high-freq-factor ",
+                 rope_high_freq_factor, " are invalid: need 0 < low < high");
+    TANDEM_CHECK(rope_original_max_position >= 1, "--rope-original-max-position-embeddings ",
+                 rope_original_max_position, " is invalid: need at least 1");
+  }
   TANDEM_CHECK(norm_epsilon > 0, "--norm-epsilon ", norm_epsilon, " is invalid: it must be > 0");
   TANDEM_CHECK(seq_length >= 2, "--seq-length ", seq_length, " is invalid: need at least 2");
 }

@@ -5,6 +5,8 @@
 
 #include <cstdint>
 #include <string>
+#include <variant>
+#include <vector>
 
 #include "core/dtype.h"
 
@@ -13,6 +15,28 @@ namespace tandem {
 // What a training step does when its loss or gradient norm is NaN or Inf (--nan-policy): stop
 // with an error naming the iteration, or skip the update (no weight or optimizer change).
 enum class NonFinitePolicy : uint8_t { kStop, kSkip };
+
+// How RoPE's frequencies are scaled (docs/model.md "Rotary embedding"): not at all, or as Llama 3
+// scales them for a context longer than the one it was trained at.
+enum class RopeScaling : uint8_t { kNone, kLlama3 };
+
+// RoPE's frequencies, as the ops take them: the base theta and the scaling.
+struct RopeSpec {
+  double theta = 10000.0;
+  RopeScaling scaling = RopeScaling::kNone;
+  double factor = 8.0;           // Llama 3: low frequencies divided by this
+  double low_freq_factor = 1.0;  // Llama 3: wavelengths above original / low_freq_factor scaled
+  double high_freq_factor = 4.0;  // Llama 3: below original / high_freq_factor kept
+  int64_t original_max_position = 8192;  // Llama 3: the context the model was trained at
+
+  RopeSpec() = default;
+  explicit RopeSpec(double base) : theta(base) {}
+};
+
+// inv_freq[i] for i < head_dim / 2, in double: theta^(-2i / head_dim), then scaled as `rope`
+// says (Llama 3: wavelengths 2 pi / inv_freq above original / low_freq_factor divided by factor,
+// below original / high_freq_factor kept, interpolated between). Both backends rotate by these.
+std::vector<double> rope_inv_freq(const RopeSpec& rope, int64_t head_dim);
 
 struct ModelConfig {
   int64_t vocab_size = 256;
@@ -25,16 +49,45 @@ struct ModelConfig {
   int64_t moe_router_topk = 2;
   double moe_aux_loss_coeff = 0.01;
   double rotary_base = 10000.0;
+  // --use-rope-scaling and its factors: Llama 3's RoPE frequency scaling (RopeSpec).
+  bool use_rope_scaling = false;
+  double rope_scaling_factor = 8.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int64_t rope_original_max_position = 8192;
   double norm_epsilon = 1e-5;
   int64_t seq_length = 128;
+  // --kv-channels: the head dim D of q, k and v; 0: hidden_size / num_attention_heads.
+  int64_t kv_channels = 0;
 
   bool is_moe() const { return num_experts > 0; }
-  int64_t head_dim() const { return hidden_size / num_attention_heads; }
+  int64_t head_dim() const {
+    return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
+  }
+  RopeSpec rope() const;
   int64_t q_width() const { return num_attention_heads * head_dim(); }
   int64_t kv_width() const { return num_query_groups * head_dim(); }
   // Throws tandem::Error naming the first value that does not fit.
   void validate() const;
 };
+
+// Note [One table of model fields]: every ModelConfig field is spelled once, in model_fields():
+// its Megatron-style name is the command-line option (--name), the TOML key, and, with '_' for
+// '-', the key of a checkpoint's JSON; the command line, the config file, checkpoints and the
+// cross-rank agreement check all walk this table.
+enum class FieldBound : uint8_t { kAny, kNonNegative, kPositive };
+struct ModelField {
+  const char* name;
+  std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*> member;
+  const char* help;
+  FieldBound bound = FieldBound::kAny;
+  // False for fields a checkpoint may lack (written before the field existed): they then take
+  // the default, which is the model those checkpoints hold.
+  bool in_every_checkpoint = true;
+};
+const std::vector<ModelField>& model_fields();
+// The checkpoint JSON key of a field: its name with '_' for '-'.
+std::string field_json_key(const ModelField& f);
 
 struct TrainConfig {
   int64_t micro_batch_size = 8;

@@ -1,11 +1,19 @@
-// config.json writer and reader for MixtralForCausalLM / LlamaForCausalLM (see hf_config.h).
-// Defaults for absent keys are those of transformers' MixtralConfig and LlamaConfig.
+// config.json writer and reader for the transformers classes of docs/model.md "Families" (see
+// hf_config.h). Defaults for absent keys are those of the transformers config classes.
+//
+// Note [Every key is read or refused]: the reader marks each key it reads. A key that no family
+// reader read and that is not in kNeutralKeys (keys that do not change the model's math: token
+// ids, dtype, generation and output settings) is refused, naming it, so that a setting tandem
+// does not implement never changes transformers' model without changing tandem's.
 #include "io/hf_config.h"
 
+#include <cmath>
 #include <cstdint>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <optional>
+#include <set>
+#include <string_view>
 
 #include "core/error.h"
 #include "io/atomic_dir.h"
@@ -15,15 +23,50 @@ namespace {
 
 using Json = nlohmann::json;
 
-// Typed access to one key of the config object; every error names the source and the key.
+// Keys of transformers' PretrainedConfig and of the families' configs that change nothing in
+// the model's forward or backward: names, dtypes, token ids, caching, output and generation
+// settings, the initialiser's range (tandem draws its own), auto_map (transformers' own class
+// is the reference either way).
+const std::set<std::string_view> kNeutralKeys = {
+    "_name_or_path", "architectures", "auto_map", "dtype", "torch_dtype", "transformers_version",
+    "bos_token_id", "eos_token_id", "pad_token_id", "sep_token_id", "decoder_start_token_id",
+    "use_cache", "initializer_range", "output_attentions", "output_hidden_states", "return_dict",
+    "id2label", "label2id", "problem_type", "chunk_size_feed_forward", "is_encoder_decoder",
+    "is_decoder", "add_cross_attention", "tokenizer_class", "prefix", "task_specific_params",
+    "finetuning_task", "torchscript", "use_bfloat16", "tf_legacy_loss", "pruned_heads",
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups",
+    "diversity_penalty", "temperature", "top_k", "top_p", "typical_p", "repetition_penalty",
+    "length_penalty", "no_repeat_ngram_size", "encoder_no_repeat_ngram_size", "bad_words_ids",
+    "num_return_sequences", "output_scores", "return_dict_in_generate", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty",
+    "suppress_tokens", "begin_suppress_tokens", "keys_to_ignore_at_inference",
+    // Whether transformers adds the router's aux loss to its returned loss; tandem's loss always
+    // has it, weighted by router_aux_loss_coef (the math of the model is the same).
+    "output_router_logits",
+    // Llama's tensor-parallel slicing at pretraining: the same products, split.
+    "pretraining_tp"};
+
+// Typed access to the keys of one JSON object; every error names the source and the key (with
+// its parent, e.g. rope_parameters.factor), and every key read is marked (Note [Every key is
+// read or refused]).
 class ConfigReader {
  public:
-  ConfigReader(const Json& j, std::string source) : j_(j), source_(std::move(source)) {}
+  ConfigReader(const Json& j, std::string source, std::string prefix = {})
+      : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
 
   [[noreturn]] void fail(const std::string& key, const std::string& why) const {
-    throw Error("config '" + source_ + "': key '" + key + "' " + why);
+    throw Error("config '" + source_ + "': key '" + prefix_ + key + "' " + why);
   }
-  bool has(const std::string& key) const { return j_.contains(key) && !j_[key].is_null(); }
+  bool has(const std::string& key) const {
+    used_.insert(key);
+    return j_.contains(key) && !j_[key].is_null();
+  }
+  const Json& get(const std::string& key) const {
+    used_.insert(key);
+    return j_[key];
+  }
+  // Marks a key as read without reading it (one that has no effect once another is known).
+  void mark(const std::string& key) const { used_.insert(key); }
 
   int64_t integer(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
     if (!has(key)) return fallback ? *fallback : missing<int64_t>(key);
@@ -53,6 +96,26 @@ class ConfigReader {
     if (!v.is_string()) fail(key, "is " + v.dump() + ", expected a string");
     return v.get<std::string>();
   }
+  // A key whose only valid value is `valid` (absent or null is valid too): a setting tandem does
+  // not implement.
+  void expect_number(const std::string& key, double valid, const std::string& why) const {
+    if (has(key) && number(key) != valid) {
+      fail(key, "is " + j_[key].dump() + "; tandem implements only " + Json(valid).dump() + " (" +
+                    why + ")");
+    }
+  }
+  void expect_false(const std::string& key, const std::string& why) const {
+    if (boolean(key, false)) fail(key, "is true; tandem implements only false (" + why + ")");
+  }
+  // Refuses the first key neither read nor in `neutral`.
+  void check_all_read(const std::set<std::string_view>& neutral) const {
+    for (const auto& [key, value] : j_.items()) {
+      if (used_.count(key) || neutral.count(key)) continue;
+      fail(key, "is not a setting tandem knows for this model (value " + value.dump() +
+                    "); tandem refuses it rather than train a model transformers would build "
+                    "differently (docs/model.md \"Families\")");
+    }
+  }
 
  private:
   template <typename T>
@@ -61,46 +124,134 @@ class ConfigReader {
   }
 
   const Json& j_;
-  std::string source_;
+  std::string source_, prefix_;
+  mutable std::set<std::string> used_;
 };
 
-// Settings of the HF classes that would change the equations of MODEL.md.
-void reject_unsupported(const ConfigReader& r, const ModelConfig& m, const std::string& type) {
+// The transformers classes tandem reads and writes.
+enum class Family : uint8_t { kLlama, kMixtral };
+
+struct FamilyInfo {
+  Family family;
+  const char* model_type;
+  const char* architecture;
+  double default_theta;          // the config class's default_theta
+  double default_eps;            // rms_norm_eps's default
+  int64_t default_max_position;  // max_position_embeddings' default
+};
+
+constexpr FamilyInfo kFamilies[] = {
+    {Family::kLlama, "llama", "LlamaForCausalLM", 1e4, 1e-6, 2048},
+    {Family::kMixtral, "mixtral", "MixtralForCausalLM", 1e6, 1e-5, 4096 * 32},
+};
+
+std::string valid_model_types() {
+  std::string s;
+  for (const FamilyInfo& f : kFamilies) s += std::string(s.empty() ? "" : ", ") + "\"" + f.model_type + "\"";
+  return s;
+}
+
+// RoPE as transformers 5.x writes it (rope_parameters, the base inside) or 4.x (rope_theta at the
+// top, rope_scaling beside it); rope_scaling wins over rope_parameters and the dict's rope_theta
+// over the top-level one, as transformers' standardize_rope_params has it.
+void read_rope(const ConfigReader& r, const std::string& source,
+               const FamilyInfo& family, ModelConfig& m) {
+  const double top_theta = r.number("rope_theta", family.default_theta);
+  const bool scaling = r.has("rope_scaling");
+  const bool params = r.has("rope_parameters");
+  m.rotary_base = top_theta;
+  if (!scaling && !params) return;
+  const std::string key = scaling ? "rope_scaling" : "rope_parameters";
+  const Json& dict = r.get(key);
+  if (!dict.is_object()) r.fail(key, "is " + dict.dump() + ", expected an object");
+  const ConfigReader d(dict, source, key + ".");
+  m.rotary_base = d.number("rope_theta", top_theta);
+  if (m.rotary_base <= 1) d.fail("rope_theta", "is " + Json(m.rotary_base).dump() + "; it must be > 1");
+  const std::string type = d.has("rope_type") ? d.string("rope_type") : d.string("type", "default");
+  d.mark("type");
+  d.expect_number("partial_rotary_factor", 1.0, "RoPE on every column of the head");
+  if (type == "llama3") {
+    m.use_rope_scaling = true;
+    m.rope_scaling_factor = d.number("factor");
+    m.rope_low_freq_factor = d.number("low_freq_factor");
+    m.rope_high_freq_factor = d.number("high_freq_factor");
+    m.rope_original_max_position =
+        d.integer("original_max_position_embeddings", r.integer("max_position_embeddings",
+                                                                family.default_max_position));
+  } else if (type != "default") {
+    d.fail(dict.contains("rope_type") ? "rope_type" : "type",
+           "is \"" + type + "\"; tandem implements \"default\" and \"llama3\" (docs/model.md "
+           "\"Rotary embedding\")");
+  }
+  d.check_all_read({});
+}
+
+// head_dim: null or absent means hidden_size / num_attention_heads (kv_channels 0).
+void read_head_dim(const ConfigReader& r, ModelConfig& m) {
+  if (!r.has("head_dim")) return;
+  const int64_t d = r.integer("head_dim");
+  const bool derived = m.num_attention_heads > 0 && m.hidden_size % m.num_attention_heads == 0 &&
+                       d == m.hidden_size / m.num_attention_heads;
+  m.kv_channels = derived ? 0 : d;
+}
+
+// Attention and the rest common to every family: sizes, norm, RoPE, and the settings tandem
+// refuses.
+void read_common(const ConfigReader& r, const std::string& source,
+                 const FamilyInfo& f, ModelConfig& m) {
+  m.vocab_size = r.integer("vocab_size");
+  m.hidden_size = r.integer("hidden_size");
+  m.ffn_hidden_size = r.integer("intermediate_size");
+  m.num_layers = r.integer("num_hidden_layers");
+  m.num_attention_heads = r.integer("num_attention_heads");
+  m.num_query_groups = r.integer("num_key_value_heads", m.num_attention_heads);
+  m.norm_epsilon = r.number("rms_norm_eps", f.default_eps);
+  m.seq_length = r.integer("max_position_embeddings", f.default_max_position);
+  read_head_dim(r, m);
+  read_rope(r, source, f, m);
+  r.expect_number("partial_rotary_factor", 1.0, "RoPE on every column of the head");
   if (r.boolean("tie_word_embeddings", false)) {
     r.fail("tie_word_embeddings", "is true; tandem's lm_head is not tied to the embeddings");
   }
   const std::string act = r.string("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", "is \"" + act + "\"; only \"silu\" (SwiGLU) is valid");
-  if (r.boolean("attention_bias", false)) r.fail("attention_bias", "is true; valid: false");
-  if (r.boolean("mlp_bias", false)) r.fail("mlp_bias", "is true; valid: false");
-  if (r.has("rope_scaling")) r.fail("rope_scaling", "is set; only plain RoPE (null) is valid");
-  // (A head count that does not divide the hidden size is reported by validate() instead.)
-  if (r.has("head_dim") && m.num_attention_heads > 0 &&
-      m.hidden_size % m.num_attention_heads == 0 &&
-      r.integer("head_dim") != m.hidden_size / m.num_attention_heads) {
-    r.fail("head_dim", "is " + std::to_string(r.integer("head_dim")) +
-                           "; it must be hidden_size / num_attention_heads = " +
-                           std::to_string(m.hidden_size / m.num_attention_heads));
+  r.expect_number("attention_dropout", 0.0, "no dropout");
+}
+
+void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
+  switch (f.family) {
+    case Family::kLlama:
+      m.num_experts = 0;
+      r.expect_false("attention_bias", "no biases in attention");
+      r.expect_false("mlp_bias", "no biases in the MLP");
+      return;
+    case Family::kMixtral:
+      m.num_experts = r.integer("num_local_experts", 8);
+      if (m.num_experts < 1) r.fail("num_local_experts", "is below 1; a Mixtral model has experts");
+      m.moe_router_topk = r.integer("num_experts_per_tok", 2);
+      m.moe_aux_loss_coeff = r.number("router_aux_loss_coef", 0.001);
+      r.expect_number("router_jitter_noise", 0.0, "no noise on the router's input");
+      if (r.has("sliding_window") && r.integer("sliding_window") < m.seq_length) {
+        r.fail("sliding_window", "is " + std::to_string(r.integer("sliding_window")) +
+                                     ", below max_position_embeddings; valid: null");
+      }
+      return;
   }
-  if (type == "mixtral") {
-    if (r.has("sliding_window") && r.integer("sliding_window") < m.seq_length) {
-      r.fail("sliding_window", "is " + std::to_string(r.integer("sliding_window")) +
-                                   ", below max_position_embeddings; valid: null");
-    }
-    if (r.number("router_jitter_noise", 0.0) != 0.0) {
-      r.fail("router_jitter_noise", "is nonzero; valid: 0");
-    }
-  }
+}
+
+// The transformers class that expresses `m` (refuses what none of them does).
+const FamilyInfo& family_of(const ModelConfig& m) {
+  return kFamilies[m.is_moe() ? 1 : 0];
 }
 
 }  // namespace
 
 std::string hf_config_json(const ModelConfig& model) {
   model.validate();
+  const FamilyInfo& f = family_of(model);
   nlohmann::ordered_json j;
-  const bool moe = model.is_moe();
-  j["architectures"] = {moe ? "MixtralForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = moe ? "mixtral" : "llama";
+  j["architectures"] = {f.architecture};
+  j["model_type"] = f.model_type;
   j["vocab_size"] = model.vocab_size;
   j["hidden_size"] = model.hidden_size;
   j["intermediate_size"] = model.ffn_hidden_size;
@@ -111,23 +262,42 @@ std::string hf_config_json(const ModelConfig& model) {
   j["hidden_act"] = "silu";
   j["max_position_embeddings"] = model.seq_length;
   j["rms_norm_eps"] = model.norm_epsilon;
+  // RoPE in both forms, so transformers 4.x (rope_theta, rope_scaling) and 5.x
+  // (rope_parameters) read the same frequencies.
+  nlohmann::ordered_json scaling = nullptr;
+  if (model.use_rope_scaling) {
+    scaling = {{"rope_type", "llama3"},
+               {"factor", model.rope_scaling_factor},
+               {"low_freq_factor", model.rope_low_freq_factor},
+               {"high_freq_factor", model.rope_high_freq_factor},
+               {"original_max_position_embeddings", model.rope_original_max_position}};
+  }
   j["rope_theta"] = model.rotary_base;
-  j["rope_scaling"] = nullptr;
+  j["rope_scaling"] = scaling;
+  nlohmann::ordered_json params = {{"rope_theta", model.rotary_base},
+                                   {"rope_type", model.use_rope_scaling ? "llama3" : "default"}};
+  if (model.use_rope_scaling) {
+    for (const auto& [k, v] : scaling.items()) params[k] = v;
+  }
+  j["rope_parameters"] = params;
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = 0.02;
   j["tie_word_embeddings"] = false;
   j["use_cache"] = true;
   j["torch_dtype"] = "float32";
-  if (moe) {
-    j["num_local_experts"] = model.num_experts;
-    j["num_experts_per_tok"] = model.moe_router_topk;
-    j["router_aux_loss_coef"] = model.moe_aux_loss_coeff;
-    j["output_router_logits"] = false;
-    j["router_jitter_noise"] = 0.0;
-    j["sliding_window"] = nullptr;
-  } else {
-    j["attention_bias"] = false;
-    j["mlp_bias"] = false;
+  switch (f.family) {
+    case Family::kMixtral:
+      j["num_local_experts"] = model.num_experts;
+      j["num_experts_per_tok"] = model.moe_router_topk;
+      j["router_aux_loss_coef"] = model.moe_aux_loss_coeff;
+      j["output_router_logits"] = false;
+      j["router_jitter_noise"] = 0.0;
+      j["sliding_window"] = nullptr;
+      break;
+    case Family::kLlama:
+      j["attention_bias"] = false;
+      j["mlp_bias"] = false;
+      break;
   }
   return j.dump(2) + "\n";
 }
@@ -141,37 +311,22 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   TANDEM_CHECK(!j.is_discarded() && j.is_object(), "config '", source, "' is not a JSON object");
   const ConfigReader r(j, source);
   const std::string type = r.string("model_type");
-  if (type != "mixtral" && type != "llama") {
-    r.fail("model_type", "is \"" + type + "\"; valid: \"mixtral\" (MoE) or \"llama\" (dense)");
+  const FamilyInfo* family = nullptr;
+  for (const FamilyInfo& f : kFamilies) {
+    if (type == f.model_type) family = &f;
   }
-  const std::string arch = type == "mixtral" ? "MixtralForCausalLM" : "LlamaForCausalLM";
+  if (family == nullptr) r.fail("model_type", "is \"" + type + "\"; valid: " + valid_model_types());
   if (r.has("architectures")) {
     const Json& a = j["architectures"];
-    if (!a.is_array() || a.size() != 1 || a[0] != arch) {
-      r.fail("architectures",
-             "is " + a.dump() + "; for model_type \"" + type + "\" valid: [\"" + arch + "\"]");
+    if (!a.is_array() || a.size() != 1 || a[0] != family->architecture) {
+      r.fail("architectures", "is " + a.dump() + "; for model_type \"" + type + "\" valid: [\"" +
+                                  family->architecture + "\"]");
     }
   }
-  const bool moe = type == "mixtral";
   ModelConfig m;
-  m.vocab_size = r.integer("vocab_size");
-  m.hidden_size = r.integer("hidden_size");
-  m.ffn_hidden_size = r.integer("intermediate_size");
-  m.num_layers = r.integer("num_hidden_layers");
-  m.num_attention_heads = r.integer("num_attention_heads");
-  m.num_query_groups = r.integer("num_key_value_heads", m.num_attention_heads);
-  m.norm_epsilon = r.number("rms_norm_eps", moe ? 1e-5 : 1e-6);
-  m.rotary_base = r.number("rope_theta", moe ? 1e6 : 1e4);
-  m.seq_length = r.integer("max_position_embeddings", moe ? 4096 * 32 : 2048);
-  if (moe) {
-    m.num_experts = r.integer("num_local_experts", 8);
-    m.moe_router_topk = r.integer("num_experts_per_tok", 2);
-    m.moe_aux_loss_coeff = r.number("router_aux_loss_coef", 0.001);
-    if (m.num_experts < 1) r.fail("num_local_experts", "is below 1; a Mixtral model has experts");
-  } else {
-    m.num_experts = 0;
-  }
-  reject_unsupported(r, m, type);
+  read_common(r, source, *family, m);
+  read_family(r, *family, m);
+  r.check_all_read(kNeutralKeys);
   try {
     m.validate();
   } catch (const Error& e) {

@@ -61,7 +61,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   ops::linear_forward(s.k, s.n1, w.wk);
   ops::linear_forward(s.v, s.n1, w.wv);
   ops::rope_forward_qk(s.q, s.k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
-                       cfg.head_dim(), cfg.rotary_base);
+                       cfg.head_dim(), cfg.rope());
   const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                                   cfg.head_dim()};
   s.a = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.a");
@@ -131,7 +131,7 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
                                   cfg.head_dim()};
   ops::attention_backward(s.d_q, s.d_k, s.d_v, d_a, s.q, s.k, s.v, s.a, s.lse, shape);
   ops::rope_backward_qk(s.d_q, s.d_k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
-                        cfg.head_dim(), cfg.rotary_base);
+                        cfg.head_dim(), cfg.rope());
   Tensor d_n1 = work_tensor({n, h}, c.dtype, "d_n1");
   ops::linear_backward_input(d_n1, s.d_q, w.wq);
   ops::linear_backward_input(d_n1, s.d_k, w.wk, Accumulate::kAdd);

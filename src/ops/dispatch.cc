@@ -124,20 +124,20 @@ void linear_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x,
   TANDEM_OP(dw, linear_backward_weight, dw, dy, x, acc);
 }
 
-void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim, double theta) {
-  TANDEM_OP(out, rope_forward, out, x, seq, heads, head_dim, theta);
+void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim, const RopeSpec& rope) {
+  TANDEM_OP(out, rope_forward, out, x, seq, heads, head_dim, rope);
 }
 
-void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim, double theta) {
-  TANDEM_OP(dx, rope_backward, dx, dy, seq, heads, head_dim, theta);
+void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim, const RopeSpec& rope) {
+  TANDEM_OP(dx, rope_backward, dx, dy, seq, heads, head_dim, rope);
 }
 
-void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, double theta) {
-  TANDEM_OP(q, rope_forward_qk, q, k, seq, heads, kv_heads, head_dim, theta);
+void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+  TANDEM_OP(q, rope_forward_qk, q, k, seq, heads, kv_heads, head_dim, rope);
 }
 
-void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, double theta) {
-  TANDEM_OP(dq, rope_backward_qk, dq, dk, seq, heads, kv_heads, head_dim, theta);
+void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+  TANDEM_OP(dq, rope_backward_qk, dq, dk, seq, heads, kv_heads, head_dim, rope);
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s) {

@@ -11,6 +11,7 @@
 #include <memory>
 #include <utility>
 
+#include "core/config.h"
 #include "core/host_read.h"
 #include "core/tensor.h"
 #include "ops/row_blocks.h"

@@ -17,6 +17,8 @@
 #include <map>
 #include <set>
 #include <thread>
+#include <type_traits>
+#include <variant>
 
 #include "core/error.h"
 #include "io/atomic_dir.h"
@@ -102,6 +104,11 @@ class JsonFields {
     const Json& v = get(key);
     TANDEM_CHECK(v.is_number(), where_, "key '", key, "' is ", v.dump(), ", expected a number");
     return v.get<double>();
+  }
+  bool boolean(const std::string& key) const {
+    const Json& v = get(key);
+    TANDEM_CHECK(v.is_boolean(), where_, "key '", key, "' is ", v.dump(), ", expected true or false");
+    return v.get<bool>();
   }
   std::string string(const std::string& key) const {
     const Json& v = get(key);
@@ -327,18 +334,11 @@ std::string iteration_dir_name(int64_t iteration) {
 }
 
 Json config_to_json(const ModelConfig& m) {
-  return {{"vocab_size", m.vocab_size},
-          {"hidden_size", m.hidden_size},
-          {"num_layers", m.num_layers},
-          {"num_attention_heads", m.num_attention_heads},
-          {"num_query_groups", m.num_query_groups},
-          {"ffn_hidden_size", m.ffn_hidden_size},
-          {"num_experts", m.num_experts},
-          {"moe_router_topk", m.moe_router_topk},
-          {"moe_aux_loss_coeff", m.moe_aux_loss_coeff},
-          {"rotary_base", m.rotary_base},
-          {"norm_epsilon", m.norm_epsilon},
-          {"seq_length", m.seq_length}};
+  Json j = Json::object();
+  for (const ModelField& f : model_fields()) {
+    std::visit([&](auto member) { j[field_json_key(f)] = m.*member; }, f.member);
+  }
+  return j;
 }
 
 Json config_to_json(const TrainConfig& t) {
@@ -362,18 +362,18 @@ Json config_to_json(const TrainConfig& t) {
 ModelConfig model_config_from_json(const Json& j, const std::string& where) {
   const JsonFields f(j, where);
   ModelConfig m;
-  m.vocab_size = f.integer("vocab_size");
-  m.hidden_size = f.integer("hidden_size");
-  m.num_layers = f.integer("num_layers");
-  m.num_attention_heads = f.integer("num_attention_heads");
-  m.num_query_groups = f.integer("num_query_groups");
-  m.ffn_hidden_size = f.integer("ffn_hidden_size");
-  m.num_experts = f.integer("num_experts");
-  m.moe_router_topk = f.integer("moe_router_topk");
-  m.moe_aux_loss_coeff = f.number("moe_aux_loss_coeff");
-  m.rotary_base = f.number("rotary_base");
-  m.norm_epsilon = f.number("norm_epsilon");
-  m.seq_length = f.integer("seq_length");
+  for (const ModelField& field : model_fields()) {
+    const std::string key = field_json_key(field);
+    if (!field.in_every_checkpoint && !j.contains(key)) continue;  // the default's model
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_reference_t<decltype(m.*member)>;
+          if constexpr (std::is_same_v<T, bool>) m.*member = f.boolean(key);
+          else if constexpr (std::is_same_v<T, double>) m.*member = f.number(key);
+          else m.*member = f.integer(key);
+        },
+        field.member);
+  }
   try {
     m.validate();
   } catch (const Error& e) {
@@ -508,7 +508,9 @@ CheckpointInfo inspect_checkpoint(const std::string& dir) {
   const std::string state_path = info.dir + "/" + kStateFile;
   info.trainer_state = read_json_file(state_path);
   validate_trainer_state(info.trainer_state, state_path);
-  const Json recorded = info.trainer_state["model"];
+  // Through ModelConfig, so that fields older checkpoints lack compare as their defaults.
+  const Json recorded = config_to_json(
+      model_config_from_json(info.trainer_state["model"], state_path + ": 'model': "));
   const Json in_config = config_to_json(info.model_config);
   for (const auto& [key, value] : in_config.items()) {
     TANDEM_CHECK(recorded[key] == value, "checkpoint ", info.dir, ": ", kConfigFile, " and ",

@@ -345,8 +345,20 @@ struct RopeCase {
   int64_t batch, seq, heads, head_dim;
   double theta;
 };
+
+// The case's frequencies; a theta of 500000 takes Llama 3's scaling too (original context 1024,
+// so the long cases' positions reach every band).
+template <class Case>
+RopeSpec rope_spec(const Case& c) {
+  RopeSpec r(c.theta);
+  if (c.theta == 500000.0) {
+    r.scaling = RopeScaling::kLlama3;
+    r.original_max_position = 1024;
+  }
+  return r;
+}
 // Vector path (D/2 a multiple of 8), scalar path (D/2 = 3, 1), heads not a multiple of the
-// 4 a thread serves, and long positions with a large theta.
+// 4 a thread serves, and long positions with a large theta and Llama 3 scaling.
 constexpr RopeCase kRopeCases[] = {{2, 37, 3, 64, 10000.0}, {1, 5, 5, 6, 10000.0},
                                    {3, 16, 1, 16, 10000.0}, {2, 9, 7, 2, 10000.0},
                                    {1, 4096, 1, 128, 500000.0}, {0, 4, 2, 64, 10000.0}};
@@ -365,9 +377,9 @@ TEST(CudaRope, ForwardAndBackwardOutOfPlaceAndInPlace) {
         Tensor x = to_gpu(x0, kBF16);
         Tensor out = in_place ? x : Tensor::empty({n, w}, kBF16, MemCategory::kOther, "out",
                                                   Device::kCUDA);
-        rope(out, x, c.seq, c.heads, c.head_dim, c.theta);
+        rope(out, x, c.seq, c.heads, c.head_dim, rope_spec(c));
         Tensor want = host({n, w});
-        rope(want, rounded(x0, kBF16), c.seq, c.heads, c.head_dim, c.theta);
+        rope(want, rounded(x0, kBF16), c.seq, c.heads, c.head_dim, rope_spec(c));
         expect_close(to_host_f32(out), want, tolerance_for(kBF16), what);
       }
     }
@@ -379,13 +391,13 @@ TEST(CudaRope, MisalignedAndBadShapes) {
   Tensor x0 = random_host({n, heads * d}, 28);
   Tensor x = misaligned_gpu(x0, kBF16);
   Tensor out = Tensor::empty({n, heads * d}, kBF16, MemCategory::kOther, "out", Device::kCUDA);
-  ops::rope_forward(out, x, 4, heads, d, 10000.0);
+  ops::rope_forward(out, x, 4, heads, d, RopeSpec(10000.0));
   Tensor want = host({n, heads * d});
-  ops::rope_forward(want, rounded(x0, kBF16), 4, heads, d, 10000.0);
+  ops::rope_forward(want, rounded(x0, kBF16), 4, heads, d, RopeSpec(10000.0));
   expect_close(to_host_f32(out), want, tolerance_for(kBF16), "rope misaligned");
-  EXPECT_THROW(ops::rope_forward(out, x, 4, heads, 15, 10000.0), Error);  // odd head_dim
-  EXPECT_THROW(ops::rope_forward(out, x, 4, 3, d, 10000.0), Error);       // width mismatch
-  EXPECT_THROW(ops::rope_forward(out, x, 0, heads, d, 10000.0), Error);   // seq 0
+  EXPECT_THROW(ops::rope_forward(out, x, 4, heads, 15, RopeSpec(10000.0)), Error);  // odd head_dim
+  EXPECT_THROW(ops::rope_forward(out, x, 4, 3, d, RopeSpec(10000.0)), Error);       // width mismatch
+  EXPECT_THROW(ops::rope_forward(out, x, 0, heads, d, RopeSpec(10000.0)), Error);   // seq 0
 }
 
 struct RopeQkCase {
@@ -411,15 +423,15 @@ TEST(CudaRope, QkForwardAndBackwardMatchTheCpuAndTheSingleTensorOp) {
       auto rope = backward ? ops::rope_backward : ops::rope_forward;
       const Tensor q0 = random_host({n, wq}, 29, 2.0), k0 = random_host({n, wk}, 30, 2.0);
       Tensor q = to_gpu(q0, kBF16), k = to_gpu(k0, kBF16);
-      rope_qk(q, k, c.seq, c.heads, c.kv_heads, c.head_dim, c.theta);
+      rope_qk(q, k, c.seq, c.heads, c.kv_heads, c.head_dim, rope_spec(c));
       Tensor q_want = ref_copy(q0, kBF16), k_want = ref_copy(k0, kBF16);
-      rope_qk(q_want, k_want, c.seq, c.heads, c.kv_heads, c.head_dim, c.theta);
+      rope_qk(q_want, k_want, c.seq, c.heads, c.kv_heads, c.head_dim, rope_spec(c));
       expect_close(to_host_f32(q), q_want, tolerance_for(kBF16), what + " q");
       expect_close(to_host_f32(k), k_want, tolerance_for(kBF16), what + " k");
       // One launch over both gives the bits of one launch per tensor (the same cos and sin).
       Tensor q1 = to_gpu(q0, kBF16), k1 = to_gpu(k0, kBF16);
-      rope(q1, q1, c.seq, c.heads, c.head_dim, c.theta);
-      rope(k1, k1, c.seq, c.kv_heads, c.head_dim, c.theta);
+      rope(q1, q1, c.seq, c.heads, c.head_dim, rope_spec(c));
+      rope(k1, k1, c.seq, c.kv_heads, c.head_dim, rope_spec(c));
       expect_close(to_host_f32(q), to_host_f32(q1), kExact, what + " q against rope");
       expect_close(to_host_f32(k), to_host_f32(k1), kExact, what + " k against rope");
     }
@@ -431,16 +443,16 @@ TEST(CudaRope, QkMisalignedAndBadShapes) {
   const Tensor q0 = random_host({n, heads * d}, 31), k0 = random_host({n, kv_heads * d}, 32);
   // A misaligned k takes both tensors down the scalar path.
   Tensor q = to_gpu(q0, kBF16), k = misaligned_gpu(k0, kBF16);
-  ops::rope_forward_qk(q, k, 5, heads, kv_heads, d, 10000.0);
+  ops::rope_forward_qk(q, k, 5, heads, kv_heads, d, RopeSpec(10000.0));
   Tensor q_want = ref_copy(q0, kBF16), k_want = ref_copy(k0, kBF16);
-  ops::rope_forward_qk(q_want, k_want, 5, heads, kv_heads, d, 10000.0);
+  ops::rope_forward_qk(q_want, k_want, 5, heads, kv_heads, d, RopeSpec(10000.0));
   expect_close(to_host_f32(q), q_want, tolerance_for(kBF16), "rope_forward_qk misaligned q");
   expect_close(to_host_f32(k), k_want, tolerance_for(kBF16), "rope_forward_qk misaligned k");
   Tensor k_short = to_gpu(random_host({n - 1, kv_heads * d}, 33), kBF16);
-  EXPECT_THROW(ops::rope_forward_qk(q, k_short, 5, heads, kv_heads, d, 10000.0), Error);  // rows
-  EXPECT_THROW(ops::rope_forward_qk(q, k, 5, heads, heads, d, 10000.0), Error);  // k's width
-  EXPECT_THROW(ops::rope_backward_qk(q, k, 5, heads, kv_heads, 15, 10000.0), Error);  // odd D
-  EXPECT_THROW(ops::rope_backward_qk(q, k, 0, heads, kv_heads, d, 10000.0), Error);   // seq 0
+  EXPECT_THROW(ops::rope_forward_qk(q, k_short, 5, heads, kv_heads, d, RopeSpec(10000.0)), Error);  // rows
+  EXPECT_THROW(ops::rope_forward_qk(q, k, 5, heads, heads, d, RopeSpec(10000.0)), Error);  // k's width
+  EXPECT_THROW(ops::rope_backward_qk(q, k, 5, heads, kv_heads, 15, RopeSpec(10000.0)), Error);  // odd D
+  EXPECT_THROW(ops::rope_backward_qk(q, k, 0, heads, kv_heads, d, RopeSpec(10000.0)), Error);   // seq 0
 }
 
 // ---- SwiGLU ----

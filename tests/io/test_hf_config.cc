@@ -140,12 +140,87 @@ TEST(HfConfig, BadConfigsNameTheKeyAndTheFile) {
                {"key 'architectures'", "MixtralForCausalLM"});
   expect_error(with("tie_word_embeddings", true), {"key 'tie_word_embeddings'"});
   expect_error(with("hidden_act", "gelu"), {"key 'hidden_act'", "silu"});
-  expect_error(with("rope_scaling", Json{{"type", "linear"}}), {"key 'rope_scaling'"});
-  expect_error(with("head_dim", 64), {"key 'head_dim'", "32"});
+  expect_error(with("rope_scaling", Json{{"type", "linear"}}), {"key 'rope_scaling.type'", "linear"});
+  expect_error(with("rope_parameters", Json{{"rope_type", "yarn"}, {"factor", 4}}),
+               {"key 'rope_parameters.rope_type'", "yarn"});
+  expect_error(with("rope_parameters", Json{{"rope_type", "default"}, {"mscale", 2}}),
+               {"key 'rope_parameters.mscale'"});
+  expect_error(with("rope_parameters", Json{{"rope_type", "llama3"}, {"factor", 8}}),
+               {"key 'rope_parameters.low_freq_factor' is missing"});
+  expect_error(with("partial_rotary_factor", 0.5), {"key 'partial_rotary_factor'", "0.5"});
+  expect_error(with("attention_dropout", 0.1), {"key 'attention_dropout'"});
+  expect_error(with("head_dim", 63), {"--kv-channels 63", "odd"});
+  expect_error(with("quantization_config", Json{{"bits", 4}}),
+               {"key 'quantization_config'", "not a setting tandem knows"});
+  expect_error(with("use_sliding_window", true), {"key 'use_sliding_window'"});
   expect_error(with("sliding_window", 16), {"key 'sliding_window'"});
   expect_error(with("num_local_experts", 0), {"key 'num_local_experts'"});
   expect_error(with("num_attention_heads", 7), {"--num-attention-heads 7"});
   expect_error(with("num_experts_per_tok", 9), {"--moe-router-topk 9"});
+}
+
+// transformers 5.x writes the base inside rope_parameters and no rope_theta at the top; 4.x the
+// other way round, with rope_scaling beside it. Both forms read the same model.
+TEST(HfConfig, RopeInBothFormsAndLlama3Scaling) {
+  const std::string base = R"({"model_type":"llama","vocab_size":100,"hidden_size":64,
+      "intermediate_size":128,"num_hidden_layers":2,"num_attention_heads":4,)";
+  const ModelConfig v5 = parse_hf_config(
+      base + R"("rope_parameters":{"rope_theta":50000.0,"rope_type":"default"}})", "v5");
+  EXPECT_EQ(v5.rotary_base, 50000.0);
+  EXPECT_FALSE(v5.use_rope_scaling);
+  const ModelConfig v4 = parse_hf_config(base + R"("rope_theta":50000.0,"rope_scaling":null})", "v4");
+  EXPECT_EQ(v4.rotary_base, 50000.0);
+  const std::string llama3 =
+      R"({"factor":32.0,"low_freq_factor":1.0,"high_freq_factor":4.0,)"
+      R"("original_max_position_embeddings":8192,"rope_type":"llama3")";
+  const ModelConfig s5 = parse_hf_config(
+      base + R"("rope_parameters":)" + llama3 + R"(,"rope_theta":500000.0}})", "v5");
+  const ModelConfig s4 =
+      parse_hf_config(base + R"("rope_theta":500000.0,"rope_scaling":)" + llama3 + "}}", "v4");
+  for (const ModelConfig& m : {s5, s4}) {
+    EXPECT_EQ(m.rotary_base, 500000.0);
+    EXPECT_TRUE(m.use_rope_scaling);
+    EXPECT_EQ(m.rope_scaling_factor, 32.0);
+    EXPECT_EQ(m.rope_low_freq_factor, 1.0);
+    EXPECT_EQ(m.rope_high_freq_factor, 4.0);
+    EXPECT_EQ(m.rope_original_max_position, 8192);
+  }
+  // Written with both forms, read back the same; Mixtral's base defaults to 1e6.
+  expect_same(parse_hf_config(hf_config_json(s5), "rt"), s5);
+  EXPECT_EQ(parse_hf_config(hf_config_json(s5), "rt").rope_scaling_factor, 32.0);
+  const ModelConfig mixtral = parse_hf_config(
+      R"({"model_type":"mixtral","vocab_size":100,"hidden_size":64,"intermediate_size":128,
+          "num_hidden_layers":2,"num_attention_heads":4})",
+      "mem");
+  EXPECT_EQ(mixtral.rotary_base, 1e6);
+}
+
+// head_dim is the head width, independent of hidden_size / heads (null: derived).
+TEST(HfConfig, HeadDimIsKvChannels) {
+  Json j = Json::parse(hf_config_json(dense_config()));
+  j["head_dim"] = 64;
+  const ModelConfig m = parse_hf_config(j.dump(), "mem");
+  EXPECT_EQ(m.kv_channels, 64);
+  EXPECT_EQ(m.head_dim(), 64);
+  EXPECT_EQ(m.q_width(), 16 * 64);
+  EXPECT_EQ(parse_hf_config(hf_config_json(m), "rt").kv_channels, 64);
+  j["head_dim"] = nullptr;
+  EXPECT_EQ(parse_hf_config(j.dump(), "mem").kv_channels, 0);
+  j["head_dim"] = 32;  // = 512 / 16
+  EXPECT_EQ(parse_hf_config(j.dump(), "mem").kv_channels, 0);
+}
+
+// Keys that do not change the math are read past; the rest of an unknown config is refused.
+TEST(HfConfig, NeutralKeysAreAcceptedUnknownOnesRefused) {
+  Json j = Json::parse(hf_config_json(ModelConfig{}));
+  j["bos_token_id"] = 1;
+  j["eos_token_id"] = Json::array({2, 3});
+  j["transformers_version"] = "5.17.0";
+  j["dtype"] = "bfloat16";
+  j["max_length"] = 20;
+  EXPECT_NO_THROW(parse_hf_config(j.dump(), "mem"));
+  j["my_new_setting"] = 3;
+  expect_error(j.dump(), {"key 'my_new_setting'", "3"});
 }
 
 }  // namespace

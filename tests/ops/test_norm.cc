@@ -106,13 +106,13 @@ std::vector<double> naive_rope(const double* u, int64_t d, int64_t pos, double t
 TEST(Rope, ForwardMatchesExplicitAnglesAndPositionsWrapPerSequence) {
   std::mt19937_64 rng(14);
   const int64_t seq = 5, batch = 2, heads = 3, d = 8;
-  const double theta = 10000;
+  const RopeSpec theta(10000);
   Tensor x = random({batch * seq, heads * d}, DType::kF64, rng);
   Tensor out = make(x.shape(), DType::kF64);
   rope_forward(out, x, seq, heads, d, theta);
   for (int64_t r = 0; r < batch * seq; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
-      const auto want = naive_rope(x.data<double>() + r * heads * d + h * d, d, r % seq, theta);
+      const auto want = naive_rope(x.data<double>() + r * heads * d + h * d, d, r % seq, theta.theta);
       for (int64_t c = 0; c < d; ++c) {
         EXPECT_NEAR(out.data<double>()[r * heads * d + h * d + c], want[c], 1e-14)
             << "row " << r << " head " << h << " col " << c;
@@ -133,7 +133,7 @@ TEST(Rope, ForwardMatchesExplicitAnglesAndPositionsWrapPerSequence) {
 TEST(Rope, BackwardMatchesFiniteDifferencesAndInvertsForward) {
   std::mt19937_64 rng(15);
   const int64_t seq = 4, heads = 2, d = 6;
-  const double theta = 100;  // large angles at small d, so every frequency matters
+  const RopeSpec theta(100);  // large angles at small d, so every frequency matters
   Tensor x = random({2 * seq, heads * d}, DType::kF64, rng);
   Tensor out = make(x.shape(), DType::kF64), up = random(x.shape(), DType::kF64, rng);
   Tensor dx = make(x.shape(), DType::kF64);
@@ -157,11 +157,11 @@ TEST(Rope, F32MatchesF64AndOddHeadDimThrows) {
   const int64_t seq = 128, heads = 2, d = 32;
   Tensor x = random({seq, heads * d}, DType::kF64, rng);
   Tensor o64 = make(x.shape(), DType::kF64), o32 = make(x.shape(), DType::kF32);
-  rope_forward(o64, x, seq, heads, d, 10000);
-  rope_forward(o32, to_f32(x), seq, heads, d, 10000);
+  rope_forward(o64, x, seq, heads, d, RopeSpec(10000));
+  rope_forward(o32, to_f32(x), seq, heads, d, RopeSpec(10000));
   expect_f32_close(o32, o64, "rope");
   Tensor odd = make({2, 6}, DType::kF32);
-  EXPECT_THROW(rope_forward(odd, odd, 2, 2, 3, 10000), Error);
+  EXPECT_THROW(rope_forward(odd, odd, 2, 2, 3, RopeSpec(10000)), Error);
 }
 
 TEST(Rope, QkIsTheSingleTensorOpOnEach) {
@@ -173,18 +173,70 @@ TEST(Rope, QkIsTheSingleTensorOpOnEach) {
     auto rope_qk = backward ? rope_backward_qk : rope_forward_qk;
     auto rope = backward ? rope_backward : rope_forward;
     Tensor q = clone(q0), k = clone(k0);
-    rope_qk(q, k, seq, heads, kv_heads, d, 500);
+    rope_qk(q, k, seq, heads, kv_heads, d, RopeSpec(500));
     Tensor q_want = make(q0.shape(), DType::kF64), k_want = make(k0.shape(), DType::kF64);
-    rope(q_want, q0, seq, heads, d, 500);
-    rope(k_want, k0, seq, kv_heads, d, 500);
+    rope(q_want, q0, seq, heads, d, RopeSpec(500));
+    rope(k_want, k0, seq, kv_heads, d, RopeSpec(500));
     EXPECT_EQ(values(q), values(q_want)) << (backward ? "backward" : "forward");
     EXPECT_EQ(values(k), values(k_want)) << (backward ? "backward" : "forward");
   }
   // k's shape is checked before q is written.
   Tensor q = clone(q0), k_short = make({batch * seq - 1, kv_heads * d}, DType::kF64);
-  EXPECT_THROW(rope_forward_qk(q, k_short, seq, heads, kv_heads, d, 500), Error);
-  EXPECT_THROW(rope_forward_qk(q, clone(k0), seq, heads, heads, d, 500), Error);
+  EXPECT_THROW(rope_forward_qk(q, k_short, seq, heads, kv_heads, d, RopeSpec(500)), Error);
+  EXPECT_THROW(rope_forward_qk(q, clone(k0), seq, heads, heads, d, RopeSpec(500)), Error);
   EXPECT_EQ(values(q), values(q0));
+}
+
+// Llama 3's frequencies written out from its definition: wavelengths 2 pi / f above
+// original / low are divided by factor, below original / high kept, and in between
+// interpolated with weight (original / wavelength - low) / (high - low) on the unscaled one.
+TEST(Rope, Llama3ScalingKeepsHighDividesLowAndInterpolatesBetween) {
+  RopeSpec r(10000);
+  r.scaling = RopeScaling::kLlama3;
+  r.factor = 8;
+  r.low_freq_factor = 1;
+  r.high_freq_factor = 4;
+  r.original_max_position = 256;
+  const int64_t d = 16;
+  const std::vector<double> plain = rope_inv_freq(RopeSpec(10000), d);
+  const std::vector<double> scaled = rope_inv_freq(r, d);
+  ASSERT_EQ(scaled.size(), 8u);
+  int kept = 0, divided = 0, mixed = 0;
+  for (size_t i = 0; i < plain.size(); ++i) {
+    EXPECT_DOUBLE_EQ(plain[i], std::pow(10000.0, -2.0 * static_cast<double>(i) / d));
+    const double wavelen = 2 * M_PI / plain[i];
+    if (wavelen < 256.0 / 4) {
+      EXPECT_EQ(scaled[i], plain[i]) << i;
+      ++kept;
+    } else if (wavelen > 256.0) {
+      EXPECT_DOUBLE_EQ(scaled[i], plain[i] / 8) << i;
+      ++divided;
+    } else {
+      const double w = (256.0 / wavelen - 1) / 3;
+      EXPECT_DOUBLE_EQ(scaled[i], (1 - w) * plain[i] / 8 + w * plain[i]) << i;
+      EXPECT_GT(scaled[i], plain[i] / 8);
+      EXPECT_LT(scaled[i], plain[i]);
+      ++mixed;
+    }
+  }
+  EXPECT_EQ(kept, 3);  // each band is exercised at this head dim and context
+  EXPECT_EQ(divided, 4);
+  EXPECT_EQ(mixed, 1);
+  // The op rotates by these frequencies: position p, pair i turns by p * scaled[i].
+  const int64_t seq = 40;
+  std::mt19937_64 rng(18);
+  Tensor x = random({seq, d}, DType::kF64, rng);
+  Tensor out = make(x.shape(), DType::kF64);
+  rope_forward(out, x, seq, 1, d, r);
+  for (int64_t p = 0; p < seq; ++p) {
+    for (int64_t i = 0; i < d / 2; ++i) {
+      const double a = static_cast<double>(p) * scaled[static_cast<size_t>(i)];
+      const double u1 = x.data<double>()[p * d + i], u2 = x.data<double>()[p * d + i + d / 2];
+      EXPECT_NEAR(out.data<double>()[p * d + i], u1 * std::cos(a) - u2 * std::sin(a), 1e-14);
+      EXPECT_NEAR(out.data<double>()[p * d + i + d / 2], u2 * std::cos(a) + u1 * std::sin(a),
+                  1e-14);
+    }
+  }
 }
 
 }  // namespace

@@ -83,7 +83,7 @@ namespace {
 // out = rotation of x by +angle (sign 1, the forward) or -angle (sign -1, its transpose, the
 // backward). x, out: [N, heads * D]; row n at position n % seq. out may alias x.
 void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq, int64_t heads,
-                int64_t head_dim, double theta, double sign) {
+                int64_t head_dim, const RopeSpec& rope, double sign) {
   const DType dt = cpu::float_dtype(op, "x", x, 2);
   cpu::expect_at_least(op, "seq", seq, 1);
   cpu::expect_at_least(op, "heads", heads, 1);
@@ -95,12 +95,12 @@ void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq,
   const int64_t n = x.size(0), half = head_dim / 2, width = heads * head_dim;
   dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
-    // cos/sin of pos * theta^(-2i/D), [seq, D/2], formed in double.
+    // cos/sin of pos * inv_freq[i], [seq, D/2], formed in double.
+    const std::vector<double> inv_freq = rope_inv_freq(rope, head_dim);
     std::vector<T> cs(static_cast<size_t>(seq * half)), sn(cs.size());
     for (int64_t i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(theta, -2.0 * static_cast<double>(i) / head_dim);
       for (int64_t p = 0; p < seq; ++p) {
-        const double ang = static_cast<double>(p) * inv_freq;
+        const double ang = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
         cs[static_cast<size_t>(p * half + i)] = static_cast<T>(std::cos(ang));
         sn[static_cast<size_t>(p * half + i)] = static_cast<T>(sign * std::sin(ang));
       }
@@ -127,13 +127,13 @@ void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq,
 }  // namespace
 
 void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim,
-                  double theta) {
-  rope_apply("rope_forward", out, x, seq, heads, head_dim, theta, 1.0);
+                  const RopeSpec& rope) {
+  rope_apply("rope_forward", out, x, seq, heads, head_dim, rope, 1.0);
 }
 
 void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim,
-                   double theta) {
-  rope_apply("rope_backward", dx, dy, seq, heads, head_dim, theta, -1.0);
+                   const RopeSpec& rope) {
+  rope_apply("rope_backward", dx, dy, seq, heads, head_dim, rope, -1.0);
 }
 
 namespace {
@@ -141,24 +141,24 @@ namespace {
 // q and k, in place, one after the other (one launch matters on the GPU only). k is checked
 // before q is written.
 void rope_apply_qk(const char* op, const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                   int64_t kv_heads, int64_t head_dim, double theta, double sign) {
+                   int64_t kv_heads, int64_t head_dim, const RopeSpec& rope, double sign) {
   const DType dt = cpu::float_dtype(op, "q", q, 2);
   cpu::expect_at_least(op, "kv_heads", kv_heads, 1);
   expect(op, "k", k, dt, {q.size(0), kv_heads * head_dim});
-  rope_apply(op, q, q, seq, heads, head_dim, theta, sign);
-  rope_apply(op, k, k, seq, kv_heads, head_dim, theta, sign);
+  rope_apply(op, q, q, seq, heads, head_dim, rope, sign);
+  rope_apply(op, k, k, seq, kv_heads, head_dim, rope, sign);
 }
 
 }  // namespace
 
 void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                     int64_t kv_heads, int64_t head_dim, double theta) {
-  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, theta, 1.0);
+                     int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0);
 }
 
 void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
-                      int64_t kv_heads, int64_t head_dim, double theta) {
-  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, theta, -1.0);
+                      int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0);
 }
 
 }  // namespace tandem::ops::cpu

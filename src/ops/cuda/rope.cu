@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 #include <type_traits>
+#include <vector>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
@@ -45,7 +46,7 @@ struct RopeArgs {
   int head_dim;
   int rows;    // rows per block; rows * D / 2 <= kRopeTable
   float sign;  // 1: rotate by +angle (forward); -1: by -angle (backward)
-  double inv_freq[kMaxHeadDim / 2];  // theta^(-2i / D), i < D / 2, formed on the host
+  double inv_freq[kMaxHeadDim / 2];  // rope_inv_freq, i < D / 2, formed on the host
 };
 
 // cos and sin of ang (radians): reduced to [-pi, pi] in double, then the single-precision pair
@@ -142,7 +143,7 @@ void expect_rope_tensor(const char* op, const char* name, const Tensor& t, int64
 
 // Rotates t[0] and, when t[1].heads > 0, t[1] (both [n, heads * head_dim], checked) in one launch.
 void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_t seq,
-                 int64_t head_dim, double theta, float sign) {
+                 int64_t head_dim, const RopeSpec& rope, float sign) {
   TANDEM_CHECK(seq >= 1, op, ": seq is ", seq, ", expected at least 1");
   TANDEM_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim <= kMaxHeadDim, op, ": head_dim ",
                head_dim, " must be even and in [2, ", kMaxHeadDim, "]");
@@ -158,9 +159,8 @@ void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_
   RopeArgs a{{t0, t1}, n, seq, static_cast<int>(head_dim), 0, sign, {}};
   a.rows = static_cast<int>(std::clamp<int64_t>(kThreads * kRopeItems / units, 1,
                                                 std::min<int64_t>(kRopeTable / half, n)));
-  for (int64_t i = 0; i < half; ++i) {
-    a.inv_freq[i] = std::pow(theta, -2.0 * static_cast<double>(i) / head_dim);  // as the CPU
-  }
+  const std::vector<double> inv_freq = rope_inv_freq(rope, head_dim);  // as the CPU
+  std::copy(inv_freq.begin(), inv_freq.end(), a.inv_freq);
   const int64_t blocks = (n + a.rows - 1) / a.rows;
   TANDEM_CHECK(blocks < (int64_t{1} << 31), op, ": ", n, " rows are too many");
   if (vec) rope_kernel<kVec><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(a);
@@ -169,45 +169,45 @@ void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_
 }
 
 void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq, int64_t heads,
-                int64_t head_dim, double theta, float sign) {
+                int64_t head_dim, const RopeSpec& rope, float sign) {
   expect_rope_tensor(op, "x", x, heads, head_dim);
   expect_cuda(op, "out", out, {DType::kBF16}, x.shape());
   const RopeTensor t{static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(x.raw_data()),
                      static_cast<int>(heads)};
-  rope_launch(op, t, RopeTensor{nullptr, nullptr, 0}, x.size(0), seq, head_dim, theta, sign);
+  rope_launch(op, t, RopeTensor{nullptr, nullptr, 0}, x.size(0), seq, head_dim, rope, sign);
 }
 
 void rope_apply_qk(const char* op, const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                   int64_t kv_heads, int64_t head_dim, double theta, float sign) {
+                   int64_t kv_heads, int64_t head_dim, const RopeSpec& rope, float sign) {
   expect_rope_tensor(op, "q", q, heads, head_dim);
   expect_rope_tensor(op, "k", k, kv_heads, head_dim);
   TANDEM_CHECK(k.size(0) == q.size(0), op, ": k has ", k.size(0), " rows, q has ", q.size(0));
   auto* pq = static_cast<bf16*>(q.raw_data());
   auto* pk = static_cast<bf16*>(k.raw_data());
   rope_launch(op, {pq, pq, static_cast<int>(heads)}, {pk, pk, static_cast<int>(kv_heads)},
-              q.size(0), seq, head_dim, theta, sign);
+              q.size(0), seq, head_dim, rope, sign);
 }
 
 }  // namespace
 
 void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim,
-                  double theta) {
-  rope_apply("rope_forward", out, x, seq, heads, head_dim, theta, 1.0f);
+                  const RopeSpec& rope) {
+  rope_apply("rope_forward", out, x, seq, heads, head_dim, rope, 1.0f);
 }
 
 void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim,
-                   double theta) {
-  rope_apply("rope_backward", dx, dy, seq, heads, head_dim, theta, -1.0f);
+                   const RopeSpec& rope) {
+  rope_apply("rope_backward", dx, dy, seq, heads, head_dim, rope, -1.0f);
 }
 
 void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                     int64_t kv_heads, int64_t head_dim, double theta) {
-  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, theta, 1.0f);
+                     int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0f);
 }
 
 void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
-                      int64_t kv_heads, int64_t head_dim, double theta) {
-  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, theta, -1.0f);
+                      int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0f);
 }
 
 }  // namespace tandem::ops::cuda
