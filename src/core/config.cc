@@ -1,6 +1,7 @@
 // Validation of the run configuration; each message names the value and what would be valid.
 #include "core/config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <numbers>
 
@@ -70,6 +71,29 @@ const std::vector<ModelField>& model_fields() {
        "--use-rope-scaling: the context length the model was first trained at", kPositive,
        false},
       {"norm-epsilon", &M::norm_epsilon, "eps added inside RMSNorm", kPositive},
+      {"qk-layernorm", &M::qk_layernorm,
+       "RMSNorm of each head of q and k (gains of width D) before RoPE, as Qwen3",
+       FieldBound::kAny, false},
+      {"add-qkv-bias", &M::add_qkv_bias, "biases on the q, k and v products, as Qwen2",
+       FieldBound::kAny, false},
+      {"moe-ffn-hidden-size", &M::moe_ffn_hidden_size,
+       "each routed expert's SwiGLU width; 0: ffn-hidden-size (which the dense layers keep)",
+       kNonNegative, false},
+      {"moe-router-pre-softmax", &M::moe_router_pre_softmax,
+       "routing weights: the softmax over all experts at the k chosen, not renormalised "
+       "(transformers' norm_topk_prob false); off: the softmax over the k chosen",
+       FieldBound::kAny, false},
+      {"moe-shared-expert-intermediate-size", &M::moe_shared_expert_intermediate_size,
+       "width of a SwiGLU every token of a MoE layer goes through beside its routed experts "
+       "(a shared expert, as Qwen2-MoE); 0: none",
+       kNonNegative, false},
+      {"moe-shared-expert-gate", &M::moe_shared_expert_gate,
+       "scale the shared expert's output by sigmoid(x . w) of a learned w (Qwen2-MoE)",
+       FieldBound::kAny, false},
+      {"moe-layer-freq", &M::moe_layer_freq,
+       "which layers have experts: N (layer l when l % N == 0) or a list of 0/1 per layer, "
+       "[0,1,1,1]; the others are dense",
+       FieldBound::kAny, false},
   };
   return fields;
 }
@@ -78,6 +102,49 @@ std::string field_json_key(const ModelField& f) {
   std::string key = f.name;
   for (char& c : key) c = c == '-' ? '_' : c;
   return key;
+}
+
+std::vector<bool> moe_layer_pattern(const std::string& freq, int64_t num_layers) {
+  const auto bad = [&](const std::string& why) -> Error {
+    return Error(detail::concat("--moe-layer-freq ", freq, " is invalid: ", why,
+                                "; valid: an integer N >= 1 (layer l has experts when l % N == 0) "
+                                "or a list of 0 and 1, one per layer, like [0,1,1,1]"));
+  };
+  std::vector<bool> moe;
+  if (!freq.empty() && freq.front() == '[') {
+    if (freq.back() != ']') throw bad("the list does not end with ]");
+    std::string item;
+    for (size_t i = 1; i < freq.size(); ++i) {
+      const char ch = freq[i];
+      if (ch == ' ') continue;
+      if (ch != ',' && ch != ']') {
+        item += ch;
+        continue;
+      }
+      if (item != "0" && item != "1") throw bad("'" + item + "' is not 0 or 1");
+      moe.push_back(item == "1");
+      item.clear();
+    }
+    if (static_cast<int64_t>(moe.size()) != num_layers) {
+      throw bad(detail::concat("the list has ", moe.size(), " entries for ", num_layers,
+                               " layers (--num-layers)"));
+    }
+    return moe;
+  }
+  int64_t n = 0;
+  for (const char ch : freq) {
+    if (ch < '0' || ch > '9' || n > (int64_t{1} << 40)) throw bad("it is not a whole number");
+    n = n * 10 + (ch - '0');
+  }
+  if (freq.empty() || n < 1) throw bad("it is not an integer >= 1");
+  for (int64_t l = 0; l < num_layers; ++l) moe.push_back(l % n == 0);
+  return moe;
+}
+
+bool ModelConfig::is_moe_layer(int64_t l) const {
+  if (!is_moe()) return false;
+  if (moe_layer_freq == "1") return true;
+  return moe_layer_pattern(moe_layer_freq, num_layers).at(static_cast<size_t>(l));
 }
 
 RopeSpec ModelConfig::rope() const {
@@ -125,6 +192,7 @@ void ModelConfig::validate() const {
   }
   TANDEM_CHECK(moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff ", moe_aux_loss_coeff,
                " is invalid: it must be >= 0");
+  validate_moe_options();
   TANDEM_CHECK(rotary_base > 1, "--rotary-base ", rotary_base, " is invalid: it must be > 1");
   if (use_rope_scaling) {
     TANDEM_CHECK(rope_scaling_factor >= 1, "--rope-scaling-factor ", rope_scaling_factor,
@@ -137,6 +205,32 @@ void ModelConfig::validate() const {
   }
   TANDEM_CHECK(norm_epsilon > 0, "--norm-epsilon ", norm_epsilon, " is invalid: it must be > 0");
   TANDEM_CHECK(seq_length >= 2, "--seq-length ", seq_length, " is invalid: need at least 2");
+}
+
+void ModelConfig::validate_moe_options() const {
+  TANDEM_CHECK(moe_ffn_hidden_size >= 0, "--moe-ffn-hidden-size ", moe_ffn_hidden_size,
+               " is invalid: use 0 for --ffn-hidden-size or a positive width");
+  TANDEM_CHECK(moe_shared_expert_intermediate_size >= 0, "--moe-shared-expert-intermediate-size ",
+               moe_shared_expert_intermediate_size,
+               " is invalid: use 0 for no shared expert or a positive width");
+  TANDEM_CHECK(!moe_shared_expert_gate || moe_shared_expert_intermediate_size > 0,
+               "--moe-shared-expert-gate gates a shared expert, and there is none: set "
+               "--moe-shared-expert-intermediate-size");
+  if (!is_moe()) {
+    // Settings of the experts mean nothing without them: a mistake, not a no-op.
+    const char* moe_only = moe_ffn_hidden_size > 0                      ? "--moe-ffn-hidden-size"
+                           : moe_shared_expert_intermediate_size > 0    ? "--moe-shared-expert-intermediate-size"
+                           : moe_router_pre_softmax                     ? "--moe-router-pre-softmax"
+                           : moe_layer_freq != "1"                      ? "--moe-layer-freq"
+                                                                        : nullptr;
+    TANDEM_CHECK(moe_only == nullptr, moe_only, " is set for a dense model (--num-experts 0): "
+                 "set --num-experts, or leave it out");
+    return;
+  }
+  const std::vector<bool> pattern = moe_layer_pattern(moe_layer_freq, num_layers);
+  TANDEM_CHECK(std::find(pattern.begin(), pattern.end(), true) != pattern.end(),
+               "--moe-layer-freq ", moe_layer_freq,
+               " makes every layer dense: give at least one MoE layer, or use --num-experts 0");
 }
 
 void TrainConfig::validate(int64_t data_parallel_size) const {

@@ -38,6 +38,10 @@ struct RopeSpec {
 // below original / high_freq_factor kept, interpolated between). Both backends rotate by these.
 std::vector<double> rope_inv_freq(const RopeSpec& rope, int64_t head_dim);
 
+// Which layers of `num_layers` have experts, from a --moe-layer-freq value ("N" or "[0,1,...]");
+// throws tandem::Error naming the value and what is valid.
+std::vector<bool> moe_layer_pattern(const std::string& freq, int64_t num_layers);
+
 struct ModelConfig {
   int64_t vocab_size = 256;
   int64_t hidden_size = 256;
@@ -59,8 +63,36 @@ struct ModelConfig {
   int64_t seq_length = 128;
   // --kv-channels: the head dim D of q, k and v; 0: hidden_size / num_attention_heads.
   int64_t kv_channels = 0;
+  // --qk-layernorm: RMSNorm of each head of q and of k (gains [D]) before RoPE (Qwen3).
+  bool qk_layernorm = false;
+  // --add-qkv-bias: biases on the q, k and v products (Qwen2).
+  bool add_qkv_bias = false;
+  // --moe-ffn-hidden-size: each routed expert's SwiGLU width; 0: ffn-hidden-size. The dense
+  // layers of a MoE model keep ffn-hidden-size.
+  int64_t moe_ffn_hidden_size = 0;
+  // --moe-router-pre-softmax: the routing weights are the softmax over all experts at the k
+  // chosen, not renormalised (transformers' norm_topk_prob false); off: the softmax over the k
+  // chosen logits (Mixtral; norm_topk_prob true).
+  bool moe_router_pre_softmax = false;
+  // --moe-shared-expert-intermediate-size: the width of a SwiGLU every token of a MoE layer
+  // goes through beside its routed experts (Qwen2-MoE); 0: none.
+  int64_t moe_shared_expert_intermediate_size = 0;
+  // --moe-shared-expert-gate: the shared expert's output scaled by sigmoid(n2 . w), w: [H]
+  // (Qwen2-MoE's shared_expert_gate).
+  bool moe_shared_expert_gate = false;
+  // --moe-layer-freq: which layers are MoE (the rest dense, of width ffn-hidden-size): "N",
+  // layer l is MoE when l % N == 0 (Megatron's 1:N); or a list of 0/1 a layer, "[0,1,1,1]".
+  std::string moe_layer_freq = "1";
 
   bool is_moe() const { return num_experts > 0; }
+  // Whether layer l (of the whole model) has experts; parses moe_layer_freq (validate() has
+  // checked it).
+  bool is_moe_layer(int64_t l) const;
+  // The routed experts' SwiGLU width.
+  int64_t expert_ffn_size() const {
+    return moe_ffn_hidden_size > 0 ? moe_ffn_hidden_size : ffn_hidden_size;
+  }
+  bool has_shared_expert() const { return is_moe() && moe_shared_expert_intermediate_size > 0; }
   int64_t head_dim() const {
     return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
   }
@@ -69,6 +101,9 @@ struct ModelConfig {
   int64_t kv_width() const { return num_query_groups * head_dim(); }
   // Throws tandem::Error naming the first value that does not fit.
   void validate() const;
+
+ private:
+  void validate_moe_options() const;
 };
 
 // Note [One table of model fields]: every ModelConfig field is spelled once, in model_fields():
@@ -78,7 +113,9 @@ struct ModelConfig {
 enum class FieldBound : uint8_t { kAny, kNonNegative, kPositive };
 struct ModelField {
   const char* name;
-  std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*> member;
+  std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*,
+               std::string ModelConfig::*>
+      member;
   const char* help;
   FieldBound bound = FieldBound::kAny;
   // False for fields a checkpoint may lack (written before the field existed): they then take

@@ -370,6 +370,7 @@ ModelConfig model_config_from_json(const Json& j, const std::string& where) {
           using T = std::remove_reference_t<decltype(m.*member)>;
           if constexpr (std::is_same_v<T, bool>) m.*member = f.boolean(key);
           else if constexpr (std::is_same_v<T, double>) m.*member = f.number(key);
+          else if constexpr (std::is_same_v<T, std::string>) m.*member = f.string(key);
           else m.*member = f.integer(key);
         },
         field.member);
