@@ -64,7 +64,7 @@ class ConfigReader {
   std::string source_;
 };
 
-// Settings of the HF classes that would change the equations of MODEL.md.
+// Settings of the HF classes that would change the equations of docs/model.md.
 void reject_unsupported(const ConfigReader& r, const ModelConfig& m, const std::string& type) {
   if (r.boolean("tie_word_embeddings", false)) {
     r.fail("tie_word_embeddings", "is true; tandem's lm_head is not tied to the embeddings");

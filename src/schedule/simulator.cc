@@ -6,7 +6,7 @@
 //    and the node it reads from has ended (one dependency per data edge, across streams).
 //  - F runs the stage's nodes in order, B/I in reverse (a node's I, then its W when the
 //    backward is full); W runs the weight halves. FB interleaves a forward layer with a backward
-//    layer per DESIGN.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all
+//    layer per docs/design.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all
 //    of one half overlaps matrix work of the other; FF interleaves two forwards' layers the same
 //    way (kForwardsMoe). Under uniform costs the pair is one unit:
 //    both halves start once both inputs are there (as the executor, which receives both before
@@ -64,8 +64,8 @@ struct PairStep {
   enum class Half : uint8_t { kF, kB } half;
   int32_t pos;  // node position within the layer
 };
-// DESIGN.md, Combined 1F1B per layer pair (MoE positions: attention 0, dispatch 1, experts 2,
-// combine 3). Compute stream: attn.f, experts.b(+w), experts.f, attn.b; comm stream:
+// docs/design.md "Combined 1F1B", per layer pair (MoE positions: attention 0, dispatch 1,
+// experts 2, combine 3). Compute stream: attn.f, experts.b(+w), experts.f, attn.b; comm stream:
 // combine.b, dispatch.f, dispatch.b, combine.f.
 constexpr std::array<PairStep, 8> kPairMoe = {{{PairStep::Half::kB, 3},
                                                {PairStep::Half::kF, 0},
