@@ -56,10 +56,10 @@ double seconds_since(Clock::time_point start) {
 // enqueuing it (ncclInProgress), and the next call must wait for that; the wait is short (tens
 // of microseconds), but it is on the host's path to the GPU: nothing else is issued meanwhile.
 // A sleep, however short it asks for, lasts at least the kernel's timer slack (~55 us on
-// Linux), and a dispatch makes three calls: sleeping from the first poll cost the host ~0.2 ms
-// a dispatch, and the GPU idled behind it (an EP2 trace showed a fifth of the combined step's
-// time uncovered). So the first kSpin of a wait polls without sleeping (yielding the core),
-// and only a longer wait backs off: 50 us, 100 us, ... up to 500 us between polls.
+// Linux), and a dispatch makes three calls: sleeping from the first poll would cost the host
+// a few hundred microseconds a dispatch, and the GPU would idle behind it. So the first kSpin
+// of a wait polls without sleeping (yielding the core), and only a longer wait backs off:
+// 50 us, 100 us, ... up to 500 us between polls.
 class Backoff {
  public:
   void pause() {

@@ -59,7 +59,7 @@
 // peer keeps the peer waiting for its input gradient only. On 2 H200s (shape (b), EP2, random
 // tokens, two runs each in one call) the exposed all-to-all went from 9.7 / 11.5% and 9.9 /
 // 10.4% (rank 0 / 1, weights on the chain) to 9.0 / 8.3% and 8.9 / 9.0%, tokens/s +0.5%. (An
-// earlier session had kept them on the chain inside pairs: beside the all-to-all they took
+// earlier version had kept them on the chain inside pairs: beside the all-to-all they took
 // 10-40% longer. They do, but the chain is shorter. Deferring them to after experts.fwd(f)
 // instead left dispatch.fwd(f) less cover and measured worse: 9.7-10.4 / 12.5-13.3%.) It is
 // also what the simulator has always assumed (a backward node's successor starts at the end of

@@ -41,8 +41,9 @@
 //    computes the gradient norm (a read of every f32 gradient at the memory bandwidth) and,
 //    unless deferred, updates its weights (at update_s_per_param each); full_step_s adds both,
 //    the plan's figure for a run's step_seconds. Not modelled: the host's waits at the step's
-//    end (losses and norm read back, the norm's all-reduce), about 1 ms on one H200.
-//  - Memory (Note [Memory accounting] in docs/schedules.md): a node's saved bytes are held from
+//    end (losses and norm read back, the norm's all-reduce); a node-times file's measured
+//    step end includes them.
+//  - Memory (docs/schedules.md "Memory accounting"): a node's saved bytes are held from
 //    the end of its forward to the end of its backward, or of its W when the backward is split
 //    (nodes without weights: to the end of their I). A stage's output is held from the end of
 //    its forward (or input-gradient) until its SEND ends or the next stage on the same rank has
