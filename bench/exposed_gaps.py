@@ -130,8 +130,9 @@ def analyse(rank, top):
 
 
 def reduce_summary(rank):
-    """The gradient all-reduces beside the backward (the reduce track, Note [Gradients reduced
-    beside the backward]): their time, and how much of it ran after the last compute node."""
+    """The gradient all-reduces beside the backward (the reduce track,
+    Note [Gradients reduced beside the backward]): their time, and how much of it ran after the
+    last compute node."""
     spans = rank["spans"]
     reduces = merge([(b, e) for t, _, b, e in spans if t == "reduce"])
     if not reduces:

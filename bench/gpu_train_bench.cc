@@ -1,5 +1,5 @@
 // One-GPU training throughput of tandem, printed as one 'RESULT {json}' line in the same form
-// as ../shared/peers/torch_peer.py so that bench/run_gpu_bench.sh can set them side by side.
+// as the PyTorch peer (torch_peer.py) so that bench/gpu_suite.sh can set them side by side.
 // Options take torch_peer.py's names. Random tokens (like the peer), fp32 master weights, bf16
 // activations; the full step: forward, backward, clipping, AdamW.
 //

@@ -1,10 +1,16 @@
 // The tandem program: train, plan, generate, convert. Only this file turns errors into exit
-// codes: 0 success, 2 bad input (a tandem::Error or a command-line parse error), 1 anything else.
+// codes: 0 success; 2 bad input, a tandem::Error or a command-line parse error
+// (Note [Exit codes] in cli/options.cc); 1 an internal error, a tandem::InternalError (printed
+// with the file and line that detected it) or any other exception.
 #include <CLI/CLI.hpp>
 
 #include <cstdio>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
+#include <functional>
 #include <iostream>
+#include <string>
 
 #include "cli/commands.h"
 #include "comm/mpi_communicator.h"
@@ -12,7 +18,23 @@
 
 namespace {
 
+// Test hook: TANDEM_TEST_ERROR=internal (or =user) makes the program fail that way before it
+// reads its command line; with ",rank=R" only on world rank R under mpirun, while the others
+// go on and wait for it (tests/cli/test_exit_codes.cc, tests/dist/test_tandem_mpi.cc).
+void fail_if_a_test_asks() {
+  const char* spec = std::getenv("TANDEM_TEST_ERROR");
+  if (spec == nullptr || *spec == '\0') return;
+  const std::string kind(spec, std::strcspn(spec, ","));
+  if (const char* rank = std::strstr(spec, ",rank=")) {
+    const char* mine = std::getenv("OMPI_COMM_WORLD_RANK");
+    if (mine == nullptr || std::atoi(mine) != std::atoi(rank + 6)) return;
+  }
+  if (kind == "internal") TANDEM_INTERNAL_ERROR("TANDEM_TEST_ERROR=", spec, " asks for this");
+  TANDEM_CHECK(kind != "user", "TANDEM_TEST_ERROR=", spec, " asks for this");
+}
+
 int run(int argc, char** argv) {
+  fail_if_a_test_asks();
   CLI::App app{"tandem: trains Mixture-of-Experts transformers with pipeline, expert and data "
                "parallelism and the combined 1F1B schedule"};
   app.require_subcommand(1);
@@ -33,16 +55,31 @@ int run(int argc, char** argv) {
   } catch (const CLI::ParseError& e) {
     app.exit(e);  // prints CLI11's message and usage hint to stderr
     return 2;
+  }
+  return 0;
+}
+
+// Runs fn; what it throws becomes a message on stderr and an exit code.
+int exit_code_of(const std::function<int()>& fn) {
+  try {
+    return fn();
   } catch (const tandem::Error& e) {
     std::fflush(stdout);
     std::cerr << "tandem: error: " << e.what() << "\n";
     return 2;
+  } catch (const tandem::InternalError& e) {
+    std::fflush(stdout);
+    std::cerr << "tandem: internal error at " << e.what() << "\n";
+    return 1;
   } catch (const std::exception& e) {
     std::fflush(stdout);
     std::cerr << "tandem: internal error: " << e.what() << "\n";
     return 1;
+  } catch (...) {
+    std::fflush(stdout);
+    std::cerr << "tandem: internal error: an exception of unknown type\n";
+    return 1;
   }
-  return 0;
 }
 
 }  // namespace
@@ -51,9 +88,12 @@ int run(int argc, char** argv) {
 // the same exit code), so no rank is left waiting for one that has stopped.
 int main(int argc, char** argv) {
   const bool under_mpi = tandem::comm::launched_by_mpirun();
-  if (under_mpi) tandem::comm::mpi_initialize(&argc, &argv);
-  const int code = run(argc, argv);
-  if (under_mpi) {
+  bool mpi_up = false;
+  const int code = exit_code_of([&] {
+    if (under_mpi) mpi_up = tandem::comm::mpi_initialize(&argc, &argv);
+    return run(argc, argv);
+  });
+  if (mpi_up) {
     if (code != 0) tandem::comm::mpi_abort(code);
     tandem::comm::mpi_finalize();
   }

@@ -758,7 +758,7 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   // Note [Deferred update by default]: with expert parallelism on GPUs and the all-to-all on a
   // stream of its own, the update covers the first forward's all-to-all (on 2 H200s the exposed
   // share fell from a median of 15.5% to 9.7%, tokens/s unchanged; bench/results/gpu_multi.md,
-  // eleventh session); the values are bitwise the same either way. Elsewhere there is nothing
+  // two GPUs); the values are bitwise the same either way. Elsewhere there is nothing
   // for it to cover, so it stays off. A value given anywhere (command line, --config) wins.
   const auto defer = origins.find("defer-optimizer");
   if (defer == origins.end() || defer->second.source == Origin::Source::kDefault) {

@@ -37,7 +37,8 @@ struct RunOptions {
   double comm_timeout_s = 120;   // --comm-timeout: bound on every wait for another rank
 };
 
-// Registers every run option on `app`, bound into `opts`, with MODEL.md's demo defaults.
+// Registers every run option on `app`, bound into `opts`, with its default (the model's:
+// docs/model.md "Hyper-parameters").
 void add_run_options(CLI::App& app, RunOptions& opts);
 
 // After app.parse(): fills in what the --config file sets and the command line did not, then

@@ -81,8 +81,8 @@ void check_same_config(comm::Communicator& world, const RunOptions& o) {
 // Test-only fault injection, TANDEM_FAULT="rank=R,iter=I,mode=exit|hang|nan": rank R dies or
 // hangs before step I, so tests can show that the other ranks stop with an error instead of
 // hanging; or (nan) the first gradient element of rank R's first stage becomes NaN after step I's
-// gradient reduction, a copy the other ranks do not see (Note [Non-finite steps on several
-// ranks] in runtime/distributed.cc).
+// gradient reduction, a copy the other ranks do not see
+// (Note [Non-finite steps on several ranks] in runtime/distributed.cc).
 struct Fault {
   int rank = -1;
   int64_t iteration = -1;

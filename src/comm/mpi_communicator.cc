@@ -17,14 +17,20 @@
 namespace tandem::comm {
 namespace {
 
-void mpi_check(int rc, const char* what) {
-  if (rc == MPI_SUCCESS) return;
+// MPI's text for a failed call's return code.
+std::string mpi_error_text(int rc) {
   char msg[MPI_MAX_ERROR_STRING];
   int len = 0;
   MPI_Error_string(rc, msg, &len);
-  throw Error(detail::concat("MPI call ", what, " failed: ", std::string(msg, len)));
+  return std::string(msg, len);
 }
-#define TANDEM_MPI_CHECK(call) mpi_check((call), #call)
+// Throws tandem::InternalError naming the call and MPI's text unless it returned MPI_SUCCESS.
+#define TANDEM_MPI_CHECK(call)                                                              \
+  do {                                                                                      \
+    const int tandem_mpi_rc_ = (call);                                                      \
+    if (tandem_mpi_rc_ != MPI_SUCCESS)                                                      \
+      TANDEM_INTERNAL_ERROR("MPI call ", #call, " failed: ", mpi_error_text(tandem_mpi_rc_)); \
+  } while (false)
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {

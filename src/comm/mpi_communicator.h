@@ -1,7 +1,7 @@
 // The MPI backend of Communicator for CPU tensors (Open MPI). MPI is initialised once per
 // process with MPI_THREAD_SERIALIZED: one thread at a time calls MPI, which the executor keeps by
-// issuing every communication on its communication stream. Waits are bounded (Note [Bounded
-// waits] in communicator.h): nonblocking calls polled against a deadline.
+// issuing every communication on its communication stream. Waits are bounded
+// (Note [Bounded waits] in communicator.h): nonblocking calls polled against a deadline.
 #pragma once
 
 #include <memory>

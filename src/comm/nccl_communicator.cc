@@ -21,14 +21,16 @@
 namespace tandem::comm {
 namespace {
 
-// Throws tandem::Error naming the call and NCCL's error text unless `status` is ncclSuccess or
-// ncclInProgress: a non-blocking communicator still at work (settled by watch()).
-void nccl_check(ncclResult_t status, const char* call) {
-  if (status == ncclSuccess || status == ncclInProgress) return;
-  throw Error(detail::concat("NCCL call ", call, " failed: ", ncclGetErrorString(status), " (",
-                             ncclGetLastError(nullptr), ")"));
-}
-#define TANDEM_NCCL_CHECK(call) nccl_check((call), #call)
+// Throws tandem::InternalError naming the call and NCCL's error text unless `status` is
+// ncclSuccess or ncclInProgress: a non-blocking communicator still at work (settled by watch()).
+#define TANDEM_NCCL_CHECK(call)                                                              \
+  do {                                                                                       \
+    const ncclResult_t tandem_nccl_status_ = (call);                                         \
+    if (tandem_nccl_status_ != ncclSuccess && tandem_nccl_status_ != ncclInProgress)         \
+      TANDEM_INTERNAL_ERROR("NCCL call ", #call, " failed: ",                                \
+                            ncclGetErrorString(tandem_nccl_status_), " (",                   \
+                            ncclGetLastError(nullptr), ")");                                 \
+  } while (false)
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
@@ -54,10 +56,10 @@ double seconds_since(Clock::time_point start) {
 // enqueuing it (ncclInProgress), and the next call must wait for that; the wait is short (tens
 // of microseconds), but it is on the host's path to the GPU: nothing else is issued meanwhile.
 // A sleep, however short it asks for, lasts at least the kernel's timer slack (~55 us on
-// Linux), and a dispatch makes three calls: sleeping from the first poll cost the host ~0.2 ms
-// a dispatch, and the GPU idled behind it (an EP2 trace showed a fifth of the combined step's
-// time uncovered). So the first kSpin of a wait polls without sleeping (yielding the core),
-// and only a longer wait backs off: 50 us, 100 us, ... up to 500 us between polls.
+// Linux), and a dispatch makes three calls: sleeping from the first poll would cost the host
+// a few hundred microseconds a dispatch, and the GPU would idle behind it. So the first kSpin
+// of a wait polls without sleeping (yielding the core), and only a longer wait backs off:
+// 50 us, 100 us, ... up to 500 us between polls.
 class Backoff {
  public:
   void pause() {
@@ -75,11 +77,13 @@ class Backoff {
   std::chrono::microseconds pause_{50};
 };
 
-// True once the work `query` asks about is done; throws on a CUDA error.
+// True once the work `query` asks about is done; throws tandem::InternalError on a CUDA error.
 bool cuda_done(cudaError_t status, const char* call) {
   if (status == cudaErrorNotReady) return false;
-  TANDEM_CHECK(status == cudaSuccess, "CUDA call ", call, " failed: ", cudaGetErrorName(status),
-               " (", cudaGetErrorString(status), ")");
+  if (status != cudaSuccess) {
+    TANDEM_INTERNAL_ERROR("CUDA call ", call, " failed: ", cudaGetErrorName(status), " (",
+                          cudaGetErrorString(status), ")");
+  }
   return true;
 }
 
@@ -174,15 +178,19 @@ void NcclCommunicator::initialize() {
       TANDEM_NCCL_CHECK(ncclGetUniqueId(&id));
       message.data<int64_t>()[0] = 1;
       std::memcpy(message.data<int64_t>() + 1, &id, sizeof(id));
-    } catch (const Error& e) {
+    } catch (const std::exception& e) {  // sent on below, so that no rank waits for rank 0
       root_error = e.what();
     }
   }
   mpi_->broadcast(message, 0);
-  TANDEM_CHECK(root_error.empty(), "rank 0 of NCCL group '", name_,
-               "' could not make the NCCL unique id: ", root_error);
-  TANDEM_CHECK(message.data<int64_t>()[0] == 1, "rank ", rank_, " of NCCL group '", name_,
-               "': rank 0 could not make the NCCL unique id (its own error says why)");
+  if (!root_error.empty()) {
+    TANDEM_INTERNAL_ERROR("rank 0 of NCCL group '", name_,
+                          "' could not make the NCCL unique id: ", root_error);
+  }
+  if (message.data<int64_t>()[0] != 1) {
+    TANDEM_INTERNAL_ERROR("rank ", rank_, " of NCCL group '", name_,
+                          "': rank 0 could not make the NCCL unique id (its own error says why)");
+  }
   std::memcpy(&id, message.data<int64_t>() + 1, sizeof(id));
 
   ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
@@ -193,7 +201,9 @@ void NcclCommunicator::initialize() {
   if (status != ncclSuccess && status != ncclInProgress) {
     if (comm_ != nullptr) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
-    nccl_check(status, "ncclCommInitRankConfig(&comm, size, id, rank, &config)");
+    TANDEM_INTERNAL_ERROR("NCCL call ncclCommInitRankConfig(&comm, size, id, rank, &config) "
+                          "failed: ", ncclGetErrorString(status), " (", ncclGetLastError(nullptr),
+                          ")");
   }
   TANDEM_CHECK(comm_ != nullptr, "NCCL group '", name_, "': ncclCommInitRankConfig returned ",
                ncclGetErrorString(status), " without a communicator");

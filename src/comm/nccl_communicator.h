@@ -122,8 +122,8 @@ class NcclCommunicator final : public Communicator {
   ncclComm* comm_ = nullptr;  // null once aborted (ncclCommAbort frees it)
   std::string last_op_ = "none";
   std::string abort_reason_;
-  // Aborts this communicator when a host wait for the GPU runs past its limit (Note [Bounded
-  // waits on the GPU] in core/cuda/wait.h); 0 until registered.
+  // Aborts this communicator when a host wait for the GPU runs past its limit
+  // (Note [Bounded waits on the GPU] in core/cuda/wait.h); 0 until registered.
   int abort_hook_ = 0;
 };
 

@@ -1,4 +1,4 @@
-// Run configuration: the model (MODEL.md), training and parallel layout. Plain data with
+// Run configuration: the model (docs/model.md), training and parallel layout. Plain data with
 // validation that names the bad value and what is valid. It lives in core, not model, because
 // the planner (src/schedule) needs it and must not depend on the model's code.
 #pragma once

@@ -1,15 +1,41 @@
-// Invariant failures print where they happened and abort; they are bugs, not user errors.
+// InternalError: where a bug or a failed library call was detected, with the file named from the
+// repository's top (src/core/tensor.cc), however the build spelled __FILE__.
 #include "core/error.h"
 
-#include <cstdio>
-#include <cstdlib>
+namespace tandem {
+namespace {
 
-namespace tandem::detail {
-
-void assert_fail(const char* cond, const char* file, int line, const std::string& msg) {
-  std::fprintf(stderr, "tandem: internal invariant broken at %s:%d: %s %s\n", file, line, cond,
-               msg.c_str());
-  std::abort();
+// "/work/tandem/src/core/tensor.cc" and "../src/core/tensor.cc" -> "src/core/tensor.cc": the
+// part from the last top-level folder of the repository that holds code.
+std::string repository_path(const char* file) {
+  const std::string path = file;
+  size_t best = std::string::npos;
+  for (const char* top : {"src/", "tests/", "bench/", "fuzz/"}) {
+    for (size_t at = path.find(top); at != std::string::npos; at = path.find(top, at + 1)) {
+      if (at == 0 || path[at - 1] == '/') {
+        if (best == std::string::npos || at > best) best = at;
+      }
+    }
+  }
+  return best == std::string::npos ? path : path.substr(best);
 }
 
-}  // namespace tandem::detail
+}  // namespace
+
+InternalError::InternalError(const char* file, int line, const char* function,
+                             const std::string& message)
+    : std::runtime_error(repository_path(file) + ":" + std::to_string(line) + ": " + message +
+                         " (in " + function + ")"),
+      file_(repository_path(file)),
+      function_(function),
+      message_(message),
+      line_(line) {}
+
+namespace detail {
+
+void throw_internal(const char* file, int line, const char* function, const std::string& message) {
+  throw InternalError(file, line, function, message);
+}
+
+}  // namespace detail
+}  // namespace tandem

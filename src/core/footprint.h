@@ -10,8 +10,8 @@
 
 namespace tandem {
 
-// The schedule nodes of DESIGN.md. A MoE layer is attention, dispatch, experts, combine; a dense
-// layer is attention, mlp. embed opens the first stage, loss closes the last.
+// The schedule nodes (docs/design.md "Nodes"). A MoE layer is attention, dispatch, experts,
+// combine; a dense layer is attention, mlp. embed opens the first stage, loss closes the last.
 enum class NodeKind : uint8_t { kEmbed, kAttention, kDispatch, kExperts, kCombine, kMlp, kLoss };
 constexpr int kNumNodeKinds = 7;
 std::string_view node_kind_name(NodeKind kind);

@@ -43,9 +43,9 @@ void write_file_atomic(const std::string& path, std::string_view contents);
 // The whole file at `path`; throws naming the file when it is missing or above max_bytes.
 std::string read_file(const std::string& path, int64_t max_bytes = int64_t{1} << 30);
 
-// How commit() puts the new directory in place of an existing one (Note [Atomic directory
-// write]): one atomic exchange where the filesystem supports it (falling back otherwise), or
-// always the rename-aside sequence.
+// How commit() puts the new directory in place of an existing one
+// (Note [Atomic directory write]): one atomic exchange where the filesystem supports it (falling
+// back otherwise), or always the rename-aside sequence.
 enum class DirSwap { kExchangeIfSupported, kRenameAside };
 
 // Note [Atomic directory write].
@@ -72,8 +72,9 @@ class AtomicDirWriter {
   bool committed_ = false;
 };
 
-// Repairs what a crash during AtomicDirWriter::commit() can leave (Note [Atomic directory
-// write]). Call it only while no writer for `final_dir` is running (e.g. at startup).
+// Repairs what a crash during AtomicDirWriter::commit() can leave
+// (Note [Atomic directory write]). Call it only while no writer for `final_dir` is running (e.g. at
+// startup).
 void recover_atomic_dir(const std::string& final_dir);
 
 // fsync on a file or directory; throws naming the path on failure.

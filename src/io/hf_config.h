@@ -1,7 +1,7 @@
-// Hugging Face config.json for the model of MODEL.md: MixtralForCausalLM when experts are on,
+// Hugging Face config.json for the model of docs/model.md: MixtralForCausalLM when experts are on,
 // LlamaForCausalLM when they are off, so a tandem checkpoint loads unchanged in `transformers`.
 // Reading accepts what those classes accept for this model family (keys absent take the HF
-// class's default) and rejects any setting the equations of MODEL.md do not cover.
+// class's default) and rejects any setting the equations of docs/model.md do not cover.
 #pragma once
 
 #include <string>

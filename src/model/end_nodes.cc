@@ -54,9 +54,9 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   const int64_t n = c.tokens(), h = cfg.hidden_size;
   a.x = x;  // (N, H)
   adopt_as_activation(a.x);  // Note [Hand-over]
-  // Training with the fused LM head, nf is an op temporary (Note [Loss gradient in the
-  // forward]): counted as one, as the planner counts it (the loss forward's workspace), so the
-  // activation peak does not hold it beside d_nf.
+  // Training with the fused LM head, nf is an op temporary
+  // (Note [Loss gradient in the forward]): counted as one, as the planner counts it (the loss
+  // forward's workspace), so the activation peak does not hold it beside d_nf.
   const bool nf_temporary = c.fused_lm_head && c.grads != nullptr;
   a.nf = (nf_temporary ? work_tensor : saved_tensor)({n, h}, c.dtype, "loss.nf");
   a.rstd = saved_tensor({n}, c.stat_dtype(), "loss.rstd");

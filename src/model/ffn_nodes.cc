@@ -48,7 +48,8 @@ static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, con
     ops::linear_forward(gate_up.narrow_rows(begin, rows), s.x_in.narrow_rows(begin, rows),
                         w.e_gate_up[e]);
   });
-  if (s.x_in.size(0) > 0) ops::swiglu_forward(act, gate_up);  // Note [One elementwise op ...]
+  // Every expert's rows in one call (Note [One elementwise op for all experts]).
+  if (s.x_in.size(0) > 0) ops::swiglu_forward(act, gate_up);
 }
 
 // Note [Recomputed experts]: with NodeContext::recompute_experts the experts keep only their
@@ -111,7 +112,8 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
     ops::linear_backward_input(d_act.narrow_rows(begin, rows), s.d_y.narrow_rows(begin, rows),
                                w.e_down[e]);
   });
-  if (r > 0) ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);  // Note [One ...]
+  // Every expert's rows in one call (Note [One elementwise op for all experts]).
+  if (r > 0) ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);
   for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_backward_input(a.d_expert_in.narrow_rows(begin, rows),
                                s.d_gate_up.narrow_rows(begin, rows), w.e_gate_up[e]);

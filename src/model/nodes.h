@@ -1,8 +1,8 @@
-// The schedule nodes of a transformer layer and of a chunk's ends (DESIGN.md "Nodes"): each has
-// forward, backward (input gradient) and backward_weights (matrix gradients, for W-split
+// The schedule nodes of a transformer layer and of a chunk's ends (docs/design.md "Nodes"): each
+// has forward, backward (input gradient) and backward_weights (matrix gradients, for W-split
 // schedules). Data flows between the nodes of a layer through LayerActs; each node's saved
-// state is its own struct, sized exactly as core/footprint.h says, and released (Note [Early
-// release]) as soon as the node's backward and weight backward have run.
+// state is its own struct, sized exactly as core/footprint.h says, and released
+// (Note [Early release]) as soon as the node's backward and weight backward have run.
 //
 // Note [Activation categories]: tensors a forward leaves for a backward are kActivation (each
 // is held by exactly one node, so the activation bytes in use are the sum of the live nodes'
@@ -133,9 +133,9 @@ void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeC
 // With EP > 1, dispatch sends each expert's rows to the rank holding it (counts first, then
 // rows) and orders what arrives by local expert; combine does the reverse, then the weighted sum.
 void dispatch_forward(LayerActs& a, const NodeContext& c);
-// The first part of dispatch's forward, which may run earlier (Note [Counts ahead of the
-// rows] in moe_exchange.cc): the exchange of routing counts and the start of their read to the
-// host. dispatch_forward runs it itself when it has not run.
+// The first part of dispatch's forward, which may run earlier
+// (Note [Counts ahead of the rows] in moe_exchange.cc): the exchange of routing counts and the
+// start of their read to the host. dispatch_forward runs it itself when it has not run.
 void dispatch_exchange_counts(LayerActs& a, const NodeContext& c);
 void dispatch_backward(LayerActs& a, const NodeContext& c);
 void combine_forward(LayerActs& a, const NodeContext& c);

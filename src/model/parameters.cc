@@ -1,4 +1,4 @@
-// Parameter registry, flat buffers and MODEL.md's initialisation.
+// Parameter registry, flat buffers and initialisation (docs/model.md "Initialisation").
 #include "model/parameters.h"
 
 #include <algorithm>

@@ -1,6 +1,7 @@
 // The weights of one model chunk (a range of layers, the embedding on the first stage, the head
 // on the last, a range of experts), carved from one allocation per kind (parameters, gradients,
-// Adam moments) so their lifetimes are obvious. Names and layouts are Hugging Face's (MODEL.md).
+// Adam moments) so their lifetimes are obvious. Names and layouts are Hugging Face's
+// (docs/model.md "Checkpoint names").
 #pragma once
 
 #include <cstdint>
@@ -48,8 +49,8 @@ struct LayerWeights {
   // MoE, local experts (the chunk's places, in order): w1 (gate) over w3 (up), [2F, H], and w2
   // (down), [H, F].
   std::vector<Tensor> e_gate_up, e_down;
-  // MoE with the layer's experts out of order: [E] i32, each expert's place (Note [Expert
-  // placement]); undefined when expert e is at place e.
+  // MoE with the layer's experts out of order: [E] i32, each expert's place
+  // (Note [Expert placement]); undefined when expert e is at place e.
   Tensor expert_slot;
 };
 
@@ -95,7 +96,7 @@ class Parameters {
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
 
-  // MODEL.md's initialisation, each tensor drawn from a stream keyed by (seed, name), so any
+  // docs/model.md's initialisation, each tensor drawn from a stream keyed by (seed, name), so any
   // chunk or expert range of the model gets the same values as the whole model.
   void initialize(uint64_t seed);
   // Copies every master weight from `other` (same entries; any device); refreshes the copy.

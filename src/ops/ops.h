@@ -1,8 +1,9 @@
 // Every op of the model, forward and backward, one declaration each; the device of the tensors
-// picks the backend (cpu/ now; cuda/ later). Ops never allocate their outputs: callers pass them.
-// Argument order: outputs, inputs, then scalars. Float tensors are f32 or f64 (all of one op's
-// float tensors share a dtype); index tensors are i32. Activations are row-major [N, C] with
-// N = batch * seq tokens, token n at position n % seq of sequence n / seq.
+// picks the backend (cpu/ the reference kernels, cuda/ the GPU's). Ops never allocate their
+// outputs: callers pass them. Argument order: outputs, inputs, then scalars. Float tensors are
+// f32 or f64 on the CPU (all of one op's float tensors share a dtype) and bf16 or f32 on the GPU
+// (per tensor: docs/cuda.md "Op dtypes"); index tensors are i32. Activations are row-major [N, C]
+// with N = batch * seq tokens, token n at position n % seq of sequence n / seq.
 // Weights are stored as Hugging Face does, [out, in]: y = x @ W^T.
 #pragma once
 

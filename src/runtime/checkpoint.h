@@ -2,7 +2,7 @@
 // the training position, written crash-safely, read back with everything validated first.
 //
 // Note [Checkpoint layout]
-//   <save>/iter_NNNNNNN/model.safetensors      weights, MODEL.md's HF names, F32, [out, in]
+//   <save>/iter_NNNNNNN/model.safetensors      weights, HF names (docs/model.md), F32, [out, in]
 //                       config.json            HF config: MixtralForCausalLM or LlamaForCausalLM
 //                       optimizer.safetensors  "<weight name>.exp_avg", "<weight name>.exp_avg_sq"
 //                       trainer_state.json     format + version, iteration, optimizer steps,

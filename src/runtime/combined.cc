@@ -4,7 +4,7 @@
 // of forwards the same way (Note [Paired forwards on streams]).
 //
 // Note [Combined 1F1B on streams]: for a MoE layer pair (forward layer i of f, backward layer
-// n-1-i of b) the issue order is DESIGN.md's:
+// n-1-i of b) the issue order is docs/design.md "Combined 1F1B":
 //   comm: combine.bwd(b) | dispatch.fwd(f) -> dispatch.bwd(b) | combine.fwd(f)
 //   comp: attention.fwd(f) | experts.bwd(b) -> experts.bwd_w(b) -> experts.fwd(f) |
 //   attention.bwd(b)
@@ -15,7 +15,7 @@
 // the two streams' nodes in any interleaving that records an event before issuing a wait for it.
 // The host does block in two places: attention.fwd(f) reads the router's counts, and
 // dispatch.fwd(f) the counts the other ranks send (Note [Routing counts on the host]). Issued as
-// DESIGN.md lists them, the host would wait for f's received counts (behind combine.bwd(b) on the
+// design.md lists them, the host would wait for f's received counts (behind combine.bwd(b) on the
 // communication stream) with nothing queued on the compute stream after attention.fwd(f): the
 // GPU idled for the whole combine.bwd(b) and counts exchange, on every layer pair (about 20 ms a
 // step in a 2-GPU EP trace). So experts.bwd(b) is issued before dispatch.fwd(f): the compute
@@ -23,9 +23,9 @@
 // waits for f's counts. And on the GPU the exchange of f's counts is issued before that, right
 // after attention.fwd(f) (Note [Counts ahead of the rows] in model/moe_exchange.cc): it runs
 // while the host issues b's experts, so the host seldom waits for it at all, and f's rows leave
-// as soon as the communication stream is free. Per stream the order is DESIGN.md's, so results
+// as soon as the communication stream is free. Per stream the order is design.md's, so results
 // are unchanged. On one stream (no overlap) the issue order is the run order, and stays
-// DESIGN.md's, the order the planner's memory model follows (the memory-truth tests, which run
+// design.md's, the order the planner's memory model follows (the memory-truth tests, which run
 // without overlap).
 // The gradient of a parameter is still accumulated micro-batch by micro-batch in the same order,
 // so results are bitwise those of running F then B.
@@ -43,10 +43,10 @@
 // the expert group (Groups::ep2_dev): a half waiting for the slower rank leaves the other half
 // free to go on. Each communicator still sees its operations in the same order on every rank
 // (the host issues the same order everywhere). The halves share only the weights, which they
-// read; of the gradients, the forward half adds the LM head's (Note [Loss gradient in the
-// forward]) and the backward half all the others, each micro-batch in order, so results are
-// bitwise those of kOn and kOff. Each compute stream forks its experts' products onto lanes
-// of its own (Note [Lanes]).
+// read; of the gradients, the forward half adds the LM head's
+// (Note [Loss gradient in the forward]) and the backward half all the others, each micro-batch in
+// order, so results are bitwise those of kOn and kOff. Each compute stream forks its experts'
+// products onto lanes of its own (Note [Lanes]).
 //
 // Note [Weight gradients off the chain]: a node's weight gradient is read by nothing later in
 // the step but the optimizer, so when the streams overlap its successor's event is recorded
@@ -59,7 +59,7 @@
 // peer keeps the peer waiting for its input gradient only. On 2 H200s (shape (b), EP2, random
 // tokens, two runs each in one call) the exposed all-to-all went from 9.7 / 11.5% and 9.9 /
 // 10.4% (rank 0 / 1, weights on the chain) to 9.0 / 8.3% and 8.9 / 9.0%, tokens/s +0.5%. (An
-// earlier session had kept them on the chain inside pairs: beside the all-to-all they took
+// earlier version had kept them on the chain inside pairs: beside the all-to-all they took
 // 10-40% longer. They do, but the chain is shorter. Deferring them to after experts.fwd(f)
 // instead left dispatch.fwd(f) less cover and measured worse: 9.7-10.4 / 12.5-13.3%.) It is
 // also what the simulator has always assumed (a backward node's successor starts at the end of
@@ -165,8 +165,8 @@ void PipelineTrainer::run_combined(const schedule::Action& a, int64_t iteration)
           record_span(is_comm ? "comm" : "compute", kind, fwd, half.action.microbatch, t0);
         },
         {last[k]});
-    // Reduced after the pair, once both streams are done (Note [Gradients reduced beside the
-    // backward]).
+    // Reduced after the pair, once both streams are done
+    // (Note [Gradients reduced beside the backward]).
     if (half.action.kind == ActionKind::kBackward) weight_grad_issued(*half.stage, i);
   };
   auto prepare = [](int, size_t) {};  // the comm worker runs each dispatch whole

@@ -144,8 +144,9 @@ class PipelineTrainer {
   using GradientHook = std::function<void(std::vector<StageRuntime>& stages, int64_t iteration)>;
   void set_after_backward_hook(GradientHook hook) { after_backward_ = std::move(hook); }
   int64_t microbatches_per_rank() const { return num_mb_; }
-  // Whether this run reduces gradients beside the backward (Note [Gradients reduced beside the
-  // backward] in grad_reduce.cc): TrainConfig::overlap_grad_reduce and a group to reduce over.
+  // Whether this run reduces gradients beside the backward
+  // (Note [Gradients reduced beside the backward] in grad_reduce.cc):
+  // TrainConfig::overlap_grad_reduce and a group to reduce over.
   bool grad_reduce_overlapped() const;
   // The last step's measured timeline on this rank, and its communication figures: seconds the
   // all-to-all tasks ran, and seconds the compute stream stood waiting for them (exposed). On
@@ -273,8 +274,8 @@ class PipelineTrainer {
   void prepare_node_on_device(StageRuntime& s, model::MicroBatchState& state,
                               const model::NodeContext& c, size_t i, int32_t mb,
                               DeviceChain& chain, int half = 0);
-  // Records every tensor the layer holds as used on the communication stream (Note [Nodes on
-  // the communication stream] in combined.cc).
+  // Records every tensor the layer holds as used on the communication stream
+  // (Note [Nodes on the communication stream] in combined.cc).
   void record_on_comm(const model::LayerActs& layer, int half);
   // The compute stream waits for the chain's last node (measured when that was an all-to-all).
   void join_chain(const DeviceChain& chain, const std::string& what);

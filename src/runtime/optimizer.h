@@ -1,5 +1,5 @@
 // Learning-rate schedule (linear warm-up, then cosine to min-lr) and AdamW over a chunk's flat
-// fp32 master weights, with global-norm gradient clipping (MODEL.md "optimiser"): the clipping
+// fp32 master weights, with global-norm gradient clipping (docs/model.md "Optimiser"): the clipping
 // coefficient scales the gradients as the step reads them, in the step's one pass.
 #pragma once
 

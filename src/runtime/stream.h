@@ -1,4 +1,4 @@
-// CPU streams and events, the same rules as CUDA's without a GPU (DESIGN.md "Stream safety"):
+// CPU streams and events, the same rules as CUDA's without a GPU (docs/design.md "Stream safety"):
 // a stream runs its tasks in the order enqueued; an event completes when its task has run; a task
 // waits for the events it depends on before it starts. The compute stream runs tasks inline on
 // the calling thread; a worker stream runs them on its own thread, so communication overlaps the

@@ -219,8 +219,8 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
                  " (> 0), got ", v.dump());
     out = v.get<double>();
   };
-  // Note [Deferred update in the plan], Note [The step's end in the plan] and Note [Gradient
-  // reduction in the plan] (simulator.cc).
+  // Note [Deferred update in the plan], Note [The step's end in the plan] and
+  // Note [Gradient reduction in the plan] (simulator.cc).
   positive("update_per_weight", "the deferred update's seconds per weight",
            table.update_s_per_weight);
   positive("step_end_per_weight", "the step's end's seconds per weight",

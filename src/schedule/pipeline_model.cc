@@ -260,8 +260,8 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   pm.overlap_grad_reduce = in.overlap_grad_reduce;
   // Note [Deferred update in the plan]: AdamW reads weight, gradient and two moments (f32) and
   // writes weight and moments, and on the GPU the bf16 copy: 28 or 30 bytes a weight at the
-  // memory bandwidth. (One H200 measured 5.6 ms for 644M weights, 8.6 ps each, where 30 bytes
-  // over the default 4.3e12 B/s give 7.0 ps: this estimate is about 20% fast.)
+  // memory bandwidth. That is a lower bound; a node-times file's measured seconds per weight
+  // replace it.
   pm.defer_optimizer = in.defer_optimizer;
   if (in.cost.kind != CostModelKind::kUniform) {
     const bool measured = in.cost.kind == CostModelKind::kNodeTimes;

@@ -47,8 +47,8 @@ struct StageNode {
 };
 
 // One unit of a stage's gradients, all-reduced over the data-parallel groups in one piece (the
-// runtime's StageRuntime::GradUnit: the embedding, a layer, the head; Note [Gradient reduction
-// in the plan] in simulator.cc).
+// runtime's StageRuntime::GradUnit: the embedding, a layer, the head;
+// Note [Gradient reduction in the plan] in simulator.cc).
 struct GradUnit {
   int32_t layer = -1;          // global layer; -1 for the embedding and the head
   int32_t weighted_nodes = 0;  // the unit's nodes with a weight gradient
@@ -139,8 +139,8 @@ struct PlanInputs {
   bool defer_optimizer = false;
   // Ranks per pipeline stage (comm::ParallelLayout::dp(): the dense part's data-parallel size,
   // expert parallelism carved out of it); 0: the expert-parallel size, no replicas beyond the
-  // expert ranks. Its gradient all-reduce and TrainConfig::overlap_grad_reduce: Note [Gradient
-  // reduction in the plan] in simulator.cc.
+  // expert ranks. Its gradient all-reduce and TrainConfig::overlap_grad_reduce:
+  // Note [Gradient reduction in the plan] in simulator.cc.
   int64_t data_parallel_size = 0;
   bool overlap_grad_reduce = true;
 };

@@ -6,7 +6,7 @@
 //    and the node it reads from has ended (one dependency per data edge, across streams).
 //  - F runs the stage's nodes in order, B/I in reverse (a node's I, then its W when the
 //    backward is full); W runs the weight halves. FB interleaves a forward layer with a backward
-//    layer per DESIGN.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all
+//    layer per docs/design.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all
 //    of one half overlaps matrix work of the other; FF interleaves two forwards' layers the same
 //    way (kForwardsMoe). Under uniform costs the pair is one unit:
 //    both halves start once both inputs are there (as the executor, which receives both before
@@ -41,8 +41,9 @@
 //    computes the gradient norm (a read of every f32 gradient at the memory bandwidth) and,
 //    unless deferred, updates its weights (at update_s_per_param each); full_step_s adds both,
 //    the plan's figure for a run's step_seconds. Not modelled: the host's waits at the step's
-//    end (losses and norm read back, the norm's all-reduce), about 1 ms on one H200.
-//  - Memory (Note [Memory accounting] in docs/schedules.md): a node's saved bytes are held from
+//    end (losses and norm read back, the norm's all-reduce); a node-times file's measured
+//    step end includes them.
+//  - Memory (docs/schedules.md "Memory accounting"): a node's saved bytes are held from
 //    the end of its forward to the end of its backward, or of its W when the backward is split
 //    (nodes without weights: to the end of their I). A stage's output is held from the end of
 //    its forward (or input-gradient) until its SEND ends or the next stage on the same rank has
@@ -64,8 +65,8 @@ struct PairStep {
   enum class Half : uint8_t { kF, kB } half;
   int32_t pos;  // node position within the layer
 };
-// DESIGN.md, Combined 1F1B per layer pair (MoE positions: attention 0, dispatch 1, experts 2,
-// combine 3). Compute stream: attn.f, experts.b(+w), experts.f, attn.b; comm stream:
+// docs/design.md "Combined 1F1B", per layer pair (MoE positions: attention 0, dispatch 1,
+// experts 2, combine 3). Compute stream: attn.f, experts.b(+w), experts.f, attn.b; comm stream:
 // combine.b, dispatch.f, dispatch.b, combine.f.
 constexpr std::array<PairStep, 8> kPairMoe = {{{PairStep::Half::kB, 3},
                                                {PairStep::Half::kF, 0},

@@ -86,8 +86,8 @@ struct SimResult {
   // The same with each rank's gradient all-reduce: the step but the norm and the optimizer's
   // update at its end (Note [Gradient reduction in the plan]).
   double step_with_reduce_s = 0;
-  // ... and with the norm and the update at its end: the whole step (Note [The step's end in
-  // the plan]).
+  // ... and with the norm and the update at its end: the whole step
+  // (Note [The step's end in the plan]).
   double full_step_s = 0;
   double bubble_fraction = 0;  // 1 - total compute busy / (ranks x step time)
 };

@@ -176,8 +176,8 @@ void HalfRun::node(int32_t k) {
     Span span = SimState::node_span(index_, half_, n, Phase::kForward);
     span.wait = n.wait.forward_s;
     end = sim_.issue(rank_, n.stream, ready_, n.times.forward_s, span);
-    // Saved bytes before the workspace goes: the phase's peak holds both (Note [Node
-    // workspace] in core/footprint.h).
+    // Saved bytes before the workspace goes: the phase's peak holds both
+    // (Note [Node workspace] in core/footprint.h).
     sim_.memory(rank_, start, n.workspace.forward, MemKind::kWorkspace);
     sim_.memory(rank_, end, n.saved(half_.microbatch), MemKind::kActivation, n.kind);
     sim_.memory(rank_, end, -n.workspace.forward, MemKind::kWorkspace);

@@ -86,13 +86,13 @@ std::string trace_json(const Plan& plan) {
   return out;
 }
 
-// Note [Planned and measured on one chart]: DESIGN.md's promise that prediction and measurement
-// are compared on one chart. A measured trace (runtime/timeline.cc: a process per world rank,
-// times in microseconds from the step's start, as the plan's) is merged into the plan's: its
-// processes move to pid 1000 + rank, and sort indices put each measured rank right under the
-// planned one of the same number, so Perfetto shows planned rank 0, measured rank 0, planned
-// rank 1, ... on one time axis. With data parallelism the measured trace has more ranks than the
-// plan (one pipeline); they follow in rank order.
+// Note [Planned and measured on one chart]: the planner's promise that prediction and
+// measurement are compared on one chart (docs/design.md). A measured trace (runtime/timeline.cc:
+// a process per world rank, times in microseconds from the step's start, as the plan's) is merged
+// into the plan's: its processes move to pid 1000 + rank, and sort indices put each measured
+// rank right under the planned one of the same number, so Perfetto shows planned rank 0,
+// measured rank 0, planned rank 1, ... on one time axis. With data parallelism the measured
+// trace has more ranks than the plan (one pipeline); they follow in rank order.
 namespace {
 
 constexpr int kMeasuredPid = 1000;

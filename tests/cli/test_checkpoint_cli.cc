@@ -70,8 +70,8 @@ TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(entries_of(work / "ck"),
             (std::set<std::string>{"iter_0000002", "iter_0000003", "latest"}));
-  // No model or optimizer option: they come from the checkpoint (Note [Options from a
-  // checkpoint]).
+  // No model or optimizer option: they come from the checkpoint
+  // (Note [Options from a checkpoint]).
   r = run_tandem({"train", "--load", "ck", "--train-iters", "6", "--save", "ck", "--log-json",
                   "resumed.jsonl"},
                  work.path(), capture.path());

@@ -1,4 +1,4 @@
-// Run options parsed in-process. Oracle: MODEL.md's demo values for the defaults, and for each
+// Run options parsed in-process. Oracle: docs/model.md's demo values for the defaults, and for each
 // bad input a substring the message must contain (the bad value and what is valid).
 #include <gtest/gtest.h>
 #include <stdlib.h>

@@ -1,4 +1,4 @@
-// The GPU trainer's memory against the planner's (Note [Memory accounting] in docs/schedules.md):
+// The GPU trainer's memory against the planner's (docs/schedules.md "Memory accounting"):
 // one process, a dense and a MoE model at several micro-batch sizes, the activation peak and the
 // whole peak (static + activations + in flight + the nodes' op temporaries; the allocator counts
 // the bytes asked for) equal to the plan's to the byte. Oracle:

@@ -118,7 +118,7 @@ void compare_model(bool moe) {
   const ModelConfig cfg = small_config(moe);
   const int64_t batch = 3, n = batch * cfg.seq_length;
   model::Parameters cpu(cfg, model::ChunkSpec::whole(cfg), DType::kF32);
-  // MODEL.md's initialisation: softmaxes of moderate sharpness. (Weights scaled up 5x make the
+  // docs/model.md's initialisation: softmaxes of moderate sharpness. (Weights scaled up 5x make the
   // LM head's softmax so sharp that bf16 rounding of the logits alone moves its gradient by
   // tens of percent: seen on the H200, an ill-conditioned comparison, not a bug.)
   cpu.initialize(11);

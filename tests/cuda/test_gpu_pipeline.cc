@@ -205,8 +205,9 @@ TEST(GpuPipeline, DeferredUpdateIsBitwiseTheUpdateAtTheStepsEnd) {
     }
     EXPECT_LE(deferred.exposed, deferred.busy);
   }
-  // Two pipeline stages: the second updates at its receive (Note [The update beside the first
-  // forward]); bitwise the pipeline that updates at each step's end.
+  // Two pipeline stages: the second updates at its receive
+  // (Note [The update beside the first forward]); bitwise the pipeline that updates at each step's
+  // end.
   const TrainRun pipeline = train(CommOverlap::kOn, 3, false, 0, false, 2);
   const TrainRun deferred = train(CommOverlap::kOn, 3, false, 0, true, 2);
   expect_bitwise_equal(deferred, pipeline);

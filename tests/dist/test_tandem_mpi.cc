@@ -223,6 +223,19 @@ TEST(TandemMpi, DeadRankEndsTheJob) {
   EXPECT_LT(r.seconds, 60);
 }
 
+// An internal error on rank 1 before it starts (TANDEM_TEST_ERROR, src/cli/main.cc) while rank
+// 0 waits for it in the first collective: the job ends at once with rank 1's exit code, 1, and
+// its message names the source line.
+TEST(TandemMpi, InternalErrorOnOneRankEndsEveryRankWithExitOne) {
+  const Result r = run("TANDEM_TEST_ERROR=internal,rank=1 " + kMpirun +
+                       " -x TANDEM_TEST_ERROR -np 2 " + TANDEM_BIN + " train" + kModel +
+                       " --train-iters 4 --pipeline-model-parallel-size 2 --comm-timeout 60");
+  EXPECT_EQ(r.code, 1) << r.output;
+  EXPECT_LT(r.seconds, 50) << "rank 0 waited for its timeout instead of ending with rank 1";
+  EXPECT_NE(r.output.find("tandem: internal error at src/cli/main.cc:"), std::string::npos)
+      << r.output;
+}
+
 TEST(TandemMpi, RanksWithDifferentConfigurationsStopWithAClearError) {
   const Result r = run(kMpirun + " -np 1 " + TANDEM_BIN + " train" + kModel +
                        " --train-iters 2 --lr 1e-3 : -np 1 " + TANDEM_BIN + " train" + kModel +

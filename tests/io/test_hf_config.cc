@@ -1,5 +1,5 @@
 // HF config.json for MixtralForCausalLM / LlamaForCausalLM. Oracle: the key names and values of
-// transformers' MixtralConfig and LlamaConfig (written out literally here) and MODEL.md's
+// transformers' MixtralConfig and LlamaConfig (written out literally here) and docs/model.md's
 // mapping from Megatron names to HF keys; round trips must give back the same ModelConfig.
 #include <gtest/gtest.h>
 #include <unistd.h>

@@ -1,6 +1,6 @@
 // RMSNorm and rotary embedding on CPU.
-// Oracles: the formulas of MODEL.md written out in plain loops (rope with explicit angles and an
-// explicit rotate_half vector); fp64 central finite differences for the backwards; the f64 op
+// Oracles: the formulas of docs/model.md written out in plain loops (rope with explicit angles and
+// an explicit rotate_half vector); fp64 central finite differences for the backwards; the f64 op
 // for the f32 op.
 #include <gtest/gtest.h>
 
@@ -89,7 +89,7 @@ TEST(RmsNorm, F32MatchesF64) {
   for (int j = 0; j < 4; ++j) expect_f32_close(res[1][j], res[0][j], names[j]);
 }
 
-// rope(u) at position pos written out from MODEL.md, one head of width d.
+// rope(u) at position pos written out from docs/model.md, one head of width d.
 std::vector<double> naive_rope(const double* u, int64_t d, int64_t pos, double theta) {
   std::vector<double> cosv(d), sinv(d), rot(d), out(d);
   for (int64_t c = 0; c < d; ++c) {

@@ -245,7 +245,7 @@ TEST(Simulator, OneFOneBExposesEveryAllToAllThatHasNothingToHideBehind) {
 }
 
 TEST(Simulator, CombinedOneFOneBHidesTheAllToAllOfOneHalfBehindTheOther) {
-  // F0 as above, ends 7. (F1;B0) in DESIGN.md's order: comm comb.b [7,8] | disp.f [9,10] ->
+  // F0 as above, ends 7. (F1;B0) in docs/design.md's order: comm comb.b [7,8] | disp.f [9,10] ->
   // disp.b [12,13] | comb.f [18,19]; compute attn.f [7,9] | exp.b [9,12] -> exp.w [12,15] ->
   // exp.f [15,18] | attn.b [18,20] w [20,22].  B1: comb [22,23] exp [23,29] disp [26,27]
   // attn [29,33].  Exposed: [2,3] [6,7] [22,23] = 3; step 33.

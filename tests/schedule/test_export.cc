@@ -34,8 +34,8 @@ TEST(Export, SummaryJson) {
   EXPECT_EQ(j["cost_model"], "roofline");
   EXPECT_DOUBLE_EQ(j["bubble_fraction"].get<double>(), plan.sim.bubble_fraction);
   EXPECT_DOUBLE_EQ(j["step_time_s"].get<double>(), plan.sim.step_time_s);
-  // EP 2 on 2 ranks a stage: the dense gradients all-reduced over both (Note [Gradient
-  // reduction in the plan]), beside the backward by default.
+  // EP 2 on 2 ranks a stage: the dense gradients all-reduced over both
+  // (Note [Gradient reduction in the plan]), beside the backward by default.
   EXPECT_EQ(j["data_parallel_size"], 2);
   EXPECT_EQ(j["overlap_grad_reduce"], true);
   EXPECT_DOUBLE_EQ(j["step_with_reduce_s"].get<double>(), plan.sim.step_with_reduce_s);

@@ -264,9 +264,9 @@ void CudaAllocator::State::event_completed(cudaEvent_t event, Block* b) {
 // Pools every pending block whose events have all completed; never waits. Runs at every
 // allocation, so it asks as little as it can: a stream completes its events in the order they
 // were recorded, so past the first of a stream's events that has not completed, none of its
-// later ones has either and they are not asked about. (Asking about every pending event cost
-// the host more than issuing the work itself in a 2-GPU expert-parallel run, where each layer's
-// tensors carry an event for the communication stream.)
+// later ones has either and they are not asked about. (With expert parallelism each layer's
+// tensors carry an event for the communication stream: asking about every pending event would
+// cost the host more than issuing the work itself.)
 void CudaAllocator::State::process_events() {
   std::vector<cudaStream_t> behind;  // streams with an event not yet completed
   for (auto it = pending.begin(); it != pending.end();) {

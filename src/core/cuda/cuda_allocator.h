@@ -1,7 +1,8 @@
-// The CUDA caching allocator (DESIGN.md "Stream safety"; its policy is Note [Caching allocator]
-// in cuda_allocator.cc). Statistics count requested bytes per category exactly as the CPU
-// allocator does (core/allocator.h), so the planner's prediction and the measurement compare
-// byte for byte on the GPU too; reserved_bytes() is what the driver holds for us besides.
+// The CUDA caching allocator (docs/design.md "Stream safety"; its policy is
+// Note [Caching allocator] in cuda_allocator.cc). Statistics count requested bytes per category
+// exactly as the CPU allocator does (core/allocator.h), so the planner's prediction and the
+// measurement compare byte for byte on the GPU too; reserved_bytes() is what the driver holds for
+// us besides.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -26,8 +27,9 @@ class CudaAllocator final : public Allocator {
   CudaAllocator& operator=(const CudaAllocator&) = delete;
 
   Device device() const override { return Device::kCUDA; }
-  // Memory for `bytes` bytes, usable on the calling thread's current stream (Note [Current
-  // stream] in context.h); throws tandem::Error naming the bytes and `tag` when the GPU has none.
+  // Memory for `bytes` bytes, usable on the calling thread's current stream
+  // (Note [Current stream] in context.h); throws tandem::Error naming the bytes and `tag` when the
+  // GPU has none.
   void* allocate(int64_t bytes, MemCategory category, std::string_view tag) override;
   // Frees on the calling thread's current stream: that stream's use is recorded first, so the
   // block is reused only after the work enqueued so far on it (and on every stream recorded with

@@ -66,8 +66,8 @@ void remove_abort_hook(int id) {
 
 namespace {
 
-// Polls `done` (true: finished) until it says so or the limit passes (Note [Bounded waits on
-// the GPU]).
+// Polls `done` (true: finished) until it says so or the limit passes
+// (Note [Bounded waits on the GPU]).
 template <typename Done>
 void wait_until(double limit, Done done, const char* what) {
   using Clock = std::chrono::steady_clock;

@@ -1,5 +1,5 @@
-// CPU RMSNorm and rotary position embedding (HF rotate_half form, MODEL.md). Row reductions run
-// in double and in a fixed order, so results are bitwise reproducible.
+// CPU RMSNorm and rotary position embedding (HF rotate_half form, docs/model.md). Row reductions
+// run in double and in a fixed order, so results are bitwise reproducible.
 #include <cmath>
 #include <vector>
 

@@ -468,12 +468,12 @@ void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& 
 }
 
 // Backward: keys per block = 16 x warps; query rows per step BR.
-// Index 0, the default, is the deterministic two-pass form (Note [Deterministic attention
-// backward]): dk/dv blocks of 64 keys walking 64-row query tiles, dq blocks of 64 query rows
-// walking 32-key tiles (156 registers, three blocks a multiprocessor: on the H200 0.272 ms for
-// shape (b)'s whole backward, 0.282 with 64-key tiles and 0.300 with 128-row blocks, the last
-// two kept as variants; all three give the same bits). The others sum dq by atomics: 1 is the
-// fastest on the H200 (0.256 ms).
+// Index 0, the default, is the deterministic two-pass form
+// (Note [Deterministic attention backward]): dk/dv blocks of 64 keys walking 64-row query tiles, dq
+// blocks of 64 query rows walking 32-key tiles (156 registers, three blocks a multiprocessor: on
+// the H200 0.272 ms for shape (b)'s whole backward, 0.282 with 64-key tiles and 0.300 with 128-row
+// blocks, the last two kept as variants; all three give the same bits). The others sum dq by
+// atomics: 1 is the fastest on the H200 (0.256 ms).
 constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
     {"deterministic", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 32, 3>},
     {"w4_q64_k64_m2", launch_backward_fused<64, 4, 64, 2>},

@@ -26,7 +26,7 @@ constexpr int kKeyTile = 64;
 
 // ---------------------------------------------------------------------------------------------
 // Device helpers (and pack_bf16x2, warp_sum from common.cuh).
-// Note [mma fragments] (PTX ISA, mma.m16n8k16 .bf16; g = lane / 4, t = lane % 4):
+// Note [mma fragments]: PTX ISA, mma.m16n8k16 .bf16; g = lane / 4, t = lane % 4.
 //   A 16x16 (row major), 4 regs of 2 bf16: r0 (g, 2t..2t+1), r1 (g+8, 2t..), r2 (g, 2t+8..),
 //     r3 (g+8, 2t+8..); the low half holds the lower column.
 //   B 16x8 (k x n), 2 regs: r0 (k 2t..2t+1, n g), r1 (k 2t+8.., n g).

@@ -12,8 +12,8 @@
 // [Fused loss rows]). The cost: a bf16 logit is off by up to 2^-8 |logit| (half an
 // ulp; 0.06 at |logit| = 16), which moves each row's loss by about 2^-8 (|logit at the target| +
 // the softmax mean of |logit|) at most and each softmax probability by a factor up to
-// e^(2^-8 |logit| + that lse error), a few percent for the largest logits (Note [LM head
-// tolerance] in tests/cuda/test_cuda_linear.cc holds the op to these bounds).
+// e^(2^-8 |logit| + that lse error), a few percent for the largest logits
+// (Note [LM head tolerance] in tests/cuda/test_cuda_linear.cc holds the op to these bounds).
 #include <cuda_bf16.h>
 #include <cuda_pipeline_primitives.h>
 
@@ -46,8 +46,8 @@ std::atomic<int64_t> g_block_rows_for_testing{0};
 // ---- device helpers (the shared ones in rows.cuh) ----
 
 // One 16-byte vector of logits added to a MaxSum (rows.cuh) at once, its exps summed as a tree.
-// Both loss kernels add a row's vectors with this, in the same order per thread (Note [Fused
-// loss rows]).
+// Both loss kernels add a row's vectors with this, in the same order per thread
+// (Note [Fused loss rows]).
 __device__ __forceinline__ void add_values(MaxSum& a, const float (&x)[kVec]) {
   float mn = a.m;
 #pragma unroll

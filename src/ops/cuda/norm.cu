@@ -26,9 +26,10 @@ constexpr int kMaxWarpCache = 4;  // warp-per-row kernels: up to 32 * 8 * 4 = 10
 // ---- rmsnorm forward: one warp per row ----
 
 // Rows of at most 32 * 8 * kMaxWarpCache columns (the dense models): a grid of one wave of
-// resident blocks whose warps stride over the rows, as the backward's (Note [Norm backward
-// grid]). A warp holds g as f32 in registers for all its rows and loads its next row before it
-// reduces the current one, so every warp keeps a row's loads in flight until its last row.
+// resident blocks whose warps stride over the rows, as the backward's
+// (Note [Norm backward grid]). A warp holds g as f32 in registers for all its rows and loads its
+// next row before it reduces the current one, so every warp keeps a row's loads in flight until its
+// last row.
 template <typename TG, int kCache>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_forward_warp_kernel(bf16* y, float* rstd, const bf16* x, const TG* g, int64_t n,

@@ -1,4 +1,4 @@
-// CUDA rotary position embedding (HF rotate_half form, MODEL.md) on bf16 q and k, in place,
+// CUDA rotary position embedding (HF rotate_half form, docs/model.md) on bf16 q and k, in place,
 // fp32 math (Note [Rope blocks]).
 #include <cuda_bf16.h>
 
