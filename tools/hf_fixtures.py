@@ -16,7 +16,7 @@ misread changes the loss (unit-gain matrices, norm gains and biases away from th
 Run where torch and transformers are installed (the GPU machine has both):
     python3 tools/hf_fixtures.py OUTDIR [--only NAME,...]
 The fixtures are committed so that every CI run checks tandem's loading on the CPU
-(tests/io/test_hf_fixtures.cc).
+(tests/model/test_hf_families.cc).
 """
 
 import argparse

@@ -147,6 +147,53 @@ bool ModelConfig::is_moe_layer(int64_t l) const {
   return moe_layer_pattern(moe_layer_freq, num_layers).at(static_cast<size_t>(l));
 }
 
+const char* family_class_name(ModelFamily f) {
+  switch (f) {
+    case ModelFamily::kLlama: return "LlamaForCausalLM";
+    case ModelFamily::kMixtral: return "MixtralForCausalLM";
+    case ModelFamily::kQwen3Moe: return "Qwen3MoeForCausalLM";
+    case ModelFamily::kQwen2Moe: return "Qwen2MoeForCausalLM";
+  }
+  return "?";
+}
+
+// Each transformers class has a fixed set of the options: a model that mixes them has no class
+// to be saved as, and tandem trains only models transformers can load.
+ModelFamily family_of(const ModelConfig& m) {
+  const auto none = [](const std::string& what) {
+    return Error("no transformers model class has " + what +
+                 " (docs/model.md \"Families\" lists what each class has)");
+  };
+  if (!m.is_moe()) {
+    if (m.qk_layernorm) throw none("--qk-layernorm in a dense model (--num-experts 0)");
+    if (m.add_qkv_bias) throw none("--add-qkv-bias in a dense model (--num-experts 0)");
+    return ModelFamily::kLlama;
+  }
+  if (m.has_shared_expert()) {  // Qwen2-MoE
+    if (!m.moe_shared_expert_gate) {
+      throw none("a shared expert without its gate: add --moe-shared-expert-gate");
+    }
+    if (m.qk_layernorm) throw none("--qk-layernorm with a shared expert");
+    return ModelFamily::kQwen2Moe;
+  }
+  if (m.qk_layernorm) {  // Qwen3-MoE
+    if (m.add_qkv_bias) throw none("--add-qkv-bias with --qk-layernorm");
+    return ModelFamily::kQwen3Moe;
+  }
+  const char* qwen_only = m.add_qkv_bias                          ? "--add-qkv-bias"
+                          : m.moe_router_pre_softmax              ? "--moe-router-pre-softmax"
+                          : m.moe_layer_freq != "1"               ? "--moe-layer-freq"
+                          : (m.moe_ffn_hidden_size > 0 &&
+                             m.moe_ffn_hidden_size != m.ffn_hidden_size) ? "--moe-ffn-hidden-size"
+                                                                          : nullptr;
+  if (qwen_only != nullptr) {
+    throw none(std::string(qwen_only) +
+               " in a MoE model without --qk-layernorm (Qwen3-MoE) or a shared expert "
+               "(Qwen2-MoE)");
+  }
+  return ModelFamily::kMixtral;
+}
+
 RopeSpec ModelConfig::rope() const {
   RopeSpec r(rotary_base);
   if (use_rope_scaling) {
@@ -205,6 +252,7 @@ void ModelConfig::validate() const {
   }
   TANDEM_CHECK(norm_epsilon > 0, "--norm-epsilon ", norm_epsilon, " is invalid: it must be > 0");
   TANDEM_CHECK(seq_length >= 2, "--seq-length ", seq_length, " is invalid: need at least 2");
+  family_of(*this);  // a model transformers has a class for
 }
 
 void ModelConfig::validate_moe_options() const {

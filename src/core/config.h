@@ -16,7 +16,7 @@ namespace tandem {
 // with an error naming the iteration, or skip the update (no weight or optimizer change).
 enum class NonFinitePolicy : uint8_t { kStop, kSkip };
 
-// How RoPE's frequencies are scaled (docs/model.md "Rotary embedding"): not at all, or as Llama 3
+// How RoPE's frequencies are scaled (docs/model.md "Rotary position embedding"): not at all, or as Llama 3
 // scales them for a context longer than the one it was trained at.
 enum class RopeScaling : uint8_t { kNone, kLlama3 };
 
@@ -105,6 +105,13 @@ struct ModelConfig {
  private:
   void validate_moe_options() const;
 };
+
+// The transformers class a model is saved as (docs/model.md "Families"); its config.json keys
+// and weight names are that class's.
+enum class ModelFamily : uint8_t { kLlama, kMixtral, kQwen3Moe, kQwen2Moe };
+const char* family_class_name(ModelFamily f);
+// The family that expresses `m`; throws tandem::Error naming the setting no family has.
+ModelFamily family_of(const ModelConfig& m);
 
 // Note [One table of model fields]: every ModelConfig field is spelled once, in model_fields():
 // its Megatron-style name is the command-line option (--name), the TOML key, and, with '_' for

@@ -16,6 +16,7 @@ std::string_view node_kind_name(NodeKind kind) {
     case NodeKind::kCombine: return "combine";
     case NodeKind::kMlp: return "mlp";
     case NodeKind::kLoss: return "loss";
+    case NodeKind::kSharedExpert: return "shared_expert";
   }
   return "?";
 }
@@ -27,6 +28,7 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
   s.expert_rows = cfg.is_moe() ? s.tokens * cfg.moe_router_topk : 0;
   s.local_experts = cfg.num_experts;
   s.elem_bytes = elem_bytes;
+  s.moe_layer = cfg.is_moe();
   return s;
 }
 
@@ -34,14 +36,19 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
   constexpr int64_t kIndexBytes = 4;
   const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes;
   const int64_t k = cfg.moe_router_topk, e = cfg.num_experts, f = cfg.ffn_hidden_size;
+  const int64_t fe = cfg.expert_ffn_size(), fs = cfg.moe_shared_expert_intermediate_size;
   switch (kind) {
     case NodeKind::kEmbed:
       return n * kIndexBytes;
     case NodeKind::kAttention: {
-      const int64_t elems = 4 * n * h + 2 * n * cfg.q_width() + 2 * n * cfg.kv_width();
+      int64_t elems = 4 * n * h + 2 * n * cfg.q_width() + 2 * n * cfg.kv_width();
       int64_t stats = 2 * n + n * cfg.num_attention_heads;
+      if (cfg.qk_layernorm) {
+        elems += n * cfg.q_width() + n * cfg.kv_width();
+        stats += n * cfg.num_attention_heads + n * cfg.num_query_groups;
+      }
       int64_t index = 0;
-      if (cfg.is_moe()) {
+      if (cfg.is_moe() && s.moe_layer) {
         stats += n * e + n * k;
         index = n * k + e + n * k;
       }
@@ -50,10 +57,13 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     case NodeKind::kDispatch:
       return s.ep_size > 1 ? s.ep_size * s.local_experts * kIndexBytes : 0;
     case NodeKind::kExperts:  // recomputed: gate, up and act are formed again in the backward
-      return (s.expert_rows * h + (s.recompute_experts ? 0 : 3 * s.expert_rows * f)) * es +
+      return (s.expert_rows * h + (s.recompute_experts ? 0 : 3 * s.expert_rows * fe)) * es +
              s.local_experts * kIndexBytes;
     case NodeKind::kCombine:
       return n * k * h * es;
+    case NodeKind::kSharedExpert:
+      if (!cfg.moe_shared_expert_gate) return 3 * n * fs * es;
+      return (3 * n * fs + n * h) * es + n * s.stat_size();
     case NodeKind::kMlp:
       return 3 * n * f * es;
     case NodeKind::kLoss:
@@ -72,10 +82,12 @@ int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const Foo
     case NodeKind::kAttention:
       return (2 * n * h + n * cfg.q_width()) * es;
     case NodeKind::kExperts:
-      return (s.expert_rows * h + s.expert_rows * cfg.ffn_hidden_size) * es +
+      return (s.expert_rows * h + s.expert_rows * cfg.expert_ffn_size()) * es +
              s.local_experts * kIndexBytes;
     case NodeKind::kMlp:
       return n * cfg.ffn_hidden_size * es;
+    case NodeKind::kSharedExpert:
+      return n * cfg.moe_shared_expert_intermediate_size * es;
     case NodeKind::kLoss:
       return s.fused_lm_head ? 0 : (n * h + n * cfg.vocab_size) * es;
     case NodeKind::kDispatch:
@@ -105,7 +117,7 @@ constexpr int64_t kI32 = 4;
 NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& s) {
   const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes, st = s.stat_size();
   const int64_t k = cfg.moe_router_topk, e = cfg.num_experts;
-  const bool moe = cfg.is_moe();
+  const bool moe = cfg.is_moe() && s.moe_layer;
   NodeWorkspace w;
   if (moe) w.forward = n * e * st + n * k * h * es;  // router logits, routed rows
   const int64_t d_logits = moe ? n * e * es : 0;
@@ -117,7 +129,9 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   // workspace (Note [Deterministic attention backward] in ops/cuda/attention_backward.cu; the one-pass
   // variants' [N, heads*D] f32 is not counted).
   const int64_t op = n * cfg.num_attention_heads * kF32;
-  w.backward_input = std::max({start, held + op, held + 2 * n * h * es});
+  // --qk-layernorm: the raw q and k's gradients beside the normed ones' for a moment.
+  const int64_t qk_norm = cfg.qk_layernorm ? n * (cfg.q_width() + cfg.kv_width()) * es : 0;
+  w.backward_input = std::max({start, held + op, held + qk_norm, held + 2 * n * h * es});
   w.backward_weight = d_logits + n * h * es + n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
   w.incoming_grad = moe ? n * k * h * es : d_n2;  // d_routed or the mlp's d_n2
   return w;
@@ -147,8 +161,9 @@ NodeWorkspace exchange_workspace(NodeKind kind, const ModelConfig& cfg, const Fo
 // experts and mlp (ffn_nodes.cc): the SwiGLU's three gradients beside the incoming gradient and
 // the input gradient; `rows` is R or N.
 NodeWorkspace ffn_workspace(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
-  const int64_t es = s.elem_bytes, h = cfg.hidden_size, f = cfg.ffn_hidden_size;
   const bool experts = kind == NodeKind::kExperts;
+  const int64_t es = s.elem_bytes, h = cfg.hidden_size;
+  const int64_t f = experts ? cfg.expert_ffn_size() : cfg.ffn_hidden_size;
   const int64_t rows = experts ? s.expert_rows : s.tokens;
   NodeWorkspace w;
   w.forward = rows * h * es;        // expert_out or the layer's out, handed on
@@ -163,6 +178,23 @@ NodeWorkspace ffn_workspace(NodeKind kind, const ModelConfig& cfg, const Footpri
     w.backward_input += 3 * rows * f * es;  // formed again: gate, up, and act until adopted
   }
   w.backward_weight = w.incoming_grad + 2 * rows * f * es;
+  return w;
+}
+
+// The shared expert (ffn_nodes.cc), like mlp with its gate: F its output [N,H] (handed to
+// combine) and, gated, the gate's logit [N] stat; I the layer's d_out (incoming, held), gated
+// d_z [N,H] and d_logit [N], d_act [N,Fs], d_gate_up [N,2Fs], d_n2 [N,H]; W d_z (or d_out),
+// d_gate_up, d_logit.
+NodeWorkspace shared_expert_workspace(const ModelConfig& cfg, const FootprintShape& s) {
+  const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes;
+  const int64_t f = cfg.moe_shared_expert_intermediate_size;
+  const bool gated = cfg.moe_shared_expert_gate;
+  const int64_t gate_grads = gated ? n * h * es + n * es : 0;  // d_z, d_logit
+  NodeWorkspace w;
+  w.forward = n * h * es + (gated ? n * s.stat_size() : 0);
+  w.incoming_grad = n * h * es;
+  w.backward_input = w.incoming_grad + gate_grads + 3 * n * f * es + n * h * es;
+  w.backward_weight = w.incoming_grad + gate_grads + 2 * n * f * es;
   return w;
 }
 
@@ -193,6 +225,8 @@ NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg, const 
     case NodeKind::kExperts:
     case NodeKind::kMlp:
       return ffn_workspace(kind, cfg, s);
+    case NodeKind::kSharedExpert:
+      return shared_expert_workspace(cfg, s);
     case NodeKind::kLoss:
       return loss_workspace(cfg, s);
   }

@@ -12,8 +12,17 @@ namespace tandem {
 
 // The schedule nodes (docs/design.md "Nodes"). A MoE layer is attention, dispatch, experts,
 // combine; a dense layer is attention, mlp. embed opens the first stage, loss closes the last.
-enum class NodeKind : uint8_t { kEmbed, kAttention, kDispatch, kExperts, kCombine, kMlp, kLoss };
-constexpr int kNumNodeKinds = 7;
+enum class NodeKind : uint8_t {
+  kEmbed,
+  kAttention,
+  kDispatch,
+  kExperts,
+  kCombine,
+  kMlp,
+  kLoss,
+  kSharedExpert,  // MoE layers with a shared expert: between dispatch and experts
+};
+constexpr int kNumNodeKinds = 8;
 std::string_view node_kind_name(NodeKind kind);
 
 struct FootprintShape {
@@ -28,6 +37,9 @@ struct FootprintShape {
   bool fused_lm_head = false;  // the loss node runs ops::lm_head_ce_forward_backward (the
                                // GPU's loss node, gradients formed in the forward)
   bool recompute_experts = false;  // TrainConfig::recompute_experts: experts keep x_in only
+  // The node's layer is a MoE layer (ModelConfig::is_moe_layer): its attention saves the
+  // router's state. Dense layers of a MoE model set it false.
+  bool moe_layer = true;
   int64_t stat_size() const { return stat_bytes > 0 ? stat_bytes : elem_bytes; }
 };
 
@@ -38,13 +50,15 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 // Bytes a node holds from the end of its forward until its backward (and weight backward) ran.
 //  embed:     ids i32 [N]
 //  attention: x, n1, h1, n2 [N,H]; q, a [N,heads*D]; k, v [N,kv*D]; statistics rstd1,
-//             rstd2 [N], lse [N*heads]; MoE adds statistics probs [N,E], topk_w [N,k], and
-//             topk_idx i32 [N,k], counts i32 [E], perm i32 [N*k]
+//             rstd2 [N], lse [N*heads]; --qk-layernorm adds q_raw [N,heads*D], k_raw [N,kv*D],
+//             statistics rstd_q [N*heads], rstd_k [N*kv]; MoE layers add statistics probs
+//             [N,E], topk_w [N,k], and topk_idx i32 [N,k], counts i32 [E], perm i32 [N*k]
 //  dispatch:  EP > 1: recv_counts i32 [EP * local E] (the rows it receives are the experts')
 //  experts:   x_in [R,H]; gate_up [R,2F] (gate | up), act [R,F]; rows_per_expert i32 [local E]
 //             (recompute_experts: x_in and rows_per_expert only; the input-gradient backward
 //             forms act again and keeps it for the weight gradient)
 //  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
+//  shared expert: gate_up [N,2Fs], act [N,Fs]; gated: z [N,H], statistic gate [N]
 //  mlp:       gate_up [N,2F] (gate | up), act [N,F]
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]
 //             fused LM head (training): x, d_nf [N,H]; statistic rstd [N] (the gradient is
@@ -54,7 +68,8 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
 // Of those, the bytes a node still holds after its input-gradient backward when the weight
 // gradient is deferred (W-split schedules); the rest is freed at that backward.
 //  embed: ids; attention: n1, n2 [N,H], a [N,heads*D]; experts: x_in [R,H], act [R,F],
-//  rows_per_expert; mlp: act [N,F]; loss: nf [N,H], logits [N,V] (holding dlogits);
+//  rows_per_expert; mlp: act [N,F]; shared expert: act [N,Fs]; loss: nf [N,H], logits [N,V]
+//  (holding dlogits);
 //  dispatch, combine: nothing.
 int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
 

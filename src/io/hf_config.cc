@@ -47,8 +47,8 @@ const std::set<std::string_view> kNeutralKeys = {
     "pretraining_tp"};
 
 // Typed access to the keys of one JSON object; every error names the source and the key (with
-// its parent, e.g. rope_parameters.factor), and every key read is marked (Note [Every key is
-// read or refused]).
+// its parent, e.g. rope_parameters.factor), and every key read is marked
+// (Note [Every key is read or refused]).
 class ConfigReader {
  public:
   ConfigReader(const Json& j, std::string source, std::string prefix = {})
@@ -128,26 +128,36 @@ class ConfigReader {
   mutable std::set<std::string> used_;
 };
 
-// The transformers classes tandem reads and writes.
-enum class Family : uint8_t { kLlama, kMixtral };
-
+// What tandem reads and writes of each transformers class: its names and the defaults of its
+// config class for keys that may be absent.
 struct FamilyInfo {
-  Family family;
+  ModelFamily family;
   const char* model_type;
-  const char* architecture;
   double default_theta;          // the config class's default_theta
   double default_eps;            // rms_norm_eps's default
   int64_t default_max_position;  // max_position_embeddings' default
 };
 
 constexpr FamilyInfo kFamilies[] = {
-    {Family::kLlama, "llama", "LlamaForCausalLM", 1e4, 1e-6, 2048},
-    {Family::kMixtral, "mixtral", "MixtralForCausalLM", 1e6, 1e-5, 4096 * 32},
+    {ModelFamily::kLlama, "llama", 1e4, 1e-6, 2048},
+    {ModelFamily::kMixtral, "mixtral", 1e6, 1e-5, 4096 * 32},
+    {ModelFamily::kQwen3Moe, "qwen3_moe", 1e4, 1e-6, 32768},
+    {ModelFamily::kQwen2Moe, "qwen2_moe", 1e4, 1e-6, 32768},
 };
+
+const FamilyInfo& family_info(ModelFamily f) {
+  for (const FamilyInfo& i : kFamilies) {
+    if (i.family == f) return i;
+  }
+  TANDEM_ASSERT(false, "family ", static_cast<int>(f));
+  return kFamilies[0];
+}
 
 std::string valid_model_types() {
   std::string s;
-  for (const FamilyInfo& f : kFamilies) s += std::string(s.empty() ? "" : ", ") + "\"" + f.model_type + "\"";
+  for (const FamilyInfo& f : kFamilies) {
+    s += std::string(s.empty() ? "" : ", ") + "\"" + f.model_type + "\"";
+  }
   return s;
 }
 
@@ -181,7 +191,7 @@ void read_rope(const ConfigReader& r, const std::string& source,
   } else if (type != "default") {
     d.fail(dict.contains("rope_type") ? "rope_type" : "type",
            "is \"" + type + "\"; tandem implements \"default\" and \"llama3\" (docs/model.md "
-           "\"Rotary embedding\")");
+           "\"Rotary position embedding\")");
   }
   d.check_all_read({});
 }
@@ -197,8 +207,8 @@ void read_head_dim(const ConfigReader& r, ModelConfig& m) {
 
 // Attention and the rest common to every family: sizes, norm, RoPE, and the settings tandem
 // refuses.
-void read_common(const ConfigReader& r, const std::string& source,
-                 const FamilyInfo& f, ModelConfig& m) {
+void read_common(const ConfigReader& r, const std::string& source, const FamilyInfo& f,
+                 ModelConfig& m) {
   m.vocab_size = r.integer("vocab_size");
   m.hidden_size = r.integer("hidden_size");
   m.ffn_hidden_size = r.integer("intermediate_size");
@@ -218,14 +228,79 @@ void read_common(const ConfigReader& r, const std::string& source,
   r.expect_number("attention_dropout", 0.0, "no dropout");
 }
 
+// Qwen's sliding-window attention is off unless use_sliding_window is true; then the window and
+// the layers it applies to do not matter.
+void read_qwen_attention(const ConfigReader& r) {
+  r.expect_false("use_sliding_window", "full causal attention in every layer");
+  r.mark("sliding_window");
+  r.mark("max_window_layers");
+  if (r.has("layer_types")) {
+    for (const Json& t : r.get("layer_types")) {
+      if (t != "full_attention") {
+        r.fail("layer_types", "has " + t.dump() + "; tandem implements only \"full_attention\"");
+      }
+    }
+  }
+}
+
+// Qwen's MoE layers: every decoder_sparse_step-th layer ((l + 1) % step == 0) not in
+// mlp_only_layers, as --moe-layer-freq's list (or "1" when every layer is MoE).
+void read_qwen_moe_layers(const ConfigReader& r, ModelConfig& m) {
+  const int64_t step = r.integer("decoder_sparse_step", 1);
+  if (step < 1) r.fail("decoder_sparse_step", "is " + std::to_string(step) + "; it must be >= 1");
+  std::set<int64_t> dense;
+  if (r.has("mlp_only_layers")) {
+    const Json& list = r.get("mlp_only_layers");
+    if (!list.is_array()) r.fail("mlp_only_layers", "is " + list.dump() + ", expected a list");
+    for (const Json& l : list) {
+      if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= m.num_layers) {
+        r.fail("mlp_only_layers", "holds " + l.dump() + "; layers are 0.." +
+                                      std::to_string(m.num_layers - 1));
+      }
+      dense.insert(l.get<int64_t>());
+    }
+  }
+  std::string pattern = "[";
+  bool all = true;
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    const bool moe = !dense.count(l) && (l + 1) % step == 0;
+    all = all && moe;
+    pattern += std::string(l ? "," : "") + (moe ? "1" : "0");
+  }
+  m.moe_layer_freq = all ? "1" : pattern + "]";
+}
+
+// The experts' count: Qwen2-MoE and transformers 4.x's Qwen3-MoE write num_experts, 5.x's
+// Qwen3-MoE num_local_experts (the two are one attribute there).
+int64_t read_num_experts(const ConfigReader& r, int64_t fallback) {
+  const bool both = r.has("num_experts") && r.has("num_local_experts");
+  if (both && r.integer("num_experts") != r.integer("num_local_experts")) {
+    r.fail("num_local_experts", "is " + std::to_string(r.integer("num_local_experts")) +
+                                    " and num_experts " + std::to_string(r.integer("num_experts")) +
+                                    "; they name one setting and must agree");
+  }
+  return r.has("num_local_experts") ? r.integer("num_local_experts")
+                                    : r.integer("num_experts", fallback);
+}
+
+void read_qwen_moe(const ConfigReader& r, ModelConfig& m, int64_t experts, int64_t topk) {
+  m.num_experts = read_num_experts(r, experts);
+  if (m.num_experts < 1) r.fail("num_experts", "is below 1; a MoE model has experts");
+  m.moe_router_topk = r.integer("num_experts_per_tok", topk);
+  m.moe_aux_loss_coeff = r.number("router_aux_loss_coef", 0.001);
+  m.moe_router_pre_softmax = !r.boolean("norm_topk_prob", false);
+  read_qwen_moe_layers(r, m);
+  read_qwen_attention(r);
+}
+
 void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
   switch (f.family) {
-    case Family::kLlama:
+    case ModelFamily::kLlama:
       m.num_experts = 0;
       r.expect_false("attention_bias", "no biases in attention");
       r.expect_false("mlp_bias", "no biases in the MLP");
       return;
-    case Family::kMixtral:
+    case ModelFamily::kMixtral:
       m.num_experts = r.integer("num_local_experts", 8);
       if (m.num_experts < 1) r.fail("num_local_experts", "is below 1; a Mixtral model has experts");
       m.moe_router_topk = r.integer("num_experts_per_tok", 2);
@@ -236,21 +311,51 @@ void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
                                      ", below max_position_embeddings; valid: null");
       }
       return;
+    case ModelFamily::kQwen3Moe:
+      m.qk_layernorm = true;
+      m.moe_ffn_hidden_size = r.integer("moe_intermediate_size", 768);
+      r.expect_false("attention_bias", "no biases in attention");
+      read_qwen_moe(r, m, 128, 8);
+      return;
+    case ModelFamily::kQwen2Moe:
+      m.add_qkv_bias = r.boolean("qkv_bias", true);
+      m.moe_ffn_hidden_size = r.integer("moe_intermediate_size", 1408);
+      m.moe_shared_expert_intermediate_size = r.integer("shared_expert_intermediate_size", 5632);
+      if (m.moe_shared_expert_intermediate_size < 1) {
+        r.fail("shared_expert_intermediate_size", "is below 1; tandem's Qwen2-MoE has a shared "
+                                                  "expert");
+      }
+      m.moe_shared_expert_gate = true;
+      read_qwen_moe(r, m, 60, 4);
+      return;
   }
 }
 
-// The transformers class that expresses `m` (refuses what none of them does).
-const FamilyInfo& family_of(const ModelConfig& m) {
-  return kFamilies[m.is_moe() ? 1 : 0];
+// The Qwen MoE families' keys written from `model`.
+void write_qwen_moe(nlohmann::ordered_json& j, const ModelConfig& model) {
+  j["num_experts"] = model.num_experts;
+  j["num_experts_per_tok"] = model.moe_router_topk;
+  j["moe_intermediate_size"] = model.expert_ffn_size();
+  j["norm_topk_prob"] = !model.moe_router_pre_softmax;
+  j["decoder_sparse_step"] = 1;
+  nlohmann::ordered_json dense = nlohmann::ordered_json::array();
+  for (int64_t l = 0; l < model.num_layers; ++l) {
+    if (!model.is_moe_layer(l)) dense.push_back(l);
+  }
+  j["mlp_only_layers"] = dense;
+  j["router_aux_loss_coef"] = model.moe_aux_loss_coeff;
+  j["output_router_logits"] = false;
+  j["use_sliding_window"] = false;
+  j["sliding_window"] = nullptr;
 }
 
 }  // namespace
 
 std::string hf_config_json(const ModelConfig& model) {
   model.validate();
-  const FamilyInfo& f = family_of(model);
+  const FamilyInfo& f = family_info(family_of(model));
   nlohmann::ordered_json j;
-  j["architectures"] = {f.architecture};
+  j["architectures"] = {family_class_name(f.family)};
   j["model_type"] = f.model_type;
   j["vocab_size"] = model.vocab_size;
   j["hidden_size"] = model.hidden_size;
@@ -286,7 +391,7 @@ std::string hf_config_json(const ModelConfig& model) {
   j["use_cache"] = true;
   j["torch_dtype"] = "float32";
   switch (f.family) {
-    case Family::kMixtral:
+    case ModelFamily::kMixtral:
       j["num_local_experts"] = model.num_experts;
       j["num_experts_per_tok"] = model.moe_router_topk;
       j["router_aux_loss_coef"] = model.moe_aux_loss_coeff;
@@ -294,9 +399,18 @@ std::string hf_config_json(const ModelConfig& model) {
       j["router_jitter_noise"] = 0.0;
       j["sliding_window"] = nullptr;
       break;
-    case Family::kLlama:
+    case ModelFamily::kLlama:
       j["attention_bias"] = false;
       j["mlp_bias"] = false;
+      break;
+    case ModelFamily::kQwen3Moe:
+      j["attention_bias"] = false;
+      write_qwen_moe(j, model);
+      break;
+    case ModelFamily::kQwen2Moe:
+      j["qkv_bias"] = model.add_qkv_bias;
+      j["shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size;
+      write_qwen_moe(j, model);
       break;
   }
   return j.dump(2) + "\n";
@@ -316,11 +430,12 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
     if (type == f.model_type) family = &f;
   }
   if (family == nullptr) r.fail("model_type", "is \"" + type + "\"; valid: " + valid_model_types());
+  const std::string arch = family_class_name(family->family);
   if (r.has("architectures")) {
     const Json& a = j["architectures"];
-    if (!a.is_array() || a.size() != 1 || a[0] != family->architecture) {
+    if (!a.is_array() || a.size() != 1 || a[0] != arch) {
       r.fail("architectures", "is " + a.dump() + "; for model_type \"" + type + "\" valid: [\"" +
-                                  family->architecture + "\"]");
+                                  arch + "\"]");
     }
   }
   ModelConfig m;
@@ -332,6 +447,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   } catch (const Error& e) {
     throw Error("config '" + source + "': " + e.what());
   }
+  TANDEM_ASSERT(family_of(m) == family->family, "config '", source, "' read as ", type,
+                " gives a model of another family");
   return m;
 }
 

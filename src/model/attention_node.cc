@@ -45,6 +45,44 @@ static Tensor expert_counts(const AttentionSaved& s, const LayerWeights& w, int6
   return counts;
 }
 
+static ops::RouterScore router_score(const ModelConfig& cfg) {
+  return cfg.moe_router_pre_softmax ? ops::RouterScore::kSoftmaxOfAll
+                                    : ops::RouterScore::kSoftmaxOfSelected;
+}
+
+// Rows of one head: a [N, heads * D] tensor viewed as [N * heads, D].
+static Tensor heads_as_rows(const Tensor& t, int64_t head_dim) {
+  return t.reshape({t.numel() / head_dim, head_dim});
+}
+
+// --qk-layernorm: q = rmsnorm(q_raw) and k = rmsnorm(k_raw), each head its own row, with the
+// gains q_norm, k_norm [D] (Qwen3).
+static void qk_norm_forward(AttentionSaved& s, const LayerWeights& w, const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t n = c.tokens(), d = cfg.head_dim();
+  s.rstd_q = saved_tensor({n * cfg.num_attention_heads}, c.stat_dtype(), "attn.rstd_q");
+  s.rstd_k = saved_tensor({n * cfg.num_query_groups}, c.stat_dtype(), "attn.rstd_k");
+  ops::rmsnorm_forward(heads_as_rows(s.q, d), s.rstd_q, heads_as_rows(s.q_raw, d), w.q_norm,
+                       cfg.norm_epsilon);
+  ops::rmsnorm_forward(heads_as_rows(s.k, d), s.rstd_k, heads_as_rows(s.k_raw, d), w.k_norm,
+                       cfg.norm_epsilon);
+}
+
+// d_q and d_k from the normed q and k's gradients to the raw ones' (the gains' gradients
+// added to g); the products' weight gradients then read the raw ones'.
+static void qk_norm_backward(AttentionSaved& s, const LayerWeights& w, const LayerWeights& g,
+                             const NodeContext& c) {
+  const int64_t d = c.cfg.head_dim();
+  Tensor d_q = work_tensor(s.d_q.shape(), c.dtype, "d_q_raw");
+  Tensor d_k = work_tensor(s.d_k.shape(), c.dtype, "d_k_raw");
+  ops::rmsnorm_backward(heads_as_rows(d_q, d), g.q_norm, heads_as_rows(s.d_q, d),
+                        heads_as_rows(s.q_raw, d), w.q_norm, s.rstd_q, Accumulate::kOverwrite);
+  ops::rmsnorm_backward(heads_as_rows(d_k, d), g.k_norm, heads_as_rows(s.d_k, d),
+                        heads_as_rows(s.k_raw, d), w.k_norm, s.rstd_k, Accumulate::kOverwrite);
+  s.d_q = std::move(d_q);
+  s.d_k = std::move(d_k);
+}
+
 void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t n = c.tokens(), h = cfg.hidden_size;
@@ -57,9 +95,22 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.q = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q");     // (N, heads*D)
   s.k = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k");    // (N, kv*D)
   s.v = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.v");
-  ops::linear_forward(s.q, s.n1, w.wq);
-  ops::linear_forward(s.k, s.n1, w.wk);
+  // With --qk-layernorm the products land in q_raw and k_raw, kept for the norms' backward.
+  if (cfg.qk_layernorm) {
+    s.q_raw = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q_raw");
+    s.k_raw = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k_raw");
+  }
+  const Tensor& q_out = cfg.qk_layernorm ? s.q_raw : s.q;
+  const Tensor& k_out = cfg.qk_layernorm ? s.k_raw : s.k;
+  ops::linear_forward(q_out, s.n1, w.wq);
+  ops::linear_forward(k_out, s.n1, w.wk);
   ops::linear_forward(s.v, s.n1, w.wv);
+  if (w.bq.defined()) {  // --add-qkv-bias
+    ops::bias_forward(q_out, w.bq);
+    ops::bias_forward(k_out, w.bk);
+    ops::bias_forward(s.v, w.bv);
+  }
+  if (cfg.qk_layernorm) qk_norm_forward(s, w, c);
   ops::rope_forward_qk(s.q, s.k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                        cfg.head_dim(), cfg.rope());
   const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
@@ -73,7 +124,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.rstd2 = saved_tensor({n}, c.stat_dtype(), "attn.rstd2");
   ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
   a.h1 = s.h1;
-  if (!cfg.is_moe()) return;
+  if (!w.moe()) return;
 
   const int64_t e = cfg.num_experts, k = cfg.moe_router_topk;
   Tensor logits = work_tensor({n, e}, c.stat_dtype(), "attn.router_logits");
@@ -82,7 +133,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.topk_idx = saved_tensor({n, k}, DType::kI32, "attn.topk_idx");
   s.topk_w = saved_tensor({n, k}, c.stat_dtype(), "attn.topk_w");
   s.probs = saved_tensor({n, e}, c.stat_dtype(), "attn.probs");
-  ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits);
+  ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits, router_score(cfg));
   s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
   ops::moe_permutation(s.perm, s.counts, s.topk_idx, e, w.expert_slot);  // by place
@@ -93,18 +144,22 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }
 
-// Gradient at n2: from the routed rows and the router (MoE) or from the mlp (dense).
+// Gradient at n2: from the routed rows, the router and a shared expert (MoE) or from the mlp
+// (dense); a shared expert's backward has left its part in d_n2, which the rest is added to.
 static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
   AttentionSaved& s = a.attn;
-  if (!cfg.is_moe()) return std::exchange(a.d_n2, Tensor());
+  if (!w.moe()) return std::exchange(a.d_n2, Tensor());
   const int64_t n = c.tokens(), k = cfg.moe_router_topk;
-  Tensor d_n2 = work_tensor({n, cfg.hidden_size}, c.dtype, "d_n2");
-  ops::permute_backward(d_n2, a.d_routed, s.perm, k);
+  const bool shared = a.d_n2.defined();
+  Tensor d_n2 = shared ? std::exchange(a.d_n2, Tensor())
+                       : work_tensor({n, cfg.hidden_size}, c.dtype, "d_n2");
+  ops::permute_backward(d_n2, a.d_routed, s.perm, k,
+                        shared ? Accumulate::kAdd : Accumulate::kOverwrite);
   s.d_logits = work_tensor({n, cfg.num_experts}, c.dtype, "d_router_logits");
   ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs,
                        expert_counts(s, w, cfg.num_experts), k, cfg.moe_aux_loss_coeff,
-                       c.loss_scale);
+                       c.loss_scale, router_score(cfg));
   ops::linear_backward_input(d_n2, s.d_logits, w.router, Accumulate::kAdd);
   a.d_routed = Tensor();
   a.d_topk_w = Tensor();
@@ -132,6 +187,7 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   ops::attention_backward(s.d_q, s.d_k, s.d_v, d_a, s.q, s.k, s.v, s.a, s.lse, shape);
   ops::rope_backward_qk(s.d_q, s.d_k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                         cfg.head_dim(), cfg.rope());
+  if (cfg.qk_layernorm) qk_norm_backward(s, w, g, c);
   Tensor d_n1 = work_tensor({n, h}, c.dtype, "d_n1");
   ops::linear_backward_input(d_n1, s.d_q, w.wq);
   ops::linear_backward_input(d_n1, s.d_k, w.wk, Accumulate::kAdd);
@@ -141,16 +197,22 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   ops::rmsnorm_backward(a.d_x, g.input_norm, d_n1, s.x, w.input_norm, s.rstd1, Accumulate::kAdd);
   // What only the input gradient needed; n1, a and n2 stay for the weight gradients.
   release_storage({&s.x, &s.rstd1, &s.q, &s.k, &s.v, &s.lse, &s.h1, &s.rstd2, &s.probs,
-                   &s.topk_w, &s.topk_idx, &s.counts, &s.perm});
+                   &s.topk_w, &s.topk_idx, &s.counts, &s.perm, &s.q_raw, &s.k_raw, &s.rstd_q,
+                   &s.rstd_k});
 }
 
-void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c) {
+void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
   AttentionSaved& s = a.attn;
   ops::linear_backward_weight(g.wo, s.d_h1, s.a);
   ops::linear_backward_weight(g.wq, s.d_q, s.n1);
   ops::linear_backward_weight(g.wk, s.d_k, s.n1);
   ops::linear_backward_weight(g.wv, s.d_v, s.n1);
-  if (c.cfg.is_moe()) ops::linear_backward_weight(g.router, s.d_logits, s.n2);
+  if (g.bq.defined()) {  // --add-qkv-bias
+    ops::bias_backward(g.bq, s.d_q);
+    ops::bias_backward(g.bk, s.d_k);
+    ops::bias_backward(g.bv, s.d_v);
+  }
+  if (g.moe()) ops::linear_backward_weight(g.router, s.d_logits, s.n2);
   release_storage({&s.n1, &s.a, &s.n2});
   s = AttentionSaved{};
 }

@@ -8,10 +8,13 @@ namespace tandem::model {
 ModelChunk::ModelChunk(const Parameters& params) : params_(&params) {
   const ChunkSpec& s = params.spec();
   if (s.has_embed) nodes_.push_back({NodeKind::kEmbed, -1});
+  const ModelConfig& cfg = params.config();
   for (int64_t l = 0; l < s.layer_end - s.layer_begin; ++l) {
     nodes_.push_back({NodeKind::kAttention, l});
-    if (params.config().is_moe()) {
+    if (cfg.is_moe_layer(s.layer_begin + l)) {
       nodes_.push_back({NodeKind::kDispatch, l});
+      // A shared expert after dispatch: its products run while the all-to-all is in flight.
+      if (cfg.has_shared_expert()) nodes_.push_back({NodeKind::kSharedExpert, l});
       nodes_.push_back({NodeKind::kExperts, l});
       nodes_.push_back({NodeKind::kCombine, l});
     } else {
@@ -63,6 +66,9 @@ void ModelChunk::forward_node(size_t i, MicroBatchState& mb, const NodeContext& 
     case NodeKind::kMlp:
       mlp_forward(mb.layers[node.layer], w.layers[node.layer], c);
       return;
+    case NodeKind::kSharedExpert:
+      shared_expert_forward(mb.layers[node.layer], w.layers[node.layer], c);
+      return;
     case NodeKind::kLoss: {
       Tensor x = std::exchange(mb.layers.back().out, Tensor());
       loss_forward(mb.loss, x, mb.targets, w, c);
@@ -110,6 +116,9 @@ void ModelChunk::backward_node(size_t i, MicroBatchState& mb, const NodeContext&
       mlp_backward(a, w.layers[node.layer], c);
       return;
     }
+    case NodeKind::kSharedExpert:
+      shared_expert_backward(mb.layers[node.layer], w.layers[node.layer], c);
+      return;
     case NodeKind::kLoss:
       loss_backward(mb.loss, w, g, c);
       return;
@@ -129,6 +138,9 @@ void ModelChunk::backward_weights_node(size_t i, MicroBatchState& mb,
       experts_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
       return;
     case NodeKind::kMlp: mlp_backward_weights(mb.layers[node.layer], g.layers[node.layer], c); return;
+    case NodeKind::kSharedExpert:
+      shared_expert_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
+      return;
     case NodeKind::kLoss: loss_backward_weights(mb.loss, g, c); return;
     case NodeKind::kDispatch:
     case NodeKind::kCombine:

@@ -152,14 +152,18 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
   const AttentionSaved& s = a.attn;
   switch (kind) {
     case NodeKind::kAttention:
-      return {&s.x, &s.n1, &s.rstd1, &s.q, &s.k, &s.v, &s.a, &s.lse, &s.h1, &s.rstd2, &s.n2,
-              &s.probs, &s.topk_w, &s.topk_idx, &s.counts, &s.perm};
+      return {&s.x,     &s.n1,     &s.rstd1,  &s.q,      &s.k,        &s.v,
+              &s.a,     &s.lse,    &s.h1,     &s.rstd2,  &s.n2,       &s.q_raw,
+              &s.k_raw, &s.rstd_q, &s.rstd_k, &s.probs,  &s.topk_w,   &s.topk_idx,
+              &s.counts, &s.perm};
     case NodeKind::kDispatch:
       return {&a.dispatch.recv_counts};
     case NodeKind::kExperts:
       return {&a.experts.x_in, &a.experts.gate_up, &a.experts.act, &a.experts.rows_per_expert};
     case NodeKind::kCombine:
       return {&a.combine.y};
+    case NodeKind::kSharedExpert:
+      return {&a.shared.gate_up, &a.shared.act, &a.shared.z, &a.shared.gate};
     case NodeKind::kMlp:
       return {&a.mlp.gate_up, &a.mlp.act};
     default:
@@ -171,12 +175,13 @@ std::vector<const Tensor*> saved_tensors(const EmbedActs& a) { return {&a.ids_sa
 
 std::vector<const Tensor*> all_tensors(const LayerActs& a) {
   std::vector<const Tensor*> out = {
-      &a.x, &a.h1, &a.routed, &a.expert_in, &a.expert_rows, &a.expert_out, &a.out,
-      &a.d_out, &a.d_expert_out, &a.d_expert_in, &a.d_routed, &a.d_topk_w, &a.d_n2, &a.d_x,
-      &a.attn.d_h1, &a.attn.d_q, &a.attn.d_k, &a.attn.d_v, &a.attn.d_logits,
-      &a.experts.d_y, &a.experts.d_gate_up, &a.mlp.d_out, &a.mlp.d_gate_up};
+      &a.x, &a.h1, &a.routed, &a.expert_in, &a.expert_rows, &a.expert_out, &a.shared_out,
+      &a.out, &a.d_out, &a.d_expert_out, &a.d_expert_in, &a.d_routed, &a.d_topk_w, &a.d_n2,
+      &a.d_x, &a.attn.d_h1, &a.attn.d_q, &a.attn.d_k, &a.attn.d_v, &a.attn.d_logits,
+      &a.experts.d_y, &a.experts.d_gate_up, &a.shared.d_z, &a.shared.d_gate_up,
+      &a.shared.d_logit, &a.mlp.d_out, &a.mlp.d_gate_up};
   for (NodeKind k : {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts,
-                     NodeKind::kCombine, NodeKind::kMlp}) {
+                     NodeKind::kSharedExpert, NodeKind::kCombine, NodeKind::kMlp}) {
     for (const Tensor* t : saved_tensors(k, a)) out.push_back(t);
   }
   return out;

@@ -1,4 +1,5 @@
-// The feed-forward side of a layer: the experts' grouped SwiGLU and the dense mlp.
+// The feed-forward side of a layer: the experts' grouped SwiGLU, a MoE layer's shared expert and
+// the dense mlp.
 #include <utility>
 
 #include "model/nodes.h"
@@ -61,7 +62,7 @@ static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, con
 // The cost is one more pass of the gate and up product; the saving 3 R F elements per layer
 // and micro-batch in flight.
 void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
-  const int64_t f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
+  const int64_t f = c.cfg.expert_ffn_size(), h = c.cfg.hidden_size;
   ExpertsSaved& s = a.experts;
   s.x_in = std::move(a.expert_in);  // (R, H)
   a.expert_in = Tensor();
@@ -93,7 +94,7 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
 }
 
 void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
-  const int64_t f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
+  const int64_t f = c.cfg.expert_ffn_size(), h = c.cfg.hidden_size;
   ExpertsSaved& s = a.experts;
   s.d_y = std::move(a.d_expert_out);
   a.d_expert_out = Tensor();
@@ -132,6 +133,65 @@ void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeCon
   });
   release_storage({&s.x_in, &s.act, &s.rows_per_expert});
   s = ExpertsSaved{};
+}
+
+// The shared expert: y = (silu(n2 Wg) * n2 Wu) Wd, scaled by sigmoid(n2 . w) when gated, over
+// every token of the layer; combine adds y to the layer's output.
+void shared_expert_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t n = c.tokens(), f = c.cfg.moe_shared_expert_intermediate_size;
+  const int64_t h = c.cfg.hidden_size;
+  SharedExpertSaved& s = a.shared;
+  const Tensor& n2 = a.attn.n2;  // (N, H), held by attention
+  s.gate_up = saved_tensor({n, 2 * f}, c.dtype, "shared.gate_up");
+  s.act = saved_tensor({n, f}, c.dtype, "shared.act");
+  ops::linear_forward(s.gate_up, n2, w.shared_gate_up);  // Note [Gate and up in one product]
+  ops::swiglu_forward(s.act, s.gate_up);
+  a.shared_out = work_tensor({n, h}, c.dtype, "shared_out");  // handed to combine
+  if (!w.shared_gate.defined()) {
+    ops::linear_forward(a.shared_out, s.act, w.shared_down);
+    return;
+  }
+  s.z = saved_tensor({n, h}, c.dtype, "shared.z");
+  ops::linear_forward(s.z, s.act, w.shared_down);
+  Tensor logit = work_tensor({n, 1}, c.stat_dtype(), "shared.logit");
+  ops::linear_forward(logit, n2, w.shared_gate);
+  s.gate = saved_tensor({n}, c.stat_dtype(), "shared.gate");
+  ops::sigmoid_gate_forward(a.shared_out, s.gate, s.z, logit.reshape({n}));
+}
+
+// d_n2 (the shared expert's part of n2's gradient, which attention's backward adds to) from the
+// layer's output gradient d_out.
+void shared_expert_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t n = c.tokens(), f = c.cfg.moe_shared_expert_intermediate_size;
+  const int64_t h = c.cfg.hidden_size;
+  SharedExpertSaved& s = a.shared;
+  if (w.shared_gate.defined()) {
+    s.d_z = work_tensor({n, h}, c.dtype, "shared.d_z");
+    s.d_logit = work_tensor({n, 1}, c.dtype, "shared.d_logit");
+    ops::sigmoid_gate_backward(s.d_z, s.d_logit.reshape({n}), a.d_out, s.z, s.gate);
+  } else {
+    s.d_z = a.d_out;  // attention reads it too (the residual), then drops it
+  }
+  Tensor d_act = work_tensor({n, f}, c.dtype, "shared.d_act");
+  ops::linear_backward_input(d_act, s.d_z, w.shared_down);
+  s.d_gate_up = work_tensor({n, 2 * f}, c.dtype, "shared.d_gate_up");
+  ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);
+  a.d_n2 = work_tensor({n, h}, c.dtype, "d_n2");
+  ops::linear_backward_input(a.d_n2, s.d_gate_up, w.shared_gate_up);
+  if (w.shared_gate.defined()) {
+    ops::linear_backward_input(a.d_n2, s.d_logit, w.shared_gate, ops::Accumulate::kAdd);
+  }
+  release_storage({&s.gate_up, &s.z, &s.gate});  // act stays for the weight gradient
+}
+
+void shared_expert_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
+  SharedExpertSaved& s = a.shared;
+  const Tensor& n2 = a.attn.n2;
+  ops::linear_backward_weight(g.shared_down, s.d_z, s.act);
+  ops::linear_backward_weight(g.shared_gate_up, s.d_gate_up, n2);
+  if (g.shared_gate.defined()) ops::linear_backward_weight(g.shared_gate, s.d_logit, n2);
+  release_storage({&s.act});
+  s = SharedExpertSaved{};
 }
 
 void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {

@@ -161,6 +161,10 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
   }
   a.out = work_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");  // handed on
   a.out.copy_from(a.h1);  // residual
+  if (a.shared_out.defined()) {  // the shared expert's output
+    ops::axpy(a.out, a.shared_out, 1.0);
+    a.shared_out = Tensor();
+  }
   ops::combine_forward(a.out, a.combine.y, s.perm, s.topk_w);
   a.h1 = Tensor();
 }

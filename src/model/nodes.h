@@ -56,6 +56,7 @@ struct NodeContext {
 
 struct AttentionSaved {
   Tensor x, n1, rstd1, q, k, v, a, lse, h1, rstd2, n2;  // see footprint.h
+  Tensor q_raw, k_raw, rstd_q, rstd_k;  // --qk-layernorm: q and k before their norms
   // MoE routing. counts and perm go by place, which is by expert unless the layer's experts
   // are placed out of order (Note [Expert placement] in model/expert_placement.h).
   Tensor probs, topk_w, topk_idx, counts, perm;
@@ -84,6 +85,13 @@ struct DispatchSaved {
   std::shared_ptr<HostRead> recv_read;
 };
 
+// The shared expert of a MoE layer (a SwiGLU over every token, beside the routed experts).
+struct SharedExpertSaved {
+  Tensor gate_up, act;  // gate_up: [N, 2Fs], rows (gate | up); act: [N, Fs]
+  Tensor z, gate;       // gated: the output before its gate [N, H], and the gate [N]
+  Tensor d_z, d_gate_up, d_logit;  // kept for backward_weights
+};
+
 struct MlpSaved {
   Tensor gate_up, act;  // gate_up: [N, 2F], rows (gate | up)
   Tensor d_out, d_gate_up;  // kept for backward_weights
@@ -93,7 +101,7 @@ struct MlpSaved {
 // (dispatch) -> expert_in -> (experts) -> expert_out -> (combine | mlp) -> out. Backward flow
 // runs the other way through the d_ tensors.
 struct LayerActs {
-  Tensor x, h1, routed, expert_in, expert_rows, expert_out, out;
+  Tensor x, h1, routed, expert_in, expert_rows, expert_out, shared_out, out;
   std::vector<int32_t> expert_rows_host;  // expert_rows on the host, handed on with it
   ops::PendingScalar aux_loss;            // the router's load-balancing loss
   Tensor d_out, d_expert_out, d_expert_in, d_routed, d_topk_w, d_n2, d_x;
@@ -101,6 +109,7 @@ struct LayerActs {
   DispatchSaved dispatch;
   ExpertsSaved experts;
   CombineSaved combine;
+  SharedExpertSaved shared;
   MlpSaved mlp;
 };
 
@@ -145,6 +154,12 @@ void combine_backward(LayerActs& a, const NodeContext& c);
 void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
 void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
 void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
+
+// ---- shared expert (MoE layers with one: a SwiGLU over every token, gated or not; its output
+// goes to combine, which adds it to the layer's output) ----
+void shared_expert_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
+void shared_expert_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
+void shared_expert_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
 
 // ---- mlp (dense layers: SwiGLU and residual) ----
 void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);

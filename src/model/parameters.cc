@@ -89,42 +89,87 @@ void Parameters::add(const std::string& name, Shape shape, ParamKind kind, Param
   total_ += shape_numel(shape);
 }
 
+namespace {
+
+// The Hugging Face names of a layer's weights in the family the model is saved as
+// (docs/model.md "Checkpoint names"): Mixtral's experts are block_sparse_moe.experts.{e}.w1 (gate),
+// w3 (up), w2 (down); the Qwen MoE families' are mlp.experts.{e}.gate_proj, up_proj, down_proj.
+struct LayerNames {
+  explicit LayerNames(const ModelConfig& c, int64_t l)
+      : p("model.layers." + std::to_string(l) + "."),
+        mixtral(family_of(c) == ModelFamily::kMixtral),
+        moe(p + (mixtral ? "block_sparse_moe." : "mlp.")) {}
+  std::string expert(int64_t e) const { return moe + "experts." + std::to_string(e) + "."; }
+  std::string gate(const std::string& q) const { return q + (mixtral ? "w1" : "gate_proj") + ".weight"; }
+  std::string up(const std::string& q) const { return q + (mixtral ? "w3" : "up_proj") + ".weight"; }
+  std::string down(const std::string& q) const { return q + (mixtral ? "w2" : "down_proj") + ".weight"; }
+
+  std::string p;  // model.layers.{l}.
+  bool mixtral;
+  std::string moe;  // the MoE block's prefix
+};
+
+}  // namespace
+
 void Parameters::build_entries() {
   const ModelConfig& c = cfg_;
-  const int64_t h = c.hidden_size, f = c.ffn_hidden_size;
+  const int64_t h = c.hidden_size, f = c.ffn_hidden_size, fe = c.expert_ffn_size();
+  const int64_t fs = c.moe_shared_expert_intermediate_size;
   const double std = 0.02, out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  const auto matrix = [&](const std::string& name, Shape shape, double sd,
+                          ParamShard shard = ParamShard::kDense) {
+    add(name, std::move(shape), ParamKind::kMatrix, shard, sd);
+  };
+  const auto gain = [&](const std::string& name, int64_t n) {
+    add(name, {n}, ParamKind::kNorm, ParamShard::kDense, 0);
+  };
   if (spec_.has_embed) {
     add("model.embed_tokens.weight", {c.vocab_size, h}, ParamKind::kEmbedding, ParamShard::kDense,
         std);
   }
   for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
-    add(p + "input_layernorm.weight", {h}, ParamKind::kNorm, ParamShard::kDense, 0);
-    add(p + "self_attn.q_proj.weight", {c.q_width(), h}, ParamKind::kMatrix, ParamShard::kDense, std);
-    add(p + "self_attn.k_proj.weight", {c.kv_width(), h}, ParamKind::kMatrix, ParamShard::kDense, std);
-    add(p + "self_attn.v_proj.weight", {c.kv_width(), h}, ParamKind::kMatrix, ParamShard::kDense, std);
-    add(p + "self_attn.o_proj.weight", {h, c.q_width()}, ParamKind::kMatrix, ParamShard::kDense,
-        out_std);
-    add(p + "post_attention_layernorm.weight", {h}, ParamKind::kNorm, ParamShard::kDense, 0);
-    if (!c.is_moe()) {
-      add(p + "mlp.gate_proj.weight", {f, h}, ParamKind::kMatrix, ParamShard::kDense, std);
-      add(p + "mlp.up_proj.weight", {f, h}, ParamKind::kMatrix, ParamShard::kDense, std);
-      add(p + "mlp.down_proj.weight", {h, f}, ParamKind::kMatrix, ParamShard::kDense, out_std);
+    const LayerNames n(c, l);
+    const std::string& p = n.p;
+    gain(p + "input_layernorm.weight", h);
+    matrix(p + "self_attn.q_proj.weight", {c.q_width(), h}, std);
+    matrix(p + "self_attn.k_proj.weight", {c.kv_width(), h}, std);
+    matrix(p + "self_attn.v_proj.weight", {c.kv_width(), h}, std);
+    if (c.add_qkv_bias) {
+      for (const char* b : {"q", "k", "v"}) {
+        add(p + "self_attn." + b + "_proj.bias", {b[0] == 'q' ? c.q_width() : c.kv_width()},
+            ParamKind::kBias, ParamShard::kDense, 0);
+      }
+    }
+    if (c.qk_layernorm) {
+      gain(p + "self_attn.q_norm.weight", c.head_dim());
+      gain(p + "self_attn.k_norm.weight", c.head_dim());
+    }
+    matrix(p + "self_attn.o_proj.weight", {h, c.q_width()}, out_std);
+    gain(p + "post_attention_layernorm.weight", h);
+    if (!c.is_moe_layer(l)) {
+      matrix(p + "mlp.gate_proj.weight", {f, h}, std);
+      matrix(p + "mlp.up_proj.weight", {f, h}, std);
+      matrix(p + "mlp.down_proj.weight", {h, f}, out_std);
       continue;
     }
-    add(p + "block_sparse_moe.gate.weight", {c.num_experts, h}, ParamKind::kMatrix,
-        ParamShard::kDense, std);
+    matrix(n.moe + "gate.weight", {c.num_experts, h}, std);
+    if (c.has_shared_expert()) {
+      const std::string q = n.moe + "shared_expert.";
+      matrix(q + "gate_proj.weight", {fs, h}, std);
+      matrix(q + "up_proj.weight", {fs, h}, std);
+      matrix(q + "down_proj.weight", {h, fs}, out_std);
+      if (c.moe_shared_expert_gate) matrix(n.moe + "shared_expert_gate.weight", {1, h}, std);
+    }
     for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
-      const std::string q = p + "block_sparse_moe.experts." +
-                            std::to_string(spec_.placement.expert_at(l, e)) + ".";
-      add(q + "w1.weight", {f, h}, ParamKind::kMatrix, ParamShard::kExpert, std);
-      add(q + "w3.weight", {f, h}, ParamKind::kMatrix, ParamShard::kExpert, std);
-      add(q + "w2.weight", {h, f}, ParamKind::kMatrix, ParamShard::kExpert, out_std);
+      const std::string q = n.expert(spec_.placement.expert_at(l, e));
+      matrix(n.gate(q), {fe, h}, std, ParamShard::kExpert);
+      matrix(n.up(q), {fe, h}, std, ParamShard::kExpert);
+      matrix(n.down(q), {h, fe}, out_std, ParamShard::kExpert);
     }
   }
   if (spec_.has_head) {
-    add("model.norm.weight", {h}, ParamKind::kNorm, ParamShard::kDense, 0);
-    add("lm_head.weight", {c.vocab_size, h}, ParamKind::kMatrix, ParamShard::kDense, std);
+    gain("model.norm.weight", h);
+    matrix("lm_head.weight", {c.vocab_size, h}, std);
   }
 }
 
@@ -156,8 +201,12 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
     w.final_norm = get("model.norm.weight");
     w.lm_head = get("lm_head.weight");
   }
+  const auto maybe = [&](const std::string& name) {
+    return by_name.count(name) ? get(name) : Tensor();
+  };
   for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
-    const std::string p = "model.layers." + std::to_string(l) + ".";
+    const LayerNames n(cfg_, l);
+    const std::string& p = n.p;
     LayerWeights lw;
     lw.input_norm = get(p + "input_layernorm.weight");
     lw.post_norm = get(p + "post_attention_layernorm.weight");
@@ -165,20 +214,30 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
     lw.wk = get(p + "self_attn.k_proj.weight");
     lw.wv = get(p + "self_attn.v_proj.weight");
     lw.wo = get(p + "self_attn.o_proj.weight");
-    if (!cfg_.is_moe()) {
+    lw.bq = maybe(p + "self_attn.q_proj.bias");
+    lw.bk = maybe(p + "self_attn.k_proj.bias");
+    lw.bv = maybe(p + "self_attn.v_proj.bias");
+    lw.q_norm = maybe(p + "self_attn.q_norm.weight");
+    lw.k_norm = maybe(p + "self_attn.k_norm.weight");
+    if (!cfg_.is_moe_layer(l)) {
       lw.w_gate_up = stacked(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
       lw.w_down = get(p + "mlp.down_proj.weight");
     } else {
-      lw.router = get(p + "block_sparse_moe.gate.weight");
+      lw.router = get(n.moe + "gate.weight");
+      if (cfg_.has_shared_expert()) {
+        const std::string q = n.moe + "shared_expert.";
+        lw.shared_gate_up = stacked(q + "gate_proj.weight", q + "up_proj.weight");
+        lw.shared_down = get(q + "down_proj.weight");
+        lw.shared_gate = maybe(n.moe + "shared_expert_gate.weight");
+      }
       if (expert_slots_.defined()) {
         lw.expert_slot =
             expert_slots_.narrow_rows(l - spec_.layer_begin, 1).reshape({cfg_.num_experts});
       }
       for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
-        const std::string q = p + "block_sparse_moe.experts." +
-                              std::to_string(spec_.placement.expert_at(l, e)) + ".";
-        lw.e_gate_up.push_back(stacked(q + "w1.weight", q + "w3.weight"));
-        lw.e_down.push_back(get(q + "w2.weight"));
+        const std::string q = n.expert(spec_.placement.expert_at(l, e));
+        lw.e_gate_up.push_back(stacked(n.gate(q), n.up(q)));
+        lw.e_down.push_back(get(n.down(q)));
       }
     }
     w.layers.push_back(std::move(lw));
@@ -187,10 +246,13 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
 }
 
 template <typename T>
-static void fill_init(const Tensor& t, uint64_t key, double std) {
+static void fill_init(const Tensor& t, uint64_t key, const ParamEntry& e) {
   T* p = t.data<T>();
   for (int64_t i = 0; i < t.numel(); ++i) {
-    p[i] = std == 0 ? T(1) : static_cast<T>(std * normal01(key, static_cast<uint64_t>(i)));
+    p[i] = e.kind == ParamKind::kNorm   ? T(1)
+           : e.kind == ParamKind::kBias ? T(0)
+                                        : static_cast<T>(e.init_std *
+                                                         normal01(key, static_cast<uint64_t>(i)));
   }
 }
 
@@ -203,9 +265,9 @@ void Parameters::initialize(uint64_t seed) {
   for (const ParamEntry& e : entries_) {
     const uint64_t key = splitmix64(seed) ^ hash_name(e.name);
     if (dtype_ == DType::kF32) {
-      fill_init<float>(view(host, e), key, e.init_std);
+      fill_init<float>(view(host, e), key, e);
     } else {
-      fill_init<double>(view(host, e), key, e.init_std);
+      fill_init<double>(view(host, e), key, e);
     }
   }
   if (device_ != Device::kCPU) flat_params_.copy_from(host);

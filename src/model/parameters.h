@@ -26,7 +26,8 @@ struct ChunkSpec {
 };
 
 // How a parameter is treated by the optimizer and the gradient reduction.
-enum class ParamKind : uint8_t { kMatrix, kNorm, kEmbedding };
+// Matrices take weight decay; norm gains start at one, biases at zero.
+enum class ParamKind : uint8_t { kMatrix, kNorm, kEmbedding, kBias };
 enum class ParamShard : uint8_t { kDense, kExpert };  // expert weights reduce over expert-DP
 
 struct ParamEntry {
@@ -34,7 +35,7 @@ struct ParamEntry {
   Shape shape;       // [out, in] for matrices
   ParamKind kind;
   ParamShard shard;
-  double init_std;   // 0: initialised to one (norm gains)
+  double init_std;   // matrices and embeddings: N(0, init_std); norms one, biases zero
   int64_t offset;    // in elements, within the flat buffers
 };
 
@@ -42,13 +43,19 @@ struct LayerWeights {
   Tensor input_norm, post_norm;  // [H]
   Tensor wq, wk, wv;             // [heads*D, H], [kv*D, H], [kv*D, H]
   Tensor wo;                     // [H, heads*D]
-  // Dense: gate_proj over up_proj, [2F, H] (the two are adjacent in the flat buffers, so one
+  Tensor bq, bk, bv;             // --add-qkv-bias: [heads*D], [kv*D], [kv*D]; else undefined
+  Tensor q_norm, k_norm;         // --qk-layernorm: [D]; else undefined
+  // Dense layers: gate_proj over up_proj, [2F, H] (the two are adjacent in the flat buffers, so one
   // product forms both: Note [Gate and up in one product] in ffn_nodes.cc), and down, [H, F].
   Tensor w_gate_up, w_down;
-  Tensor router;  // MoE: [E, H]
-  // MoE, local experts (the chunk's places, in order): w1 (gate) over w3 (up), [2F, H], and w2
-  // (down), [H, F].
+  Tensor router;  // MoE layers: [E, H]
+  // MoE layers, local experts (the chunk's places, in order): gate over up, [2Fe, H], and down,
+  // [H, Fe] (Fe: ModelConfig::expert_ffn_size()).
   std::vector<Tensor> e_gate_up, e_down;
+  // MoE with a shared expert: gate over up, [2Fs, H], and down, [H, Fs]; its gate [1, H] with
+  // --moe-shared-expert-gate. Undefined otherwise.
+  Tensor shared_gate_up, shared_down, shared_gate;
+  bool moe() const { return router.defined(); }  // a MoE layer (else dense)
   // MoE with the layer's experts out of order: [E] i32, each expert's place
   // (Note [Expert placement]); undefined when expert e is at place e.
   Tensor expert_slot;

@@ -124,6 +124,22 @@ void linear_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x,
   TANDEM_OP(dw, linear_backward_weight, dw, dy, x, acc);
 }
 
+void bias_forward(const Tensor& y, const Tensor& b) {
+  TANDEM_OP(y, bias_forward, y, b);
+}
+
+void bias_backward(const Tensor& db, const Tensor& dy) {
+  TANDEM_OP(db, bias_backward, db, dy);
+}
+
+void sigmoid_gate_forward(const Tensor& y, const Tensor& gate, const Tensor& z, const Tensor& logit) {
+  TANDEM_OP(y, sigmoid_gate_forward, y, gate, z, logit);
+}
+
+void sigmoid_gate_backward(const Tensor& dz, const Tensor& dlogit, const Tensor& dy, const Tensor& z, const Tensor& gate) {
+  TANDEM_OP(dz, sigmoid_gate_backward, dz, dlogit, dy, z, gate);
+}
+
 void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim, const RopeSpec& rope) {
   TANDEM_OP(out, rope_forward, out, x, seq, heads, head_dim, rope);
 }
@@ -156,8 +172,8 @@ void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& 
   TANDEM_OP(d_gate_up, swiglu_backward, d_gate_up, dout, gate_up);
 }
 
-void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& logits) {
-  TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits);
+void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& logits, RouterScore score) {
+  TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits, score);
 }
 
 void router_counts(const Tensor& counts, const Tensor& topk_idx) {
@@ -169,8 +185,8 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
   TANDEM_OP(probs, router_aux_loss_start, probs, counts, k, coeff);
 }
 
-void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k, double coeff, double aux_scale) {
-  TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff, aux_scale);
+void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k, double coeff, double aux_scale, RouterScore score) {
+  TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff, aux_scale, score);
 }
 
 void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,

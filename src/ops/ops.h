@@ -26,6 +26,12 @@ enum class Accumulate : uint8_t { kOverwrite, kAdd };
 // already has (e.g. on the host, before copying them over).
 enum class IdCheck : uint8_t { kCheck, kCheckedByCaller };
 
+// How router_forward turns a token's logits into the k routing weights (docs/model.md "Feed-forward: mixture of experts").
+enum class RouterScore : uint8_t {
+  kSoftmaxOfSelected,  // the softmax over the k chosen logits (Mixtral; norm_topk_prob true)
+  kSoftmaxOfAll,       // the softmax over all E logits, at the k chosen, not renormalised
+};
+
 // ---- shapes and hyper-parameters of the ops below ----
 // Causal attention with grouped-query heads: query head h uses KV head h / (heads / kv_heads).
 struct AttentionShape {

@@ -91,6 +91,7 @@ NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const Footprin
   const double n = dbl(s.tokens), h = dbl(cfg.hidden_size), t = dbl(cfg.seq_length);
   const double q = dbl(cfg.q_width()), kv = dbl(cfg.kv_width()), e = dbl(s.elem_bytes);
   const double experts = dbl(cfg.num_experts), f = dbl(cfg.ffn_hidden_size);
+  const double fe = dbl(cfg.expert_ffn_size()), fs = dbl(cfg.moe_shared_expert_intermediate_size);
   const double v = dbl(cfg.vocab_size), r = dbl(s.expert_rows), wb = dbl(w);
   NodeWork out;
   switch (kind) {
@@ -100,11 +101,13 @@ NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const Footprin
     case NodeKind::kAttention: {
       out.flops = 2 * n * h * (q + 2 * kv) + 2 * n * q * h + 2 * n * t * q;
       double weights = h * (q + 2 * kv) + q * h + 2 * h;
-      if (cfg.is_moe()) {
+      if (cfg.is_moe() && s.moe_layer) {
         out.flops += 2 * n * h * experts;
         weights += h * experts;
       }
       out.memory_bytes = weights * wb + n * (6 * h + 4 * q + 4 * kv) * e;
+      if (cfg.qk_layernorm) out.memory_bytes += n * 2 * (q + kv) * e;  // the norms' pass
+      if (cfg.add_qkv_bias) out.memory_bytes += n * 2 * (q + 2 * kv) * e;
       break;
     }
     case NodeKind::kDispatch:
@@ -112,8 +115,12 @@ NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const Footprin
       out.comm_bytes = alltoall_bytes(cfg, s, ep);
       break;
     case NodeKind::kExperts:
-      out.flops = 6 * r * h * f;
-      out.memory_bytes = dbl(s.local_experts) * 3 * h * f * wb + r * (2 * h + 4 * f) * e;
+      out.flops = 6 * r * h * fe;
+      out.memory_bytes = dbl(s.local_experts) * 3 * h * fe * wb + r * (2 * h + 4 * fe) * e;
+      break;
+    case NodeKind::kSharedExpert:
+      out.flops = 6 * n * h * fs + (cfg.moe_shared_expert_gate ? 2 * n * h : 0);
+      out.memory_bytes = 3 * h * fs * wb + n * (2 * h + 4 * fs) * e;
       break;
     case NodeKind::kMlp:
       out.flops = 6 * n * h * f;

@@ -12,28 +12,38 @@ constexpr int64_t kFp32 = 4;
 
 // The weights a node is the first to read (StageNode::params), in Parameters::build_entries'
 // order: a layer's attention side (norms, projections, router) then its experts' or mlp's.
-int64_t node_params(NodeKind kind, const ModelConfig& cfg, int64_t ep) {
+int64_t node_params(NodeKind kind, const ModelConfig& cfg, int64_t ep, bool moe_layer) {
   const int64_t h = cfg.hidden_size, f = cfg.ffn_hidden_size;
   switch (kind) {
     case NodeKind::kEmbed: return cfg.vocab_size * h;
     case NodeKind::kAttention:
       return 2 * h + h * cfg.q_width() + 2 * h * cfg.kv_width() + cfg.q_width() * h +
-             (cfg.is_moe() ? h * cfg.num_experts : 0);
-    case NodeKind::kExperts: return (cfg.num_experts / ep) * 3 * h * f;
+             (cfg.add_qkv_bias ? cfg.q_width() + 2 * cfg.kv_width() : 0) +
+             (cfg.qk_layernorm ? 2 * cfg.head_dim() : 0) +
+             (moe_layer ? h * cfg.num_experts : 0);
+    case NodeKind::kExperts: return (cfg.num_experts / ep) * 3 * h * cfg.expert_ffn_size();
+    case NodeKind::kSharedExpert:
+      return 3 * h * cfg.moe_shared_expert_intermediate_size +
+             (cfg.moe_shared_expert_gate ? h : 0);
     case NodeKind::kMlp: return 3 * h * f;
     case NodeKind::kLoss: return h + h * cfg.vocab_size;
     default: return 0;  // dispatch and combine read no weights
   }
 }
 
-int64_t layer_params(const ModelConfig& cfg, int64_t ep) {
-  const int64_t h = cfg.hidden_size, f = cfg.ffn_hidden_size;
-  int64_t n = 2 * h + h * cfg.q_width() + 2 * h * cfg.kv_width() + cfg.q_width() * h;
-  if (cfg.is_moe()) {
-    n += h * cfg.num_experts + (cfg.num_experts / ep) * 3 * h * f;
-  } else {
-    n += 3 * h * f;
+// The schedule nodes of layer l, in forward order (model/chunk.cc builds the same).
+std::vector<NodeKind> layer_nodes(const ModelConfig& cfg, int64_t l) {
+  if (!cfg.is_moe_layer(l)) return {NodeKind::kAttention, NodeKind::kMlp};
+  if (cfg.has_shared_expert()) {
+    return {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kSharedExpert,
+            NodeKind::kExperts, NodeKind::kCombine};
   }
+  return {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts, NodeKind::kCombine};
+}
+
+int64_t layer_params(const ModelConfig& cfg, int64_t ep, int64_t l) {
+  int64_t n = 0;
+  for (NodeKind k : layer_nodes(cfg, l)) n += node_params(k, cfg, ep, cfg.is_moe_layer(l));
   return n;
 }
 
@@ -200,27 +210,24 @@ Stage build_stage(int32_t index, int32_t num_stages, int32_t first_layer, int32_
   st.index = index;
   st.first_layer = first_layer;
   st.num_layers = num_layers;
-  st.nodes_per_layer = cfg.is_moe() ? 4 : 2;
   if (index == 0) st.nodes.push_back(make_node(NodeKind::kEmbed, -1, in, s));
-  st.first_layer_node = static_cast<int32_t>(st.nodes.size());
   for (int32_t l = first_layer; l < first_layer + num_layers; ++l) {
-    if (cfg.is_moe()) {
-      for (NodeKind k :
-           {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts, NodeKind::kCombine})
-        st.nodes.push_back(make_node(k, l, in, s));
-    } else {
-      for (NodeKind k : {NodeKind::kAttention, NodeKind::kMlp})
-        st.nodes.push_back(make_node(k, l, in, s));
-    }
+    st.layer_node.push_back(static_cast<int32_t>(st.nodes.size()));
+    FootprintShape layer = s;
+    layer.moe_layer = cfg.is_moe_layer(l);
+    for (NodeKind k : layer_nodes(cfg, l)) st.nodes.push_back(make_node(k, l, in, layer));
   }
+  st.layer_node.push_back(static_cast<int32_t>(st.nodes.size()));
   const bool last = index == num_stages - 1;
   if (last) st.nodes.push_back(make_node(NodeKind::kLoss, -1, in, s));
   if (in.cost.kind == CostModelKind::kUniform) spread_uniform(st);
   for (const StageNode& n : st.nodes) st.activation_bytes += n.saved_bytes;
-  st.num_params = stage_params(cfg, num_layers, index == 0, last, in.expert_parallel_size);
+  st.num_params =
+      stage_params(cfg, first_layer, num_layers, index == 0, last, in.expert_parallel_size);
   int64_t by_node = 0;
   for (StageNode& n : st.nodes) {
-    n.params = node_params(n.kind, cfg, in.expert_parallel_size);
+    n.params = node_params(n.kind, cfg, in.expert_parallel_size,
+                           n.layer >= 0 && cfg.is_moe_layer(n.layer));
     by_node += n.params;
   }
   TANDEM_ASSERT(by_node == st.num_params, "stage ", index, ": nodes read ", by_node,
@@ -242,9 +249,10 @@ int64_t resolved_data_parallel_size(const PlanInputs& in) {
   return dp > 0 ? dp : in.expert_parallel_size;
 }
 
-int64_t stage_params(const ModelConfig& cfg, int32_t num_layers, bool first, bool last,
-                     int64_t ep) {
-  int64_t n = num_layers * layer_params(cfg, ep);
+int64_t stage_params(const ModelConfig& cfg, int32_t first_layer, int32_t num_layers, bool first,
+                     bool last, int64_t ep) {
+  int64_t n = 0;
+  for (int32_t l = first_layer; l < first_layer + num_layers; ++l) n += layer_params(cfg, ep, l);
   if (first) n += cfg.vocab_size * cfg.hidden_size;
   if (last) n += cfg.hidden_size + cfg.hidden_size * cfg.vocab_size;
   return n;

@@ -61,8 +61,11 @@ struct Stage {
   int32_t rank = 0;
   int32_t first_layer = 0;
   int32_t num_layers = 0;
-  int32_t first_layer_node = 0;  // index in `nodes` of the first layer's attention
-  int32_t nodes_per_layer = 0;   // 4 (MoE: attention, dispatch, experts, combine) or 2 (dense)
+  // Index in `nodes` of each layer's attention, and one past the last layer's nodes: layer i is
+  // nodes [layer_node[i], layer_node[i + 1]): attention, dispatch, [shared_expert,] experts,
+  // combine for a MoE layer; attention, mlp for a dense one.
+  std::vector<int32_t> layer_node;
+  int32_t layer_size(int32_t i) const { return layer_node[i + 1] - layer_node[i]; }
   std::vector<StageNode> nodes;  // forward order: [embed], layers, [loss]
   int64_t num_params = 0;
   int64_t activation_bytes = 0;  // sum of saved_bytes: one micro-batch's activations (balanced
@@ -173,7 +176,8 @@ PipelineModel build_pipeline_model(const Schedule& schedule, const PlanInputs& i
 
 // Parameters of one stage: embedding on stage 0, layers (experts divided by EP), final norm and
 // LM head on the last stage.
-int64_t stage_params(const ModelConfig& cfg, int32_t num_layers, bool first, bool last, int64_t ep);
+int64_t stage_params(const ModelConfig& cfg, int32_t first_layer, int32_t num_layers, bool first,
+                     bool last, int64_t ep);
 
 // Note [Deferred update in the plan] (simulator.cc), the runtime's and the plan's one rule: in a
 // forward that runs alone, beside all-to-all node k the deferred update reaches the weights of

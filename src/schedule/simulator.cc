@@ -80,39 +80,59 @@ constexpr std::array<PairStep, 4> kPairDense = {{{PairStep::Half::kF, 0},
                                                  {PairStep::Half::kB, 1},
                                                  {PairStep::Half::kF, 1},
                                                  {PairStep::Half::kB, 0}}};
+// Note [Shared expert in a pair]: a MoE layer with a shared expert (attention 0, dispatch 1,
+// shared expert 2, experts 3, combine 4) pairs as the plain MoE layer, with the shared experts'
+// products where an all-to-all is in flight: compute attn.f, experts.b, shared.b, shared.f,
+// experts.f, attn.b; comm combine.b, dispatch.f, dispatch.b, combine.f. shared.b (it needs
+// combine.b's gradient) runs beside dispatch.f, shared.f (attention's n2) beside dispatch.b.
+// The runtime issues a pair in this order too (runtime/combined.cc).
+constexpr std::array<PairStep, 10> kPairMoeShared = {{{PairStep::Half::kB, 4},
+                                                      {PairStep::Half::kF, 0},
+                                                      {PairStep::Half::kF, 1},
+                                                      {PairStep::Half::kB, 3},
+                                                      {PairStep::Half::kB, 2},
+                                                      {PairStep::Half::kF, 2},
+                                                      {PairStep::Half::kB, 1},
+                                                      {PairStep::Half::kF, 3},
+                                                      {PairStep::Half::kF, 4},
+                                                      {PairStep::Half::kB, 0}}};
+
+// Runs layer i of h's stage: its nodes in forward order, or backward in reverse.
+void run_layer(HalfRun& h, int32_t i, bool forward) {
+  const Stage& s = h.stage();
+  const int32_t size = s.layer_size(i);
+  for (int32_t p = 0; p < size; ++p) h.node(s.layer_node[i] + (forward ? p : size - 1 - p));
+}
 
 void run_pairs(HalfRun& f, HalfRun& b) {
   const Stage& fs = f.stage();
   const Stage& bs = b.stage();
   const int32_t n = std::min(fs.num_layers, bs.num_layers);
-  auto fnode = [&](int32_t i, int32_t pos) {
-    return fs.first_layer_node + i * fs.nodes_per_layer + pos;
-  };
-  auto bnode = [&](int32_t i, int32_t pos) {
-    return bs.first_layer_node + i * bs.nodes_per_layer + pos;
-  };
   for (int32_t i = 0; i < n; ++i) {
     const int32_t bi = bs.num_layers - 1 - i;
     auto steps = [&](const auto& table) {
       for (const PairStep& st : table) {
         if (st.half == PairStep::Half::kF)
-          f.node(fnode(i, st.pos));
+          f.node(fs.layer_node[i] + st.pos);
         else
-          b.node(bnode(bi, st.pos));
+          b.node(bs.layer_node[bi] + st.pos);
       }
     };
-    if (fs.nodes_per_layer == 4)
+    const int32_t fsize = fs.layer_size(i), bsize = bs.layer_size(bi);
+    if (fsize != bsize) {  // a MoE layer beside a dense one: one after the other
+      run_layer(f, i, true);
+      run_layer(b, bi, false);
+    } else if (fsize == 5) {
+      steps(kPairMoeShared);
+    } else if (fsize == 4) {
       steps(kPairMoe);
-    else
+    } else {
       steps(kPairDense);
+    }
   }
-  for (int32_t i = n; i < fs.num_layers; ++i) {
-    for (int32_t p = 0; p < fs.nodes_per_layer; ++p) f.node(fnode(i, p));
-  }
+  for (int32_t i = n; i < fs.num_layers; ++i) run_layer(f, i, true);
   if (fs.has_loss()) f.node(static_cast<int32_t>(fs.nodes.size()) - 1);
-  for (int32_t i = bs.num_layers - 1 - n; i >= 0; --i) {
-    for (int32_t p = bs.nodes_per_layer - 1; p >= 0; --p) b.node(bnode(i, p));
-  }
+  for (int32_t i = bs.num_layers - 1 - n; i >= 0; --i) run_layer(b, i, false);
   if (bs.has_embed()) b.node(0);
 }
 
@@ -132,17 +152,17 @@ void run_forward_pairs(HalfRun& f, HalfRun& g) {
   const int32_t n = std::max(fs.num_layers, gs.num_layers);
   auto layer = [](HalfRun& h, int32_t i, int32_t pos) {
     const Stage& s = h.stage();
-    if (i < s.num_layers) h.node(s.first_layer_node + i * s.nodes_per_layer + pos);
+    if (i < s.num_layers) h.node(s.layer_node[i] + pos);
   };
   if (fs.has_embed()) f.node(0);
   if (gs.has_embed()) g.node(0);
   for (int32_t i = 0; i < n; ++i) {
-    if (fs.nodes_per_layer == 4 && gs.nodes_per_layer == 4) {
+    if (i < fs.num_layers && i < gs.num_layers && fs.layer_size(i) == 4 && gs.layer_size(i) == 4) {
       for (const ForwardStep& st : kForwardsMoe) layer(st.second ? g : f, i, st.pos);
       continue;
     }
-    for (int32_t p = 0; p < fs.nodes_per_layer; ++p) layer(f, i, p);
-    for (int32_t p = 0; p < gs.nodes_per_layer; ++p) layer(g, i, p);
+    if (i < fs.num_layers) run_layer(f, i, true);
+    if (i < gs.num_layers) run_layer(g, i, true);
   }
   if (fs.has_loss()) f.node(static_cast<int32_t>(fs.nodes.size()) - 1);
   if (gs.has_loss()) g.node(static_cast<int32_t>(gs.nodes.size()) - 1);

@@ -11,16 +11,35 @@
 namespace tandem::model {
 namespace {
 
+enum class Model : uint8_t { kDense, kMoe, kQwen3, kQwen2 };
+
 struct Case {
-  bool moe;
+  Model model;
   DType dtype;
   bool fused = false;  // the loss node through ops::lm_head_ce_* (no logits kept)
 };
 
+ModelConfig config_of(Model m) {
+  switch (m) {
+    case Model::kDense: return testing::tiny_config(false);
+    case Model::kMoe: return testing::tiny_config(true);
+    case Model::kQwen3: return testing::tiny_qwen3_config();
+    case Model::kQwen2: return testing::tiny_qwen2_config();
+  }
+  return {};
+}
+
+// The footprint shape of a whole-model chunk's node: its layer's kind (dense layers of a MoE
+// model save no routing state).
+FootprintShape shape_of(const ModelConfig& cfg, FootprintShape shape, const NodeRef& node) {
+  if (node.layer >= 0) shape.moe_layer = cfg.is_moe_layer(node.layer);
+  return shape;
+}
+
 class FootprintTest : public ::testing::TestWithParam<Case> {};
 
 TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
-  const ModelConfig cfg = testing::tiny_config(GetParam().moe);
+  const ModelConfig cfg = config_of(GetParam().model);
   const DType dt = GetParam().dtype;
   const int64_t batch = 3, n = batch * cfg.seq_length;
   Parameters params(cfg, ChunkSpec::whole(cfg), dt);
@@ -39,12 +58,13 @@ TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
   int64_t expected_total = 0;
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
     chunk.forward_node(i, mb, c);
-    expected_total += node_saved_bytes(chunk.nodes()[i].kind, cfg, shape);
+    expected_total +=
+        node_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i]));
   }
   // After the whole forward every node holds exactly its footprint...
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
     EXPECT_EQ(chunk.node_saved_bytes_live(i, mb),
-              node_saved_bytes(chunk.nodes()[i].kind, cfg, shape))
+              node_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i])))
         << node_kind_name(chunk.nodes()[i].kind) << " of layer " << chunk.nodes()[i].layer;
   }
   // ...and the allocator holds nothing else as activations.
@@ -64,7 +84,7 @@ TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
 }
 
 TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
-  const ModelConfig cfg = testing::tiny_config(GetParam().moe);
+  const ModelConfig cfg = config_of(GetParam().model);
   const DType dt = GetParam().dtype;
   const int64_t batch = 2, n = batch * cfg.seq_length;
   Parameters params(cfg, ChunkSpec::whole(cfg), dt);
@@ -81,7 +101,8 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
   chunk.backward(mb, c, WeightGrad::kDeferred);  // every node's I, no W yet
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
     EXPECT_EQ(chunk.node_saved_bytes_live(i, mb),
-              node_weight_saved_bytes(chunk.nodes()[i].kind, cfg, shape))
+              node_weight_saved_bytes(chunk.nodes()[i].kind, cfg,
+                                      shape_of(cfg, shape, chunk.nodes()[i])))
         << node_kind_name(chunk.nodes()[i].kind) << " of layer " << chunk.nodes()[i].layer;
   }
   chunk.backward_weights(mb, c);
@@ -89,9 +110,15 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
 }
 
 INSTANTIATE_TEST_SUITE_P(All, FootprintTest,
-                         ::testing::Values(Case{false, DType::kF32}, Case{true, DType::kF32},
-                                           Case{true, DType::kF64}, Case{false, DType::kF32, true},
-                                           Case{true, DType::kF64, true}));
+                         ::testing::Values(Case{Model::kDense, DType::kF32},
+                                           Case{Model::kMoe, DType::kF32},
+                                           Case{Model::kMoe, DType::kF64},
+                                           Case{Model::kDense, DType::kF32, true},
+                                           Case{Model::kMoe, DType::kF64, true},
+                                           Case{Model::kQwen3, DType::kF32},
+                                           Case{Model::kQwen3, DType::kF64, true},
+                                           Case{Model::kQwen2, DType::kF32},
+                                           Case{Model::kQwen2, DType::kF64, true}));
 
 TEST(LossNode, LogitsFreedRightAfterLossBackward) {
   const ModelConfig cfg = testing::tiny_config(true);

@@ -104,9 +104,14 @@ TEST(HfFamilies, LlamaWithLlama3RopeScalingAndItsOwnHeadDim) {
 TEST(HfFamilies, MixtralTop1) { expect_transformers_loss("mixtral_top1"); }
 TEST(HfFamilies, MixtralTop2) { expect_transformers_loss("mixtral_top2"); }
 
+TEST(HfFamilies, Qwen3MoeWithNormTopkProb) { expect_transformers_loss("qwen3_moe"); }
+TEST(HfFamilies, Qwen3MoeWithoutNormTopkProb) { expect_transformers_loss("qwen3_moe_nonorm"); }
+TEST(HfFamilies, Qwen3MoeWithDenseLayers) { expect_transformers_loss("qwen3_moe_dense"); }
+TEST(HfFamilies, Qwen2MoeWithSharedExpertAndQkvBias) { expect_transformers_loss("qwen2_moe"); }
+
 // Families tandem does not implement yet are refused, naming model_type, not misread.
 TEST(HfFamilies, UnimplementedFamiliesAreRefusedByName) {
-  for (const char* name : {"qwen3_moe", "qwen2_moe", "deepseek_v3"}) {
+  for (const char* name : {"deepseek_v3", "deepseek_v3_noq", "deepseek_v3_yarn"}) {
     try {
       runtime::load_model_checkpoint((kFixtures / name).string());
       ADD_FAILURE() << name << " was accepted";

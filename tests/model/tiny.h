@@ -22,6 +22,30 @@ inline ModelConfig tiny_config(bool moe) {
   return c;
 }
 
+// Qwen3-MoE's options on the tiny model: q/k norms, a head dim of its own, narrower experts,
+// routing weights from the full softmax (norm_topk_prob false) and a dense first layer.
+inline ModelConfig tiny_qwen3_config() {
+  ModelConfig c = tiny_config(true);
+  c.num_layers = 3;
+  c.qk_layernorm = true;
+  c.kv_channels = 6;
+  c.moe_ffn_hidden_size = 5;
+  c.moe_router_pre_softmax = true;
+  c.moe_layer_freq = "[0,1,1]";
+  return c;
+}
+
+// Qwen2-MoE's: q/k/v biases and a gated shared expert beside the routed ones.
+inline ModelConfig tiny_qwen2_config() {
+  ModelConfig c = tiny_config(true);
+  c.add_qkv_bias = true;
+  c.moe_ffn_hidden_size = 5;
+  c.moe_shared_expert_intermediate_size = 7;
+  c.moe_shared_expert_gate = true;
+  c.moe_router_pre_softmax = true;
+  return c;
+}
+
 // Random token ids in [0, vocab), [n] i32, from stream `key`.
 inline Tensor random_ids(int64_t n, int64_t vocab, uint64_t key) {
   Tensor t = Tensor::empty({n}, DType::kI32, MemCategory::kOther, "ids");

@@ -446,12 +446,12 @@ TEST(Simulator, StaticMemoryCountsParamsGradsAndAdamAndSplitsExpertsByEp) {
   const ModelConfig c = tiny();
   // layer: norms 16 + q 64 + k,v 2*32 + o 64 + router 32 + experts E/EP * 3 * 8 * 16.
   const int64_t attn = 16 + 64 + 64 + 64 + 32;
-  EXPECT_EQ(stage_params(c, 1, false, false, 1), attn + 4 * 384);
-  EXPECT_EQ(stage_params(c, 1, false, false, 4), attn + 384);
-  EXPECT_EQ(stage_params(c, 1, true, true, 4), attn + 384 + 32 * 8 + 8 + 8 * 32);
+  EXPECT_EQ(stage_params(c, 0, 1, false, false, 1), attn + 4 * 384);
+  EXPECT_EQ(stage_params(c, 0, 1, false, false, 4), attn + 384);
+  EXPECT_EQ(stage_params(c, 0, 1, true, true, 4), attn + 384 + 32 * 8 + 8 + 8 * 32);
   const Plan plan = table_plan("1f1b", 1, 1);
   const RankMemory& m = plan.sim.ranks[0].static_memory;
-  const int64_t params = stage_params(c, 1, true, true, 4);
+  const int64_t params = stage_params(c, 0, 1, true, true, 4);
   EXPECT_EQ(m.param_bytes, 4 * params);
   EXPECT_EQ(m.grad_bytes, 4 * params);
   EXPECT_EQ(m.optimizer_bytes, 8 * params);

@@ -149,7 +149,7 @@ TEST(Theory, DualPipeVAgainstTheDualPipeReadmeTable) {
       const ModelConfig& cfg = dv.inputs.model;
       for (int32_t r = 1; r < p; ++r) {
         EXPECT_EQ(dv.sim.ranks[r].static_memory.param_bytes,
-                  2 * 4 * stage_params(cfg, 1, false, false, 1));
+                  2 * 4 * stage_params(cfg, 0, 1, false, false, 1));
       }
     }
   }

@@ -64,6 +64,86 @@ bool all_finite(const Tensor& x) {
   });
 }
 
+// ---- bias ----
+
+void bias_forward(const Tensor& y, const Tensor& b) {
+  const char* op = "bias_forward";
+  const DType dt = float_dtype(op, "y", y, 2);
+  const int64_t m = y.size(0), n = y.size(1);
+  expect(op, "b", b, dt, {n});
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    T* py = y.data<T>();
+    const T* pb = b.data<T>();
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) py[r * n + c] += pb[c];
+    }
+  });
+}
+
+void bias_backward(const Tensor& db, const Tensor& dy) {
+  const char* op = "bias_backward";
+  const DType dt = float_dtype(op, "dy", dy, 2);
+  const int64_t m = dy.size(0), n = dy.size(1);
+  expect(op, "db", db, dt, {n});
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pd = dy.data<T>();
+    T* pb = db.data<T>();
+    std::vector<double> sum(static_cast<size_t>(n), 0.0);  // rows in order
+    for (int64_t r = 0; r < m; ++r) {
+      for (int64_t c = 0; c < n; ++c) sum[static_cast<size_t>(c)] += pd[r * n + c];
+    }
+    for (int64_t c = 0; c < n; ++c) pb[c] += static_cast<T>(sum[static_cast<size_t>(c)]);
+  });
+}
+
+// ---- sigmoid gate ----
+
+void sigmoid_gate_forward(const Tensor& y, const Tensor& gate, const Tensor& z,
+                          const Tensor& logit) {
+  const char* op = "sigmoid_gate_forward";
+  const DType dt = float_dtype(op, "z", z, 2);
+  const int64_t m = z.size(0), h = z.size(1);
+  expect(op, "y", y, dt, {m, h});
+  expect(op, "gate", gate, dt, {m});
+  expect(op, "logit", logit, dt, {m});
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pz = z.data<T>();
+    const T* pl = logit.data<T>();
+    T *py = y.data<T>(), *pg = gate.data<T>();
+    for (int64_t r = 0; r < m; ++r) {
+      const T g = static_cast<T>(1.0 / (1.0 + std::exp(-static_cast<double>(pl[r]))));
+      pg[r] = g;
+      for (int64_t c = 0; c < h; ++c) py[r * h + c] = g * pz[r * h + c];
+    }
+  });
+}
+
+void sigmoid_gate_backward(const Tensor& dz, const Tensor& dlogit, const Tensor& dy,
+                           const Tensor& z, const Tensor& gate) {
+  const char* op = "sigmoid_gate_backward";
+  const DType dt = float_dtype(op, "z", z, 2);
+  const int64_t m = z.size(0), h = z.size(1);
+  expect(op, "dz", dz, dt, {m, h});
+  expect(op, "dy", dy, dt, {m, h});
+  expect(op, "dlogit", dlogit, dt, {m});
+  expect(op, "gate", gate, dt, {m});
+  dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T *pdy = dy.data<T>(), *pz = z.data<T>(), *pg = gate.data<T>();
+    T *pdz = dz.data<T>(), *pdl = dlogit.data<T>();
+    for (int64_t r = 0; r < m; ++r) {
+      const double g = pg[r];
+      double dot = 0;
+      for (int64_t c = 0; c < h; ++c) dot += static_cast<double>(pdy[r * h + c]) * pz[r * h + c];
+      for (int64_t c = 0; c < h; ++c) pdz[r * h + c] = static_cast<T>(pdy[r * h + c] * g);
+      pdl[r] = static_cast<T>(dot * g * (1 - g));
+    }
+  });
+}
+
 // ---- embedding ----
 
 void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table, IdCheck) {

@@ -1,4 +1,4 @@
-// CPU Mixtral router (top-k, softmax over the selected logits, switch aux loss) and the dropless
+// CPU router (top-k, the routing weights of RouterScore, switch aux loss) and the dropless
 // token permutation by expert. Every loop runs in a fixed order: results are bitwise reproducible.
 #include <cmath>
 #include <cstddef>
@@ -45,7 +45,7 @@ void row_softmax(T* out, const T* logits, const int32_t* idx, int64_t count) {
 }  // namespace
 
 void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs,
-                    const Tensor& logits) {
+                    const Tensor& logits, RouterScore score) {
   const char* op = "router_forward";
   const DType dt = cpu::float_dtype(op, "logits", logits, 2);
   cpu::expect_rank(op, "topk_idx", topk_idx, 2);
@@ -62,8 +62,12 @@ void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& 
     std::vector<char> taken;
     for (int64_t r = 0; r < n; ++r) {
       row_topk(pi + r * k, pl + r * e, e, k, taken);
-      row_softmax(pw + r * k, pl + r * e, pi + r * k, k);
       row_softmax(pp + r * e, pl + r * e, static_cast<const int32_t*>(nullptr), e);
+      if (score == RouterScore::kSoftmaxOfSelected) {
+        row_softmax(pw + r * k, pl + r * e, pi + r * k, k);
+      } else {
+        for (int64_t j = 0; j < k; ++j) pw[r * k + j] = pp[r * e + pi[r * k + j]];
+      }
     }
   });
 }
@@ -107,12 +111,14 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
   }));
 }
 
-// Per token: selected part dl[idx_j] = w_j (dw_j - sum_i w_i dw_i); aux part through the full
-// softmax with c_e = d aux / d probs[n, e] = coeff * E * f_e / N (f_e constant):
-// dl[e] += aux_scale * p_e (c_e - sum_e' p_e' c_e').
+// Per token: the aux part through the full softmax with c_e = d aux / d probs[n, e] =
+// coeff * E * f_e / N (f_e constant): dl[e] = aux_scale * p_e (c_e - sum_e' p_e' c_e'). The
+// routing weights' part: kSoftmaxOfSelected, through the selected softmax, dl[idx_j] +=
+// w_j (dw_j - sum_i w_i dw_i); kSoftmaxOfAll, w_j = p[idx_j], through the full softmax,
+// dl[e] += p_e (g_e - sum_j w_j dw_j) with g_e = dw_j where e = idx_j, else 0.
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
                      const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
-                     double coeff, double aux_scale) {
+                     double coeff, double aux_scale, RouterScore score) {
   const char* op = "router_backward";
   const DType dt = cpu::float_dtype(op, "probs", probs, 2);
   const int64_t n = probs.size(0), e = probs.size(1);
@@ -144,8 +150,15 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
       }
       double dot = 0;
       for (int64_t j = 0; j < k; ++j) dot += static_cast<double>(pw[r * k + j]) * pdw[r * k + j];
+      if (score == RouterScore::kSoftmaxOfSelected) {
+        for (int64_t j = 0; j < k; ++j) {
+          dl[pi[r * k + j]] += static_cast<T>(pw[r * k + j] * (pdw[r * k + j] - dot));
+        }
+        continue;
+      }
+      for (int64_t x = 0; x < e; ++x) dl[x] += static_cast<T>(-static_cast<double>(p[x]) * dot);
       for (int64_t j = 0; j < k; ++j) {
-        dl[pi[r * k + j]] += static_cast<T>(pw[r * k + j] * (pdw[r * k + j] - dot));
+        dl[pi[r * k + j]] += static_cast<T>(static_cast<double>(p[pi[r * k + j]]) * pdw[r * k + j]);
       }
     }
   });

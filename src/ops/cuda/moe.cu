@@ -1,4 +1,4 @@
-// CUDA Mixtral router (top-k, softmax over the selected logits, switch aux loss) and the dropless
+// CUDA router (top-k, the routing weights of RouterScore, switch aux loss) and the dropless
 // token permutation by expert. The permutation is CUB's stable radix sort of the slots by expert,
 // so it is exactly the CPU's order; every reduction runs in a fixed order (no float atomics), so
 // every result is bitwise reproducible run to run on one GPU.
@@ -90,10 +90,11 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
 }
 
 // One warp per row: probs = softmax(logits row); the top k in descending order (a warp arg-max
-// per pick; lane j keeps pick j), then their softmax.
+// per pick; lane j keeps pick j), then their weights: their softmax (of_all false) or their
+// probs (of_all, RouterScore::kSoftmaxOfAll).
 __global__ void __launch_bounds__(kThreads)
     router_forward_kernel(int32_t* topk_idx, float* topk_w, float* probs, const float* logits,
-                          int64_t n, int e, int k) {
+                          int64_t n, int e, int k, bool of_all) {
   const int64_t row = warp_row();
   const int lane = threadIdx.x & 31;
   if (row >= n) return;
@@ -134,7 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   const float psum = warp_sum(ex);
   if (lane < k) {
     topk_idx[row * k + lane] = pick_i;
-    topk_w[row * k + lane] = ex / psum;
+    topk_w[row * k + lane] = of_all ? expf(pick_v - mx) / sum : ex / psum;  // probs' formula
   }
 }
 
@@ -192,13 +193,14 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // One warp per row: dl[x] = aux_scale p_x (c_x - sum_x' p_x' c_x') with c_x = cscale counts[x],
-// then dl[idx_j] += w_j (dw_j - sum_i w_i dw_i) (lane j holds pick j), in the CPU's order: the
-// aux term rounded to f32 first, the selected term added in f32.
+// then the routing weights' term added in f32 (lane j holds pick j), in the CPU's order:
+// dl[idx_j] += w_j (dw_j - sum_i w_i dw_i); of_all (w_j = p[idx_j]): dl[x] += -p_x sum_i w_i dw_i
+// and dl[idx_j] += p[idx_j] dw_j.
 template <typename TD>
 __global__ void __launch_bounds__(kThreads)
     router_backward_kernel(TD* dlogits, const float* dtopk_w, const int32_t* topk_idx,
                            const float* topk_w, const float* probs, const int32_t* counts,
-                           int64_t n, int e, int k, double cscale, double aux_scale) {
+                           int64_t n, int e, int k, double cscale, double aux_scale, bool of_all) {
   const int64_t row = warp_row();
   const int lane = threadIdx.x & 31;
   if (row >= n) return;
@@ -208,7 +210,7 @@ __global__ void __launch_bounds__(kThreads)
   const double dw = picks ? dtopk_w[row * k + lane] : 0.0;
   const int32_t idx = picks ? topk_idx[row * k + lane] : -1;
   const double dot = warp_sum(w * dw);
-  const float sel = static_cast<float>(w * (dw - dot));
+  const float sel = static_cast<float>(of_all ? w * dw : w * (dw - dot));
   double pc = 0;
   for (int c = lane; c < e; c += 32) pc += static_cast<double>(p[c]) * (cscale * counts[c]);
   pc = warp_sum(pc);
@@ -217,6 +219,7 @@ __global__ void __launch_bounds__(kThreads)
     const int c = lane + 32 * m;
     const bool live = c < e;
     float d = live ? static_cast<float>(aux_scale * p[c] * (cscale * counts[c] - pc)) : 0.0f;
+    if (of_all && live) d += static_cast<float>(-static_cast<double>(p[c]) * dot);
     for (int j = 0; j < k; ++j) {
       const int32_t ij = __shfl_sync(0xffffffffu, idx, j);
       const float sj = __shfl_sync(0xffffffffu, sel, j);
@@ -447,7 +450,7 @@ bool vec_rows(int64_t h, std::initializer_list<const Tensor*> tensors) {
 // ---- router ----
 
 void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs,
-                    const Tensor& logits) {
+                    const Tensor& logits, RouterScore score) {
   const char* op = "router_forward";
   expect_cuda_rank(op, "logits", logits, {DType::kF32}, 2);
   expect_cuda_rank(op, "topk_idx", topk_idx, {DType::kI32}, 2);
@@ -462,7 +465,7 @@ void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& 
   if (n == 0) return;
   router_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
       topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(),
-      n, static_cast<int>(e), static_cast<int>(k));
+      n, static_cast<int>(e), static_cast<int>(k), score == RouterScore::kSoftmaxOfAll);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -524,7 +527,7 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
 
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
                      const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
-                     double coeff, double aux_scale) {
+                     double coeff, double aux_scale, RouterScore score) {
   const char* op = "router_backward";
   expect_cuda_rank(op, "probs", probs, {DType::kF32}, 2);
   const int64_t n = probs.size(0), e = probs.size(1);
@@ -543,7 +546,7 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
     router_backward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
         pd, dtopk_w.data<float>(), topk_idx.data<int32_t>(), topk_w.data<float>(),
         probs.data<float>(), counts.data<int32_t>(), n, static_cast<int>(e), static_cast<int>(k),
-        cscale, aux_scale);
+        cscale, aux_scale, score == RouterScore::kSoftmaxOfAll);
     TANDEM_CUDA_CHECK_LAUNCH();
   };
   if (dlogits.dtype() == DType::kBF16) launch(static_cast<bf16*>(dlogits.raw_data()));
