@@ -113,7 +113,8 @@ void report_resume(const runtime::CheckpointState& st, int64_t iteration, int64_
 
 }  // namespace
 
-int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, std::ostream& log) {
+int64_t resume_from_checkpoint(runtime::ReferenceTrainer& trainer, const RunOptions& o,
+                               std::ostream& log) {
   if (o.load_dir.empty()) return 0;
   const runtime::CheckpointState st = load_for_resume(o);
   runtime::restore_trainer(trainer, st);
@@ -141,7 +142,7 @@ bool should_save(const RunOptions& o, int64_t iteration) {
          (o.save_interval > 0 && iteration % o.save_interval == 0);
 }
 
-void save_training_checkpoint(const runtime::Trainer& trainer, const RunOptions& o) {
+void save_training_checkpoint(const runtime::ReferenceTrainer& trainer, const RunOptions& o) {
   const runtime::SavedCheckpoint saved = runtime::save_checkpoint(
       o.save_dir, trainer.iteration(), runtime::trainer_checkpoint(trainer, describe_data(o)),
       o.keep_checkpoints);
@@ -164,7 +165,7 @@ void poison_gradient(const Tensor& g) {
   if (g.dtype() == DType::kF64) g.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
 }
 
-void install_test_fault_hooks(runtime::Trainer& trainer) {
+void install_test_fault_hooks(runtime::ReferenceTrainer& trainer) {
   const char* poison = std::getenv("TANDEM_TEST_POISON_GRAD_ITER");
   if (poison == nullptr) return;
   const int64_t at = std::atoll(poison);

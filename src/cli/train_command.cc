@@ -23,7 +23,7 @@
 #include "data/mock.h"
 #include "ops/ops.h"
 #include "runtime/checkpoint.h"
-#include "runtime/trainer.h"
+#include "runtime/reference_trainer.h"
 #include "train_common.h"
 
 namespace tandem::cli {
@@ -127,7 +127,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
                "in the pipeline trainer: start tandem under mpirun (mpirun -np 1 for one rank), "
                "or leave it out");
   std::unique_ptr<data::Dataset> data = make_dataset(o);
-  runtime::Trainer trainer(o.model, o.train, *data);
+  runtime::ReferenceTrainer trainer(o.model, o.train, *data);
   install_test_fault_hooks(trainer);
   const int64_t start = resume_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);

@@ -6,7 +6,7 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "data/dataset.h"
-#include "runtime/trainer.h"
+#include "runtime/reference_trainer.h"
 
 namespace tandem::cli {
 

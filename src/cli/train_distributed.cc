@@ -20,7 +20,7 @@
 #include "comm/mpi_communicator.h"
 #include "core/device.h"
 #include "runtime/checkpoint.h"
-#include "runtime/distributed.h"
+#include "runtime/pipeline_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/routing_file.h"
 #include "schedule/validator.h"
@@ -82,7 +82,7 @@ void check_same_config(comm::Communicator& world, const RunOptions& o) {
 // hangs before step I, so tests can show that the other ranks stop with an error instead of
 // hanging; or (nan) the first gradient element of rank R's first stage becomes NaN after step I's
 // gradient reduction, a copy the other ranks do not see (Note [Non-finite steps on several
-// ranks] in runtime/distributed.cc).
+// ranks] in runtime/pipeline_trainer.cc).
 struct Fault {
   int rank = -1;
   int64_t iteration = -1;
@@ -206,7 +206,7 @@ void write_routing(const std::string& path, runtime::PipelineTrainer& trainer,
 
 // "experts re-placed in 6 of 8 layers: most loaded expert rank 1.18x -> 1.02x the mean rows
 // (1.2 GiB of expert weights and Adam moments sent by rank 0)".
-std::string rebalance_note(const runtime::PipelineTrainer::Rebalance& r, int64_t layers) {
+std::string rebalance_note(const runtime::Rebalance& r, int64_t layers) {
   return detail::concat("experts re-placed in ", r.layers, " of ", layers,
                         " layers: most loaded expert rank ", format_fixed(r.before, 3), "x -> ",
                         format_fixed(r.after, 3), "x the mean rows (", format_bytes(r.moved_bytes),
