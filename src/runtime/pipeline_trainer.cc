@@ -64,6 +64,7 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
   const comm::ParallelLayout& L = groups.layout;
   model_.validate();
   train_.validate(L.dp());
+  check_data_fits(data, model_);
   TANDEM_CHECK(sched.num_ranks == L.pp, "schedule '", sched.name, "' has ", sched.num_ranks,
                " pipeline ranks but --pipeline-model-parallel-size is ", L.pp);
   num_mb_ = train_.num_microbatches(L.dp());

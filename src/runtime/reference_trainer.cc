@@ -4,7 +4,6 @@
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <string>
 #include <vector>
 
 namespace tandem::runtime {
@@ -14,9 +13,7 @@ ReferenceTrainer::ReferenceTrainer(const ModelConfig& m, const TrainConfig& t,
     : model_(m), train_(t), data_(&data) {
   model_.validate();
   train_.validate();
-  TANDEM_CHECK(data.vocab_size() <= m.vocab_size, "the data set (", data.describe(),
-               ") has token ids up to ", data.vocab_size() - 1, " but --vocab-size is ",
-               m.vocab_size, ": use --vocab-size ", data.vocab_size(), " or more");
+  check_data_fits(data, model_);
   TANDEM_CHECK(train_.device == Device::kCPU || dtype == DType::kF32,
                "GPU training keeps f32 master weights; ", dtype_name(dtype), " is CPU-only");
   DeviceScope on(train_.device);
@@ -35,11 +32,6 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
   ctx.recompute_experts = train_.recompute_experts;
   ctx.force_balanced_routing = train_.moe_router_force_balance;
   StepResult r;
-  timeline_.clear();
-  step_start_ = now_seconds();
-  auto span = [&](const std::string& name, double start) {
-    timeline_.push_back({"compute", name, start - step_start_, now_seconds() - step_start_});
-  };
   // Each micro-batch's losses, summed in order at the end (Note [Reads to the host ahead of use]):
   // the host does not wait for the GPU between micro-batches.
   std::vector<ops::PendingScalar> lm_losses;
@@ -49,12 +41,8 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
     model::MicroBatchState state;
     state.ids = tokens.ids;
     state.targets = tokens.targets;
-    const double f0 = now_seconds();
     chunk_->forward(state, ctx);
-    span("0F" + std::to_string(mb), f0);
-    const double b0 = now_seconds();
     chunk_->backward(state, ctx);
-    span("0B" + std::to_string(mb), b0);
     lm_losses.push_back(state.pending_lm_loss);
     aux_losses.push_back(std::move(state.aux_losses));
   }

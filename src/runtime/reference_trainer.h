@@ -8,7 +8,6 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <vector>
 
 #include "core/config.h"
 #include "data/dataset.h"
@@ -16,7 +15,6 @@
 #include "model/parameters.h"
 #include "runtime/optimizer.h"
 #include "runtime/step.h"
-#include "runtime/timeline.h"
 
 namespace tandem::runtime {
 
@@ -48,10 +46,6 @@ class ReferenceTrainer {
   using GradientHook = std::function<void(model::Parameters& params, int64_t iteration)>;
   void set_after_backward_hook(GradientHook hook) { after_backward_ = std::move(hook); }
 
-  // The last step's measured spans (one per micro-batch forward and backward) and its start.
-  const std::vector<Span>& timeline() const { return timeline_; }
-  double step_start_seconds() const { return step_start_; }
-
  private:
   ModelConfig model_;
   TrainConfig train_;
@@ -61,8 +55,6 @@ class ReferenceTrainer {
   std::unique_ptr<AdamW> optimizer_;
   int64_t iteration_ = 0;
   GradientHook after_backward_;
-  std::vector<Span> timeline_;
-  double step_start_ = 0;
 };
 
 }  // namespace tandem::runtime

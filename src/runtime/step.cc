@@ -25,6 +25,12 @@ MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& 
   return out;
 }
 
+void check_data_fits(const data::Dataset& data, const ModelConfig& m) {
+  TANDEM_CHECK(data.vocab_size() <= m.vocab_size, "the data set (", data.describe(),
+               ") has token ids up to ", data.vocab_size() - 1, " but --vocab-size is ",
+               m.vocab_size, ": use --vocab-size ", data.vocab_size(), " or more");
+}
+
 namespace {
 
 // Which of the loss and the gradients is non-finite, for the message of --nan-policy stop.

@@ -42,6 +42,9 @@ struct MicroBatchTokens {
 MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& m,
                                   const TrainConfig& t, int64_t iteration, int64_t mb);
 
+// Throws unless the data set's token ids are all below the model's vocabulary size.
+void check_data_fits(const data::Dataset& data, const ModelConfig& m);
+
 // Note [Non-finite steps]: a step is judged by one value, the gradients' sum of squares plus
 // +inf when the loss is not finite (a multi-rank run all-reduces it, so every rank takes the same
 // decision). When it is not finite, NonFinitePolicy::kStop throws tandem::Error before any
