@@ -72,14 +72,15 @@ void StreamExecutor::issue_node(const NodeWork& w, size_t i, bool overlap, Chain
   if (kind == ActionKind::kBackwardWeight && !has_weights) return;
   const bool on_comm = overlap && schedule::node_is_communication(node.kind);
   const StreamId stream = on_comm ? comm_stream(half) : compute_stream(half);
-  const std::string name = std::to_string(mb) + " " + std::string(node_kind_name(node.kind));
+  const char* letter = kind == ActionKind::kForward          ? "F"
+                       : kind == ActionKind::kBackwardWeight ? "W"
+                                                             : "B";
+  const std::string name =
+      letter + std::to_string(mb) + " " + std::string(node_kind_name(node.kind));
   // Note [The update beside the first forward] (deferred_update.cc): the weights this node
   // reads, on its compute stream before it (and before its wait for the chain).
   if (!on_comm) deferred_->before_node(s, i, kind == ActionKind::kForward, half);
-  if (chain.stream != stream) {
-    streams_->wait(stream, chain.done, chain.stream,
-                   (kind == ActionKind::kForward ? "F" : "B") + name);
-  }
+  if (chain.stream != stream) streams_->wait(stream, chain.done, chain.stream, name);
   // A weight gradient is work of its own where the host issues ahead: it may go off the chain
   // (Note [Weight gradients off the chain] in combined.cc), and the node times keep it apart. On
   // the CPU a node's backward is one piece of work, one span.
@@ -109,11 +110,7 @@ void StreamExecutor::issue_node(const NodeWork& w, size_t i, bool overlap, Chain
   if (apart && !off_chain) issue_weights();
   chain = {stream, streams_->mark(stream)};
   if (off_chain) issue_weights();
-  streams_->host_span((kind == ActionKind::kBackwardWeight ? "W"
-                       : kind == ActionKind::kForward      ? "F"
-                                                           : "B") +
-                          name,
-                      host_begin, std::chrono::steady_clock::now());
+  streams_->host_span(name, host_begin, std::chrono::steady_clock::now());
 }
 
 void StreamExecutor::prepare_node(const NodeWork& w, size_t i, Chain& chain, int half) {
