@@ -17,7 +17,7 @@
 #include "data/dataset.h"
 #include "data/random.h"
 #include "ops/cuda/gemm.h"
-#include "runtime/trainer.h"
+#include "runtime/reference_trainer.h"
 
 namespace {
 
@@ -87,7 +87,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "gpu_train_bench: bf16 matmul 8192^3: %.1f TFLOP/s\n", peak_tflops);
 
     RandomTokens data(t.seed, m.vocab_size);
-    runtime::Trainer trainer(m, t, data);
+    runtime::ReferenceTrainer trainer(m, t, data);
     Allocator& alloc = allocator_for(Device::kCUDA);
     double loss = 0;
     for (int64_t i = 0; i < warmup; ++i) {

@@ -187,7 +187,7 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "FILE"});
   s.push_back({"routing-out",
                &o.routing_out,
-               "MoE under mpirun: write the rows each experts node received in the last step, "
+               "MoE: write the rows each experts node received in the last step, "
                "for every rank's pipeline, as the JSON that `tandem plan --routing` reads "
                "(default: none)",
                Bound::kAny,
@@ -212,7 +212,7 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "MoE, for benchmarks only: route each token to k experts round-robin so every "
                "expert (and expert rank) gets the same rows; the router still weights them"});
   s.push_back({"defer-optimizer", &o.train.defer_optimizer,
-               "under mpirun: run each step's AdamW update layer by layer inside the next "
+               "run each step's AdamW update layer by layer inside the next "
                "step's first forward, just before it reads each layer's weights; on GPUs with "
                "expert parallelism and --comm-overlap, that forward's all-to-all then runs "
                "beside the update (the results do not change); --defer-optimizer=false: never",
@@ -220,7 +220,7 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "on with --device cuda, --expert-model-parallel-size > 1 and --schedule "
                "combined-1f1b with --comm-overlap on or split, else off"});
   s.push_back({"overlap-grad-reduce", &o.train.overlap_grad_reduce,
-               "under mpirun with data parallelism: all-reduce each layer's gradients as soon "
+               "with data parallelism: all-reduce each layer's gradients as soon "
                "as the step's backward has finished with that layer, beside the backward of the "
                "layers below it, instead of all of them after the backward; "
                "--overlap-grad-reduce=false: at the step's end"});

@@ -1,10 +1,7 @@
-// --load / --save for `tandem train` over runtime/checkpoint.h (one rank) and
-// runtime/checkpoint_parallel.h (under mpirun), and the test fault hooks.
+// --load / --save for `tandem train` over runtime/checkpoint_parallel.h.
 #include "cli/train_checkpoint.h"
 
-#include <cstdlib>
 #include <iostream>
-#include <limits>
 
 #include "core/error.h"
 #include "data/file_dataset.h"
@@ -113,14 +110,6 @@ void report_resume(const runtime::CheckpointState& st, int64_t iteration, int64_
 
 }  // namespace
 
-int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, std::ostream& log) {
-  if (o.load_dir.empty()) return 0;
-  const runtime::CheckpointState st = load_for_resume(o);
-  runtime::restore_trainer(trainer, st);
-  report_resume(st, trainer.iteration(), trainer.optimizer().steps(), o, log);
-  return trainer.iteration();
-}
-
 int64_t resume_pipeline_from_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o,
                                         std::ostream& log) {
   if (o.load_dir.empty()) return 0;
@@ -141,15 +130,6 @@ bool should_save(const RunOptions& o, int64_t iteration) {
          (o.save_interval > 0 && iteration % o.save_interval == 0);
 }
 
-void save_training_checkpoint(const runtime::Trainer& trainer, const RunOptions& o) {
-  const runtime::SavedCheckpoint saved = runtime::save_checkpoint(
-      o.save_dir, trainer.iteration(), runtime::trainer_checkpoint(trainer, describe_data(o)),
-      o.keep_checkpoints);
-  for (const std::string& warning : saved.warnings) {
-    std::cerr << "tandem: warning: " << warning << std::endl;
-  }
-}
-
 void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o) {
   // Heartbeats well inside --comm-timeout (Note [Saving on rank 0]).
   const runtime::SavedCheckpoint saved = runtime::save_checkpoint_parallel(
@@ -157,20 +137,6 @@ void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOption
   for (const std::string& warning : saved.warnings) {
     std::cerr << "tandem: warning: " << warning << std::endl;
   }
-}
-
-void poison_gradient(const Tensor& g) {
-  if (g.dtype() == DType::kF32) g.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
-  if (g.dtype() == DType::kF64) g.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
-}
-
-void install_test_fault_hooks(runtime::Trainer& trainer) {
-  const char* poison = std::getenv("TANDEM_TEST_POISON_GRAD_ITER");
-  if (poison == nullptr) return;
-  const int64_t at = std::atoll(poison);
-  trainer.set_after_backward_hook([at](model::Parameters& params, int64_t iteration) {
-    if (iteration == at) poison_gradient(params.flat_grads());
-  });
 }
 
 }  // namespace tandem::cli

@@ -1,6 +1,5 @@
-// `tandem train`'s side of checkpoints: the options a --load checkpoint fixes, resuming a
-// trainer from it, saving under --save, and the test-only fault injection the checkpoint and
-// --nan-policy tests use.
+// `tandem train`'s side of checkpoints: the options a --load checkpoint fixes, resuming the
+// trainer from it, and saving under --save.
 #pragma once
 
 #include <cstdint>
@@ -9,8 +8,7 @@
 #include <string>
 
 #include "cli/options.h"
-#include "runtime/distributed.h"
-#include "runtime/trainer.h"
+#include "runtime/pipeline_trainer.h"
 
 namespace tandem::cli {
 
@@ -25,29 +23,18 @@ nlohmann::json checkpoint_option_values(const std::string& load_dir);
 // task: format "addition" and its operand digits).
 nlohmann::json describe_data(const RunOptions& o);
 
-// With --load: reads and validates the checkpoint, restores the trainer from it (nothing changes
-// when anything is wrong) and says on `log` what was loaded; a checkpoint already at or past
-// --train-iters is an error. Returns the iteration training continues from (0 without --load).
-int64_t resume_from_checkpoint(runtime::Trainer& trainer, const RunOptions& o, std::ostream& log);
-
-// The same under mpirun: every rank reads the checkpoint and restores its chunks
-// (runtime::restore_pipeline); an error on any rank stops every rank with that rank's message
-// (runtime::run_agreeing). Only rank 0 writes to `log`.
+// With --load: every rank reads and validates the checkpoint and restores its chunks
+// (runtime::restore_pipeline; nothing changes when anything is wrong); an error on any rank
+// stops every rank with that rank's message (runtime::run_agreeing). Rank 0 says on `log` what
+// was loaded; a checkpoint already at or past --train-iters is an error. Returns the iteration
+// training continues from (0 without --load).
 int64_t resume_pipeline_from_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o,
                                         std::ostream& log);
 
 // Whether the step that ends at `iteration` is saved: every --save-interval, and the last one.
 bool should_save(const RunOptions& o, int64_t iteration);
-// Saves the trainer under --save (runtime::save_checkpoint) and prints retention warnings.
-void save_training_checkpoint(const runtime::Trainer& trainer, const RunOptions& o);
-// The same under mpirun, called by every rank: gathered to rank 0, which writes and prints the
-// warnings (runtime::save_checkpoint_parallel); a failed save stops every rank.
+// Saves under --save, called by every rank: gathered to rank 0, which writes and prints the
+// retention warnings (runtime::save_checkpoint_parallel); a failed save stops every rank.
 void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o);
-
-// Test hook: TANDEM_TEST_POISON_GRAD_ITER=N in the environment makes step N's first gradient
-// element NaN after the backward pass (for the --nan-policy tests of the real program).
-void install_test_fault_hooks(runtime::Trainer& trainer);
-// The first element of a gradient buffer set to NaN (the test hooks' poison).
-void poison_gradient(const Tensor& flat_grads);
 
 }  // namespace tandem::cli

@@ -1,73 +1,39 @@
-// `tandem train`: validates the options, builds the data set and the trainer, runs the steps with
-// progress output, and saves the model when asked.
-#include <cstdio>
+// `tandem train`: one loop for every layout, a process alone included, so every option means the
+// same with and without mpirun. It checks the options, makes this rank's groups over the world
+// (MPI's under mpirun, else a world of this process alone), generates and validates the
+// schedule, builds the data set and the trainer (runtime::PipelineTrainer, whose step() is the
+// one training step), restores --load, runs the steps with progress output, and writes
+// checkpoints (gathered to rank 0; docs/checkpoints.md) and the files asked for.
 #include <iostream>
 #include <memory>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
-#include "cli/planned_run.h"
 #include "cli/options.h"
+#include "cli/planned_run.h"
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"
+#include "cli/train_common.h"
+#include "cli/train_outputs.h"
 #include "comm/mpi_communicator.h"
+#include "comm/self_communicator.h"
 #include "core/device.h"
 #if TANDEM_WITH_CUDA
 #include "core/cuda/context.h"
 #include "core/cuda/wait.h"
 #endif
-#include "data/addition.h"
-#include "data/file_dataset.h"
-#include "data/mock.h"
 #include "ops/ops.h"
 #include "runtime/checkpoint.h"
-#include "runtime/trainer.h"
-#include "train_common.h"
+#include "runtime/pipeline_trainer.h"
+#include "schedule/generators.h"
+#include "schedule/pipeline_model.h"
+#include "schedule/validator.h"
 
 namespace tandem::cli {
-
-std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o) {
-  if (o.mock_data) return std::make_unique<data::MockDataset>(o.train.seed, o.model.vocab_size);
-  if (o.data_path.empty()) {
-    TANDEM_CHECK(o.addition_max_digits <= data::kAdditionMaxDigitsLimit, "--addition-max-digits ",
-                 o.addition_max_digits, " is invalid: it must be between 1 and ",
-                 data::kAdditionMaxDigitsLimit);
-    return std::make_unique<data::AdditionDataset>(o.train.seed,
-                                                   static_cast<int>(o.addition_max_digits));
-  }
-  return data::open_dataset(o.data_path, o.data_format, o.model.vocab_size, o.train.seed,
-                            o.model.seq_length + 1);
-}
-
-ReporterConfig reporter_config(const RunOptions& o) {
-  ReporterConfig rc;
-  rc.total_iters = o.train.train_iters;
-  rc.log_interval = o.train.log_interval;
-  rc.log_json_path = o.log_json;
-  rc.verbosity = o.quiet ? Verbosity::kQuiet : Verbosity::kNormal;
-  return rc;
-}
-
-IterationRecord to_record(const runtime::StepResult& r) {
-  IterationRecord rec;
-  rec.iter = r.iteration;
-  rec.status =
-      r.status == runtime::StepStatus::kSkipped ? UpdateStatus::kSkipped : UpdateStatus::kApplied;
-  rec.loss = r.loss;
-  rec.lm_loss = r.lm_loss;
-  rec.aux_loss = r.aux_loss;
-  rec.lr = r.lr;
-  rec.grad_norm = r.grad_norm;
-  rec.step_seconds = r.seconds;
-  rec.tokens_per_s = r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0;
-  rec.mem_in_use_bytes = {r.memory.total_in_use};
-  rec.mem_peak_bytes = {r.memory.total_peak};
-  rec.activation_peak_bytes = {r.activation_peak};
-  return rec;
-}
-
 namespace {
 
 // Opens the GPU for --device cuda (one GPU per process: under mpirun, the rank's local index).
@@ -90,6 +56,15 @@ void open_device(const RunOptions& o) {
 #endif
 }
 
+std::string device_text(Device device) {
+  if (device == Device::kCPU) return "the CPU";
+#if TANDEM_WITH_CUDA
+  return cuda::device_description();
+#else
+  return "a GPU";
+#endif
+}
+
 void check_supported(const RunOptions& o) {
   const ParallelConfig& p = o.parallel;
   TANDEM_CHECK(comm::launched_by_mpirun() ||
@@ -98,6 +73,23 @@ void check_supported(const RunOptions& o) {
                " and --expert-model-parallel-size ", p.expert_model_parallel_size,
                " need one process per rank: start tandem with mpirun -np N (N a multiple of ",
                p.pipeline_model_parallel_size * p.expert_model_parallel_size, ")");
+  TANDEM_CHECK(o.node_times_out.empty() || o.train.device != Device::kCPU, "--node-times-out ",
+               o.node_times_out,
+               ": node times are measured with CUDA events, with or without mpirun; use "
+               "--device cuda");
+  TANDEM_CHECK(o.routing_out.empty() || o.model.is_moe(), "--routing-out ", o.routing_out,
+               ": routing needs experts (--num-experts > 0)");
+}
+
+// The world: MPI's under mpirun, else this process alone (no MPI needed).
+std::unique_ptr<comm::Communicator> make_world(const RunOptions& o) {
+  if (comm::launched_by_mpirun()) return comm::mpi_world(o.comm_timeout_s);
+  return comm::self_world();
+}
+
+runtime::CommOverlap comm_overlap(const RunOptions& o) {
+  if (o.comm_overlap == "off") return runtime::CommOverlap::kOff;
+  return o.comm_overlap == "split" ? runtime::CommOverlap::kSplit : runtime::CommOverlap::kOn;
 }
 
 // Reads the first step's micro-batches, so that a bad token id stops the run before any output
@@ -108,74 +100,108 @@ void check_first_step_data(const data::Dataset& data, const RunOptions& o, int64
   }
 }
 
+// The run in one line on rank 0: the model, the data, the batch, the device, the layout and the
+// schedule, and the choices that move work within the step.
+void print_run(const RunOptions& o, const runtime::Groups& groups, const data::Dataset& data,
+               const schedule::Schedule& sched, bool grad_reduce_overlapped) {
+  const ModelConfig& m = o.model;
+  const comm::ParallelLayout& L = groups.layout;
+  const int64_t params =
+      schedule::stage_params(m, static_cast<int32_t>(m.num_layers), true, true, 1);
+  std::cout << "tandem train: " << params << " parameters, " << m.num_layers << " layers, "
+            << (m.is_moe() ? std::to_string(m.num_experts) + " experts top-" +
+                                 std::to_string(m.moe_router_topk)
+                           : std::string("dense"))
+            << ", data: " << data.describe() << ", " << o.train.num_microbatches()
+            << " micro-batches of " << o.train.micro_batch_size << " x " << m.seq_length
+            << " tokens per step, on " << device_text(o.train.device);
+  if (L.world > 1) {
+    std::cout << "; " << L.world << " ranks (pipeline " << L.pp << ", data " << L.dp()
+              << ", expert " << L.ep << "), " << sched.num_microbatches
+              << " micro-batches per data-parallel rank";
+  }
+  std::cout << "; schedule " << sched.name
+            << (o.train.defer_optimizer ? "; each step's update runs in the next step's first "
+                                          "forward (--defer-optimizer)"
+                                        : "")
+            << (grad_reduce_overlapped ? "; gradients all-reduced layer by layer beside the "
+                                         "backward (--overlap-grad-reduce)"
+                                       : "")
+            << std::endl;
+}
+
+// The steps from `start` to --train-iters: progress, checkpoints and, after the last, the files
+// asked for.
+void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, const TestFaults& faults,
+               int64_t start, const std::optional<schedule::Plan>& plan,
+               ProgressReporter& reporter) {
+  const runtime::Groups& groups = trainer.groups();
+  std::vector<int32_t> pipeline_rank;  // of each world rank
+  for (int w = 0; w < groups.layout.world; ++w) pipeline_rank.push_back(groups.layout.pp_rank(w));
+  Allocator& alloc = allocator_for(o.train.device);
+  reporter.open();
+  for (int64_t it = start; it < o.train.train_iters; ++it) {
+    faults.before_step(groups.rank, it + 1);
+    const bool last = it + 1 == o.train.train_iters;
+    if (last && !o.trace_path.empty()) alloc.set_trace(true);  // the last step's timeline
+    const runtime::StepResult r = trainer.step();
+    if (last) write_last_step_files(o, trainer, alloc);
+    IterationRecord rec = gather_record(o, r, trainer);
+    if (plan) set_planned_peaks(rec, *plan, pipeline_rank);
+    reporter.report(rec);
+    if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
+  }
+  reporter.print_summary();
+}
+
 void run_train(const CLI::App& app, RunOptions& o) {
   finalize_run_options(app, o, checkpoint_option_values);
   check_supported(o);
   open_device(o);
-  if (comm::launched_by_mpirun()) {
-    run_train_distributed(o);
-    return;
-  }
-  TANDEM_CHECK(o.node_times_out.empty(), "--node-times-out ", o.node_times_out,
-               ": node times are measured by the pipeline trainer: start tandem under mpirun "
-               "(mpirun -np 1 for one GPU) with --device cuda");
-  TANDEM_CHECK(o.routing_out.empty(), "--routing-out ", o.routing_out,
-               ": routing tables come from the pipeline trainer: start tandem under mpirun "
-               "(mpirun -np 1 for one rank)");
-  TANDEM_CHECK(!o.train.defer_optimizer,
-               "--defer-optimizer moves each step's update into the next step's first forward "
-               "in the pipeline trainer: start tandem under mpirun (mpirun -np 1 for one rank), "
-               "or leave it out");
+  std::unique_ptr<comm::Communicator> world = make_world(o);
+  check_same_config(*world, o);
+  const ParallelConfig& p = o.parallel;
+  runtime::Groups groups = runtime::Groups::make(
+      std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
+      static_cast<int>(p.expert_model_parallel_size), o.train.device,
+      /*second_expert_group=*/o.comm_overlap == "split", o.comm_timeout_s);
+  const comm::ParallelLayout& L = groups.layout;
+  o.train.validate(L.dp());
+  const schedule::ScheduleShape shape{
+      static_cast<int32_t>(L.pp), static_cast<int32_t>(p.virtual_pipeline_model_parallel_size),
+      static_cast<int32_t>(o.train.num_microbatches(L.dp())), p.pair_first_forwards};
+  const schedule::Schedule sched =
+      schedule::generate_schedule(schedule::parse_schedule_kind(p.schedule), shape);
+  schedule::validate_schedule(sched);
   std::unique_ptr<data::Dataset> data = make_dataset(o);
-  runtime::Trainer trainer(o.model, o.train, *data);
-  install_test_fault_hooks(trainer);
-  const int64_t start = resume_from_checkpoint(trainer, o, std::cout);
+  runtime::PipelineTrainer trainer(o.model, o.train, sched, groups, *data, DType::kF32,
+                                   comm_overlap(o));
+  const TestFaults faults;
+  faults.install(trainer);
+  const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);
-  // One process runs each micro-batch's forward, then its backward: 1f1b on one stage.
   std::string unplanned;
-  const std::optional<schedule::Plan> plan = plan_of_run(
-      o, "1f1b", {1, 1, static_cast<int32_t>(o.train.num_microbatches()), false}, 1, unplanned);
-  ProgressReporter reporter(reporter_config(o));
-  if (!o.quiet) {
-    std::cout << "tandem train: " << trainer.params().numel() << " parameters, "
-              << o.model.num_layers << " layers, "
-              << (o.model.is_moe() ? std::to_string(o.model.num_experts) + " experts top-" +
-                                         std::to_string(o.model.moe_router_topk)
-                                   : std::string("dense"))
-              << ", data: " << data->describe() << ", "
-              << o.train.num_microbatches() << " micro-batches of " << o.train.micro_batch_size
-              << " x " << o.model.seq_length << " tokens per step, on "
-              << (o.train.device == Device::kCPU ? std::string("the CPU")
-#if TANDEM_WITH_CUDA
-                                                 : cuda::device_description())
-#else
-                                                 : std::string("a GPU"))
-#endif
-              << std::endl;
+  const std::optional<schedule::Plan> plan = plan_of_run(o, p.schedule, shape, L.dp(), unplanned);
+  const bool lead = groups.rank == 0;
+  ReporterConfig rc = reporter_config(o);
+  if (!lead) {
+    rc.verbosity = Verbosity::kQuiet;
+    rc.log_json_path.clear();
+  }
+  ProgressReporter reporter(rc);
+  if (lead && !o.quiet) {
+    print_run(o, groups, *data, sched, trainer.grad_reduce_overlapped());
     std::cout << "tandem train: "
               << (plan ? planned_memory_line(*plan) : "memory not planned: " + unplanned)
               << std::endl;
   }
-  if (plan) warn_if_planned_memory_exceeds_gpu(*plan, 0, o.train.device, "tandem train: ");
-  reporter.open();
-  for (int64_t it = start; it < o.train.train_iters; ++it) {
-    const bool trace_this = !o.trace_path.empty() && it + 1 == o.train.train_iters;
-    Allocator& alloc = allocator_for(o.train.device);
-    if (trace_this) alloc.set_trace(true);
-    const runtime::StepResult r = trainer.step();
-    if (trace_this) {  // the measured timeline of the last step
-      runtime::write_trace_file(
-          o.trace_path, {runtime::rank_trace_events(0, trainer.timeline(), alloc.trace(),
-                                                    trainer.step_start_seconds())});
-      alloc.set_trace(false);
-    }
-    IterationRecord rec = to_record(r);
-    if (plan) set_planned_peaks(rec, *plan, {0});
-    reporter.report(rec);
-    if (should_save(o, r.iteration)) save_training_checkpoint(trainer, o);
+  if (plan) {
+    const std::string prefix =
+        L.world > 1 ? "tandem train: rank " + std::to_string(groups.rank) + ": " : "tandem train: ";
+    warn_if_planned_memory_exceeds_gpu(*plan, L.pp_rank(groups.rank), o.train.device, prefix);
   }
-  reporter.print_summary();
-  if (!o.save_dir.empty() && !o.quiet) {
+  run_steps(o, trainer, faults, start, plan, reporter);
+  if (lead && !o.save_dir.empty() && !o.quiet) {
     std::cout << "saved checkpoints to " << o.save_dir << " (latest: "
               << runtime::iteration_dir_name(trainer.iteration()) << ")" << std::endl;
   }

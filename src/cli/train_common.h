@@ -1,12 +1,15 @@
-// Pieces shared by the single-rank and the multi-rank `tandem train`.
+// Pieces of `tandem train` around its loop (train_command.cc): the data set, the progress
+// settings, the check that every rank was started alike, and the test-only fault injection.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 
 #include "cli/options.h"
 #include "cli/progress.h"
+#include "comm/communicator.h"
 #include "data/dataset.h"
-#include "runtime/trainer.h"
+#include "runtime/pipeline_trainer.h"
 
 namespace tandem::cli {
 
@@ -16,7 +19,30 @@ std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o);
 ReporterConfig reporter_config(const RunOptions& o);
 // One step's figures for the progress output (memory as a one-rank list).
 IterationRecord to_record(const runtime::StepResult& r);
-// The multi-rank path of `tandem train` (train_distributed.cc).
-void run_train_distributed(RunOptions& o);
+
+// Throws on every rank when any rank was started with other settings, naming the first key
+// that differs and both values.
+void check_same_config(comm::Communicator& world, const RunOptions& o);
+
+// Test-only fault injection from the environment, for the tests of the real program:
+//   TANDEM_FAULT="rank=R,iter=I,mode=exit|hang|nan": rank R dies or hangs before step I, so
+//     tests can show that the other ranks stop with an error instead of hanging; or (nan) the
+//     first gradient element of rank R's first stage becomes NaN after step I's gradient
+//     reduction, a copy the other ranks do not see (Note [Non-finite steps on several ranks] in
+//     runtime/grad_reduce.cc);
+//   TANDEM_TEST_POISON_GRAD_ITER=I: that NaN on every rank at step I.
+class TestFaults {
+ public:
+  TestFaults();  // reads the environment
+  // The NaN faults, as the trainer's after-backward hook.
+  void install(runtime::PipelineTrainer& trainer) const;
+  // The exit and hang faults, before step `iteration` (1-based) of world rank `rank`.
+  void before_step(int rank, int64_t iteration) const;
+
+ private:
+  int rank_ = -1;
+  int64_t iteration_ = -1, poison_iteration_ = -1;
+  std::string mode_;
+};
 
 }  // namespace tandem::cli

@@ -160,7 +160,7 @@ struct TrainConfig {
   bool moe_router_force_balance = false;
   // --rebalance-experts N: every N steps, lay each MoE layer's experts out anew over the
   // expert-parallel ranks from the rows they received (Note [Rebalancing experts] in
-  // runtime/distributed.h); 0: never. The results do not change, only which rank runs which.
+  // runtime/expert_rebalance.h); 0: never. The results do not change, only which rank runs which.
   int64_t rebalance_experts = 0;
   // --defer-optimizer (pipeline trainer): each step's AdamW update runs layer by layer inside
   // the next step's first forward, just before that forward reads each layer's weights (Note

@@ -40,7 +40,7 @@
 
 namespace tandem::runtime {
 
-class Trainer;
+class ReferenceTrainer;
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
@@ -147,7 +147,7 @@ nlohmann::json training_position_json(int64_t iteration, int64_t optimizer_steps
 
 // The trainer's whole state as a checkpoint: weights, Adam moments (in the parameters' dtype,
 // F32 when training) and training_position_json.
-CheckpointState trainer_checkpoint(const Trainer& trainer, const nlohmann::json& data);
+CheckpointState trainer_checkpoint(const ReferenceTrainer& trainer, const nlohmann::json& data);
 
 // One chunk of the model on this rank (a range of layers and experts) and its optimizer.
 struct ChunkRef {
@@ -167,7 +167,7 @@ int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& r
 // following steps are bitwise those of an uninterrupted run; from a kHuggingFace state only the
 // weights (iteration 0, fresh optimizer). restore_chunks with the trainer's one chunk: checks
 // everything first and changes nothing on failure.
-void restore_trainer(Trainer& trainer, const CheckpointState& state);
+void restore_trainer(ReferenceTrainer& trainer, const CheckpointState& state);
 
 // ---- Model only (tandem generate) ----
 

@@ -10,7 +10,7 @@
 
 #include "comm/communicator.h"
 #include "runtime/checkpoint.h"
-#include "runtime/distributed.h"
+#include "runtime/pipeline_trainer.h"
 
 namespace tandem::runtime {
 

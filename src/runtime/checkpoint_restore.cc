@@ -8,7 +8,7 @@
 #include "core/error.h"
 #include "io/safetensors.h"
 #include "runtime/checkpoint.h"
-#include "runtime/trainer.h"
+#include "runtime/reference_trainer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -161,7 +161,7 @@ Json training_position_json(int64_t iteration, int64_t optimizer_steps, const Mo
           {"data", data}};
 }
 
-CheckpointState trainer_checkpoint(const Trainer& trainer, const Json& data) {
+CheckpointState trainer_checkpoint(const ReferenceTrainer& trainer, const Json& data) {
   CheckpointState st;
   st.kind = CheckpointKind::kTandem;
   st.model_config = trainer.model_config();
@@ -198,7 +198,7 @@ int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& r
   return pos.iteration;
 }
 
-void restore_trainer(Trainer& trainer, const CheckpointState& state) {
+void restore_trainer(ReferenceTrainer& trainer, const CheckpointState& state) {
   trainer.set_iteration(
       restore_chunks({{&trainer.params(), &trainer.optimizer()}}, trainer.train_config(), state));
 }

@@ -1,36 +1,23 @@
-// The pipeline trainer's deferred optimizer update (TrainConfig::defer_optimizer,
-// --defer-optimizer).
+// The deferred optimizer update (deferred_update.h).
 //
 // Note [The update beside the first forward]: a step of combined 1F1B with expert parallelism
-// begins with a forward that has no partner (Note [The unpaired backward's all-to-all] in
-// combined.cc): each of its nodes reads the one before, so its expert all-to-all has nothing to
-// overlap and is exposed in full (about 5% of the all-to-all time of an EP2 step on 2 H200s).
-// And the step before ended with AdamW over every weight, with nothing in flight beside it. With
-// defer_optimizer the step ends with AdamW::defer_step instead (the clipping coefficient and the
-// learning rate are known then), and the next step's forwards update each weight just before the
-// first node that reads it (Note [Deferred update] in optimizer.cc). The weights lie in the flat
-// buffers in the order the forward reads them (Parameters::build_entries: embedding, each layer's
-// attention side then its experts or mlp, the head), so "the weights node i reads" is a prefix
-// of the buffers, node_weight_ends. On the GPU, with the all-to-all on the communication stream
-// (--comm-overlap on or split, EP > 1), the first forward puts its dispatch and combine there and
-// issues, right after each, the update of what comes next: after combine(l), layer l+1's
-// attention weights and half of its experts' (the compute stream runs them while combine(l)
-// is in flight); after dispatch(l)'s counts, the other half (beside the counts and the rows).
-// A stage that receives its input from another rank updates all its weights at the receive
-// instead, while it waits (the pipeline's warm-up bubble). Every update runs on the compute
-// stream before the node that reads its weights, so the values are those of updating at the
-// step's end, bit for bit; updates are spans of the trace ("update") that count as compute in
-// the exposed measure (Note [Exposed all-to-all] in device_streams.h). The planner models the
-// same (Note [Deferred update in the plan] in schedule/simulator.cc).
-// Whatever reads the weights between steps (checkpoints, tests, moving experts) finishes the
-// update first: stages() does, and so does move_experts.
+// begins with a forward that has no partner, whose all-to-all has nothing to overlap, and the
+// step before ended with AdamW over every weight, with nothing beside it. With defer_optimizer
+// the step ends with AdamW::defer_step (the clipping coefficient and the learning rate are known
+// then) and the next step updates each weight just before the first node that reads it (Note
+// [Deferred update] in optimizer.cc). The weights lie in the flat buffers in the order the
+// forward reads them, so "the weights node i reads" is a prefix, node_weight_ends. On the GPU
+// the first forward issues, beside each all-to-all, the update of what comes next
+// (StreamExecutor::forward_beside_update); a stage that receives its input updates all its
+// weights at the receive, while it waits. Every update is issued on the compute stream before
+// the node that reads its weights, so the values are those of updating at the step's end, bit
+// for bit. The planner models the same (Note [Deferred update in the plan] in
+// schedule/simulator.cc). Whatever reads the weights between steps finishes the update first.
+#include "runtime/deferred_update.h"
+
 #include <algorithm>
 #include <string>
-
-#include "runtime/distributed.h"
-#if TANDEM_WITH_CUDA
-#include "core/cuda/context.h"
-#endif
+#include <utility>
 
 namespace tandem::runtime {
 
@@ -71,61 +58,21 @@ std::vector<int64_t> node_weight_ends(const model::Parameters& params,
   return ends;
 }
 
-void PipelineTrainer::update_weights(StageRuntime& s, int64_t end, int half) {
+void DeferredUpdate::update(StageRuntime& s, int64_t end, int half) {
   AdamW& opt = *s.optimizer;
   if (end <= opt.updated_until()) return;
-  if (!dev_) {
-    opt.update_until(end);
-    return;
-  }
-#if TANDEM_WITH_CUDA
-  DeviceStreams& d = *dev_;
-  const DeviceStream stream = d.compute_of(half);
-  cuda::StreamScope on(stream);
-  const DeviceEvent begin = d.begin(stream);
   const int64_t from = opt.updated_until();
-  opt.update_until(end);
-  DeviceStreams::SpanInfo info;
-  info.track = half ? "compute2" : "compute";
-  info.name = "update " + std::to_string(s.stage) + " [" + std::to_string(from) + ", " +
+  SpanInfo span;
+  span.track = half ? "compute2" : "compute";
+  span.name = "update " + std::to_string(s.stage) + " [" + std::to_string(from) + ", " +
               std::to_string(end) + ")";
-  info.busy = true;
-  info.weights = end - from;
-  d.end(stream, begin, std::move(info));
-#else
-  (void)half;
-#endif
+  span.busy = true;
+  span.weights = end - from;
+  streams_->run(compute_stream(half), std::move(span), [&opt, end] { opt.update_until(end); });
 }
 
-void PipelineTrainer::finish_updates() {
-  DeviceScope on(train_.device);
-  for (StageRuntime& s : stages_) update_weights(s, s.params->numel());
-}
-
-void PipelineTrainer::forward_beside_update_on_device(StageRuntime& s,
-                                                       model::MicroBatchState& state,
-                                                       int32_t mb) {
-  const model::NodeContext c = context(s);
-  const std::vector<model::NodeRef>& nodes = s.chunk->nodes();
-  const size_t n = nodes.size();
-  const std::vector<int64_t>& ends = s.weight_ends;
-  auto is_comm = [&](size_t i) { return schedule::node_is_communication(nodes[i].kind); };
-  const DeviceStream compute = DeviceStreams::compute();
-  DeviceChain chain{compute, dev_->mark(compute)};
-  for (size_t i = 0; i < n; ++i) {
-    if (!is_comm(i)) {
-      update_weights(s, ends[i]);
-      issue_node_on_device(s, state, c, i, schedule::ActionKind::kForward, mb, true, chain);
-      continue;
-    }
-    // The dispatch's counts go first (Note [Counts ahead of the rows] in moe_exchange.cc), so
-    // the host, waiting for them inside the dispatch, has the update queued already.
-    if (nodes[i].kind == NodeKind::kDispatch) prepare_node_on_device(s, state, c, i, mb, chain);
-    // Beside the all-to-all: the planner's rule (schedule/pipeline_model.h).
-    update_weights(s, schedule::update_beside_all_to_all(ends, i, s.params->numel(), is_comm));
-    issue_node_on_device(s, state, c, i, schedule::ActionKind::kForward, mb, true, chain);
-  }
-  join_chain(chain, "F" + std::to_string(mb));
+void DeferredUpdate::finish(std::vector<StageRuntime>& stages) {
+  for (StageRuntime& s : stages) update(s, s.params->numel());
 }
 
 }  // namespace tandem::runtime

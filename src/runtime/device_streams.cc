@@ -1,13 +1,17 @@
-// The pipeline trainer's GPU streams, events and measured timeline (device_streams.h).
+// The GPU's streams, events and measured timeline (device_streams.h).
 #include "runtime/device_streams.h"
 
 #include <algorithm>
+#include <array>
+#include <utility>
+#include <vector>
 
 #if TANDEM_WITH_CUDA
 #include <cuda_runtime.h>
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
+#include "core/cuda/cuda_allocator.h"
 #endif
 
 #include "core/error.h"
@@ -18,6 +22,9 @@ namespace tandem::runtime {
 #if TANDEM_WITH_CUDA
 
 namespace {
+
+using DeviceStream = cudaStream_t;
+using DeviceEvent = cudaEvent_t;
 
 DeviceEvent new_event(bool timing) {
   cudaEvent_t e = nullptr;
@@ -35,7 +42,48 @@ DeviceEvent record_from(std::vector<DeviceEvent>& pool, size_t& used, bool timin
   return e;
 }
 
-}  // namespace
+class DeviceStreams final : public Streams {
+ public:
+  DeviceStreams();
+  ~DeviceStreams() override;
+  DeviceStreams(const DeviceStreams&) = delete;
+  DeviceStreams& operator=(const DeviceStreams&) = delete;
+
+  bool issues_ahead() const override { return true; }
+  void begin_step(HostTime zero) override;
+  void begin_action(const schedule::Action&) override {}
+  void end_action(const schedule::Action&) override {}
+  void run(StreamId s, SpanInfo span, std::function<void()> work) override;
+  StreamEvent mark(StreamId s) override { return {nullptr, plain_mark(stream_of(s))}; }
+  void wait(StreamId to, const StreamEvent& e, StreamId from, const std::string& what) override;
+  void record_use(const Tensor& t, StreamId s) override;
+  void host_span(std::string name, HostTime begin, HostTime end) override;
+  void join_workers(bool) override {}
+  StepTimes times() const override;
+
+ private:
+  // compute: the calling thread's current stream.
+  DeviceStream stream_of(StreamId s) const;
+  bool is_compute(DeviceStream s) const { return s == cuda::current_stream() || s == compute2_; }
+  DeviceEvent plain_mark(DeviceStream s) { return record_from(plain_, plain_used_, false, s); }
+  DeviceEvent timed_mark(DeviceStream s) { return record_from(timed_, timed_used_, true, s); }
+  void end(DeviceStream s, DeviceEvent begin, SpanInfo info) {
+    pending_.push_back({begin, timed_mark(s), std::move(info)});
+  }
+
+  DeviceStream fwd_ = nullptr, bwd_ = nullptr, comm_ = nullptr, comm2_ = nullptr,
+               compute2_ = nullptr, reduce_ = nullptr;
+  std::vector<DeviceEvent> plain_, timed_;  // event pools, reused every step
+  size_t plain_used_ = 0, timed_used_ = 0;
+  DeviceEvent step_zero_ = nullptr;
+  struct Pending {
+    DeviceEvent begin, end;
+    SpanInfo info;
+  };
+  std::vector<Pending> pending_;
+  HostTime host_zero_;
+  std::vector<Span> host_spans_;
+};
 
 DeviceStreams::DeviceStreams() {
   TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&fwd_, cudaStreamNonBlocking));
@@ -61,29 +109,41 @@ DeviceStreams::~DeviceStreams() {
   (void)cudaEventDestroy(step_zero_);
 }
 
-DeviceStream DeviceStreams::compute() { return cuda::current_stream(); }
-
-DeviceEvent DeviceStreams::mark(DeviceStream s) {
-  return record_from(plain_, plain_used_, false, s);
+DeviceStream DeviceStreams::stream_of(StreamId s) const {
+  switch (s) {
+    case StreamId::kCompute: return cuda::current_stream();
+    case StreamId::kCompute2: return compute2_;
+    case StreamId::kComm: return comm_;
+    case StreamId::kComm2: return comm2_;
+    case StreamId::kPipelineForward: return fwd_;
+    case StreamId::kPipelineBackward: return bwd_;
+    case StreamId::kReduce: return reduce_;
+  }
+  return cuda::current_stream();
 }
 
-DeviceEvent DeviceStreams::timed_mark(DeviceStream s) {
-  return record_from(timed_, timed_used_, true, s);
-}
-
-void DeviceStreams::wait(DeviceStream to, DeviceEvent e) {
-  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e, 0));
-}
-
-void DeviceStreams::wait_all(DeviceStream to, DeviceStream from) { wait(to, mark(from)); }
-
-void DeviceStreams::begin_step() {
+void DeviceStreams::begin_step(HostTime zero) {
   // The last step's events have all completed (the trainer synchronized after it).
   plain_used_ = timed_used_ = 0;
   pending_.clear();
   host_spans_.clear();
-  host_zero_ = std::chrono::steady_clock::now();
-  TANDEM_CUDA_CHECK(cudaEventRecord(step_zero_, compute()));
+  host_zero_ = zero;
+  TANDEM_CUDA_CHECK(cudaEventRecord(step_zero_, cuda::current_stream()));
+}
+
+void DeviceStreams::run(StreamId id, SpanInfo span, std::function<void()> work) {
+  const DeviceStream s = stream_of(id);
+  cuda::StreamScope on(s);
+  const DeviceEvent begin = timed_mark(s);
+  work();
+  end(s, begin, std::move(span));
+}
+
+// Note [Nodes on the communication stream] (combined.cc).
+void DeviceStreams::record_use(const Tensor& t, StreamId s) {
+  if (t.defined() && !t.released() && t.device() == Device::kCUDA) {
+    cuda::record_stream(t, stream_of(s));
+  }
 }
 
 void DeviceStreams::host_span(std::string name, HostTime begin, HostTime end) {
@@ -91,24 +151,22 @@ void DeviceStreams::host_span(std::string name, HostTime begin, HostTime end) {
   host_spans_.push_back({"host", std::move(name), secs(begin), secs(end)});
 }
 
-void DeviceStreams::end(DeviceStream s, DeviceEvent begin, SpanInfo info) {
-  pending_.push_back({begin, timed_mark(s), std::move(info)});
-}
-
-void DeviceStreams::wait_measured(DeviceStream to, DeviceEvent e, DeviceStream from,
-                                  const std::string& name) {
+void DeviceStreams::wait(StreamId to_id, const StreamEvent& e, StreamId from_id,
+                         const std::string& what) {
+  const DeviceStream to = stream_of(to_id), from = stream_of(from_id);
   if (!is_compute(to) || (from != comm_ && from != comm2_)) {
-    wait(to, e);
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e.device, 0));
     return;
   }
   const DeviceEvent before = timed_mark(to);
-  wait(to, e);
-  SpanInfo info{to == compute2_ ? "compute2" : "compute", "wait " + name, -1,
-                NodePhase::kForward, false};
+  TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e.device, 0));
+  SpanInfo info;
+  info.track = to == compute2_ ? "compute2" : "compute";
+  info.name = "wait " + what;
   end(to, before, std::move(info));
 }
 
-DeviceStreams::StepTimes DeviceStreams::resolve() const {
+StepTimes DeviceStreams::times() const {
   StepTimes out;
   auto seconds = [&](DeviceEvent e) {
     float ms = 0;
@@ -163,20 +221,16 @@ DeviceStreams::StepTimes DeviceStreams::resolve() const {
   return out;
 }
 
-#else  // no CUDA: never constructed (the trainer makes one only for a GPU run)
+}  // namespace
 
-DeviceStreams::DeviceStreams() { TANDEM_CHECK(false, "GPU streams need a binary built with CUDA"); }
-DeviceStreams::~DeviceStreams() = default;
-DeviceStream DeviceStreams::compute() { return nullptr; }
-DeviceEvent DeviceStreams::mark(DeviceStream) { return nullptr; }
-DeviceEvent DeviceStreams::timed_mark(DeviceStream) { return nullptr; }
-void DeviceStreams::wait(DeviceStream, DeviceEvent) {}
-void DeviceStreams::wait_all(DeviceStream, DeviceStream) {}
-void DeviceStreams::begin_step() {}
-void DeviceStreams::end(DeviceStream, DeviceEvent, SpanInfo) {}
-void DeviceStreams::host_span(std::string, HostTime, HostTime) {}
-void DeviceStreams::wait_measured(DeviceStream, DeviceEvent, DeviceStream, const std::string&) {}
-DeviceStreams::StepTimes DeviceStreams::resolve() const { return {}; }
+std::unique_ptr<Streams> make_device_streams() { return std::make_unique<DeviceStreams>(); }
+
+#else  // no CUDA
+
+std::unique_ptr<Streams> make_device_streams() {
+  TANDEM_CHECK(false, "GPU streams need a binary built with CUDA");
+  return nullptr;
+}
 
 #endif
 

@@ -1,6 +1,4 @@
-// Rebalancing experts between steps (Note [Rebalancing experts] in distributed.h): the rows each
-// expert took, a new placement of each MoE layer's experts, and the move of the weights and Adam
-// moments of the experts that change rank.
+// Rebalancing experts between steps (expert_rebalance.h).
 //
 // Note [Moving experts]: every rank takes the same decision, from the loads summed over the whole
 // world (so the expert-data-parallel replicas, whose tokens differ, keep the same placement and
@@ -12,17 +10,16 @@
 // not moved: the next step zeroes them first. The bf16 compute copy is formed again after.
 #include <algorithm>
 
-#include "runtime/distributed.h"
+#include "runtime/expert_rebalance.h"
 
 namespace tandem::runtime {
 
 // A layer moves only when its most loaded rank gets lighter by this fraction of the mean rank's
-// rows: on 2 H200s (shape (b), random tokens) the loads of a few steps wander by 2-5% from one
-// window to the next, and a move of 1-2 GiB costs 10-17 ms (bench/results/gpu_multi.md).
+// rows: above the few percent by which the loads of random tokens wander from one window to the
+// next, so that noise moves nothing (figures: bench/results/gpu_multi.md).
 constexpr double kMinGain = 0.05;
 
-std::vector<PipelineTrainer::ExpertBlock> PipelineTrainer::expert_blocks(
-    const model::Parameters& params) const {
+std::vector<ExpertBlock> expert_blocks(const model::Parameters& params) {
   const model::ChunkSpec& spec = params.spec();
   const int64_t el = spec.expert_end - spec.expert_begin;
   std::vector<ExpertBlock> out;
@@ -37,13 +34,22 @@ std::vector<PipelineTrainer::ExpertBlock> PipelineTrainer::expert_blocks(
   return out;
 }
 
-int64_t PipelineTrainer::expert_block_numel() const {
-  return 3 * model_.ffn_hidden_size * model_.hidden_size;  // w1, w3, w2: adjacent entries
+int64_t expert_block_numel(const ModelConfig& m) {
+  return 3 * m.ffn_hidden_size * m.hidden_size;
 }
 
-void PipelineTrainer::record_expert_load(const StageRuntime& s,
-                                         const model::MicroBatchState& state) {
-  if (expert_load_.empty()) return;
+ExpertRebalancer::ExpertRebalancer(const ModelConfig& m, const TrainConfig& t, Groups& groups)
+    : model_(m), every_(t.rebalance_experts), groups_(&groups) {
+  if (every_ <= 0) return;
+  TANDEM_CHECK(m.is_moe() && groups.layout.ep > 1, "--rebalance-experts ", every_,
+               " moves experts between expert-parallel ranks; it needs experts and "
+               "--expert-model-parallel-size > 1 (it is ",
+               groups.layout.ep, "), or 0");
+  load_.assign(static_cast<size_t>(m.num_layers * m.num_experts), 0);
+}
+
+void ExpertRebalancer::record(const StageRuntime& s, const model::MicroBatchState& state) {
+  if (load_.empty()) return;
   const model::ChunkSpec& spec = s.params->spec();
   const int64_t e = model_.num_experts;
   for (size_t l = 0; l < state.layers.size(); ++l) {
@@ -52,7 +58,7 @@ void PipelineTrainer::record_expert_load(const StageRuntime& s,
     for (size_t i = 0; i < rows.size(); ++i) {
       const int64_t place = spec.expert_begin + static_cast<int64_t>(i);
       const int32_t x = spec.placement.expert_at(layer, place);
-      expert_load_[static_cast<size_t>(layer * e + x)] += rows[i];
+      load_[static_cast<size_t>(layer * e + x)] += rows[i];
     }
   }
 }
@@ -86,17 +92,18 @@ LayerChoice choose(const std::vector<int32_t>& now, const std::vector<int64_t>& 
 
 }  // namespace
 
-void PipelineTrainer::rebalance_experts() {
-  last_rebalance_.reset();
-  const int64_t every = train_.rebalance_experts;
-  if (expert_load_.empty() || every <= 0 || iteration_ % every != 0) return;
-  const auto n = static_cast<int64_t>(expert_load_.size());
+void ExpertRebalancer::after_step(int64_t iteration, std::vector<StageRuntime>& stages,
+                                  DeferredUpdate& deferred) {
+  last_.reset();
+  if (load_.empty() || iteration % every_ != 0) return;
+  const auto n = static_cast<int64_t>(load_.size());
   const Tensor load = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "expert_load");
-  std::copy(expert_load_.begin(), expert_load_.end(), load.data<int64_t>());
+  std::copy(load_.begin(), load_.end(), load.data<int64_t>());
   groups_->world->all_reduce_sum(load);  // Note [Moving experts]
-  std::fill(expert_load_.begin(), expert_load_.end(), 0);
+  std::fill(load_.begin(), load_.end(), 0);
   const int64_t e = model_.num_experts;
-  const model::ExpertPlacement& placed = expert_placement();
+  // Every stage holds the whole model's placement (Parameters::spec()), the same in each.
+  const model::ExpertPlacement& placed = stages.front().params->spec().placement;
   model::ExpertPlacement to = placed;
   to.layers.resize(static_cast<size_t>(model_.num_layers));
   Rebalance r;
@@ -116,8 +123,9 @@ void PipelineTrainer::rebalance_experts() {
   if (r.layers == 0) return;
   r.before = before / mean;
   r.after = after / mean;
-  r.moved_bytes = move_experts(to);
-  last_rebalance_ = r;
+  deferred.finish(stages);  // the moments move with the weights: the last step's update first
+  r.moved_bytes = move_experts(to, stages);
+  last_ = r;
 }
 
 namespace {
@@ -159,13 +167,13 @@ LayerMove plan_move(const std::vector<int32_t>& was, const model::ExpertPlacemen
 
 }  // namespace
 
-int64_t PipelineTrainer::move_experts(const model::ExpertPlacement& to) {
-  finish_updates();  // the moments move with the weights: the last step's update first
+int64_t ExpertRebalancer::move_experts(const model::ExpertPlacement& to,
+                                       std::vector<StageRuntime>& stages) {
   comm::Communicator& ep = groups_->ep_data();
   int64_t moved = 0;
   const int64_t e = model_.num_experts, p = ep.size(), el = e / p, me = ep.rank();
-  const int64_t block = expert_block_numel();
-  for (StageRuntime& s : stages_) {
+  const int64_t block = expert_block_numel(model_);
+  for (StageRuntime& s : stages) {
     const model::ChunkSpec& spec = s.params->spec();
     TANDEM_ASSERT(spec.expert_begin == me * el, "the expert group's rank ", me,
                   " holds places from ", spec.expert_begin);

@@ -1,6 +1,4 @@
-// Gradients reduced over the data-parallel groups while the backward still runs: each unit of a
-// chunk (the embedding, a layer, the head) as soon as its last weight gradient of the step has
-// been issued.
+// Gradient reduction and the global gradient norm (grad_reduce.h).
 //
 // Note [Gradients reduced beside the backward]: a unit's gradients are final once every one of
 // its nodes that writes weight gradients has done so for every micro-batch of the step: the
@@ -8,42 +6,33 @@
 // weight gradient off, zb-h1 and dualpipev, count their W actions), so the rule holds for every
 // schedule. Units are whole layers because a node may write the gradient of a weight another
 // node reads (the router's, written by the attention node's backward, sits among the layer's MoE
-// weights); within one micro-batch's backward a layer's nodes run from its last to its first,
-// so the layer is final at its attention. The last backward then reduces the head first and the
-// embedding last, each unit beside the backward of the units below it.
-// On the GPU the reduction of a unit goes on a stream of its own (DeviceStreams::reduce, low
-// priority), after an event on the stream that ran the unit's last weight gradient (every
-// earlier write to the unit is ordered before that one: earlier actions were joined to the
-// compute stream, and both halves of a pair start after it), through the data-parallel NCCL
-// groups; the compute stream waits for it before the gradient norm reads the gradients. On the
-// CPU (MPI) each unit made final by an action is reduced right after that action, so the CPU
-// ranks run the same bookkeeping and the same calls in the same order (their tests check it)
-// without an overlap to gain. Every data-parallel rank runs the same schedule, so each group sees
-// its reductions in the same order everywhere; a rank that waits in one waits only for its own
-// stage's replicas, which run the same actions. On the GPU the reduce stream's all-reduces run
-// beside the all-to-alls and pipeline messages of other NCCL communicators; NCCL asks that
-// communicators used at once get their operations in the same order on every rank, which holds:
-// one host thread issues all of them in the schedule's order, the same on every rank.
-// Each element is summed over the same ranks as at the step's end; with two ranks a sum has one
-// order (a + b), so the values are bitwise those of reducing at the end; with more, the
-// library's summation order may depend on the size of the call (last bits).
-#include <algorithm>
-#include <string>
+// weights); a layer's nodes run from its last to its first, so the layer is final at its
+// attention. A unit's all-reduce goes on the reduce stream after an event on the stream that ran
+// its last weight gradient (on the GPU a low-priority stream beside the backward; on the CPU
+// right after the action, on this thread, as MPI wants). Every data-parallel rank runs the same
+// schedule, so each group sees its reductions in the same order everywhere, which is also what
+// NCCL asks of communicators used at once. Each element is summed over the same ranks as at the
+// step's end; with two ranks a sum has one order, so the values are bitwise those of reducing at
+// the end; with more, the library's summation order may depend on the call's size (last bits).
+#include "runtime/grad_reduce.h"
 
-#include "runtime/distributed.h"
-#if TANDEM_WITH_CUDA
-#include "core/cuda/context.h"
-#endif
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <string>
+#include <utility>
+
+#include "runtime/expert_rebalance.h"
 
 namespace tandem::runtime {
 
-std::vector<StageRuntime::GradUnit> gradient_units(const model::Parameters& params,
-                                                   const std::vector<model::NodeRef>& nodes,
-                                                   std::vector<int32_t>& node_unit) {
+std::vector<GradUnit> gradient_units(const model::Parameters& params,
+                                     const std::vector<model::NodeRef>& nodes,
+                                     std::vector<int32_t>& node_unit) {
   const int64_t layer_begin = params.spec().layer_begin;
   const auto layers = static_cast<size_t>(params.spec().layer_end - layer_begin);
   // Unit index by kind: 0 the embedding, 1 + l layer l, 1 + layers the head.
-  std::vector<StageRuntime::GradUnit> all(layers + 2);
+  std::vector<GradUnit> all(layers + 2);
   all[0].name = "embed";
   for (size_t l = 0; l < layers; ++l) {
     all[1 + l].name = "layer " + std::to_string(layer_begin + static_cast<int64_t>(l));
@@ -66,7 +55,7 @@ std::vector<StageRuntime::GradUnit> gradient_units(const model::Parameters& para
     numel[k] += n;
   }
   std::vector<int32_t> index(all.size(), -1);
-  std::vector<StageRuntime::GradUnit> out;
+  std::vector<GradUnit> out;
   node_unit.clear();
   for (const model::NodeRef& node : nodes) {
     const size_t k = node.kind == NodeKind::kEmbed  ? 0
@@ -87,68 +76,175 @@ std::vector<StageRuntime::GradUnit> gradient_units(const model::Parameters& para
   return out;
 }
 
-bool PipelineTrainer::grad_reduce_overlapped() const {
+GradReducer::GradReducer(const ModelConfig& m, const TrainConfig& t, Groups& groups,
+                         Streams& streams)
+    : model_(m), train_(t), groups_(&groups), streams_(&streams) {}
+
+void GradReducer::add_stage(const StageRuntime& s) {
+  StageUnits u;
+  u.stage = s.stage;
+  u.units = gradient_units(*s.params, s.chunk->nodes(), u.node_unit);
+  stages_.push_back(std::move(u));
+}
+
+GradReducer::StageUnits& GradReducer::units_of(const StageRuntime& s) {
+  for (StageUnits& u : stages_) {
+    if (u.stage == s.stage) return u;
+  }
+  TANDEM_ASSERT(false, "stage ", s.stage, " has no gradient units");
+  return stages_.front();
+}
+
+bool GradReducer::overlapped() const {
   const comm::ParallelLayout& L = groups_->layout;
   return train_.overlap_grad_reduce && (L.dp() > 1 || (L.ep > 1 && L.edp() > 1));
 }
 
-void PipelineTrainer::begin_grad_units() {
-  ready_units_.clear();
-  for (StageRuntime& s : stages_) {
-    for (StageRuntime::GradUnit& u : s.grad_units) {
-      u.pending = u.weighted_nodes * num_mb_;
+void GradReducer::begin_step(int64_t num_mb) {
+  for (StageUnits& s : stages_) {
+    for (GradUnit& u : s.units) {
+      u.pending = u.weighted_nodes * num_mb;
       u.reduced = false;
     }
   }
 }
 
-void PipelineTrainer::weight_grad_issued(StageRuntime& s, size_t node, DeviceStream stream) {
-  // Only nodes with weights count (StageRuntime::GradUnit::weighted_nodes).
-  if (!grad_reduce_overlapped() || !schedule::node_has_weights(s.chunk->nodes()[node].kind)) return;
-  const auto k = static_cast<size_t>(s.node_unit[node]);
-  StageRuntime::GradUnit& u = s.grad_units[k];
-  TANDEM_ASSERT(u.pending > 0, "unit ", u.name, " of stage ", s.stage,
-                " got more weight gradients than the step's micro-batches");
-  if (--u.pending > 0) return;
-  if (!dev_) {
-    ready_units_.emplace_back(&s, k);  // reduced after the action (reduce_ready_units)
-    return;
+// Note [Gradient runs]: the gradients are reduced (and their norm summed) over runs of
+// neighbouring entries of the flat buffer that share a group, not entry by entry: one call (or
+// one sum-of-squares readback) per run instead of one per tensor. With one expert rank the
+// experts' group is the data-parallel group itself, so the whole buffer is one run; with EP > 1
+// a layer makes about two (its dense tensors, its experts).
+std::vector<GradReducer::GradRun> GradReducer::gradient_runs(
+    const model::Parameters& params) const {
+  std::vector<GradRun> runs;
+  for (const model::ParamEntry& e : params.entries()) {
+    const bool expert = e.shard == model::ParamShard::kExpert && groups_->layout.ep > 1;
+    const int64_t n = shape_numel(e.shape);
+    if (!runs.empty() && runs.back().expert == expert &&
+        runs.back().begin + runs.back().count == e.offset) {
+      runs.back().count += n;
+    } else {
+      runs.push_back({e.offset, n, expert});
+    }
   }
-#if TANDEM_WITH_CUDA
-  const DeviceStream reduce = dev_->reduce();
-  DeviceStreams::wait(reduce, dev_->mark(stream));
-  cuda::StreamScope on(reduce);
-  const DeviceEvent begin = dev_->begin(reduce);
-  DeviceStreams::SpanInfo info;
-  info.bus_bytes = reduce_unit(s, u);
-  info.track = "reduce";
-  info.name = "reduce " + u.name;
-  dev_->end(reduce, begin, std::move(info));
-#else
-  (void)stream;
-#endif
+  return runs;
 }
 
-void PipelineTrainer::reduce_ready_units() {
-  for (const auto& [stage, k] : ready_units_) reduce_unit(*stage, stage->grad_units[k]);
-  ready_units_.clear();
-}
-
-double PipelineTrainer::reduce_unit(StageRuntime& s, StageRuntime::GradUnit& u) {
+std::vector<GradReducer::Part> GradReducer::unit_parts(const StageRuntime& s,
+                                                       const GradUnit& u) const {
   const comm::ParallelLayout& L = groups_->layout;
-  double bus_bytes = 0;
+  std::vector<Part> parts;
   for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
     const int64_t begin = std::max(run.begin, u.begin);
     const int64_t end = std::min(run.begin + run.count, u.end);
-    const int n = run.expert ? L.edp() : L.dp();
+    const int64_t n = run.expert ? L.edp() : L.dp();
     if (begin >= end || n <= 1) continue;
-    comm::Communicator& group = run.expert ? groups_->edp_data() : groups_->dp_data();
     const Tensor grads = s.params->flat_grads().narrow_rows(begin, end - begin);
-    group.all_reduce_sum(grads);
-    bus_bytes += static_cast<double>(grads.nbytes()) * 2.0 * (n - 1) / n;
+    const double bus_bytes = static_cast<double>(grads.nbytes()) * 2.0 *
+                             static_cast<double>(n - 1) / static_cast<double>(n);
+    parts.push_back({run.expert ? &groups_->edp_data() : &groups_->dp_data(), grads, bus_bytes});
   }
+  return parts;
+}
+
+void GradReducer::weight_grad_issued(const StageRuntime& s, size_t node, StreamId stream) {
+  // Only nodes with weights count (GradUnit::weighted_nodes).
+  if (!overlapped() || !schedule::node_has_weights(s.chunk->nodes()[node].kind)) return;
+  StageUnits& units = units_of(s);
+  GradUnit& u = units.units[static_cast<size_t>(units.node_unit[node])];
+  TANDEM_ASSERT(u.pending > 0, "unit ", u.name, " of stage ", s.stage,
+                " got more weight gradients than the step's micro-batches");
+  if (--u.pending > 0) return;
+  std::vector<Part> parts = unit_parts(s, u);
+  SpanInfo span;
+  span.track = "reduce";
+  span.name = "reduce " + u.name;
+  for (const Part& p : parts) span.bus_bytes += p.bus_bytes;
+  streams_->wait(StreamId::kReduce, streams_->mark(stream), stream, std::string());
+  streams_->run(StreamId::kReduce, std::move(span), [parts = std::move(parts)] {
+    for (const Part& p : parts) p.group->all_reduce_sum(p.grads);
+  });
   u.reduced = true;
-  return bus_bytes;
+}
+
+void GradReducer::end_step(const std::vector<StageRuntime>& stages) {
+  if (overlapped()) {  // Note [Gradients reduced beside the backward]
+    for (const StageUnits& s : stages_) {
+      for (const GradUnit& u : s.units) {
+        TANDEM_ASSERT(u.reduced, "unit ", u.name, " of stage ", s.stage, " still waits for ",
+                      u.pending, " weight-gradient passes at the step's end");
+      }
+    }
+    streams_->wait_all(StreamId::kCompute, StreamId::kReduce);
+    return;
+  }
+  const comm::ParallelLayout& L = groups_->layout;
+  for (const StageRuntime& s : stages) {
+    for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
+      comm::Communicator& group = run.expert ? groups_->edp_data() : groups_->dp_data();
+      if ((run.expert ? L.edp() : L.dp()) > 1) {
+        group.all_reduce_sum(s.params->flat_grads().narrow_rows(run.begin, run.count));
+      }
+    }
+  }
+}
+
+// Note [Non-finite steps on several ranks]: the step's verdict must be the same on every rank,
+// or some ranks would update and others not. The norm counts each gradient once (dense ones on
+// data-parallel rank 0, experts on expert-data-parallel rank 0), so a NaN in a copy that is not
+// counted would go unseen; each rank therefore also adds a flag, 1 when any of its own gradients
+// is not finite, and the flags are summed with the norm in one all-reduce. The result (NaN when
+// any flag is set) is the same on every rank, and so is the global loss.
+// Note [Norm by expert]: experts that move between ranks (Note [Rebalancing experts]) would
+// change which rank's partial sum holds each expert's squares, and so the norm's last bits (and
+// the clipping's). With rebalancing on, each expert's squares go to a slot of its own, by layer
+// and global id, in the all-reduce (one rank fills each slot, so the sum there is exact), and the
+// slots are added in that order: the norm does not depend on the placement.
+double GradReducer::global_norm(const std::vector<StageRuntime>& stages) {
+  const comm::ParallelLayout& L = groups_->layout;
+  const bool by_expert = train_.rebalance_experts > 0;
+  double sq = 0, non_finite = 0;
+  std::vector<double> experts(by_expert ? model_.num_layers * model_.num_experts : 0, 0.0);
+  // Every sum is enqueued before the first is read (one wait for the GPU, not one per sum),
+  // then added in the same order as ever. slot: -1 the dense part, -2 none, else experts[slot].
+  struct Part {
+    ops::PendingScalar value;
+    int64_t slot;
+  };
+  std::vector<Part> parts;
+  for (const StageRuntime& s : stages) {
+    const Tensor& g = s.params->flat_grads();
+    for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
+      if (run.expert && by_expert) continue;  // below, expert by expert
+      const bool counted =
+          (run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0;
+      parts.push_back({ops::sum_squares_start(g.narrow_rows(run.begin, run.count)),
+                       counted ? -1 : -2});
+    }
+    if (!by_expert) continue;
+    for (const ExpertBlock& b : expert_blocks(*s.params)) {
+      const int64_t slot = L.edp_rank(groups_->rank) == 0 ? b.layer * model_.num_experts + b.expert
+                                                          : -2;
+      parts.push_back({ops::sum_squares_start(g.narrow_rows(b.offset, expert_block_numel(model_))),
+                       slot});
+    }
+  }
+  for (Part& p : parts) {
+    const double part = p.value.get();
+    if (!std::isfinite(part)) non_finite = 1;
+    if (p.slot == -1) sq += part;
+    if (p.slot >= 0) experts[static_cast<size_t>(p.slot)] = part;
+  }
+  Tensor t = Tensor::empty({2 + static_cast<int64_t>(experts.size())}, DType::kF64,
+                           MemCategory::kOther, "grad_norm");
+  t.data<double>()[0] = sq;
+  t.data<double>()[1] = non_finite;
+  std::copy(experts.begin(), experts.end(), t.data<double>() + 2);
+  groups_->world->all_reduce_sum(t);
+  if (t.data<double>()[1] > 0) return std::numeric_limits<double>::quiet_NaN();
+  double total = t.data<double>()[0];
+  for (size_t i = 0; i < experts.size(); ++i) total += t.data<double>()[2 + i];
+  return std::sqrt(total);
 }
 
 }  // namespace tandem::runtime

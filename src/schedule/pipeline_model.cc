@@ -108,7 +108,7 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
                " is fewer than the schedule's ", sch.num_stages, " stages (", sch.num_ranks,
                " ranks x ", sch.num_stages / std::max(sch.num_ranks, 1),
                " stages each): every stage needs at least one layer");
-  // The same split as the pipeline trainer (runtime/distributed.cc), so plan and run agree.
+  // The same split as the pipeline trainer (runtime/pipeline_trainer.cc), so plan and run agree.
   TANDEM_CHECK(cfg.num_layers % sch.num_stages == 0, "--num-layers ", cfg.num_layers,
                " does not divide into the schedule's ", sch.num_stages,
                " stages: use a multiple of ", sch.num_stages);

@@ -125,9 +125,6 @@ std::vector<BadInput> option_cases() {
       {"node times on one CPU rank",
        small({"--node-times-out", "nodes.json"}),
        {"--node-times-out nodes.json", "mpirun", "--device cuda"}},
-      {"deferred update without the pipeline trainer",
-       small({"--defer-optimizer"}),
-       {"--defer-optimizer", "mpirun", "leave it out"}},
   };
 }
 

@@ -12,7 +12,7 @@
 
 #include "common/random_tokens.h"
 #include "core/device.h"
-#include "runtime/trainer.h"
+#include "runtime/reference_trainer.h"
 #include "schedule/planner.h"
 
 namespace tandem {
@@ -38,7 +38,7 @@ ModelConfig model(bool moe) {
 
 Peaks measured(const ModelConfig& m, const TrainConfig& t) {
   const testing::RandomTokens tokens(m.vocab_size);
-  runtime::Trainer trainer(m, t, tokens);
+  runtime::ReferenceTrainer trainer(m, t, tokens);
   trainer.step();
   const runtime::StepResult r = trainer.step();
   return {r.activation_peak, r.memory.total_peak};

@@ -18,7 +18,7 @@
 #include "core/cuda/context.h"
 #include "core/tensor.h"
 #include "runtime/checkpoint_parallel.h"
-#include "runtime/distributed.h"
+#include "runtime/pipeline_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
 

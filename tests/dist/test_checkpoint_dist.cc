@@ -19,6 +19,7 @@
 #include "common/random_tokens.h"
 #include "dist_env.h"
 #include "runtime/checkpoint_parallel.h"
+#include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
 
@@ -110,7 +111,7 @@ TEST(CheckpointDist, AnyLayoutRestoresAndGathersTheOneRankStateBitwise) {
       continue;
     }
     RandomTokens tokens(m.vocab_size);
-    Trainer one(m, t, tokens);
+    ReferenceTrainer one(m, t, tokens);
     one.step();
     one.step();
     const CheckpointState want = trainer_checkpoint(one, data);
@@ -288,7 +289,7 @@ TEST(CheckpointDist, GatheredStateRestoresIntoOneRank) {
   trainer.step();
   const CheckpointState gathered = gather_checkpoint(trainer, data);
   if (groups.rank != 0) return;
-  Trainer one(m, t, tokens);
+  ReferenceTrainer one(m, t, tokens);
   restore_trainer(one, gathered);
   EXPECT_EQ(one.iteration(), 3);
   EXPECT_EQ(one.optimizer().steps(), 3);

@@ -1,7 +1,7 @@
 // Every schedule and parallel layout (PP up to 4, EP up to 4, PP2 x EP4 on 8 ranks) against the
 // single-rank sequential reference: the same
 // global batch gives the same loss and the same gradient for every parameter (compared by its
-// Hugging Face name). fp64. Oracle: runtime::Trainer on one rank, computed on every rank.
+// Hugging Face name). fp64. Oracle: runtime::ReferenceTrainer on one rank, computed on every rank.
 //  - bitwise when only the pipeline is split (EP = DP = 1): each stage runs the same arithmetic
 //    on the same micro-batches, and accumulates gradients in the same micro-batch order;
 //  - otherwise within 1e-12 relative (per tensor, in norm): the data-parallel all-reduce and the
@@ -17,7 +17,8 @@
 
 #include "core/rng.h"
 #include "dist_env.h"
-#include "runtime/distributed.h"
+#include "runtime/pipeline_trainer.h"
+#include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
 
@@ -92,7 +93,7 @@ bool run_case(const Case& c, int dp) {
   schedule::validate_schedule(sched);
   RandomTokens data(m.vocab_size);
 
-  Trainer reference(m, t, data, DType::kF64);
+  ReferenceTrainer reference(m, t, data, DType::kF64);
   const StepResult want = reference.forward_backward(0);
   std::map<std::string, Tensor> ref_grads;
   for (const auto& e : reference.params().entries()) ref_grads[e.name] = reference.params().grad(e);

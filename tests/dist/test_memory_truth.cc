@@ -15,7 +15,7 @@
 #include "common/random_tokens.h"
 #include "core/rng.h"
 #include "dist_env.h"
-#include "runtime/distributed.h"
+#include "runtime/pipeline_trainer.h"
 #include "schedule/planner.h"
 
 namespace tandem::runtime {

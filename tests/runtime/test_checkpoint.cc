@@ -20,7 +20,7 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "runtime/checkpoint.h"
-#include "runtime/trainer.h"
+#include "runtime/reference_trainer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -68,7 +68,7 @@ class CheckpointTest : public ::testing::Test {
   std::string dir_;
 };
 
-std::vector<float> weights_of(const Trainer& t) {
+std::vector<float> weights_of(const ReferenceTrainer& t) {
   const Tensor& flat = t.params().flat_params();
   return std::vector<float>(flat.data<float>(), flat.data<float>() + flat.numel());
 }
@@ -79,7 +79,7 @@ std::set<std::string> entries_of(const std::string& dir) {
   return out;
 }
 
-SavedCheckpoint save_trainer(const std::string& root, const Trainer& t, int64_t keep = 2) {
+SavedCheckpoint save_trainer(const std::string& root, const ReferenceTrainer& t, int64_t keep = 2) {
   return save_checkpoint(root, t.iteration(), trainer_checkpoint(t, {{"format", "random"}}), keep);
 }
 
@@ -110,14 +110,14 @@ void flip_bit(const std::string& file, int64_t offset) {
 void check_exact_resume(Ffn ffn, const std::string& root) {
   RandomTokens data(32);
   const int64_t n = 3;
-  Trainer full(small_model(ffn), small_train(2 * n), data);
+  ReferenceTrainer full(small_model(ffn), small_train(2 * n), data);
   std::vector<StepResult> reference;
   for (int64_t i = 0; i < 2 * n; ++i) reference.push_back(full.step());
 
-  Trainer first(small_model(ffn), small_train(2 * n), data);
+  ReferenceTrainer first(small_model(ffn), small_train(2 * n), data);
   for (int64_t i = 0; i < n; ++i) first.step();
   save_trainer(root, first);
-  Trainer resumed(small_model(ffn), small_train(2 * n), data);
+  ReferenceTrainer resumed(small_model(ffn), small_train(2 * n), data);
   restore_trainer(resumed, load_checkpoint(root));
   EXPECT_EQ(resumed.iteration(), n);
   EXPECT_EQ(resumed.optimizer().steps(), n);
@@ -137,7 +137,7 @@ TEST_F(CheckpointTest, ResumeIsBitwiseExactDense) {
 
 TEST_F(CheckpointTest, LayoutOnDiskIsHuggingFacePlusState) {
   RandomTokens data(32);
-  Trainer t(small_model(Ffn::kMoe), small_train(4), data);
+  ReferenceTrainer t(small_model(Ffn::kMoe), small_train(4), data);
   t.step();
   const SavedCheckpoint saved = save_trainer(path("run"), t);
   EXPECT_EQ(saved.dir, path("run/iter_0000001"));
@@ -165,7 +165,7 @@ TEST_F(CheckpointTest, LayoutOnDiskIsHuggingFacePlusState) {
 
 TEST_F(CheckpointTest, RetentionKeepsTheNewestAndThePointer) {
   RandomTokens data(32);
-  Trainer t(small_model(Ffn::kDense), small_train(10), data);
+  ReferenceTrainer t(small_model(Ffn::kDense), small_train(10), data);
   for (int i = 0; i < 4; ++i) {
     t.step();
     save_trainer(path("run"), t);
@@ -182,11 +182,11 @@ TEST_F(CheckpointTest, RetentionKeepsTheNewestAndThePointer) {
 
 TEST_F(CheckpointTest, RetentionTreatsHigherIterationsOfAnEarlierRunAsOlder) {
   RandomTokens data(32);
-  Trainer t(small_model(Ffn::kDense), small_train(10), data);
+  ReferenceTrainer t(small_model(Ffn::kDense), small_train(10), data);
   t.step();
   save_trainer(path("run"), t);
   fs::rename(path("run/iter_0000001"), path("run/iter_0000009"));  // an earlier, longer run
-  Trainer fresh(small_model(Ffn::kDense), small_train(10), data);
+  ReferenceTrainer fresh(small_model(Ffn::kDense), small_train(10), data);
   fresh.step();
   save_trainer(path("run"), fresh);
   EXPECT_EQ(entries_of(path("run")),
@@ -199,7 +199,7 @@ TEST_F(CheckpointTest, RetentionTreatsHigherIterationsOfAnEarlierRunAsOlder) {
 
 TEST_F(CheckpointTest, LeftoversOfAnInterruptedSaveAreCleanedOrRecovered) {
   RandomTokens data(32);
-  Trainer t(small_model(Ffn::kDense), small_train(10), data);
+  ReferenceTrainer t(small_model(Ffn::kDense), small_train(10), data);
   t.step();
   save_trainer(path("run"), t);
   // A crash between moving iter_0000001 aside and moving its replacement in, plus debris.
@@ -218,7 +218,7 @@ TEST_F(CheckpointTest, LeftoversOfAnInterruptedSaveAreCleanedOrRecovered) {
 
 TEST_F(CheckpointTest, CorruptCheckpointsAreRejectedNamingFileAndProblem) {
   RandomTokens data(32);
-  Trainer t(small_model(Ffn::kMoe), small_train(10), data);
+  ReferenceTrainer t(small_model(Ffn::kMoe), small_train(10), data);
   t.step();
   save_trainer(path("good"), t);
   struct Case {
@@ -278,22 +278,22 @@ TEST_F(CheckpointTest, CorruptCheckpointsAreRejectedNamingFileAndProblem) {
 
 TEST_F(CheckpointTest, RejectedRestoreLeavesTheTrainerUnchanged) {
   RandomTokens data(32);
-  Trainer t(small_model(Ffn::kMoe), small_train(10), data);
+  ReferenceTrainer t(small_model(Ffn::kMoe), small_train(10), data);
   t.step();
   save_trainer(path("run"), t);
   const CheckpointState st = load_checkpoint(path("run"));
 
   ModelConfig other_model = small_model(Ffn::kMoe);
   other_model.num_layers = 3;
-  Trainer wrong_shape(other_model, small_train(10), data);
+  ReferenceTrainer wrong_shape(other_model, small_train(10), data);
   TrainConfig other_train = small_train(10);
   other_train.seed = 99;
-  Trainer wrong_seed(small_model(Ffn::kMoe), other_train, data);
+  ReferenceTrainer wrong_seed(small_model(Ffn::kMoe), other_train, data);
   other_train = small_train(10);
   other_train.global_batch_size = 8;
-  Trainer wrong_batch(small_model(Ffn::kMoe), other_train, data);
+  ReferenceTrainer wrong_batch(small_model(Ffn::kMoe), other_train, data);
   const struct {
-    Trainer* trainer;
+    ReferenceTrainer* trainer;
     std::vector<std::string> message;
   } cases[] = {{&wrong_shape, {"num_layers is 2 in the checkpoint but 3", "--num-layers"}},
                {&wrong_seed, {"seed is 1234 in the checkpoint but 99", "--seed"}},
@@ -310,7 +310,7 @@ TEST_F(CheckpointTest, RejectedRestoreLeavesTheTrainerUnchanged) {
   for (auto& [name, tensor] : bad.model) {
     if (name == "lm_head.weight") tensor = Tensor::zeros({2, 2}, DType::kF32, MemCategory::kOther);
   }
-  Trainer target(small_model(Ffn::kMoe), small_train(10), data);
+  ReferenceTrainer target(small_model(Ffn::kMoe), small_train(10), data);
   const std::vector<float> before = weights_of(target);
   expect_error([&] { restore_trainer(target, bad); }, {"lm_head.weight", "shape"});
   EXPECT_EQ(weights_of(target), before);
@@ -321,7 +321,7 @@ TEST_F(CheckpointTest, RejectedRestoreLeavesTheTrainerUnchanged) {
 TEST_F(CheckpointTest, AnyChunkLayoutLoadsAndGathersTheSameTensors) {
   RandomTokens data(32);
   const ModelConfig cfg = small_model(Ffn::kMoe);
-  Trainer t(cfg, small_train(10), data);
+  ReferenceTrainer t(cfg, small_train(10), data);
   t.step();
   save_trainer(path("run"), t);
   const CheckpointState st = load_checkpoint(path("run"));
@@ -365,7 +365,7 @@ TEST_F(CheckpointTest, AnyChunkLayoutLoadsAndGathersTheSameTensors) {
 TEST_F(CheckpointTest, HuggingFaceBf16CheckpointLoadsWeightsOnly) {
   RandomTokens data(32);
   const ModelConfig cfg = small_model(Ffn::kMoe);
-  Trainer source(cfg, small_train(10), data);
+  ReferenceTrainer source(cfg, small_train(10), data);
   source.step();
   NamedTensors bf16;
   for (const auto& [name, tensor] : model_tensors(source.params())) {
@@ -392,7 +392,7 @@ TEST_F(CheckpointTest, HuggingFaceBf16CheckpointLoadsWeightsOnly) {
     const CheckpointState st = load_checkpoint(path(dir));
     EXPECT_EQ(st.kind, CheckpointKind::kHuggingFace);
     EXPECT_TRUE(st.optimizer.empty());
-    Trainer target(cfg, small_train(10), data);
+    ReferenceTrainer target(cfg, small_train(10), data);
     target.step();  // some optimizer state that the load must reset
     restore_trainer(target, st);
     EXPECT_EQ(target.iteration(), 0);
@@ -422,7 +422,7 @@ TEST_F(CheckpointTest, NonFiniteGradientStopsOrIsSkipped) {
       if (iteration == at) p.flat_grads().data<float>()[7] = std::nanf("");
     };
   };
-  Trainer stop(small_model(Ffn::kMoe), small_train(10), data);
+  ReferenceTrainer stop(small_model(Ffn::kMoe), small_train(10), data);
   stop.set_after_backward_hook(poison_at(2));
   stop.step();
   const std::vector<float> before = weights_of(stop);
@@ -433,7 +433,7 @@ TEST_F(CheckpointTest, NonFiniteGradientStopsOrIsSkipped) {
 
   TrainConfig skip_config = small_train(10);
   skip_config.non_finite_policy = NonFinitePolicy::kSkip;
-  Trainer skip(small_model(Ffn::kMoe), skip_config, data);
+  ReferenceTrainer skip(small_model(Ffn::kMoe), skip_config, data);
   skip.set_after_backward_hook(poison_at(2));
   EXPECT_EQ(skip.step().status, StepStatus::kApplied);
   const std::vector<float> kept = weights_of(skip);
@@ -456,7 +456,7 @@ TEST_F(CheckpointTest, NonFiniteGradientStopsOrIsSkipped) {
 
 TEST_F(CheckpointTest, NonFiniteLossIsNamed) {
   RandomTokens data(32);
-  Trainer t(small_model(Ffn::kDense), small_train(10), data);
+  ReferenceTrainer t(small_model(Ffn::kDense), small_train(10), data);
   // A NaN weight makes the next step's loss (and gradients) NaN.
   t.set_after_backward_hook([](model::Parameters& p, int64_t iteration) {
     if (iteration != 1) return;

@@ -7,7 +7,7 @@
 
 #include "model/chunk.h"
 #include "model/tiny.h"
-#include "runtime/distributed.h"
+#include "runtime/pipeline_trainer.h"
 
 namespace tandem::runtime {
 namespace {

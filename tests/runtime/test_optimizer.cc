@@ -11,7 +11,7 @@
 #include "core/error.h"
 #include "model/chunk.h"
 #include "ops/ops.h"
-#include "runtime/distributed.h"
+#include "runtime/pipeline_trainer.h"
 #include "runtime/optimizer.h"
 
 namespace tandem::runtime {

@@ -10,7 +10,7 @@
 #include "core/rng.h"
 #include "data/addition.h"
 #include "runtime/checkpoint.h"
-#include "runtime/trainer.h"
+#include "runtime/reference_trainer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -43,8 +43,8 @@ TrainConfig small_train() {
 
 TEST(Trainer, SameSeedGivesBitwiseSameLosses) {
   RandomTokens data(32);
-  Trainer a(small_model(true), small_train(), data);
-  Trainer b(small_model(true), small_train(), data);
+  ReferenceTrainer a(small_model(true), small_train(), data);
+  ReferenceTrainer b(small_model(true), small_train(), data);
   for (int i = 0; i < 3; ++i) {
     const StepResult ra = a.step(), rb = b.step();
     EXPECT_EQ(ra.loss, rb.loss);
@@ -52,8 +52,8 @@ TEST(Trainer, SameSeedGivesBitwiseSameLosses) {
   }
   TrainConfig other = small_train();
   other.seed = 99;
-  Trainer c(small_model(true), other, data);
-  EXPECT_NE(c.step().loss, Trainer(small_model(true), small_train(), data).step().loss);
+  ReferenceTrainer c(small_model(true), other, data);
+  EXPECT_NE(c.step().loss, ReferenceTrainer(small_model(true), small_train(), data).step().loss);
 }
 
 // Note [Recomputed experts]: the experts' gate, up and act formed again in the backward are the
@@ -63,8 +63,8 @@ TEST(Trainer, RecomputedExpertsAreBitwiseTheStoredRunWithLessMemory) {
   RandomTokens data(32);
   TrainConfig recompute = small_train();
   recompute.recompute_experts = true;
-  Trainer stored(small_model(true), small_train(), data);
-  Trainer again(small_model(true), recompute, data);
+  ReferenceTrainer stored(small_model(true), small_train(), data);
+  ReferenceTrainer again(small_model(true), recompute, data);
   for (int i = 0; i < 3; ++i) {
     const StepResult a = stored.step(), b = again.step();
     EXPECT_EQ(a.loss, b.loss) << "step " << i + 1;
@@ -85,8 +85,8 @@ TEST(Trainer, MicroBatchSplitDoesNotChangeGradients) {
   one.micro_batch_size = 4;  // one micro-batch of 4 sequences
   four.micro_batch_size = 1;  // four micro-batches of 1
   // Dense: the aux loss is per micro-batch and so depends on the split by definition.
-  Trainer a(small_model(false), one, data, DType::kF64);
-  Trainer b(small_model(false), four, data, DType::kF64);
+  ReferenceTrainer a(small_model(false), one, data, DType::kF64);
+  ReferenceTrainer b(small_model(false), four, data, DType::kF64);
   const StepResult ra = a.forward_backward(0), rb = b.forward_backward(0);
   EXPECT_NEAR(ra.loss, rb.loss, 1e-12);
   const double* ga = a.params().flat_grads().data<double>();
@@ -108,7 +108,7 @@ TEST(Trainer, LossFallsOnTheAdditionTask) {
   t.lr_warmup_iters = 5;
   t.micro_batch_size = 4;
   t.global_batch_size = 8;
-  Trainer trainer(m, t, data);
+  ReferenceTrainer trainer(m, t, data);
   const double first = trainer.step().lm_loss;
   double last = first;
   for (int i = 1; i < t.train_iters; ++i) last = trainer.step().lm_loss;
@@ -118,7 +118,7 @@ TEST(Trainer, LossFallsOnTheAdditionTask) {
 
 TEST(Trainer, StepReportsMemoryAndActivationPeak) {
   RandomTokens data(32);
-  Trainer trainer(small_model(true), small_train(), data);
+  ReferenceTrainer trainer(small_model(true), small_train(), data);
   const StepResult r = trainer.step();
   EXPECT_GT(r.activation_peak, 0);
   EXPECT_GE(r.memory.total_peak, r.memory.total_in_use);
@@ -128,12 +128,12 @@ TEST(Trainer, StepReportsMemoryAndActivationPeak) {
 
 TEST(Trainer, VocabularyTooSmallForTheDataIsAnError) {
   data::AdditionDataset data(1);
-  EXPECT_THROW(Trainer(small_model(false), small_train(), data), Error);
+  EXPECT_THROW(ReferenceTrainer(small_model(false), small_train(), data), Error);
 }
 
 TEST(Checkpoint, SavedModelLoadsWithTheSameWeights) {
   RandomTokens data(32);
-  Trainer trainer(small_model(true), small_train(), data);
+  ReferenceTrainer trainer(small_model(true), small_train(), data);
   trainer.step();
   const std::string dir = ::testing::TempDir() + "/tandem_ckpt_test/model";
   std::filesystem::remove_all(::testing::TempDir() + "/tandem_ckpt_test");

@@ -1,40 +1,19 @@
-// Sequential reference training step.
-#include "runtime/trainer.h"
+// The reference trainer: micro-batches one after another through the whole model.
+#include "runtime/reference_trainer.h"
 
 #include <chrono>
 #include <cmath>
 #include <limits>
-#include <string>
 #include <vector>
 
 namespace tandem::runtime {
 
-MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& m,
-                                  const TrainConfig& t, int64_t iteration, int64_t mb) {
-  const int64_t b = t.micro_batch_size, s = m.seq_length;
-  MicroBatchTokens out;
-  out.ids = Tensor::empty({b * s}, DType::kI32, MemCategory::kOther, "batch.ids");
-  out.targets = Tensor::empty({b * s}, DType::kI32, MemCategory::kOther, "batch.targets");
-  std::vector<int32_t> row(static_cast<size_t>(s + 1));
-  for (int64_t r = 0; r < b; ++r) {
-    const int64_t index = iteration * t.global_batch_size + mb * b + r;
-    data.sample(index, row.data(), s + 1);
-    for (int64_t j = 0; j < s; ++j) {
-      out.ids.data<int32_t>()[r * s + j] = row[static_cast<size_t>(j)];
-      out.targets.data<int32_t>()[r * s + j] = row[static_cast<size_t>(j + 1)];
-    }
-  }
-  return out;
-}
-
-Trainer::Trainer(const ModelConfig& m, const TrainConfig& t, const data::Dataset& data,
-                 DType dtype)
+ReferenceTrainer::ReferenceTrainer(const ModelConfig& m, const TrainConfig& t,
+                                   const data::Dataset& data, DType dtype)
     : model_(m), train_(t), data_(&data) {
   model_.validate();
   train_.validate();
-  TANDEM_CHECK(data.vocab_size() <= m.vocab_size, "the data set (", data.describe(),
-               ") has token ids up to ", data.vocab_size() - 1, " but --vocab-size is ",
-               m.vocab_size, ": use --vocab-size ", data.vocab_size(), " or more");
+  check_data_fits(data, model_);
   TANDEM_CHECK(train_.device == Device::kCPU || dtype == DType::kF32,
                "GPU training keeps f32 master weights; ", dtype_name(dtype), " is CPU-only");
   DeviceScope on(train_.device);
@@ -45,7 +24,7 @@ Trainer::Trainer(const ModelConfig& m, const TrainConfig& t, const data::Dataset
   optimizer_ = std::make_unique<AdamW>(*params_, train_);
 }
 
-StepResult Trainer::forward_backward(int64_t iteration) {
+StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
   DeviceScope on(train_.device);
   const int64_t num_mb = train_.num_microbatches();
   model::NodeContext ctx =
@@ -53,11 +32,6 @@ StepResult Trainer::forward_backward(int64_t iteration) {
   ctx.recompute_experts = train_.recompute_experts;
   ctx.force_balanced_routing = train_.moe_router_force_balance;
   StepResult r;
-  timeline_.clear();
-  step_start_ = now_seconds();
-  auto span = [&](const std::string& name, double start) {
-    timeline_.push_back({"compute", name, start - step_start_, now_seconds() - step_start_});
-  };
   // Each micro-batch's losses, summed in order at the end (Note [Reads to the host ahead of use]):
   // the host does not wait for the GPU between micro-batches.
   std::vector<ops::PendingScalar> lm_losses;
@@ -67,12 +41,8 @@ StepResult Trainer::forward_backward(int64_t iteration) {
     model::MicroBatchState state;
     state.ids = tokens.ids;
     state.targets = tokens.targets;
-    const double f0 = now_seconds();
     chunk_->forward(state, ctx);
-    span("0F" + std::to_string(mb), f0);
-    const double b0 = now_seconds();
     chunk_->backward(state, ctx);
-    span("0B" + std::to_string(mb), b0);
     lm_losses.push_back(state.pending_lm_loss);
     aux_losses.push_back(std::move(state.aux_losses));
   }
@@ -85,27 +55,7 @@ StepResult Trainer::forward_backward(int64_t iteration) {
   return r;
 }
 
-namespace {
-
-// Which of the loss and the gradients is non-finite, for the message of --nan-policy stop.
-std::string non_finite_parts(double loss, double grad_norm) {
-  const bool bad_loss = !std::isfinite(loss), bad_grads = !std::isfinite(grad_norm);
-  if (bad_loss && bad_grads) return "the loss and the gradients are";
-  return bad_loss ? "the loss is" : "the gradients are";
-}
-
-}  // namespace
-
-void check_step_verdict(const TrainConfig& t, int64_t iteration, double loss, double grad_norm,
-                        bool finite) {
-  TANDEM_CHECK(finite || t.non_finite_policy == NonFinitePolicy::kSkip, "iteration ", iteration,
-               ": ", non_finite_parts(loss, grad_norm), " not finite (loss ", loss,
-               ", gradient norm ", grad_norm,
-               "); stopped before the optimizer update, so the last checkpoint is intact. Lower "
-               "--lr, check the data, or pass --nan-policy skip to skip such steps");
-}
-
-StepResult Trainer::step() {
+StepResult ReferenceTrainer::step() {
   DeviceScope on(train_.device);
   Allocator& alloc = allocator_for(train_.device);
   alloc.reset_peaks();

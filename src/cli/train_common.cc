@@ -1,0 +1,151 @@
+// Pieces of `tandem train` around its loop (train_common.h).
+#include "cli/train_common.h"
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <limits>
+#include <sstream>
+#include <string>
+#include <thread>
+
+#include "data/addition.h"
+#include "data/file_dataset.h"
+#include "data/mock.h"
+
+namespace tandem::cli {
+
+std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o) {
+  if (o.mock_data) return std::make_unique<data::MockDataset>(o.train.seed, o.model.vocab_size);
+  if (o.data_path.empty()) {
+    TANDEM_CHECK(o.addition_max_digits <= data::kAdditionMaxDigitsLimit, "--addition-max-digits ",
+                 o.addition_max_digits, " is invalid: it must be between 1 and ",
+                 data::kAdditionMaxDigitsLimit);
+    return std::make_unique<data::AdditionDataset>(o.train.seed,
+                                                   static_cast<int>(o.addition_max_digits));
+  }
+  return data::open_dataset(o.data_path, o.data_format, o.model.vocab_size, o.train.seed,
+                            o.model.seq_length + 1);
+}
+
+ReporterConfig reporter_config(const RunOptions& o) {
+  ReporterConfig rc;
+  rc.total_iters = o.train.train_iters;
+  rc.log_interval = o.train.log_interval;
+  rc.log_json_path = o.log_json;
+  rc.verbosity = o.quiet ? Verbosity::kQuiet : Verbosity::kNormal;
+  return rc;
+}
+
+IterationRecord to_record(const runtime::StepResult& r) {
+  IterationRecord rec;
+  rec.iter = r.iteration;
+  rec.status =
+      r.status == runtime::StepStatus::kSkipped ? UpdateStatus::kSkipped : UpdateStatus::kApplied;
+  rec.loss = r.loss;
+  rec.lm_loss = r.lm_loss;
+  rec.aux_loss = r.aux_loss;
+  rec.lr = r.lr;
+  rec.grad_norm = r.grad_norm;
+  rec.step_seconds = r.seconds;
+  rec.tokens_per_s = r.seconds > 0 ? static_cast<double>(r.tokens) / r.seconds : 0;
+  rec.mem_in_use_bytes = {r.memory.total_in_use};
+  rec.mem_peak_bytes = {r.memory.total_peak};
+  rec.activation_peak_bytes = {r.activation_peak};
+  return rec;
+}
+
+namespace {
+
+// Every setting that must agree across ranks, one "key=value" line each.
+std::string canonical_config(const RunOptions& o) {
+  const ModelConfig& m = o.model;
+  const TrainConfig& t = o.train;
+  const ParallelConfig& p = o.parallel;
+  std::ostringstream s;
+  s.precision(17);
+  s << "num-layers=" << m.num_layers << "\nhidden-size=" << m.hidden_size
+    << "\nnum-attention-heads=" << m.num_attention_heads << "\nnum-query-groups="
+    << m.num_query_groups << "\nffn-hidden-size=" << m.ffn_hidden_size << "\nnum-experts="
+    << m.num_experts << "\nmoe-router-topk=" << m.moe_router_topk << "\nmoe-aux-loss-coeff="
+    << m.moe_aux_loss_coeff << "\nvocab-size=" << m.vocab_size << "\nseq-length="
+    << m.seq_length << "\nrotary-base=" << m.rotary_base << "\nnorm-epsilon=" << m.norm_epsilon
+    << "\nmicro-batch-size=" << t.micro_batch_size << "\nglobal-batch-size="
+    << t.global_batch_size << "\ntrain-iters=" << t.train_iters << "\nlr=" << t.lr
+    << "\nmin-lr=" << t.min_lr << "\nlr-warmup-iters=" << t.lr_warmup_iters
+    << "\nlr-decay-iters=" << t.lr_decay_iters << "\nweight-decay=" << t.weight_decay
+    << "\nclip-grad=" << t.clip_grad << "\nseed=" << t.seed
+    << "\nrecompute-experts=" << t.recompute_experts
+    << "\nmoe-router-force-load-balancing=" << t.moe_router_force_balance
+    << "\nrebalance-experts=" << t.rebalance_experts
+    << "\ndefer-optimizer=" << t.defer_optimizer
+    << "\noverlap-grad-reduce=" << t.overlap_grad_reduce
+    << "\npipeline-model-parallel-size=" << p.pipeline_model_parallel_size
+    << "\nexpert-model-parallel-size=" << p.expert_model_parallel_size
+    << "\nvirtual-pipeline-model-parallel-size=" << p.virtual_pipeline_model_parallel_size
+    << "\nschedule=" << p.schedule << "\npair-first-forwards=" << p.pair_first_forwards
+    << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir
+    << "\nsave-interval=" << o.save_interval << "\nkeep-checkpoints=" << o.keep_checkpoints
+    << "\nload=" << o.load_dir << "\nnan-policy=" << o.nan_policy << "\n";
+  return s.str();
+}
+
+}  // namespace
+
+void check_same_config(comm::Communicator& world, const RunOptions& o) {
+  const std::vector<std::string> all = world.all_gather_bytes(canonical_config(o));
+  for (int r = 1; r < static_cast<int>(all.size()); ++r) {
+    if (all[r] == all[0]) continue;
+    std::istringstream a(all[0]), b(all[r]);
+    std::string la, lb;
+    while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
+    }
+    throw Error(detail::concat("rank ", r, " was started with a different configuration than rank "
+                               "0: ", lb, " on rank ", r, " but ", la,
+                               " on rank 0; start every rank with the same options"));
+  }
+}
+
+namespace {
+
+// The first element of a gradient buffer set to NaN.
+void poison_gradient(const Tensor& g) {
+  if (g.dtype() == DType::kF32) g.data<float>()[0] = std::numeric_limits<float>::quiet_NaN();
+  if (g.dtype() == DType::kF64) g.data<double>()[0] = std::numeric_limits<double>::quiet_NaN();
+}
+
+}  // namespace
+
+TestFaults::TestFaults() {
+  if (const char* spec = std::getenv("TANDEM_FAULT")) {
+    int r = -1;
+    long long it = -1;
+    char mode[16] = {0};
+    if (std::sscanf(spec, "rank=%d,iter=%lld,mode=%15s", &r, &it, mode) == 3) {
+      rank_ = r;
+      iteration_ = static_cast<int64_t>(it);
+      mode_ = mode;
+    }
+  }
+  if (const char* poison = std::getenv("TANDEM_TEST_POISON_GRAD_ITER")) {
+    poison_iteration_ = std::atoll(poison);
+  }
+}
+
+void TestFaults::install(runtime::PipelineTrainer& trainer) const {
+  const bool mine = mode_ == "nan" && rank_ == trainer.groups().rank;
+  if (!mine && poison_iteration_ < 0) return;
+  const int64_t at = mine ? iteration_ : poison_iteration_;
+  trainer.set_after_backward_hook([at](std::vector<runtime::StageRuntime>& stages, int64_t it) {
+    if (it == at) poison_gradient(stages.front().params->flat_grads());
+  });
+}
+
+void TestFaults::before_step(int rank, int64_t iteration) const {
+  if (rank_ != rank || iteration_ != iteration) return;
+  if (mode_ == "exit") std::_Exit(9);
+  if (mode_ != "hang") return;
+  for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
+}
+
+}  // namespace tandem::cli

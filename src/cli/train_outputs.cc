@@ -1,0 +1,199 @@
+// What `tandem train` writes after a step besides checkpoints (train_outputs.h): the measured
+// trace, node times and routing of the last step, and each step's record gathered from every
+// rank.
+#include "cli/train_outputs.h"
+
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/train_common.h"
+#include "core/device.h"
+#include "schedule/routing_file.h"
+
+namespace tandem::cli {
+namespace {
+
+// Every rank's timeline of the last step, written by rank 0 as one trace file. On the GPU the
+// spans are CUDA-event times and the memory counter host times of the allocations (the host
+// runs ahead of the GPU), both from the step's start.
+void write_measured_trace(const std::string& path, runtime::PipelineTrainer& trainer,
+                          comm::Communicator& world, Allocator& alloc) {
+  const std::string mine = runtime::rank_trace_events(
+      world.rank(), trainer.timeline(), alloc.trace(), trainer.step_start_seconds());
+  alloc.set_trace(false);
+  const std::vector<std::string> all = world.all_gather_bytes(mine);
+  if (world.rank() == 0) runtime::write_trace_file(path, all);
+}
+
+// The mean over ranks of each node kind's measured times (each rank times its own layers), as
+// the JSON of `tandem plan --node-times`; written by rank 0. Throws naming the path when it
+// cannot be written.
+void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
+                      comm::Communicator& world, bool recompute_experts) {
+  constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
+  // The nodes', then (each with 1 when measured) the deferred update's seconds per weight and
+  // the gradient all-reduce's bus bandwidth.
+  Tensor mine = Tensor::zeros({kNumNodeKinds * kValues + 4}, DType::kF64, MemCategory::kOther,
+                              "node_times");
+  if (const auto& u = trainer.measured_node_times().update_s_per_weight) {
+    mine.data<double>()[kNumNodeKinds * kValues] = *u;
+    mine.data<double>()[kNumNodeKinds * kValues + 1] = 1;
+  }
+  if (const auto& b = trainer.measured_node_times().grad_reduce_bus_bytes_per_s) {
+    mine.data<double>()[kNumNodeKinds * kValues + 2] = *b;
+    mine.data<double>()[kNumNodeKinds * kValues + 3] = 1;
+  }
+  // Note [The step's end in the plan]: the least of the ranks' rates, the rank that waited
+  // least for the others' forward-backward (a pipeline's ranks end theirs at different times).
+  Tensor end_rate = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "step_end");
+  end_rate.data<double>()[0] = trainer.measured_node_times().step_end_s_per_weight.value_or(-1);
+  Tensor end_rates = Tensor::empty({world.size()}, DType::kF64, MemCategory::kOther, "step_ends");
+  world.all_gather(end_rates, end_rate);
+  for (int k = 0; k < kNumNodeKinds; ++k) {
+    const auto& t = trainer.measured_node_times().nodes[k];
+    if (!t) continue;
+    double* v = mine.data<double>() + k * kValues;
+    v[0] = t->forward_s;
+    v[1] = t->backward_input_s;
+    v[2] = t->backward_weight_s;
+    v[3] = 1;
+  }
+  world.all_reduce_sum(mine);
+  if (world.rank() != 0) return;
+  nlohmann::json nodes = nlohmann::json::object();
+  for (int k = 0; k < kNumNodeKinds; ++k) {
+    const double* v = mine.data<double>() + k * kValues;
+    if (v[3] == 0) continue;
+    nodes[std::string(node_kind_name(static_cast<NodeKind>(k)))] = {
+        {"forward", v[0] / v[3]}, {"backward_input", v[1] / v[3]},
+        {"backward_weight", v[2] / v[3]}};
+  }
+  nlohmann::json out = {{"nodes", nodes}, {"recompute_experts", recompute_experts}};
+  const double* u = mine.data<double>() + kNumNodeKinds * kValues;
+  if (u[1] > 0) out["update_per_weight"] = u[0] / u[1];  // Note [Deferred update in the plan]
+  // Note [Gradient reduction in the plan] (schedule/simulator.cc)
+  if (u[3] > 0) out["grad_reduce_bus_bytes_per_s"] = u[2] / u[3];
+  // Note [The step's end in the plan]: with the choice it was measured under.
+  double least = -1;
+  for (int p = 0; p < world.size(); ++p) {
+    const double e = end_rates.data<double>()[p];
+    if (e > 0 && (least < 0 || e < least)) least = e;
+  }
+  if (least > 0) out["step_end_per_weight"] = least;
+  out["defer_optimizer"] = trainer.measured_node_times().defer_optimizer;
+  std::ofstream f(path);
+  f << out.dump(2) << "\n";
+  TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");
+}
+
+// Every rank's pipeline routing table of the last step (collective over each pipeline group),
+// written by rank 0 in schedule/routing_file.h's format.
+void write_routing(const std::string& path, runtime::PipelineTrainer& trainer,
+                   comm::Communicator& world) {
+  const schedule::RoutingCounts mine = trainer.pipeline_routing_counts();
+  const std::vector<std::string> all =
+      world.all_gather_bytes(schedule::routing_file_text({mine}));
+  if (world.rank() != 0) return;
+  std::vector<schedule::RoutingCounts> tables;
+  for (size_t r = 0; r < all.size(); ++r) {
+    tables.push_back(schedule::parse_routing_file(all[r], "--routing-out", 0));
+  }
+  std::ofstream f(path);
+  f << schedule::routing_file_text(tables);
+  TANDEM_CHECK(f.good(), "--routing-out ", path, ": cannot write the file");
+}
+
+// "experts re-placed in 6 of 8 layers: most loaded expert rank 1.18x -> 1.02x the mean rows
+// (1.2 GiB of expert weights and Adam moments sent by rank 0)".
+std::string rebalance_note(const runtime::Rebalance& r, int64_t layers) {
+  return detail::concat("experts re-placed in ", r.layers, " of ", layers,
+                        " layers: most loaded expert rank ", format_fixed(r.before, 3), "x -> ",
+                        format_fixed(r.after, 3), "x the mean rows (", format_bytes(r.moved_bytes),
+                        " of expert weights and Adam moments sent by rank 0)");
+}
+
+// The step's routed rows over this rank's expert-parallel group (every rank calls it; each
+// group gathers its own), as the most loaded rank's over the mean (schedule::RowsSpread).
+void expert_rows_spread(IterationRecord& rec, runtime::PipelineTrainer& trainer) {
+  if (trainer.groups().ep->size() < 2) return;
+  const std::vector<schedule::RoutingCounts> group = trainer.expert_group_routing_counts();
+  if (group.empty()) return;
+  const schedule::RowsSpread s = schedule::expert_rows_spread(group);
+  rec.expert_rows_step = s.step;
+  rec.expert_rows_microbatch_median = s.microbatch_median;
+  rec.expert_rows_microbatch_max = s.microbatch_max;
+}
+
+// Every rank's all-to-all seconds (busy, exposed, waiting) into the record.
+void gather_comm_seconds(IterationRecord& rec, runtime::PipelineTrainer& trainer,
+                         comm::Communicator& world) {
+  rec.comm_seconds = trainer.comm_busy_seconds();
+  rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
+  Tensor comm_mine = Tensor::empty({3}, DType::kF64, MemCategory::kOther, "comm");
+  comm_mine.data<double>()[0] = rec.comm_seconds;
+  comm_mine.data<double>()[1] = rec.exposed_comm_seconds;
+  comm_mine.data<double>()[2] = trainer.comm_exposed_waiting_seconds();
+  Tensor comm_all =
+      Tensor::empty({3 * world.size()}, DType::kF64, MemCategory::kOther, "comm.all");
+  world.all_gather(comm_all, comm_mine);
+  bool waiting_known = true;
+  std::vector<double> waiting;
+  for (int p = 0; p < world.size(); ++p) {
+    rec.comm_seconds_by_rank.push_back(comm_all.data<double>()[3 * p]);
+    rec.exposed_comm_seconds_by_rank.push_back(comm_all.data<double>()[3 * p + 1]);
+    waiting.push_back(comm_all.data<double>()[3 * p + 2]);
+    waiting_known = waiting_known && waiting.back() >= 0;
+  }
+  if (waiting_known) rec.exposed_waiting_seconds_by_rank = std::move(waiting);
+}
+
+// Every rank's memory into the record.
+void gather_memory(IterationRecord& rec, const runtime::StepResult& r, comm::Communicator& world) {
+  Tensor mine = Tensor::empty({3}, DType::kI64, MemCategory::kOther, "mem");
+  mine.data<int64_t>()[0] = r.memory.total_in_use;
+  mine.data<int64_t>()[1] = r.memory.total_peak;
+  mine.data<int64_t>()[2] = r.activation_peak;
+  Tensor all = Tensor::empty({3 * world.size()}, DType::kI64, MemCategory::kOther, "mem.all");
+  world.all_gather(all, mine);
+  rec.mem_in_use_bytes.clear();
+  rec.mem_peak_bytes.clear();
+  rec.activation_peak_bytes.clear();
+  for (int p = 0; p < world.size(); ++p) {
+    rec.mem_in_use_bytes.push_back(all.data<int64_t>()[3 * p]);
+    rec.mem_peak_bytes.push_back(all.data<int64_t>()[3 * p + 1]);
+    rec.activation_peak_bytes.push_back(all.data<int64_t>()[3 * p + 2]);
+  }
+}
+
+}  // namespace
+
+void write_last_step_files(const RunOptions& o, runtime::PipelineTrainer& trainer,
+                           Allocator& alloc) {
+  comm::Communicator& world = *trainer.groups().world;
+  if (!o.trace_path.empty()) write_measured_trace(o.trace_path, trainer, world, alloc);
+  if (!o.node_times_out.empty()) {
+    write_node_times(o.node_times_out, trainer, world, o.train.recompute_experts);
+  }
+  if (!o.routing_out.empty()) write_routing(o.routing_out, trainer, world);
+}
+
+IterationRecord gather_record(const RunOptions& o, const runtime::StepResult& r,
+                              runtime::PipelineTrainer& trainer) {
+  comm::Communicator& world = *trainer.groups().world;
+  IterationRecord rec = to_record(r);
+  gather_comm_seconds(rec, trainer, world);
+  expert_rows_spread(rec, trainer);
+  gather_memory(rec, r, world);
+  if (const auto& moved = trainer.last_rebalance()) {
+    rec.note = rebalance_note(*moved, o.model.num_layers);
+  }
+  if (o.train.device != Device::kCPU) {
+    rec.forward_backward_seconds = trainer.measured_forward_backward_seconds();
+  }
+  return rec;
+}
+
+}  // namespace tandem::cli

@@ -1,0 +1,23 @@
+// What `tandem train` writes after a step besides checkpoints: the files of the last step and
+// each step's progress record. Every rank calls them (they gather over the world); rank 0 writes.
+#pragma once
+
+#include "cli/options.h"
+#include "cli/progress.h"
+#include "core/allocator.h"
+#include "runtime/pipeline_trainer.h"
+
+namespace tandem::cli {
+
+// After the last step: --trace (every rank's measured timeline and activation memory, the
+// allocator tracing since before the step), --node-times-out (GPU) and --routing-out (MoE).
+void write_last_step_files(const RunOptions& o, runtime::PipelineTrainer& trainer,
+                           Allocator& alloc);
+
+// The step's record for the progress output: its losses and rates, and every rank's memory and
+// all-to-all seconds, expert rows, a note when experts moved, the measured forward-backward
+// (GPU).
+IterationRecord gather_record(const RunOptions& o, const runtime::StepResult& r,
+                              runtime::PipelineTrainer& trainer);
+
+}  // namespace tandem::cli

@@ -1,0 +1,85 @@
+// Gradient reduction over the data-parallel groups (dense weights) and the
+// expert-data-parallel groups (experts), beside the backward or at the step's end, and the
+// global gradient norm over every rank.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/config.h"
+#include "model/chunk.h"
+#include "model/parameters.h"
+#include "runtime/groups.h"
+#include "runtime/stage.h"
+#include "runtime/streams.h"
+
+namespace tandem::runtime {
+
+// Note [Gradients reduced beside the backward] (grad_reduce.cc): a unit of a chunk (the
+// embedding, a layer, the head), the range of the flat buffers its nodes' weight gradients fill.
+struct GradUnit {
+  std::string name;            // "embed", "layer 3" (global layer), "head": the trace's span
+  int64_t begin = 0, end = 0;
+  int64_t weighted_nodes = 0;  // its nodes that write weight gradients
+  int64_t pending = 0;         // weight-gradient passes still to come this step
+  bool reduced = false;        // this step's reduction issued
+};
+
+// The units of `params`' chunk `nodes`: their weights' ranges by parameter name, and node_unit
+// filled with each node's unit.
+std::vector<GradUnit> gradient_units(const model::Parameters& params,
+                                     const std::vector<model::NodeRef>& nodes,
+                                     std::vector<int32_t>& node_unit);
+
+class GradReducer {
+ public:
+  GradReducer(const ModelConfig& m, const TrainConfig& t, Groups& groups, Streams& streams);
+  // A stage of this rank: its units counted from now on.
+  void add_stage(const StageRuntime& s);
+
+  // Whether this run reduces beside the backward: TrainConfig::overlap_grad_reduce and a group
+  // to reduce over.
+  bool overlapped() const;
+  // The step's counts set: num_mb weight-gradient passes for each weighted node of a unit.
+  void begin_step(int64_t num_mb);
+  // Node `node` of stage s wrote its weight gradient (on `stream`) for one micro-batch; a node
+  // without weights counts for nothing. The unit's reduction is issued once that was its last.
+  void weight_grad_issued(const StageRuntime& s, size_t node, StreamId stream);
+  // Every gradient reduced before the step goes on: the reductions beside the backward awaited
+  // on the compute stream, or all of them now.
+  void end_step(const std::vector<StageRuntime>& stages);
+  // Note [Non-finite steps on several ranks]: the global gradient norm, NaN when any rank's
+  // own gradients are not finite; the same on every rank.
+  double global_norm(const std::vector<StageRuntime>& stages);
+
+ private:
+  // Neighbouring gradient entries reduced in one call (Note [Gradient runs]); expert: reduced
+  // over the expert-data-parallel group (only when EP > 1).
+  struct GradRun {
+    int64_t begin, count;
+    bool expert;
+  };
+  std::vector<GradRun> gradient_runs(const model::Parameters& params) const;
+  // The parts of unit u's gradients each group sums, and their bus bytes (SpanInfo::bus_bytes).
+  struct Part {
+    comm::Communicator* group;
+    Tensor grads;
+    double bus_bytes;
+  };
+  std::vector<Part> unit_parts(const StageRuntime& s, const GradUnit& u) const;
+  struct StageUnits {
+    int32_t stage;
+    std::vector<GradUnit> units;
+    std::vector<int32_t> node_unit;
+  };
+  StageUnits& units_of(const StageRuntime& s);
+
+  ModelConfig model_;
+  TrainConfig train_;
+  Groups* groups_;
+  Streams* streams_;
+  std::vector<StageUnits> stages_;
+};
+
+}  // namespace tandem::runtime

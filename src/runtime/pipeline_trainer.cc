@@ -1,0 +1,389 @@
+// The trainer's step (pipeline_trainer.h): the rank's schedule actions over its stages, the
+// pipeline messages, the losses, the norm and the update.
+#include "runtime/pipeline_trainer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "core/device.h"
+#include "ops/ops.h"
+#include "runtime/cpu_streams.h"
+#include "runtime/device_streams.h"
+
+namespace tandem::runtime {
+
+using schedule::Action;
+using schedule::ActionKind;
+
+model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_stages,
+                            const comm::ParallelLayout& layout, int rank) {
+  TANDEM_CHECK(m.num_layers % num_stages == 0, "--num-layers ", m.num_layers,
+               " does not divide into ", num_stages,
+               " pipeline stages (pipeline size x virtual stages): use a multiple of ",
+               num_stages);
+  const int64_t per = m.num_layers / num_stages;
+  model::ChunkSpec s;
+  s.layer_begin = stage * per;
+  s.layer_end = s.layer_begin + per;
+  s.has_embed = stage == 0;
+  s.has_head = stage == num_stages - 1;
+  if (m.is_moe()) {
+    TANDEM_CHECK(m.num_experts % layout.ep == 0, "--num-experts ", m.num_experts,
+                 " is not a multiple of --expert-model-parallel-size ", layout.ep);
+    const int64_t el = m.num_experts / layout.ep;
+    s.expert_begin = layout.ep_rank(rank) * el;
+    s.expert_end = s.expert_begin + el;
+  }
+  return s;
+}
+
+namespace {
+
+// The rank's streams: the GPU's, or the CPU's with a worker thread for the all-to-all unless
+// overlap is off.
+std::unique_ptr<Streams> make_streams(Device device, CommOverlap overlap) {
+  if (device != Device::kCPU) return make_device_streams();
+  TANDEM_CHECK(overlap != CommOverlap::kSplit, "--comm-overlap split runs on GPUs (--device cuda)");
+  return std::make_unique<CpuStreams>(overlap != CommOverlap::kOff);
+}
+
+}  // namespace
+
+PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
+                                 const schedule::Schedule& sched, Groups& groups,
+                                 const data::Dataset& data, DType dtype, CommOverlap overlap)
+    : model_(m), train_(t), sched_(sched), groups_(&groups), data_(&data) {
+  DeviceScope on(train_.device);
+  streams_ = make_streams(train_.device, overlap);
+  TANDEM_CHECK(!streams_->issues_ahead() || overlap != CommOverlap::kSplit ||
+                   groups.layout.ep == 1 || groups.ep2_dev != nullptr,
+               "CommOverlap::kSplit needs Groups made with second_expert_group");
+  const comm::ParallelLayout& L = groups.layout;
+  model_.validate();
+  train_.validate(L.dp());
+  check_data_fits(data, model_);
+  TANDEM_CHECK(sched.num_ranks == L.pp, "schedule '", sched.name, "' has ", sched.num_ranks,
+               " pipeline ranks but --pipeline-model-parallel-size is ", L.pp);
+  num_mb_ = train_.num_microbatches(L.dp());
+  TANDEM_CHECK(sched.num_microbatches == num_mb_, "schedule '", sched.name, "' has ",
+               sched.num_microbatches, " micro-batches but the batch sizes give ", num_mb_,
+               " per data-parallel rank");
+  loss_scale_ = 1.0 / static_cast<double>(num_mb_ * L.dp());
+  deferred_ = std::make_unique<DeferredUpdate>(*streams_);
+  reducer_ = std::make_unique<GradReducer>(model_, train_, groups, *streams_);
+  for (int32_t s : sched.stages_of_rank(L.pp_rank(groups.rank))) {
+    StageRuntime st;
+    st.stage = s;
+    st.params = std::make_unique<model::Parameters>(
+        model_, stage_spec(model_, s, sched.num_stages, L, groups.rank), dtype, train_.device);
+    st.params->initialize(train_.seed);
+    st.chunk = std::make_unique<model::ModelChunk>(*st.params);
+    st.optimizer = std::make_unique<AdamW>(*st.params, train_);
+    st.weight_ends = node_weight_ends(*st.params, st.chunk->nodes());
+    reducer_->add_stage(st);
+    stages_.push_back(std::move(st));
+  }
+  rebalancer_ = std::make_unique<ExpertRebalancer>(model_, train_, groups);  // checks the layout
+  executor_ = std::make_unique<StreamExecutor>(*streams_, *deferred_, *reducer_, groups, overlap);
+}
+
+PipelineTrainer::~PipelineTrainer() = default;
+
+bool PipelineTrainer::is_local(int32_t stage) const {
+  for (const StageRuntime& s : stages_) {
+    if (s.stage == stage) return true;
+  }
+  return false;
+}
+
+StageRuntime& PipelineTrainer::local(int32_t stage) {
+  for (StageRuntime& s : stages_) {
+    if (s.stage == stage) return s;
+  }
+  TANDEM_ASSERT(false, "stage ", stage, " is not on rank ", groups_->rank);
+  return stages_.front();
+}
+
+model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
+  model::NodeContext c = s.chunk->context(train_.micro_batch_size, loss_scale_);
+  c.ep = groups_->layout.ep > 1 ? &groups_->ep_data() : nullptr;
+  c.recompute_experts = train_.recompute_experts;
+  c.force_balanced_routing = train_.moe_router_force_balance;
+  return c;
+}
+
+model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t mb,
+                                                        int64_t iteration) {
+  StageRuntime& s = local(stage);
+  model::MicroBatchState& state = s.mbs[mb];
+  const bool first = s.params->spec().has_embed, last = s.params->spec().has_head;
+  if (first || last) {
+    const int64_t global_mb = groups_->layout.dp_rank(groups_->rank) * num_mb_ + mb;
+    MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, global_mb);
+    if (first) state.ids = tokens.ids;
+    if (last) state.targets = tokens.targets;
+  }
+  if (!first && is_local(stage - 1)) {  // the previous stage ran on this rank (V placement)
+    state.input = std::exchange(local(stage - 1).mbs[mb].layers.back().out, Tensor());
+  }
+  TANDEM_CHECK(first || state.input.defined(), "schedule '", sched_.name, "': stage ", stage,
+               " runs the forward of micro-batch ", mb, " before its input arrived");
+  return state;
+}
+
+model::MicroBatchState& PipelineTrainer::prepare_backward(int32_t stage, int32_t mb) {
+  StageRuntime& s = local(stage);
+  model::MicroBatchState& state = s.mbs[mb];
+  if (!s.params->spec().has_head && is_local(stage + 1)) {
+    state.d_output = std::exchange(local(stage + 1).mbs[mb].layers.front().d_x, Tensor());
+  }
+  return state;
+}
+
+void PipelineTrainer::finish_forward(const NodeWork& w) {
+  const StageRuntime& s = *w.stage;
+  const model::MicroBatchState& state = *w.state;
+  if (s.params->spec().has_head) pending_lm_.push_back(state.pending_lm_loss);
+  // Summed at the step's end, in this order (Note [Routing counts on the host]).
+  pending_aux_.push_back(state.aux_losses);
+  rebalancer_->record(s, state);
+  if (routing_.empty()) return;
+  // The experts node keeps its input rows [R, H] until its backward: R is what it received.
+  const auto first = static_cast<int32_t>(s.params->spec().layer_begin);
+  for (size_t l = 0; l < state.layers.size(); ++l) {
+    routing_.at(w.action.microbatch, first + static_cast<int32_t>(l)) =
+        state.layers[l].experts.x_in.size(0);
+  }
+}
+
+NodeWork PipelineTrainer::prepare(const Action& a, int64_t iteration) {
+  StageRuntime& s = local(a.stage);
+  model::MicroBatchState* state = &s.mbs[a.microbatch];
+  if (a.kind == ActionKind::kForward) {
+    state = &prepare_forward(a.stage, a.microbatch, iteration);
+  } else if (a.kind != ActionKind::kBackwardWeight) {
+    state = &prepare_backward(a.stage, a.microbatch);
+  }
+  return {a, &s, state, context(s)};
+}
+
+void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
+  if (schedule::is_communication(a.kind)) {
+    communicate(a);
+    return;
+  }
+  if (!schedule::is_pair(a.kind)) {
+    const NodeWork w = prepare(a, iteration);
+    executor_->run(w);
+    if (a.kind == ActionKind::kForward) finish_forward(w);
+    return;
+  }
+  // In the order the plain actions would prepare them: the forward's input first.
+  NodeWork first = prepare(a.first_half(), iteration);
+  std::array<NodeWork, 2> halves = {std::move(first), prepare(a.second_half(), iteration)};
+  executor_->run_pair(a.kind, halves);
+  for (const NodeWork& half : halves) {
+    if (half.action.kind == ActionKind::kForward) finish_forward(half);
+  }
+}
+
+std::vector<schedule::RoutingCounts> PipelineTrainer::gather_routing(comm::Communicator& group) {
+  const auto n = static_cast<int64_t>(routing_.expert_rows.size());
+  Tensor mine = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "routing.mine");
+  std::copy(routing_.expert_rows.begin(), routing_.expert_rows.end(), mine.data<int64_t>());
+  Tensor all = Tensor::empty({group.size() * n}, DType::kI64, MemCategory::kOther, "routing.all");
+  group.all_gather(all, mine);
+  std::vector<schedule::RoutingCounts> out(static_cast<size_t>(group.size()), routing_);
+  for (int r = 0; r < group.size(); ++r) {
+    std::copy(all.data<int64_t>() + r * n, all.data<int64_t>() + (r + 1) * n,
+              out[static_cast<size_t>(r)].expert_rows.begin());
+  }
+  return out;
+}
+
+schedule::RoutingCounts PipelineTrainer::pipeline_routing_counts() {
+  if (routing_.empty()) return routing_;
+  // Each layer lives on one pipeline rank; the others report -1 for it.
+  schedule::RoutingCounts out = routing_;
+  for (const schedule::RoutingCounts& t : gather_routing(*groups_->pp)) {
+    for (size_t i = 0; i < out.expert_rows.size(); ++i) {
+      out.expert_rows[i] = std::max(out.expert_rows[i], t.expert_rows[i]);
+    }
+  }
+  return out;
+}
+
+std::vector<schedule::RoutingCounts> PipelineTrainer::expert_group_routing_counts() {
+  if (routing_.empty()) return {};
+  return gather_routing(*groups_->ep);
+}
+
+// The tensor a send carries. On the CPU the send runs now, on this thread, so a stage output is
+// copied into a communication buffer and its activation storage goes now rather than when the
+// receiver gets round to it (the message is in flight, not an activation). On the GPU the send
+// is issued ahead on a pipeline stream: the tensor itself travels, held until the send is done.
+Tensor PipelineTrainer::message_to_send(Tensor& src, bool activation) {
+  if (!activation || streams_->issues_ahead()) return std::exchange(src, Tensor());
+  Tensor buf = Tensor::empty(src.shape(), src.dtype(), MemCategory::kCommunication, "pp.send_f",
+                             current_device());
+  buf.copy_from(src);
+  release_storage({&src});
+  src = Tensor();
+  return buf;
+}
+
+// Note [Pipeline messages]: activations go on tag 0 and gradients on tag 1; messages between a
+// pair of ranks match in the order sent, which the validator has checked for the schedule. Each
+// goes on its direction's stream (Note [Pipeline streams on the GPU] in groups.cc) after the
+// compute stream's work so far (the tensor is ready, and a received buffer's block is no longer
+// used there); a received tensor is used on the compute stream only after the receive.
+void PipelineTrainer::communicate(const Action& a) {
+  StageRuntime& s = local(a.stage);
+  // Note [The update beside the first forward] (deferred_update.cc): a stage that receives its
+  // input updates all its weights while it waits for it (the pipeline's warm-up bubble).
+  if (a.kind == ActionKind::kRecvF) deferred_->update(s, s.params->numel());
+  model::MicroBatchState& state = s.mbs[a.microbatch];
+  const bool fwd = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvF;
+  const StreamId side = fwd ? StreamId::kPipelineForward : StreamId::kPipelineBackward;
+  comm::Communicator& group = fwd ? groups_->pp_fwd() : groups_->pp_bwd();
+  const int tag = fwd ? 0 : 1;
+  SpanInfo span;
+  span.track = "comm";
+  span.name = schedule::to_string(a);
+  streams_->wait_all(side, StreamId::kCompute);
+  if (a.kind == ActionKind::kSendF || a.kind == ActionKind::kSendB) {
+    const int peer = sched_.stage_rank[fwd ? a.stage + 1 : a.stage - 1];
+    const Tensor buf =
+        message_to_send(fwd ? state.layers.back().out : state.layers.front().d_x, fwd);
+    streams_->run(side, std::move(span),
+                  [&] { pending_.push_back(group.isend(buf, peer, tag)); });
+    return;
+  }
+  const int64_t n = train_.micro_batch_size * model_.seq_length, h = model_.hidden_size;
+  Tensor& dst = fwd ? state.input : state.d_output;
+  // A received activation is in flight until layer 0's attention adopts it (Note [Hand-over]).
+  dst = Tensor::empty({n, h}, s.params->activation_dtype(),
+                      fwd ? MemCategory::kCommunication : MemCategory::kOther,
+                      fwd ? "pp.recv_f" : "pp.recv_b", current_device());
+  const int peer = sched_.stage_rank[fwd ? a.stage - 1 : a.stage + 1];
+  streams_->run(side, std::move(span), [&] { group.recv(dst, peer, tag); });
+  streams_->wait_all(StreamId::kCompute, side);
+}
+
+StepResult PipelineTrainer::forward_backward(int64_t iteration) {
+  DeviceScope on(train_.device);
+  pending_lm_.clear();
+  pending_aux_.clear();
+  meter_.begin_step();
+  streams_->begin_step(meter_.step_start());
+  for (StageRuntime& s : stages_) {
+    s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
+  }
+  if (model_.is_moe()) {
+    routing_ = schedule::RoutingCounts(static_cast<int32_t>(num_mb_),
+                                       static_cast<int32_t>(model_.num_layers));
+  }
+  reducer_->begin_step(num_mb_);
+  for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
+    streams_->begin_action(a);
+    run_action(a, iteration);
+    streams_->end_action(a);
+    // Note [Sends done early]: a delivered message's buffer goes now, not at the step's end,
+    // as the planner frees it (its "in flight" ends at the receive).
+    std::erase_if(pending_, [](const std::unique_ptr<comm::PendingSend>& p) { return p->done(); });
+  }
+  for (auto& p : pending_) p->wait();
+  pending_.clear();
+  // Before the gradients are reduced and the optimizer reads them: a loss whose targets were
+  // bad throws here.
+  double lm = 0, aux = 0;
+  for (ops::PendingScalar& l : pending_lm_) lm += l.get();
+  for (std::vector<ops::PendingScalar>& layers : pending_aux_) aux += model::sum_aux_losses(layers);
+  pending_lm_.clear();
+  pending_aux_.clear();
+  // Note [One executor on two kinds of streams]: the host's clocks are final now.
+  if (!streams_->issues_ahead()) meter_.record(streams_->times());
+  for (StageRuntime& s : stages_) s.mbs.clear();
+  reducer_->end_step(stages_);
+  return global_losses(lm, aux);
+}
+
+StepResult PipelineTrainer::global_losses(double lm, double aux) {
+  Tensor losses = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "losses");
+  losses.data<double>()[0] = lm;
+  losses.data<double>()[1] = aux;
+  groups_->world->all_reduce_sum(losses);
+  StepResult r;
+  r.lm_loss = losses.data<double>()[0] * loss_scale_;
+  r.aux_loss = losses.data<double>()[1] * loss_scale_;
+  r.loss = r.lm_loss + r.aux_loss;
+  r.tokens = train_.global_batch_size * model_.seq_length;
+  return r;
+}
+
+void PipelineTrainer::finish_updates() {
+  DeviceScope on(train_.device);
+  deferred_->finish(stages_);
+}
+
+// Every rank steps all of its stages' weights (the gradients are all-reduced, nothing is
+// gathered after); the step writes the compute copy itself. A step that is not finite zeroes
+// the gradients instead (Note [Non-finite steps]).
+void PipelineTrainer::apply_update(StepResult& r, bool finite) {
+  const double coeff = clip_coefficient(r.grad_norm, train_.clip_grad);
+  for (StageRuntime& s : stages_) {
+    if (!finite) {
+      s.params->zero_grads();
+    } else if (train_.defer_optimizer) {  // Note [The update beside the first forward]
+      s.optimizer->defer_step(r.lr, coeff);
+    } else {
+      s.optimizer->step(r.lr, coeff);
+    }
+  }
+  if (!finite) r.status = StepStatus::kSkipped;
+}
+
+StepResult PipelineTrainer::step() {
+  DeviceScope on(train_.device);
+  Allocator& alloc = allocator_for(train_.device);
+  alloc.reset_peaks();
+  const auto start = std::chrono::steady_clock::now();
+  // A deferred update zeroes the gradients it reads (Note [Deferred update] in optimizer.cc).
+  for (StageRuntime& s : stages_) {
+    if (!s.optimizer->update_pending()) s.params->zero_grads();
+  }
+  StepResult r = forward_backward(iteration_);
+  const int64_t this_iteration = iteration_ + 1;
+  if (after_backward_) after_backward_(stages_, this_iteration);
+  r.grad_norm = reducer_->global_norm(stages_);
+  // Note [Non-finite steps on several ranks]: both values are the same on every rank.
+  const bool finite = std::isfinite(r.loss) && std::isfinite(r.grad_norm);
+  check_step_verdict(train_, this_iteration, r.loss, r.grad_norm, finite);
+  iteration_ = this_iteration;
+  r.iteration = iteration_;
+  r.lr = learning_rate(train_, iteration_);
+  apply_update(r, finite);
+  rebalancer_->after_step(iteration_, stages_, *deferred_);  // part of the step's time
+  synchronize_device(train_.device);
+  r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  if (streams_->issues_ahead()) measure_on_device(r.seconds);
+  r.memory = alloc.stats();
+  r.activation_peak = r.memory.peak_of(MemCategory::kActivation);
+  return r;
+}
+
+// Note [Measured on the GPU] (device_streams.h): every event of the step has completed.
+void PipelineTrainer::measure_on_device(double step_seconds) {
+  const StepTimes t = streams_->times();
+  meter_.record(t);
+  // Note [Waiting for the slowest expert rank]: every rank of the expert group is here.
+  if (groups_->layout.ep > 1) meter_.record_waiting(t, *groups_->ep);
+  int64_t weights = 0;
+  for (const StageRuntime& s : stages_) weights += s.params->numel();
+  meter_.record_step_end(t, step_seconds, weights, train_.defer_optimizer);
+}
+
+}  // namespace tandem::runtime

@@ -1,0 +1,60 @@
+// What every training step shares, whichever trainer runs it: the step's result, the one place
+// that decides which samples a micro-batch reads, and the verdict on a step whose loss or
+// gradients are not finite.
+#pragma once
+
+#include <cstdint>
+
+#include "core/allocator.h"
+#include "core/config.h"
+#include "core/tensor.h"
+#include "data/dataset.h"
+
+namespace tandem::runtime {
+
+// Whether a step changed the weights: kSkipped when its loss or gradients were not finite and
+// the policy is NonFinitePolicy::kSkip (no optimizer update, gradients zeroed).
+enum class StepStatus : uint8_t { kApplied, kSkipped };
+
+struct StepResult {
+  int64_t iteration = 0;   // 1-based, after the step
+  StepStatus status = StepStatus::kApplied;
+  double loss = 0;         // mean over micro-batches of (lm_loss + aux_loss)
+  double lm_loss = 0;      // mean cross-entropy
+  double aux_loss = 0;     // mean of the summed router aux losses
+  double grad_norm = 0;    // before clipping
+  double lr = 0;
+  int64_t tokens = 0;
+  double seconds = 0;
+  MemoryStats memory;              // at the end of the step, with the step's peaks
+  int64_t activation_peak = 0;     // peak bytes of kActivation during the step
+};
+
+// Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.
+struct MicroBatchTokens {
+  Tensor ids, targets;
+};
+
+// Reads micro-batch `mb` of step `iteration` (0-based) from the dataset: sample indices
+// iteration * global_batch + mb * micro_batch + row, each seq + 1 tokens long. This is the one
+// place that decides which samples a micro-batch gets (data-parallel sharding belongs here), so
+// the data position of a checkpoint is its iteration alone.
+MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& m,
+                                  const TrainConfig& t, int64_t iteration, int64_t mb);
+
+// Throws unless the data set's token ids are all below the model's vocabulary size.
+void check_data_fits(const data::Dataset& data, const ModelConfig& m);
+
+// Note [Non-finite steps]: a step is judged by one value, the gradients' sum of squares plus
+// +inf when the loss is not finite (a multi-rank run all-reduces it, so every rank takes the same
+// decision). When it is not finite, NonFinitePolicy::kStop throws tandem::Error before any
+// update, naming the iteration and whether the loss or the gradients were at fault; kSkip zeroes
+// the gradients, leaves weights and optimizer untouched, still advances the iteration (its data
+// is consumed) and reports StepStatus::kSkipped.
+//
+// The stop: throws that error when `finite` is false and the policy is kStop (the one message
+// of every trainer); otherwise returns.
+void check_step_verdict(const TrainConfig& t, int64_t iteration, double loss, double grad_norm,
+                        bool finite);
+
+}  // namespace tandem::runtime

@@ -1,0 +1,85 @@
+// The stream executor: a stage's nodes for one micro-batch (a plain F, B, I or W action) or two
+// (a combined pair, combined.cc), issued on the rank's streams (streams.h) in an order that keeps
+// every stream's work, and so every result, that of running the actions one after another.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "model/chunk.h"
+#include "runtime/deferred_update.h"
+#include "runtime/grad_reduce.h"
+#include "runtime/groups.h"
+#include "runtime/stage.h"
+#include "runtime/streams.h"
+#include "schedule/action.h"
+
+namespace tandem::runtime {
+
+// Whether combined forward-backward actions run their all-to-all nodes on a communication
+// stream of their own (a worker thread on the CPU, a high-priority CUDA stream on the GPU) or
+// everything in order on the compute stream.
+// kSplit (GPU only): as kOn, and the two halves of a pair each get a compute and a communication
+// stream of their own (Note [A stream pair per half] in combined.cc).
+enum class CommOverlap : uint8_t { kOff, kOn, kSplit };
+
+// One micro-batch's part of an action: a plain compute action, or one half of a pair (kForward,
+// kBackward with its weight halves, or kBackwardInput), its input in place.
+struct NodeWork {
+  schedule::Action action;
+  StageRuntime* stage;
+  model::MicroBatchState* state;
+  model::NodeContext context;
+};
+
+class StreamExecutor {
+ public:
+  StreamExecutor(Streams& streams, DeferredUpdate& deferred, GradReducer& reducer,
+                 Groups& groups, CommOverlap overlap);
+
+  // A plain compute action's nodes, in the chunk's order (backward: from its last node).
+  void run(const NodeWork& w);
+  // A pair's two halves (FB or FF), node by node in the combined order (combined.cc); returns
+  // once every node is issued and the host's threads have run theirs.
+  void run_pair(schedule::ActionKind kind, std::array<NodeWork, 2>& halves);
+
+ private:
+  // One micro-batch's chain of nodes: the stream its last node ran on and the event its
+  // successor waits for.
+  struct Chain {
+    StreamId stream;
+    StreamEvent done;
+  };
+  // Whether dispatch and combine of a pair go on the communication stream: overlap asked for,
+  // and an all-to-all to overlap (EP > 1).
+  bool overlaps() const;
+  // Node i of w's stage, the part w's action names (F; B with or without its weight gradient;
+  // W): on the communication stream if overlap and it is dispatch or combine, else on the
+  // compute stream, after the chain's event; the chain then ends at this node, or at its input
+  // gradient (Note [Weight gradients off the chain] in combined.cc). half: which stream pair
+  // (0, or 1 for a pair's second half under CommOverlap::kSplit).
+  void issue_node(const NodeWork& w, size_t i, bool overlap, Chain& chain, int half = 0);
+  // Chunk::prepare_forward_node of node i on the communication stream, after the chain's event,
+  // measured as the first part of that node (Note [Counts ahead of the rows] in
+  // model/moe_exchange.cc).
+  void prepare_node(const NodeWork& w, size_t i, Chain& chain, int half = 0);
+  // Note [Nodes on the communication stream] (combined.cc).
+  void record_on_comm(const model::LayerActs& layer, int half);
+  // The compute stream waits for the chain's last node (measured when that was an all-to-all).
+  void join(const Chain& chain, const std::string& what);
+  // The unpaired first forward with its all-to-all on the communication stream and the
+  // deferred update beside it (Note [The update beside the first forward]).
+  void forward_beside_update(const NodeWork& w);
+  // The trace entry of one node of micro-batch mb ("F3 attention", "W3 experts"); dispatch and
+  // combine count as all-to-all only with EP > 1 (else they only hand tensors over).
+  SpanInfo node_span(NodeKind kind, NodePhase phase, int32_t mb, bool on_comm, int half) const;
+
+  Streams* streams_;
+  DeferredUpdate* deferred_;
+  GradReducer* reducer_;
+  Groups* groups_;
+  CommOverlap overlap_;
+};
+
+}  // namespace tandem::runtime
