@@ -107,7 +107,7 @@ void print_run(const RunOptions& o, const runtime::Groups& groups, const data::D
   const ModelConfig& m = o.model;
   const comm::ParallelLayout& L = groups.layout;
   const int64_t params =
-      schedule::stage_params(m, static_cast<int32_t>(m.num_layers), true, true, 1);
+      schedule::stage_params(m, 0, static_cast<int32_t>(m.num_layers), true, true, 1);
   std::cout << "tandem train: " << params << " parameters, " << m.num_layers << " layers, "
             << (m.is_moe() ? std::to_string(m.num_experts) + " experts top-" +
                                  std::to_string(m.moe_router_topk)
