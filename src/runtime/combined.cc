@@ -95,9 +95,31 @@ Units split_units(const std::vector<model::NodeRef>& nodes) {
   return u;
 }
 
-template <typename Issue, typename Prepare>
-void issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepare,
-                 bool overlapped) {
+// Note [Shared expert in a pair] (schedule/simulator.cc): a MoE layer with a shared expert,
+// attention fa .. combine fa + 4. The shared experts hang off their half's chain: fork(k) is
+// the chain now, beside(k, i, chain) issues node i after that chain without moving the half's.
+template <typename Issue, typename Prepare, typename Fork, typename Beside>
+void issue_shared_pair(size_t fa, size_t ba, Issue& issue, Prepare& prepare, Fork& fork,
+                       Beside& beside, bool overlapped) {
+  constexpr int f = 0, b = 1;
+  issue(b, ba + 4);                  // combine.bwd(b)
+  issue(f, fa);                      // attention.fwd(f)
+  const auto after_attention = fork(f);
+  if (overlapped) prepare(f, fa + 1);  // dispatch.fwd(f)'s counts: Note [Issue order]
+  if (overlapped) issue(b, ba + 3);    // experts.bwd(b) first: Note [Issue order]
+  issue(f, fa + 1);                    // dispatch.fwd(f)
+  if (!overlapped) issue(b, ba + 3);   // experts.bwd(b) (+ weights)
+  beside(b, ba + 2, fork(b));          // shared.bwd(b), beside dispatch.fwd(f)
+  beside(f, fa + 2, after_attention);  // shared.fwd(f), beside dispatch.bwd(b)
+  issue(b, ba + 1);                    // dispatch.bwd(b)
+  issue(f, fa + 3);                    // experts.fwd(f)
+  issue(f, fa + 4);                    // combine.fwd(f)
+  issue(b, ba);                        // attention.bwd(b) (+ weights)
+}
+
+template <typename Issue, typename Prepare, typename Fork, typename Beside>
+void issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepare, Fork& fork,
+                 Beside& beside, bool overlapped) {
   constexpr int f = 0, b = 1;
   if (bu.has_loss) issue(b, bu.num_nodes - 1);
   if (fu.has_embed) issue(f, 0);
@@ -105,6 +127,12 @@ void issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepar
   for (size_t p = 0; p < pairs; ++p) {
     const bool has_f = p < fu.layers.size(), has_b = p < bu.layers.size();
     const size_t bl = bu.layers.size() - 1 - p;
+    if (has_f && has_b && fu.layers[p].second - fu.layers[p].first == 5 &&
+        bu.layers[bl].second - bu.layers[bl].first == 5) {
+      issue_shared_pair(fu.layers[p].first, bu.layers[bl].first, issue, prepare, fork, beside,
+                        overlapped);
+      continue;
+    }
     if (has_f && has_b && fu.layers[p].second - fu.layers[p].first == 4 &&
         bu.layers[bl].second - bu.layers[bl].first == 4) {
       const size_t fa = fu.layers[p].first, ba = bu.layers[bl].first;  // attention indices
@@ -193,6 +221,10 @@ void StreamExecutor::run_pair(ActionKind kind, std::array<NodeWork, 2>& h) {
   Chain chains[2] = {{StreamId::kCompute, start}, {StreamId::kCompute, start}};
   const bool counts_ahead = streams_->issues_ahead();  // Note [Issue order]
   auto issue = [&](int k, size_t i) { issue_node(h[k], i, overlap, chains[k], split ? k : 0); };
+  auto fork = [&](int k) { return chains[k]; };
+  auto beside = [&](int k, size_t i, Chain from) {
+    issue_node(h[k], i, overlap, from, split ? k : 0);
+  };
   auto prepare = [&](int k, size_t i) {
     if (counts_ahead) prepare_node(h[k], i, chains[k], split ? k : 0);
   };
@@ -202,7 +234,7 @@ void StreamExecutor::run_pair(ActionKind kind, std::array<NodeWork, 2>& h) {
     if (kind == ActionKind::kForwardForward) {
       issue_forward_pairs(u0, u1, issue, prepare, overlap);
     } else {
-      issue_pairs(u0, u1, issue, prepare, overlap);
+      issue_pairs(u0, u1, issue, prepare, fork, beside, overlap);
     }
     // What follows runs on the compute stream and reads both micro-batches' results.
     for (const Chain& chain : chains) join(chain, "combined");

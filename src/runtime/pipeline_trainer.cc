@@ -148,14 +148,17 @@ void PipelineTrainer::finish_forward(const NodeWork& w) {
   const model::MicroBatchState& state = *w.state;
   if (s.params->spec().has_head) pending_lm_.push_back(state.pending_lm_loss);
   // Summed at the step's end, in this order (Note [Routing counts on the host]).
-  pending_aux_.push_back(state.aux_losses);
+  pending_aux_.push_back(
+      {w.action.microbatch, s.params->spec().layer_begin, state.aux_losses});
   rebalancer_->record(s, state);
   if (routing_.empty()) return;
-  // The experts node keeps its input rows [R, H] until its backward: R is what it received.
+  // The experts node keeps its input rows [R, H] until its backward: R is what it received
+  // (none in a dense layer).
   const auto first = static_cast<int32_t>(s.params->spec().layer_begin);
   for (size_t l = 0; l < state.layers.size(); ++l) {
+    const Tensor& rows = state.layers[l].experts.x_in;
     routing_.at(w.action.microbatch, first + static_cast<int32_t>(l)) =
-        state.layers[l].experts.x_in.size(0);
+        rows.defined() ? rows.size(0) : 0;
   }
 }
 
@@ -299,9 +302,16 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   pending_.clear();
   // Before the gradients are reduced and the optimizer reads them: a loss whose targets were
   // bad throws here.
-  double lm = 0, aux = 0;
+  double lm = 0;
   for (ops::PendingScalar& l : pending_lm_) lm += l.get();
-  for (std::vector<ops::PendingScalar>& layers : pending_aux_) aux += model::sum_aux_losses(layers);
+  Tensor aux = Tensor::zeros({num_mb_ * model_.num_layers}, DType::kF64, MemCategory::kOther,
+                             "aux_losses");
+  for (PendingAux& p : pending_aux_) {
+    for (size_t l = 0; l < p.layers.size(); ++l) {
+      aux.data<double>()[p.microbatch * model_.num_layers + p.first_layer +
+                         static_cast<int64_t>(l)] = p.layers[l].get();
+    }
+  }
   pending_lm_.clear();
   pending_aux_.clear();
   // Note [One executor on two kinds of streams]: the host's clocks are final now.
@@ -311,14 +321,27 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   return global_losses(lm, aux);
 }
 
-StepResult PipelineTrainer::global_losses(double lm, double aux) {
-  Tensor losses = Tensor::empty({2}, DType::kF64, MemCategory::kOther, "losses");
+// Note [The loss summed as one rank sums it]: the aux losses of a step are gathered by
+// (micro-batch, layer), each held by one rank of a data-parallel replica, and summed micro-batch
+// by micro-batch in layer order on every rank: the order of the one-rank reference
+// (ReferenceTrainer), so the loss is bitwise its loss when only the pipeline is split, whichever
+// stages hold MoE layers. (Summed stage by stage, the order would depend on the split.)
+StepResult PipelineTrainer::global_losses(double lm, const Tensor& aux) {
+  const int64_t n = aux.numel();
+  Tensor losses = Tensor::empty({1 + n}, DType::kF64, MemCategory::kOther, "losses");
   losses.data<double>()[0] = lm;
-  losses.data<double>()[1] = aux;
+  std::copy(aux.data<double>(), aux.data<double>() + n, losses.data<double>() + 1);
   groups_->world->all_reduce_sum(losses);
   StepResult r;
   r.lm_loss = losses.data<double>()[0] * loss_scale_;
-  r.aux_loss = losses.data<double>()[1] * loss_scale_;
+  const double* by = losses.data<double>() + 1;
+  double sum = 0;
+  for (int64_t mb = 0; mb < num_mb_; ++mb) {
+    double layers = 0;
+    for (int64_t l = 0; l < model_.num_layers; ++l) layers += by[mb * model_.num_layers + l];
+    sum += layers;
+  }
+  r.aux_loss = sum * loss_scale_;
   r.loss = r.lm_loss + r.aux_loss;
   r.tokens = train_.global_batch_size * model_.seq_length;
   return r;

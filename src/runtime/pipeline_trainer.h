@@ -134,7 +134,9 @@ class PipelineTrainer {
   void finish_forward(const NodeWork& w);
   void communicate(const schedule::Action& a);
   Tensor message_to_send(Tensor& src, bool activation);
-  StepResult global_losses(double lm, double aux);
+  // Note [The loss summed as one rank sums it]: lm, this rank's summed LM losses; aux, its
+  // layers' aux losses by (micro-batch, layer), [num_mb * L], zero where it holds none.
+  StepResult global_losses(double lm, const Tensor& aux);
   void apply_update(StepResult& r, bool finite);
   void measure_on_device(double step_seconds);
   // routing_ of every rank of `group`, in group order (collective).
@@ -161,7 +163,12 @@ class PipelineTrainer {
   // (Note [Reads to the host ahead of use]).
   std::vector<std::unique_ptr<comm::PendingSend>> pending_;
   std::vector<ops::PendingScalar> pending_lm_;
-  std::vector<std::vector<ops::PendingScalar>> pending_aux_;
+  // Each forward's layers' aux losses: its micro-batch, its stage's first layer, the losses.
+  struct PendingAux {
+    int64_t microbatch, first_layer;
+    std::vector<ops::PendingScalar> layers;
+  };
+  std::vector<PendingAux> pending_aux_;
   schedule::RoutingCounts routing_;  // this step's, this rank's layers
   GradientHook after_backward_;
 };

@@ -83,19 +83,23 @@ constexpr std::array<PairStep, 4> kPairDense = {{{PairStep::Half::kF, 0},
 // Note [Shared expert in a pair]: a MoE layer with a shared expert (attention 0, dispatch 1,
 // shared expert 2, experts 3, combine 4) pairs as the plain MoE layer, with the shared experts'
 // products where an all-to-all is in flight: compute attn.f, experts.b, shared.b, shared.f,
-// experts.f, attn.b; comm combine.b, dispatch.f, dispatch.b, combine.f. shared.b (it needs
-// combine.b's gradient) runs beside dispatch.f, shared.f (attention's n2) beside dispatch.b.
-// The runtime issues a pair in this order too (runtime/combined.cc).
-constexpr std::array<PairStep, 10> kPairMoeShared = {{{PairStep::Half::kB, 4},
-                                                      {PairStep::Half::kF, 0},
-                                                      {PairStep::Half::kF, 1},
-                                                      {PairStep::Half::kB, 3},
-                                                      {PairStep::Half::kB, 2},
-                                                      {PairStep::Half::kF, 2},
-                                                      {PairStep::Half::kB, 1},
-                                                      {PairStep::Half::kF, 3},
-                                                      {PairStep::Half::kF, 4},
-                                                      {PairStep::Half::kB, 0}}};
+// experts.f, attn.b; comm combine.b, dispatch.f, dispatch.b, combine.f. The shared experts hang
+// off their half's chain instead of extending it: shared.f waits for attn.f only, not for
+// dispatch.f, and dispatch.b waits for experts.b, not for shared.b (which needs combine.b's
+// gradient). The runtime issues a pair so too (runtime/combined.cc).
+void run_shared_pair(HalfRun& f, int32_t fl, HalfRun& b, int32_t bl) {
+  b.node(bl + 4);                     // combine.b
+  f.node(fl);                         // attention.f
+  const double after_attention = f.ready();
+  f.node(fl + 1);                     // dispatch.f
+  b.node(bl + 3);                     // experts.b
+  b.node_beside(bl + 2, b.ready());   // shared.b, beside dispatch.f
+  f.node_beside(fl + 2, after_attention);  // shared.f, beside dispatch.b
+  b.node(bl + 1);                     // dispatch.b
+  f.node(fl + 3);                     // experts.f
+  f.node(fl + 4);                     // combine.f
+  b.node(bl);                         // attention.b
+}
 
 // Runs layer i of h's stage: its nodes in forward order, or backward in reverse.
 void run_layer(HalfRun& h, int32_t i, bool forward) {
@@ -123,7 +127,7 @@ void run_pairs(HalfRun& f, HalfRun& b) {
       run_layer(f, i, true);
       run_layer(b, bi, false);
     } else if (fsize == 5) {
-      steps(kPairMoeShared);
+      run_shared_pair(f, fs.layer_node[i], b, bs.layer_node[bi]);
     } else if (fsize == 4) {
       steps(kPairMoe);
     } else {

@@ -160,6 +160,13 @@ void HalfRun::start_not_before(double t) {
   last_ = std::max(last_, ready_);
 }
 
+void HalfRun::node_beside(int32_t k, double after) {
+  const double chain = ready_;
+  ready_ = after;
+  node(k);
+  ready_ = chain;
+}
+
 void HalfRun::node(int32_t k) {
   const StageNode& n = stage_.nodes[k];
   const bool forward = half_.kind == ActionKind::kForward;
@@ -181,7 +188,7 @@ void HalfRun::node(int32_t k) {
     sim_.memory(rank_, start, n.workspace.forward, MemKind::kWorkspace);
     sim_.memory(rank_, end, n.saved(half_.microbatch), MemKind::kActivation, n.kind);
     sim_.memory(rank_, end, -n.workspace.forward, MemKind::kWorkspace);
-    last_ = end;
+    last_ = std::max(last_, end);
   } else {
     Span span = SimState::node_span(index_, half_, n, Phase::kBackwardInput);
     span.wait = n.wait.backward_input_s;

@@ -95,6 +95,9 @@ class HalfRun {
   // Holds the half's first node back until `t` (a combined action that starts as one unit).
   void start_not_before(double t);
   void node(int32_t k);  // runs node k of the stage (forward, or input + weight backward)
+  // Runs node k once `after` (not after the half's previous node), leaving the half's chain
+  // where it was: a node beside the chain (Note [Shared expert in a pair] in simulator.cc).
+  void node_beside(int32_t k, double after);
   // Publishes the output (and allocates its buffer) when the half's data is ready, or at
   // `not_before` if later (uniform costs treat a combined action as one atomic unit).
   void finish(double not_before = 0);

@@ -1,5 +1,6 @@
-// Every schedule and parallel layout (PP up to 4, EP up to 4, PP2 x EP4 on 8 ranks) against the
-// single-rank sequential reference: the same
+// Every schedule and parallel layout (PP up to 4, EP up to 4, PP2 x EP4 on 8 ranks), for a dense,
+// a Mixtral-like, a Qwen3-MoE-like and a Qwen2-MoE-like model, against the single-rank sequential
+// reference: the same
 // global batch gives the same loss and the same gradient for every parameter (compared by its
 // Hugging Face name). fp64. Oracle: runtime::ReferenceTrainer on one rank, computed on every rank.
 //  - bitwise when only the pipeline is split (EP = DP = 1): each stage runs the same arithmetic
@@ -17,6 +18,7 @@
 
 #include "core/rng.h"
 #include "dist_env.h"
+#include "model/tiny.h"
 #include "runtime/pipeline_trainer.h"
 #include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
@@ -28,6 +30,29 @@ namespace {
 using testing::g_world;
 
 using testing::RandomTokens;
+
+enum class Model : uint8_t { kDense, kMoe, kQwen3, kQwen2 };
+
+ModelConfig tiny(bool moe);
+
+// Qwen3-MoE's options (q/k norms, a head dim of its own, narrower experts, pre-softmax routing,
+// dense layers among the MoE ones) and Qwen2-MoE's (q/k/v biases, a gated shared expert).
+ModelConfig tiny(Model model) {
+  const ModelConfig m = tiny(model != Model::kDense);
+  if (model == Model::kQwen3) return testing::with_qwen3_options(m, "[0,1,1,1,1,0,1,1]");
+  if (model == Model::kQwen2) return testing::with_qwen2_options(m);
+  return m;
+}
+
+const char* model_name(Model m) {
+  switch (m) {
+    case Model::kDense: return "dense";
+    case Model::kMoe: return "moe";
+    case Model::kQwen3: return "qwen3-moe";
+    case Model::kQwen2: return "qwen2-moe";
+  }
+  return "?";
+}
 
 ModelConfig tiny(bool moe) {
   ModelConfig m;
@@ -69,7 +94,7 @@ Groups world_groups(int pp, int ep) {
 }
 
 struct Case {
-  bool moe;
+  Model model;
   int pp, ep, v;
   schedule::ScheduleKind kind;
   bool pair_first_forwards = false;
@@ -78,7 +103,7 @@ struct Case {
 // Runs one case on every rank; returns false (and says why) when the schedule does not support
 // the shape.
 bool run_case(const Case& c, int dp) {
-  const ModelConfig m = tiny(c.moe);
+  const ModelConfig m = tiny(c.model);
   TrainConfig t;
   t.micro_batch_size = 1;
   const int32_t mb_per_rank = 4 * c.pp;
@@ -103,7 +128,7 @@ bool run_case(const Case& c, int dp) {
   const StepResult got = trainer.forward_backward(0);
 
   std::ostringstream what;
-  what << (c.moe ? "moe" : "dense") << " " << schedule::schedule_kind_name(c.kind) << " pp" << c.pp
+  what << model_name(c.model) << " " << schedule::schedule_kind_name(c.kind) << " pp" << c.pp
        << " ep" << c.ep << " dp" << dp << " v" << c.v
        << (c.pair_first_forwards ? " paired first forwards" : "") << " on rank " << g_world->rank();
   const bool exact = c.ep == 1 && dp == 1;
@@ -130,7 +155,8 @@ bool run_case(const Case& c, int dp) {
   return true;
 }
 
-void run_matrix(bool moe) {
+void run_matrix(Model model) {
+  const bool moe = model != Model::kDense;
   const int world = g_world->size();
   int ran = 0;
   for (int pp : {1, 2, 4}) {
@@ -143,9 +169,9 @@ void run_matrix(bool moe) {
       if (dp > 2 && ep != dp) continue;
       for (int v : {1, 2}) {
         for (int k = 0; k < schedule::kNumScheduleKinds; ++k) {
-          ran += run_case({moe, pp, ep, v, static_cast<schedule::ScheduleKind>(k)}, dp);
+          ran += run_case({model, pp, ep, v, static_cast<schedule::ScheduleKind>(k)}, dp);
         }
-        ran += run_case({moe, pp, ep, v, schedule::ScheduleKind::kCombined1f1b, true}, dp);
+        ran += run_case({model, pp, ep, v, schedule::ScheduleKind::kCombined1f1b, true}, dp);
       }
     }
   }
@@ -251,8 +277,10 @@ TEST(Equivalence, GradientsReducedBesideTheBackwardAreThoseReducedAtTheEnd) {
   run_overlap_against_end(true);
 }
 
-TEST(Equivalence, DenseEverySchedule) { run_matrix(false); }
-TEST(Equivalence, MoeEverySchedule) { run_matrix(true); }
+TEST(Equivalence, DenseEverySchedule) { run_matrix(Model::kDense); }
+TEST(Equivalence, MoeEverySchedule) { run_matrix(Model::kMoe); }
+TEST(Equivalence, Qwen3MoeEverySchedule) { run_matrix(Model::kQwen3); }
+TEST(Equivalence, Qwen2MoeEverySchedule) { run_matrix(Model::kQwen2); }
 
 }  // namespace
 }  // namespace tandem::runtime

@@ -1,6 +1,8 @@
 // Tiny model configurations and deterministic batches shared by the model tests.
 #pragma once
 
+#include <string>
+
 #include "core/config.h"
 #include "core/rng.h"
 #include "core/tensor.h"
@@ -22,22 +24,19 @@ inline ModelConfig tiny_config(bool moe) {
   return c;
 }
 
-// Qwen3-MoE's options on the tiny model: q/k norms, a head dim of its own, narrower experts,
-// routing weights from the full softmax (norm_topk_prob false) and a dense first layer.
-inline ModelConfig tiny_qwen3_config() {
-  ModelConfig c = tiny_config(true);
-  c.num_layers = 3;
+// Qwen3-MoE's options: q/k norms, a head dim of its own, narrower experts, routing weights from
+// the full softmax (norm_topk_prob false) and the dense layers `moe_layer_freq` says.
+inline ModelConfig with_qwen3_options(ModelConfig c, const std::string& moe_layer_freq) {
   c.qk_layernorm = true;
   c.kv_channels = 6;
   c.moe_ffn_hidden_size = 5;
   c.moe_router_pre_softmax = true;
-  c.moe_layer_freq = "[0,1,1]";
+  c.moe_layer_freq = moe_layer_freq;
   return c;
 }
 
 // Qwen2-MoE's: q/k/v biases and a gated shared expert beside the routed ones.
-inline ModelConfig tiny_qwen2_config() {
-  ModelConfig c = tiny_config(true);
+inline ModelConfig with_qwen2_options(ModelConfig c) {
   c.add_qkv_bias = true;
   c.moe_ffn_hidden_size = 5;
   c.moe_shared_expert_intermediate_size = 7;
@@ -45,6 +44,14 @@ inline ModelConfig tiny_qwen2_config() {
   c.moe_router_pre_softmax = true;
   return c;
 }
+
+// The tiny MoE model with them: three layers for Qwen3 (the first dense).
+inline ModelConfig tiny_qwen3_config() {
+  ModelConfig c = tiny_config(true);
+  c.num_layers = 3;
+  return with_qwen3_options(c, "[0,1,1]");
+}
+inline ModelConfig tiny_qwen2_config() { return with_qwen2_options(tiny_config(true)); }
 
 // Random token ids in [0, vocab), [n] i32, from stream `key`.
 inline Tensor random_ids(int64_t n, int64_t vocab, uint64_t key) {
