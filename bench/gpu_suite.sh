@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (issue 8: all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -17,6 +17,9 @@ if ! ldconfig -p | grep -q libnccl.so.2 && [ ! -e /usr/local/cuda/lib64/libnccl.
 fi
 nvidia-smi --query-gpu=name,memory.total,clocks.max.sm --format=csv > "$OUT/gpu.txt" 2>&1
 SHAPE_A="--num-experts 0 --num-layers 12 --hidden-size 768 --num-attention-heads 12 --num-query-groups 12 --ffn-hidden-size 2048 --vocab-size 50304 --seq-length 1024 --micro-batch-size 8 --num-microbatches 4"
+# Shape (c): fine-grained MoE (128 experts of width 768, top-8) with Qwen3's attention (head dim
+# 128, q/k norms), a Qwen3-MoE-like model; global batch 8 of one sequence each.
+SHAPE_C="--num-layers 4 --hidden-size 2048 --num-attention-heads 32 --num-query-groups 4 --num-experts 128 --moe-router-topk 8 --ffn-hidden-size 768 --vocab-size 151936 --seq-length 4096 --micro-batch-size 1 --kv-channels 128 --qk-layernorm"
 SHAPE_B="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2 --num-microbatches 8"
 # One line from a --log-json file: medians over the steps after the third.
 summary() {
@@ -62,11 +65,35 @@ for s in $SUITE; do
       # Logs stay in /tmp (the device tool brings back only a few files); failures are printed.
       timeout 300 $B/test_cuda_allocator > /tmp/test_cuda_allocator.log 2>&1; echo "allocator rc=$?"
       timeout 300 $B/test_cuda_ops > /tmp/test_cuda_ops.log 2>&1; echo "ops rc=$?"
-      if [ -x $B/test_cuda_memory ]; then
-        timeout 300 $B/test_cuda_memory > /tmp/test_cuda_memory.log 2>&1; echo "memory rc=$?"
-      fi
+      for t in test_cuda_memory test_cuda_hf; do
+        [ -x $B/$t ] && { timeout 300 $B/$t > /tmp/$t.log 2>&1; echo "$t rc=$?"; }
+      done
+      grep -E "^(layer|dense|MoE|Qwen|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
-      grep -B2 -A12 "Failure$" /tmp/test_cuda_ops.log | head -60 ;;
+      grep -h -B2 -A12 "Failure$" /tmp/test_cuda_*.log | head -80 ;;
+    c)
+      # Shape (c) on one GPU, tandem beside the peer (torch_peer.py with --kv-channels and
+      # --qk-layernorm) under torch.compile in the same call; the bf16 matrix rate measured first
+      # and the experts' products' rate from the run's node times (6 R H F FLOPs a layer).
+      python3 -c "
+import torch,time
+a=torch.randn(8192,8192,device='cuda',dtype=torch.bfloat16);b=torch.randn(8192,8192,device='cuda',dtype=torch.bfloat16)
+for _ in range(3): a@b
+torch.cuda.synchronize();t=time.time()
+for _ in range(20): a@b
+torch.cuda.synchronize();print('bf16 matmul 8192^3 TFLOP/s', round(20*2*8192**3/(time.time()-t)/1e12,1))" | tee -a "$OUT/c.txt"
+      for v in "qwen3-attention" "head-dim-64"; do
+        SH="$SHAPE_C"; [ $v = head-dim-64 ] && SH="${SHAPE_C/--kv-channels 128 --qk-layernorm/}"
+        timeout 300 $B/tandem train --device cuda $SH --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/c_$v.jsonl --node-times-out /tmp/c_$v.nodes.json > /tmp/c_$v.log 2>&1
+        echo "tandem $v rc=$? $(summary /tmp/c_$v.jsonl)" | tee -a "$OUT/c.txt"; tail -2 /tmp/c_$v.log
+        python3 -c "
+import json;n=json.load(open('/tmp/c_$v.nodes.json'))['nodes']['experts']
+R,H,F=4096*8,2048,768;fl=6*R*H*F
+print('  experts node (per layer, micro-batch): forward %.2f ms %.0f TFLOP/s, backward input %.2f ms %.0f TFLOP/s (4RHF), weight %.2f ms %.0f TFLOP/s (6RHF... 2 products: 6RHF)'%(n['forward']*1e3,fl/n['forward']/1e12,n['backward_input']*1e3,4*R*H*F/n['backward_input']/1e12,n['backward_weight']*1e3,fl/n['backward_weight']/1e12))" 2>&1 | tee -a "$OUT/c.txt"
+      done
+      cp /tmp/c_qwen3-attention.nodes.json "$OUT/c_nodes.json" 2>/dev/null
+      PSH="${SHAPE_C/--micro-batch-size 1/--micro-batch-size 1 --num-microbatches 8}"
+      timeout 500 python3 devrun/torch_peer.py --mode single --compile $PSH --steps 6 --warmup-steps 3 2> /tmp/peer_c.err | grep RESULT | tee -a "$OUT/c.txt"; tail -2 /tmp/peer_c.err ;;
     fault)
       # Note [Bounded waits on the GPU]: rank 1 hangs on the host before step 3 (TANDEM_FAULT);
       # rank 0's GPU then waits in NCCL for it, and rank 0 must stop with an error naming the
@@ -292,16 +319,18 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
                  "ep-combined-on --expert-model-parallel-size $G --schedule combined-1f1b --comm-overlap on --global-batch-size $(( 16 * G ))"
       peer_runs "$SG" $G 300 $T scale_b.txt ;;
     hf)
-      # transformers loads tandem checkpoints (MoE -> Mixtral, dense -> Llama) with the same loss.
+      # Every family both ways on the CPU path: tandem trains 3 steps from transformers' fixture
+      # (tests/fixtures/hf), saves (weights sharded above 40KB, as transformers shards), and
+      # transformers loads that checkpoint with tandem's loss (tests/python/check_hf_load.py).
       T=/tmp/hf; mkdir -p $T
-      printf '12+34=640\n45+19=460\n' | python3 -c "import sys;[print(' '.join(str(b) for b in l.encode())) for l in sys.stdin.read().split()]" > $T/tokens.txt
-      for kind in moe dense; do
-        E=""; [ $kind = dense ] && E="--num-experts 0"
-        timeout 120 $B/tandem train $E --train-iters 20 --save $T/$kind --quiet > $T/$kind.train.log 2>&1
-        L=$($B/tandem generate --load $T/$kind --eval-tokens $T/tokens.txt | grep -o "loss: [0-9.e+-]*" | cut -d" " -f2)
-        echo "$kind: tandem loss $L"
-        timeout 300 python3 devrun/check_hf_load.py $T/$kind $T/tokens.txt $L > $T/$kind.check 2>&1
-        rc=$?; tail -3 $T/$kind.check; echo "$kind check rc=$rc"
+      for fx in tests/fixtures/hf/*/; do
+        name=$(basename $fx)
+        case $name in deepseek*) continue ;; esac
+        timeout 120 $B/tandem train --load $fx --train-iters 3 --micro-batch-size 1 --global-batch-size 2 \
+          --mock-data --lr 1e-3 --lr-warmup-iters 1 --max-shard-size 40KB --save $T/$name --quiet > $T/$name.train.log 2>&1 || tail -3 $T/$name.train.log
+        L=$($B/tandem generate --load $T/$name --eval-tokens $fx/tokens.txt | grep -o "loss: [0-9.e+-]*" | cut -d" " -f2)
+        timeout 300 python3 devrun/check_hf_load.py $T/$name $fx/tokens.txt $L --rtol 1e-5 > $T/$name.check 2>&1
+        echo "$name: rc=$? $(ls $T/$name/iter_0000003 | grep -c -- '-of-') shards; $(tail -1 $T/$name.check)" | tee -a "$OUT/hf.txt"
       done ;;
     prof-a|prof-b)
       # Per-kernel GPU time of two steps (one warm-up, one timed) under Nsight Compute.

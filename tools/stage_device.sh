@@ -7,7 +7,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bins=("$@")
 [ ${#bins[@]} -gt 0 ] || bins=(tandem bench/gpu_train_bench tests/cuda/test_cuda_allocator tests/cuda/test_gpu_pipeline
-                               tests/cuda/test_cuda_ops tests/cuda/test_cuda_memory)
+                               tests/cuda/test_cuda_ops tests/cuda/test_cuda_memory tests/cuda/test_cuda_hf)
 rm -rf devrun && mkdir -p devrun/bin devrun/lib
 for b in "${bins[@]}"; do
   [ -f "build/$b" ] || { echo "stage_device: build/$b is missing; build it first" >&2; exit 1; }
@@ -16,6 +16,8 @@ done
 libs=(libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libtomlplusplus.so.3)
 for l in "${libs[@]}"; do cp -L "/lib/x86_64-linux-gnu/$l" devrun/lib/; done
 tar -C devrun -cJf devrun/lib.tar.xz lib && rm -rf devrun/lib
-[ -f ../shared/peers/torch_peer.py ] && cp ../shared/peers/torch_peer.py devrun/
+# The peer: PEER=path picks another copy of it (e.g. one with options the shape needs).
+PEER=${PEER:-../shared/peers/torch_peer.py}
+[ -f "$PEER" ] && cp "$PEER" devrun/torch_peer.py
 cp bench/gpu_suite.sh bench/compare_losses.py bench/kernel_summary.py bench/exposed_gaps.py tests/python/check_hf_load.py devrun/
 du -sh devrun

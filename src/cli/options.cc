@@ -22,6 +22,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include "cli/sizes.h"
 #include "core/error.h"
 
 // Note [Exit codes]
@@ -157,6 +158,14 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kAny,
                {},
                "DIR"});
+  s.push_back({"max-shard-size",
+               &o.max_shard_size,
+               "the largest weights file a checkpoint writes: bigger models are saved as "
+               "model-0000k-of-0000n.safetensors shards and model.safetensors.index.json, as "
+               "transformers saves them (SIZE: 5GB, 500MB, 2GiB)",
+               Bound::kAny,
+               {},
+               "SIZE"});
   s.push_back({"keep-checkpoints", &o.keep_checkpoints,
                "newest iteration directories kept under --save; older ones are deleted after a "
                "new one is complete",
@@ -752,6 +761,10 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
     check_readable("--load", opts.load_dir);
     apply_checkpoint_values(specs, read_checkpoint(opts.load_dir), opts, origins);
   }
+  const std::optional<double> shard = parse_size(opts.max_shard_size);
+  TANDEM_CHECK(shard && *shard >= 1 && *shard < 9e18, "--max-shard-size ", opts.max_shard_size,
+               " is not a size of at least one byte: use ", kSizeForms);
+  opts.max_shard_bytes = static_cast<int64_t>(*shard);
   opts.train.device = opts.device == "cuda" ? Device::kCUDA : Device::kCPU;
   opts.train.non_finite_policy =
       opts.nan_policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;

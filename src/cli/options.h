@@ -25,6 +25,8 @@ struct RunOptions {
   int64_t save_interval = 0;     // --save-interval (0: only at the end when --save is set)
   std::string load_dir;          // --load
   int64_t keep_checkpoints = 2;  // --keep-checkpoints: iteration directories kept under --save
+  std::string max_shard_size = "5GB";  // --max-shard-size (parsed into max_shard_bytes)
+  int64_t max_shard_bytes = 5'000'000'000;
   std::string nan_policy = "stop";  // --nan-policy stop | skip (sets train.non_finite_policy)
   std::string log_json;          // --log-json FILE: one JSON object per iteration
   std::string trace_path;        // --trace FILE.json: the measured timeline

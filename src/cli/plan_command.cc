@@ -17,6 +17,7 @@
 #include "cli/options.h"
 #include "cli/planned_run.h"
 #include "cli/progress.h"
+#include "cli/sizes.h"
 #include "comm/layout.h"
 #include "core/error.h"
 #include "io/atomic_dir.h"
@@ -46,36 +47,10 @@ struct PlanOptions {
 };
 
 // "80GiB", "7.5GiB", "141e9", "512MB" -> bytes as a number (CLI11 transform); "" when valid.
-// (CLI11's AsSizeValue reads whole numbers only: "7.5GiB" would be refused.)
 std::string size_in_bytes(std::string& text) {
-  static const std::pair<const char*, double> kUnits[] = {
-      {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024},
-      {"tib", 1024.0 * 1024 * 1024 * 1024}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
-      {"b", 1.0}};
-  std::string lower;
-  for (const char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-  double factor = 1;
-  for (const auto& [unit, f] : kUnits) {
-    const std::string u = unit;
-    if (lower.size() > u.size() && lower.compare(lower.size() - u.size(), u.size(), u) == 0) {
-      lower.resize(lower.size() - u.size());
-      factor = f;
-      break;
-    }
-  }
-  size_t used = 0;
-  double v = -1;
-  try {
-    v = std::stod(lower, &used);
-  } catch (const std::exception&) {
-    used = 0;
-  }
-  if (used == 0 || used != lower.size() || !(v >= 0)) {
-    return "'" + text +
-           "' is not a size: use bytes (141e9) or a number with a unit (80GiB, 7.5GiB, 512MB; "
-           "KiB MiB GiB TiB are powers of 1024, KB MB GB TB of 1000)";
-  }
-  text = std::to_string(v * factor);
+  const std::optional<double> bytes = parse_size(text);
+  if (!bytes) return "'" + text + "' is not a size: use " + kSizeForms;
+  text = std::to_string(*bytes);
   return "";
 }
 

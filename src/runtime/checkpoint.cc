@@ -138,8 +138,44 @@ Json file_record(const std::string& path) {
   return {{"bytes", bytes}, {"crc32c", io::crc32c_hex(io::file_crc32c(path))}};
 }
 
-const std::vector<std::string>& recorded_files() {
-  static const std::vector<std::string> files = {kModelFile, kConfigFile, kOptimizerFile};
+// Note [Sharded weights]: the weights go in one model.safetensors when their bytes fit in
+// max_shard_bytes; else, as transformers' save_pretrained writes them, in shards named
+// model-0000k-of-0000n.safetensors, filled in the weights' order with a new shard when the next
+// tensor would pass the limit (a tensor larger than the limit is a shard of its own), and
+// model.safetensors.index.json, {"metadata": {"total_size": bytes}, "weight_map": {name: shard}}.
+// transformers and read_hf_weights read both forms; trainer_state.json records every file.
+std::vector<std::string> save_model_files(const io::AtomicDirWriter& writer,
+                                          const NamedTensors& model, int64_t max_shard_bytes) {
+  TANDEM_ASSERT(max_shard_bytes > 0, "max_shard_bytes ", max_shard_bytes);
+  std::vector<NamedTensors> shards(1);
+  int64_t in_shard = 0, total = 0;
+  for (const auto& [name, t] : model) {
+    const int64_t bytes = t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+      shards.emplace_back();
+      in_shard = 0;
+    }
+    shards.back().emplace_back(name, t);
+    in_shard += bytes;
+    total += bytes;
+  }
+  if (shards.size() == 1) {
+    io::save_safetensors(writer.file_path(kModelFile), model, {{"format", "pt"}});
+    return {kModelFile};
+  }
+  std::vector<std::string> files;
+  nlohmann::ordered_json index;
+  index["metadata"] = {{"total_size", total}};
+  index["weight_map"] = nlohmann::ordered_json::object();
+  for (size_t k = 0; k < shards.size(); ++k) {
+    char file[64];
+    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
+    io::save_safetensors(writer.file_path(file), shards[k], {{"format", "pt"}});
+    for (const auto& item : shards[k]) index["weight_map"][item.first] = file;
+    files.emplace_back(file);
+  }
+  io::write_file_atomic(writer.file_path(kModelIndexFile), index.dump(2) + "\n");
+  files.emplace_back(kModelIndexFile);
   return files;
 }
 
@@ -156,8 +192,16 @@ void validate_trainer_state(const Json& state, const std::string& path) {
       version > kCheckpointFormatVersion ? " (the checkpoint is from a newer tandem)" : "");
   read_training_position(state, f.where());
   const JsonFields files(f.get("files"), f.where() + "'files': ");
-  for (const std::string& name : recorded_files()) {
-    const JsonFields record(files.get(name), files.where() + "'" + name + "': ");
+  files.get(kConfigFile);
+  files.get(kOptimizerFile);
+  const Json& all = f.get("files");
+  TANDEM_CHECK(all.contains(kModelFile) || all.contains(kModelIndexFile), files.where(),
+               "records neither ", kModelFile, " nor ", kModelIndexFile);
+  for (const auto& [name, value] : all.items()) {
+    TANDEM_CHECK(!name.empty() && name.find('/') == std::string::npos && name != ".." &&
+                     name != ".",
+                 files.where(), "records '", name, "', not a file name in the directory");
+    const JsonFields record(value, files.where() + "'" + name + "': ");
     TANDEM_CHECK(record.integer("bytes") >= 0, record.where(), "bytes is negative");
     TANDEM_CHECK(record.string("crc32c").size() == 8, record.where(), "crc32c is not 8 hex digits");
   }
@@ -165,9 +209,8 @@ void validate_trainer_state(const Json& state, const std::string& path) {
 
 // Every file trainer_state.json records must have its recorded size and CRC-32C.
 void verify_recorded_files(const std::string& dir, const Json& state) {
-  for (const std::string& name : recorded_files()) {
+  for (const auto& [name, record] : state["files"].items()) {
     const std::string path = dir + "/" + name;
-    const Json& record = state["files"][name];
     const auto bytes = record["bytes"].get<int64_t>();
     std::error_code ec;
     const auto size = static_cast<int64_t>(fs::file_size(path, ec));
@@ -434,7 +477,8 @@ TrainingPosition read_training_position(const Json& trainer_state, const std::st
 }
 
 SavedCheckpoint save_checkpoint(const std::string& root_in, int64_t iteration,
-                                const CheckpointState& state, int64_t keep) {
+                                const CheckpointState& state, int64_t keep,
+                                int64_t max_shard_bytes) {
   TANDEM_CHECK(keep >= 1, "--keep-checkpoints ", keep, " is invalid: keep at least 1");
   TANDEM_ASSERT(state.kind == CheckpointKind::kTandem && state.trainer_state.is_object() &&
                     state.trainer_state.value("iteration", int64_t{-1}) == iteration,
@@ -451,7 +495,7 @@ SavedCheckpoint save_checkpoint(const std::string& root_in, int64_t iteration,
   {
     io::AtomicDirWriter writer(out.dir);
     save_stage(name, "model");
-    io::save_safetensors(writer.file_path(kModelFile), state.model, {{"format", "pt"}});
+    std::vector<std::string> files = save_model_files(writer, state.model, max_shard_bytes);
     save_stage(name, "config");
     io::save_hf_config(writer.file_path(kConfigFile), state.model_config);
     save_stage(name, "optimizer");
@@ -460,7 +504,10 @@ SavedCheckpoint save_checkpoint(const std::string& root_in, int64_t iteration,
     Json trainer_state = state.trainer_state;
     trainer_state["format"] = kFormatName;
     trainer_state["format_version"] = kCheckpointFormatVersion;
-    for (const std::string& file : recorded_files()) {
+    files.push_back(kConfigFile);
+    files.push_back(kOptimizerFile);
+    trainer_state["files"] = Json::object();
+    for (const std::string& file : files) {
       trainer_state["files"][file] = file_record(writer.file_path(file));
     }
     io::write_file_atomic(writer.file_path(kStateFile), trainer_state.dump(2) + "\n");
@@ -533,18 +580,19 @@ CheckpointState load_checkpoint(const std::string& dir) {
     return st;
   }
   verify_recorded_files(st.dir, st.trainer_state);
-  st.model = read_tensors(st.dir + "/" + kModelFile);
+  st.model = read_hf_weights(st.dir);
   st.optimizer = read_tensors(st.dir + "/" + kOptimizerFile);
   check_optimizer_tensors(st);
   return st;
 }
 
-void save_model_checkpoint(const std::string& dir, const model::Parameters& params) {
+void save_model_checkpoint(const std::string& dir, const model::Parameters& params,
+                           int64_t max_shard_bytes) {
   const std::string final_dir = strip_trailing_slashes(fs::path(dir).lexically_normal().string());
   const fs::path parent = fs::path(final_dir).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
   io::AtomicDirWriter writer(final_dir);
-  io::save_safetensors(writer.file_path(kModelFile), model_tensors(params), {{"format", "pt"}});
+  save_model_files(writer, model_tensors(params), max_shard_bytes);
   io::save_hf_config(writer.file_path(kConfigFile), params.config());
   writer.commit();
 }

@@ -2,13 +2,17 @@
 // the training position, written crash-safely, read back with everything validated first.
 //
 // Note [Checkpoint layout]
-//   <save>/iter_NNNNNNN/model.safetensors      weights, HF names (docs/model.md), F32, [out, in]
-//                       config.json            HF config: MixtralForCausalLM or LlamaForCausalLM
+//   <save>/iter_NNNNNNN/model.safetensors      weights, HF names (docs/model.md), F32, [out, in];
+//                                              above max_shard_bytes, as transformers writes
+//                                              them: model-0000k-of-0000n.safetensors shards and
+//                                              model.safetensors.index.json
+//                                              (Note [Sharded weights] in checkpoint.cc)
+//                       config.json            HF config (docs/model.md "Families")
 //                       optimizer.safetensors  "<weight name>.exp_avg", "<weight name>.exp_avg_sq"
 //                       trainer_state.json     format + version, iteration, optimizer steps,
 //                                              samples consumed, seed, the model and train
 //                                              configs, the data (path, format, bytes), and the
-//                                              size and CRC-32C of the three files above
+//                                              size and CRC-32C of every file above
 //   <save>/latest                              "iter_NNNNNNN\n": the newest complete checkpoint
 // An iteration directory alone loads in `transformers` (from_pretrained). A directory with
 // config.json and model.safetensors (or a sharded model.safetensors.index.json) but no
@@ -99,8 +103,13 @@ TrainingPosition read_training_position(const nlohmann::json& trainer_state,
 // "tandem-test: save iter_NNNNNNN stage S" to stderr and then sleeps N ms (S: model, config,
 // optimizer, trainer_state, commit, latest, prune, done), so a test can kill the process there;
 // with TANDEM_TEST_SAVE_DELAY_STAGE=S as well, it sleeps at that stage only.
+// The largest model-weights file a checkpoint writes unless told otherwise (transformers'
+// max_shard_size default, 5 GB).
+constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;
+
 SavedCheckpoint save_checkpoint(const std::string& root, int64_t iteration,
-                                const CheckpointState& state, int64_t keep);
+                                const CheckpointState& state, int64_t keep,
+                                int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // The directory that `dir` designates: a save root (with `latest`) resolves to the iteration
 // directory `latest` names; an iteration or HF directory resolves to itself. Throws
@@ -171,8 +180,10 @@ void restore_trainer(ReferenceTrainer& trainer, const CheckpointState& state);
 
 // ---- Model only (tandem generate) ----
 
-// Writes params (a whole model) as model.safetensors + config.json into `dir` atomically.
-void save_model_checkpoint(const std::string& dir, const model::Parameters& params);
+// Writes params (a whole model) as model.safetensors (or shards, Note [Sharded weights] in
+// checkpoint.cc) + config.json into `dir` atomically.
+void save_model_checkpoint(const std::string& dir, const model::Parameters& params,
+                           int64_t max_shard_bytes = kDefaultMaxShardBytes);
 // The weights of the checkpoint `dir` designates (resolve_checkpoint_dir) as a new whole-model
 // Parameters (f32).
 std::unique_ptr<model::Parameters> load_model_checkpoint(const std::string& dir);

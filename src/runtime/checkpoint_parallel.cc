@@ -170,7 +170,8 @@ CheckpointState gather_checkpoint(PipelineTrainer& trainer, const Json& data) {
 // meanwhile sends "saving" every heartbeat_s; the others wait from one message to the next, each
 // wait bounded as usual, until the outcome arrives: "ok" + the directory, or the error.
 SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTrainer& trainer,
-                                         const Json& data, int64_t keep, double heartbeat_s) {
+                                         const Json& data, int64_t keep, double heartbeat_s,
+                                         int64_t max_shard_bytes) {
   comm::Communicator& world = *trainer.groups().world;
   const CheckpointState state = gather_checkpoint(trainer, data);
   static const std::string kSaving = "saving";
@@ -183,7 +184,8 @@ SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTraine
     }
   }
   std::future<SavedCheckpoint> pending = std::async(
-      std::launch::async, [&] { return save_checkpoint(root, trainer.iteration(), state, keep); });
+      std::launch::async,
+      [&] { return save_checkpoint(root, trainer.iteration(), state, keep, max_shard_bytes); });
   const auto beat = std::chrono::duration<double>(heartbeat_s);
   while (pending.wait_for(beat) != std::future_status::ready) world.all_gather_bytes(kSaving);
   SavedCheckpoint saved;

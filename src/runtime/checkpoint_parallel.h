@@ -30,7 +30,8 @@ CheckpointState gather_checkpoint(PipelineTrainer& trainer, const nlohmann::json
 // often, so a save may take longer than the timeout.
 SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTrainer& trainer,
                                          const nlohmann::json& data, int64_t keep,
-                                         double heartbeat_s);
+                                         double heartbeat_s,
+                                         int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // Restores this rank's stages from a whole-model `state` (restore_chunks: weights, Adam moments
 // and steps, or weights only from a Hugging Face state) and sets the trainer's iteration, which

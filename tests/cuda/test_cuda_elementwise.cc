@@ -504,23 +504,31 @@ Tensor tied_logits(int64_t n, int64_t e, uint64_t seed) {
   return t;
 }
 
+constexpr ops::RouterScore kScores[] = {ops::RouterScore::kSoftmaxOfSelected,
+                                        ops::RouterScore::kSoftmaxOfAll};
+std::string name(ops::RouterScore s) {
+  return s == ops::RouterScore::kSoftmaxOfAll ? " pre-softmax" : "";
+}
+
 TEST(CudaRouter, ForwardTopKTiesAndSoftmax) {
   for (const RouterCase& c : kRouterCases) {
     for (bool ties : {false, true}) {
+     for (ops::RouterScore score : kScores) {
       const std::string what = "router_forward n " + std::to_string(c.n) + " E " +
                                std::to_string(c.e) + " k " + std::to_string(c.k) +
-                               (ties ? " ties" : "");
+                               (ties ? " ties" : "") + name(score);
       Tensor logits = ties ? tied_logits(c.n, c.e, 32) : random_host({c.n, c.e}, 32, 3.0);
       Tensor idx = Tensor::empty({c.n, c.k}, DType::kI32, MemCategory::kOther, "i", Device::kCUDA);
       Tensor w = Tensor::empty({c.n, c.k}, kF32, MemCategory::kOther, "w", Device::kCUDA);
       Tensor probs = Tensor::empty({c.n, c.e}, kF32, MemCategory::kOther, "p", Device::kCUDA);
-      ops::router_forward(idx, w, probs, logits.to(Device::kCUDA));
+      ops::router_forward(idx, w, probs, logits.to(Device::kCUDA), score);
       Tensor idx_want = host({c.n, c.k}, DType::kI32), w_want = host({c.n, c.k});
       Tensor probs_want = host({c.n, c.e});
-      ops::router_forward(idx_want, w_want, probs_want, logits);
+      ops::router_forward(idx_want, w_want, probs_want, logits, score);
       EXPECT_EQ(ints(idx), ints(idx_want)) << what;
       expect_close(w.to(Device::kCPU), w_want, tolerance_for(kF32), what + " topk_w");
       expect_close(probs.to(Device::kCPU), probs_want, tolerance_for(kF32), what + " probs");
+     }
     }
   }
 }
@@ -584,24 +592,82 @@ TEST(CudaRouter, BackwardSelectedAndAuxTerms) {
     // at full weight against the tolerance.
     for (bool aux_only : {false, true}) {
       for (DType dt : {kF32, kBF16}) {
+       for (ops::RouterScore score : kScores) {
         const std::string what = "router_backward n " + std::to_string(c.n) + " E " +
                                  std::to_string(c.e) + " k " + std::to_string(c.k) + " " +
-                                 name(dt) + (aux_only ? " aux only" : "");
+                                 name(dt) + (aux_only ? " aux only" : "") + name(score);
         Tensor logits = random_host({c.n, c.e}, 36, 3.0);
         Tensor idx = host({c.n, c.k}, DType::kI32), w = host({c.n, c.k});
         Tensor probs = host({c.n, c.e}), counts = host({c.e}, DType::kI32);
-        ops::router_forward(idx, w, probs, logits);
+        ops::router_forward(idx, w, probs, logits, score);
         ops::router_counts(counts, idx);
         Tensor dw = aux_only ? host({c.n, c.k}) : random_host({c.n, c.k}, 37);
         const double coeff = 0.01, aux_scale = aux_only ? 1000.0 * double(c.n) : 0.5;
         Tensor dl = Tensor::empty({c.n, c.e}, dt, MemCategory::kOther, "dl", Device::kCUDA);
         ops::router_backward(dl, dw.to(Device::kCUDA), idx.to(Device::kCUDA), w.to(Device::kCUDA),
                              probs.to(Device::kCUDA), counts.to(Device::kCUDA), c.k, coeff,
-                             aux_scale);
+                             aux_scale, score);
         Tensor dl_want = host({c.n, c.e});
-        ops::router_backward(dl_want, dw, idx, w, probs, counts, c.k, coeff, aux_scale);
+        ops::router_backward(dl_want, dw, idx, w, probs, counts, c.k, coeff, aux_scale, score);
         expect_close(to_host_f32(dl), dl_want, tolerance_for(dt), what);
+       }
       }
+    }
+  }
+}
+
+// ---- bias and sigmoid gate ----
+
+// bias_forward adds b to every row; bias_backward sums dy's rows (many rows: several chunks,
+// summed in a fixed order, so a second run gives the same bits).
+TEST(CudaBias, ForwardAndBackward) {
+  for (const auto& [m, n] : {std::pair<int64_t, int64_t>{37, 24}, {1000, 640}, {5, 3}, {0, 8}}) {
+    const std::string what = "bias m " + std::to_string(m) + " n " + std::to_string(n);
+    const Tensor y0 = random_host({m, n}, 40), b = random_host({n}, 41);
+    for (DType bt : {kF32, kBF16}) {
+      Tensor y = to_gpu(y0, kBF16);
+      ops::bias_forward(y, to_gpu(b, bt));
+      Tensor want = ref_copy(y0, kBF16);
+      ops::bias_forward(want, ref_copy(b, bt));
+      expect_close(to_host_f32(y), want, tolerance_for(kBF16), what + " forward " + name(bt));
+    }
+    const Tensor dy = random_host({m, n}, 42), db0 = random_host({n}, 43);
+    Tensor db = db0.to(Device::kCUDA);
+    ops::bias_backward(db, to_gpu(dy, kBF16));
+    Tensor db_want = ref_copy(db0, kF32);
+    ops::bias_backward(db_want, ref_copy(dy, kBF16));
+    expect_close(db.to(Device::kCPU), db_want, tolerance_for(kF32), what + " backward");
+    Tensor again = db0.to(Device::kCUDA);
+    ops::bias_backward(again, to_gpu(dy, kBF16));
+    expect_close(again.to(Device::kCPU), db.to(Device::kCPU), kExact, what + " rerun");
+  }
+}
+
+TEST(CudaSigmoidGate, ForwardAndBackwardInPlaceToo) {
+  for (const auto& [m, h] : {std::pair<int64_t, int64_t>{37, 24}, {300, 1024}, {3, 5}, {0, 8}}) {
+    const std::string what = "sigmoid gate m " + std::to_string(m) + " h " + std::to_string(h);
+    const Tensor z = random_host({m, h}, 44), logit = random_host({m}, 45, 3.0);
+    Tensor y = Tensor::empty({m, h}, kBF16, MemCategory::kOther, "y", Device::kCUDA);
+    Tensor gate = Tensor::empty({m}, kF32, MemCategory::kOther, "g", Device::kCUDA);
+    ops::sigmoid_gate_forward(y, gate, to_gpu(z, kBF16), logit.to(Device::kCUDA));
+    Tensor y_want = host({m, h}), gate_want = host({m});
+    ops::sigmoid_gate_forward(y_want, gate_want, ref_copy(z, kBF16), logit);
+    expect_close(to_host_f32(y), y_want, tolerance_for(kBF16), what + " y");
+    expect_close(gate.to(Device::kCPU), gate_want, tolerance_for(kF32), what + " gate");
+    const Tensor dy = random_host({m, h}, 46);
+    for (bool in_place : {false, true}) {
+      Tensor d_y = to_gpu(dy, kBF16);
+      Tensor dz = in_place ? d_y
+                           : Tensor::empty({m, h}, kBF16, MemCategory::kOther, "dz",
+                                           Device::kCUDA);
+      Tensor dl = Tensor::empty({m}, kBF16, MemCategory::kOther, "dl", Device::kCUDA);
+      ops::sigmoid_gate_backward(dz, dl, d_y, to_gpu(z, kBF16), gate);
+      Tensor dz_want = host({m, h}), dl_want = host({m});
+      ops::sigmoid_gate_backward(dz_want, dl_want, ref_copy(dy, kBF16), ref_copy(z, kBF16),
+                                 gate.to(Device::kCPU));
+      const std::string how = in_place ? " in place" : "";
+      expect_close(to_host_f32(dz), dz_want, tolerance_for(kBF16), what + " dz" + how);
+      expect_close(to_host_f32(dl), dl_want, tolerance_for(kBF16), what + " dlogit" + how);
     }
   }
 }

@@ -9,6 +9,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include "common/random_tokens.h"
 #include "core/device.h"
@@ -36,6 +37,27 @@ ModelConfig model(bool moe) {
   return m;
 }
 
+// Qwen3-MoE's options (q/k norms, head dim 64, narrower experts, pre-softmax routing, a dense
+// first layer) and Qwen2-MoE's (q/k/v biases, a gated shared expert) on the MoE model.
+ModelConfig model_qwen3() {
+  ModelConfig m = model(true);
+  m.qk_layernorm = true;
+  m.kv_channels = 64;
+  m.moe_ffn_hidden_size = 96;
+  m.moe_router_pre_softmax = true;
+  m.moe_layer_freq = "[0,1]";
+  return m;
+}
+ModelConfig model_qwen2() {
+  ModelConfig m = model(true);
+  m.add_qkv_bias = true;
+  m.moe_ffn_hidden_size = 96;
+  m.moe_shared_expert_intermediate_size = 192;
+  m.moe_shared_expert_gate = true;
+  m.moe_router_pre_softmax = true;
+  return m;
+}
+
 Peaks measured(const ModelConfig& m, const TrainConfig& t) {
   const testing::RandomTokens tokens(m.vocab_size);
   runtime::ReferenceTrainer trainer(m, t, tokens);
@@ -57,10 +79,12 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
 }
 
 TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
-  for (const bool moe : {false, true}) {
+  const std::pair<const char*, ModelConfig> models[] = {
+      {"dense", model(false)}, {"MoE", model(true)}, {"Qwen3-MoE", model_qwen3()},
+      {"Qwen2-MoE", model_qwen2()}};
+  for (const auto& [name, m] : models) {
     for (const int64_t mbs : {1, 2, 4}) {
-      SCOPED_TRACE(std::string(moe ? "MoE" : "dense") + ", micro-batch " + std::to_string(mbs));
-      const ModelConfig m = model(moe);
+      SCOPED_TRACE(std::string(name) + ", micro-batch " + std::to_string(mbs));
       TrainConfig t;
       t.device = Device::kCUDA;
       t.micro_batch_size = mbs;
@@ -68,7 +92,7 @@ TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
       const Peaks got = measured(m, t), want = planned(m, t);
       std::printf("%s micro-batch %lld: activations %lld / %lld, peak %lld / %lld (measured / "
                   "planned)\n",
-                  moe ? "MoE" : "dense", static_cast<long long>(mbs),
+                  name, static_cast<long long>(mbs),
                   static_cast<long long>(got.activation), static_cast<long long>(want.activation),
                   static_cast<long long>(got.total), static_cast<long long>(want.total));
       EXPECT_EQ(got.activation, want.activation);

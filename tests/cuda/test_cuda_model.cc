@@ -114,14 +114,45 @@ Tensor take_sequences(const Tensor& from, const std::vector<int64_t>& chosen, in
   return t;
 }
 
-void compare_model(bool moe) {
-  const ModelConfig cfg = small_config(moe);
+// Qwen3-MoE's options on the small MoE model (q/k norms, head dim 32, narrower experts,
+// pre-softmax routing, a dense third layer) and Qwen2-MoE's (q/k/v biases, a gated shared
+// expert).
+ModelConfig small_qwen3_config() {
+  ModelConfig c = small_config(true);
+  c.num_layers = 3;
+  c.qk_layernorm = true;
+  c.kv_channels = 32;
+  c.moe_ffn_hidden_size = 48;
+  c.moe_router_pre_softmax = true;
+  c.moe_layer_freq = "[1,1,0]";
+  return c;
+}
+ModelConfig small_qwen2_config() {
+  ModelConfig c = small_config(true);
+  c.add_qkv_bias = true;
+  c.moe_ffn_hidden_size = 48;
+  c.moe_shared_expert_intermediate_size = 80;
+  c.moe_shared_expert_gate = true;
+  c.moe_router_pre_softmax = true;
+  return c;
+}
+
+void compare_model(const ModelConfig& cfg) {
+  const bool moe = cfg.is_moe();
   const int64_t batch = 3, n = batch * cfg.seq_length;
   model::Parameters cpu(cfg, model::ChunkSpec::whole(cfg), DType::kF32);
   // docs/model.md's initialisation: softmaxes of moderate sharpness. (Weights scaled up 5x make the
   // LM head's softmax so sharp that bf16 rounding of the logits alone moves its gradient by
   // tens of percent: seen on the H200, an ill-conditioned comparison, not a bug.)
   cpu.initialize(11);
+  // Biases start at zero: drawn here, so that their gradients and their use are both checked.
+  for (const model::ParamEntry& e : cpu.entries()) {
+    if (e.kind != model::ParamKind::kBias) continue;
+    for (int64_t j = 0; j < shape_numel(e.shape); ++j) {
+      cpu.flat_params().data<float>()[e.offset + j] =
+          static_cast<float>(0.5 * normal01(7, static_cast<uint64_t>(j)));
+    }
+  }
   model::Parameters gpu(cfg, model::ChunkSpec::whole(cfg), DType::kF32, Device::kCUDA);
   gpu.copy_weights_from(cpu);
   Tensor ids = ids_of(n, cfg.vocab_size, 1), targets = ids_of(n, cfg.vocab_size, 2);
@@ -181,8 +212,10 @@ void compare_model(bool moe) {
   }
 }
 
-TEST(CudaModel, DenseLossAndGradientsMatchCpu) { compare_model(false); }
-TEST(CudaModel, MoeLossAndGradientsMatchCpu) { compare_model(true); }
+TEST(CudaModel, DenseLossAndGradientsMatchCpu) { compare_model(small_config(false)); }
+TEST(CudaModel, MoeLossAndGradientsMatchCpu) { compare_model(small_config(true)); }
+TEST(CudaModel, Qwen3MoeLossAndGradientsMatchCpu) { compare_model(small_qwen3_config()); }
+TEST(CudaModel, Qwen2MoeLossAndGradientsMatchCpu) { compare_model(small_qwen2_config()); }
 
 }  // namespace
 }  // namespace tandem

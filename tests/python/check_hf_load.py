@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Loads a tandem checkpoint in Hugging Face transformers and checks its loss against tandem's.
 
-Not run in CI (it needs torch and transformers). The oracle is transformers' own model code:
-MixtralForCausalLM when config.json has experts, LlamaForCausalLM when it is dense, in fp32.
+Not run in CI (it needs torch and transformers). The oracle is transformers' own model code, in
+fp32: the class config.json names (docs/model.md "Families"), built by AutoModelForCausalLM.
 
     build/tandem train --train-iters 50 --save run/ckpt
     python3 -c "print(' '.join(str(b) for b in b'12+34=64\\n'))" > tokens.txt   # or any ids
@@ -72,7 +72,10 @@ def main():
         fail(f"{directory} has no config.json: give a tandem --save or iter_NNNNNNN directory")
     with open(config_path) as f:
         config = json.load(f)
-    expected = "MixtralForCausalLM" if config.get("num_local_experts", 0) > 0 else "LlamaForCausalLM"
+    names = config.get("architectures") or []
+    if len(names) != 1:
+        fail(f"{config_path} names {names!r} as architectures; expected one class")
+    expected = names[0]
     if not os.path.isfile(args.tokens):
         fail(f"{args.tokens}: no such file")
     rows = read_tokens(args.tokens)

@@ -7,7 +7,9 @@
 #include "common/random_tokens.h"
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -161,6 +163,61 @@ TEST_F(CheckpointTest, LayoutOnDiskIsHuggingFacePlusState) {
   EXPECT_EQ(state["data"]["format"], "random");
   EXPECT_EQ(state["files"]["model.safetensors"]["bytes"],
             fs::file_size(saved.dir + "/model.safetensors"));
+}
+
+// Note [Sharded weights]: above max_shard_bytes the weights go in shards of at most that many
+// bytes (a larger tensor alone), named and indexed as transformers names them; every file is
+// recorded, a corrupt shard is refused naming it, and a resumed run is the uninterrupted one.
+TEST_F(CheckpointTest, ShardedWeightsAreTransformersShardsAndResumeBitwise) {
+  RandomTokens data(32);
+  const int64_t n = 2;
+  ReferenceTrainer full(small_model(Ffn::kMoe), small_train(2 * n), data);
+  std::vector<StepResult> reference;
+  for (int64_t i = 0; i < 2 * n; ++i) reference.push_back(full.step());
+  ReferenceTrainer first(small_model(Ffn::kMoe), small_train(2 * n), data);
+  for (int64_t i = 0; i < n; ++i) first.step();
+  const int64_t limit = 4096;  // bytes: the embedding (32 x 16 f32 = 2 KiB) and a few layers
+  const SavedCheckpoint saved = save_checkpoint(
+      path("run"), first.iteration(), trainer_checkpoint(first, {{"format", "random"}}), 2, limit);
+  const auto index =
+      nlohmann::json::parse(io::read_file(saved.dir + "/model.safetensors.index.json"));
+  const auto& map = index["weight_map"];
+  EXPECT_EQ(map.size(), first.params().entries().size());
+  std::set<std::string> shards;
+  for (const auto& [name, file] : map.items()) shards.insert(file.get<std::string>());
+  ASSERT_GT(shards.size(), 2u);
+  int64_t total = 0;
+  int k = 0;
+  for (const std::string& shard : shards) {
+    char want[64];
+    std::snprintf(want, sizeof want, "model-%05d-of-%05zu.safetensors", ++k, shards.size());
+    EXPECT_EQ(shard, want);
+    int64_t bytes = 0;
+    size_t tensors = 0;
+    for (const auto& [name, t] : io::load_safetensors(saved.dir + "/" + shard, MemCategory::kOther)) {
+      EXPECT_EQ(map[name], shard) << name;
+      bytes += t.numel() * 4;
+      ++tensors;
+    }
+    EXPECT_TRUE(bytes <= limit || tensors == 1) << shard << " holds " << bytes << " bytes";
+    total += bytes;
+  }
+  EXPECT_EQ(index["metadata"]["total_size"], total);
+  EXPECT_FALSE(fs::exists(saved.dir + "/model.safetensors"));
+  const auto state = nlohmann::json::parse(io::read_file(saved.dir + "/trainer_state.json"));
+  for (const std::string& shard : shards) EXPECT_TRUE(state["files"].contains(shard)) << shard;
+  EXPECT_TRUE(state["files"].contains("model.safetensors.index.json"));
+
+  ReferenceTrainer resumed(small_model(Ffn::kMoe), small_train(2 * n), data);
+  restore_trainer(resumed, load_checkpoint(path("run")));
+  for (int64_t i = n; i < 2 * n; ++i) {
+    EXPECT_EQ(resumed.step().loss, reference[static_cast<size_t>(i)].loss) << "step " << i + 1;
+  }
+  EXPECT_EQ(weights_of(resumed), weights_of(full));
+
+  const std::string second = saved.dir + "/" + *std::next(shards.begin());
+  flip_bit(second, static_cast<int64_t>(fs::file_size(second)) - 3);
+  expect_error([&] { load_checkpoint(path("run")); }, {second, "CRC-32C"});
 }
 
 TEST_F(CheckpointTest, RetentionKeepsTheNewestAndThePointer) {
