@@ -71,6 +71,11 @@ for s in $SUITE; do
       grep -E "^(layer|dense|MoE|Qwen|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
       grep -h -B2 -A12 "Failure$" /tmp/test_cuda_*.log | head -80 ;;
+    b1)
+      # Shape (b) on one GPU, one process, micro-batch 2: the figure to hold the trainer to
+      # (bench/results/gpu_single.md records it per micro-batch size).
+      timeout 300 $B/tandem train --device cuda $SHAPE_B --mock-data --global-batch-size 16 --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/b1.jsonl > /tmp/b1.log 2>&1
+      echo "tandem b one-gpu rc=$? $(summary /tmp/b1.jsonl)" | tee -a "$OUT/b1.txt"; tail -2 /tmp/b1.log ;;
     c)
       # Shape (c) on one GPU, tandem beside the peer (torch_peer.py with --kv-channels and
       # --qk-layernorm) under torch.compile in the same call; the bf16 matrix rate measured first
