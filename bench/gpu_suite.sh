@@ -94,7 +94,7 @@ torch.cuda.synchronize();print('bf16 matmul 8192^3 TFLOP/s', round(20*2*8192**3/
         python3 -c "
 import json;n=json.load(open('/tmp/c_$v.nodes.json'))['nodes']['experts']
 R,H,F=4096*8,2048,768;fl=6*R*H*F
-print('  experts node (per layer, micro-batch): forward %.2f ms %.0f TFLOP/s, backward input %.2f ms %.0f TFLOP/s (4RHF), weight %.2f ms %.0f TFLOP/s (6RHF... 2 products: 6RHF)'%(n['forward']*1e3,fl/n['forward']/1e12,n['backward_input']*1e3,4*R*H*F/n['backward_input']/1e12,n['backward_weight']*1e3,fl/n['backward_weight']/1e12))" 2>&1 | tee -a "$OUT/c.txt"
+print('  experts node (per layer, micro-batch; 6 R H F FLOPs each phase): forward %.2f ms %.0f TFLOP/s, backward input %.2f ms %.0f TFLOP/s, weight %.2f ms %.0f TFLOP/s'%(n['forward']*1e3,fl/n['forward']/1e12,n['backward_input']*1e3,fl/n['backward_input']/1e12,n['backward_weight']*1e3,fl/n['backward_weight']/1e12))" 2>&1 | tee -a "$OUT/c.txt"
       done
       cp /tmp/c_qwen3-attention.nodes.json "$OUT/c_nodes.json" 2>/dev/null
       PSH="${SHAPE_C/--micro-batch-size 1/--micro-batch-size 1 --num-microbatches 8}"
