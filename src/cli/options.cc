@@ -12,7 +12,9 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <iomanip>
 #include <map>
+#include <set>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -736,6 +738,23 @@ void apply_checkpoint_values(const std::vector<OptionSpec>& specs, const nlohman
 }
 
 }  // namespace
+
+std::string canonical_options(const RunOptions& opts) {
+  static const std::set<std::string> kPerProcess = {"log-json",      "trace", "node-times-out",
+                                                    "routing-out", "quiet", "config"};
+  RunOptions copy = opts;
+  std::string out;
+  for (const OptionSpec& spec : option_specs(copy)) {
+    if (kPerProcess.count(spec.name)) continue;
+    const Value v = current_value(spec);
+    // Doubles in full (17 digits): two ranks' values differ wherever their bits do.
+    const std::string text = std::holds_alternative<double>(v)
+                                 ? detail::concat(std::setprecision(17), std::get<double>(v))
+                                 : to_text(v);
+    out += spec.name + "=" + text + "\n";
+  }
+  return out;
+}
 
 nlohmann::json model_option_values(const ModelConfig& model) {
   ModelConfig copy = model;

@@ -57,6 +57,11 @@ using CheckpointOptionsReader = std::function<nlohmann::json(const std::string& 
 void finalize_run_options(const CLI::App& app, RunOptions& opts,
                           const CheckpointOptionsReader& read_checkpoint = {});
 
+// Every option's value as "name=value" lines, in the table's order, but for the per-process
+// outputs (--log-json, --trace, --node-times-out, --routing-out, --quiet, --config): what every
+// rank of a run must agree on (cli/train_common.cc's check).
+std::string canonical_options(const RunOptions& opts);
+
 // The model options of `model` as {"num-layers": 4, ...}, keyed by the option names of --help.
 nlohmann::json model_option_values(const ModelConfig& model);
 

@@ -55,45 +55,8 @@ IterationRecord to_record(const runtime::StepResult& r) {
   return rec;
 }
 
-namespace {
-
-// Every setting that must agree across ranks, one "key=value" line each.
-std::string canonical_config(const RunOptions& o) {
-  const ModelConfig& m = o.model;
-  const TrainConfig& t = o.train;
-  const ParallelConfig& p = o.parallel;
-  std::ostringstream s;
-  s.precision(17);
-  s << "num-layers=" << m.num_layers << "\nhidden-size=" << m.hidden_size
-    << "\nnum-attention-heads=" << m.num_attention_heads << "\nnum-query-groups="
-    << m.num_query_groups << "\nffn-hidden-size=" << m.ffn_hidden_size << "\nnum-experts="
-    << m.num_experts << "\nmoe-router-topk=" << m.moe_router_topk << "\nmoe-aux-loss-coeff="
-    << m.moe_aux_loss_coeff << "\nvocab-size=" << m.vocab_size << "\nseq-length="
-    << m.seq_length << "\nrotary-base=" << m.rotary_base << "\nnorm-epsilon=" << m.norm_epsilon
-    << "\nmicro-batch-size=" << t.micro_batch_size << "\nglobal-batch-size="
-    << t.global_batch_size << "\ntrain-iters=" << t.train_iters << "\nlr=" << t.lr
-    << "\nmin-lr=" << t.min_lr << "\nlr-warmup-iters=" << t.lr_warmup_iters
-    << "\nlr-decay-iters=" << t.lr_decay_iters << "\nweight-decay=" << t.weight_decay
-    << "\nclip-grad=" << t.clip_grad << "\nseed=" << t.seed
-    << "\nrecompute-experts=" << t.recompute_experts
-    << "\nmoe-router-force-load-balancing=" << t.moe_router_force_balance
-    << "\nrebalance-experts=" << t.rebalance_experts
-    << "\ndefer-optimizer=" << t.defer_optimizer
-    << "\noverlap-grad-reduce=" << t.overlap_grad_reduce
-    << "\npipeline-model-parallel-size=" << p.pipeline_model_parallel_size
-    << "\nexpert-model-parallel-size=" << p.expert_model_parallel_size
-    << "\nvirtual-pipeline-model-parallel-size=" << p.virtual_pipeline_model_parallel_size
-    << "\nschedule=" << p.schedule << "\npair-first-forwards=" << p.pair_first_forwards
-    << "\ndata-path=" << o.data_path << "\nsave=" << o.save_dir
-    << "\nsave-interval=" << o.save_interval << "\nkeep-checkpoints=" << o.keep_checkpoints
-    << "\nload=" << o.load_dir << "\nnan-policy=" << o.nan_policy << "\n";
-  return s.str();
-}
-
-}  // namespace
-
 void check_same_config(comm::Communicator& world, const RunOptions& o) {
-  const std::vector<std::string> all = world.all_gather_bytes(canonical_config(o));
+  const std::vector<std::string> all = world.all_gather_bytes(canonical_options(o));
   for (int r = 1; r < static_cast<int>(all.size()); ++r) {
     if (all[r] == all[0]) continue;
     std::istringstream a(all[0]), b(all[r]);
