@@ -26,6 +26,7 @@
 
 #include "cli/sizes.h"
 #include "core/error.h"
+#include "schedule/generators.h"
 
 // Note [Exit codes]
 // main() runs app.parse() and finalize_run_options() in one try block and maps
@@ -68,8 +69,14 @@ struct Overloaded : Fs... {
 template <class... Fs>
 Overloaded(Fs...) -> Overloaded<Fs...>;
 
-const std::vector<std::string> kSchedules = {"gpipe",         "1f1b",  "interleaved-1f1b",
-                                             "combined-1f1b", "zb-h1", "dualpipev"};
+// The schedules' names, as the generators spell them.
+const std::vector<std::string> kSchedules = [] {
+  std::vector<std::string> names;
+  for (int k = 0; k < schedule::kNumScheduleKinds; ++k) {
+    names.emplace_back(schedule::schedule_kind_name(static_cast<schedule::ScheduleKind>(k)));
+  }
+  return names;
+}();
 const std::vector<std::string> kDataFormats = {"auto", "megatron", "tokens", "text"};
 const std::vector<std::string> kDevices = {"cpu", "cuda"};
 const std::vector<std::string> kNanPolicies = {"stop", "skip"};
@@ -788,10 +795,10 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   opts.train.non_finite_policy =
       opts.nan_policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
   // Note [Deferred update by default]: with expert parallelism on GPUs and the all-to-all on a
-  // stream of its own, the update covers the first forward's all-to-all (on 2 H200s the exposed
-  // share fell from a median of 15.5% to 9.7%, tokens/s unchanged; bench/results/gpu_multi.md,
-  // two GPUs); the values are bitwise the same either way. Elsewhere there is nothing
-  // for it to cover, so it stays off. A value given anywhere (command line, --config) wins.
+  // stream of its own, the update covers the first forward's all-to-all, which it otherwise
+  // leaves exposed (bench/results/gpu_multi.md measures it); the values are bitwise the same
+  // either way. Elsewhere there is nothing for it to cover, so it stays off. A value given
+  // anywhere (command line, --config) wins.
   const auto defer = origins.find("defer-optimizer");
   if (defer == origins.end() || defer->second.source == Origin::Source::kDefault) {
     const ParallelConfig& p = opts.parallel;

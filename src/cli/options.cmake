@@ -6,6 +6,6 @@ add_library(tandem_cli_options STATIC
   ${CMAKE_CURRENT_LIST_DIR}/sizes.cc
 )
 target_link_libraries(tandem_cli_options
-  PUBLIC tandem_core CLI11::CLI11 PkgConfig::TOMLPP nlohmann_json::nlohmann_json
+  PUBLIC tandem_core tandem_schedule CLI11::CLI11 PkgConfig::TOMLPP nlohmann_json::nlohmann_json
   PRIVATE tandem_warnings
 )

@@ -32,7 +32,7 @@ static void for_each_expert_in_lanes(const Tensor& on, const std::vector<int32_t
 // Note [One elementwise op for all experts]: the experts' rows lie one expert after another, so
 // an elementwise op (SwiGLU and its backward) runs once over all rows rather than once per
 // expert: the same values, one kernel launch a node instead of one per expert (on the GPU each
-// launch costs the host ~15 us, and the host is what paces expert parallelism).
+// launch costs the host time, and the host is what paces expert parallelism).
 //
 // Note [Gate and up in one product]: gate_proj and up_proj read the same input, and Parameters
 // places each pair one after the other ([F, H] then [F, H]), so the [2F, H] view over both

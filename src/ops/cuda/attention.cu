@@ -284,8 +284,8 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   expect_cuda(op, "out", out, {DType::kBF16}, q.shape());
   if (fast_path(g, {&out, &q, &k, &v})) {
     // D 64: 128 query rows per block (two m16 tiles per warp share each K/V fragment) and
-    // 64-key tiles, two blocks per multiprocessor (246 registers; measured on the H200 against
-    // 32-key tiles and 64-row blocks: fastest); D 128: 64 rows and 64-key tiles.
+    // 64-key tiles, two blocks per multiprocessor (246 registers; faster than 32-key tiles and
+    // 64-row blocks, bench/attention_timing.cc); D 128: 64 rows and 64-key tiles.
     // (Note [Attention variants]: index 0 of the D 64 table.)
     if (g.head_dim == 64)
       kForwardVariants[forward_variant()].launch(out, lse, q, k, v, g);

@@ -304,9 +304,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 // double-buffered, as the forward): S = Q K^T, P = exp2(S scale log2 e - lse log2 e),
 // dP = dO V^T, dS = P (dP - delta), dQ += dS K (dS as bf16, as the fused kernel's). Each dq row
 // is one warp's, summed in key order: the same bits on every run. It recomputes S and forms dP a
-// second time (the fused kernel forms both per key tile already), so it costs more time (shape
-// (b) on an H200: 0.272 ms against 0.256 ms a layer's backward, about 1% of a step), and it
-// needs no f32 dq workspace. It is the default; TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another
+// second time (the fused kernel forms both per key tile already), so it costs a few percent more
+// time (bench/results/gpu_single.md), and it needs no f32 dq workspace. It is the default; TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another
 // variant) takes the one-pass form (Note [Attention variants]).
 // ---------------------------------------------------------------------------------------------
 
@@ -470,10 +469,10 @@ void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& 
 // Backward: keys per block = 16 x warps; query rows per step BR.
 // Index 0, the default, is the deterministic two-pass form
 // (Note [Deterministic attention backward]): dk/dv blocks of 64 keys walking 64-row query tiles, dq
-// blocks of 64 query rows walking 32-key tiles (156 registers, three blocks a multiprocessor: on
-// the H200 0.272 ms for shape (b)'s whole backward, 0.282 with 64-key tiles and 0.300 with 128-row
-// blocks, the last two kept as variants; all three give the same bits). The others sum dq by
-// atomics: 1 is the fastest on the H200 (0.256 ms).
+// blocks of 64 query rows walking 32-key tiles (156 registers, three blocks a multiprocessor; the
+// fastest of the three tilings timed, the other two kept as variants; all three give the same
+// bits). The others sum dq by atomics: 1 is the fastest of all (bench/attention_timing.cc times
+// them).
 constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
     {"deterministic", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 32, 3>},
     {"w4_q64_k64_m2", launch_backward_fused<64, 4, 64, 2>},

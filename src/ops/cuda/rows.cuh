@@ -6,7 +6,7 @@
 // orders round differently, so each op keeps its own. Private to src/ops/cuda.
 //
 // Everything here has internal linkage (an unnamed namespace, against the usual rule for
-// headers), as it had in each file before: each .cu that includes it gets its own copy, and a
+// headers): each .cu that includes it gets its own copy, and a
 // kernel must not be defined with external linkage in two translation units of a whole-program
 // (non-rdc) CUDA build, where each registers its own kernels. So each includer must use every
 // function here that is not a template or a member: nvcc flags an unreferenced one (#177-D), an
