@@ -340,6 +340,12 @@ std::string check_decimal(const std::string& s, Bound bound, bool is_unsigned) {
   if (!digits || leading_zero) return s + " is not a whole decimal number (e.g. 4)";
   if (digits_from == 1 && (is_unsigned || bound != Bound::kAny))
     return s + " is negative: it must be >= " + (bound == Bound::kPositive ? "1" : "0");
+  // Past the type's range CLI11 would clamp the value silently: refuse it instead.
+  const std::string most = is_unsigned ? "18446744073709551615" : "9223372036854775807";
+  const std::string magnitude = s.substr(digits_from);
+  if (magnitude.size() > most.size() || (magnitude.size() == most.size() && magnitude > most)) {
+    return s + " is too large: at most " + most;
+  }
   return "";
 }
 
@@ -562,7 +568,11 @@ void check_command_line_values(const std::vector<OptionSpec>& specs, const Origi
 // Checks across options: the configs' own validate() plus the run's parallel layout and task.
 void check_combinations(const RunOptions& o) {
   o.model.validate();
-  o.train.validate(1);  // TODO(lead): pass world_size / (pp * ep) once the launcher knows it
+  o.train.validate(1);  // the data-parallel size is checked against the layout at the start
+  // Note [Sizes that fit] (core/config.cc): a micro-batch's tokens index rows too.
+  TANDEM_CHECK(o.train.micro_batch_size <= ((int64_t{1} << 31) - 1) / o.model.seq_length,
+               "--micro-batch-size ", o.train.micro_batch_size, " x --seq-length ",
+               o.model.seq_length, " tokens a micro-batch is too many: at most 2^31 - 1");
   const ParallelConfig& p = o.parallel;
   TANDEM_CHECK(!(o.mock_data && !o.data_path.empty()), "--mock-data and --data-path ",
                o.data_path, " both name the training data: give one of them");

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 #include <numbers>
 
 #include "core/error.h"
@@ -206,7 +207,56 @@ RopeSpec ModelConfig::rope() const {
   return r;
 }
 
+namespace {
+
+// Note [Sizes that fit]: every size is an index somewhere (kernels index rows and columns with
+// 32-bit integers), and the tensors' element counts are their products; a size past 2^31 - 1,
+// or a model whose parameter count passes 2^47 (the flat buffers' offsets, with room), is
+// refused before anything is built, rather than overflowing in a product or asking the
+// allocator for more than any machine has.
+constexpr int64_t kMaxDimension = (int64_t{1} << 31) - 1;
+constexpr long double kMaxParameters = static_cast<long double>(int64_t{1} << 47);
+
+void check_dimension(const char* option, int64_t value) {
+  TANDEM_CHECK(value <= kMaxDimension, option, " ", value, " is too large: at most ", kMaxDimension,
+               " (sizes index tensors with 32-bit integers)");
+}
+
+// A value the f32 master weights and optimizer use: zero, or a normal f32 of either sign.
+void check_f32(const char* option, double value) {
+  const float f = static_cast<float>(value);
+  TANDEM_CHECK(std::isfinite(value) && std::isfinite(f) && (value == 0 || f != 0),
+               option, " ", value, " does not fit a 32-bit float (the optimizer computes in f32): "
+               "use a value between 1.2e-38 and 3.4e38 in magnitude");
+}
+
+}  // namespace
+
+// The parameters of the whole model, in long double (no overflow for any validated sizes).
+static long double parameter_count(const ModelConfig& m) {
+  using L = long double;
+  const L h = L(m.hidden_size), q = L(m.num_attention_heads) * L(m.head_dim()),
+          kv = L(m.num_query_groups) * L(m.head_dim());
+  L layer = 2 * h + 2 * h * q + 2 * h * kv;
+  const L dense = 3 * h * L(m.ffn_hidden_size);
+  const L moe = h * L(m.num_experts) + L(m.num_experts) * 3 * h * L(m.expert_ffn_size()) +
+                3 * h * L(m.moe_shared_expert_intermediate_size);
+  layer += m.is_moe() ? std::max(dense, moe) : dense;
+  return L(m.num_layers) * layer + 2 * L(m.vocab_size) * h + h;
+}
+
 void ModelConfig::validate() const {
+  for (const auto& [option, value] :
+       {std::pair{"--vocab-size", vocab_size}, {"--hidden-size", hidden_size},
+        {"--num-layers", num_layers}, {"--num-attention-heads", num_attention_heads},
+        {"--num-query-groups", num_query_groups}, {"--ffn-hidden-size", ffn_hidden_size},
+        {"--num-experts", num_experts}, {"--moe-router-topk", moe_router_topk},
+        {"--seq-length", seq_length}, {"--kv-channels", kv_channels},
+        {"--moe-ffn-hidden-size", moe_ffn_hidden_size},
+        {"--moe-shared-expert-intermediate-size", moe_shared_expert_intermediate_size},
+        {"--rope-original-max-position-embeddings", rope_original_max_position}}) {
+    check_dimension(option, value);
+  }
   TANDEM_CHECK(vocab_size >= 2, "--vocab-size ", vocab_size, " is invalid: need at least 2");
   TANDEM_CHECK(hidden_size >= 1, "--hidden-size ", hidden_size, " is invalid: need at least 1");
   TANDEM_CHECK(num_layers >= 1, "--num-layers ", num_layers, " is invalid: need at least 1");
@@ -252,6 +302,11 @@ void ModelConfig::validate() const {
   }
   TANDEM_CHECK(norm_epsilon > 0, "--norm-epsilon ", norm_epsilon, " is invalid: it must be > 0");
   TANDEM_CHECK(seq_length >= 2, "--seq-length ", seq_length, " is invalid: need at least 2");
+  const long double params = parameter_count(*this);
+  TANDEM_CHECK(params <= kMaxParameters, "the model has ",
+               static_cast<double>(params), " parameters (--num-layers ", num_layers,
+               ", --hidden-size ", hidden_size, ", --num-experts ", num_experts,
+               " ...): at most 2^47 (", static_cast<double>(kMaxParameters), ") are possible");
   family_of(*this);  // a model transformers has a class for
 }
 
@@ -295,6 +350,17 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
                micro_batch_size * data_parallel_size);
   TANDEM_CHECK(train_iters >= 1, "--train-iters ", train_iters, " is invalid: need at least 1");
   TANDEM_CHECK(lr > 0, "--lr ", lr, " is invalid: it must be > 0");
+  for (const auto& [option, value] :
+       {std::pair{"--lr", lr}, {"--min-lr", min_lr}, {"--weight-decay", weight_decay},
+        {"--adam-beta1", adam_beta1}, {"--adam-beta2", adam_beta2}, {"--adam-eps", adam_eps},
+        {"--clip-grad", clip_grad}}) {
+    check_f32(option, value);
+  }
+  for (const auto& [option, value] :
+       {std::pair{"--micro-batch-size", micro_batch_size},
+        {"--global-batch-size", global_batch_size}}) {
+    check_dimension(option, value);
+  }
   TANDEM_CHECK(min_lr >= 0 && min_lr <= lr, "--min-lr ", min_lr,
                " is invalid: it must be between 0 and --lr (", lr, ")");
   TANDEM_CHECK(lr_warmup_iters >= 0, "--lr-warmup-iters ", lr_warmup_iters,
