@@ -676,7 +676,64 @@ void check_output_parent(const std::string& flag, const std::string& path) {
                parent.string(), " does not exist");
 }
 
+// The path as the file system resolves it (parents' links followed, "." and ".." gone).
+std::filesystem::path resolved(const std::string& path) {
+  std::error_code ec;
+  const std::filesystem::path p = std::filesystem::weakly_canonical(path, ec);
+  return ec ? std::filesystem::absolute(path).lexically_normal() : p;
+}
+
+// p's path below dir, or empty when p is not inside dir.
+std::filesystem::path below(const std::filesystem::path& p, const std::filesystem::path& dir) {
+  const std::filesystem::path rel = p.lexically_relative(dir);
+  if (rel.empty() || *rel.begin() == ".." || rel == ".") return {};
+  return rel;
+}
+
+// Note [Outputs that are inputs]: a file the run writes must not be one it reads, nor one
+// another output writes, nor sit inside the checkpoint it loads or where --save puts its own
+// files (`latest`, the iter_NNNNNNN directories), checked before anything is written: a log
+// written onto the data file would truncate it, onto a shard of the loaded checkpoint corrupt it.
+void check_outputs_are_not_inputs(const RunOptions& o) {
+  std::vector<std::pair<std::string, std::filesystem::path>> reads;
+  if (!o.config_file.empty()) reads.push_back({"--config", resolved(o.config_file)});
+  if (!o.data_path.empty()) {
+    for (const char* suffix : {"", ".bin", ".idx"}) {
+      reads.push_back({"--data-path", resolved(o.data_path + suffix)});
+    }
+  }
+  const std::filesystem::path load = o.load_dir.empty() ? "" : resolved(o.load_dir);
+  const std::filesystem::path save = o.save_dir.empty() ? "" : resolved(o.save_dir);
+  std::vector<std::pair<std::string, std::filesystem::path>> writes;
+  for (const auto& [flag, path] :
+       {std::pair<const char*, const std::string&>{"--log-json", o.log_json},
+        {"--trace", o.trace_path}, {"--node-times-out", o.node_times_out},
+        {"--routing-out", o.routing_out}}) {
+    if (path.empty()) continue;
+    const std::filesystem::path out = resolved(path);
+    for (const auto& [input, in] : reads) {
+      TANDEM_CHECK(out != in, flag, " ", path, " is the file ", input, " reads (", in.string(),
+                   "): writing it would destroy the input; give another file");
+    }
+    TANDEM_CHECK(load.empty() || below(out, load).empty(), flag, " ", path,
+                 " lies inside the checkpoint --load reads (", load.string(),
+                 "); write it elsewhere");
+    const std::filesystem::path in_save = save.empty() ? "" : below(out, save);
+    const std::string first = in_save.empty() ? "" : in_save.begin()->string();
+    TANDEM_CHECK(first.empty() || (first != "latest" && first.rfind("iter_", 0) != 0 &&
+                                   first.rfind('.', 0) != 0),
+                 flag, " ", path, " is where --save ", o.save_dir,
+                 " writes its own files (latest, iter_NNNNNNN); give another name");
+    for (const auto& [other, prev] : writes) {
+      TANDEM_CHECK(out != prev, flag, " ", path, " and ", other,
+                   " name the same file; give each output its own");
+    }
+    writes.push_back({flag, out});
+  }
+}
+
 void check_paths(const RunOptions& o) {
+  check_outputs_are_not_inputs(o);
   check_data_path(o);
   if (!o.load_dir.empty()) check_readable("--load", o.load_dir);
   std::error_code ec;

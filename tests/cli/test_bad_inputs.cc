@@ -192,6 +192,25 @@ std::vector<BadInput> data_cases() {
   };
   return {
       {"missing data", small({"--data-path", "missing.bin"}), {"missing.bin", "cannot read"}},
+      // Note [Outputs that are inputs]
+      {"log onto the data file",
+       small({"--data-path", "t.txt", "--log-json", "./t.txt"}),
+       {"--log-json ./t.txt", "--data-path reads"},
+       file("t.txt", std::string(4000, 'a'))},
+      {"trace onto a Megatron pair's index",
+       small({"--data-path", "corpus", "--trace", "corpus.idx"}),
+       {"--trace corpus.idx", "--data-path reads"},
+       [](const fs::path& w) {
+         write_text(w / "corpus.bin", "x");
+         write_text(w / "corpus.idx", "x");
+       }},
+      {"two outputs onto one file",
+       small({"--log-json", "out.json", "--trace", "out.json"}),
+       {"--trace out.json and --log-json name the same file"}},
+      {"log where --save keeps its pointer",
+       small({"--save", "ck", "--log-json", "ck/latest"}),
+       {"--log-json ck/latest", "--save ck writes its own files"},
+       [](const fs::path& w) { fs::create_directories(w / "ck"); }},
       {"data is a directory",
        small({"--data-path", "d"}),
        {"--data-path d", "is a directory"},
