@@ -674,6 +674,25 @@ void check_output_parent(const std::string& flag, const std::string& path) {
   if (parent.empty()) parent = ".";
   TANDEM_CHECK(std::filesystem::is_directory(parent, ec), flag, " ", path, ": the directory ",
                parent.string(), " does not exist");
+  TANDEM_CHECK(::access(parent.c_str(), W_OK | X_OK) == 0, flag, " ", path, ": cannot write in ",
+               parent.string(), " (", os_reason(), ")");
+}
+
+// --save: the directory, or the nearest part of its path that exists (where it will be made),
+// must be writable now, not found out after the last step.
+void check_save_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  std::error_code ec;
+  TANDEM_CHECK(!std::filesystem::exists(dir, ec) || std::filesystem::is_directory(dir, ec),
+               "--save ", dir, ": exists and is not a directory; give a directory");
+  std::filesystem::path p = std::filesystem::absolute(dir).lexically_normal();
+  while (!std::filesystem::exists(p, ec) && p.has_parent_path() && p != p.parent_path()) {
+    p = p.parent_path();
+  }
+  TANDEM_CHECK(std::filesystem::is_directory(p, ec), "--save ", dir, ": ", p.string(),
+               " is not a directory");
+  TANDEM_CHECK(::access(p.c_str(), W_OK | X_OK) == 0, "--save ", dir, ": cannot write in ",
+               p.string(), " (", os_reason(), ")");
 }
 
 // The path as the file system resolves it (parents' links followed, "." and ".." gone).
@@ -736,10 +755,7 @@ void check_paths(const RunOptions& o) {
   check_outputs_are_not_inputs(o);
   check_data_path(o);
   if (!o.load_dir.empty()) check_readable("--load", o.load_dir);
-  std::error_code ec;
-  TANDEM_CHECK(o.save_dir.empty() || !std::filesystem::exists(o.save_dir, ec) ||
-                   std::filesystem::is_directory(o.save_dir, ec),
-               "--save ", o.save_dir, ": exists and is not a directory; give a directory");
+  check_save_dir(o.save_dir);
   check_output_parent("--log-json", o.log_json);
   check_output_parent("--trace", o.trace_path);
   check_output_parent("--node-times-out", o.node_times_out);
