@@ -7,6 +7,7 @@ namespace tandem::cli {
 
 void register_train_command(CLI::App& app);
 void register_generate_command(CLI::App& app);
+void register_eval_command(CLI::App& app);
 void register_convert_command(CLI::App& app);
 void register_plan_command(CLI::App& app);
 

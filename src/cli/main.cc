@@ -1,4 +1,4 @@
-// The tandem program: train, plan, generate, convert. Only this file turns errors into exit
+// The tandem program: train, eval, plan, generate, convert. Only this file turns errors into exit
 // codes: 0 success; 2 bad input, a tandem::Error or a command-line parse error
 // (Note [Exit codes] in cli/options.cc); 1 an internal error, a tandem::InternalError (printed
 // with the file and line that detected it) or any other exception.
@@ -40,6 +40,7 @@ int run(int argc, char** argv) {
   app.require_subcommand(1);
   tandem::cli::register_train_command(app);
   tandem::cli::register_generate_command(app);
+  tandem::cli::register_eval_command(app);
   tandem::cli::register_convert_command(app);
 #ifdef TANDEM_HAVE_PLAN
   tandem::cli::register_plan_command(app);

@@ -251,6 +251,27 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
   s.push_back({"addition-max-digits", &o.addition_max_digits,
                "operand digits of the built-in addition task (used without --data-path)",
                Bound::kPositive});
+  s.push_back({"split", &o.split,
+               "weights of --data-path's training, validation and test parts, as Megatron's "
+               "--split: 969,30,1 trains on the first 96.9% of the documents (a Megatron "
+               "index's; else of the tokens), validates on the next 3% (default: none, all "
+               "trains)",
+               Bound::kAny, {}, "T,V,S"});
+  s.push_back({"valid-data-path", &o.valid_data_path,
+               "validation data of its own, in --data-format (default: none; then --split's "
+               "part, or the built-in task's held-out problems)",
+               Bound::kAny, {}, "PATH"});
+  s.push_back({"eval-iters", &o.eval_iters,
+               "batches of --global-batch-size samples each validation runs forward, reporting "
+               "their mean LM loss and its exp (valid loss, valid ppl); 0: no validation",
+               Bound::kNonNegative, {}, "N"});
+  s.push_back({"eval-interval", &o.eval_interval,
+               "steps between validations (with --eval-iters > 0); the last step's too",
+               Bound::kPositive, {}, "N"});
+  s.push_back({"tensorboard-dir", &o.tensorboard_dir,
+               "write TensorBoard event files of every step's figures and validations into DIR "
+               "(made if missing; rank 0 writes) (default: none)",
+               Bound::kAny, {}, "DIR"});
   s.push_back({"comm-timeout", &o.comm_timeout_s,
                "seconds any rank waits for another before it stops with an error naming the "
                "operation and the peer",

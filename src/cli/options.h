@@ -20,6 +20,11 @@ struct RunOptions {
   std::string config_file;       // --config FILE.toml
   std::string data_path;         // --data-path; empty: the built-in addition task
   std::string data_format = "auto";  // auto | megatron | tokens | text
+  std::string split;             // --split "969,30,1"; empty: all of --data-path trains
+  std::string valid_data_path;   // --valid-data-path: validation data of its own
+  int64_t eval_interval = 1000;  // --eval-interval: steps between validations
+  int64_t eval_iters = 0;        // --eval-iters: batches per validation; 0: none
+  std::string tensorboard_dir;   // --tensorboard-dir: event files for TensorBoard (rank 0)
   bool mock_data = false;        // --mock-data: uniformly random tokens (benchmarks)
   std::string save_dir;          // --save
   int64_t save_interval = 0;     // --save-interval (0: only at the end when --save is set)

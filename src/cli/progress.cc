@@ -138,6 +138,10 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
     if (ranks > 1) line += " (max of " + std::to_string(ranks) + " ranks)";
   }
   line += exposed_alltoall(r);
+  if (r.valid_loss) {
+    line += " | valid loss " + format_fixed(*r.valid_loss, 4) + " | valid ppl " +
+            format_fixed(std::exp(*r.valid_loss), 3);
+  }
   if (r.status == UpdateStatus::kSkipped) line += " | skipped: loss or gradients not finite";
   return line;
 }
@@ -238,6 +242,10 @@ std::string to_json_line(const IterationRecord& r) {
     j["planned_activation_peak_bytes"] = per_rank(r.planned_activation_peak_bytes);
   }
   if (!r.note.empty()) j["note"] = r.note;
+  if (r.valid_loss) {
+    j["valid_loss"] = number(*r.valid_loss);
+    j["valid_ppl"] = number(std::exp(*r.valid_loss));
+  }
   if (r.expert_rows_step >= 0) {
     j["expert_rows_max_over_mean"] = {
         {"step", number(r.expert_rows_step)},
@@ -265,6 +273,31 @@ std::string to_json_line(const IterationRecord& r) {
   return j.dump();
 }
 
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationRecord& r) {
+  std::vector<std::pair<std::string, double>> out = {
+      {"train/loss", r.loss},          {"train/lm_loss", r.lm_loss},
+      {"train/aux_loss", r.aux_loss},  {"train/lr", r.lr},
+      {"train/grad_norm", r.grad_norm}, {"train/tokens_per_s", r.tokens_per_s}};
+  if (!r.mem_in_use_bytes.empty()) {
+    out.emplace_back("memory/in_use_bytes", static_cast<double>(max_of(r.mem_in_use_bytes)));
+  }
+  if (!r.mem_peak_bytes.empty()) {
+    out.emplace_back("memory/peak_bytes", static_cast<double>(max_of(r.mem_peak_bytes)));
+  }
+  const std::vector<double>& busy = r.comm_seconds_by_rank;
+  if (std::any_of(busy.begin(), busy.end(), [](double b) { return b > 0; })) {
+    out.emplace_back("alltoall/busy_s", *std::max_element(busy.begin(), busy.end()));
+    double exposed = 0;
+    for (size_t p = 0; p < busy.size(); ++p) exposed = std::max(exposed, exposed_at(r, p));
+    out.emplace_back("alltoall/exposed_s", exposed);
+  }
+  if (r.valid_loss) {
+    out.emplace_back("valid/loss", *r.valid_loss);
+    out.emplace_back("valid/ppl", std::exp(*r.valid_loss));
+  }
+  return out;
+}
+
 ProgressReporter::ProgressReporter(ReporterConfig config, std::ostream& log_out,
                                    std::ostream& bar_out)
     : config_(std::move(config)),
@@ -287,6 +320,9 @@ ProgressReporter::~ProgressReporter() {
 }
 
 void ProgressReporter::open() {
+  if (!config_.tensorboard_dir.empty() && !tensorboard_) {
+    tensorboard_ = std::make_unique<io::TensorBoardWriter>(config_.tensorboard_dir);
+  }
   if (config_.log_json_path.empty() || json_) return;
   json_.reset(std::fopen(config_.log_json_path.c_str(), "w"));
   TANDEM_CHECK(json_ != nullptr, "--log-json ", config_.log_json_path, ": cannot create it (",
@@ -308,13 +344,20 @@ void ProgressReporter::report(const IterationRecord& record) {
                  std::strerror(errno), ")");
   }
   steps_.push_back(record);
+  const bool last = record.iter >= config_.total_iters;
+  const bool log = last || record.valid_loss.has_value() ||
+                   (config_.log_interval > 0 && record.iter % config_.log_interval == 0);
+  if (tensorboard_) {
+    for (const auto& [tag, value] : tensorboard_scalars(record)) {
+      tensorboard_->add_scalar(tag, value, record.iter);
+    }
+    if (log) tensorboard_->flush();
+  }
   if (config_.verbosity == Verbosity::kQuiet) return;
   if (!record.note.empty()) {
     clear_bar();
     log_out_ << "iter " << record.iter << ": " << record.note << std::endl;
   }
-  const bool last = record.iter >= config_.total_iters;
-  const bool log = last || (config_.log_interval > 0 && record.iter % config_.log_interval == 0);
   if (log) {
     clear_bar();
     log_out_ << format_log_line(record, config_.total_iters) << std::endl;

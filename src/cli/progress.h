@@ -1,5 +1,6 @@
 // Progress output of a training run: a bar on stderr (only on a terminal), a log line every
-// --log-interval steps on stdout, and a JSON-lines file for --log-json that only open() creates.
+// --log-interval steps on stdout, a JSON-lines file for --log-json and TensorBoard event files
+// for --tensorboard-dir, both of which only open() creates.
 #pragma once
 
 #include <chrono>
@@ -9,7 +10,10 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
+
+#include "io/tensorboard.h"
 
 namespace tandem::cli {
 
@@ -54,6 +58,9 @@ struct IterationRecord {
   // (median and largest; schedule::expert_rows_spread).
   double expert_rows_step = -1, expert_rows_microbatch_median = -1,
          expert_rows_microbatch_max = -1;
+  // After a validation at this step (Note [Validation data] in cli/validation.h): the mean LM
+  // loss of its batches; its perplexity is exp of it. Empty: no validation at this step.
+  std::optional<double> valid_loss;
   // Something the step did besides training, printed on a line of its own and kept in the JSON
   // line as "note" (e.g. experts re-placed, Note [Rebalancing experts]); empty: nothing.
   std::string note;
@@ -66,6 +73,7 @@ struct ReporterConfig {
   int64_t total_iters = 1;         // --train-iters (the last iteration the run reaches)
   int64_t log_interval = 10;       // --log-interval
   std::string log_json_path = {};  // --log-json; empty: no JSON lines
+  std::string tensorboard_dir = {};  // --tensorboard-dir; empty: no event files
   Verbosity verbosity = Verbosity::kNormal;
   BarMode bar = BarMode::kAuto;
 };
@@ -80,12 +88,13 @@ class ProgressReporter {
   ProgressReporter(const ProgressReporter&) = delete;
   ProgressReporter& operator=(const ProgressReporter&) = delete;
 
-  // Creates (truncates) the --log-json file; a no-op without one. The trainer calls it once
-  // training starts, after every check, so bad input never creates the file. Throws
-  // tandem::Error naming the path and the OS reason.
+  // Creates (truncates) the --log-json file and creates the --tensorboard-dir event file; a
+  // no-op without them. The trainer calls it once training starts, after every check, so bad
+  // input never creates either. Throws tandem::Error naming the path and the OS reason.
   void open();
-  // One step: redraws the bar, prints a log line on the interval and at the last step, appends a
-  // JSON line and flushes it (so a crash keeps every finished step).
+  // One step: redraws the bar, prints a log line on the interval, at a validation and at the
+  // last step, appends a JSON line and flushes it (so a crash keeps every finished step), and
+  // adds the step's scalars to the event file (tensorboard_scalars), flushed with each log line.
   void report(const IterationRecord& record);
   // Ends the bar's line so that later output starts on a fresh line. Idempotent.
   void finish();
@@ -107,6 +116,7 @@ class ProgressReporter {
   bool bar_enabled_ = false;
   bool bar_visible_ = false;
   std::unique_ptr<FILE, int (*)(FILE*)> json_;
+  std::unique_ptr<io::TensorBoardWriter> tensorboard_;
   Clock::time_point first_time_{};
   int64_t first_iter_ = -1;  // iteration of the first report, the base of the ETA
   Clock::time_point last_draw_{};
@@ -135,7 +145,13 @@ std::string format_summary(const std::vector<IterationRecord>& steps);
 std::string format_bar(const IterationRecord& record, int64_t total_iters, double eta_seconds);
 // One JSON object (no newline) with the keys iter, skipped (true or false), loss, lm_loss,
 // aux_loss, lr, grad_norm, step_seconds, tokens_per_s, mem_in_use_bytes, mem_peak_bytes,
-// activation_peak_bytes. Non-finite numbers become null.
+// activation_peak_bytes, and valid_loss and valid_ppl after a validation. Non-finite numbers
+// become null.
 std::string to_json_line(const IterationRecord& record);
+// The step's scalars for TensorBoard, by tag: train/loss, train/lm_loss, train/aux_loss,
+// train/lr, train/grad_norm, train/tokens_per_s; memory/in_use_bytes and memory/peak_bytes (the
+// largest over ranks); with an all-to-all, alltoall/busy_s and alltoall/exposed_s (the largest
+// over ranks); after a validation, valid/loss and valid/ppl.
+std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationRecord& record);
 
 }  // namespace tandem::cli

@@ -1,9 +1,10 @@
 // `tandem train`: one loop for every layout, a process alone included, so every option means the
 // same with and without mpirun. It checks the options, makes this rank's groups over the world
 // (MPI's under mpirun, else a world of this process alone), generates and validates the
-// schedule, builds the data set and the trainer (runtime::PipelineTrainer, whose step() is the
-// one training step), restores --load, runs the steps with progress output, and writes
-// checkpoints (gathered to rank 0; docs/checkpoints.md) and the files asked for.
+// schedule, builds the data sets and the trainer (runtime::PipelineTrainer, whose step() is the
+// one training step), restores --load, runs the steps with progress output and validations
+// (cli/validation.h), and writes checkpoints (gathered to rank 0; docs/checkpoints.md) and the
+// files asked for.
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -19,78 +20,15 @@
 #include "cli/train_checkpoint.h"
 #include "cli/train_common.h"
 #include "cli/train_outputs.h"
-#include "comm/mpi_communicator.h"
-#include "comm/self_communicator.h"
+#include "cli/validation.h"
 #include "core/device.h"
-#if TANDEM_WITH_CUDA
-#include "core/cuda/context.h"
-#include "core/cuda/wait.h"
-#endif
-#include "ops/ops.h"
 #include "runtime/checkpoint.h"
 #include "runtime/pipeline_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/pipeline_model.h"
-#include "schedule/validator.h"
 
 namespace tandem::cli {
 namespace {
-
-// Opens the GPU for --device cuda (one GPU per process: under mpirun, the rank's local index).
-void open_device(const RunOptions& o) {
-  if (o.train.device == Device::kCPU) return;
-#if TANDEM_WITH_CUDA
-  const int gpus = cuda::device_count();
-  TANDEM_CHECK(gpus > 0, "--device cuda: no GPU is visible on this machine (valid here: "
-               "--device cpu)");
-  const int local = comm::launched_by_mpirun() ? comm::local_rank() : 0;
-  TANDEM_CHECK(local < gpus, "--device cuda: local rank ", local, " needs GPU ", local,
-               " but this machine has ", gpus, "; start at most ", gpus, " ranks per machine");
-  cuda::initialize(local);
-  // Note [Bounded waits on the GPU]: under mpirun a wait for the GPU may wait for a peer.
-  if (comm::launched_by_mpirun()) cuda::set_wait_limit(o.comm_timeout_s);
-  (void)ops::Lanes::count();  // a bad TANDEM_EXPERT_LANES stops the run here, not mid-step
-#else
-  TANDEM_CHECK(false, "--device ", o.device,
-               " is not available in this build: valid is cpu (built without CUDA)");
-#endif
-}
-
-std::string device_text(Device device) {
-  if (device == Device::kCPU) return "the CPU";
-#if TANDEM_WITH_CUDA
-  return cuda::device_description();
-#else
-  return "a GPU";
-#endif
-}
-
-void check_supported(const RunOptions& o) {
-  const ParallelConfig& p = o.parallel;
-  TANDEM_CHECK(comm::launched_by_mpirun() ||
-                   (p.pipeline_model_parallel_size == 1 && p.expert_model_parallel_size == 1),
-               "--pipeline-model-parallel-size ", p.pipeline_model_parallel_size,
-               " and --expert-model-parallel-size ", p.expert_model_parallel_size,
-               " need one process per rank: start tandem with mpirun -np N (N a multiple of ",
-               p.pipeline_model_parallel_size * p.expert_model_parallel_size, ")");
-  TANDEM_CHECK(o.node_times_out.empty() || o.train.device != Device::kCPU, "--node-times-out ",
-               o.node_times_out,
-               ": node times are measured with CUDA events, with or without mpirun; use "
-               "--device cuda");
-  TANDEM_CHECK(o.routing_out.empty() || o.model.is_moe(), "--routing-out ", o.routing_out,
-               ": routing needs experts (--num-experts > 0)");
-}
-
-// The world: MPI's under mpirun, else this process alone (no MPI needed).
-std::unique_ptr<comm::Communicator> make_world(const RunOptions& o) {
-  if (comm::launched_by_mpirun()) return comm::mpi_world(o.comm_timeout_s);
-  return comm::self_world();
-}
-
-runtime::CommOverlap comm_overlap(const RunOptions& o) {
-  if (o.comm_overlap == "off") return runtime::CommOverlap::kOff;
-  return o.comm_overlap == "split" ? runtime::CommOverlap::kSplit : runtime::CommOverlap::kOn;
-}
 
 // Reads the first step's micro-batches, so that a bad token id stops the run before any output
 // file is created (later batches are checked as they are read).
@@ -130,11 +68,18 @@ void print_run(const RunOptions& o, const runtime::Groups& groups, const data::D
             << std::endl;
 }
 
-// The steps from `start` to --train-iters: progress, checkpoints and, after the last, the files
-// asked for.
+// With --eval-iters: where and how often the run validates, on rank 0.
+void print_validation(const RunOptions& o, const data::Dataset& valid) {
+  std::cout << "tandem train: validation on " << valid.describe() << ": " << o.eval_iters
+            << " batches of " << o.train.global_batch_size << " samples every "
+            << o.eval_interval << " steps and after the last" << std::endl;
+}
+
+// The steps from `start` to --train-iters: progress, validations (with `valid`), checkpoints
+// and, after the last, the files asked for.
 void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, const TestFaults& faults,
                int64_t start, const std::optional<schedule::Plan>& plan,
-               ProgressReporter& reporter) {
+               ProgressReporter& reporter, const data::Dataset* valid) {
   const runtime::Groups& groups = trainer.groups();
   std::vector<int32_t> pipeline_rank;  // of each world rank
   for (int w = 0; w < groups.layout.world; ++w) pipeline_rank.push_back(groups.layout.pp_rank(w));
@@ -148,6 +93,10 @@ void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, const Tes
     if (last) write_last_step_files(o, trainer, alloc);
     IterationRecord rec = gather_record(o, r, trainer);
     if (plan) set_planned_peaks(rec, *plan, pipeline_rank);
+    // After the record's figures are gathered: the validation's forwards are no part of them.
+    if (valid && should_validate(o, r.iteration)) {
+      rec.valid_loss = validate(trainer, *valid, o).lm_loss;
+    }
     reporter.report(rec);
     if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
   }
@@ -157,50 +106,48 @@ void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, const Tes
 void run_train(const CLI::App& app, RunOptions& o) {
   finalize_run_options(app, o, checkpoint_option_values);
   check_supported(o);
+  check_validation_options(o, WholeDataPath::kRefused);
+  check_tensorboard_dir(o.tensorboard_dir);
   open_device(o);
   std::unique_ptr<comm::Communicator> world = make_world(o);
   check_same_config(*world, o);
-  const ParallelConfig& p = o.parallel;
-  runtime::Groups groups = runtime::Groups::make(
-      std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
-      static_cast<int>(p.expert_model_parallel_size), o.train.device,
-      /*second_expert_group=*/o.comm_overlap == "split", o.comm_timeout_s);
+  const RunLayout run = make_layout(std::move(world), o);
+  runtime::Groups& groups = *run.groups;
   const comm::ParallelLayout& L = groups.layout;
-  o.train.validate(L.dp());
-  const schedule::ScheduleShape shape{
-      static_cast<int32_t>(L.pp), static_cast<int32_t>(p.virtual_pipeline_model_parallel_size),
-      static_cast<int32_t>(o.train.num_microbatches(L.dp())), p.pair_first_forwards};
-  const schedule::Schedule sched =
-      schedule::generate_schedule(schedule::parse_schedule_kind(p.schedule), shape);
-  schedule::validate_schedule(sched);
   std::unique_ptr<data::Dataset> data = make_dataset(o);
-  runtime::PipelineTrainer trainer(o.model, o.train, sched, groups, *data, DType::kF32,
+  std::unique_ptr<data::Dataset> valid =
+      o.eval_iters > 0 ? make_validation_dataset(o, WholeDataPath::kRefused) : nullptr;
+  runtime::PipelineTrainer trainer(o.model, o.train, run.sched, groups, *data, DType::kF32,
                                    comm_overlap(o));
   const TestFaults faults;
   faults.install(trainer);
   const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);
+  if (valid) check_first_validation_batch(*valid, o);
   std::string unplanned;
-  const std::optional<schedule::Plan> plan = plan_of_run(o, p.schedule, shape, L.dp(), unplanned);
+  const std::optional<schedule::Plan> plan =
+      plan_of_run(o, o.parallel.schedule, run.shape, L.dp(), unplanned);
   const bool lead = groups.rank == 0;
   ReporterConfig rc = reporter_config(o);
-  if (!lead) {
+  if (!lead) {  // rank 0 reports for every rank
     rc.verbosity = Verbosity::kQuiet;
     rc.log_json_path.clear();
+    rc.tensorboard_dir.clear();
   }
   ProgressReporter reporter(rc);
   if (lead && !o.quiet) {
-    print_run(o, groups, *data, sched, trainer.grad_reduce_overlapped());
+    print_run(o, groups, *data, run.sched, trainer.grad_reduce_overlapped());
     std::cout << "tandem train: "
               << (plan ? planned_memory_line(*plan) : "memory not planned: " + unplanned)
               << std::endl;
+    if (valid) print_validation(o, *valid);
   }
   if (plan) {
     const std::string prefix =
         L.world > 1 ? "tandem train: rank " + std::to_string(groups.rank) + ": " : "tandem train: ";
     warn_if_planned_memory_exceeds_gpu(*plan, L.pp_rank(groups.rank), o.train.device, prefix);
   }
-  run_steps(o, trainer, faults, start, plan, reporter);
+  run_steps(o, trainer, faults, start, plan, reporter, valid.get());
   if (lead && !o.save_dir.empty() && !o.quiet) {
     std::cout << "saved checkpoints to " << o.save_dir << " (latest: "
               << runtime::iteration_dir_name(trainer.iteration()) << ")" << std::endl;

@@ -9,11 +9,93 @@
 #include <string>
 #include <thread>
 
+#include "cli/validation.h"
+#include "comm/mpi_communicator.h"
+#include "comm/self_communicator.h"
+#include "core/device.h"
+#if TANDEM_WITH_CUDA
+#include "core/cuda/context.h"
+#include "core/cuda/wait.h"
+#endif
 #include "data/addition.h"
 #include "data/file_dataset.h"
 #include "data/mock.h"
+#include "ops/ops.h"
+#include "schedule/generators.h"
+#include "schedule/validator.h"
 
 namespace tandem::cli {
+
+void check_supported(const RunOptions& o) {
+  const ParallelConfig& p = o.parallel;
+  TANDEM_CHECK(comm::launched_by_mpirun() ||
+                   (p.pipeline_model_parallel_size == 1 && p.expert_model_parallel_size == 1),
+               "--pipeline-model-parallel-size ", p.pipeline_model_parallel_size,
+               " and --expert-model-parallel-size ", p.expert_model_parallel_size,
+               " need one process per rank: start tandem with mpirun -np N (N a multiple of ",
+               p.pipeline_model_parallel_size * p.expert_model_parallel_size, ")");
+  TANDEM_CHECK(o.node_times_out.empty() || o.train.device != Device::kCPU, "--node-times-out ",
+               o.node_times_out,
+               ": node times are measured with CUDA events, with or without mpirun; use "
+               "--device cuda");
+  TANDEM_CHECK(o.routing_out.empty() || o.model.is_moe(), "--routing-out ", o.routing_out,
+               ": routing needs experts (--num-experts > 0)");
+}
+
+void open_device(const RunOptions& o) {
+  if (o.train.device == Device::kCPU) return;
+#if TANDEM_WITH_CUDA
+  const int gpus = cuda::device_count();
+  TANDEM_CHECK(gpus > 0, "--device cuda: no GPU is visible on this machine (valid here: "
+               "--device cpu)");
+  const int local = comm::launched_by_mpirun() ? comm::local_rank() : 0;
+  TANDEM_CHECK(local < gpus, "--device cuda: local rank ", local, " needs GPU ", local,
+               " but this machine has ", gpus, "; start at most ", gpus, " ranks per machine");
+  cuda::initialize(local);
+  // Note [Bounded waits on the GPU]: under mpirun a wait for the GPU may wait for a peer.
+  if (comm::launched_by_mpirun()) cuda::set_wait_limit(o.comm_timeout_s);
+  (void)ops::Lanes::count();  // a bad TANDEM_EXPERT_LANES stops the run here, not mid-step
+#else
+  TANDEM_CHECK(false, "--device ", o.device,
+               " is not available in this build: valid is cpu (built without CUDA)");
+#endif
+}
+
+std::string device_text(Device device) {
+  if (device == Device::kCPU) return "the CPU";
+#if TANDEM_WITH_CUDA
+  return cuda::device_description();
+#else
+  return "a GPU";
+#endif
+}
+
+std::unique_ptr<comm::Communicator> make_world(const RunOptions& o) {
+  if (comm::launched_by_mpirun()) return comm::mpi_world(o.comm_timeout_s);
+  return comm::self_world();
+}
+
+runtime::CommOverlap comm_overlap(const RunOptions& o) {
+  if (o.comm_overlap == "off") return runtime::CommOverlap::kOff;
+  return o.comm_overlap == "split" ? runtime::CommOverlap::kSplit : runtime::CommOverlap::kOn;
+}
+
+RunLayout make_layout(std::unique_ptr<comm::Communicator> world, RunOptions& o) {
+  const ParallelConfig& p = o.parallel;
+  RunLayout out;
+  out.groups = std::make_unique<runtime::Groups>(runtime::Groups::make(
+      std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
+      static_cast<int>(p.expert_model_parallel_size), o.train.device,
+      /*second_expert_group=*/o.comm_overlap == "split", o.comm_timeout_s));
+  const comm::ParallelLayout& L = out.groups->layout;
+  o.train.validate(L.dp());
+  out.shape = {static_cast<int32_t>(L.pp),
+               static_cast<int32_t>(p.virtual_pipeline_model_parallel_size),
+               static_cast<int32_t>(o.train.num_microbatches(L.dp())), p.pair_first_forwards};
+  out.sched = schedule::generate_schedule(schedule::parse_schedule_kind(p.schedule), out.shape);
+  schedule::validate_schedule(out.sched);
+  return out;
+}
 
 std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o) {
   if (o.mock_data) return std::make_unique<data::MockDataset>(o.train.seed, o.model.vocab_size);
@@ -24,8 +106,7 @@ std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o) {
     return std::make_unique<data::AdditionDataset>(o.train.seed,
                                                    static_cast<int>(o.addition_max_digits));
   }
-  return data::open_dataset(o.data_path, o.data_format, o.model.vocab_size, o.train.seed,
-                            o.model.seq_length + 1);
+  return open_data_path(o, data::SplitPart::kTrain);
 }
 
 ReporterConfig reporter_config(const RunOptions& o) {
@@ -33,6 +114,7 @@ ReporterConfig reporter_config(const RunOptions& o) {
   rc.total_iters = o.train.train_iters;
   rc.log_interval = o.train.log_interval;
   rc.log_json_path = o.log_json;
+  rc.tensorboard_dir = o.tensorboard_dir;
   rc.verbosity = o.quiet ? Verbosity::kQuiet : Verbosity::kNormal;
   return rc;
 }

@@ -1,19 +1,42 @@
-// Pieces of `tandem train` around its loop (train_command.cc): the data set, the progress
-// settings, the check that every rank was started alike, and the test-only fault injection.
+// Pieces of `tandem train` around its loop (train_command.cc), shared with `tandem eval`
+// (eval_command.cc): the device, the world and the layout, the data set, the progress settings,
+// the check that every rank was started alike, and the test-only fault injection.
 #pragma once
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "comm/communicator.h"
 #include "data/dataset.h"
 #include "runtime/pipeline_trainer.h"
+#include "schedule/action.h"
+#include "schedule/generators.h"
 
 namespace tandem::cli {
 
-// The built-in addition task without --data-path, else the file in its format.
+// Layouts of several ranks need mpirun; --node-times-out needs a GPU, --routing-out experts.
+void check_supported(const RunOptions& o);
+// Opens the GPU for --device cuda (one GPU per process: under mpirun, the rank's local index).
+void open_device(const RunOptions& o);
+// "the CPU", or the GPU's name and memory.
+std::string device_text(Device device);
+// The world: MPI's under mpirun, else this process alone (no MPI needed).
+std::unique_ptr<comm::Communicator> make_world(const RunOptions& o);
+runtime::CommOverlap comm_overlap(const RunOptions& o);
+
+// This rank's groups over `world` and the validated schedule of the options' layout.
+struct RunLayout {
+  std::unique_ptr<runtime::Groups> groups;  // the trainer keeps a pointer: it must not move
+  schedule::ScheduleShape shape;
+  schedule::Schedule sched;
+};
+RunLayout make_layout(std::unique_ptr<comm::Communicator> world, RunOptions& o);
+
+// The built-in addition task without --data-path, else the file in its format (its training
+// part under --split).
 std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o);
 // The progress reporter's settings from the options.
 ReporterConfig reporter_config(const RunOptions& o);

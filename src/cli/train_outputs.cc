@@ -1,8 +1,13 @@
 // What `tandem train` writes after a step besides checkpoints (train_outputs.h): the measured
-// trace, node times and routing of the last step, and each step's record gathered from every
-// rank.
+// trace, node times and routing of the last step, each step's record gathered from every rank,
+// and the check of --tensorboard-dir before any of it.
 #include "cli/train_outputs.h"
 
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -169,6 +174,25 @@ void gather_memory(IterationRecord& rec, const runtime::StepResult& r, comm::Com
 }
 
 }  // namespace
+
+void check_tensorboard_dir(const std::string& dir) {
+  if (dir.empty()) return;
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::exists(dir, ec)) {
+    TANDEM_CHECK(fs::is_directory(dir, ec), "--tensorboard-dir ", dir,
+                 ": exists and is not a directory; give a directory (made if missing)");
+    TANDEM_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--tensorboard-dir ", dir,
+                 ": cannot write into it (", std::strerror(errno), ")");
+    return;
+  }
+  fs::path up = fs::absolute(dir, ec).parent_path();
+  while (!fs::exists(up, ec) && up != up.parent_path()) up = up.parent_path();
+  TANDEM_CHECK(fs::is_directory(up, ec), "--tensorboard-dir ", dir, ": cannot be made: ",
+               up.string(), " is not a directory");
+  TANDEM_CHECK(::access(up.c_str(), W_OK | X_OK) == 0, "--tensorboard-dir ", dir,
+               ": cannot be made in ", up.string(), " (", std::strerror(errno), ")");
+}
 
 void write_last_step_files(const RunOptions& o, runtime::PipelineTrainer& trainer,
                            Allocator& alloc) {

@@ -2,12 +2,19 @@
 // each step's progress record. Every rank calls them (they gather over the world); rank 0 writes.
 #pragma once
 
+#include <string>
+
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "core/allocator.h"
 #include "runtime/pipeline_trainer.h"
 
 namespace tandem::cli {
+
+// --tensorboard-dir must be a directory, or one that can be made (its nearest existing
+// ancestor a directory this process may write into); creates nothing. Throws tandem::Error
+// naming the path and why. Nothing to check for an empty path.
+void check_tensorboard_dir(const std::string& dir);
 
 // After the last step: --trace (every rank's measured timeline and activation memory, the
 // allocator tracing since before the step), --node-times-out (GPU) and --routing-out (MoE).

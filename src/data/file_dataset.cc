@@ -117,6 +117,11 @@ void FileTokenDataset::sample(int64_t index, int32_t* out, int64_t length) const
   read_tokens(window_start(index, length), out, length);
 }
 
+int64_t FileTokenDataset::document_start(int64_t d) const {
+  TANDEM_ASSERT(false, kind_, " '", path(), "' records no documents (asked for document ", d, ")");
+  return 0;
+}
+
 void FileTokenDataset::read_tokens(int64_t start, int32_t* out, int64_t length) const {
   TANDEM_CHECK(start >= 0 && length >= 0 && length <= num_tokens_ - start, "tokens [", start, ", ",
                start + length, ") are outside ", kind_, " '", path(), "', which holds ",
@@ -187,8 +192,9 @@ DatasetFormat detect_format(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<Dataset> open_dataset(const std::string& path, DatasetFormat format,
-                                      int64_t vocab_size, uint64_t seed, int64_t seq_plus_one) {
+std::unique_ptr<FileTokenDataset> open_file_dataset(const std::string& path, DatasetFormat format,
+                                                    int64_t vocab_size, uint64_t seed,
+                                                    int64_t seq_plus_one) {
   TANDEM_CHECK(seq_plus_one >= 2, "sample length ", seq_plus_one,
                " is invalid: a sample needs at least 2 tokens (seq-length + 1)");
   if (format == DatasetFormat::kAuto) format = detect_format(path);
@@ -210,6 +216,11 @@ std::unique_ptr<Dataset> open_dataset(const std::string& path, DatasetFormat for
                "sample of seq-length + 1 = ", seq_plus_one,
                "; use a longer file or a shorter --seq-length");
   return ds;
+}
+
+std::unique_ptr<Dataset> open_dataset(const std::string& path, DatasetFormat format,
+                                      int64_t vocab_size, uint64_t seed, int64_t seq_plus_one) {
+  return open_file_dataset(path, format, vocab_size, seed, seq_plus_one);
 }
 
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::string& format,

@@ -46,6 +46,12 @@ class FileTokenDataset : public Dataset {
   int64_t window_start(int64_t index, int64_t length) const;
   // Tokens [start, start + length) of the stream, each checked against the vocabulary.
   void read_tokens(int64_t start, int32_t* out, int64_t length) const;
+  uint64_t seed() const { return seed_; }
+  // The documents the file records (a Megatron index does; the others record none: 0), and the
+  // first token of document d for d in [0, num_documents()], num_documents() giving the end.
+  // Used by Megatron's --split, which divides a file by documents (data/split.h).
+  virtual int64_t num_documents() const { return 0; }
+  virtual int64_t document_start(int64_t d) const;
 
  protected:
   FileTokenDataset(const std::string& data_path, std::string kind, int64_t vocab_size,
@@ -85,6 +91,15 @@ class TokenFileDataset : public FileTokenDataset {
 class MegatronDataset : public FileTokenDataset {
  public:
   MegatronDataset(const std::string& path, int64_t vocab_size, uint64_t seed);
+  // Megatron's document indices: document d is sequences [doc[d], doc[d + 1]), so the index
+  // records one more entry than documents. document_start reads the index again (a split asks
+  // for a few boundaries, once) and throws naming the index when an entry is out of order.
+  int64_t num_documents() const override { return num_documents_; }
+  int64_t document_start(int64_t d) const override;
+
+ private:
+  std::string idx_path_;
+  int64_t num_sequences_ = 0, num_documents_ = 0;
 };
 // True when `path` names a Megatron pair (prefix, .bin or .idx) whose .idx starts with MMIDIDX.
 bool is_megatron_dataset(const std::string& path);
@@ -96,6 +111,9 @@ DatasetFormat parse_dataset_format(const std::string& name);
 // Opens `path` in `format` (kAuto: Megatron when a .idx with the MMIDIDX header sits beside it,
 // an llm.c token file when the file starts with kLlmcMagic, raw bytes otherwise) and checks it
 // holds at least one sample of `seq_plus_one` tokens.
+std::unique_ptr<FileTokenDataset> open_file_dataset(const std::string& path, DatasetFormat format,
+                                                    int64_t vocab_size, uint64_t seed,
+                                                    int64_t seq_plus_one);
 std::unique_ptr<Dataset> open_dataset(const std::string& path, DatasetFormat format,
                                       int64_t vocab_size, uint64_t seed, int64_t seq_plus_one);
 std::unique_ptr<Dataset> open_dataset(const std::string& path, const std::string& format,

@@ -51,6 +51,7 @@ TokenType token_type_of_code(int code, const std::string& idx_path) {
 struct IndexLayout {
   TokenType type;
   int64_t num_tokens;
+  int64_t sequences, document_indices;
 };
 
 // Checks the index against itself and the .bin's size; returns the token stream's layout.
@@ -97,7 +98,7 @@ IndexLayout read_index(const std::string& idx_path, int64_t bin_size) {
   }
   TANDEM_CHECK(tokens * width == bin_size, "Megatron index '", idx_path, "' covers ",
                tokens * width, " bytes of tokens but the .bin is ", bin_size, " bytes");
-  return {type, tokens};
+  return {type, tokens, static_cast<int64_t>(seqs), static_cast<int64_t>(docs)};
 }
 
 }  // namespace
@@ -115,8 +116,30 @@ bool is_megatron_dataset(const std::string& path) {
 
 MegatronDataset::MegatronDataset(const std::string& path, int64_t vocab_size, uint64_t seed)
     : FileTokenDataset(megatron_prefix(path) + ".bin", "Megatron dataset", vocab_size, seed) {
-  const IndexLayout layout = read_index(megatron_prefix(path) + ".idx", file().size());
+  idx_path_ = megatron_prefix(path) + ".idx";
+  const IndexLayout layout = read_index(idx_path_, file().size());
   set_layout(0, layout.type, layout.num_tokens);
+  num_sequences_ = layout.sequences;
+  // An index without document indices counts as recording no documents.
+  num_documents_ = layout.document_indices > 0 ? layout.document_indices - 1 : 0;
+}
+
+int64_t MegatronDataset::document_start(int64_t d) const {
+  TANDEM_ASSERT(d >= 0 && d <= num_documents_, "document ", d, " of ", num_documents_);
+  const MappedFile idx(idx_path_);
+  const unsigned char* lengths = idx.data() + kIndexFixedBytes;
+  const unsigned char* documents = lengths + num_sequences_ * 12;
+  const uint64_t first = read_u64(documents + d * 8);
+  TANDEM_CHECK(first <= static_cast<uint64_t>(num_sequences_), "Megatron index '", idx_path_,
+               "': document ", d, " starts at sequence ", first, " but the index has ",
+               num_sequences_, " sequences");
+  int64_t tokens = 0;
+  for (uint64_t i = 0; i < first; ++i) {
+    int32_t length = 0;
+    std::memcpy(&length, lengths + i * 4, 4);  // read_index checked every length
+    tokens += length;
+  }
+  return tokens;
 }
 
 }  // namespace tandem::data

@@ -143,13 +143,19 @@ model::MicroBatchState& PipelineTrainer::prepare_backward(int32_t stage, int32_t
   return state;
 }
 
-void PipelineTrainer::finish_forward(const NodeWork& w) {
+void PipelineTrainer::keep_losses(const NodeWork& w) {
   const StageRuntime& s = *w.stage;
   const model::MicroBatchState& state = *w.state;
   if (s.params->spec().has_head) pending_lm_.push_back(state.pending_lm_loss);
   // Summed at the step's end, in this order (Note [Routing counts on the host]).
   pending_aux_.push_back(
       {w.action.microbatch, s.params->spec().layer_begin, state.aux_losses});
+}
+
+void PipelineTrainer::finish_forward(const NodeWork& w) {
+  const StageRuntime& s = *w.stage;
+  const model::MicroBatchState& state = *w.state;
+  keep_losses(w);
   rebalancer_->record(s, state);
   if (routing_.empty()) return;
   // The experts node keeps its input rows [R, H] until its backward: R is what it received
@@ -276,6 +282,17 @@ void PipelineTrainer::communicate(const Action& a) {
   streams_->wait_all(StreamId::kCompute, side);
 }
 
+// Note [Sends done early]: a delivered message's buffer goes now, not at the step's end, as the
+// planner frees it (its "in flight" ends at the receive).
+void PipelineTrainer::drop_delivered_sends() {
+  std::erase_if(pending_, [](const std::unique_ptr<comm::PendingSend>& p) { return p->done(); });
+}
+
+void PipelineTrainer::wait_for_sends() {
+  for (auto& p : pending_) p->wait();
+  pending_.clear();
+}
+
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   DeviceScope on(train_.device);
   pending_lm_.clear();
@@ -294,18 +311,25 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
     streams_->begin_action(a);
     run_action(a, iteration);
     streams_->end_action(a);
-    // Note [Sends done early]: a delivered message's buffer goes now, not at the step's end,
-    // as the planner frees it (its "in flight" ends at the receive).
-    std::erase_if(pending_, [](const std::unique_ptr<comm::PendingSend>& p) { return p->done(); });
+    drop_delivered_sends();
   }
-  for (auto& p : pending_) p->wait();
-  pending_.clear();
+  wait_for_sends();
   // Before the gradients are reduced and the optimizer reads them: a loss whose targets were
   // bad throws here.
+  Tensor aux;
+  const double lm = take_pending_losses(aux);
+  // Note [One executor on two kinds of streams]: the host's clocks are final now.
+  if (!streams_->issues_ahead()) meter_.record(streams_->times());
+  for (StageRuntime& s : stages_) s.mbs.clear();
+  reducer_->end_step(stages_);
+  return global_losses(lm, aux);
+}
+
+double PipelineTrainer::take_pending_losses(Tensor& aux) {
   double lm = 0;
   for (ops::PendingScalar& l : pending_lm_) lm += l.get();
-  Tensor aux = Tensor::zeros({num_mb_ * model_.num_layers}, DType::kF64, MemCategory::kOther,
-                             "aux_losses");
+  aux = Tensor::zeros({num_mb_ * model_.num_layers}, DType::kF64, MemCategory::kOther,
+                      "aux_losses");
   for (PendingAux& p : pending_aux_) {
     for (size_t l = 0; l < p.layers.size(); ++l) {
       aux.data<double>()[p.microbatch * model_.num_layers + p.first_layer +
@@ -314,11 +338,7 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   }
   pending_lm_.clear();
   pending_aux_.clear();
-  // Note [One executor on two kinds of streams]: the host's clocks are final now.
-  if (!streams_->issues_ahead()) meter_.record(streams_->times());
-  for (StageRuntime& s : stages_) s.mbs.clear();
-  reducer_->end_step(stages_);
-  return global_losses(lm, aux);
+  return lm;
 }
 
 // Note [The loss summed as one rank sums it]: the aux losses of a step are gathered by
@@ -396,6 +416,89 @@ StepResult PipelineTrainer::step() {
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);
   return r;
+}
+
+namespace {
+
+// Note [Forward-only evaluation]: the actions of a rank's list that a forward-only pass keeps.
+std::vector<Action> forward_only_actions(const std::vector<Action>& actions) {
+  std::vector<Action> out;
+  for (const Action& a : actions) {
+    if (schedule::is_pair(a.kind)) {
+      for (const Action& half : {a.first_half(), a.second_half()}) {
+        if (half.kind == ActionKind::kForward) out.push_back(half);
+      }
+    } else if (a.kind == ActionKind::kForward || a.kind == ActionKind::kSendF ||
+               a.kind == ActionKind::kRecvF) {
+      out.push_back(a);
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+EvalResult PipelineTrainer::evaluate(const data::Dataset& data, int64_t batches) {
+  TANDEM_CHECK(batches >= 1, "an evaluation needs at least one batch (asked for ", batches, ")");
+  check_data_fits(data, model_);
+  DeviceScope on(train_.device);
+  finish_updates();
+  const std::vector<Action> actions =
+      forward_only_actions(sched_.ranks[groups_->layout.pp_rank(groups_->rank)]);
+  // The micro-batches come from `data` during the pass (prepare_forward reads data_), and from
+  // the training data again after it, however it ends.
+  struct Restore {
+    const data::Dataset*& slot;
+    const data::Dataset* saved;
+    ~Restore() { slot = saved; }
+  } restore{data_, data_};
+  data_ = &data;
+  EvalResult out;
+  for (int64_t b = 0; b < batches; ++b) {
+    const StepResult r = evaluate_batch(actions, b);
+    out.lm_loss += r.lm_loss;
+    out.aux_loss += r.aux_loss;
+    out.tokens += r.tokens;
+  }
+  out.batches = batches;
+  out.lm_loss /= static_cast<double>(batches);
+  out.aux_loss /= static_cast<double>(batches);
+  return out;
+}
+
+StepResult PipelineTrainer::evaluate_batch(const std::vector<Action>& actions, int64_t batch) {
+  streams_->begin_step(std::chrono::steady_clock::now());
+  for (StageRuntime& s : stages_) {
+    s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
+  }
+  for (const Action& a : actions) {
+    streams_->begin_action(a);
+    if (schedule::is_communication(a.kind)) {
+      communicate(a);
+      // The output is on its way (Note [Pipeline messages]); nothing else of it is needed.
+      if (a.kind == ActionKind::kSendF) local(a.stage).mbs[a.microbatch] = {};
+    } else {
+      NodeWork w = prepare(a, batch);
+      w.context.grads = nullptr;  // Note [Loss gradient in the forward]: none formed
+      executor_->run(w);
+      keep_losses(w);
+      // A stage before this one on the same rank handed its output over in prepare().
+      if (!w.stage->params->spec().has_embed && is_local(a.stage - 1)) {
+        local(a.stage - 1).mbs[a.microbatch] = {};
+      }
+      if (w.stage->params->spec().has_head) *w.state = {};
+    }
+    streams_->end_action(a);
+    drop_delivered_sends();
+  }
+  wait_for_sends();
+  Tensor aux;
+  const double lm = take_pending_losses(aux);
+  for (StageRuntime& s : stages_) s.mbs.clear();
+  // The streams' next measurement (the next batch's or step's) starts from an idle device, as
+  // after a step.
+  synchronize_device(train_.device);
+  return global_losses(lm, aux);
 }
 
 // Note [Measured on the GPU] (device_streams.h): every event of the step has completed.

@@ -42,6 +42,15 @@ namespace tandem::runtime {
 model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_stages,
                             const comm::ParallelLayout& layout, int rank);
 
+// What PipelineTrainer::evaluate measured: the mean over its batches of each batch's losses,
+// which are the global batch's means over micro-batches as a step's are (StepResult).
+struct EvalResult {
+  double lm_loss = 0;   // mean cross-entropy
+  double aux_loss = 0;  // mean of the summed router aux losses
+  int64_t batches = 0;
+  int64_t tokens = 0;   // over every batch
+};
+
 class PipelineTrainer {
  public:
   // `sched` must be validated; its stages are laid on pipeline ranks by its stage_rank map.
@@ -60,6 +69,19 @@ class PipelineTrainer {
   // because the verdict is all-reduced (Note [Non-finite steps on several ranks] in
   // grad_reduce.cc).
   StepResult step();
+
+  // Note [Forward-only evaluation]: the losses of `batches` global batches of `data` (batch b
+  // holds the samples load_micro_batch gives step b) through the model as it stands after the
+  // last step (a deferred update is finished first), forward only: this rank runs the
+  // schedule's forwards (a pair's forward half alone) and the activations' sends and receives,
+  // in the schedule's order, and drops each micro-batch's state once its output has gone on.
+  // Nothing that training reads changes: no gradient (the fused loss node is given no gradient
+  // buffer), no optimizer state, routing table, rebalancing count or measured timeline, so a run
+  // that evaluates trains exactly as one that does not. Every rank must call it; every rank
+  // returns the same values, reduced over the world as a step's losses are. The forwards keep
+  // the schedule's order among themselves, and the actions dropped are backwards and gradient
+  // messages, which no forward waits for: so what the schedule completes, this completes.
+  EvalResult evaluate(const data::Dataset& data, int64_t batches);
 
   // This rank's stages, their weights up to date: a deferred update (TrainConfig::
   // defer_optimizer) is finished first. The const overload leaves it as it is: its weights may
@@ -131,14 +153,24 @@ class PipelineTrainer {
   NodeWork prepare(const schedule::Action& a, int64_t iteration);
   model::MicroBatchState& prepare_forward(int32_t stage, int32_t mb, int64_t iteration);
   model::MicroBatchState& prepare_backward(int32_t stage, int32_t mb);
+  // A finished forward's LM loss (last stage) and layers' aux losses, kept for the step's end.
+  void keep_losses(const NodeWork& w);
   void finish_forward(const NodeWork& w);
   void communicate(const schedule::Action& a);
   Tensor message_to_send(Tensor& src, bool activation);
+  // The sends delivered so far let go of their buffers; the rest are waited for at the end.
+  void drop_delivered_sends();
+  void wait_for_sends();
   // Note [The loss summed as one rank sums it]: lm, this rank's summed LM losses; aux, its
   // layers' aux losses by (micro-batch, layer), [num_mb * L], zero where it holds none.
   StepResult global_losses(double lm, const Tensor& aux);
   void apply_update(StepResult& r, bool finite);
   void measure_on_device(double step_seconds);
+  // Waits for the step's forwards' losses (pending_lm_, pending_aux_), then empties both.
+  // lm: this rank's summed LM losses; the aux tensor is global_losses' input.
+  double take_pending_losses(Tensor& aux);
+  // One global batch of evaluate(): `actions` are this rank's forward-only actions.
+  StepResult evaluate_batch(const std::vector<schedule::Action>& actions, int64_t batch);
   // routing_ of every rank of `group`, in group order (collective).
   std::vector<schedule::RoutingCounts> gather_routing(comm::Communicator& group);
 

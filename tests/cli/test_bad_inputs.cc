@@ -1,4 +1,5 @@
-// A table of bad inputs to `tandem train`: options, config files, data files and checkpoints.
+// A table of bad inputs to `tandem train` (and `tandem eval`): options, config files, data
+// files, validation and TensorBoard options, and checkpoints.
 // Oracle, for every case: exit code 2 (main's code for bad input), stderr holding the expected
 // words (the bad value, the file, what is wrong), and the working directory, which holds the
 // case's input files, exactly as before: no file created, changed or removed (names, sizes,
@@ -68,9 +69,10 @@ std::string replace_in(const fs::path& file, const std::string& from, const std:
 
 struct BadInput {
   std::string name;
-  std::vector<std::string> args;  // after `tandem train`
+  std::vector<std::string> args;  // after `tandem <command>`
   std::vector<std::string> expected;
   std::function<void(const fs::path& work)> setup = [](const fs::path&) {};
+  std::string command = "train";
 };
 
 class BadInputs : public ::testing::Test {
@@ -256,13 +258,58 @@ std::vector<BadInput> data_cases() {
   };
 }
 
+// Validation (cli/validation.h), `tandem eval` and --tensorboard-dir.
+std::vector<BadInput> validation_cases() {
+  const auto text = [](const fs::path& w) { write_text(w / "t.txt", std::string(4096, 'a')); };
+  const auto afile = [](const fs::path& w) { write_text(w / "afile", "x"); };
+  const auto none = [](const fs::path&) {};
+  return {
+      {"eval interval 0", small({"--eval-interval", "0", "--eval-iters", "5"}),
+       {"--eval-interval 0", ">= 1"}},
+      {"split that does not parse",
+       small({"--data-path", "t.txt", "--split", "90:10"}),
+       {"--split 90:10", "969,30,1"},
+       text},
+      {"split of nothing", small({"--split", "969,30,1"}), {"--split 969,30,1", "no --data-path"}},
+      {"split without a training part",
+       small({"--data-path", "t.txt", "--split", "0,1,0"}),
+       {"--split 0,1,0", "training part no weight"},
+       text},
+      {"validating on the training data",
+       small({"--data-path", "t.txt", "--eval-iters", "2", "--log-json", "log.jsonl"}),
+       {"--eval-iters 2", "--split", "--valid-data-path"},
+       text},
+      {"validation part too short",
+       small({"--data-path", "t.txt", "--split", "999,1,0", "--eval-iters", "1", "--log-json",
+              "log.jsonl", "--tensorboard-dir", "tb"}),
+       {"--split 999,1,0", "validation part", "fewer than one sample"},
+       text},
+      {"missing validation data",
+       small({"--valid-data-path", "missing.bin", "--eval-iters", "1"}),
+       {"--valid-data-path missing.bin", "cannot read"}},
+      {"two kinds of validation data",
+       small({"--data-path", "t.txt", "--split", "90,10,0", "--valid-data-path", "t.txt"}),
+       {"--valid-data-path t.txt and --split 90,10,0", "give one of them"},
+       text},
+      {"tensorboard dir under a file",
+       small({"--tensorboard-dir", "afile/tb", "--log-json", "log.jsonl"}),
+       {"--tensorboard-dir afile/tb", "afile is not a directory"},
+       afile},
+      {"tensorboard dir is a file",
+       small({"--tensorboard-dir", "afile"}),
+       {"--tensorboard-dir afile", "not a directory"},
+       afile},
+      {"eval without a model", small({}), {"tandem eval needs --load"}, none, "eval"},
+  };
+}
+
 void run_case(const BadInput& c, const fs::path& capture,
               const std::function<void(const fs::path&)>& prepare) {
   TempDir work("tandem_bad");
   prepare(work.path());
   c.setup(work.path());
   const auto before = snapshot(work.path());
-  std::vector<std::string> args = {"train"};
+  std::vector<std::string> args = {c.command};
   args.insert(args.end(), c.args.begin(), c.args.end());
   std::string line;
   for (const std::string& a : args) line += " " + a;
@@ -278,7 +325,7 @@ void run_case(const BadInput& c, const fs::path& capture,
 TEST_F(BadInputs, OptionsConfigFilesAndDataFiles) {
   TempDir capture;
   int count = 0;
-  for (const auto& cases : {option_cases(), config_cases(), data_cases()}) {
+  for (const auto& cases : {option_cases(), config_cases(), data_cases(), validation_cases()}) {
     for (const BadInput& c : cases) {
       run_case(c, capture.path(), [](const fs::path&) {});
       ++count;
@@ -388,6 +435,21 @@ std::vector<BadInput> checkpoint_table() {
        hf({}),
        {"hf", "neither model.safetensors"},
        [](const fs::path& w) { fs::remove(w / "hf/model.safetensors"); }},
+      {"eval of no batches",
+       {"--load", "ck", "--eval-iters", "0"},
+       {"--eval-iters 0", "evaluates nothing"},
+       [](const fs::path&) {},
+       "eval"},
+      {"eval of a damaged checkpoint",
+       {"--load", "ck", "--eval-iters", "1"},
+       {st + "model.safetensors", "CRC-32C"},
+       [=](const fs::path& w) { flip_byte(w / (st + "model.safetensors"), 20); },
+       "eval"},
+      {"eval with another model option",
+       {"--load", "ck", "--num-layers", "3"},
+       {"--num-layers 3", "differs from the checkpoint's num-layers 1"},
+       [](const fs::path&) {},
+       "eval"},
   };
 }
 

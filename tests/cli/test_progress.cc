@@ -1,10 +1,13 @@
 // Progress reporter. Oracle: the JSON lines parsed back with nlohmann::json must equal the
-// records written; formats are compared with hand-written strings.
+// records written; formats are compared with hand-written strings; event files are read back by
+// tests/common/tfevents_reader.h.
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "cli/progress.h"
+#include "common/tfevents_reader.h"
 #include "core/error.h"
 
 namespace tandem::cli {
@@ -254,6 +258,76 @@ TEST(Progress, MemoryWarningWhenThePlanDoesNotFit) {
   EXPECT_NE(w->find("the plan needs 82.0 GiB"), std::string::npos) << *w;
   EXPECT_NE(w->find("than the 79.0 GiB"), std::string::npos) << *w;
   EXPECT_NE(w->find("--recompute-experts"), std::string::npos) << *w;
+}
+
+}  // namespace
+}  // namespace tandem::cli
+
+namespace tandem::cli {
+namespace {
+
+// A validation's loss: in the log line (printed at that step even off the interval), in the JSON
+// line with its perplexity, exp of it; steps without one have neither.
+TEST(Progress, ValidationLossInTheLogLineAndTheJson) {
+  IterationRecord r = record(3, {1});
+  EXPECT_EQ(format_log_line(r, 10).find("valid"), std::string::npos);
+  EXPECT_FALSE(nlohmann::json::parse(to_json_line(r)).contains("valid_loss"));
+  r.valid_loss = 1.5;
+  EXPECT_NE(format_log_line(r, 10).find(" | valid loss 1.5000 | valid ppl 4.482"),
+            std::string::npos)
+      << format_log_line(r, 10);
+  const nlohmann::json j = nlohmann::json::parse(to_json_line(r));
+  EXPECT_EQ(j["valid_loss"].get<double>(), 1.5);
+  EXPECT_EQ(j["valid_ppl"].get<double>(), std::exp(1.5));
+  std::ostringstream log, bar;
+  ProgressReporter reporter({.total_iters = 10, .log_interval = 5, .bar = BarMode::kNever}, log,
+                            bar);
+  reporter.report(record(2, {1}));
+  reporter.report(r);
+  const std::string lines = log.str();
+  EXPECT_EQ(lines.rfind("iter  3/10 |", 0), 0u) << lines;
+  EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 1) << lines;
+}
+
+// The reporter's event file: made by open() only, every step's scalars at its step, flushed
+// with each log line so that TensorBoard reads a run as it goes. Oracle: the independent reader
+// of tests/common/tfevents_reader.h.
+TEST(Progress, TensorBoardScalarsEveryStep) {
+  TempDir dir;
+  const std::string tb = dir.path("tb");
+  std::ostringstream log, bar;
+  ProgressReporter reporter({.total_iters = 4,
+                             .log_interval = 2,
+                             .tensorboard_dir = tb,
+                             .verbosity = Verbosity::kQuiet,
+                             .bar = BarMode::kNever},
+                            log, bar);
+  EXPECT_FALSE(fs::exists(tb)) << "no directory before open()";
+  reporter.open();
+  ASSERT_TRUE(fs::is_directory(tb));
+  std::vector<fs::path> files;
+  for (const auto& f : fs::directory_iterator(tb)) files.push_back(f.path());
+  ASSERT_EQ(files.size(), 1u);
+  IterationRecord first = record(1, {1 << 20, 3 << 20});
+  first.comm_seconds_by_rank = {0.2, 0.1};
+  first.exposed_comm_seconds_by_rank = {0.01, 0.03};
+  reporter.report(first);
+  IterationRecord second = record(2, {1 << 20});
+  second.valid_loss = 2.0;
+  reporter.report(second);  // a log step: flushed
+  std::map<std::string, std::map<int64_t, float>> got;
+  for (const testing::TfEvent& e : testing::read_tf_events(files[0].string())) {
+    for (const testing::TfScalar& s : e.scalars) got[s.tag][e.step] = s.value.value();
+  }
+  EXPECT_EQ(got["train/loss"], (std::map<int64_t, float>{{1, static_cast<float>(first.loss)},
+                                                         {2, static_cast<float>(second.loss)}}));
+  EXPECT_EQ(got["train/lr"][2], 3e-3f);
+  EXPECT_EQ(got["memory/peak_bytes"][1], static_cast<float>(3 << 20));  // the largest rank's
+  EXPECT_EQ(got["alltoall/busy_s"], (std::map<int64_t, float>{{1, 0.2f}}));
+  EXPECT_EQ(got["alltoall/exposed_s"], (std::map<int64_t, float>{{1, 0.03f}}));
+  EXPECT_EQ(got["valid/loss"], (std::map<int64_t, float>{{2, 2.0f}}));
+  EXPECT_EQ(got["valid/ppl"], (std::map<int64_t, float>{{2, static_cast<float>(std::exp(2.0))}}));
+  EXPECT_EQ(tensorboard_scalars(first).size(), 10u);
 }
 
 }  // namespace

@@ -14,35 +14,13 @@
 
 #include "core/error.h"
 #include "data/file_dataset.h"
+#include "data_files.h"
 
 namespace tandem::data {
 namespace {
 
 namespace fs = std::filesystem;
 
-class FileDatasetTest : public ::testing::Test {
- protected:
-  void SetUp() override {
-    std::string pattern = (fs::temp_directory_path() / "tandem_data_XXXXXX").string();
-    ASSERT_NE(::mkdtemp(pattern.data()), nullptr);
-    dir_ = pattern;
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-  std::string path(const std::string& name) const { return dir_ + "/" + name; }
-
-  std::string dir_;
-};
-
-void put_le(std::vector<unsigned char>& out, uint64_t v, int bytes) {
-  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<unsigned char>(v >> (8 * i)));
-}
-
-void write_bytes(const std::string& path, const std::vector<unsigned char>& bytes) {
-  std::FILE* f = std::fopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(std::fwrite(bytes.data(), 1, bytes.size(), f), bytes.size());
-  std::fclose(f);
-}
 
 // An llm.c file written from the format: 256 int32 header (magic, version, count), then tokens.
 std::vector<unsigned char> llmc_bytes(int32_t magic, int32_t version, int32_t count,
@@ -56,19 +34,6 @@ std::vector<unsigned char> llmc_bytes(int32_t magic, int32_t version, int32_t co
   return out;
 }
 
-// Expects `fn` to throw tandem::Error whose message contains every one of `parts`.
-template <typename Fn>
-void expect_error(Fn fn, const std::vector<std::string>& parts) {
-  try {
-    fn();
-    ADD_FAILURE() << "no error; expected one mentioning '" << parts[0] << "'";
-  } catch (const Error& e) {
-    for (const std::string& part : parts) {
-      EXPECT_NE(std::string(e.what()).find(part), std::string::npos)
-          << "message '" << e.what() << "' lacks '" << part << "'";
-    }
-  }
-}
 
 std::vector<int32_t> read(const FileTokenDataset& ds, int64_t start, int64_t n) {
   std::vector<int32_t> out(static_cast<size_t>(n), -1);

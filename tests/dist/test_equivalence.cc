@@ -18,6 +18,7 @@
 
 #include "core/rng.h"
 #include "dist_env.h"
+#include "layouts.h"
 #include "model/tiny.h"
 #include "runtime/pipeline_trainer.h"
 #include "runtime/reference_trainer.h"
@@ -54,20 +55,7 @@ const char* model_name(Model m) {
   return "?";
 }
 
-ModelConfig tiny(bool moe) {
-  ModelConfig m;
-  m.vocab_size = 16;
-  m.hidden_size = 8;
-  m.num_layers = 8;
-  m.num_attention_heads = 2;
-  m.num_query_groups = 1;
-  m.ffn_hidden_size = 12;
-  m.num_experts = moe ? 4 : 0;
-  m.moe_router_topk = 2;
-  m.moe_aux_loss_coeff = 0.05;
-  m.seq_length = 6;
-  return m;
-}
+ModelConfig tiny(bool moe) { return testing::dist_tiny(moe); }
 
 double rel_diff(const Tensor& a, const Tensor& b) {
   double num = 0, den = 0;
@@ -86,12 +74,7 @@ bool bitwise_equal(const Tensor& a, const Tensor& b) {
   return true;
 }
 
-// The layout's groups over every rank of the test world (collective).
-Groups world_groups(int pp, int ep) {
-  std::vector<int> all;
-  for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
-  return Groups::make(g_world->subgroup(all, "world"), pp, ep);
-}
+using testing::world_groups;
 
 struct Case {
   Model model;
@@ -108,14 +91,9 @@ bool run_case(const Case& c, int dp) {
   t.micro_batch_size = 1;
   const int32_t mb_per_rank = 4 * c.pp;
   t.global_batch_size = mb_per_rank * dp;
-  const schedule::ScheduleShape shape{c.pp, c.v, mb_per_rank, c.pair_first_forwards};
-  try {
-    schedule::check_supported(c.kind, shape);
-  } catch (const Error&) {
-    return false;
-  }
-  const schedule::Schedule sched = schedule::generate_schedule(c.kind, shape);
-  schedule::validate_schedule(sched);
+  const std::optional<schedule::Schedule> sched =
+      testing::layout_schedule({c.pp, c.ep, c.v, c.kind, c.pair_first_forwards}, mb_per_rank);
+  if (!sched) return false;
   RandomTokens data(m.vocab_size);
 
   ReferenceTrainer reference(m, t, data, DType::kF64);
@@ -124,7 +102,7 @@ bool run_case(const Case& c, int dp) {
   for (const auto& e : reference.params().entries()) ref_grads[e.name] = reference.params().grad(e);
 
   Groups groups = world_groups(c.pp, c.ep);
-  PipelineTrainer trainer(m, t, sched, groups, data, DType::kF64);
+  PipelineTrainer trainer(m, t, *sched, groups, data, DType::kF64);
   const StepResult got = trainer.forward_backward(0);
 
   std::ostringstream what;
@@ -156,25 +134,11 @@ bool run_case(const Case& c, int dp) {
 }
 
 void run_matrix(Model model) {
-  const bool moe = model != Model::kDense;
   const int world = g_world->size();
-  int ran = 0;
-  for (int pp : {1, 2, 4}) {
-    if (world % pp != 0) continue;
-    const int dp = world / pp;
-    for (int ep : {1, 2, 4}) {
-      if ((!moe && ep > 1) || dp % ep != 0) continue;
-      // Data-parallel sizes past 2 only where every data-parallel rank is an expert rank: EP4
-      // and PP2 x EP4 (the scale run's layouts, on CPU ranks); the rest adds time, not cases.
-      if (dp > 2 && ep != dp) continue;
-      for (int v : {1, 2}) {
-        for (int k = 0; k < schedule::kNumScheduleKinds; ++k) {
-          ran += run_case({model, pp, ep, v, static_cast<schedule::ScheduleKind>(k)}, dp);
-        }
-        ran += run_case({model, pp, ep, v, schedule::ScheduleKind::kCombined1f1b, true}, dp);
-      }
-    }
-  }
+  const int ran =
+      testing::for_each_layout(model != Model::kDense, [&](const testing::Layout& l, int dp) {
+        return run_case({model, l.pp, l.ep, l.v, l.kind, l.pair_first_forwards}, dp);
+      });
   if (world == 1 || world == 2 || world == 4 || world == 8) {
     EXPECT_GT(ran, 0) << "no case ran on " << world << " ranks";
   }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <set>
 #include <string>
@@ -234,6 +235,46 @@ TEST(TandemMpi, InternalErrorOnOneRankEndsEveryRankWithExitOne) {
   EXPECT_LT(r.seconds, 50) << "rank 0 waited for its timeout instead of ending with rank 1";
   EXPECT_NE(r.output.find("tandem: internal error at src/cli/main.cc:"), std::string::npos)
       << r.output;
+}
+
+// Validation on 4 ranks (PP2 x EP2, combined 1F1B) against one rank, and `tandem eval` of the
+// saved step on 2 ranks (PP2) against the loss the one-rank run logged: the same batches
+// through the forward only (Note [Forward-only evaluation]), every rank's loss reduced as the
+// step's; so within the step's tolerance of one rank with experts on two ranks (1e-5: f32,
+// rows summed in another order), and bitwise with only the pipeline split.
+TEST(TandemMpi, ValidationOnFourRanksMatchesOneRank) {
+  const std::string dir = temp_dir("validation");
+  const std::string valid = " --train-iters 4 --eval-interval 2 --eval-iters 2 --log-json ";
+  const Result one = run(std::string(TANDEM_BIN) + " train" + kModel + valid + dir +
+                         "/one.jsonl --save " + dir + "/ck");
+  ASSERT_EQ(one.code, 0) << one.output;
+  const Result four =
+      run(kMpirun + " -np 4 " + TANDEM_BIN + " train" + kModel + valid + dir + "/four.jsonl" +
+          " --pipeline-model-parallel-size 2 --expert-model-parallel-size 2"
+          " --schedule combined-1f1b --tensorboard-dir " + dir + "/tb");
+  ASSERT_EQ(four.code, 0) << four.output;
+  std::vector<double> a, b;
+  for (const auto& j : tandem::test::json_lines(dir + "/one.jsonl")) {
+    if (j.contains("valid_loss")) a.push_back(j.at("valid_loss").get<double>());
+  }
+  for (const auto& j : tandem::test::json_lines(dir + "/four.jsonl")) {
+    if (j.contains("valid_loss")) b.push_back(j.at("valid_loss").get<double>());
+  }
+  ASSERT_EQ(a.size(), 2u);
+  ASSERT_EQ(b.size(), 2u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "validation " << i;
+  // Rank 0 alone writes the event file.
+  int files = 0;
+  for (const auto& f : std::filesystem::directory_iterator(dir + "/tb")) files += f.exists();
+  EXPECT_EQ(files, 1);
+  const Result eval = run(kMpirun + " -np 2 " + TANDEM_BIN + " eval --load " + dir +
+                          "/ck --eval-iters 2 --pipeline-model-parallel-size 2");
+  ASSERT_EQ(eval.code, 0) << eval.output;
+  const size_t at = eval.output.find("valid loss: ");
+  ASSERT_NE(at, std::string::npos) << eval.output;
+  EXPECT_EQ(eval.output.find("valid loss: ", at + 1), std::string::npos) << "rank 0 prints";
+  // Only the pipeline split: bitwise (Note [The loss summed as one rank sums it]).
+  EXPECT_EQ(std::stod(eval.output.substr(at + 12)), a.back()) << eval.output;
 }
 
 TEST(TandemMpi, RanksWithDifferentConfigurationsStopWithAClearError) {
