@@ -71,6 +71,16 @@ for s in $SUITE; do
       grep -E "^(layer|dense|MoE|Qwen|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
       grep -h -B2 -A12 "Failure$" /tmp/test_cuda_*.log | head -80 ;;
+    tb)
+      # Validation and TensorBoard on the GPU: event files read back with tensorboard's own
+      # reader (tests/python/check_tensorboard.py), and validation runs changing no training
+      # loss (the fused loss node must form no gradient in an evaluation).
+      T=/tmp/tb; rm -rf $T; mkdir -p $T
+      timeout 200 $B/tandem train --device cuda --train-iters 20 --log-interval 5 --eval-interval 10 --eval-iters 2 --tensorboard-dir $T/run --log-json $T/run.jsonl --quiet > $T/run.log 2>&1; echo "train rc=$?"; tail -2 $T/run.log
+      timeout 120 python3 tests/python/check_tensorboard.py $T/run --steps 20 --valid-steps 2 --log-json $T/run.jsonl 2>&1 | tail -5 | tee -a "$OUT/tb.txt"
+      timeout 200 $B/tandem train --device cuda --train-iters 6 --quiet --log-json $T/a.jsonl > /dev/null 2>&1
+      timeout 200 $B/tandem train --device cuda --train-iters 6 --quiet --eval-interval 2 --eval-iters 2 --log-json $T/b.jsonl > /dev/null 2>&1
+      python3 -c "import json;L=lambda f:[json.loads(l)['loss'] for l in open(f) if 'loss' in json.loads(l)];a,b=L('$T/a.jsonl'),L('$T/b.jsonl');print('validation changes no training loss:', a==b, len(a), a[-1:], b[-1:])" 2>&1 | tee -a "$OUT/tb.txt" ;;
     b1)
       # Shape (b) on one GPU, one process, micro-batch 2: the figure to hold the trainer to
       # (bench/results/gpu_single.md records it per micro-batch size).

@@ -13,7 +13,7 @@ for b in "${bins[@]}"; do
   [ -f "build/$b" ] || { echo "stage_device: build/$b is missing; build it first" >&2; exit 1; }
   strip -s -o "devrun/bin/$(basename "$b")" "build/$b"
 done
-libs=(libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libtomlplusplus.so.3)
+libs=(libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libtomlplusplus.so.3 libprotobuf.so.32)
 for l in "${libs[@]}"; do cp -L "/lib/x86_64-linux-gnu/$l" devrun/lib/; done
 tar -C devrun -cJf devrun/lib.tar.xz lib && rm -rf devrun/lib
 # The peer: PEER=path picks another copy of it (e.g. one with options the shape needs).
