@@ -3,6 +3,7 @@
 add_library(tandem_cli_options STATIC
   ${CMAKE_CURRENT_LIST_DIR}/options.cc
   ${CMAKE_CURRENT_LIST_DIR}/progress.cc
+  ${CMAKE_CURRENT_LIST_DIR}/path_checks.cc
   ${CMAKE_CURRENT_LIST_DIR}/sizes.cc
 )
 target_link_libraries(tandem_cli_options

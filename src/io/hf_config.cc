@@ -270,8 +270,8 @@ void read_qwen_moe_layers(const ConfigReader& r, ModelConfig& m) {
   m.moe_layer_freq = all ? "1" : pattern + "]";
 }
 
-// The experts' count: Qwen2-MoE and transformers 4.x's Qwen3-MoE write num_experts, 5.x's
-// Qwen3-MoE num_local_experts (the two are one attribute there).
+// The experts' count: Qwen2-MoE and transformers 4.x's Qwen3-MoE write num_experts, Mixtral and
+// 5.x's Qwen3-MoE num_local_experts (the two are one attribute of those classes).
 int64_t read_num_experts(const ConfigReader& r, int64_t fallback) {
   const bool both = r.has("num_experts") && r.has("num_local_experts");
   if (both && r.integer("num_experts") != r.integer("num_local_experts")) {
@@ -301,7 +301,7 @@ void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
       r.expect_false("mlp_bias", "no biases in the MLP");
       return;
     case ModelFamily::kMixtral:
-      m.num_experts = r.integer("num_local_experts", 8);
+      m.num_experts = read_num_experts(r, 8);
       if (m.num_experts < 1) r.fail("num_local_experts", "is below 1; a Mixtral model has experts");
       m.moe_router_topk = r.integer("num_experts_per_tok", 2);
       m.moe_aux_loss_coeff = r.number("router_aux_loss_coef", 0.001);
