@@ -175,9 +175,11 @@ void run_generate(const GenerateOptions& o) {
                 << (ok ? "" : p.answer) << "\n";
     }
   }
-  std::cout << "accuracy: " << correct << "/" << o.num_problems << " = "
-            << (100.0 * static_cast<double>(correct) / static_cast<double>(o.num_problems))
-            << "%\n";
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%.1f%%",
+                100.0 * static_cast<double>(correct) / static_cast<double>(o.num_problems));
+  std::cout << "accuracy " << correct << "/" << o.num_problems << " (" << percent
+            << ") on held-out problems (the task's validation set: pairs never trained on)\n";
 }
 
 }  // namespace
