@@ -51,12 +51,12 @@ fuzz: deps
 	ctest --test-dir build-fuzz --output-on-failure
 
 # The demo builds only the program (not the tests) so that it finishes in a few minutes. Its model
-# is a smaller MoE than MODEL.md's defaults (DEMO_MODEL: 2 layers, hidden 128, 4 experts top-2),
-# trained on one problem per sample (DEMO_SEQ: "38+42=080\n" is 10 bytes), 100 samples per step:
-# on 2 cores it learns 2-digit addition in about two minutes (README, "The demo").
-# Its products are small (100 x 128 by 128 x 256 and the like): OpenBLAS's second thread saves no
-# time on them and costs a lot while the other core is busy, so the demo runs one BLAS thread
-# unless OPENBLAS_NUM_THREADS says otherwise.
+# is a smaller MoE than docs/model.md's defaults (DEMO_MODEL: 2 layers, hidden 128, 4 experts
+# top-2), trained on one problem per sample (DEMO_SEQ: "38+42=080\n" is 10 bytes), 100 samples per
+# step: on 2 cores it learns 2-digit addition in about two minutes (README, "The demo").
+# Its products are small (1000 x 128 by 128 x 256 and the like): OpenBLAS's second thread saved no
+# time on them (1 min 47 s either way, idle) and costs a lot while the other core is busy, so the
+# demo runs one BLAS thread unless OPENBLAS_NUM_THREADS says otherwise.
 # DEMO_DEVICE=auto trains on the GPU (--device cuda) when nvidia-smi sees one and build/tandem
 # has the CUDA backend (CMake found nvcc), else on the CPU; cpu or cuda chooses.
 DEMO_DIGITS ?= 2
