@@ -50,19 +50,44 @@ fuzz: deps
 	cmake --build build-fuzz -j $(JOBS)
 	ctest --test-dir build-fuzz --output-on-failure
 
-# The demo builds only the program (not the tests) so that it finishes in a few minutes.
+# The demo builds only the program (not the tests) so that it finishes in a few minutes. Its model
+# is a smaller MoE than docs/model.md's defaults (DEMO_MODEL: 2 layers, hidden 128, 4 experts
+# top-2), trained on one problem per sample (DEMO_SEQ: "38+42=080\n" is 10 bytes), 100 samples per
+# step: on 2 cores it learns 2-digit addition in about two minutes (README, "The demo").
+# Its products are small (1000 x 128 by 128 x 256 and the like): OpenBLAS's second thread saved no
+# time on them (1 min 47 s either way, idle) and costs a lot while the other core is busy, so the
+# demo runs one BLAS thread unless OPENBLAS_NUM_THREADS says otherwise.
+# DEMO_DEVICE=auto trains on the GPU (--device cuda) when nvidia-smi sees one and build/tandem
+# has the CUDA backend (CMake found nvcc), else on the CPU; cpu or cuda chooses.
 DEMO_DIGITS ?= 2
-DEMO_ARGS ?= --micro-batch-size 8 --global-batch-size 8 --train-iters 200
+DEMO_ITERS ?= 1500
+DEMO_DEVICE ?= auto
+DEMO_SEQ ?= $(shell echo $$((3 * $(DEMO_DIGITS) + 4)))
+DEMO_MODEL ?= --num-layers 2 --hidden-size 128 --num-attention-heads 4 --num-query-groups 4 \
+  --ffn-hidden-size 256 --num-experts 4 --moe-router-topk 2
+DEMO_ARGS ?= --seq-length $(DEMO_SEQ) --micro-batch-size 100 --global-batch-size 100 \
+  --train-iters $(DEMO_ITERS) --lr 3e-3 --min-lr 3e-4 --log-interval 100
 
 demo: deps
 	cmake --preset release >/dev/null
 	cmake --build build -j $(JOBS) --target tandem
-	@echo "== training the demo model (MODEL.md's defaults) on the built-in addition task =="
 	mkdir -p $(DEMO_DIR)
 	rm -rf $(DEMO_DIR)/model
-	build/tandem train --addition-max-digits $(DEMO_DIGITS) $(DEMO_ARGS) --save $(DEMO_DIR)/model --log-json $(DEMO_DIR)/log.jsonl
-	@echo "== sampling held-out problems from the trained model =="
-	build/tandem generate --load $(DEMO_DIR)/model --max-digits $(DEMO_DIGITS)
+	@device=$(DEMO_DEVICE); \
+	if [ "$$device" = auto ]; then \
+	  device=cpu; \
+	  if nvidia-smi -L >/dev/null 2>&1 && \
+	     grep -q '^CMAKE_CUDA_COMPILER:.*nvcc' build/CMakeCache.txt; then device=cuda; fi; \
+	fi; \
+	echo "== training the demo model on the built-in addition task ($(DEMO_DIGITS) digits," \
+	  "--device $$device) =="; \
+	set -x; \
+	OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} build/tandem train --device $$device \
+	  --addition-max-digits $(DEMO_DIGITS) $(DEMO_MODEL) $(DEMO_ARGS) \
+	  --save $(DEMO_DIR)/model --log-json $(DEMO_DIR)/log.jsonl
+	@echo "== asking the trained model held-out problems (pairs it never saw) =="
+	OPENBLAS_NUM_THREADS=$${OPENBLAS_NUM_THREADS:-1} build/tandem generate --load $(DEMO_DIR)/model \
+	  --max-digits $(DEMO_DIGITS)
 
 clean:
 	rm -rf build build-dev build-asan build-fuzz $(DEMO_DIR)

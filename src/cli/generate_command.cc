@@ -73,6 +73,14 @@ std::string complete(const model::ModelChunk& chunk, const std::string& prompt, 
   return out;
 }
 
+// The sum of an addition problem as usually written: the answer read back, no leading zeros
+// ("080" -> "80").
+std::string plain_sum(const std::string& reversed) {
+  std::string s(reversed.rbegin(), reversed.rend());
+  const size_t first = s.find_first_not_of('0');
+  return first == std::string::npos ? "0" : s.substr(first);
+}
+
 std::string printable(const std::string& s) {
   std::string r;
   for (char ch : s) r += ch == '\n' ? std::string("\\n") : std::string(1, ch);
@@ -172,12 +180,14 @@ void run_generate(const GenerateOptions& o) {
     correct += ok;
     if (i < o.show) {
       std::cout << "  " << p.prompt << printable(got) << (ok ? "   correct" : "   wrong, expected ")
-                << (ok ? "" : p.answer) << "\n";
+                << (ok ? "" : p.answer) << "   (" << p.prompt << plain_sum(p.answer) << ")\n";
     }
   }
-  std::cout << "accuracy: " << correct << "/" << o.num_problems << " = "
-            << (100.0 * static_cast<double>(correct) / static_cast<double>(o.num_problems))
-            << "%\n";
+  char percent[32];
+  std::snprintf(percent, sizeof percent, "%.1f%%",
+                100.0 * static_cast<double>(correct) / static_cast<double>(o.num_problems));
+  std::cout << "accuracy " << correct << "/" << o.num_problems << " (" << percent
+            << ") on held-out problems (the task's validation set: pairs never trained on)\n";
 }
 
 }  // namespace

@@ -22,7 +22,14 @@ uint64_t pow10(int d) {
   return p;
 }
 
-uint64_t draw_operand(CounterRng& rng, int max_digits) { return rng.below(pow10(max_digits)); }
+// A training operand: uniform below 10^k, k uniform in [0, max_digits] (k = 0: the operand is 0)
+// (Note [Short operands]). An evaluation operand: uniform below 10^max_digits.
+uint64_t draw_operand(CounterRng& rng, int max_digits, AdditionSplit split) {
+  const int k = split == AdditionSplit::kTrain
+                    ? static_cast<int>(rng.below(static_cast<uint64_t>(max_digits) + 1))
+                    : max_digits;
+  return rng.below(pow10(k));
+}
 
 // v in decimal, zero-padded on the left to `width` digits.
 std::string padded(uint64_t v, int width) {
@@ -35,11 +42,12 @@ struct Operands {
   uint64_t b;
 };
 
-// Draws pairs until one falls in `split` (about 9 in 10 do for training, 1 in 10 for eval).
+// Draws pairs until one falls in `split` (about 9 in 10 uniform pairs do for training, 1 in 10
+// for eval).
 Operands draw_operands(CounterRng& rng, int max_digits, AdditionSplit split) {
   while (true) {
-    const uint64_t a = draw_operand(rng, max_digits);
-    const uint64_t b = draw_operand(rng, max_digits);
+    const uint64_t a = draw_operand(rng, max_digits, split);
+    const uint64_t b = draw_operand(rng, max_digits, split);
     if (addition_split(a, b) == split) return {a, b};
   }
 }
@@ -94,7 +102,7 @@ void AdditionDataset::sample(int64_t index, int32_t* out, int64_t length) const 
 
 std::string AdditionDataset::describe() const {
   return "synthetic addition (max_digits " + std::to_string(max_digits_) + ", seed " +
-         std::to_string(seed_) + ", zero-padded operands, reversed sums, byte tokens)";
+         std::to_string(seed_) + ", zero-padded operands, often short in training, reversed sums, byte tokens)";
 }
 
 AdditionProblem make_eval_problem(uint64_t seed, int64_t index, int max_digits) {

@@ -2,11 +2,26 @@
 // (vocab 256). A problem reads "a+b=c\n": the operands zero-padded to max_digits and c, the sum,
 // zero-padded to max_digits + 1 and written least significant digit first ("123+045=8610\n").
 // A causal model then produces each answer digit right after the digits and the carry it depends
-// on, at fixed distances from them, which makes the task learnable by a small model in a few
-// hundred steps (written most significant first, the first digit needs the carry of the whole
+// on, at fixed distances from them, which makes the task learnable by a small model in a thousand
+// or so steps (written most significant first, the first digit needs the carry of the whole
 // sum; unpadded, the model must also find where each operand's digits are).
+// Training operands are often short or zero (Note [Short operands]); evaluation problems are
+// uniform over all pairs.
 // Invariants: every sample is a pure function of (seed, index); the evaluation problems are a
 // held-out set of (a, b) pairs that never appears in training samples (see addition_split).
+//
+// Note [Short operands]
+// A training operand is uniform below 10^k, k uniform in [0, max_digits] (k = 0: the operand is 0),
+// zero-padded as always: with 2 digits about a third of the operands are 0 and a third 1 to 9.
+// Drawn uniformly below 10^max_digits instead, each sum digit but the last carry is independent of
+// every single operand digit (the units digit of 38+42 tells nothing of 8 or of 2 alone), so
+// nothing rewards a small model for looking at one digit before it can combine two, and it sits on
+// the loss of guessing those digits for a long time: the demo model (2 layers, hidden 128, 4
+// experts top-2; 100 problems a step) answered 12% of held-out 2-digit problems after 1000 steps
+// and 10% after 1500. With short and zero operands a sum digit is often an operand digit (00+42,
+// 07+35), which shows the model where to look before it learns to add: after 1500 steps it answered
+// 96.5% to 100% (13 seeds, 12 of them 99% or more; with k from 1, no zero operands, one seed in 12
+// stalled at 70%). The held-out problems stay uniform over all pairs.
 #pragma once
 
 #include <cstdint>
@@ -34,7 +49,8 @@ int64_t addition_max_problem_length(int max_digits);
 
 class AdditionDataset : public Dataset {
  public:
-  // max_digits in [1, kAdditionMaxDigitsLimit]. Each operand is uniform in [0, 10^max_digits).
+  // max_digits in [1, kAdditionMaxDigitsLimit]. Each operand is uniform below 10^k, k uniform in
+  // [0, max_digits] (Note [Short operands]).
   explicit AdditionDataset(uint64_t seed, int max_digits = kAdditionDefaultMaxDigits);
 
   // `length` bytes of consecutive training-split problems, starting at a problem boundary; the
@@ -57,8 +73,8 @@ struct AdditionProblem {
   std::string answer;
 };
 
-// Problem `index` of the evaluation stream of `seed`: drawn from its own key and only from the
-// evaluation split, so no evaluation pair is ever a training pair.
+// Problem `index` of the evaluation stream of `seed`: drawn from its own key, uniformly over the
+// pairs of the evaluation split, so no evaluation pair is ever a training pair.
 AdditionProblem make_eval_problem(uint64_t seed, int64_t index,
                                   int max_digits = kAdditionDefaultMaxDigits);
 

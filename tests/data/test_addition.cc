@@ -102,20 +102,43 @@ TEST(Addition, EveryCompleteProblemIsCorrectArithmeticWithReversedSum) {
   }
 }
 
-TEST(Addition, OperandDigitsAreRoughlyUniform) {
+// Note [Short operands]: a training operand is uniform below 10^k, k uniform in 0..max_digits
+// (k = 0: zero); evaluation operands are uniform below 10^max_digits, mostly full length.
+TEST(Addition, TrainingOperandsAreOftenShortEvalOperandsAreUniform) {
   const AdditionDataset ds(5, 3);
-  std::vector<int> counts(10, 0);
-  int total = 0;
+  std::vector<int> lengths(4, 0), units(10, 0);
+  int total = 0, zeros = 0, nonzero = 0;
   for (int64_t index = 0; index < 200; ++index) {
     for (const std::string& line : complete_lines(sample_text(ds, index, 129))) {
       const Parsed p = parse_line(line);
-      for (char ch : p.a_text + p.b_text) ++counts[ch - '0'], ++total;
+      for (uint64_t v : {p.a, p.b}) {
+        ++lengths[std::to_string(v).size()], ++total;
+        if (v == 0) {
+          ++zeros;
+        } else {
+          ++units[v % 10], ++nonzero;
+        }
+      }
     }
   }
-  for (int d = 0; d < 10; ++d) {
-    EXPECT_GT(counts[d], total / 20) << "digit " << d;
-    EXPECT_LT(counts[d], total / 6) << "digit " << d;
+  // P(0) = 1/4 + 1/40 + 1/400 + 1/4000 = 0.28; lengths 2 and 3: 0.25 and 0.225.
+  EXPECT_GT(zeros, total / 5);
+  EXPECT_LT(zeros, total * 9 / 25);
+  for (int len : {2, 3}) {
+    EXPECT_GT(lengths[len], total * 4 / 25) << "length " << len;
+    EXPECT_LT(lengths[len], total * 8 / 25) << "length " << len;
   }
+  for (int d = 1; d < 10; ++d) {
+    EXPECT_GT(units[d], nonzero / 20) << "units digit " << d;
+    EXPECT_LT(units[d], nonzero / 6) << "units digit " << d;
+  }
+  int full_length = 0;
+  for (int64_t index = 0; index < 200; ++index) {
+    const Parsed p = parse_line(make_eval_problem(9, index, 3).prompt + "0000");
+    full_length += (p.a >= 100) + (p.b >= 100);
+  }
+  EXPECT_GT(full_length, 400 * 8 / 10)
+      << "eval operands are uniform below 1000 (0.9 of them >= 100)";
 }
 
 TEST(Addition, EvalProblemsAreHeldOutAndReproducible) {
