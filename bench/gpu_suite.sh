@@ -81,6 +81,16 @@ for s in $SUITE; do
       timeout 200 $B/tandem train --device cuda --train-iters 6 --quiet --log-json $T/a.jsonl > /dev/null 2>&1
       timeout 200 $B/tandem train --device cuda --train-iters 6 --quiet --eval-interval 2 --eval-iters 2 --log-json $T/b.jsonl > /dev/null 2>&1
       python3 -c "import json;L=lambda f:[json.loads(l)['loss'] for l in open(f) if 'loss' in json.loads(l)];a,b=L('$T/a.jsonl'),L('$T/b.jsonl');print('validation changes no training loss:', a==b, len(a), a[-1:], b[-1:])" 2>&1 | tee -a "$OUT/tb.txt" ;;
+    demo)
+      # make demo's training on the GPU (the Makefile's own DEMO_* options), timed, and its
+      # held-out accuracy.
+      A=$(make -s --no-print-directory --eval 'demo-args: ; @echo --addition-max-digits $(DEMO_DIGITS) $(DEMO_MODEL) $(DEMO_ARGS)' demo-args)
+      rm -rf /tmp/demo; t0=$(date +%s.%N)
+      timeout 400 $B/tandem train --device cuda $A --save /tmp/demo/model --quiet --log-json /tmp/demo/log.jsonl > /tmp/demo.log 2>&1
+      echo "demo on the GPU: rc=$? $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s (start-up included)" | tee -a "$OUT/demo.txt"; tail -2 /tmp/demo.log
+      $B/tandem generate --load /tmp/demo/model --max-digits $(make -s --no-print-directory --eval 'd: ; @echo $(DEMO_DIGITS)' d) | tail -1 | tee -a "$OUT/demo.txt" ;;
+    models)
+      timeout 300 $B/test_cuda_ops --gtest_filter='CudaModel.*' > /tmp/models.log 2>&1; echo "CudaModel rc=$?"; grep -E "OK \]|FAILED|Failure" -A3 /tmp/models.log | head -30 ;;
     b1)
       # Shape (b) on one GPU, one process, micro-batch 2: the figure to hold the trainer to
       # (bench/results/gpu_single.md records it per micro-batch size).
