@@ -85,7 +85,7 @@ for s in $SUITE; do
       # make demo's training on the GPU (the Makefile's own DEMO_* options), timed, and its
       # held-out accuracy.
       A=$(make -s --no-print-directory --eval 'demo-args: ; @echo --addition-max-digits $(DEMO_DIGITS) $(DEMO_MODEL) $(DEMO_ARGS)' demo-args)
-      rm -rf /tmp/demo; t0=$(date +%s.%N)
+      rm -rf /tmp/demo; mkdir -p /tmp/demo; t0=$(date +%s.%N)
       timeout 400 $B/tandem train --device cuda $A --save /tmp/demo/model --quiet --log-json /tmp/demo/log.jsonl > /tmp/demo.log 2>&1
       echo "demo on the GPU: rc=$? $(python3 -c "print(round($(date +%s.%N) - $t0, 1))") s (start-up included)" | tee -a "$OUT/demo.txt"; tail -2 /tmp/demo.log
       $B/tandem generate --load /tmp/demo/model --max-digits $(make -s --no-print-directory --eval 'd: ; @echo $(DEMO_DIGITS)' d) | tail -1 | tee -a "$OUT/demo.txt" ;;
