@@ -10,7 +10,7 @@ SHELL := /bin/bash
 APT_PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
   libtomlplusplus-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin \
-  clang libclang-rt-14-dev libprotobuf-dev protobuf-compiler
+  clang clang-format libclang-rt-14-dev libprotobuf-dev protobuf-compiler
 JOBS ?= $(shell nproc)
 DEMO_DIR ?= demo-run
 FUZZ_SECONDS ?= 20

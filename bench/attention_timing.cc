@@ -1,6 +1,6 @@
 // Times the GPU flash attention (ops::attention_forward / backward on CUDA tensors) with CUDA
-// events: every D 64 tile variant (Note [Attention variants] in src/ops/cuda/attention_mma.cuh) on the
-// two benchmark shapes, each checked against variant 0, then the default D 128 path; prints
+// events: every D 64 tile variant (Note [Attention variants] in src/ops/cuda/attention_mma.cuh) on
+// the two benchmark shapes, each checked against variant 0, then the default D 128 path; prints
 // TFLOP/s. Causal FLOPs: forward 2*2*b*h*s*s*D/2 (the two products over the lower triangle),
 // backward 2.5x that. Standalone (no Google Benchmark): `attention_timing [iterations]`.
 #include <cuda_runtime.h>
@@ -13,24 +13,24 @@
 #include <iterator>
 #include <vector>
 
-#include "cuda_timing.h"
 #include "core/cuda/context.h"
 #include "core/tensor.h"
+#include "cuda_timing.h"
 #include "ops/cuda/attention.h"
 #include "ops/ops.h"
 
 namespace {
 
 namespace attn = tandem::ops::cuda;
-using tandem::bench::host_f32;
-using tandem::bench::random_gpu;
-using tandem::bench::time_ms;
-using tandem::ops::AttentionShape;
 using tandem::Device;
 using tandem::DType;
 using tandem::MemCategory;
 using tandem::Shape;
 using tandem::Tensor;
+using tandem::bench::host_f32;
+using tandem::bench::random_gpu;
+using tandem::bench::time_ms;
+using tandem::ops::AttentionShape;
 
 // Causal FLOPs of one forward call (the two products over the lower triangle).
 double forward_flops(const AttentionShape& s) {

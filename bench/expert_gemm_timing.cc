@@ -19,11 +19,11 @@
 #include <utility>
 #include <vector>
 
-#include "cuda_timing.h"
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/error.h"
 #include "core/tensor.h"
+#include "cuda_timing.h"
 #include "ops/ops.h"
 
 namespace {
@@ -39,10 +39,9 @@ using tandem::bench::time_ms;
 
 constexpr int kWarmup = 2;  // calls before the timed ones
 
-
-#define CUBLAS_OK(call)                                                             \
-  do {                                                                              \
-    const cublasStatus_t st_ = (call);                                              \
+#define CUBLAS_OK(call)                                                              \
+  do {                                                                               \
+    const cublasStatus_t st_ = (call);                                               \
     TANDEM_CHECK(st_ == CUBLAS_STATUS_SUCCESS, #call, " failed: status ", int(st_)); \
   } while (0)
 
@@ -104,8 +103,8 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   const Tensor ref = out(), lanes_y = out(), grouped_y = out(), one_y = out();
   const double flops = 2.0 * double(total) * double(in) * double(out_dim);
   auto report = [&](const char* how, double ms, double diff) {
-    std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  max rel diff %.2e\n", how, ms,
-                flops / (ms * 1e9), diff);
+    std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  max rel diff %.2e\n", how, ms, flops / (ms * 1e9),
+                diff);
   };
   std::printf("%s, [R, %lld] @ [%lld, %lld]^T: %lld experts, rows", name,
               static_cast<long long>(in), static_cast<long long>(out_dim),
@@ -113,23 +112,29 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   for (int64_t r : rows) std::printf(" %lld", static_cast<long long>(r));
   std::printf(" (%lld)\n", static_cast<long long>(total));
 
-  const double in_order = time_ms(iters, [&] {
-    for (int64_t e = 0; e < experts; ++e)
-      tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
-                                  x.narrow_rows(begin[e], rows[e]), w[e]);
-  }, kWarmup);
+  const double in_order = time_ms(
+      iters,
+      [&] {
+        for (int64_t e = 0; e < experts; ++e)
+          tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
+                                      x.narrow_rows(begin[e], rows[e]), w[e]);
+      },
+      kWarmup);
   report("per expert, in order", in_order, 0);
 
-  const double lanes = time_ms(iters, [&] {
-    tandem::ops::Lanes l(x);
-    for (int64_t e = 0; e < experts; ++e) {
-      l.run(e, [&, e] {
-        tandem::ops::linear_forward(lanes_y.narrow_rows(begin[e], rows[e]),
-                                    x.narrow_rows(begin[e], rows[e]), w[e]);
-      });
-    }
-    l.join();
-  }, kWarmup);
+  const double lanes = time_ms(
+      iters,
+      [&] {
+        tandem::ops::Lanes l(x);
+        for (int64_t e = 0; e < experts; ++e) {
+          l.run(e, [&, e] {
+            tandem::ops::linear_forward(lanes_y.narrow_rows(begin[e], rows[e]),
+                                        x.narrow_rows(begin[e], rows[e]), w[e]);
+          });
+        }
+        l.join();
+      },
+      kWarmup);
   report("per expert, lanes", lanes, max_rel_diff(lanes_y, ref));
 
   // The same pieces issued largest first: lane = position % lanes (what the node could do), and
@@ -141,38 +146,44 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   const int lane_count = tandem::ops::Lanes::count();
   for (const bool lpt : {false, true}) {
     const Tensor y = out();
-    const double ms = time_ms(iters, [&] {
-      tandem::ops::Lanes l(x);
-      std::vector<int64_t> load(static_cast<size_t>(lane_count), 0);
-      for (size_t i = 0; i < by_rows.size(); ++i) {
-        const int64_t e = by_rows[i];
-        int64_t lane = static_cast<int64_t>(i) % lane_count;
-        if (lpt) lane = std::min_element(load.begin(), load.end()) - load.begin();
-        load[static_cast<size_t>(lane)] += rows[e];
-        l.run(lane, [&, e] {
-          tandem::ops::linear_forward(y.narrow_rows(begin[e], rows[e]),
-                                      x.narrow_rows(begin[e], rows[e]), w[e]);
-        });
-      }
-      l.join();
-    }, kWarmup);
+    const double ms = time_ms(
+        iters,
+        [&] {
+          tandem::ops::Lanes l(x);
+          std::vector<int64_t> load(static_cast<size_t>(lane_count), 0);
+          for (size_t i = 0; i < by_rows.size(); ++i) {
+            const int64_t e = by_rows[i];
+            int64_t lane = static_cast<int64_t>(i) % lane_count;
+            if (lpt) lane = std::min_element(load.begin(), load.end()) - load.begin();
+            load[static_cast<size_t>(lane)] += rows[e];
+            l.run(lane, [&, e] {
+              tandem::ops::linear_forward(y.narrow_rows(begin[e], rows[e]),
+                                          x.narrow_rows(begin[e], rows[e]), w[e]);
+            });
+          }
+          l.join();
+        },
+        kWarmup);
     report(lpt ? "lanes, largest first, LPT" : "lanes, largest first", ms, max_rel_diff(y, ref));
   }
 
   const std::vector<Piece> pieces = balanced_pieces(rows, tandem::ops::Lanes::count());
   const Tensor balanced_y = out();
-  const double balanced = time_ms(iters, [&] {
-    tandem::ops::Lanes l(x);
-    for (const Piece& p : pieces) {
-      l.run(p.lane, [&, p] {
-        tandem::ops::linear_forward(balanced_y.narrow_rows(p.begin, p.rows),
-                                    x.narrow_rows(p.begin, p.rows), w[p.expert]);
-      });
-    }
-    l.join();
-  }, kWarmup);
-  report(("lanes, rows balanced (" + std::to_string(pieces.size()) + " pieces)").c_str(),
-         balanced, max_rel_diff(balanced_y, ref));
+  const double balanced = time_ms(
+      iters,
+      [&] {
+        tandem::ops::Lanes l(x);
+        for (const Piece& p : pieces) {
+          l.run(p.lane, [&, p] {
+            tandem::ops::linear_forward(balanced_y.narrow_rows(p.begin, p.rows),
+                                        x.narrow_rows(p.begin, p.rows), w[p.expert]);
+          });
+        }
+        l.join();
+      },
+      kWarmup);
+  report(("lanes, rows balanced (" + std::to_string(pieces.size()) + " pieces)").c_str(), balanced,
+         max_rel_diff(balanced_y, ref));
 
   // Grouped: column-major Y^T[2F, R_e] = W_e'^T (W_e row-major [2F, H] is column-major
   // [H, 2F]) times X_e^T (column-major [H, R_e]), each expert its own group.
@@ -194,22 +205,25 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   std::vector<const void*> all(a_host);
   all.insert(all.end(), b_host.begin(), b_host.end());
   for (void* c : c_host) all.push_back(c);
-  TANDEM_CUDA_CHECK(cudaMemcpy(ptrs, all.data(), all.size() * sizeof(void*),
-                               cudaMemcpyHostToDevice));
+  TANDEM_CUDA_CHECK(
+      cudaMemcpy(ptrs, all.data(), all.size() * sizeof(void*), cudaMemcpyHostToDevice));
   CUBLAS_OK(cublasSetStream(blas, tandem::cuda::current_stream()));
-  const double grouped = time_ms(iters, [&] {
-    CUBLAS_OK(cublasGemmGroupedBatchedEx(
-        blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-        reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
-        reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(), beta.data(),
-        ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts), one.data(),
-        CUBLAS_COMPUTE_32F));
-  }, kWarmup);
+  const double grouped = time_ms(
+      iters,
+      [&] {
+        CUBLAS_OK(cublasGemmGroupedBatchedEx(
+            blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+            reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
+            reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(),
+            beta.data(), ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts), one.data(),
+            CUBLAS_COMPUTE_32F));
+      },
+      kWarmup);
   report("cuBLAS grouped", grouped, max_rel_diff(grouped_y, ref));
   TANDEM_CUDA_CHECK(cudaFree(ptrs));
 
-  const double single =
-      time_ms(iters, [&] { tandem::ops::linear_forward(one_y, x, w[0]); }, kWarmup);
+  const double single = time_ms(
+      iters, [&] { tandem::ops::linear_forward(one_y, x, w[0]); }, kWarmup);
   report("one product, all rows", single, -1);
 }
 

@@ -5,11 +5,10 @@
 //
 //   build/bench/gpu_train_bench --num-layers 12 --hidden-size 768 ... --steps 10
 #include <CLI/CLI.hpp>
-#include <nlohmann/json.hpp>
-
 #include <chrono>
 #include <cstdio>
 #include <iostream>
+#include <nlohmann/json.hpp>
 
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_allocator.h"
@@ -29,7 +28,8 @@ class RandomTokens final : public data::Dataset {
   RandomTokens(uint64_t seed, int64_t vocab) : seed_(seed), vocab_(vocab) {}
   void sample(int64_t index, int32_t* out, int64_t length) const override {
     for (int64_t i = 0; i < length; ++i) {
-      const uint64_t r = data::stream_key(seed_, static_cast<uint64_t>(index), static_cast<uint64_t>(i));
+      const uint64_t r =
+          data::stream_key(seed_, static_cast<uint64_t>(index), static_cast<uint64_t>(i));
       out[i] = static_cast<int32_t>(r % static_cast<uint64_t>(vocab_));
     }
   }
@@ -46,9 +46,10 @@ double flops_per_token(const ModelConfig& c) {
   const double h = double(c.hidden_size), l = double(c.num_layers), t = double(c.seq_length);
   const double d = double(c.head_dim()), heads = double(c.num_attention_heads);
   const double attn = 2 * h * heads * d + 2 * h * double(c.num_query_groups) * d;
-  const double mlp = c.num_experts > 0 ? h * double(c.num_experts) +
-                                             double(c.moe_router_topk) * 3 * h * double(c.ffn_hidden_size)
-                                       : 3 * h * double(c.ffn_hidden_size);
+  const double mlp = c.num_experts > 0
+                         ? h * double(c.num_experts) +
+                               double(c.moe_router_topk) * 3 * h * double(c.ffn_hidden_size)
+                         : 3 * h * double(c.ffn_hidden_size);
   return 6 * (l * (attn + mlp) + double(c.vocab_size) * h) + 12 * l * heads * d * t;
 }
 
@@ -112,14 +113,21 @@ int main(int argc, char** argv) {
     const MemoryStats mem = alloc.stats();
     const double gib = double(int64_t{1} << 30);
     nlohmann::json res = {
-        {"impl", "tandem"}, {"mode", "single"}, {"world", 1}, {"gpu", gpu},
-        {"tokens_per_s", tps}, {"step_ms", 1e3 * elapsed / double(steps)},
-        {"flops_per_token", fpt}, {"tflops_per_gpu", fpt * tps / 1e12},
-        {"matmul_peak_tflops", peak_tflops}, {"mfu", fpt * tps / 1e12 / peak_tflops},
+        {"impl", "tandem"},
+        {"mode", "single"},
+        {"world", 1},
+        {"gpu", gpu},
+        {"tokens_per_s", tps},
+        {"step_ms", 1e3 * elapsed / double(steps)},
+        {"flops_per_token", fpt},
+        {"tflops_per_gpu", fpt * tps / 1e12},
+        {"matmul_peak_tflops", peak_tflops},
+        {"mfu", fpt * tps / 1e12 / peak_tflops},
         {"peak_mem_gib", {double(mem.total_peak) / gib}},
         {"peak_activation_gib", double(mem.peak_of(MemCategory::kActivation)) / gib},
         {"reserved_peak_gib", double(cuda::cuda_allocator().peak_reserved_bytes()) / gib},
-        {"loss", loss}, {"tokens_per_step", tokens_per_step}};
+        {"loss", loss},
+        {"tokens_per_step", tokens_per_step}};
     std::printf("RESULT %s\n", res.dump().c_str());
     return 0;
   } catch (const std::exception& e) {

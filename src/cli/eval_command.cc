@@ -4,14 +4,13 @@
 // and the same arithmetic as `tandem train --eval-iters`, so it reports the loss the run
 // reported at the step that was saved. It takes `tandem train`'s options; those the checkpoint
 // fixes come from it.
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <memory>
-#include <string>
-
-#include <CLI/CLI.hpp>
 #include <nlohmann/json.hpp>
+#include <string>
 
 #include "cli/commands.h"
 #include "cli/options.h"

@@ -1,6 +1,7 @@
 // `tandem generate`: loads a saved model and samples from it: the built-in addition task's
 // held-out problems with the model's accuracy, or a continuation of --prompt; or, with
 // --eval-tokens, prints the loss of a fixed batch (for tests/python/check_hf_load.py).
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -11,8 +12,6 @@
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "core/error.h"
@@ -40,7 +39,8 @@ struct GenerateOptions {
 // Picks the next token from one row of logits: argmax, or a sample at `temperature`.
 int32_t pick_token(const float* logits, int64_t vocab, double temperature, uint64_t key,
                    uint64_t draw) {
-  if (temperature <= 0) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
+  if (temperature <= 0)
+    return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
   const float top = *std::max_element(logits, logits + vocab);
   std::vector<double> p(static_cast<size_t>(vocab));
   double sum = 0;
@@ -64,8 +64,9 @@ std::string complete(const model::ModelChunk& chunk, const std::string& prompt, 
     Tensor ids = Tensor::empty({seq}, DType::kI32, MemCategory::kOther, "generate.ids");
     std::copy(toks.begin() + start, toks.end(), ids.data<int32_t>());
     const Tensor logits = chunk.infer_logits(ids, 1, seq);  // (seq, V)
-    const int32_t next = pick_token(logits.data<float>() + (seq - 1) * cfg.vocab_size,
-                                    cfg.vocab_size, o.temperature, stream, static_cast<uint64_t>(i));
+    const int32_t next =
+        pick_token(logits.data<float>() + (seq - 1) * cfg.vocab_size, cfg.vocab_size, o.temperature,
+                   stream, static_cast<uint64_t>(i));
     toks.push_back(next);
     out.push_back(static_cast<char>(next));
     if (next == stop) break;
@@ -194,8 +195,9 @@ void run_generate(const GenerateOptions& o) {
 
 void register_generate_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand(
-      "generate", "Sample from a saved model: the addition task's held-out problems and accuracy, "
-                  "or a continuation of --prompt");
+      "generate",
+      "Sample from a saved model: the addition task's held-out problems and accuracy, "
+      "or a continuation of --prompt");
   auto o = std::make_shared<GenerateOptions>();
   sub->add_option("--load", o->load_dir, "Model directory written by `tandem train --save`")
       ->required();

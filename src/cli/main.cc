@@ -3,7 +3,6 @@
 // (Note [Exit codes] in cli/options.cc); 1 an internal error, a tandem::InternalError (printed
 // with the file and line that detected it) or any other exception.
 #include <CLI/CLI.hpp>
-
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -35,8 +34,9 @@ void fail_if_a_test_asks() {
 
 int run(int argc, char** argv) {
   fail_if_a_test_asks();
-  CLI::App app{"tandem: trains Mixture-of-Experts transformers with pipeline, expert and data "
-               "parallelism and the combined 1F1B schedule"};
+  CLI::App app{
+      "tandem: trains Mixture-of-Experts transformers with pipeline, expert and data "
+      "parallelism and the combined 1F1B schedule"};
   app.require_subcommand(1);
   tandem::cli::register_train_command(app);
   tandem::cli::register_generate_command(app);

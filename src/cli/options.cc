@@ -5,6 +5,7 @@
 #include <toml++/toml.h>
 #include <unistd.h>
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
@@ -14,15 +15,13 @@
 #include <filesystem>
 #include <iomanip>
 #include <map>
-#include <set>
 #include <memory>
 #include <optional>
+#include <set>
 #include <sstream>
 #include <string_view>
 #include <variant>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/path_checks.h"
 #include "cli/sizes.h"
@@ -86,8 +85,11 @@ const std::vector<std::string> kOverlaps = {"on", "off", "split"};
 // The model's options, from the one table of model fields (Note [One table of model fields]).
 void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
   for (const ModelField& f : model_fields()) {
-    std::visit([&](auto member) { s.push_back({f.name, &(m.*member), f.help, f.bound}); },
-               f.member);
+    std::visit(
+        [&](auto member) {
+          s.push_back({f.name, &(m.*member), f.help, f.bound});
+        },
+        f.member);
   }
 }
 
@@ -230,12 +232,16 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
   s.push_back({"moe-router-force-load-balancing", &o.train.moe_router_force_balance,
                "MoE, for benchmarks only: route each token to k experts round-robin so every "
                "expert (and expert rank) gets the same rows; the router still weights them"});
-  s.push_back({"defer-optimizer", &o.train.defer_optimizer,
+  s.push_back({"defer-optimizer",
+               &o.train.defer_optimizer,
                "run each step's AdamW update layer by layer inside the next "
                "step's first forward, just before it reads each layer's weights; on GPUs with "
                "expert parallelism and --comm-overlap, that forward's all-to-all then runs "
                "beside the update (the results do not change); --defer-optimizer=false: never",
-               Bound::kAny, {}, {}, InFile::kAllowed,
+               Bound::kAny,
+               {},
+               {},
+               InFile::kAllowed,
                "on with --device cuda, --expert-model-parallel-size > 1 and --schedule "
                "combined-1f1b with --comm-overlap on or split, else off"});
   s.push_back({"overlap-grad-reduce", &o.train.overlap_grad_reduce,
@@ -243,36 +249,54 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "as the step's backward has finished with that layer, beside the backward of the "
                "layers below it, instead of all of them after the backward; "
                "--overlap-grad-reduce=false: at the step's end"});
-  s.push_back({"rebalance-experts", &o.train.rebalance_experts,
+  s.push_back({"rebalance-experts",
+               &o.train.rebalance_experts,
                "MoE with expert parallelism: every N steps, lay each layer's experts out anew "
                "over the expert-parallel ranks so that each rank's experts take about the same "
                "rows (measured over those N steps), moving their weights and Adam moments; the "
                "results do not change; 0: never",
-               Bound::kNonNegative, {}, "N"});
+               Bound::kNonNegative,
+               {},
+               "N"});
   s.push_back({"addition-max-digits", &o.addition_max_digits,
                "operand digits of the built-in addition task (used without --data-path)",
                Bound::kPositive});
-  s.push_back({"split", &o.split,
+  s.push_back({"split",
+               &o.split,
                "weights of --data-path's training, validation and test parts, as Megatron's "
                "--split: 969,30,1 trains on the first 96.9% of the documents (a Megatron "
                "index's; else of the tokens), validates on the next 3% (default: none, all "
                "trains)",
-               Bound::kAny, {}, "T,V,S"});
-  s.push_back({"valid-data-path", &o.valid_data_path,
+               Bound::kAny,
+               {},
+               "T,V,S"});
+  s.push_back({"valid-data-path",
+               &o.valid_data_path,
                "validation data of its own, in --data-format (default: none; then --split's "
                "part, or the built-in task's held-out problems)",
-               Bound::kAny, {}, "PATH"});
-  s.push_back({"eval-iters", &o.eval_iters,
+               Bound::kAny,
+               {},
+               "PATH"});
+  s.push_back({"eval-iters",
+               &o.eval_iters,
                "batches of --global-batch-size samples each validation runs forward, reporting "
                "their mean LM loss and its exp (valid loss, valid ppl); 0: no validation",
-               Bound::kNonNegative, {}, "N"});
-  s.push_back({"eval-interval", &o.eval_interval,
+               Bound::kNonNegative,
+               {},
+               "N"});
+  s.push_back({"eval-interval",
+               &o.eval_interval,
                "steps between validations (with --eval-iters > 0); the last step's too",
-               Bound::kPositive, {}, "N"});
-  s.push_back({"tensorboard-dir", &o.tensorboard_dir,
+               Bound::kPositive,
+               {},
+               "N"});
+  s.push_back({"tensorboard-dir",
+               &o.tensorboard_dir,
                "write TensorBoard event files of every step's figures and validations into DIR "
                "(made if missing; rank 0 writes) (default: none)",
-               Bound::kAny, {}, "DIR"});
+               Bound::kAny,
+               {},
+               "DIR"});
   s.push_back({"comm-timeout", &o.comm_timeout_s,
                "seconds any rank waits for another before it stops with an error naming the "
                "operation and the peer",
@@ -596,8 +620,8 @@ void check_combinations(const RunOptions& o) {
                "--micro-batch-size ", o.train.micro_batch_size, " x --seq-length ",
                o.model.seq_length, " tokens a micro-batch is too many: at most 2^31 - 1");
   const ParallelConfig& p = o.parallel;
-  TANDEM_CHECK(!(o.mock_data && !o.data_path.empty()), "--mock-data and --data-path ",
-               o.data_path, " both name the training data: give one of them");
+  TANDEM_CHECK(!(o.mock_data && !o.data_path.empty()), "--mock-data and --data-path ", o.data_path,
+               " both name the training data: give one of them");
   if (o.data_path.empty() && !o.mock_data) {
     TANDEM_CHECK(o.model.vocab_size >= 256, "--vocab-size ", o.model.vocab_size,
                  " is too small for the built-in task: its tokens are bytes (0..255), so it needs "
@@ -627,12 +651,12 @@ void check_combinations(const RunOptions& o) {
                p.pipeline_model_parallel_size,
                ") and --virtual-pipeline-model-parallel-size 1 (it is ",
                p.virtual_pipeline_model_parallel_size, ")");
-  TANDEM_CHECK(o.train.rebalance_experts == 0 ||
-                   (o.model.is_moe() && p.expert_model_parallel_size > 1),
-               "--rebalance-experts ", o.train.rebalance_experts,
-               " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
-               o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
-               p.expert_model_parallel_size, "), or 0 (never)");
+  TANDEM_CHECK(
+      o.train.rebalance_experts == 0 || (o.model.is_moe() && p.expert_model_parallel_size > 1),
+      "--rebalance-experts ", o.train.rebalance_experts,
+      " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
+      o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
+      p.expert_model_parallel_size, "), or 0 (never)");
   TANDEM_CHECK(o.comm_overlap != "split" || o.train.device == Device::kCUDA,
                "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it "
                "needs --device cuda (it is cpu), or use on");
@@ -730,7 +754,7 @@ void apply_checkpoint_values(const std::vector<OptionSpec>& specs, const nlohman
 }  // namespace
 
 std::string canonical_options(const RunOptions& opts) {
-  static const std::set<std::string> kPerProcess = {"log-json",      "trace", "node-times-out",
+  static const std::set<std::string> kPerProcess = {"log-json",    "trace", "node-times-out",
                                                     "routing-out", "quiet", "config"};
   RunOptions copy = opts;
   std::string out;

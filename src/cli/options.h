@@ -16,32 +16,32 @@ struct RunOptions {
   ModelConfig model;
   TrainConfig train;
   ParallelConfig parallel;
-  int64_t num_microbatches = 0;  // for `plan`: 0 derives it from the batch sizes
-  std::string config_file;       // --config FILE.toml
-  std::string data_path;         // --data-path; empty: the built-in addition task
+  int64_t num_microbatches = 0;      // for `plan`: 0 derives it from the batch sizes
+  std::string config_file;           // --config FILE.toml
+  std::string data_path;             // --data-path; empty: the built-in addition task
   std::string data_format = "auto";  // auto | megatron | tokens | text
-  std::string split;             // --split "969,30,1"; empty: all of --data-path trains
-  std::string valid_data_path;   // --valid-data-path: validation data of its own
-  int64_t eval_interval = 1000;  // --eval-interval: steps between validations
-  int64_t eval_iters = 0;        // --eval-iters: batches per validation; 0: none
-  std::string tensorboard_dir;   // --tensorboard-dir: event files for TensorBoard (rank 0)
-  bool mock_data = false;        // --mock-data: uniformly random tokens (benchmarks)
-  std::string save_dir;          // --save
-  int64_t save_interval = 0;     // --save-interval (0: only at the end when --save is set)
-  std::string load_dir;          // --load
-  int64_t keep_checkpoints = 2;  // --keep-checkpoints: iteration directories kept under --save
+  std::string split;                 // --split "969,30,1"; empty: all of --data-path trains
+  std::string valid_data_path;       // --valid-data-path: validation data of its own
+  int64_t eval_interval = 1000;      // --eval-interval: steps between validations
+  int64_t eval_iters = 0;            // --eval-iters: batches per validation; 0: none
+  std::string tensorboard_dir;       // --tensorboard-dir: event files for TensorBoard (rank 0)
+  bool mock_data = false;            // --mock-data: uniformly random tokens (benchmarks)
+  std::string save_dir;              // --save
+  int64_t save_interval = 0;         // --save-interval (0: only at the end when --save is set)
+  std::string load_dir;              // --load
+  int64_t keep_checkpoints = 2;      // --keep-checkpoints: iteration directories kept under --save
   std::string max_shard_size = "5GB";  // --max-shard-size (parsed into max_shard_bytes)
   int64_t max_shard_bytes = 5'000'000'000;
   std::string nan_policy = "stop";  // --nan-policy stop | skip (sets train.non_finite_policy)
-  std::string log_json;          // --log-json FILE: one JSON object per iteration
-  std::string trace_path;        // --trace FILE.json: the measured timeline
-  std::string node_times_out;    // --node-times-out FILE.json: measured node times (GPU)
-  std::string routing_out;       // --routing-out FILE.json: the last step's routing tables
+  std::string log_json;             // --log-json FILE: one JSON object per iteration
+  std::string trace_path;           // --trace FILE.json: the measured timeline
+  std::string node_times_out;       // --node-times-out FILE.json: measured node times (GPU)
+  std::string routing_out;          // --routing-out FILE.json: the last step's routing tables
   std::string comm_overlap = "on";  // --comm-overlap on | off | split (runtime::CommOverlap)
-  std::string device = "cpu";    // --device cpu | cuda
-  bool quiet = false;            // --quiet: no progress bar, no log lines
+  std::string device = "cpu";       // --device cpu | cuda
+  bool quiet = false;               // --quiet: no progress bar, no log lines
   int64_t addition_max_digits = 3;  // --addition-max-digits: the built-in task's operand digits
-  double comm_timeout_s = 120;   // --comm-timeout: bound on every wait for another rank
+  double comm_timeout_s = 120;      // --comm-timeout: bound on every wait for another rank
 };
 
 // Registers every run option on `app`, bound into `opts`, with its default (the model's:

@@ -104,7 +104,8 @@ void check_outputs_are_not_inputs(const RunOptions& o) {
   std::vector<std::pair<std::string, std::filesystem::path>> writes;
   for (const auto& [flag, path] :
        {std::pair<const char*, const std::string&>{"--log-json", o.log_json},
-        {"--trace", o.trace_path}, {"--node-times-out", o.node_times_out},
+        {"--trace", o.trace_path},
+        {"--node-times-out", o.node_times_out},
         {"--routing-out", o.routing_out}}) {
     if (path.empty()) continue;
     const std::filesystem::path out = resolved(path);
@@ -141,6 +142,5 @@ void check_paths(const RunOptions& o) {
   check_output_parent("--node-times-out", o.node_times_out);
   check_output_parent("--routing-out", o.routing_out);
 }
-
 
 }  // namespace tandem::cli

@@ -2,6 +2,7 @@
 // rank (or --json), a Chrome/Perfetto trace (--trace) and an SVG chart (--svg).
 #include "cli/plan_command.h"
 
+#include <CLI/CLI.hpp>
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
@@ -9,10 +10,8 @@
 #include <iostream>
 #include <map>
 #include <memory>
-#include <sstream>
 #include <nlohmann/json.hpp>
-
-#include <CLI/CLI.hpp>
+#include <sstream>
 
 #include "cli/options.h"
 #include "cli/planned_run.h"
@@ -239,10 +238,14 @@ std::string memory_limit_line(const schedule::Plan& plan, int64_t limit) {
 int32_t virtual_stages_for(schedule::ScheduleKind kind, int32_t v) {
   using K = schedule::ScheduleKind;
   switch (kind) {
-    case K::kDualPipeV: return 2;
-    case K::kInterleaved1f1b: return std::max(v, 2);
-    case K::kCombined1f1b: return v;
-    default: return 1;
+    case K::kDualPipeV:
+      return 2;
+    case K::kInterleaved1f1b:
+      return std::max(v, 2);
+    case K::kCombined1f1b:
+      return v;
+    default:
+      return 1;
   }
 }
 
@@ -335,9 +338,9 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   // Note [Planned and measured on one chart] (schedule/trace_export.cc).
   const bool with_measured = !p.measured_trace.empty();
   const nlohmann::json measured =
-      with_measured ? schedule::measured_trace_events(io::read_file(p.measured_trace),
-                                                      p.measured_trace)
-                    : nlohmann::json();
+      with_measured
+          ? schedule::measured_trace_events(io::read_file(p.measured_trace), p.measured_trace)
+          : nlohmann::json();
   const std::map<int, double> measured_ends =
       with_measured ? schedule::measured_forward_backward(measured, p.measured_trace)
                     : std::map<int, double>();

@@ -26,7 +26,7 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   in.activation_elem_bytes = in.gpu ? 2 : 4;
   in.recompute_experts = o.train.recompute_experts;
   in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
-  in.data_parallel_size = dp;  // Note [Gradient reduction in the plan]
+  in.data_parallel_size = dp;                    // Note [Gradient reduction in the plan]
   in.overlap_grad_reduce = o.train.overlap_grad_reduce;
   return in;
 }
@@ -66,8 +66,7 @@ void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipe
                                         Device device, const std::string& prefix) {
   if (device == Device::kCPU) return;
 #if TANDEM_WITH_CUDA
-  const int64_t capacity =
-      cuda::free_device_bytes() + allocator_for(device).stats().total_in_use;
+  const int64_t capacity = cuda::free_device_bytes() + allocator_for(device).stats().total_in_use;
   const int64_t planned = plan.sim.ranks.at(static_cast<size_t>(pipeline_rank)).peak_bytes;
   if (const auto w = memory_warning(planned, capacity)) std::cerr << prefix << *w << std::endl;
 #else
@@ -84,9 +83,8 @@ std::string planned_memory_line(const schedule::Plan& plan) {
     acts += (acts.empty() ? "" : ", ") + format_bytes(r.activation_peak_bytes);
   }
   const bool many = plan.sim.ranks.size() > 1;
-  return detail::concat("memory as planned (tandem plan", plan.inputs.expert_parallel_size > 1
-                                                              ? ", balanced routing"
-                                                              : "",
+  return detail::concat("memory as planned (tandem plan",
+                        plan.inputs.expert_parallel_size > 1 ? ", balanced routing" : "",
                         "): peak ", peaks, many ? " per pipeline rank" : "", ", of it activations ",
                         acts,
                         plan.inputs.gpu ? "" : " (on the CPU the ops' temporaries come on top)");

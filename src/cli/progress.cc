@@ -275,8 +275,8 @@ std::string to_json_line(const IterationRecord& r) {
 
 std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationRecord& r) {
   std::vector<std::pair<std::string, double>> out = {
-      {"train/loss", r.loss},          {"train/lm_loss", r.lm_loss},
-      {"train/aux_loss", r.aux_loss},  {"train/lr", r.lr},
+      {"train/loss", r.loss},           {"train/lm_loss", r.lm_loss},
+      {"train/aux_loss", r.aux_loss},   {"train/lr", r.lr},
       {"train/grad_norm", r.grad_norm}, {"train/tokens_per_s", r.tokens_per_s}};
   if (!r.mem_in_use_bytes.empty()) {
     out.emplace_back("memory/in_use_bytes", static_cast<double>(max_of(r.mem_in_use_bytes)));

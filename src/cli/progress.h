@@ -24,7 +24,7 @@ enum class UpdateStatus : uint8_t { kApplied, kSkipped };
 // What the trainer reports after each optimizer step. The memory fields hold one entry per
 // pipeline/expert rank; with one entry the JSON value is a plain number, with several a list.
 struct IterationRecord {
-  int64_t iter = 0;                       // 1-based number of the step just finished
+  int64_t iter = 0;  // 1-based number of the step just finished
   UpdateStatus status = UpdateStatus::kApplied;
   double loss = 0;                        // lm_loss + aux_loss, the step's mean over micro-batches
   double lm_loss = 0;                     // cross-entropy part
@@ -56,8 +56,7 @@ struct IterationRecord {
   // MoE with EP > 1 (negative: not measured): rank 0's expert-parallel group, its most loaded
   // rank's routed rows over the group's mean, over the step and per micro-batch and layer
   // (median and largest; schedule::expert_rows_spread).
-  double expert_rows_step = -1, expert_rows_microbatch_median = -1,
-         expert_rows_microbatch_max = -1;
+  double expert_rows_step = -1, expert_rows_microbatch_median = -1, expert_rows_microbatch_max = -1;
   // After a validation at this step (Note [Validation data] in cli/validation.h): the mean LM
   // loss of its batches; its perplexity is exp of it. Empty: no validation at this step.
   std::optional<double> valid_loss;
@@ -70,9 +69,9 @@ enum class Verbosity : uint8_t { kNormal, kQuiet };       // kQuiet: no bar, no 
 enum class BarMode : uint8_t { kAuto, kAlways, kNever };  // kAuto: when stderr is a terminal
 
 struct ReporterConfig {
-  int64_t total_iters = 1;         // --train-iters (the last iteration the run reaches)
-  int64_t log_interval = 10;       // --log-interval
-  std::string log_json_path = {};  // --log-json; empty: no JSON lines
+  int64_t total_iters = 1;           // --train-iters (the last iteration the run reaches)
+  int64_t log_interval = 10;         // --log-interval
+  std::string log_json_path = {};    // --log-json; empty: no JSON lines
   std::string tensorboard_dir = {};  // --tensorboard-dir; empty: no event files
   Verbosity verbosity = Verbosity::kNormal;
   BarMode bar = BarMode::kAuto;

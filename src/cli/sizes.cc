@@ -9,10 +9,15 @@
 namespace tandem::cli {
 
 std::optional<double> parse_size(const std::string& text) {
-  static const std::pair<const char*, double> kUnits[] = {
-      {"kib", 1024.0}, {"mib", 1024.0 * 1024}, {"gib", 1024.0 * 1024 * 1024},
-      {"tib", 1024.0 * 1024 * 1024 * 1024}, {"kb", 1e3}, {"mb", 1e6}, {"gb", 1e9}, {"tb", 1e12},
-      {"b", 1.0}};
+  static const std::pair<const char*, double> kUnits[] = {{"kib", 1024.0},
+                                                          {"mib", 1024.0 * 1024},
+                                                          {"gib", 1024.0 * 1024 * 1024},
+                                                          {"tib", 1024.0 * 1024 * 1024 * 1024},
+                                                          {"kb", 1e3},
+                                                          {"mb", 1e6},
+                                                          {"gb", 1e9},
+                                                          {"tb", 1e12},
+                                                          {"b", 1.0}};
   std::string lower;
   for (const char c : text) lower += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
   double factor = 1;

@@ -132,9 +132,9 @@ bool should_save(const RunOptions& o, int64_t iteration) {
 
 void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o) {
   // Heartbeats well inside --comm-timeout (Note [Saving on rank 0]).
-  const runtime::SavedCheckpoint saved = runtime::save_checkpoint_parallel(
-      o.save_dir, trainer, describe_data(o), o.keep_checkpoints, o.comm_timeout_s / 4,
-      o.max_shard_bytes);
+  const runtime::SavedCheckpoint saved =
+      runtime::save_checkpoint_parallel(o.save_dir, trainer, describe_data(o), o.keep_checkpoints,
+                                        o.comm_timeout_s / 4, o.max_shard_bytes);
   for (const std::string& warning : saved.warnings) {
     std::cerr << "tandem: warning: " << warning << std::endl;
   }

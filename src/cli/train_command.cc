@@ -5,13 +5,12 @@
 // one training step), restores --load, runs the steps with progress output and validations
 // (cli/validation.h), and writes checkpoints (gathered to rank 0; docs/checkpoints.md) and the
 // files asked for.
+#include <CLI/CLI.hpp>
 #include <iostream>
 #include <memory>
 #include <optional>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/commands.h"
 #include "cli/options.h"
@@ -71,15 +70,15 @@ void print_run(const RunOptions& o, const runtime::Groups& groups, const data::D
 // With --eval-iters: where and how often the run validates, on rank 0.
 void print_validation(const RunOptions& o, const data::Dataset& valid) {
   std::cout << "tandem train: validation on " << valid.describe() << ": " << o.eval_iters
-            << " batches of " << o.train.global_batch_size << " samples every "
-            << o.eval_interval << " steps and after the last" << std::endl;
+            << " batches of " << o.train.global_batch_size << " samples every " << o.eval_interval
+            << " steps and after the last" << std::endl;
 }
 
 // The steps from `start` to --train-iters: progress, validations (with `valid`), checkpoints
 // and, after the last, the files asked for.
 void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, const TestFaults& faults,
-               int64_t start, const std::optional<schedule::Plan>& plan,
-               ProgressReporter& reporter, const data::Dataset* valid) {
+               int64_t start, const std::optional<schedule::Plan>& plan, ProgressReporter& reporter,
+               const data::Dataset* valid) {
   const runtime::Groups& groups = trainer.groups();
   std::vector<int32_t> pipeline_rank;  // of each world rank
   for (int w = 0; w < groups.layout.world; ++w) pipeline_rank.push_back(groups.layout.pp_rank(w));
@@ -149,16 +148,18 @@ void run_train(const CLI::App& app, RunOptions& o) {
   }
   run_steps(o, trainer, faults, start, plan, reporter, valid.get());
   if (lead && !o.save_dir.empty() && !o.quiet) {
-    std::cout << "saved checkpoints to " << o.save_dir << " (latest: "
-              << runtime::iteration_dir_name(trainer.iteration()) << ")" << std::endl;
+    std::cout << "saved checkpoints to " << o.save_dir
+              << " (latest: " << runtime::iteration_dir_name(trainer.iteration()) << ")"
+              << std::endl;
   }
 }
 
 }  // namespace
 
 void register_train_command(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand("train", "Train the model (the built-in addition task "
-                                              "when no --data-path is given)");
+  CLI::App* sub = app.add_subcommand("train",
+                                     "Train the model (the built-in addition task "
+                                     "when no --data-path is given)");
   auto opts = std::make_shared<RunOptions>();
   add_run_options(*sub, *opts);
   sub->callback([sub, opts] { run_train(*sub, *opts); });

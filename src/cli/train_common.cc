@@ -46,7 +46,8 @@ void open_device(const RunOptions& o) {
   if (o.train.device == Device::kCPU) return;
 #if TANDEM_WITH_CUDA
   const int gpus = cuda::device_count();
-  TANDEM_CHECK(gpus > 0, "--device cuda: no GPU is visible on this machine (valid here: "
+  TANDEM_CHECK(gpus > 0,
+               "--device cuda: no GPU is visible on this machine (valid here: "
                "--device cpu)");
   const int local = comm::launched_by_mpirun() ? comm::local_rank() : 0;
   TANDEM_CHECK(local < gpus, "--device cuda: local rank ", local, " needs GPU ", local,
@@ -83,10 +84,10 @@ runtime::CommOverlap comm_overlap(const RunOptions& o) {
 RunLayout make_layout(std::unique_ptr<comm::Communicator> world, RunOptions& o) {
   const ParallelConfig& p = o.parallel;
   RunLayout out;
-  out.groups = std::make_unique<runtime::Groups>(runtime::Groups::make(
-      std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
-      static_cast<int>(p.expert_model_parallel_size), o.train.device,
-      /*second_expert_group=*/o.comm_overlap == "split", o.comm_timeout_s));
+  out.groups = std::make_unique<runtime::Groups>(
+      runtime::Groups::make(std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
+                            static_cast<int>(p.expert_model_parallel_size), o.train.device,
+                            /*second_expert_group=*/o.comm_overlap == "split", o.comm_timeout_s));
   const comm::ParallelLayout& L = out.groups->layout;
   o.train.validate(L.dp());
   out.shape = {static_cast<int32_t>(L.pp),
@@ -145,8 +146,10 @@ void check_same_config(comm::Communicator& world, const RunOptions& o) {
     std::string la, lb;
     while (std::getline(a, la) && std::getline(b, lb) && la == lb) {
     }
-    throw Error(detail::concat("rank ", r, " was started with a different configuration than rank "
-                               "0: ", lb, " on rank ", r, " but ", la,
+    throw Error(detail::concat("rank ", r,
+                               " was started with a different configuration than rank "
+                               "0: ",
+                               lb, " on rank ", r, " but ", la,
                                " on rank 0; start every rank with the same options"));
   }
 }

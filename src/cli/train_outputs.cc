@@ -9,10 +9,9 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "cli/train_common.h"
 #include "core/device.h"
@@ -26,8 +25,8 @@ namespace {
 // runs ahead of the GPU), both from the step's start.
 void write_measured_trace(const std::string& path, runtime::PipelineTrainer& trainer,
                           comm::Communicator& world, Allocator& alloc) {
-  const std::string mine = runtime::rank_trace_events(
-      world.rank(), trainer.timeline(), alloc.trace(), trainer.step_start_seconds());
+  const std::string mine = runtime::rank_trace_events(world.rank(), trainer.timeline(),
+                                                      alloc.trace(), trainer.step_start_seconds());
   alloc.set_trace(false);
   const std::vector<std::string> all = world.all_gather_bytes(mine);
   if (world.rank() == 0) runtime::write_trace_file(path, all);
@@ -41,8 +40,8 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
   // The nodes', then (each with 1 when measured) the deferred update's seconds per weight and
   // the gradient all-reduce's bus bandwidth.
-  Tensor mine = Tensor::zeros({kNumNodeKinds * kValues + 4}, DType::kF64, MemCategory::kOther,
-                              "node_times");
+  Tensor mine =
+      Tensor::zeros({kNumNodeKinds * kValues + 4}, DType::kF64, MemCategory::kOther, "node_times");
   if (const auto& u = trainer.measured_node_times().update_s_per_weight) {
     mine.data<double>()[kNumNodeKinds * kValues] = *u;
     mine.data<double>()[kNumNodeKinds * kValues + 1] = 1;
@@ -73,7 +72,8 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
     const double* v = mine.data<double>() + k * kValues;
     if (v[3] == 0) continue;
     nodes[std::string(node_kind_name(static_cast<NodeKind>(k)))] = {
-        {"forward", v[0] / v[3]}, {"backward_input", v[1] / v[3]},
+        {"forward", v[0] / v[3]},
+        {"backward_input", v[1] / v[3]},
         {"backward_weight", v[2] / v[3]}};
   }
   nlohmann::json out = {{"nodes", nodes}, {"recompute_experts", recompute_experts}};
@@ -99,8 +99,7 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
 void write_routing(const std::string& path, runtime::PipelineTrainer& trainer,
                    comm::Communicator& world) {
   const schedule::RoutingCounts mine = trainer.pipeline_routing_counts();
-  const std::vector<std::string> all =
-      world.all_gather_bytes(schedule::routing_file_text({mine}));
+  const std::vector<std::string> all = world.all_gather_bytes(schedule::routing_file_text({mine}));
   if (world.rank() != 0) return;
   std::vector<schedule::RoutingCounts> tables;
   for (size_t r = 0; r < all.size(); ++r) {
@@ -141,8 +140,7 @@ void gather_comm_seconds(IterationRecord& rec, runtime::PipelineTrainer& trainer
   comm_mine.data<double>()[0] = rec.comm_seconds;
   comm_mine.data<double>()[1] = rec.exposed_comm_seconds;
   comm_mine.data<double>()[2] = trainer.comm_exposed_waiting_seconds();
-  Tensor comm_all =
-      Tensor::empty({3 * world.size()}, DType::kF64, MemCategory::kOther, "comm.all");
+  Tensor comm_all = Tensor::empty({3 * world.size()}, DType::kF64, MemCategory::kOther, "comm.all");
   world.all_gather(comm_all, comm_mine);
   bool waiting_known = true;
   std::vector<double> waiting;
@@ -188,8 +186,8 @@ void check_tensorboard_dir(const std::string& dir) {
   }
   fs::path up = fs::absolute(dir, ec).parent_path();
   while (!fs::exists(up, ec) && up != up.parent_path()) up = up.parent_path();
-  TANDEM_CHECK(fs::is_directory(up, ec), "--tensorboard-dir ", dir, ": cannot be made: ",
-               up.string(), " is not a directory");
+  TANDEM_CHECK(fs::is_directory(up, ec), "--tensorboard-dir ", dir,
+               ": cannot be made: ", up.string(), " is not a directory");
   TANDEM_CHECK(::access(up.c_str(), W_OK | X_OK) == 0, "--tensorboard-dir ", dir,
                ": cannot be made in ", up.string(), " (", std::strerror(errno), ")");
 }

@@ -11,8 +11,8 @@ ParallelLayout ParallelLayout::make(int world, int pp, int ep) {
   TANDEM_CHECK(pp >= 1 && ep >= 1, "--pipeline-model-parallel-size ", pp,
                " and --expert-model-parallel-size ", ep, " must be at least 1");
   TANDEM_CHECK(world % pp == 0, "the world size ", world,
-               " is not a multiple of --pipeline-model-parallel-size ", pp, ": start ",
-               pp, " x N ranks (mpirun -np ", pp, ", ", 2 * pp, ", ...)");
+               " is not a multiple of --pipeline-model-parallel-size ", pp, ": start ", pp,
+               " x N ranks (mpirun -np ", pp, ", ", 2 * pp, ", ...)");
   TANDEM_CHECK((world / pp) % ep == 0, "the data-parallel size ", world / pp, " (", world,
                " ranks / --pipeline-model-parallel-size ", pp,
                ") is not a multiple of --expert-model-parallel-size ", ep, ": start ", pp * ep,
@@ -46,9 +46,9 @@ std::vector<int> ParallelLayout::edp_group(int rank) const {
 
 std::string ParallelLayout::describe(int rank) const {
   std::ostringstream out;
-  out << "rank " << rank << " (pp " << pp_rank(rank) << "/" << pp << ", dp " << dp_rank(rank)
-      << "/" << dp() << ", ep " << ep_rank(rank) << "/" << ep << ", expert-dp " << edp_rank(rank)
-      << "/" << edp() << ")";
+  out << "rank " << rank << " (pp " << pp_rank(rank) << "/" << pp << ", dp " << dp_rank(rank) << "/"
+      << dp() << ", ep " << ep_rank(rank) << "/" << ep << ", expert-dp " << edp_rank(rank) << "/"
+      << edp() << ")";
   return out.str();
 }
 

@@ -12,8 +12,8 @@ namespace tandem::comm {
 
 struct ParallelLayout {
   int world = 1, pp = 1, ep = 1;
-  int dp() const { return world / pp; }     // dense data-parallel size (includes EP)
-  int edp() const { return dp() / ep; }     // expert data-parallel size
+  int dp() const { return world / pp; }  // dense data-parallel size (includes EP)
+  int edp() const { return dp() / ep; }  // expert data-parallel size
 
   // Throws tandem::Error when world is not pp * (a multiple of ep), naming the sizes.
   static ParallelLayout make(int world, int pp, int ep);

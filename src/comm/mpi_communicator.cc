@@ -25,20 +25,25 @@ std::string mpi_error_text(int rc) {
   return std::string(msg, len);
 }
 // Throws tandem::InternalError naming the call and MPI's text unless it returned MPI_SUCCESS.
-#define TANDEM_MPI_CHECK(call)                                                              \
-  do {                                                                                      \
-    const int tandem_mpi_rc_ = (call);                                                      \
-    if (tandem_mpi_rc_ != MPI_SUCCESS)                                                      \
+#define TANDEM_MPI_CHECK(call)                                                                \
+  do {                                                                                        \
+    const int tandem_mpi_rc_ = (call);                                                        \
+    if (tandem_mpi_rc_ != MPI_SUCCESS)                                                        \
       TANDEM_INTERNAL_ERROR("MPI call ", #call, " failed: ", mpi_error_text(tandem_mpi_rc_)); \
   } while (false)
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
-    case DType::kF32: return MPI_FLOAT;
-    case DType::kF64: return MPI_DOUBLE;
-    case DType::kI32: return MPI_INT32_T;
-    case DType::kI64: return MPI_INT64_T;
-    case DType::kBF16: return MPI_UINT16_T;
+    case DType::kF32:
+      return MPI_FLOAT;
+    case DType::kF64:
+      return MPI_DOUBLE;
+    case DType::kI32:
+      return MPI_INT32_T;
+    case DType::kI64:
+      return MPI_INT64_T;
+    case DType::kBF16:
+      return MPI_UINT16_T;
   }
   return MPI_BYTE;
 }
@@ -65,8 +70,8 @@ class MpiCommunicator final : public Communicator {
 
   void send(const Tensor& t, int peer, int tag) override {
     MPI_Request req;
-    TANDEM_MPI_CHECK(MPI_Isend(t.raw_data(), as_count(t.numel(), "send"), mpi_type(t.dtype()),
-                               peer, tag, comm_, &req));
+    TANDEM_MPI_CHECK(MPI_Isend(t.raw_data(), as_count(t.numel(), "send"), mpi_type(t.dtype()), peer,
+                               tag, comm_, &req));
     wait(req, "send to", peer);
   }
 
@@ -74,8 +79,8 @@ class MpiCommunicator final : public Communicator {
 
   void recv(const Tensor& t, int peer, int tag) override {
     MPI_Request req;
-    TANDEM_MPI_CHECK(MPI_Irecv(t.raw_data(), as_count(t.numel(), "recv"), mpi_type(t.dtype()),
-                               peer, tag, comm_, &req));
+    TANDEM_MPI_CHECK(MPI_Irecv(t.raw_data(), as_count(t.numel(), "recv"), mpi_type(t.dtype()), peer,
+                               tag, comm_, &req));
     wait(req, "receive from", peer);
   }
 
@@ -83,8 +88,9 @@ class MpiCommunicator final : public Communicator {
                     const std::vector<int64_t>& send_rows) override {
     TANDEM_ASSERT(static_cast<int>(recv_rows.size()) == size_ &&
                   static_cast<int>(send_rows.size()) == size_);
-    const int64_t width = in.dim() > 0 && in.size(0) > 0 ? in.numel() / in.size(0)
-                          : (out.dim() > 0 && out.size(0) > 0 ? out.numel() / out.size(0) : 0);
+    const int64_t width = in.dim() > 0 && in.size(0) > 0
+                              ? in.numel() / in.size(0)
+                              : (out.dim() > 0 && out.size(0) > 0 ? out.numel() / out.size(0) : 0);
     std::vector<int> sc(size_), sd(size_), rc(size_), rd(size_);
     int64_t s_off = 0, r_off = 0;
     for (int p = 0; p < size_; ++p) {
@@ -124,17 +130,16 @@ class MpiCommunicator final : public Communicator {
   void all_gather(const Tensor& out, const Tensor& in) override {
     TANDEM_ASSERT(out.numel() == in.numel() * size_);
     MPI_Request req;
-    TANDEM_MPI_CHECK(MPI_Iallgather(in.raw_data(), as_count(in.numel(), "all_gather"),
-                                    mpi_type(in.dtype()), out.raw_data(),
-                                    as_count(in.numel(), "all_gather"), mpi_type(in.dtype()),
-                                    comm_, &req));
+    TANDEM_MPI_CHECK(MPI_Iallgather(
+        in.raw_data(), as_count(in.numel(), "all_gather"), mpi_type(in.dtype()), out.raw_data(),
+        as_count(in.numel(), "all_gather"), mpi_type(in.dtype()), comm_, &req));
     wait(req, "all-gather in", -1);
   }
 
   void broadcast(const Tensor& t, int root) override {
     MPI_Request req;
-    TANDEM_MPI_CHECK(MPI_Ibcast(t.raw_data(), as_count(t.numel(), "broadcast"),
-                                mpi_type(t.dtype()), root, comm_, &req));
+    TANDEM_MPI_CHECK(MPI_Ibcast(t.raw_data(), as_count(t.numel(), "broadcast"), mpi_type(t.dtype()),
+                                root, comm_, &req));
     wait(req, "broadcast from", root);
   }
 
@@ -160,7 +165,8 @@ class MpiCommunicator final : public Communicator {
 
 class MpiPendingSend final : public PendingSend {
  public:
-  MpiPendingSend(MpiCommunicator* comm, Tensor t, int peer) : comm_(comm), t_(std::move(t)), peer_(peer) {}
+  MpiPendingSend(MpiCommunicator* comm, Tensor t, int peer)
+      : comm_(comm), t_(std::move(t)), peer_(peer) {}
   ~MpiPendingSend() override {
     if (req_ == MPI_REQUEST_NULL) return;  // only on an error path: abandon the send
     MPI_Cancel(&req_);
@@ -199,11 +205,12 @@ void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer) {
     if (done) return;
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (waited > timeout_s_) {
-      throw Error(detail::concat(
-          "rank ", rank_, " of group '", name_, "': ", op, " ",
-          peer >= 0 ? "rank " + std::to_string(peer) : "the group", " did not complete within ",
-          timeout_s_, " s (--comm-timeout); another rank has probably died, diverged or was "
-          "started with a different configuration"));
+      throw Error(
+          detail::concat("rank ", rank_, " of group '", name_, "': ", op, " ",
+                         peer >= 0 ? "rank " + std::to_string(peer) : "the group",
+                         " did not complete within ", timeout_s_,
+                         " s (--comm-timeout); another rank has probably died, diverged or was "
+                         "started with a different configuration"));
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(500));

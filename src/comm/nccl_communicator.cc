@@ -23,22 +23,27 @@ namespace {
 
 // Throws tandem::InternalError naming the call and NCCL's error text unless `status` is
 // ncclSuccess or ncclInProgress: a non-blocking communicator still at work (settled by watch()).
-#define TANDEM_NCCL_CHECK(call)                                                              \
-  do {                                                                                       \
-    const ncclResult_t tandem_nccl_status_ = (call);                                         \
-    if (tandem_nccl_status_ != ncclSuccess && tandem_nccl_status_ != ncclInProgress)         \
-      TANDEM_INTERNAL_ERROR("NCCL call ", #call, " failed: ",                                \
-                            ncclGetErrorString(tandem_nccl_status_), " (",                   \
-                            ncclGetLastError(nullptr), ")");                                 \
+#define TANDEM_NCCL_CHECK(call)                                                         \
+  do {                                                                                  \
+    const ncclResult_t tandem_nccl_status_ = (call);                                    \
+    if (tandem_nccl_status_ != ncclSuccess && tandem_nccl_status_ != ncclInProgress)    \
+      TANDEM_INTERNAL_ERROR("NCCL call ", #call,                                        \
+                            " failed: ", ncclGetErrorString(tandem_nccl_status_), " (", \
+                            ncclGetLastError(nullptr), ")");                            \
   } while (false)
 
 ncclDataType_t nccl_type(DType t) {
   switch (t) {
-    case DType::kF32: return ncclFloat32;
-    case DType::kF64: return ncclFloat64;
-    case DType::kBF16: return ncclBfloat16;
-    case DType::kI32: return ncclInt32;
-    case DType::kI64: return ncclInt64;
+    case DType::kF32:
+      return ncclFloat32;
+    case DType::kF64:
+      return ncclFloat64;
+    case DType::kBF16:
+      return ncclBfloat16;
+    case DType::kI32:
+      return ncclInt32;
+    case DType::kI64:
+      return ncclInt64;
   }
   TANDEM_ASSERT(false, "dtype without an NCCL type");
   return ncclFloat32;
@@ -201,9 +206,10 @@ void NcclCommunicator::initialize() {
   if (status != ncclSuccess && status != ncclInProgress) {
     if (comm_ != nullptr) (void)ncclCommAbort(comm_);
     comm_ = nullptr;
-    TANDEM_INTERNAL_ERROR("NCCL call ncclCommInitRankConfig(&comm, size, id, rank, &config) "
-                          "failed: ", ncclGetErrorString(status), " (", ncclGetLastError(nullptr),
-                          ")");
+    TANDEM_INTERNAL_ERROR(
+        "NCCL call ncclCommInitRankConfig(&comm, size, id, rank, &config) "
+        "failed: ",
+        ncclGetErrorString(status), " (", ncclGetLastError(nullptr), ")");
   }
   TANDEM_CHECK(comm_ != nullptr, "NCCL group '", name_, "': ncclCommInitRankConfig returned ",
                ncclGetErrorString(status), " without a communicator");
@@ -275,10 +281,10 @@ void NcclCommunicator::watch(const std::string& op, double limit_s,
     if (state == ncclSuccess && (!ready || ready())) return;
     const double waited = seconds_since(start);
     if (waited > limit_s) {
-      fail(op, detail::concat(
-                   "did not complete within ", limit_s, " s (waited ", waited,
-                   " s; --comm-timeout). Another rank has probably died, diverged or was "
-                   "started with a different configuration"));
+      fail(op,
+           detail::concat("did not complete within ", limit_s, " s (waited ", waited,
+                          " s; --comm-timeout). Another rank has probably died, diverged or was "
+                          "started with a different configuration"));
     }
     backoff.pause();
   }
@@ -303,14 +309,13 @@ void NcclCommunicator::check_tensor(const Tensor& t, const char* op, const char*
                "` is an undefined tensor");
   TANDEM_CHECK(!t.released(), "NCCL group '", name_, "': ", op, ": `", arg, "` ('",
                t.storage()->tag(), "') was already released");
-  TANDEM_CHECK(t.device() == Device::kCUDA, "NCCL group '", name_, "': ", op, ": `", arg,
-               "` ('", t.storage()->tag(), "', ", shape_str(t.shape()),
+  TANDEM_CHECK(t.device() == Device::kCUDA, "NCCL group '", name_, "': ", op, ": `", arg, "` ('",
+               t.storage()->tag(), "', ", shape_str(t.shape()),
                ") is on the CPU; the NCCL backend moves CUDA tensors (host tensors go through "
                "the MPI group)");
 }
 
-void NcclCommunicator::check_same_dtype(const Tensor& out, const Tensor& in,
-                                        const char* op) const {
+void NcclCommunicator::check_same_dtype(const Tensor& out, const Tensor& in, const char* op) const {
   TANDEM_CHECK(out.dtype() == in.dtype(), "NCCL group '", name_, "': ", op, ": `out` is ",
                dtype_name(out.dtype()), " but `in` is ", dtype_name(in.dtype()),
                "; both must have one dtype");
@@ -380,13 +385,13 @@ int64_t NcclCommunicator::row_width(const Tensor& out, const Tensor& in) const {
 std::vector<int64_t> NcclCommunicator::row_offsets(const std::vector<int64_t>& rows,
                                                    const Tensor& t, const char* which) const {
   TANDEM_CHECK(static_cast<int>(rows.size()) == size_, "NCCL group '", name_,
-               "': all_to_all_v: ", which, " has ", rows.size(), " counts for a group of ",
-               size_, " ranks");
+               "': all_to_all_v: ", which, " has ", rows.size(), " counts for a group of ", size_,
+               " ranks");
   std::vector<int64_t> offsets(rows.size());
   int64_t total = 0;
   for (size_t p = 0; p < rows.size(); ++p) {
-    TANDEM_CHECK(rows[p] >= 0, "NCCL group '", name_, "': all_to_all_v: ", which, "[", p,
-                 "] is ", rows[p], "; row counts must be non-negative");
+    TANDEM_CHECK(rows[p] >= 0, "NCCL group '", name_, "': all_to_all_v: ", which, "[", p, "] is ",
+                 rows[p], "; row counts must be non-negative");
     offsets[p] = total;
     total += rows[p];
   }
@@ -484,8 +489,8 @@ void NcclCommunicator::broadcast(const Tensor& t, int root) {
 void NcclCommunicator::barrier() {
   ensure_usable("barrier");
   const cudaStream_t stream = cuda::current_stream();
-  Tensor flag = Tensor::zeros({1}, DType::kI32, MemCategory::kCommunication, "nccl.barrier",
-                              Device::kCUDA);
+  Tensor flag =
+      Tensor::zeros({1}, DType::kI32, MemCategory::kCommunication, "nccl.barrier", Device::kCUDA);
   TANDEM_NCCL_CHECK(
       ncclAllReduce(flag.raw_data(), flag.raw_data(), 1, ncclInt32, ncclSum, comm_, stream));
   settle("barrier");
@@ -496,8 +501,8 @@ void NcclCommunicator::barrier() {
 void NcclCommunicator::synchronize() {
   ensure_usable("synchronize");
   const cudaStream_t stream = cuda::current_stream();
-  watch(detail::concat("the work enqueued on the current stream (its last NCCL operation: ",
-                       last_op_, ")"),
+  watch(detail::concat(
+            "the work enqueued on the current stream (its last NCCL operation: ", last_op_, ")"),
         timeout_s_, [stream] { return cuda_done(cudaStreamQuery(stream), "cudaStreamQuery"); });
 }
 
@@ -507,8 +512,7 @@ std::vector<std::string> NcclCommunicator::all_gather_bytes(const std::string& m
 
 std::unique_ptr<Communicator> NcclCommunicator::subgroup(const std::vector<int>& ranks,
                                                          const std::string& name) {
-  TANDEM_CHECK(!ranks.empty(), "NCCL group '", name_, "': subgroup '", name,
-               "' lists no ranks");
+  TANDEM_CHECK(!ranks.empty(), "NCCL group '", name_, "': subgroup '", name, "' lists no ranks");
   return std::make_unique<NcclCommunicator>(mpi_->subgroup(ranks, name), timeout_s_);
 }
 

@@ -131,7 +131,6 @@ class NcclCommunicator final : public Communicator {
 std::string nccl_version();
 
 // An NCCL communicator over the ranks of `mpi_group` (collective; see the constructor).
-std::unique_ptr<NcclCommunicator> make_nccl_communicator(Communicator& mpi_group,
-                                                         double timeout_s);
+std::unique_ptr<NcclCommunicator> make_nccl_communicator(Communicator& mpi_group, double timeout_s);
 
 }  // namespace tandem::comm

@@ -14,19 +14,24 @@ namespace tandem {
 
 std::string_view category_name(MemCategory c) {
   switch (c) {
-    case MemCategory::kParameter: return "parameter";
-    case MemCategory::kGradient: return "gradient";
-    case MemCategory::kOptimizer: return "optimizer";
-    case MemCategory::kActivation: return "activation";
-    case MemCategory::kCommunication: return "communication";
-    case MemCategory::kOther: return "other";
+    case MemCategory::kParameter:
+      return "parameter";
+    case MemCategory::kGradient:
+      return "gradient";
+    case MemCategory::kOptimizer:
+      return "optimizer";
+    case MemCategory::kActivation:
+      return "activation";
+    case MemCategory::kCommunication:
+      return "communication";
+    case MemCategory::kOther:
+      return "other";
   }
   return "?";
 }
 
 double now_seconds() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch())
-      .count();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
 MemoryStats Allocator::stats() const {
@@ -112,8 +117,7 @@ class CpuAllocator final : public Allocator {
     return p;
   }
 
-  void deallocate(void* ptr, int64_t bytes, MemCategory category,
-                  std::string_view tag) override {
+  void deallocate(void* ptr, int64_t bytes, MemCategory category, std::string_view tag) override {
     std::free(ptr);
     note_free(bytes, category, tag);
   }

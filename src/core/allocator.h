@@ -56,8 +56,7 @@ class Allocator {
   // Returns memory for `bytes` (>= 0) bytes; throws tandem::Error when none is left.
   virtual void* allocate(int64_t bytes, MemCategory category, std::string_view tag) = 0;
   // `tag` names the freed storage in the trace.
-  virtual void deallocate(void* ptr, int64_t bytes, MemCategory category,
-                          std::string_view tag) = 0;
+  virtual void deallocate(void* ptr, int64_t bytes, MemCategory category, std::string_view tag) = 0;
 
   MemoryStats stats() const;
   // Counts `bytes` already allocated under `from` as `to` from now on (a tensor handed over).

@@ -3,8 +3,8 @@
 
 #include <algorithm>
 #include <cmath>
-#include <utility>
 #include <numbers>
+#include <utility>
 
 #include "core/error.h"
 
@@ -45,16 +45,16 @@ const std::vector<ModelField>& model_fields() {
       {"num-query-groups", &M::num_query_groups,
        "KV heads for grouped-query attention; divides num-attention-heads", kPositive},
       {"kv-channels", &M::kv_channels,
-       "D, the head dim of q, k and v (even); 0: hidden-size / num-attention-heads",
-       kNonNegative, false},
+       "D, the head dim of q, k and v (even); 0: hidden-size / num-attention-heads", kNonNegative,
+       false},
       {"ffn-hidden-size", &M::ffn_hidden_size,
        "F, the SwiGLU width of the dense MLP or of each expert", kPositive},
       {"num-experts", &M::num_experts, "E, experts per MoE layer; 0 makes a dense model",
        kNonNegative},
       {"moe-router-topk", &M::moe_router_topk,
        "k, experts each token is routed to (1..num-experts)", kPositive},
-      {"moe-aux-loss-coeff", &M::moe_aux_loss_coeff,
-       "alpha, the weight of the load-balancing loss", kNonNegative},
+      {"moe-aux-loss-coeff", &M::moe_aux_loss_coeff, "alpha, the weight of the load-balancing loss",
+       kNonNegative},
       {"vocab-size", &M::vocab_size,
        "V, the vocabulary size (>= 256 for the built-in task, whose tokens are bytes)", kPositive},
       {"seq-length", &M::seq_length, "T, tokens per sample", kPositive},
@@ -69,12 +69,11 @@ const std::vector<ModelField>& model_fields() {
       {"rope-high-freq-factor", &M::rope_high_freq_factor,
        "--use-rope-scaling: wavelengths below original / this are kept", kPositive, false},
       {"rope-original-max-position-embeddings", &M::rope_original_max_position,
-       "--use-rope-scaling: the context length the model was first trained at", kPositive,
-       false},
+       "--use-rope-scaling: the context length the model was first trained at", kPositive, false},
       {"norm-epsilon", &M::norm_epsilon, "eps added inside RMSNorm", kPositive},
       {"qk-layernorm", &M::qk_layernorm,
-       "RMSNorm of each head of q and k (gains of width D) before RoPE, as Qwen3",
-       FieldBound::kAny, false},
+       "RMSNorm of each head of q and k (gains of width D) before RoPE, as Qwen3", FieldBound::kAny,
+       false},
       {"add-qkv-bias", &M::add_qkv_bias, "biases on the q, k and v products, as Qwen2",
        FieldBound::kAny, false},
       {"moe-ffn-hidden-size", &M::moe_ffn_hidden_size,
@@ -150,10 +149,14 @@ bool ModelConfig::is_moe_layer(int64_t l) const {
 
 const char* family_class_name(ModelFamily f) {
   switch (f) {
-    case ModelFamily::kLlama: return "LlamaForCausalLM";
-    case ModelFamily::kMixtral: return "MixtralForCausalLM";
-    case ModelFamily::kQwen3Moe: return "Qwen3MoeForCausalLM";
-    case ModelFamily::kQwen2Moe: return "Qwen2MoeForCausalLM";
+    case ModelFamily::kLlama:
+      return "LlamaForCausalLM";
+    case ModelFamily::kMixtral:
+      return "MixtralForCausalLM";
+    case ModelFamily::kQwen3Moe:
+      return "Qwen3MoeForCausalLM";
+    case ModelFamily::kQwen2Moe:
+      return "Qwen2MoeForCausalLM";
   }
   return "?";
 }
@@ -181,12 +184,13 @@ ModelFamily family_of(const ModelConfig& m) {
     if (m.add_qkv_bias) throw none("--add-qkv-bias with --qk-layernorm");
     return ModelFamily::kQwen3Moe;
   }
-  const char* qwen_only = m.add_qkv_bias                          ? "--add-qkv-bias"
-                          : m.moe_router_pre_softmax              ? "--moe-router-pre-softmax"
-                          : m.moe_layer_freq != "1"               ? "--moe-layer-freq"
-                          : (m.moe_ffn_hidden_size > 0 &&
-                             m.moe_ffn_hidden_size != m.ffn_hidden_size) ? "--moe-ffn-hidden-size"
-                                                                          : nullptr;
+  const char* qwen_only =
+      m.add_qkv_bias             ? "--add-qkv-bias"
+      : m.moe_router_pre_softmax ? "--moe-router-pre-softmax"
+      : m.moe_layer_freq != "1"  ? "--moe-layer-freq"
+      : (m.moe_ffn_hidden_size > 0 && m.moe_ffn_hidden_size != m.ffn_hidden_size)
+          ? "--moe-ffn-hidden-size"
+          : nullptr;
   if (qwen_only != nullptr) {
     throw none(std::string(qwen_only) +
                " in a MoE model without --qk-layernorm (Qwen3-MoE) or a shared expert "
@@ -225,8 +229,9 @@ void check_dimension(const char* option, int64_t value) {
 // A value the f32 master weights and optimizer use: zero, or a normal f32 of either sign.
 void check_f32(const char* option, double value) {
   const float f = static_cast<float>(value);
-  TANDEM_CHECK(std::isfinite(value) && std::isfinite(f) && (value == 0 || f != 0),
-               option, " ", value, " does not fit a 32-bit float (the optimizer computes in f32): "
+  TANDEM_CHECK(std::isfinite(value) && std::isfinite(f) && (value == 0 || f != 0), option, " ",
+               value,
+               " does not fit a 32-bit float (the optimizer computes in f32): "
                "use a value between 1.2e-38 and 3.4e38 in magnitude");
 }
 
@@ -247,11 +252,16 @@ static long double parameter_count(const ModelConfig& m) {
 
 void ModelConfig::validate() const {
   for (const auto& [option, value] :
-       {std::pair{"--vocab-size", vocab_size}, {"--hidden-size", hidden_size},
-        {"--num-layers", num_layers}, {"--num-attention-heads", num_attention_heads},
-        {"--num-query-groups", num_query_groups}, {"--ffn-hidden-size", ffn_hidden_size},
-        {"--num-experts", num_experts}, {"--moe-router-topk", moe_router_topk},
-        {"--seq-length", seq_length}, {"--kv-channels", kv_channels},
+       {std::pair{"--vocab-size", vocab_size},
+        {"--hidden-size", hidden_size},
+        {"--num-layers", num_layers},
+        {"--num-attention-heads", num_attention_heads},
+        {"--num-query-groups", num_query_groups},
+        {"--ffn-hidden-size", ffn_hidden_size},
+        {"--num-experts", num_experts},
+        {"--moe-router-topk", moe_router_topk},
+        {"--seq-length", seq_length},
+        {"--kv-channels", kv_channels},
         {"--moe-ffn-hidden-size", moe_ffn_hidden_size},
         {"--moe-shared-expert-intermediate-size", moe_shared_expert_intermediate_size},
         {"--rope-original-max-position-embeddings", rope_original_max_position}}) {
@@ -303,10 +313,10 @@ void ModelConfig::validate() const {
   TANDEM_CHECK(norm_epsilon > 0, "--norm-epsilon ", norm_epsilon, " is invalid: it must be > 0");
   TANDEM_CHECK(seq_length >= 2, "--seq-length ", seq_length, " is invalid: need at least 2");
   const long double params = parameter_count(*this);
-  TANDEM_CHECK(params <= kMaxParameters, "the model has ",
-               static_cast<double>(params), " parameters (--num-layers ", num_layers,
-               ", --hidden-size ", hidden_size, ", --num-experts ", num_experts,
-               " ...): at most 2^47 (", static_cast<double>(kMaxParameters), ") are possible");
+  TANDEM_CHECK(params <= kMaxParameters, "the model has ", static_cast<double>(params),
+               " parameters (--num-layers ", num_layers, ", --hidden-size ", hidden_size,
+               ", --num-experts ", num_experts, " ...): at most 2^47 (",
+               static_cast<double>(kMaxParameters), ") are possible");
   family_of(*this);  // a model transformers has a class for
 }
 
@@ -321,12 +331,14 @@ void ModelConfig::validate_moe_options() const {
                "--moe-shared-expert-intermediate-size");
   if (!is_moe()) {
     // Settings of the experts mean nothing without them: a mistake, not a no-op.
-    const char* moe_only = moe_ffn_hidden_size > 0                      ? "--moe-ffn-hidden-size"
-                           : moe_shared_expert_intermediate_size > 0    ? "--moe-shared-expert-intermediate-size"
-                           : moe_router_pre_softmax                     ? "--moe-router-pre-softmax"
-                           : moe_layer_freq != "1"                      ? "--moe-layer-freq"
-                                                                        : nullptr;
-    TANDEM_CHECK(moe_only == nullptr, moe_only, " is set for a dense model (--num-experts 0): "
+    const char* moe_only = moe_ffn_hidden_size > 0 ? "--moe-ffn-hidden-size"
+                           : moe_shared_expert_intermediate_size > 0
+                               ? "--moe-shared-expert-intermediate-size"
+                           : moe_router_pre_softmax ? "--moe-router-pre-softmax"
+                           : moe_layer_freq != "1"  ? "--moe-layer-freq"
+                                                    : nullptr;
+    TANDEM_CHECK(moe_only == nullptr, moe_only,
+                 " is set for a dense model (--num-experts 0): "
                  "set --num-experts, or leave it out");
     return;
   }
@@ -341,24 +353,25 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
                " is invalid: need at least 1");
   TANDEM_CHECK(global_batch_size >= 1, "--global-batch-size ", global_batch_size,
                " is invalid: need at least 1");
-  TANDEM_CHECK(global_batch_size % (micro_batch_size * data_parallel_size) == 0,
-               "--global-batch-size ", global_batch_size,
-               " is not a multiple of --micro-batch-size ", micro_batch_size,
-               data_parallel_size > 1 ? " x data-parallel size " : "",
-               data_parallel_size > 1 ? std::to_string(data_parallel_size) : std::string(),
-               ": valid global batch sizes are multiples of ",
-               micro_batch_size * data_parallel_size);
+  TANDEM_CHECK(
+      global_batch_size % (micro_batch_size * data_parallel_size) == 0, "--global-batch-size ",
+      global_batch_size, " is not a multiple of --micro-batch-size ", micro_batch_size,
+      data_parallel_size > 1 ? " x data-parallel size " : "",
+      data_parallel_size > 1 ? std::to_string(data_parallel_size) : std::string(),
+      ": valid global batch sizes are multiples of ", micro_batch_size * data_parallel_size);
   TANDEM_CHECK(train_iters >= 1, "--train-iters ", train_iters, " is invalid: need at least 1");
   TANDEM_CHECK(lr > 0, "--lr ", lr, " is invalid: it must be > 0");
-  for (const auto& [option, value] :
-       {std::pair{"--lr", lr}, {"--min-lr", min_lr}, {"--weight-decay", weight_decay},
-        {"--adam-beta1", adam_beta1}, {"--adam-beta2", adam_beta2}, {"--adam-eps", adam_eps},
-        {"--clip-grad", clip_grad}}) {
+  for (const auto& [option, value] : {std::pair{"--lr", lr},
+                                      {"--min-lr", min_lr},
+                                      {"--weight-decay", weight_decay},
+                                      {"--adam-beta1", adam_beta1},
+                                      {"--adam-beta2", adam_beta2},
+                                      {"--adam-eps", adam_eps},
+                                      {"--clip-grad", clip_grad}}) {
     check_f32(option, value);
   }
-  for (const auto& [option, value] :
-       {std::pair{"--micro-batch-size", micro_batch_size},
-        {"--global-batch-size", global_batch_size}}) {
+  for (const auto& [option, value] : {std::pair{"--micro-batch-size", micro_batch_size},
+                                      {"--global-batch-size", global_batch_size}}) {
     check_dimension(option, value);
   }
   TANDEM_CHECK(min_lr >= 0 && min_lr <= lr, "--min-lr ", min_lr,
@@ -375,8 +388,7 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
   TANDEM_CHECK(adam_eps > 0, "--adam-eps ", adam_eps, " is invalid: it must be > 0");
   TANDEM_CHECK(clip_grad >= 0, "--clip-grad ", clip_grad,
                " is invalid: it must be >= 0 (0 turns clipping off)");
-  TANDEM_CHECK(log_interval >= 1, "--log-interval ", log_interval,
-               " is invalid: need at least 1");
+  TANDEM_CHECK(log_interval >= 1, "--log-interval ", log_interval, " is invalid: need at least 1");
 }
 
 }  // namespace tandem

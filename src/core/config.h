@@ -16,16 +16,16 @@ namespace tandem {
 // with an error naming the iteration, or skip the update (no weight or optimizer change).
 enum class NonFinitePolicy : uint8_t { kStop, kSkip };
 
-// How RoPE's frequencies are scaled (docs/model.md "Rotary position embedding"): not at all, or as Llama 3
-// scales them for a context longer than the one it was trained at.
+// How RoPE's frequencies are scaled (docs/model.md "Rotary position embedding"): not at all, or as
+// Llama 3 scales them for a context longer than the one it was trained at.
 enum class RopeScaling : uint8_t { kNone, kLlama3 };
 
 // RoPE's frequencies, as the ops take them: the base theta and the scaling.
 struct RopeSpec {
   double theta = 10000.0;
   RopeScaling scaling = RopeScaling::kNone;
-  double factor = 8.0;           // Llama 3: low frequencies divided by this
-  double low_freq_factor = 1.0;  // Llama 3: wavelengths above original / low_freq_factor scaled
+  double factor = 8.0;            // Llama 3: low frequencies divided by this
+  double low_freq_factor = 1.0;   // Llama 3: wavelengths above original / low_freq_factor scaled
   double high_freq_factor = 4.0;  // Llama 3: below original / high_freq_factor kept
   int64_t original_max_position = 8192;  // Llama 3: the context the model was trained at
 

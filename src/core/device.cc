@@ -14,9 +14,7 @@ std::array<bool, 2> g_registered{};
 thread_local Device t_current = Device::kCPU;
 }  // namespace
 
-std::string_view device_name(Device device) {
-  return device == Device::kCPU ? "cpu" : "cuda";
-}
+std::string_view device_name(Device device) { return device == Device::kCPU ? "cpu" : "cuda"; }
 
 void register_device_backend(Device device, const DeviceBackend& backend) {
   TANDEM_ASSERT(device != Device::kCPU, "the CPU needs no device backend");

@@ -12,22 +12,32 @@ enum class Device : uint8_t { kCPU, kCUDA };
 
 constexpr int64_t dtype_size(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kF64: return 8;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
+    case DType::kF32:
+      return 4;
+    case DType::kF64:
+      return 8;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
   }
   return 0;
 }
 
 constexpr std::string_view dtype_name(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kF64: return "f64";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
+    case DType::kF32:
+      return "f32";
+    case DType::kF64:
+      return "f64";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
   }
   return "?";
 }
@@ -51,11 +61,27 @@ inline float bf16_to_float(BF16 b) {
   return f;
 }
 
-template <typename T> struct DTypeOf;
-template <> struct DTypeOf<BF16> { static constexpr DType value = DType::kBF16; };
-template <> struct DTypeOf<float> { static constexpr DType value = DType::kF32; };
-template <> struct DTypeOf<double> { static constexpr DType value = DType::kF64; };
-template <> struct DTypeOf<int32_t> { static constexpr DType value = DType::kI32; };
-template <> struct DTypeOf<int64_t> { static constexpr DType value = DType::kI64; };
+template <typename T>
+struct DTypeOf;
+template <>
+struct DTypeOf<BF16> {
+  static constexpr DType value = DType::kBF16;
+};
+template <>
+struct DTypeOf<float> {
+  static constexpr DType value = DType::kF32;
+};
+template <>
+struct DTypeOf<double> {
+  static constexpr DType value = DType::kF64;
+};
+template <>
+struct DTypeOf<int32_t> {
+  static constexpr DType value = DType::kI32;
+};
+template <>
+struct DTypeOf<int64_t> {
+  static constexpr DType value = DType::kI64;
+};
 
 }  // namespace tandem

@@ -51,21 +51,21 @@ std::string concat(const Args&... args) {
 }  // namespace tandem
 
 // Throws tandem::Error with the concatenated message when cond is false.
-#define TANDEM_CHECK(cond, ...)                                        \
-  do {                                                                 \
+#define TANDEM_CHECK(cond, ...)                                                \
+  do {                                                                         \
     if (!(cond)) throw ::tandem::Error(::tandem::detail::concat(__VA_ARGS__)); \
   } while (0)
 
 // Throws tandem::InternalError at this file, line and function with the concatenated message.
 // The one macro under TANDEM_ASSERT and the CUDA, cuBLAS, NCCL and MPI checks.
-#define TANDEM_INTERNAL_ERROR(...)                                                  \
+#define TANDEM_INTERNAL_ERROR(...)                                                         \
   ::tandem::detail::throw_internal(__FILE__, __LINE__, static_cast<const char*>(__func__), \
                                    ::tandem::detail::concat(__VA_ARGS__))
 
 // Throws tandem::InternalError when an invariant is broken (kept in Release builds). In a
 // destructor or another noexcept function that ends the process (std::terminate prints what()).
-#define TANDEM_ASSERT(cond, ...)                                                              \
-  do {                                                                                        \
-    if (!(cond))                                                                              \
-      TANDEM_INTERNAL_ERROR("invariant broken: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__);      \
+#define TANDEM_ASSERT(cond, ...)                                                          \
+  do {                                                                                    \
+    if (!(cond))                                                                          \
+      TANDEM_INTERNAL_ERROR("invariant broken: " #cond __VA_OPT__(, ": ", ) __VA_ARGS__); \
   } while (0)

@@ -9,14 +9,22 @@ namespace tandem {
 
 std::string_view node_kind_name(NodeKind kind) {
   switch (kind) {
-    case NodeKind::kEmbed: return "embed";
-    case NodeKind::kAttention: return "attention";
-    case NodeKind::kDispatch: return "dispatch";
-    case NodeKind::kExperts: return "experts";
-    case NodeKind::kCombine: return "combine";
-    case NodeKind::kMlp: return "mlp";
-    case NodeKind::kLoss: return "loss";
-    case NodeKind::kSharedExpert: return "shared_expert";
+    case NodeKind::kEmbed:
+      return "embed";
+    case NodeKind::kAttention:
+      return "attention";
+    case NodeKind::kDispatch:
+      return "dispatch";
+    case NodeKind::kExperts:
+      return "experts";
+    case NodeKind::kCombine:
+      return "combine";
+    case NodeKind::kMlp:
+      return "mlp";
+    case NodeKind::kLoss:
+      return "loss";
+    case NodeKind::kSharedExpert:
+      return "shared_expert";
   }
   return "?";
 }
@@ -126,8 +134,8 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   const int64_t held =  // d_n2, d_logits, d_h1, d_a, d_q, d_k, d_v
       d_n2 + d_logits + n * h * es + 2 * n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
   // The op's delta [N*heads] f32; its deterministic backward (the default) needs no f32 dq
-  // workspace (Note [Deterministic attention backward] in ops/cuda/attention_backward.cu; the one-pass
-  // variants' [N, heads*D] f32 is not counted).
+  // workspace (Note [Deterministic attention backward] in ops/cuda/attention_backward.cu; the
+  // one-pass variants' [N, heads*D] f32 is not counted).
   const int64_t op = n * cfg.num_attention_heads * kF32;
   // --qk-layernorm: the raw q and k's gradients beside the normed ones' for a moment.
   const int64_t qk_norm = cfg.qk_layernorm ? n * (cfg.q_width() + cfg.kv_width()) * es : 0;

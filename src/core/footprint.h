@@ -29,13 +29,13 @@ struct FootprintShape {
   int64_t tokens = 0;       // N: tokens of one micro-batch on this rank (micro_batch * seq)
   int64_t expert_rows = 0;  // rows the local experts receive (N * k when EP = 1)
   int64_t local_experts = 0;
-  int64_t ep_size = 1;      // expert-parallel ranks
-  int64_t elem_bytes = 4;   // activation element size (4 for f32, 8 for f64, 2 for bf16)
-  int64_t stat_bytes = 0;   // statistics' element size (norm rstd, attention lse, router
-                            // probabilities and weights); 0: the same as elem_bytes. The GPU
-                            // keeps bf16 activations and f32 statistics (docs/cuda.md).
-  bool fused_lm_head = false;  // the loss node runs ops::lm_head_ce_forward_backward (the
-                               // GPU's loss node, gradients formed in the forward)
+  int64_t ep_size = 1;             // expert-parallel ranks
+  int64_t elem_bytes = 4;          // activation element size (4 for f32, 8 for f64, 2 for bf16)
+  int64_t stat_bytes = 0;          // statistics' element size (norm rstd, attention lse, router
+                                   // probabilities and weights); 0: the same as elem_bytes. The GPU
+                                   // keeps bf16 activations and f32 statistics (docs/cuda.md).
+  bool fused_lm_head = false;      // the loss node runs ops::lm_head_ce_forward_backward (the
+                                   // GPU's loss node, gradients formed in the forward)
   bool recompute_experts = false;  // TrainConfig::recompute_experts: experts keep x_in only
   // The node's layer is a MoE layer (ModelConfig::is_moe_layer): its attention saves the
   // router's state. Dense layers of a MoE model set it false.

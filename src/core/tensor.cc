@@ -96,8 +96,8 @@ Tensor Tensor::reshape(const Shape& shape) const {
 }
 
 Tensor Tensor::narrow_rows(int64_t begin, int64_t length) const {
-  TANDEM_ASSERT(dim() >= 1 && begin >= 0 && length >= 0 && begin + length <= shape_[0],
-                "rows [", begin, ",", begin + length, ") of ", shape_str(shape_));
+  TANDEM_ASSERT(dim() >= 1 && begin >= 0 && length >= 0 && begin + length <= shape_[0], "rows [",
+                begin, ",", begin + length, ") of ", shape_str(shape_));
   const int64_t row = shape_[0] == 0 ? 0 : numel() / shape_[0];
   Tensor t = *this;
   t.shape_[0] = length;

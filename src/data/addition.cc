@@ -102,7 +102,8 @@ void AdditionDataset::sample(int64_t index, int32_t* out, int64_t length) const 
 
 std::string AdditionDataset::describe() const {
   return "synthetic addition (max_digits " + std::to_string(max_digits_) + ", seed " +
-         std::to_string(seed_) + ", zero-padded operands, often short in training, reversed sums, byte tokens)";
+         std::to_string(seed_) +
+         ", zero-padded operands, often short in training, reversed sums, byte tokens)";
 }
 
 AdditionProblem make_eval_problem(uint64_t seed, int64_t index, int max_digits) {

@@ -164,8 +164,8 @@ std::string valid_model_types() {
 // RoPE as transformers 5.x writes it (rope_parameters, the base inside) or 4.x (rope_theta at the
 // top, rope_scaling beside it); rope_scaling wins over rope_parameters and the dict's rope_theta
 // over the top-level one, as transformers' standardize_rope_params has it.
-void read_rope(const ConfigReader& r, const std::string& source,
-               const FamilyInfo& family, ModelConfig& m) {
+void read_rope(const ConfigReader& r, const std::string& source, const FamilyInfo& family,
+               ModelConfig& m) {
   const double top_theta = r.number("rope_theta", family.default_theta);
   const bool scaling = r.has("rope_scaling");
   const bool params = r.has("rope_parameters");
@@ -176,7 +176,8 @@ void read_rope(const ConfigReader& r, const std::string& source,
   if (!dict.is_object()) r.fail(key, "is " + dict.dump() + ", expected an object");
   const ConfigReader d(dict, source, key + ".");
   m.rotary_base = d.number("rope_theta", top_theta);
-  if (m.rotary_base <= 1) d.fail("rope_theta", "is " + Json(m.rotary_base).dump() + "; it must be > 1");
+  if (m.rotary_base <= 1)
+    d.fail("rope_theta", "is " + Json(m.rotary_base).dump() + "; it must be > 1");
   const std::string type = d.has("rope_type") ? d.string("rope_type") : d.string("type", "default");
   d.mark("type");
   d.expect_number("partial_rotary_factor", 1.0, "RoPE on every column of the head");
@@ -186,12 +187,13 @@ void read_rope(const ConfigReader& r, const std::string& source,
     m.rope_low_freq_factor = d.number("low_freq_factor");
     m.rope_high_freq_factor = d.number("high_freq_factor");
     m.rope_original_max_position =
-        d.integer("original_max_position_embeddings", r.integer("max_position_embeddings",
-                                                                family.default_max_position));
+        d.integer("original_max_position_embeddings",
+                  r.integer("max_position_embeddings", family.default_max_position));
   } else if (type != "default") {
     d.fail(dict.contains("rope_type") ? "rope_type" : "type",
-           "is \"" + type + "\"; tandem implements \"default\" and \"llama3\" (docs/model.md "
-           "\"Rotary position embedding\")");
+           "is \"" + type +
+               "\"; tandem implements \"default\" and \"llama3\" (docs/model.md "
+               "\"Rotary position embedding\")");
   }
   d.check_all_read({});
 }
@@ -254,8 +256,8 @@ void read_qwen_moe_layers(const ConfigReader& r, ModelConfig& m) {
     if (!list.is_array()) r.fail("mlp_only_layers", "is " + list.dump() + ", expected a list");
     for (const Json& l : list) {
       if (!l.is_number_integer() || l.get<int64_t>() < 0 || l.get<int64_t>() >= m.num_layers) {
-        r.fail("mlp_only_layers", "holds " + l.dump() + "; layers are 0.." +
-                                      std::to_string(m.num_layers - 1));
+        r.fail("mlp_only_layers",
+               "holds " + l.dump() + "; layers are 0.." + std::to_string(m.num_layers - 1));
       }
       dense.insert(l.get<int64_t>());
     }
@@ -322,8 +324,9 @@ void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
       m.moe_ffn_hidden_size = r.integer("moe_intermediate_size", 1408);
       m.moe_shared_expert_intermediate_size = r.integer("shared_expert_intermediate_size", 5632);
       if (m.moe_shared_expert_intermediate_size < 1) {
-        r.fail("shared_expert_intermediate_size", "is below 1; tandem's Qwen2-MoE has a shared "
-                                                  "expert");
+        r.fail("shared_expert_intermediate_size",
+               "is below 1; tandem's Qwen2-MoE has a shared "
+               "expert");
       }
       m.moe_shared_expert_gate = true;
       read_qwen_moe(r, m, 60, 4);
@@ -434,8 +437,8 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   if (r.has("architectures")) {
     const Json& a = j["architectures"];
     if (!a.is_array() || a.size() != 1 || a[0] != arch) {
-      r.fail("architectures", "is " + a.dump() + "; for model_type \"" + type + "\" valid: [\"" +
-                                  arch + "\"]");
+      r.fail("architectures",
+             "is " + a.dump() + "; for model_type \"" + type + "\" valid: [\"" + arch + "\"]");
     }
   }
   ModelConfig m;

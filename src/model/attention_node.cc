@@ -1,9 +1,9 @@
 // The attention node: norm, q/k/v, rope, causal GQA attention, out-projection, residual,
 // post-attention norm and, for MoE layers, the router and the permutation of tokens by expert.
+#include <utility>
+
 #include "model/nodes.h"
 #include "ops/ops.h"
-
-#include <utility>
 
 namespace tandem::model {
 
@@ -87,13 +87,13 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   const ModelConfig& cfg = c.cfg;
   const int64_t n = c.tokens(), h = cfg.hidden_size;
   AttentionSaved& s = a.attn;
-  s.x = a.x;                                                      // (N, H)
-  adopt_as_activation(s.x);                                       // Note [Hand-over]
+  s.x = a.x;                 // (N, H)
+  adopt_as_activation(s.x);  // Note [Hand-over]
   s.n1 = saved_tensor({n, h}, c.dtype, "attn.n1");
   s.rstd1 = saved_tensor({n}, c.stat_dtype(), "attn.rstd1");
   ops::rmsnorm_forward(s.n1, s.rstd1, s.x, w.input_norm, cfg.norm_epsilon);
-  s.q = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q");     // (N, heads*D)
-  s.k = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k");    // (N, kv*D)
+  s.q = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q");   // (N, heads*D)
+  s.k = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k");  // (N, kv*D)
   s.v = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.v");
   // With --qk-layernorm the products land in q_raw and k_raw, kept for the norms' backward.
   if (cfg.qk_layernorm) {
@@ -119,7 +119,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.stat_dtype(), "attn.lse");
   ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, shape);
   s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
-  ops::linear_forward_residual(s.h1, s.a, w.wo, s.x);             // + the residual x
+  ops::linear_forward_residual(s.h1, s.a, w.wo, s.x);  // + the residual x
   s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
   s.rstd2 = saved_tensor({n}, c.stat_dtype(), "attn.rstd2");
   ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
@@ -138,9 +138,9 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
   ops::moe_permutation(s.perm, s.counts, s.topk_idx, e, w.expert_slot);  // by place
   s.counts_read = std::make_shared<HostRead>(s.counts);  // Note [Routing counts on the host]
-  a.aux_loss = ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k,
-                                          cfg.moe_aux_loss_coeff);
-  a.routed = work_tensor({n * k, h}, c.dtype, "routed");          // handed to dispatch
+  a.aux_loss =
+      ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k, cfg.moe_aux_loss_coeff);
+  a.routed = work_tensor({n * k, h}, c.dtype, "routed");  // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }
 
@@ -152,8 +152,8 @@ static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const No
   if (!w.moe()) return std::exchange(a.d_n2, Tensor());
   const int64_t n = c.tokens(), k = cfg.moe_router_topk;
   const bool shared = a.d_n2.defined();
-  Tensor d_n2 = shared ? std::exchange(a.d_n2, Tensor())
-                       : work_tensor({n, cfg.hidden_size}, c.dtype, "d_n2");
+  Tensor d_n2 =
+      shared ? std::exchange(a.d_n2, Tensor()) : work_tensor({n, cfg.hidden_size}, c.dtype, "d_n2");
   ops::permute_backward(d_n2, a.d_routed, s.perm, k,
                         shared ? Accumulate::kAdd : Accumulate::kOverwrite);
   s.d_logits = work_tensor({n, cfg.num_experts}, c.dtype, "d_router_logits");
@@ -196,9 +196,8 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   a.d_x.copy_from(s.d_h1);
   ops::rmsnorm_backward(a.d_x, g.input_norm, d_n1, s.x, w.input_norm, s.rstd1, Accumulate::kAdd);
   // What only the input gradient needed; n1, a and n2 stay for the weight gradients.
-  release_storage({&s.x, &s.rstd1, &s.q, &s.k, &s.v, &s.lse, &s.h1, &s.rstd2, &s.probs,
-                   &s.topk_w, &s.topk_idx, &s.counts, &s.perm, &s.q_raw, &s.k_raw, &s.rstd_q,
-                   &s.rstd_k});
+  release_storage({&s.x, &s.rstd1, &s.q, &s.k, &s.v, &s.lse, &s.h1, &s.rstd2, &s.probs, &s.topk_w,
+                   &s.topk_idx, &s.counts, &s.perm, &s.q_raw, &s.k_raw, &s.rstd_q, &s.rstd_k});
 }
 
 void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {

@@ -25,8 +25,8 @@ ModelChunk::ModelChunk(const Parameters& params) : params_(&params) {
 }
 
 NodeContext ModelChunk::context(int64_t batch, double loss_scale) const {
-  NodeContext c{params_->config(), batch, params_->config().seq_length,
-                params_->activation_dtype(), loss_scale};
+  NodeContext c{params_->config(), batch, params_->config().seq_length, params_->activation_dtype(),
+                loss_scale};
   c.fused_lm_head = params_->device() != Device::kCPU;
   c.grads = &params_->grads();
   return c;
@@ -125,23 +125,28 @@ void ModelChunk::backward_node(size_t i, MicroBatchState& mb, const NodeContext&
   }
 }
 
-void ModelChunk::backward_weights_node(size_t i, MicroBatchState& mb,
-                                       const NodeContext& c) const {
+void ModelChunk::backward_weights_node(size_t i, MicroBatchState& mb, const NodeContext& c) const {
   const NodeRef& node = nodes_.at(i);
   const ModelWeights& g = params_->grads();
   switch (node.kind) {
-    case NodeKind::kEmbed: embed_backward_weights(mb.embed, g, c); return;
+    case NodeKind::kEmbed:
+      embed_backward_weights(mb.embed, g, c);
+      return;
     case NodeKind::kAttention:
       attention_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
       return;
     case NodeKind::kExperts:
       experts_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
       return;
-    case NodeKind::kMlp: mlp_backward_weights(mb.layers[node.layer], g.layers[node.layer], c); return;
+    case NodeKind::kMlp:
+      mlp_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
+      return;
     case NodeKind::kSharedExpert:
       shared_expert_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
       return;
-    case NodeKind::kLoss: loss_backward_weights(mb.loss, g, c); return;
+    case NodeKind::kLoss:
+      loss_backward_weights(mb.loss, g, c);
+      return;
     case NodeKind::kDispatch:
     case NodeKind::kCombine:
       return;  // no weights

@@ -32,8 +32,8 @@ void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const
     const int32_t* p = ids.data<int32_t>();
     const int64_t v = w.embed.size(0);
     for (int64_t i = 0; i < ids.numel(); ++i) {
-      TANDEM_CHECK(p[i] >= 0 && p[i] < v, "embedding: id ", p[i], " at row ", i,
-                   " is outside [0, ", v, ")");
+      TANDEM_CHECK(p[i] >= 0 && p[i] < v, "embedding: id ", p[i], " at row ", i, " is outside [0, ",
+                   v, ")");
     }
     check = ops::IdCheck::kCheckedByCaller;
   }
@@ -52,7 +52,7 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
                   const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
   const int64_t n = c.tokens(), h = cfg.hidden_size;
-  a.x = x;  // (N, H)
+  a.x = x;                   // (N, H)
   adopt_as_activation(a.x);  // Note [Hand-over]
   // Training with the fused LM head, nf is an op temporary
   // (Note [Loss gradient in the forward]): counted as one, as the planner counts it (the loss
@@ -72,10 +72,10 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
     Tensor lse = work_tensor({n}, c.stat_dtype(), "loss.lse");
     a.d_nf = saved_tensor({n, h}, c.dtype, "loss.d_nf");
     // The loss stays on its way to the host (Note [Reads to the host ahead of use]).
-    a.lm_loss = ops::lm_head_ce_forward_backward(a.d_nf, c.grads->lm_head, lse, a.nf, w.lm_head,
-                                                 tgt, c.loss_scale / static_cast<double>(n),
-                                                 Accumulate::kAdd)
-                    .then([n](double sum) { return sum / static_cast<double>(n); });
+    a.lm_loss =
+        ops::lm_head_ce_forward_backward(a.d_nf, c.grads->lm_head, lse, a.nf, w.lm_head, tgt,
+                                         c.loss_scale / static_cast<double>(n), Accumulate::kAdd)
+            .then([n](double sum) { return sum / static_cast<double>(n); });
     release_storage({&a.nf});
     a.nf = Tensor();
     return;
@@ -120,8 +120,7 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
     return;
   }
   // dlogits overwrite the logits in place: the fp32 logits die the moment their gradient exists.
-  ops::cross_entropy_backward(a.logits, a.logits, a.targets,
-                              c.loss_scale / static_cast<double>(n));
+  ops::cross_entropy_backward(a.logits, a.logits, a.targets, c.loss_scale / static_cast<double>(n));
   Tensor d_nf = work_tensor({n, h}, c.dtype, "loss.d_nf");
   ops::linear_backward_input(d_nf, a.logits, w.lm_head);
   a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");
@@ -152,10 +151,9 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
   const AttentionSaved& s = a.attn;
   switch (kind) {
     case NodeKind::kAttention:
-      return {&s.x,     &s.n1,     &s.rstd1,  &s.q,      &s.k,        &s.v,
-              &s.a,     &s.lse,    &s.h1,     &s.rstd2,  &s.n2,       &s.q_raw,
-              &s.k_raw, &s.rstd_q, &s.rstd_k, &s.probs,  &s.topk_w,   &s.topk_idx,
-              &s.counts, &s.perm};
+      return {&s.x,      &s.n1,    &s.rstd1,  &s.q,        &s.k,      &s.v,     &s.a,
+              &s.lse,    &s.h1,    &s.rstd2,  &s.n2,       &s.q_raw,  &s.k_raw, &s.rstd_q,
+              &s.rstd_k, &s.probs, &s.topk_w, &s.topk_idx, &s.counts, &s.perm};
     case NodeKind::kDispatch:
       return {&a.dispatch.recv_counts};
     case NodeKind::kExperts:
@@ -174,12 +172,33 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
 std::vector<const Tensor*> saved_tensors(const EmbedActs& a) { return {&a.ids_saved}; }
 
 std::vector<const Tensor*> all_tensors(const LayerActs& a) {
-  std::vector<const Tensor*> out = {
-      &a.x, &a.h1, &a.routed, &a.expert_in, &a.expert_rows, &a.expert_out, &a.shared_out,
-      &a.out, &a.d_out, &a.d_expert_out, &a.d_expert_in, &a.d_routed, &a.d_topk_w, &a.d_n2,
-      &a.d_x, &a.attn.d_h1, &a.attn.d_q, &a.attn.d_k, &a.attn.d_v, &a.attn.d_logits,
-      &a.experts.d_y, &a.experts.d_gate_up, &a.shared.d_z, &a.shared.d_gate_up,
-      &a.shared.d_logit, &a.mlp.d_out, &a.mlp.d_gate_up};
+  std::vector<const Tensor*> out = {&a.x,
+                                    &a.h1,
+                                    &a.routed,
+                                    &a.expert_in,
+                                    &a.expert_rows,
+                                    &a.expert_out,
+                                    &a.shared_out,
+                                    &a.out,
+                                    &a.d_out,
+                                    &a.d_expert_out,
+                                    &a.d_expert_in,
+                                    &a.d_routed,
+                                    &a.d_topk_w,
+                                    &a.d_n2,
+                                    &a.d_x,
+                                    &a.attn.d_h1,
+                                    &a.attn.d_q,
+                                    &a.attn.d_k,
+                                    &a.attn.d_v,
+                                    &a.attn.d_logits,
+                                    &a.experts.d_y,
+                                    &a.experts.d_gate_up,
+                                    &a.shared.d_z,
+                                    &a.shared.d_gate_up,
+                                    &a.shared.d_logit,
+                                    &a.mlp.d_out,
+                                    &a.mlp.d_gate_up};
   for (NodeKind k : {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts,
                      NodeKind::kSharedExpert, NodeKind::kCombine, NodeKind::kMlp}) {
     for (const Tensor* t : saved_tensors(k, a)) out.push_back(t);

@@ -111,8 +111,8 @@ bool improve_once(Groups& g, const std::vector<int64_t>& load) {
 
 std::vector<int32_t> balance_experts(const std::vector<int64_t>& load, int64_t ranks) {
   const auto e = static_cast<int64_t>(load.size());
-  TANDEM_CHECK(ranks >= 1 && e % ranks == 0, "balance_experts: ", e,
-               " experts do not divide over ", ranks, " ranks");
+  TANDEM_CHECK(ranks >= 1 && e % ranks == 0, "balance_experts: ", e, " experts do not divide over ",
+               ranks, " ranks");
   Groups g = largest_first(load, ranks);
   while (improve_once(g, load)) continue;
   std::vector<int32_t> out;

@@ -30,8 +30,8 @@ void reorder_blocks(const Tensor& out, const Tensor& in, const std::vector<int32
   std::vector<ops::RowBlock> blocks;
   for (int64_t i = 0; i < p * el; ++i) {
     if (c[i] == 0) continue;
-    blocks.push_back({to_expert ? src_major[i] : exp_major[i],
-                      to_expert ? exp_major[i] : src_major[i], c[i]});
+    blocks.push_back(
+        {to_expert ? src_major[i] : exp_major[i], to_expert ? exp_major[i] : src_major[i], c[i]});
   }
   ops::copy_row_blocks(out, in, blocks);
 }
@@ -120,8 +120,8 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   for (int64_t e = 0; e < el; ++e) {
     for (int64_t s = 0; s < p; ++s) a.expert_rows_host[e] += x.recv_blocks[s * el + e];
   }
-  Tensor rows = Tensor::empty({el}, DType::kI32, MemCategory::kOther, "experts.rows.host",
-                              Device::kCPU);
+  Tensor rows =
+      Tensor::empty({el}, DType::kI32, MemCategory::kOther, "experts.rows.host", Device::kCPU);
   std::copy(a.expert_rows_host.begin(), a.expert_rows_host.end(), rows.data<int32_t>());
   a.expert_rows = work_tensor({el}, DType::kI32, "experts.rows");
   a.expert_rows.copy_from(rows);
@@ -160,7 +160,7 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
     c.ep->all_to_all_v(a.combine.y, x.send_rows, send, x.recv_rows);
   }
   a.out = work_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");  // handed on
-  a.out.copy_from(a.h1);  // residual
+  a.out.copy_from(a.h1);                                                       // residual
   if (a.shared_out.defined()) {  // the shared expert's output
     ops::axpy(a.out, a.shared_out, 1.0);
     a.shared_out = Tensor();

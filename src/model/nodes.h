@@ -31,11 +31,11 @@ namespace tandem::model {
 // Shape and scaling of one micro-batch's pass through a node.
 struct NodeContext {
   const ModelConfig& cfg;
-  int64_t batch;          // sequences in the micro-batch
-  int64_t seq;            // tokens per sequence
-  DType dtype;            // activation dtype (f32 to train, f64 for gradient checks, bf16 on
-                          // the GPU)
-  double loss_scale;      // d(step loss)/d(micro-batch loss): 1 / num_microbatches
+  int64_t batch;      // sequences in the micro-batch
+  int64_t seq;        // tokens per sequence
+  DType dtype;        // activation dtype (f32 to train, f64 for gradient checks, bf16 on
+                      // the GPU)
+  double loss_scale;  // d(step loss)/d(micro-batch loss): 1 / num_microbatches
   comm::Communicator* ep = nullptr;  // the expert-parallel group; null when EP = 1
   // The loss node through ops::lm_head_ce_* (no [N, V] logits; the GPU's choice).
   bool fused_lm_head = false;
@@ -60,7 +60,7 @@ struct AttentionSaved {
   // MoE routing. counts and perm go by place, which is by expert unless the layer's experts
   // are placed out of order (Note [Expert placement] in model/expert_placement.h).
   Tensor probs, topk_w, topk_idx, counts, perm;
-  std::vector<int32_t> counts_host;  // counts on the host (Note [Routing counts on the host])
+  std::vector<int32_t> counts_host;       // counts on the host (Note [Routing counts on the host])
   std::shared_ptr<HostRead> counts_read;  // counts on their way there, taken by dispatch
   // Kept from backward to backward_weights: gradients at the matrices' outputs.
   Tensor d_h1, d_q, d_k, d_v, d_logits;
@@ -69,7 +69,7 @@ struct AttentionSaved {
 struct ExpertsSaved {
   Tensor x_in, gate_up, act, rows_per_expert;  // gate_up: [R, 2F], rows (gate | up)
   std::vector<int32_t> rows_host;  // rows_per_expert read once (a GPU copy waits for the stream)
-  Tensor d_y, d_gate_up;  // kept for backward_weights
+  Tensor d_y, d_gate_up;           // kept for backward_weights
 };
 
 struct CombineSaved {
@@ -87,13 +87,13 @@ struct DispatchSaved {
 
 // The shared expert of a MoE layer (a SwiGLU over every token, beside the routed experts).
 struct SharedExpertSaved {
-  Tensor gate_up, act;  // gate_up: [N, 2Fs], rows (gate | up); act: [N, Fs]
-  Tensor z, gate;       // gated: the output before its gate [N, H], and the gate [N]
+  Tensor gate_up, act;             // gate_up: [N, 2Fs], rows (gate | up); act: [N, Fs]
+  Tensor z, gate;                  // gated: the output before its gate [N, H], and the gate [N]
   Tensor d_z, d_gate_up, d_logit;  // kept for backward_weights
 };
 
 struct MlpSaved {
-  Tensor gate_up, act;  // gate_up: [N, 2F], rows (gate | up)
+  Tensor gate_up, act;      // gate_up: [N, 2F], rows (gate | up)
   Tensor d_out, d_gate_up;  // kept for backward_weights
 };
 
@@ -169,8 +169,7 @@ void mlp_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext
 // ---- loss (final norm, LM head, cross-entropy; last stage) ----
 void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const ModelWeights& w,
                   const NodeContext& c);
-void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
-                   const NodeContext& c);
+void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g, const NodeContext& c);
 void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c);
 
 // Note [Routing counts on the host]: the experts' matrix products and the all-to-all need the

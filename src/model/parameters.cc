@@ -24,12 +24,11 @@ Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtyp
   TANDEM_CHECK(device == Device::kCPU || dtype == DType::kF32,
                "GPU parameters are f32 (master weights), not ", dtype_name(dtype));
   build_entries();
-  flat_params_ =
-      Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters", device);
+  flat_params_ = Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters", device);
   flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients", device);
   if (device != Device::kCPU) {
-    flat_compute_ = Tensor::zeros({total_}, DType::kBF16, MemCategory::kParameter,
-                                  "parameters.bf16", device);
+    flat_compute_ =
+        Tensor::zeros({total_}, DType::kBF16, MemCategory::kParameter, "parameters.bf16", device);
   }
   build_views();
 }
@@ -100,9 +99,15 @@ struct LayerNames {
         mixtral(family_of(c) == ModelFamily::kMixtral),
         moe(p + (mixtral ? "block_sparse_moe." : "mlp.")) {}
   std::string expert(int64_t e) const { return moe + "experts." + std::to_string(e) + "."; }
-  std::string gate(const std::string& q) const { return q + (mixtral ? "w1" : "gate_proj") + ".weight"; }
-  std::string up(const std::string& q) const { return q + (mixtral ? "w3" : "up_proj") + ".weight"; }
-  std::string down(const std::string& q) const { return q + (mixtral ? "w2" : "down_proj") + ".weight"; }
+  std::string gate(const std::string& q) const {
+    return q + (mixtral ? "w1" : "gate_proj") + ".weight";
+  }
+  std::string up(const std::string& q) const {
+    return q + (mixtral ? "w3" : "up_proj") + ".weight";
+  }
+  std::string down(const std::string& q) const {
+    return q + (mixtral ? "w2" : "down_proj") + ".weight";
+  }
 
   std::string p;  // model.layers.{l}.
   bool mixtral;
@@ -190,8 +195,8 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
   auto stacked = [&](const std::string& gate, const std::string& up) {
     const ParamEntry& g = entry(gate);
     const ParamEntry& u = entry(up);
-    TANDEM_ASSERT(g.shape == u.shape && u.offset == g.offset + shape_numel(g.shape),
-                  gate, " and ", up, " are not adjacent");
+    TANDEM_ASSERT(g.shape == u.shape && u.offset == g.offset + shape_numel(g.shape), gate, " and ",
+                  up, " are not adjacent");
     return flat.narrow_rows(g.offset, 2 * shape_numel(g.shape))
         .reshape({2 * g.shape[0], g.shape[1]});
   };
@@ -249,19 +254,18 @@ template <typename T>
 static void fill_init(const Tensor& t, uint64_t key, const ParamEntry& e) {
   T* p = t.data<T>();
   for (int64_t i = 0; i < t.numel(); ++i) {
-    p[i] = e.kind == ParamKind::kNorm   ? T(1)
-           : e.kind == ParamKind::kBias ? T(0)
-                                        : static_cast<T>(e.init_std *
-                                                         normal01(key, static_cast<uint64_t>(i)));
+    p[i] = e.kind == ParamKind::kNorm ? T(1)
+           : e.kind == ParamKind::kBias
+               ? T(0)
+               : static_cast<T>(e.init_std * normal01(key, static_cast<uint64_t>(i)));
   }
 }
 
 void Parameters::initialize(uint64_t seed) {
   // Filled on the host (bitwise the same values on every device), then copied.
-  const Tensor host = device_ == Device::kCPU
-                          ? flat_params_
-                          : Tensor::empty({total_}, dtype_, MemCategory::kOther,
-                                          "parameters.init", Device::kCPU);
+  const Tensor host = device_ == Device::kCPU ? flat_params_
+                                              : Tensor::empty({total_}, dtype_, MemCategory::kOther,
+                                                              "parameters.init", Device::kCPU);
   for (const ParamEntry& e : entries_) {
     const uint64_t key = splitmix64(seed) ^ hash_name(e.name);
     if (dtype_ == DType::kF32) {

@@ -35,8 +35,8 @@ struct ParamEntry {
   Shape shape;       // [out, in] for matrices
   ParamKind kind;
   ParamShard shard;
-  double init_std;   // matrices and embeddings: N(0, init_std); norms one, biases zero
-  int64_t offset;    // in elements, within the flat buffers
+  double init_std;  // matrices and embeddings: N(0, init_std); norms one, biases zero
+  int64_t offset;   // in elements, within the flat buffers
 };
 
 struct LayerWeights {
@@ -62,9 +62,9 @@ struct LayerWeights {
 };
 
 struct ModelWeights {
-  Tensor embed;       // [V, H]
-  Tensor final_norm;  // [H]
-  Tensor lm_head;     // [V, H]
+  Tensor embed;                      // [V, H]
+  Tensor final_norm;                 // [H]
+  Tensor lm_head;                    // [V, H]
   std::vector<LayerWeights> layers;  // the chunk's layers, in order
 };
 

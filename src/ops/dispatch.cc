@@ -11,7 +11,7 @@
 namespace tandem::ops {
 
 #if TANDEM_WITH_CUDA
-#define TANDEM_OP(first, name, ...)                                      \
+#define TANDEM_OP(first, name, ...)                                                           \
   if ((first).defined() && (first).device() == Device::kCUDA) return cuda::name(__VA_ARGS__); \
   return cpu::name(__VA_ARGS__)
 #else
@@ -76,21 +76,13 @@ void axpy(const Tensor& y, const Tensor& x, double alpha, Accumulate acc) {
   TANDEM_OP(y, axpy, y, x, alpha, acc);
 }
 
-void scale(const Tensor& x, double alpha) {
-  TANDEM_OP(x, scale, x, alpha);
-}
+void scale(const Tensor& x, double alpha) { TANDEM_OP(x, scale, x, alpha); }
 
-PendingScalar sum_squares_start(const Tensor& x) {
-  TANDEM_OP(x, sum_squares_start, x);
-}
+PendingScalar sum_squares_start(const Tensor& x) { TANDEM_OP(x, sum_squares_start, x); }
 
-bool all_finite(const Tensor& x) {
-  TANDEM_OP(x, all_finite, x);
-}
+bool all_finite(const Tensor& x) { TANDEM_OP(x, all_finite, x); }
 
-void convert(const Tensor& dst, const Tensor& src) {
-  TANDEM_OP(dst, convert, dst, src);
-}
+void convert(const Tensor& dst, const Tensor& src) { TANDEM_OP(dst, convert, dst, src); }
 
 void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table, IdCheck check) {
   TANDEM_OP(out, embedding_forward, out, ids, table, check);
@@ -100,11 +92,13 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
   TANDEM_OP(dtable, embedding_backward, dtable, dout, ids);
 }
 
-void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& g, double eps) {
+void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const Tensor& g,
+                     double eps) {
   TANDEM_OP(y, rmsnorm_forward, y, rstd, x, g, eps);
 }
 
-void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, const Tensor& x, const Tensor& g, const Tensor& rstd, Accumulate acc_dx) {
+void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, const Tensor& x,
+                      const Tensor& g, const Tensor& rstd, Accumulate acc_dx) {
   TANDEM_OP(dx, rmsnorm_backward, dx, dg, dy, x, g, rstd, acc_dx);
 }
 
@@ -124,43 +118,48 @@ void linear_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x,
   TANDEM_OP(dw, linear_backward_weight, dw, dy, x, acc);
 }
 
-void bias_forward(const Tensor& y, const Tensor& b) {
-  TANDEM_OP(y, bias_forward, y, b);
-}
+void bias_forward(const Tensor& y, const Tensor& b) { TANDEM_OP(y, bias_forward, y, b); }
 
-void bias_backward(const Tensor& db, const Tensor& dy) {
-  TANDEM_OP(db, bias_backward, db, dy);
-}
+void bias_backward(const Tensor& db, const Tensor& dy) { TANDEM_OP(db, bias_backward, db, dy); }
 
-void sigmoid_gate_forward(const Tensor& y, const Tensor& gate, const Tensor& z, const Tensor& logit) {
+void sigmoid_gate_forward(const Tensor& y, const Tensor& gate, const Tensor& z,
+                          const Tensor& logit) {
   TANDEM_OP(y, sigmoid_gate_forward, y, gate, z, logit);
 }
 
-void sigmoid_gate_backward(const Tensor& dz, const Tensor& dlogit, const Tensor& dy, const Tensor& z, const Tensor& gate) {
+void sigmoid_gate_backward(const Tensor& dz, const Tensor& dlogit, const Tensor& dy,
+                           const Tensor& z, const Tensor& gate) {
   TANDEM_OP(dz, sigmoid_gate_backward, dz, dlogit, dy, z, gate);
 }
 
-void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim, const RopeSpec& rope) {
+void rope_forward(const Tensor& out, const Tensor& x, int64_t seq, int64_t heads, int64_t head_dim,
+                  const RopeSpec& rope) {
   TANDEM_OP(out, rope_forward, out, x, seq, heads, head_dim, rope);
 }
 
-void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim, const RopeSpec& rope) {
+void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t heads, int64_t head_dim,
+                   const RopeSpec& rope) {
   TANDEM_OP(dx, rope_backward, dx, dy, seq, heads, head_dim, rope);
 }
 
-void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads,
+                     int64_t head_dim, const RopeSpec& rope) {
   TANDEM_OP(q, rope_forward_qk, q, k, seq, heads, kv_heads, head_dim, rope);
 }
 
-void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads, int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
+                      int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
   TANDEM_OP(dq, rope_backward_qk, dq, dk, seq, heads, kv_heads, head_dim, rope);
 }
 
-void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k, const Tensor& v, const AttentionShape& s) {
+void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
+                       const Tensor& v, const AttentionShape& s) {
   TANDEM_OP(out, attention_forward, out, lse, q, k, v, s);
 }
 
-void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out, const Tensor& lse, const AttentionShape& s) {
+void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
+                        const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
+                        const Tensor& lse, const AttentionShape& s) {
   TANDEM_OP(dq, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 
@@ -172,7 +171,8 @@ void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& 
   TANDEM_OP(d_gate_up, swiglu_backward, d_gate_up, dout, gate_up);
 }
 
-void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& logits, RouterScore score) {
+void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs,
+                    const Tensor& logits, RouterScore score) {
   TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits, score);
 }
 
@@ -185,8 +185,11 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
   TANDEM_OP(probs, router_aux_loss_start, probs, counts, k, coeff);
 }
 
-void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k, double coeff, double aux_scale, RouterScore score) {
-  TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff, aux_scale, score);
+void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
+                     const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
+                     double coeff, double aux_scale, RouterScore score) {
+  TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff,
+            aux_scale, score);
 }
 
 void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,
@@ -198,7 +201,8 @@ void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int
   TANDEM_OP(out, permute_forward, out, x, perm, k);
 }
 
-void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, int64_t k, Accumulate acc) {
+void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, int64_t k,
+                      Accumulate acc) {
   TANDEM_OP(dx, permute_backward, dx, dout, perm, k, acc);
 }
 
@@ -210,7 +214,8 @@ void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, con
   TANDEM_OP(out, combine_forward, out, y, perm, topk_w);
 }
 
-void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dout, const Tensor& y, const Tensor& perm, const Tensor& topk_w) {
+void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dout, const Tensor& y,
+                      const Tensor& perm, const Tensor& topk_w) {
   TANDEM_OP(dy, combine_backward, dy, dtopk_w, dout, y, perm, topk_w);
 }
 
@@ -218,11 +223,13 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
   TANDEM_OP(logits, cross_entropy_forward, logits, targets);
 }
 
-void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets, double scale) {
+void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                            double scale) {
   TANDEM_OP(dlogits, cross_entropy_backward, dlogits, logits, targets, scale);
 }
 
-void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v, const AdamWParams& hp) {
+void adamw_step(const Tensor& param, const Tensor& grad, const Tensor& m, const Tensor& v,
+                const AdamWParams& hp) {
   TANDEM_OP(param, adamw_step, param, grad, m, v, hp);
 }
 
@@ -235,19 +242,22 @@ void adamw_step_flat(const Tensor& param, const Tensor& m, const Tensor& v,
                " bounds; expected [begin, end) pairs");
   int64_t last = 0;
   for (size_t i = 0; i < decayed.size(); ++i) {
-    TANDEM_CHECK(decayed[i] >= last && decayed[i] <= param.numel(), "adamw_step_flat: decayed[",
-                 i, "] is ", decayed[i], "; expected ascending bounds within [", last, ", ",
+    TANDEM_CHECK(decayed[i] >= last && decayed[i] <= param.numel(), "adamw_step_flat: decayed[", i,
+                 "] is ", decayed[i], "; expected ascending bounds within [", last, ", ",
                  param.numel(), "]");
     last = decayed[i];
   }
   TANDEM_OP(param, adamw_step_flat, param, m, v, param_bf16, grad, decayed, grad_scale, hp);
 }
 
-double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w, const Tensor& targets) {
+double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
+                          const Tensor& targets) {
   TANDEM_OP(lse, lm_head_ce_forward, lse, x, w, targets);
 }
 
-void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& lse, double scale, Accumulate acc_dw) {
+void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                         const Tensor& targets, const Tensor& lse, double scale,
+                         Accumulate acc_dw) {
   TANDEM_OP(dx, lm_head_ce_backward, dx, dw, x, w, targets, lse, scale, acc_dw);
 }
 

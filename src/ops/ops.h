@@ -26,7 +26,8 @@ enum class Accumulate : uint8_t { kOverwrite, kAdd };
 // already has (e.g. on the host, before copying them over).
 enum class IdCheck : uint8_t { kCheck, kCheckedByCaller };
 
-// How router_forward turns a token's logits into the k routing weights (docs/model.md "Feed-forward: mixture of experts").
+// How router_forward turns a token's logits into the k routing weights (docs/model.md
+// "Feed-forward: mixture of experts").
 enum class RouterScore : uint8_t {
   kSoftmaxOfSelected,  // the softmax over the k chosen logits (Mixtral; norm_topk_prob true)
   kSoftmaxOfAll,       // the softmax over all E logits, at the k chosen, not renormalised
@@ -55,9 +56,8 @@ class PendingScalar {
   PendingScalar() = default;
   explicit PendingScalar(double value) : value_(value) {}
   PendingScalar(HostRead read, double scale)
-      : PendingScalar(std::move(read), [scale](HostRead& r) {
-          return scale * r.take_as<double>().at(0);
-        }) {}
+      : PendingScalar(std::move(read),
+                      [scale](HostRead& r) { return scale * r.take_as<double>().at(0); }) {}
   PendingScalar(HostRead read, Resolve resolve)
       : pending_(std::make_shared<Pending>(Pending{std::move(read), std::move(resolve)})) {}
   double get() {
@@ -128,8 +128,7 @@ class Lanes {
 inline double sum_squares(const Tensor& x) { return sum_squares_start(x).get(); }
 
 // router_aux_loss_start's value, waited for.
-inline double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k,
-                              double coeff) {
+inline double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
   return router_aux_loss_start(probs, counts, k, coeff).get();
 }
 

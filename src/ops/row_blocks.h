@@ -37,9 +37,8 @@ inline int64_t check_row_blocks(const char* op, const Tensor& out, const Tensor&
   }
   std::sort(dst.begin(), dst.end());
   for (size_t i = 1; i < dst.size(); ++i) {
-    TANDEM_CHECK(dst[i].first >= dst[i - 1].second, op, ": destination rows [", dst[i].first,
-                 ", ", dst[i].second, ") overlap [", dst[i - 1].first, ", ", dst[i - 1].second,
-                 ")");
+    TANDEM_CHECK(dst[i].first >= dst[i - 1].second, op, ": destination rows [", dst[i].first, ", ",
+                 dst[i].second, ") overlap [", dst[i - 1].first, ", ", dst[i - 1].second, ")");
   }
   return row * static_cast<int64_t>(dtype_size(out.dtype()));
 }

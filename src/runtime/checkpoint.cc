@@ -107,7 +107,8 @@ class JsonFields {
   }
   bool boolean(const std::string& key) const {
     const Json& v = get(key);
-    TANDEM_CHECK(v.is_boolean(), where_, "key '", key, "' is ", v.dump(), ", expected true or false");
+    TANDEM_CHECK(v.is_boolean(), where_, "key '", key, "' is ", v.dump(),
+                 ", expected true or false");
     return v.get<bool>();
   }
   std::string string(const std::string& key) const {
@@ -198,9 +199,9 @@ void validate_trainer_state(const Json& state, const std::string& path) {
   TANDEM_CHECK(all.contains(kModelFile) || all.contains(kModelIndexFile), files.where(),
                "records neither ", kModelFile, " nor ", kModelIndexFile);
   for (const auto& [name, value] : all.items()) {
-    TANDEM_CHECK(!name.empty() && name.find('/') == std::string::npos && name != ".." &&
-                     name != ".",
-                 files.where(), "records '", name, "', not a file name in the directory");
+    TANDEM_CHECK(
+        !name.empty() && name.find('/') == std::string::npos && name != ".." && name != ".",
+        files.where(), "records '", name, "', not a file name in the directory");
     const JsonFields record(value, files.where() + "'" + name + "': ");
     TANDEM_CHECK(record.integer("bytes") >= 0, record.where(), "bytes is negative");
     TANDEM_CHECK(record.string("crc32c").size() == 8, record.where(), "crc32c is not 8 hex digits");
@@ -411,10 +412,14 @@ ModelConfig model_config_from_json(const Json& j, const std::string& where) {
     std::visit(
         [&](auto member) {
           using T = std::remove_reference_t<decltype(m.*member)>;
-          if constexpr (std::is_same_v<T, bool>) m.*member = f.boolean(key);
-          else if constexpr (std::is_same_v<T, double>) m.*member = f.number(key);
-          else if constexpr (std::is_same_v<T, std::string>) m.*member = f.string(key);
-          else m.*member = f.integer(key);
+          if constexpr (std::is_same_v<T, bool>)
+            m.*member = f.boolean(key);
+          else if constexpr (std::is_same_v<T, double>)
+            m.*member = f.number(key);
+          else if constexpr (std::is_same_v<T, std::string>)
+            m.*member = f.string(key);
+          else
+            m.*member = f.integer(key);
         },
         field.member);
   }

@@ -60,7 +60,7 @@ enum class CheckpointKind : uint8_t {
 // restores the names it holds, so shards from several ranks can be gathered into one state.
 struct CheckpointState {
   CheckpointKind kind = CheckpointKind::kTandem;
-  std::string dir;               // the directory it was read from (messages); empty when built
+  std::string dir;  // the directory it was read from (messages); empty when built
   ModelConfig model_config;
   NamedTensors model;            // HF weight names
   NamedTensors optimizer;        // "<name>.exp_avg" / "<name>.exp_avg_sq"; empty for HF

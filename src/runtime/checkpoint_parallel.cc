@@ -183,9 +183,9 @@ SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTraine
       throw_outcome(outcome);
     }
   }
-  std::future<SavedCheckpoint> pending = std::async(
-      std::launch::async,
-      [&] { return save_checkpoint(root, trainer.iteration(), state, keep, max_shard_bytes); });
+  std::future<SavedCheckpoint> pending = std::async(std::launch::async, [&] {
+    return save_checkpoint(root, trainer.iteration(), state, keep, max_shard_bytes);
+  });
   const auto beat = std::chrono::duration<double>(heartbeat_s);
   while (pending.wait_for(beat) != std::future_status::ready) world.all_gather_bytes(kSaving);
   SavedCheckpoint saved;

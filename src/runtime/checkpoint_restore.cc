@@ -94,9 +94,7 @@ void copy_weights(model::Parameters& params, const TensorIndex& weights) {
 }
 
 // A host tensor for the checkpoint writer: the view itself on the CPU, a copy from a GPU.
-Tensor on_host(const Tensor& t) {
-  return t.device() == Device::kCPU ? t : t.to(Device::kCPU);
-}
+Tensor on_host(const Tensor& t) { return t.device() == Device::kCPU ? t : t.to(Device::kCPU); }
 
 // Adam's flat moment buffers, viewed per weight (the optimizer exposes them as const handles to
 // the buffers it owns; writing through them is the restore the handles exist for).

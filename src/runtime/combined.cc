@@ -102,8 +102,8 @@ template <typename Issue, typename Prepare, typename Fork, typename Beside>
 void issue_shared_pair(size_t fa, size_t ba, Issue& issue, Prepare& prepare, Fork& fork,
                        Beside& beside, bool overlapped) {
   constexpr int f = 0, b = 1;
-  issue(b, ba + 4);                  // combine.bwd(b)
-  issue(f, fa);                      // attention.fwd(f)
+  issue(b, ba + 4);  // combine.bwd(b)
+  issue(f, fa);      // attention.fwd(f)
   const auto after_attention = fork(f);
   if (overlapped) prepare(f, fa + 1);  // dispatch.fwd(f)'s counts: Note [Issue order]
   if (overlapped) issue(b, ba + 3);    // experts.bwd(b) first: Note [Issue order]

@@ -53,7 +53,9 @@ class CpuStream {
   // Blocks until every task enqueued so far has run (rethrows the first error).
   void synchronize();
   // An event that completes once every task enqueued so far has run.
-  Event mark() { return enqueue([] {}); }
+  Event mark() {
+    return enqueue([] {});
+  }
   const std::string& name() const { return name_; }
   // Seconds this stream's tasks spent waiting on events of other streams.
   double waited_seconds() const { return waited_s_; }
@@ -106,7 +108,7 @@ class CpuStreams final : public Streams {
   void record(const SpanInfo& span, HostTime begin, HostTime end);
 
   CpuStream compute_;
-  std::unique_ptr<CpuStream> comm_;  // null without a worker
+  std::unique_ptr<CpuStream> comm_;            // null without a worker
   std::vector<std::function<void()>> reduce_;  // run at end_action
   HostTime zero_, action_begin_;
   bool in_pair_ = false;  // node spans are recorded (Note [Measured on the CPU])

@@ -46,12 +46,21 @@ std::vector<int64_t> node_weight_ends(const model::Parameters& params,
   for (const model::NodeRef& n : nodes) {
     const auto l = static_cast<size_t>(n.layer);
     switch (n.kind) {
-      case NodeKind::kEmbed: upto = std::max(upto, embed); break;
-      case NodeKind::kAttention: upto = std::max(upto, attention[l]); break;
+      case NodeKind::kEmbed:
+        upto = std::max(upto, embed);
+        break;
+      case NodeKind::kAttention:
+        upto = std::max(upto, attention[l]);
+        break;
       case NodeKind::kExperts:
-      case NodeKind::kMlp: upto = std::max({upto, attention[l], ffn[l]}); break;
-      case NodeKind::kLoss: upto = params.numel(); break;
-      default: break;  // dispatch and combine read no weights
+      case NodeKind::kMlp:
+        upto = std::max({upto, attention[l], ffn[l]});
+        break;
+      case NodeKind::kLoss:
+        upto = params.numel();
+        break;
+      default:
+        break;  // dispatch and combine read no weights
     }
     ends.push_back(upto);
   }

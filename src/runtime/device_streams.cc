@@ -34,8 +34,7 @@ DeviceEvent new_event(bool timing) {
 }
 
 // An event of `pool` (made when the pool runs short) recorded now on `s`.
-DeviceEvent record_from(std::vector<DeviceEvent>& pool, size_t& used, bool timing,
-                        DeviceStream s) {
+DeviceEvent record_from(std::vector<DeviceEvent>& pool, size_t& used, bool timing, DeviceStream s) {
   if (used == pool.size()) pool.push_back(new_event(timing));
   DeviceEvent e = pool[used++];
   TANDEM_CUDA_CHECK(cudaEventRecord(e, s));
@@ -111,13 +110,20 @@ DeviceStreams::~DeviceStreams() {
 
 DeviceStream DeviceStreams::stream_of(StreamId s) const {
   switch (s) {
-    case StreamId::kCompute: return cuda::current_stream();
-    case StreamId::kCompute2: return compute2_;
-    case StreamId::kComm: return comm_;
-    case StreamId::kComm2: return comm2_;
-    case StreamId::kPipelineForward: return fwd_;
-    case StreamId::kPipelineBackward: return bwd_;
-    case StreamId::kReduce: return reduce_;
+    case StreamId::kCompute:
+      return cuda::current_stream();
+    case StreamId::kCompute2:
+      return compute2_;
+    case StreamId::kComm:
+      return comm_;
+    case StreamId::kComm2:
+      return comm2_;
+    case StreamId::kPipelineForward:
+      return fwd_;
+    case StreamId::kPipelineBackward:
+      return bwd_;
+    case StreamId::kReduce:
+      return reduce_;
   }
   return cuda::current_stream();
 }

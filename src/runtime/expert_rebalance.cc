@@ -8,9 +8,9 @@
 // one row of B = 3 F H elements, and the places keep their offsets (Parameters::set_placement).
 // Rows travel to each peer in the order of their new places, which both sides know. Gradients are
 // not moved: the next step zeroes them first. The bf16 compute copy is formed again after.
-#include <algorithm>
-
 #include "runtime/expert_rebalance.h"
+
+#include <algorithm>
 
 namespace tandem::runtime {
 
@@ -34,9 +34,7 @@ std::vector<ExpertBlock> expert_blocks(const model::Parameters& params) {
   return out;
 }
 
-int64_t expert_block_numel(const ModelConfig& m) {
-  return 3 * m.ffn_hidden_size * m.hidden_size;
-}
+int64_t expert_block_numel(const ModelConfig& m) { return 3 * m.ffn_hidden_size * m.hidden_size; }
 
 ExpertRebalancer::ExpertRebalancer(const ModelConfig& m, const TrainConfig& t, Groups& groups)
     : model_(m), every_(t.rebalance_experts), groups_(&groups) {
@@ -134,7 +132,7 @@ namespace {
 // their place stay out of it.
 struct LayerMove {
   std::vector<int64_t> send_rows, recv_rows;  // per peer
-  std::vector<int64_t> send_from;  // local index now of each row sent, by new place
+  std::vector<int64_t> send_from;             // local index now of each row sent, by new place
   std::vector<int64_t> recv_into;  // local index then of each row received, by source then place
 };
 

@@ -215,18 +215,17 @@ double GradReducer::global_norm(const std::vector<StageRuntime>& stages) {
   for (const StageRuntime& s : stages) {
     const Tensor& g = s.params->flat_grads();
     for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
-      if (run.expert && by_expert) continue;  // below, expert by expert
-      const bool counted =
-          (run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0;
-      parts.push_back({ops::sum_squares_start(g.narrow_rows(run.begin, run.count)),
-                       counted ? -1 : -2});
+      if (run.expert && by_expert) continue;               // below, expert by expert
+      const bool counted = (run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0;
+      parts.push_back(
+          {ops::sum_squares_start(g.narrow_rows(run.begin, run.count)), counted ? -1 : -2});
     }
     if (!by_expert) continue;
     for (const ExpertBlock& b : expert_blocks(*s.params)) {
-      const int64_t slot = L.edp_rank(groups_->rank) == 0 ? b.layer * model_.num_experts + b.expert
-                                                          : -2;
-      parts.push_back({ops::sum_squares_start(g.narrow_rows(b.offset, expert_block_numel(model_))),
-                       slot});
+      const int64_t slot =
+          L.edp_rank(groups_->rank) == 0 ? b.layer * model_.num_experts + b.expert : -2;
+      parts.push_back(
+          {ops::sum_squares_start(g.narrow_rows(b.offset, expert_block_numel(model_))), slot});
     }
   }
   for (Part& p : parts) {

@@ -19,7 +19,7 @@ namespace tandem::runtime {
 // Note [Gradients reduced beside the backward] (grad_reduce.cc): a unit of a chunk (the
 // embedding, a layer, the head), the range of the flat buffers its nodes' weight gradients fill.
 struct GradUnit {
-  std::string name;            // "embed", "layer 3" (global layer), "head": the trace's span
+  std::string name;  // "embed", "layer 3" (global layer), "head": the trace's span
   int64_t begin = 0, end = 0;
   int64_t weighted_nodes = 0;  // its nodes that write weight gradients
   int64_t pending = 0;         // weight-gradient passes still to come this step

@@ -16,9 +16,8 @@ double learning_rate(const TrainConfig& t, int64_t iter) {
   }
   const int64_t decay = t.lr_decay_iters > 0 ? t.lr_decay_iters : t.train_iters;
   if (decay <= t.lr_warmup_iters) return t.min_lr;
-  const double progress = std::min(
-      1.0, static_cast<double>(iter - t.lr_warmup_iters) /
-               static_cast<double>(decay - t.lr_warmup_iters));
+  const double progress = std::min(1.0, static_cast<double>(iter - t.lr_warmup_iters) /
+                                            static_cast<double>(decay - t.lr_warmup_iters));
   return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
 }
 
@@ -67,8 +66,8 @@ Tensor AdamW::update_range(int64_t end) {
   }
   auto part = [&](const Tensor& t) { return t.defined() ? t.narrow_rows(begin, n) : Tensor(); };
   const Tensor grads = part(params_->flat_grads());
-  const ops::AdamWParams hp{lr_, hp_.adam_beta1, hp_.adam_beta2, hp_.adam_eps, hp_.weight_decay,
-                            step_};
+  const ops::AdamWParams hp{lr_,          hp_.adam_beta1,   hp_.adam_beta2,
+                            hp_.adam_eps, hp_.weight_decay, step_};
   ops::adamw_step_flat(part(params_->flat_params()), part(m_), part(v_),
                        part(params_->flat_compute()), grads, decayed, grad_scale_, hp);
   done_ = end;

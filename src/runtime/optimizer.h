@@ -43,7 +43,7 @@ class AdamW {
  private:
   model::Parameters* params_;
   TrainConfig hp_;
-  Tensor m_, v_;  // flat, like the parameters (kOptimizer)
+  Tensor m_, v_;                  // flat, like the parameters (kOptimizer)
   std::vector<int64_t> decayed_;  // the matrices' element ranges, neighbours merged
   int64_t step_ = 0;
   // The step's scalars and the elements it has updated (all of them: none pending).

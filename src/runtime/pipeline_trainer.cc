@@ -22,8 +22,7 @@ model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_sta
                             const comm::ParallelLayout& layout, int rank) {
   TANDEM_CHECK(m.num_layers % num_stages == 0, "--num-layers ", m.num_layers,
                " does not divide into ", num_stages,
-               " pipeline stages (pipeline size x virtual stages): use a multiple of ",
-               num_stages);
+               " pipeline stages (pipeline size x virtual stages): use a multiple of ", num_stages);
   const int64_t per = m.num_layers / num_stages;
   model::ChunkSpec s;
   s.layer_begin = stage * per;
@@ -116,7 +115,7 @@ model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
 }
 
 model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t mb,
-                                                        int64_t iteration) {
+                                                         int64_t iteration) {
   StageRuntime& s = local(stage);
   model::MicroBatchState& state = s.mbs[mb];
   const bool first = s.params->spec().has_embed, last = s.params->spec().has_head;
@@ -148,8 +147,7 @@ void PipelineTrainer::keep_losses(const NodeWork& w) {
   const model::MicroBatchState& state = *w.state;
   if (s.params->spec().has_head) pending_lm_.push_back(state.pending_lm_loss);
   // Summed at the step's end, in this order (Note [Routing counts on the host]).
-  pending_aux_.push_back(
-      {w.action.microbatch, s.params->spec().layer_begin, state.aux_losses});
+  pending_aux_.push_back({w.action.microbatch, s.params->spec().layer_begin, state.aux_losses});
 }
 
 void PipelineTrainer::finish_forward(const NodeWork& w) {
@@ -267,8 +265,7 @@ void PipelineTrainer::communicate(const Action& a) {
     const int peer = sched_.stage_rank[fwd ? a.stage + 1 : a.stage - 1];
     const Tensor buf =
         message_to_send(fwd ? state.layers.back().out : state.layers.front().d_x, fwd);
-    streams_->run(side, std::move(span),
-                  [&] { pending_.push_back(group.isend(buf, peer, tag)); });
+    streams_->run(side, std::move(span), [&] { pending_.push_back(group.isend(buf, peer, tag)); });
     return;
   }
   const int64_t n = train_.micro_batch_size * model_.seq_length, h = model_.hidden_size;
@@ -328,8 +325,8 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
 double PipelineTrainer::take_pending_losses(Tensor& aux) {
   double lm = 0;
   for (ops::PendingScalar& l : pending_lm_) lm += l.get();
-  aux = Tensor::zeros({num_mb_ * model_.num_layers}, DType::kF64, MemCategory::kOther,
-                      "aux_losses");
+  aux =
+      Tensor::zeros({num_mb_ * model_.num_layers}, DType::kF64, MemCategory::kOther, "aux_losses");
   for (PendingAux& p : pending_aux_) {
     for (size_t l = 0; l < p.layers.size(); ++l) {
       aux.data<double>()[p.microbatch * model_.num_layers + p.first_layer +

@@ -13,8 +13,8 @@
 // ReferenceTrainer (reference_trainer.h) is the sequential oracle the tests hold it to.
 #pragma once
 
-#include <cstdint>
 #include <array>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -48,7 +48,7 @@ struct EvalResult {
   double lm_loss = 0;   // mean cross-entropy
   double aux_loss = 0;  // mean of the summed router aux losses
   int64_t batches = 0;
-  int64_t tokens = 0;   // over every batch
+  int64_t tokens = 0;  // over every batch
 };
 
 class PipelineTrainer {

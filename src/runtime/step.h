@@ -17,17 +17,17 @@ namespace tandem::runtime {
 enum class StepStatus : uint8_t { kApplied, kSkipped };
 
 struct StepResult {
-  int64_t iteration = 0;   // 1-based, after the step
+  int64_t iteration = 0;  // 1-based, after the step
   StepStatus status = StepStatus::kApplied;
-  double loss = 0;         // mean over micro-batches of (lm_loss + aux_loss)
-  double lm_loss = 0;      // mean cross-entropy
-  double aux_loss = 0;     // mean of the summed router aux losses
-  double grad_norm = 0;    // before clipping
+  double loss = 0;       // mean over micro-batches of (lm_loss + aux_loss)
+  double lm_loss = 0;    // mean cross-entropy
+  double aux_loss = 0;   // mean of the summed router aux losses
+  double grad_norm = 0;  // before clipping
   double lr = 0;
   int64_t tokens = 0;
   double seconds = 0;
-  MemoryStats memory;              // at the end of the step, with the step's peaks
-  int64_t activation_peak = 0;     // peak bytes of kActivation during the step
+  MemoryStats memory;           // at the end of the step, with the step's peaks
+  int64_t activation_peak = 0;  // peak bytes of kActivation during the step
 };
 
 // Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.

@@ -58,8 +58,7 @@ void StreamExecutor::run(const NodeWork& w) {
   join(chain, "B" + std::to_string(w.action.microbatch));
 }
 
-void StreamExecutor::issue_node(const NodeWork& w, size_t i, bool overlap, Chain& chain,
-                                int half) {
+void StreamExecutor::issue_node(const NodeWork& w, size_t i, bool overlap, Chain& chain, int half) {
   const auto host_begin = std::chrono::steady_clock::now();
   StageRuntime& s = *w.stage;
   model::MicroBatchState& state = *w.state;

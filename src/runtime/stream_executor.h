@@ -35,8 +35,8 @@ struct NodeWork {
 
 class StreamExecutor {
  public:
-  StreamExecutor(Streams& streams, DeferredUpdate& deferred, GradReducer& reducer,
-                 Groups& groups, CommOverlap overlap);
+  StreamExecutor(Streams& streams, DeferredUpdate& deferred, GradReducer& reducer, Groups& groups,
+                 CommOverlap overlap);
 
   // A plain compute action's nodes, in the chunk's order (backward: from its last node).
   void run(const NodeWork& w);

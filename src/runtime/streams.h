@@ -45,7 +45,13 @@ enum class NodePhase : uint8_t { kForward, kBackwardInput, kBackwardWeight };
 // (Note [Pipeline streams on the GPU] in groups.cc); gradient all-reduces beside the backward
 // have one (Note [Gradients reduced beside the backward] in grad_reduce.cc).
 enum class StreamId : uint8_t {
-  kCompute, kCompute2, kComm, kComm2, kPipelineForward, kPipelineBackward, kReduce
+  kCompute,
+  kCompute2,
+  kComm,
+  kComm2,
+  kPipelineForward,
+  kPipelineBackward,
+  kReduce
 };
 inline StreamId compute_stream(int half) { return half ? StreamId::kCompute2 : StreamId::kCompute; }
 inline StreamId comm_stream(int half) { return half ? StreamId::kComm2 : StreamId::kComm; }
@@ -63,7 +69,7 @@ struct SpanInfo {
   int kind = -1;
   NodePhase phase = NodePhase::kForward;
   bool all_to_all = false;  // an expert all-to-all: counted in the all-to-all's busy time
-  bool part = false;  // a first part of a node: its time counts in the node's, not its count
+  bool part = false;        // a first part of a node: its time counts in the node's, not its count
   // On a compute track, work that is not a node (kind < 0) but covers the all-to-all like one:
   // the deferred optimizer update (Note [The update beside the first forward] in
   // deferred_update.cc).

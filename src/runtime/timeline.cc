@@ -4,7 +4,6 @@
 #include <algorithm>
 #include <fstream>
 #include <iterator>
-
 #include <nlohmann/json.hpp>
 
 #include "core/error.h"
@@ -14,7 +13,9 @@ namespace tandem::runtime {
 std::string rank_trace_events(int rank, const std::vector<Span>& spans,
                               const std::vector<MemEvent>& mem, double step_start) {
   nlohmann::json events = nlohmann::json::array();
-  events.push_back({{"name", "process_name"}, {"ph", "M"}, {"pid", rank},
+  events.push_back({{"name", "process_name"},
+                    {"ph", "M"},
+                    {"pid", rank},
                     {"args", {{"name", "rank " + std::to_string(rank) + " (measured)"}}}});
   // Tracks: compute and comm always, host, the second half's pair of streams (compute2, comm2:
   // CommOverlap::kSplit) and the gradient reduction's (reduce) when some span is there.
@@ -31,20 +32,30 @@ std::string rank_trace_events(int rank, const std::vector<Span>& spans,
                         return tid_of(s.stream) == tid;
                       });
     if (!used) continue;
-    events.push_back({{"name", "thread_name"}, {"ph", "M"}, {"pid", rank}, {"tid", tid},
+    events.push_back({{"name", "thread_name"},
+                      {"ph", "M"},
+                      {"pid", rank},
+                      {"tid", tid},
                       {"args", {{"name", names[tid]}}}});
   }
   for (const Span& s : spans) {
     const int tid = tid_of(s.stream);
-    events.push_back({{"name", s.name}, {"ph", "X"}, {"pid", rank}, {"tid", tid},
-                      {"ts", s.start * 1e6}, {"dur", (s.end - s.start) * 1e6}});
+    events.push_back({{"name", s.name},
+                      {"ph", "X"},
+                      {"pid", rank},
+                      {"tid", tid},
+                      {"ts", s.start * 1e6},
+                      {"dur", (s.end - s.start) * 1e6}});
   }
   int64_t activations = 0;
   for (const MemEvent& e : mem) {
     if (e.category != MemCategory::kActivation) continue;
     activations += e.bytes;
-    events.push_back({{"name", "memory"}, {"ph", "C"}, {"pid", rank},
-                      {"ts", (e.time - step_start) * 1e6}, {"args", {{"activations", activations}}}});
+    events.push_back({{"name", "memory"},
+                      {"ph", "C"},
+                      {"pid", rank},
+                      {"ts", (e.time - step_start) * 1e6},
+                      {"args", {{"activations", activations}}}});
   }
   std::string out;
   for (const auto& e : events) out += (out.empty() ? "" : ",\n") + e.dump();

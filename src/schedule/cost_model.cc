@@ -174,12 +174,10 @@ double p2p_time(const CostModel& cost, int64_t bytes) {
 double all_reduce_time(const CostModel& cost, int64_t bytes, int64_t ranks) {
   if (cost.kind == CostModelKind::kUniform || ranks <= 1 || bytes <= 0) return 0;
   const auto& measured = cost.table.grad_reduce_bus_bytes_per_s;
-  const double bus = cost.kind == CostModelKind::kNodeTimes && measured
-                         ? *measured
-                         : cost.device.link_bytes_per_s;
+  const double bus =
+      cost.kind == CostModelKind::kNodeTimes && measured ? *measured : cost.device.link_bytes_per_s;
   const double steps = 2.0 * static_cast<double>(ranks - 1);
-  return steps * cost.device.link_latency_s +
-         steps / static_cast<double>(ranks) * dbl(bytes) / bus;
+  return steps * cost.device.link_latency_s + steps / static_cast<double>(ranks) * dbl(bytes) / bus;
 }
 
 NodeTimesTable parse_node_times(std::string_view text, std::string_view source) {

@@ -15,19 +15,22 @@ constexpr int64_t kFp32 = 4;
 int64_t node_params(NodeKind kind, const ModelConfig& cfg, int64_t ep, bool moe_layer) {
   const int64_t h = cfg.hidden_size, f = cfg.ffn_hidden_size;
   switch (kind) {
-    case NodeKind::kEmbed: return cfg.vocab_size * h;
+    case NodeKind::kEmbed:
+      return cfg.vocab_size * h;
     case NodeKind::kAttention:
       return 2 * h + h * cfg.q_width() + 2 * h * cfg.kv_width() + cfg.q_width() * h +
              (cfg.add_qkv_bias ? cfg.q_width() + 2 * cfg.kv_width() : 0) +
-             (cfg.qk_layernorm ? 2 * cfg.head_dim() : 0) +
-             (moe_layer ? h * cfg.num_experts : 0);
-    case NodeKind::kExperts: return (cfg.num_experts / ep) * 3 * h * cfg.expert_ffn_size();
+             (cfg.qk_layernorm ? 2 * cfg.head_dim() : 0) + (moe_layer ? h * cfg.num_experts : 0);
+    case NodeKind::kExperts:
+      return (cfg.num_experts / ep) * 3 * h * cfg.expert_ffn_size();
     case NodeKind::kSharedExpert:
-      return 3 * h * cfg.moe_shared_expert_intermediate_size +
-             (cfg.moe_shared_expert_gate ? h : 0);
-    case NodeKind::kMlp: return 3 * h * f;
-    case NodeKind::kLoss: return h + h * cfg.vocab_size;
-    default: return 0;  // dispatch and combine read no weights
+      return 3 * h * cfg.moe_shared_expert_intermediate_size + (cfg.moe_shared_expert_gate ? h : 0);
+    case NodeKind::kMlp:
+      return 3 * h * f;
+    case NodeKind::kLoss:
+      return h + h * cfg.vocab_size;
+    default:
+      return 0;  // dispatch and combine read no weights
   }
 }
 
@@ -35,8 +38,8 @@ int64_t node_params(NodeKind kind, const ModelConfig& cfg, int64_t ep, bool moe_
 std::vector<NodeKind> layer_nodes(const ModelConfig& cfg, int64_t l) {
   if (!cfg.is_moe_layer(l)) return {NodeKind::kAttention, NodeKind::kMlp};
   if (cfg.has_shared_expert()) {
-    return {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kSharedExpert,
-            NodeKind::kExperts, NodeKind::kCombine};
+    return {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kSharedExpert, NodeKind::kExperts,
+            NodeKind::kCombine};
   }
   return {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts, NodeKind::kCombine};
 }
@@ -124,8 +127,8 @@ NodePhaseTimes balanced_times(NodeKind kind, const PlanInputs& in, const Footpri
   // first forms gate, up and act again: two of the forward's three products (the SwiGLU is
   // elementwise, noise beside them), so it gains 2/3 of the forward's time, unless the table's
   // times were measured with recomputation and hold it already.
-  const bool measured_with = in.cost.kind == CostModelKind::kNodeTimes &&
-                             in.cost.table.recompute_experts;
+  const bool measured_with =
+      in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.recompute_experts;
   if (kind == NodeKind::kExperts && in.recompute_experts && !measured_with) {
     t.backward_input_s += kRecomputeShare * t.forward_s;
   }
@@ -244,8 +247,10 @@ int64_t resolved_data_parallel_size(const PlanInputs& in) {
   // comm::ParallelLayout: expert parallelism is carved out of data parallelism.
   const int64_t dp = in.data_parallel_size;
   TANDEM_CHECK(dp == 0 || (dp >= 1 && dp % in.expert_parallel_size == 0), "--data-parallel-size ",
-               dp, " is invalid: the expert ranks are carved out of the data-parallel ones, so "
-               "use a multiple of --expert-model-parallel-size ", in.expert_parallel_size);
+               dp,
+               " is invalid: the expert ranks are carved out of the data-parallel ones, so "
+               "use a multiple of --expert-model-parallel-size ",
+               in.expert_parallel_size);
   return dp > 0 ? dp : in.expert_parallel_size;
 }
 

@@ -68,10 +68,10 @@ struct Stage {
   int32_t layer_size(int32_t i) const { return layer_node[i + 1] - layer_node[i]; }
   std::vector<StageNode> nodes;  // forward order: [embed], layers, [loss]
   int64_t num_params = 0;
-  int64_t activation_bytes = 0;  // sum of saved_bytes: one micro-batch's activations (balanced
-                                 // routing)
-  int64_t message_bytes = 0;     // one pipeline message (activation or gradient)
-  double message_s = 0;          // time of one pipeline message
+  int64_t activation_bytes = 0;      // sum of saved_bytes: one micro-batch's activations (balanced
+                                     // routing)
+  int64_t message_bytes = 0;         // one pipeline message (activation or gradient)
+  double message_s = 0;              // time of one pipeline message
   std::vector<GradUnit> grad_units;  // forward order: [embedding], layers, [head]
   std::vector<int32_t> node_unit;    // per node, its index in grad_units
 
@@ -80,9 +80,9 @@ struct Stage {
 };
 
 struct RankMemory {
-  int64_t param_bytes = 0;      // fp32 master weights
-  int64_t grad_bytes = 0;       // fp32 gradients
-  int64_t optimizer_bytes = 0;  // two fp32 Adam moments
+  int64_t param_bytes = 0;         // fp32 master weights
+  int64_t grad_bytes = 0;          // fp32 gradients
+  int64_t optimizer_bytes = 0;     // two fp32 Adam moments
   int64_t compute_copy_bytes = 0;  // GPU: the bf16 copy of the weights the products read
   int64_t static_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes + compute_copy_bytes;

@@ -3,8 +3,8 @@
 // and writes them as a table, a JSON summary, a Chrome/Perfetto trace and an SVG chart.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
 #include <map>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -59,7 +59,7 @@ nlohmann::json measured_trace_events(std::string_view measured_text, std::string
 std::string merged_trace_json(const Plan& plan, const nlohmann::json& measured_events);
 // Each measured process's forward-backward: the end of its last compute or comm span, seconds.
 std::map<int, double> measured_forward_backward(const nlohmann::json& measured_events,
-                                               std::string_view source);
+                                                std::string_view source);
 // Per pipeline rank r of the plan with a measured forward-backward: "rank 0: forward-backward
 // planned 120.731 ms, measured 123.430 ms (-2.2%)" lines (the plan against the measurement).
 std::string planned_against_measured(const Plan& plan, const std::map<int, double>& measured);

@@ -80,19 +80,18 @@ std::string format_plan_table(const Plan& plan) {
       tail = std::max(tail, r.grad_reduce_tail_s);
       busy = std::max(busy, r.grad_reduce_s);
     }
-    std::snprintf(line, sizeof line,
-                  "data-parallel size %lld: gradient all-reduce %s a rank, %s of it after the "
-                  "backward (%s); step with it %s\n",
-                  static_cast<long long>(dp), format_time(busy, cm).c_str(),
-                  format_time(tail, cm).c_str(),
-                  plan.model.overlap_grad_reduce ? "each unit beside the backward"
-                                                 : "all at the step's end",
-                  format_time(plan.sim.step_with_reduce_s, cm).c_str());
+    std::snprintf(
+        line, sizeof line,
+        "data-parallel size %lld: gradient all-reduce %s a rank, %s of it after the "
+        "backward (%s); step with it %s\n",
+        static_cast<long long>(dp), format_time(busy, cm).c_str(), format_time(tail, cm).c_str(),
+        plan.model.overlap_grad_reduce ? "each unit beside the backward" : "all at the step's end",
+        format_time(plan.sim.step_with_reduce_s, cm).c_str());
     out << line;
   }
   std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %14s %6s\n",
-                "rank", "stages", "busy%", "bubble%", "exposed comm", "exposed a2a",
-                "params+grads", "optimizer", "activations", "in flight", "workspace", "peak");
+                "rank", "stages", "busy%", "bubble%", "exposed comm", "exposed a2a", "params+grads",
+                "optimizer", "activations", "in flight", "workspace", "peak");
   out << line;
   for (const RankResult& r : plan.sim.ranks) {
     std::snprintf(

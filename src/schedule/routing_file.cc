@@ -3,9 +3,8 @@
 
 #include <algorithm>
 #include <fstream>
-#include <sstream>
-
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 #include "core/error.h"
 
@@ -30,16 +29,16 @@ std::map<int, RoutingCounts> parse_routing_tables(std::string_view text, std::st
   } catch (const nlohmann::json::exception& e) {
     throw Error(detail::concat(source, ": not valid JSON: ", e.what()));
   }
-  const char* shape = "{\"num_microbatches\": M, \"num_layers\": L, \"ranks\": [{\"rank\": 0, "
-                      "\"expert_rows\": [...]}, ...]} (tandem train --routing-out)";
+  const char* shape =
+      "{\"num_microbatches\": M, \"num_layers\": L, \"ranks\": [{\"rank\": 0, "
+      "\"expert_rows\": [...]}, ...]} (tandem train --routing-out)";
   TANDEM_CHECK(j.is_object() && j.contains("num_microbatches") && j.contains("num_layers") &&
                    j.contains("ranks") && j["num_microbatches"].is_number_integer() &&
                    j["num_layers"].is_number_integer() && j["ranks"].is_array(),
                source, ": expected ", shape);
   const RoutingCounts empty(j["num_microbatches"].get<int32_t>(), j["num_layers"].get<int32_t>());
   TANDEM_CHECK(empty.num_microbatches >= 1 && empty.num_layers >= 1, source, ": num_microbatches ",
-               empty.num_microbatches, " and num_layers ", empty.num_layers,
-               " must be at least 1");
+               empty.num_microbatches, " and num_layers ", empty.num_layers, " must be at least 1");
   std::map<int, RoutingCounts> tables;
   for (const nlohmann::json& r : j["ranks"]) {
     TANDEM_CHECK(r.is_object() && r.contains("rank") && r["rank"].is_number_integer() &&
@@ -49,12 +48,11 @@ std::map<int, RoutingCounts> parse_routing_tables(std::string_view text, std::st
     RoutingCounts out = empty;
     const nlohmann::json& rows = r["expert_rows"];
     TANDEM_CHECK(rows.size() == out.expert_rows.size(), source, ": rank ", rank, " has ",
-                 rows.size(), " counts, expected num_microbatches x num_layers = ",
-                 out.expert_rows.size());
+                 rows.size(),
+                 " counts, expected num_microbatches x num_layers = ", out.expert_rows.size());
     for (size_t i = 0; i < rows.size(); ++i) {
-      TANDEM_CHECK(rows[i].is_number_integer() && rows[i].get<int64_t>() >= 0, source,
-                   ": rank ", rank, " expert_rows[", i, "] is ", rows[i].dump(),
-                   ", expected a count >= 0");
+      TANDEM_CHECK(rows[i].is_number_integer() && rows[i].get<int64_t>() >= 0, source, ": rank ",
+                   rank, " expert_rows[", i, "] is ", rows[i].dump(), ", expected a count >= 0");
       out.expert_rows[i] = rows[i].get<int64_t>();
     }
     TANDEM_CHECK(tables.emplace(rank, std::move(out)).second, source, ": rank ", rank,

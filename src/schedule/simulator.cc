@@ -88,17 +88,17 @@ constexpr std::array<PairStep, 4> kPairDense = {{{PairStep::Half::kF, 0},
 // dispatch.f, and dispatch.b waits for experts.b, not for shared.b (which needs combine.b's
 // gradient). The runtime issues a pair so too (runtime/combined.cc).
 void run_shared_pair(HalfRun& f, int32_t fl, HalfRun& b, int32_t bl) {
-  b.node(bl + 4);                     // combine.b
-  f.node(fl);                         // attention.f
+  b.node(bl + 4);  // combine.b
+  f.node(fl);      // attention.f
   const double after_attention = f.ready();
-  f.node(fl + 1);                     // dispatch.f
-  b.node(bl + 3);                     // experts.b
-  b.node_beside(bl + 2, b.ready());   // shared.b, beside dispatch.f
+  f.node(fl + 1);                          // dispatch.f
+  b.node(bl + 3);                          // experts.b
+  b.node_beside(bl + 2, b.ready());        // shared.b, beside dispatch.f
   f.node_beside(fl + 2, after_attention);  // shared.f, beside dispatch.b
-  b.node(bl + 1);                     // dispatch.b
-  f.node(fl + 3);                     // experts.f
-  f.node(fl + 4);                     // combine.f
-  b.node(bl);                         // attention.b
+  b.node(bl + 1);                          // dispatch.b
+  f.node(fl + 3);                          // experts.f
+  f.node(fl + 4);                          // combine.f
+  b.node(bl);                              // attention.b
 }
 
 // Runs layer i of h's stage: its nodes in forward order, or backward in reverse.
@@ -261,8 +261,7 @@ bool SimState::run_recv(int32_t r, int32_t index, const Action& a) {
     return false;
   }
   RankState& st = ranks[r];
-  const double start =
-      std::max({st.free[1], sent.start, recv_after[cell(a.stage, a.microbatch)]});
+  const double start = std::max({st.free[1], sent.start, recv_after[cell(a.stage, a.microbatch)]});
   const double end = std::max(start, sent.end);
   if (end > start) {
     Span s = message_span(index, a);

@@ -82,7 +82,7 @@ struct RankResult {
 
 struct SimResult {
   std::vector<RankResult> ranks;
-  double step_time_s = 0;      // the last rank's end of forward and backward (RankResult::end_s)
+  double step_time_s = 0;  // the last rank's end of forward and backward (RankResult::end_s)
   // The same with each rank's gradient all-reduce: the step but the norm and the optimizer's
   // update at its end (Note [Gradient reduction in the plan]).
   double step_with_reduce_s = 0;

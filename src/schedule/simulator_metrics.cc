@@ -18,8 +18,8 @@ Intervals stream_intervals(const std::vector<Span>& spans, Stream stream, Which 
   Intervals out;
   for (const Span& s : spans) {
     if (s.stream != stream || (which != Which::kAll && s.kind != SpanKind::kNode)) continue;
-    const double start = which == Which::kNodesAfterWait ? std::min(s.start + s.wait, s.end)
-                                                         : s.start;
+    const double start =
+        which == Which::kNodesAfterWait ? std::min(s.start + s.wait, s.end) : s.start;
     out.emplace_back(start, s.end);
   }
   return out;
@@ -47,8 +47,12 @@ void memory_curve(RankState& st, RankResult& out) {
         act += e.delta;
         by_node[static_cast<int>(e.node)] += e.delta;
         break;
-      case MemKind::kInFlight: flight += e.delta; break;
-      case MemKind::kWorkspace: work += e.delta; break;
+      case MemKind::kInFlight:
+        flight += e.delta;
+        break;
+      case MemKind::kWorkspace:
+        work += e.delta;
+        break;
     }
     out.activation_peak_bytes = std::max(out.activation_peak_bytes, act);
     out.in_flight_peak_bytes = std::max(out.in_flight_peak_bytes, flight);

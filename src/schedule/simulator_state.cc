@@ -43,8 +43,8 @@ void SimState::update(int32_t rank, int32_t stage, int64_t upto, Span proto) {
   if (upto <= done) return;
   proto.kind = SpanKind::kUpdate;
   proto.phase = Phase::kForward;
-  issue(rank, Stream::kCompute, 0.0,
-        static_cast<double>(upto - done) * model.update_s_per_param, proto);
+  issue(rank, Stream::kCompute, 0.0, static_cast<double>(upto - done) * model.update_s_per_param,
+        proto);
   done = upto;
 }
 
@@ -58,9 +58,9 @@ Span reduce_span(int32_t index, const Stage& stage, const GradUnit& u, int32_t m
   s.microbatch = mb;
   s.kind = SpanKind::kReduce;
   s.phase = Phase::kBackwardWeight;
-  s.node = u.layer >= 0 ? NodeKind::kAttention : stage.has_embed() && &u == &stage.grad_units[0]
-                                                     ? NodeKind::kEmbed
-                                                     : NodeKind::kLoss;
+  s.node = u.layer >= 0                                      ? NodeKind::kAttention
+           : stage.has_embed() && &u == &stage.grad_units[0] ? NodeKind::kEmbed
+                                                             : NodeKind::kLoss;
   return s;
 }
 

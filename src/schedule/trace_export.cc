@@ -4,8 +4,8 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
-#include <set>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <string>
 
 #include "core/error.h"
@@ -18,7 +18,7 @@ std::string span_name(const Span& s) {
   if (s.kind == SpanKind::kSend) return s.phase == Phase::kForward ? "SEND_F" : "SEND_B";
   if (s.kind == SpanKind::kRecv) return s.phase == Phase::kForward ? "RECV_F" : "RECV_B";
   if (s.kind == SpanKind::kUpdate) return "update";  // Note [Deferred update in the plan]
-  if (s.kind == SpanKind::kReduce) {  // Note [Gradient reduction in the plan]
+  if (s.kind == SpanKind::kReduce) {                 // Note [Gradient reduction in the plan]
     if (s.layer >= 0) return "reduce layer " + std::to_string(s.layer);
     return s.node == NodeKind::kEmbed ? "reduce embed" : "reduce head";
   }
@@ -113,7 +113,7 @@ nlohmann::json measured_trace_events(std::string_view text, std::string_view sou
 }
 
 std::map<int, double> measured_forward_backward(const nlohmann::json& events,
-                                               std::string_view source) {
+                                                std::string_view source) {
   std::map<std::pair<int, int>, std::string> names;
   for (const auto& e : events) {
     if (e.value("ph", "") == "M" && e.value("name", "") == "thread_name") {
@@ -154,7 +154,9 @@ std::string merged_trace_json(const Plan& plan, const nlohmann::json& measured_e
     events.push_back(std::move(e));
   }
   auto sort_index = [&](int pid, int index) {
-    events.push_back({{"name", "process_sort_index"}, {"ph", "M"}, {"pid", pid},
+    events.push_back({{"name", "process_sort_index"},
+                      {"ph", "M"},
+                      {"pid", pid},
                       {"args", {{"sort_index", index}}}});
   };
   for (int r = 0; r < planned; ++r) sort_index(r, 2 * r);
@@ -172,8 +174,8 @@ std::string planned_against_measured(const Plan& plan, const std::map<int, doubl
     const auto it = ends.find(r.rank);
     if (it == ends.end()) continue;
     std::snprintf(line, sizeof line,
-                  "rank %d: forward-backward planned %.3f ms, measured %.3f ms (%+.1f%%)\n",
-                  r.rank, r.end_s * 1e3, it->second * 1e3,
+                  "rank %d: forward-backward planned %.3f ms, measured %.3f ms (%+.1f%%)\n", r.rank,
+                  r.end_s * 1e3, it->second * 1e3,
                   it->second > 0 ? 100 * (r.end_s - it->second) / it->second : 0.0);
     out += line;
   }

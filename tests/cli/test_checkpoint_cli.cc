@@ -96,7 +96,7 @@ TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
 // while the addition task's falls in the same steps; the checkpoint records which data it saw.
 TEST(CheckpointProgram, MockDataHasNothingToLearnAndIsRecorded) {
   TempDir work, capture;
-  const std::vector<std::string> common = {"--vocab-size", "512", "--train-iters", "20",
+  const std::vector<std::string> common = {"--vocab-size",     "512", "--train-iters", "20",
                                            "--lr-decay-iters", "20"};
   const auto with = [&](std::vector<std::string> more) {
     more.insert(more.end(), common.begin(), common.end());

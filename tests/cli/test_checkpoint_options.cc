@@ -5,12 +5,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/options.h"
 #include "core/error.h"

@@ -7,12 +7,11 @@
 // mpirun.
 #include <gtest/gtest.h>
 
+#include <CLI/CLI.hpp>
 #include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/options.h"
 #include "data/addition.h"
@@ -24,10 +23,10 @@ namespace tandem::test {
 namespace {
 
 const std::vector<std::string> kModel = {
-    "--num-layers", "4", "--hidden-size", "32", "--num-attention-heads", "4",
-    "--num-query-groups", "2", "--ffn-hidden-size", "48", "--num-experts", "4",
-    "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8",
-    "--addition-max-digits", "2", "--train-iters", "4"};
+    "--num-layers",          "4",  "--hidden-size",      "32", "--num-attention-heads", "4",
+    "--num-query-groups",    "2",  "--ffn-hidden-size",  "48", "--num-experts",         "4",
+    "--seq-length",          "32", "--micro-batch-size", "2",  "--global-batch-size",   "8",
+    "--addition-max-digits", "2",  "--train-iters",      "4"};
 
 std::string joined(const std::vector<std::string>& args) {
   std::string out;
@@ -109,8 +108,8 @@ TEST(OneProcess, TakesTheScheduleAndVirtualStages) {
 TEST(OneProcess, DefersTheOptimizerUpdate) {
   const std::string dir = temp_dir("one_process_defer");
   ASSERT_EQ(train({"--quiet", "--log-json", dir + "/plain.jsonl"}).code, 0);
-  const Result r = train({"--log-json", dir + "/deferred.jsonl", "--defer-optimizer",
-                          "--schedule", "combined-1f1b", "--log-interval", "4"});
+  const Result r = train({"--log-json", dir + "/deferred.jsonl", "--defer-optimizer", "--schedule",
+                          "combined-1f1b", "--log-interval", "4"});
   ASSERT_EQ(r.code, 0) << r.output;
   EXPECT_NE(r.output.find("(--defer-optimizer)"), std::string::npos) << r.output;
   EXPECT_EQ(losses(dir + "/deferred.jsonl"), losses(dir + "/plain.jsonl"));

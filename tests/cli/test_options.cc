@@ -3,12 +3,11 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <CLI/CLI.hpp>
 #include <filesystem>
 #include <fstream>
 #include <string>
 #include <vector>
-
-#include <CLI/CLI.hpp>
 
 #include "cli/options.h"
 #include "core/error.h"
@@ -131,8 +130,8 @@ TEST(Options, DeferredUpdateIsOnByDefaultOnlyWhereItCoversAnAllToAll) {
   // --device, --expert-model-parallel-size and --schedule, then any other options.
   auto defer = [](const std::string& device, const std::string& ep, const std::string& schedule,
                   std::vector<std::string> extra = {}) {
-    std::vector<std::string> args = {"--device", device, "--expert-model-parallel-size", ep,
-                                     "--schedule", schedule};
+    std::vector<std::string> args = {"--device", device,       "--expert-model-parallel-size",
+                                     ep,         "--schedule", schedule};
     args.insert(args.end(), extra.begin(), extra.end());
     return parse(args).train.defer_optimizer;
   };

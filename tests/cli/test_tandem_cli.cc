@@ -5,11 +5,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "tandem_process.h"
 
@@ -83,8 +82,14 @@ TEST(TandemProgram, HelpExitsWithZero) {
 TEST(TandemProgram, PlanForTheGpuCountsTheWeightCopyAndBf16Activations) {
   TempDir work, capture;
   auto plan = [&](bool gpu, bool recompute = false) {
-    std::vector<std::string> args = {"plan", "--json", "--pipeline-model-parallel-size", "2",
-                                     "--num-layers", "4", "--global-batch-size", "8"};
+    std::vector<std::string> args = {"plan",
+                                     "--json",
+                                     "--pipeline-model-parallel-size",
+                                     "2",
+                                     "--num-layers",
+                                     "4",
+                                     "--global-batch-size",
+                                     "8"};
     if (gpu) args.insert(args.end(), {"--device", "cuda"});
     if (recompute) args.push_back("--recompute-experts");
     const RunResult r = run_tandem(args, work.path(), capture.path());
@@ -115,9 +120,16 @@ TEST(TandemProgram, PlanModelsTheDeferredUpdate) {
   TempDir work, capture;
   auto plan = [&](const std::string& defer) {
     // Two ranks, two micro-batches each (as `mpirun -np 2 tandem train` would run it).
-    std::vector<std::string> args = {"plan", "--json", "--device", "cuda",
-                                     "--expert-model-parallel-size", "2", "--schedule",
-                                     "combined-1f1b", "--global-batch-size", "32"};
+    std::vector<std::string> args = {"plan",
+                                     "--json",
+                                     "--device",
+                                     "cuda",
+                                     "--expert-model-parallel-size",
+                                     "2",
+                                     "--schedule",
+                                     "combined-1f1b",
+                                     "--global-batch-size",
+                                     "32"};
     if (!defer.empty()) args.push_back(defer);
     const RunResult r = run_tandem(args, work.path(), capture.path());
     EXPECT_EQ(r.exit_code, 0) << r.err;
@@ -137,8 +149,14 @@ TEST(TandemProgram, PlanModelsTheDeferredUpdate) {
 TEST(TandemProgram, PlanModelsTheDataParallelGradientReduction) {
   TempDir work, capture;
   auto run = [&](std::vector<std::string> more) {
-    std::vector<std::string> args = {"plan", "--json", "--pipeline-model-parallel-size", "2",
-                                     "--num-layers", "4", "--global-batch-size", "32"};
+    std::vector<std::string> args = {"plan",
+                                     "--json",
+                                     "--pipeline-model-parallel-size",
+                                     "2",
+                                     "--num-layers",
+                                     "4",
+                                     "--global-batch-size",
+                                     "32"};
     args.insert(args.end(), more.begin(), more.end());
     return run_tandem(args, work.path(), capture.path());
   };
@@ -196,12 +214,12 @@ namespace {
 // bound there (the ops' temporaries are not planned on the CPU).
 TEST(TandemProgram, TrainPrintsAndLogsItsPlannedMemory) {
   TempDir work, capture;
-  const RunResult r =
-      run_train({"--num-layers", "2", "--hidden-size", "32", "--num-attention-heads", "4",
-                 "--num-query-groups", "2", "--ffn-hidden-size", "48", "--num-experts", "4",
-                 "--seq-length", "16", "--micro-batch-size", "2", "--global-batch-size", "6",
-                 "--train-iters", "2", "--log-json", "log.jsonl"},
-                work.path(), capture.path());
+  const RunResult r = run_train(
+      {"--num-layers",       "2",  "--hidden-size",      "32",       "--num-attention-heads", "4",
+       "--num-query-groups", "2",  "--ffn-hidden-size",  "48",       "--num-experts",         "4",
+       "--seq-length",       "16", "--micro-batch-size", "2",        "--global-batch-size",   "6",
+       "--train-iters",      "2",  "--log-json",         "log.jsonl"},
+      work.path(), capture.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("memory as planned (tandem plan): peak "), std::string::npos) << r.out;
   EXPECT_NE(r.out.find(" (planned "), std::string::npos) << r.out;  // the summary
@@ -225,8 +243,14 @@ namespace {
 // options that take one schedule.
 TEST(TandemProgram, PlanComparesEverySchedule) {
   TempDir work, capture;
-  const std::vector<std::string> layout = {"plan", "--json", "--pipeline-model-parallel-size", "2",
-                                           "--num-layers", "2", "--global-batch-size", "32"};
+  const std::vector<std::string> layout = {"plan",
+                                           "--json",
+                                           "--pipeline-model-parallel-size",
+                                           "2",
+                                           "--num-layers",
+                                           "2",
+                                           "--global-batch-size",
+                                           "32"};
   auto run = [&](std::vector<std::string> more) {
     std::vector<std::string> args = layout;
     args.insert(args.end(), more.begin(), more.end());
@@ -275,11 +299,25 @@ namespace {
 // named in the error.
 TEST(TandemProgram, PlanSetsAMeasuredStepBesideThePlan) {
   TempDir work, capture;
-  const std::vector<std::string> model = {"--num-layers", "2", "--hidden-size", "32",
-                                          "--num-attention-heads", "4", "--num-query-groups", "2",
-                                          "--ffn-hidden-size", "48", "--num-experts", "4",
-                                          "--seq-length", "16", "--micro-batch-size", "2",
-                                          "--global-batch-size", "4", "--quiet"};
+  const std::vector<std::string> model = {"--num-layers",
+                                          "2",
+                                          "--hidden-size",
+                                          "32",
+                                          "--num-attention-heads",
+                                          "4",
+                                          "--num-query-groups",
+                                          "2",
+                                          "--ffn-hidden-size",
+                                          "48",
+                                          "--num-experts",
+                                          "4",
+                                          "--seq-length",
+                                          "16",
+                                          "--micro-batch-size",
+                                          "2",
+                                          "--global-batch-size",
+                                          "4",
+                                          "--quiet"};
   std::vector<std::string> train = {"--train-iters", "2", "--trace", "run.json"};
   train.insert(train.end(), model.begin(), model.end());
   ASSERT_EQ(run_train(train, work.path(), capture.path()).exit_code, 0);
@@ -288,8 +326,7 @@ TEST(TandemProgram, PlanSetsAMeasuredStepBesideThePlan) {
   const RunResult r = run_tandem(plan, work.path(), capture.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("rank 0: forward-backward planned "), std::string::npos) << r.out;
-  const nlohmann::json both =
-      nlohmann::json::parse(tandem::test::slurp(work.path() / "both.json"));
+  const nlohmann::json both = nlohmann::json::parse(tandem::test::slurp(work.path() / "both.json"));
   bool planned = false, measured = false;
   for (const nlohmann::json& e : both.at("traceEvents")) {
     if (e.value("name", "") != "process_name") continue;
@@ -317,18 +354,19 @@ namespace {
 TEST(TandemProgram, PlanChecksAMemoryLimit) {
   TempDir work, capture;
   auto run = [&](std::vector<std::string> more) {
-    std::vector<std::string> args = {"plan", "--pipeline-model-parallel-size", "2",
-                                     "--num-layers", "4", "--global-batch-size", "32"};
+    std::vector<std::string> args = {
+        "plan", "--pipeline-model-parallel-size", "2", "--num-layers", "4", "--global-batch-size",
+        "32"};
     args.insert(args.end(), more.begin(), more.end());
     return run_tandem(args, work.path(), capture.path());
   };
   const RunResult plain = run({"--json"});
   ASSERT_EQ(plain.exit_code, 0) << plain.err;
   const nlohmann::json ranks = nlohmann::json::parse(plain.out).at("ranks");
-  const int64_t high = std::max(ranks[0].at("peak_bytes").get<int64_t>(),
-                                ranks[1].at("peak_bytes").get<int64_t>());
-  const int64_t low = std::min(ranks[0].at("peak_bytes").get<int64_t>(),
-                               ranks[1].at("peak_bytes").get<int64_t>());
+  const int64_t high =
+      std::max(ranks[0].at("peak_bytes").get<int64_t>(), ranks[1].at("peak_bytes").get<int64_t>());
+  const int64_t low =
+      std::min(ranks[0].at("peak_bytes").get<int64_t>(), ranks[1].at("peak_bytes").get<int64_t>());
   ASSERT_LT(low, high);
   const std::string between = std::to_string((low + high) / 2);
   const nlohmann::json j = nlohmann::json::parse(run({"--json", "--memory-limit", between}).out);
@@ -339,8 +377,9 @@ TEST(TandemProgram, PlanChecksAMemoryLimit) {
   EXPECT_NE(run({"--memory-limit", between}).out.find("over --memory-limit "), std::string::npos);
   EXPECT_NE(run({"--memory-limit", "1TiB"}).out.find("every rank within --memory-limit 1.0 TiB"),
             std::string::npos);
-  const nlohmann::json rows = nlohmann::json::parse(
-      run({"--json", "--compare-schedules", "--memory-limit", between}).out).at("schedules");
+  const nlohmann::json rows =
+      nlohmann::json::parse(run({"--json", "--compare-schedules", "--memory-limit", between}).out)
+          .at("schedules");
   int over = 0;
   for (const nlohmann::json& row : rows) {
     if (row.contains("fits")) over += row.at("fits").get<bool>() ? 0 : 1;

@@ -55,8 +55,8 @@ TEST(Error, AssertWithoutAMessageNamesTheCondition) {
 }
 
 TEST(Error, InternalErrorMacroNamesTheRepositoryPathHoweverTheBuildSpellsIt) {
-  for (const char* spelled : {"/home/ci/tandem/src/core/tensor.cc", "../src/core/tensor.cc",
-                              "src/core/tensor.cc"}) {
+  for (const char* spelled :
+       {"/home/ci/tandem/src/core/tensor.cc", "../src/core/tensor.cc", "src/core/tensor.cc"}) {
     const InternalError e(spelled, 7, "f", "m");
     EXPECT_EQ(e.file(), "src/core/tensor.cc") << spelled;
     EXPECT_STREQ(e.what(), "src/core/tensor.cc:7: m (in f)");

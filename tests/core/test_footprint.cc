@@ -31,8 +31,14 @@ TEST(LmHeadBlocks, RowsFollowTheBudget) {
 
 // The shape measured on 2 H200s (docs/schedules.md): N = 4096 tokens, bf16, 8 experts top-2.
 ModelConfig measured_model() {
-  return {.vocab_size = 32000, .hidden_size = 1024, .num_layers = 8, .num_attention_heads = 16,
-          .num_query_groups = 8, .ffn_hidden_size = 2816, .num_experts = 8, .moe_router_topk = 2,
+  return {.vocab_size = 32000,
+          .hidden_size = 1024,
+          .num_layers = 8,
+          .num_attention_heads = 16,
+          .num_query_groups = 8,
+          .ffn_hidden_size = 2816,
+          .num_experts = 8,
+          .moe_router_topk = 2,
           .seq_length = 2048};
 }
 

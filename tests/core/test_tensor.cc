@@ -64,9 +64,7 @@ TEST(Tensor, ReleaseSkipsUndefinedTensors) {
 TEST(Tensor, TraceRecordsAllocationsAndFreesInOrder) {
   Allocator& a = cpu_allocator();
   a.set_trace(true);
-  {
-    Tensor x = Tensor::empty({2}, DType::kF32, MemCategory::kActivation, "traced");
-  }
+  { Tensor x = Tensor::empty({2}, DType::kF32, MemCategory::kActivation, "traced"); }
   const auto trace = a.trace();
   a.set_trace(false);
   ASSERT_EQ(trace.size(), 2u);

@@ -32,9 +32,12 @@ struct Tolerance {
 };
 inline Tolerance tolerance_for(DType output) {
   switch (output) {
-    case DType::kF32: return {1e-4, 1e-5};
-    case DType::kBF16: return {1.6e-2, 1e-3};
-    default: return {0, 0};
+    case DType::kF32:
+      return {1e-4, 1e-5};
+    case DType::kBF16:
+      return {1.6e-2, 1e-3};
+    default:
+      return {0, 0};
   }
 }
 
@@ -43,8 +46,9 @@ inline Tensor random_host(const Shape& shape, uint64_t seed, double scale = 1.0)
   Tensor t = Tensor::empty(shape, DType::kF32, MemCategory::kOther, "random", Device::kCPU);
   float* p = t.data<float>();
   for (int64_t i = 0; i < t.numel(); ++i) {
-    const double u = static_cast<double>(splitmix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i)) >> 11) *
-                     (1.0 / 9007199254740992.0);
+    const double u =
+        static_cast<double>(splitmix64(seed * 0x9E3779B97F4A7C15ull + uint64_t(i)) >> 11) *
+        (1.0 / 9007199254740992.0);
     p[i] = static_cast<float>((2 * u - 1) * scale);
   }
   return t;

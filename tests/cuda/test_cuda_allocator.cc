@@ -79,15 +79,16 @@ void check_deferred_reuse(cudaStream_t a, cudaStream_t b, bool record_consumer) 
   EXPECT_THROW(t.raw_data(), Error);
 
   // b is still asleep: its read of the block has not run yet.
-  Tensor again = Tensor::empty({kFloats}, DType::kF32, MemCategory::kActivation, "again",
-                               Device::kCUDA);
+  Tensor again =
+      Tensor::empty({kFloats}, DType::kF32, MemCategory::kActivation, "again", Device::kCUDA);
   EXPECT_NE(again.raw_data(), block) << "a block was handed out while another stream used it";
   // Had `again` been the block, this would overwrite what b is about to read.
-  TANDEM_CUDA_CHECK(cudaMemsetAsync(again.raw_data(), 0xFF, static_cast<size_t>(again.nbytes()), a));
+  TANDEM_CUDA_CHECK(
+      cudaMemsetAsync(again.raw_data(), 0xFF, static_cast<size_t>(again.nbytes()), a));
 
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(b));
-  Tensor third = Tensor::empty({kFloats}, DType::kF32, MemCategory::kActivation, "third",
-                               Device::kCUDA);
+  Tensor third =
+      Tensor::empty({kFloats}, DType::kF32, MemCategory::kActivation, "third", Device::kCUDA);
   EXPECT_EQ(third.raw_data(), block) << "the block did not come back once the consumer finished";
 
   Tensor got;
@@ -121,14 +122,14 @@ TEST(CudaAllocator, SameStreamReusesAtOnce) {
     Tensor t = Tensor::zeros({floats}, DType::kF32, MemCategory::kOther, "t", Device::kCUDA);
     void* const block = t.raw_data();
     release_storage({&t});
-    Tensor again = Tensor::empty({floats}, DType::kF32, MemCategory::kOther, "again",
-                                 Device::kCUDA);
+    Tensor again =
+        Tensor::empty({floats}, DType::kF32, MemCategory::kOther, "again", Device::kCUDA);
     EXPECT_EQ(again.raw_data(), block) << floats << " floats";
     release_storage({&again});
     {
       StreamScope on_other(other);
-      Tensor elsewhere = Tensor::empty({floats}, DType::kF32, MemCategory::kOther, "elsewhere",
-                                       Device::kCUDA);
+      Tensor elsewhere =
+          Tensor::empty({floats}, DType::kF32, MemCategory::kOther, "elsewhere", Device::kCUDA);
       EXPECT_NE(elsewhere.raw_data(), block) << floats << " floats";
     }
     TANDEM_CUDA_CHECK(cudaStreamSynchronize(a));
@@ -248,8 +249,8 @@ TEST(CudaAllocator, StatisticsMatchTheCpuAllocator) {
   EXPECT_EQ(gpu.checkpoints[4].total_peak, 8000 + 1998 + 28);
   for (int c = 0; c < kNumMemCategories; ++c) EXPECT_EQ(gpu.checkpoints.back().in_use[c], 0);
   ASSERT_FALSE(gpu.trace.empty());
-  EXPECT_EQ(gpu.trace.front(), std::make_tuple(int64_t{4000}, MemCategory::kParameter,
-                                               std::string("w")));
+  EXPECT_EQ(gpu.trace.front(),
+            std::make_tuple(int64_t{4000}, MemCategory::kParameter, std::string("w")));
   EXPECT_EQ(std::get<0>(gpu.trace.back()), -4000);  // w, the first made, is freed last
 }
 
@@ -260,8 +261,7 @@ TEST(CudaAllocator, OutOfMemoryThrowsAndCountsNothing) {
   const int64_t gib = int64_t{1} << 30;
   {
     StreamScope on_cached(new_stream());
-    Tensor t = Tensor::empty({gib / 4}, DType::kF32, MemCategory::kOther, "cached",
-                             Device::kCUDA);
+    Tensor t = Tensor::empty({gib / 4}, DType::kF32, MemCategory::kOther, "cached", Device::kCUDA);
   }
   size_t free_bytes = 0, total_bytes = 0;
   TANDEM_CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));

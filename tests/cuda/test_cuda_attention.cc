@@ -143,9 +143,7 @@ void check_backward(const AttentionShape& s, ToGpu place, uint64_t seed) {
 
 class CudaAttention : public ::testing::TestWithParam<Case> {};
 
-TEST_P(CudaAttention, ForwardMatchesCpuReference) {
-  check_forward(GetParam().s, to_gpu_bf16, 11);
-}
+TEST_P(CudaAttention, ForwardMatchesCpuReference) { check_forward(GetParam().s, to_gpu_bf16, 11); }
 
 TEST_P(CudaAttention, BackwardMatchesCpuReference) {
   check_backward(GetParam().s, to_gpu_bf16, 21);
@@ -274,8 +272,7 @@ TEST(CudaAttentionArguments, BadArgumentsThrow) {
   const Tensor lse = gpu_empty({1, 4, 8}, DType::kF32);
   ops::attention_forward(out, lse, q, kv, kv, s);  // the valid call, for contrast
   // q in f32.
-  EXPECT_THROW(ops::attention_forward(out, lse, gpu_empty({8, 64}, DType::kF32), kv, kv, s),
-               Error);
+  EXPECT_THROW(ops::attention_forward(out, lse, gpu_empty({8, 64}, DType::kF32), kv, kv, s), Error);
   // heads not a multiple of kv_heads (4 and 3), and a shape that disagrees with the tensors.
   EXPECT_THROW(ops::attention_forward(out, lse, q, kv, kv, {1, 8, 4, 3, 16}), Error);
   EXPECT_THROW(ops::attention_forward(out, lse, q, kv, kv, {1, 8, 2, 2, 32}), Error);
@@ -283,12 +280,11 @@ TEST(CudaAttentionArguments, BadArgumentsThrow) {
   EXPECT_THROW(ops::attention_forward(out, gpu_empty({4, 8}, DType::kF32), q, kv, kv, s), Error);
   EXPECT_THROW(ops::attention_forward(out, gpu_empty({1, 4, 8}, DType::kBF16), q, kv, kv, s),
                Error);
-  EXPECT_THROW(ops::attention_forward(gpu_empty({1, 512}, DType::kBF16),
-                                      gpu_empty({1, 1, 1}, DType::kF32),
-                                      gpu_empty({1, 512}, DType::kBF16),
-                                      gpu_empty({1, 512}, DType::kBF16),
-                                      gpu_empty({1, 512}, DType::kBF16), {1, 1, 1, 1, 512}),
-               Error);
+  EXPECT_THROW(
+      ops::attention_forward(gpu_empty({1, 512}, DType::kBF16), gpu_empty({1, 1, 1}, DType::kF32),
+                             gpu_empty({1, 512}, DType::kBF16), gpu_empty({1, 512}, DType::kBF16),
+                             gpu_empty({1, 512}, DType::kBF16), {1, 1, 1, 1, 512}),
+      Error);
   EXPECT_THROW(ops::attention_forward(out, lse, q, host_f32({8, 32}), kv, s), Error);
   // Backward: dk of the query shape.
   EXPECT_THROW(ops::attention_backward(q, q, kv, q, q, kv, kv, out, lse, s), Error);

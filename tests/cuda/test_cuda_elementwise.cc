@@ -42,8 +42,8 @@ Tensor ref_copy(const Tensor& h, DType dt) { return rounded(h, dt).to(Device::kC
 Tensor random_ids(const Shape& shape, int64_t limit, uint64_t seed) {
   Tensor t = host(shape, DType::kI32);
   for (int64_t i = 0; i < t.numel(); ++i) {
-    t.data<int32_t>()[i] = static_cast<int32_t>(splitmix64(seed * 1000003 + uint64_t(i)) %
-                                                uint64_t(limit));
+    t.data<int32_t>()[i] =
+        static_cast<int32_t>(splitmix64(seed * 1000003 + uint64_t(i)) % uint64_t(limit));
   }
   return t;
 }
@@ -121,9 +121,9 @@ TEST(CudaElementwise, AllFiniteFindsNanAndInf) {
     for (int64_t n : {1, 9, 10000}) {
       Tensor x0 = random_host({n}, 6);
       EXPECT_TRUE(ops::all_finite(to_gpu(x0, dt))) << name(dt) << " n " << n;
-      for (float bad : {std::numeric_limits<float>::quiet_NaN(),
-                        std::numeric_limits<float>::infinity(),
-                        -std::numeric_limits<float>::infinity()}) {
+      for (float bad :
+           {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+            -std::numeric_limits<float>::infinity()}) {
         for (int64_t at : {int64_t{0}, n / 2, n - 1}) {
           Tensor y0 = x0.to(Device::kCPU);
           y0.data<float>()[at] = bad;
@@ -138,11 +138,19 @@ TEST(CudaElementwise, AllFiniteFindsNanAndInf) {
 
 // f32 -> bf16 must give the host's bits exactly: ties to even, NaN, infinities, denormals.
 TEST(CudaElementwise, ConvertMatchesHostBits) {
-  const float specials[] = {0.0f, -0.0f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -(1.0f + 0x1p-8f),
+  const float specials[] = {0.0f,
+                            -0.0f,
+                            1.0f + 0x1p-8f,
+                            1.0f + 3 * 0x1p-8f,
+                            -(1.0f + 0x1p-8f),
                             std::numeric_limits<float>::infinity(),
                             -std::numeric_limits<float>::infinity(),
-                            std::numeric_limits<float>::quiet_NaN(), 1e-40f, -3e-39f,
-                            std::numeric_limits<float>::max(), 65504.0f, 0x1.fffffep-1f};
+                            std::numeric_limits<float>::quiet_NaN(),
+                            1e-40f,
+                            -3e-39f,
+                            std::numeric_limits<float>::max(),
+                            65504.0f,
+                            0x1.fffffep-1f};
   const int64_t n = 1000 + int64_t(std::size(specials));
   Tensor src = random_host({n}, 7, 1000.0);
   for (size_t i = 0; i < std::size(specials); ++i) src.data<float>()[i * 37] = specials[i];
@@ -332,8 +340,8 @@ TEST(CudaNorm, RmsnormBackwardInPlaceAndMisaligned) {
     // Misaligned x: the scalar kernel.
     Tensor dx = Tensor::empty({c.n, c.h}, kBF16, MemCategory::kOther, "dx", Device::kCUDA);
     Tensor dg2 = dg0.to(Device::kCUDA);
-    ops::rmsnorm_backward(dx, dg2, to_gpu(dy0, kBF16), misaligned_gpu(x0, kBF16),
-                          to_gpu(g0, kF32), rstd.to(Device::kCUDA), Accumulate::kOverwrite);
+    ops::rmsnorm_backward(dx, dg2, to_gpu(dy0, kBF16), misaligned_gpu(x0, kBF16), to_gpu(g0, kF32),
+                          rstd.to(Device::kCUDA), Accumulate::kOverwrite);
     expect_close(to_host_f32(dx), dx_want, tolerance_for(kBF16), "misaligned dx");
     expect_close(dg2.to(Device::kCPU), dg_want, tolerance_for(kF32), "misaligned dg");
   }
@@ -359,8 +367,8 @@ RopeSpec rope_spec(const Case& c) {
 }
 // Vector path (D/2 a multiple of 8), scalar path (D/2 = 3, 1), heads not a multiple of the
 // 4 a thread serves, and long positions with a large theta and Llama 3 scaling.
-constexpr RopeCase kRopeCases[] = {{2, 37, 3, 64, 10000.0}, {1, 5, 5, 6, 10000.0},
-                                   {3, 16, 1, 16, 10000.0}, {2, 9, 7, 2, 10000.0},
+constexpr RopeCase kRopeCases[] = {{2, 37, 3, 64, 10000.0},     {1, 5, 5, 6, 10000.0},
+                                   {3, 16, 1, 16, 10000.0},     {2, 9, 7, 2, 10000.0},
                                    {1, 4096, 1, 128, 500000.0}, {0, 4, 2, 64, 10000.0}};
 
 TEST(CudaRope, ForwardAndBackwardOutOfPlaceAndInPlace) {
@@ -375,8 +383,8 @@ TEST(CudaRope, ForwardAndBackwardOutOfPlaceAndInPlace) {
         auto rope = backward ? ops::rope_backward : ops::rope_forward;
         Tensor x0 = random_host({n, w}, 27, 2.0);
         Tensor x = to_gpu(x0, kBF16);
-        Tensor out = in_place ? x : Tensor::empty({n, w}, kBF16, MemCategory::kOther, "out",
-                                                  Device::kCUDA);
+        Tensor out =
+            in_place ? x : Tensor::empty({n, w}, kBF16, MemCategory::kOther, "out", Device::kCUDA);
         rope(out, x, c.seq, c.heads, c.head_dim, rope_spec(c));
         Tensor want = host({n, w});
         rope(want, rounded(x0, kBF16), c.seq, c.heads, c.head_dim, rope_spec(c));
@@ -396,8 +404,8 @@ TEST(CudaRope, MisalignedAndBadShapes) {
   ops::rope_forward(want, rounded(x0, kBF16), 4, heads, d, RopeSpec(10000.0));
   expect_close(to_host_f32(out), want, tolerance_for(kBF16), "rope misaligned");
   EXPECT_THROW(ops::rope_forward(out, x, 4, heads, 15, RopeSpec(10000.0)), Error);  // odd head_dim
-  EXPECT_THROW(ops::rope_forward(out, x, 4, 3, d, RopeSpec(10000.0)), Error);       // width mismatch
-  EXPECT_THROW(ops::rope_forward(out, x, 0, heads, d, RopeSpec(10000.0)), Error);   // seq 0
+  EXPECT_THROW(ops::rope_forward(out, x, 4, 3, d, RopeSpec(10000.0)), Error);      // width mismatch
+  EXPECT_THROW(ops::rope_forward(out, x, 0, heads, d, RopeSpec(10000.0)), Error);  // seq 0
 }
 
 struct RopeQkCase {
@@ -417,8 +425,8 @@ TEST(CudaRope, QkForwardAndBackwardMatchTheCpuAndTheSingleTensorOp) {
     for (bool backward : {false, true}) {
       const std::string what = std::string(backward ? "rope_backward_qk" : "rope_forward_qk") +
                                " seq " + std::to_string(c.seq) + " heads " +
-                               std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) +
-                               " D " + std::to_string(c.head_dim);
+                               std::to_string(c.heads) + "/" + std::to_string(c.kv_heads) + " D " +
+                               std::to_string(c.head_dim);
       auto rope_qk = backward ? ops::rope_backward_qk : ops::rope_forward_qk;
       auto rope = backward ? ops::rope_backward : ops::rope_forward;
       const Tensor q0 = random_host({n, wq}, 29, 2.0), k0 = random_host({n, wk}, 30, 2.0);
@@ -449,10 +457,14 @@ TEST(CudaRope, QkMisalignedAndBadShapes) {
   expect_close(to_host_f32(q), q_want, tolerance_for(kBF16), "rope_forward_qk misaligned q");
   expect_close(to_host_f32(k), k_want, tolerance_for(kBF16), "rope_forward_qk misaligned k");
   Tensor k_short = to_gpu(random_host({n - 1, kv_heads * d}, 33), kBF16);
-  EXPECT_THROW(ops::rope_forward_qk(q, k_short, 5, heads, kv_heads, d, RopeSpec(10000.0)), Error);  // rows
-  EXPECT_THROW(ops::rope_forward_qk(q, k, 5, heads, heads, d, RopeSpec(10000.0)), Error);  // k's width
-  EXPECT_THROW(ops::rope_backward_qk(q, k, 5, heads, kv_heads, 15, RopeSpec(10000.0)), Error);  // odd D
-  EXPECT_THROW(ops::rope_backward_qk(q, k, 0, heads, kv_heads, d, RopeSpec(10000.0)), Error);   // seq 0
+  EXPECT_THROW(ops::rope_forward_qk(q, k_short, 5, heads, kv_heads, d, RopeSpec(10000.0)),
+               Error);  // rows
+  EXPECT_THROW(ops::rope_forward_qk(q, k, 5, heads, heads, d, RopeSpec(10000.0)),
+               Error);  // k's width
+  EXPECT_THROW(ops::rope_backward_qk(q, k, 5, heads, kv_heads, 15, RopeSpec(10000.0)),
+               Error);  // odd D
+  EXPECT_THROW(ops::rope_backward_qk(q, k, 0, heads, kv_heads, d, RopeSpec(10000.0)),
+               Error);  // seq 0
 }
 
 // ---- SwiGLU ----
@@ -513,22 +525,23 @@ std::string name(ops::RouterScore s) {
 TEST(CudaRouter, ForwardTopKTiesAndSoftmax) {
   for (const RouterCase& c : kRouterCases) {
     for (bool ties : {false, true}) {
-     for (ops::RouterScore score : kScores) {
-      const std::string what = "router_forward n " + std::to_string(c.n) + " E " +
-                               std::to_string(c.e) + " k " + std::to_string(c.k) +
-                               (ties ? " ties" : "") + name(score);
-      Tensor logits = ties ? tied_logits(c.n, c.e, 32) : random_host({c.n, c.e}, 32, 3.0);
-      Tensor idx = Tensor::empty({c.n, c.k}, DType::kI32, MemCategory::kOther, "i", Device::kCUDA);
-      Tensor w = Tensor::empty({c.n, c.k}, kF32, MemCategory::kOther, "w", Device::kCUDA);
-      Tensor probs = Tensor::empty({c.n, c.e}, kF32, MemCategory::kOther, "p", Device::kCUDA);
-      ops::router_forward(idx, w, probs, logits.to(Device::kCUDA), score);
-      Tensor idx_want = host({c.n, c.k}, DType::kI32), w_want = host({c.n, c.k});
-      Tensor probs_want = host({c.n, c.e});
-      ops::router_forward(idx_want, w_want, probs_want, logits, score);
-      EXPECT_EQ(ints(idx), ints(idx_want)) << what;
-      expect_close(w.to(Device::kCPU), w_want, tolerance_for(kF32), what + " topk_w");
-      expect_close(probs.to(Device::kCPU), probs_want, tolerance_for(kF32), what + " probs");
-     }
+      for (ops::RouterScore score : kScores) {
+        const std::string what = "router_forward n " + std::to_string(c.n) + " E " +
+                                 std::to_string(c.e) + " k " + std::to_string(c.k) +
+                                 (ties ? " ties" : "") + name(score);
+        Tensor logits = ties ? tied_logits(c.n, c.e, 32) : random_host({c.n, c.e}, 32, 3.0);
+        Tensor idx =
+            Tensor::empty({c.n, c.k}, DType::kI32, MemCategory::kOther, "i", Device::kCUDA);
+        Tensor w = Tensor::empty({c.n, c.k}, kF32, MemCategory::kOther, "w", Device::kCUDA);
+        Tensor probs = Tensor::empty({c.n, c.e}, kF32, MemCategory::kOther, "p", Device::kCUDA);
+        ops::router_forward(idx, w, probs, logits.to(Device::kCUDA), score);
+        Tensor idx_want = host({c.n, c.k}, DType::kI32), w_want = host({c.n, c.k});
+        Tensor probs_want = host({c.n, c.e});
+        ops::router_forward(idx_want, w_want, probs_want, logits, score);
+        EXPECT_EQ(ints(idx), ints(idx_want)) << what;
+        expect_close(w.to(Device::kCPU), w_want, tolerance_for(kF32), what + " topk_w");
+        expect_close(probs.to(Device::kCPU), probs_want, tolerance_for(kF32), what + " probs");
+      }
     }
   }
 }
@@ -544,8 +557,8 @@ TEST(CudaRouter, CountsAndAuxLoss) {
     Tensor counts_want = host({c.e}, DType::kI32);
     ops::router_counts(counts_want, idx);
     EXPECT_EQ(ints(counts), ints(counts_want)) << what;
-    const double got = ops::router_aux_loss(probs.to(Device::kCUDA), counts_want.to(Device::kCUDA),
-                                            c.k, 0.01);
+    const double got =
+        ops::router_aux_loss(probs.to(Device::kCUDA), counts_want.to(Device::kCUDA), c.k, 0.01);
     const double want = ops::router_aux_loss(probs, counts_want, c.k, 0.01);
     // Column sums in double in another order.
     EXPECT_NEAR(got, want, 1e-12 * std::fabs(want)) << what;
@@ -554,8 +567,8 @@ TEST(CudaRouter, CountsAndAuxLoss) {
   const int64_t n = 20000, e = 8;
   Tensor probs = random_host({n, e}, 34);
   Tensor counts = random_ids({e}, 5000, 35);
-  const double got = ops::router_aux_loss(probs.to(Device::kCUDA), counts.to(Device::kCUDA), 2,
-                                          0.01);
+  const double got =
+      ops::router_aux_loss(probs.to(Device::kCUDA), counts.to(Device::kCUDA), 2, 0.01);
   EXPECT_NEAR(got, ops::router_aux_loss(probs, counts, 2, 0.01), 1e-12 * std::fabs(got));
   // Started, then its inputs overwritten on the stream: the value is the one started from,
   // the same for every copy of the pending value, and the same bits as asked for at once.
@@ -592,25 +605,25 @@ TEST(CudaRouter, BackwardSelectedAndAuxTerms) {
     // at full weight against the tolerance.
     for (bool aux_only : {false, true}) {
       for (DType dt : {kF32, kBF16}) {
-       for (ops::RouterScore score : kScores) {
-        const std::string what = "router_backward n " + std::to_string(c.n) + " E " +
-                                 std::to_string(c.e) + " k " + std::to_string(c.k) + " " +
-                                 name(dt) + (aux_only ? " aux only" : "") + name(score);
-        Tensor logits = random_host({c.n, c.e}, 36, 3.0);
-        Tensor idx = host({c.n, c.k}, DType::kI32), w = host({c.n, c.k});
-        Tensor probs = host({c.n, c.e}), counts = host({c.e}, DType::kI32);
-        ops::router_forward(idx, w, probs, logits, score);
-        ops::router_counts(counts, idx);
-        Tensor dw = aux_only ? host({c.n, c.k}) : random_host({c.n, c.k}, 37);
-        const double coeff = 0.01, aux_scale = aux_only ? 1000.0 * double(c.n) : 0.5;
-        Tensor dl = Tensor::empty({c.n, c.e}, dt, MemCategory::kOther, "dl", Device::kCUDA);
-        ops::router_backward(dl, dw.to(Device::kCUDA), idx.to(Device::kCUDA), w.to(Device::kCUDA),
-                             probs.to(Device::kCUDA), counts.to(Device::kCUDA), c.k, coeff,
-                             aux_scale, score);
-        Tensor dl_want = host({c.n, c.e});
-        ops::router_backward(dl_want, dw, idx, w, probs, counts, c.k, coeff, aux_scale, score);
-        expect_close(to_host_f32(dl), dl_want, tolerance_for(dt), what);
-       }
+        for (ops::RouterScore score : kScores) {
+          const std::string what = "router_backward n " + std::to_string(c.n) + " E " +
+                                   std::to_string(c.e) + " k " + std::to_string(c.k) + " " +
+                                   name(dt) + (aux_only ? " aux only" : "") + name(score);
+          Tensor logits = random_host({c.n, c.e}, 36, 3.0);
+          Tensor idx = host({c.n, c.k}, DType::kI32), w = host({c.n, c.k});
+          Tensor probs = host({c.n, c.e}), counts = host({c.e}, DType::kI32);
+          ops::router_forward(idx, w, probs, logits, score);
+          ops::router_counts(counts, idx);
+          Tensor dw = aux_only ? host({c.n, c.k}) : random_host({c.n, c.k}, 37);
+          const double coeff = 0.01, aux_scale = aux_only ? 1000.0 * double(c.n) : 0.5;
+          Tensor dl = Tensor::empty({c.n, c.e}, dt, MemCategory::kOther, "dl", Device::kCUDA);
+          ops::router_backward(dl, dw.to(Device::kCUDA), idx.to(Device::kCUDA), w.to(Device::kCUDA),
+                               probs.to(Device::kCUDA), counts.to(Device::kCUDA), c.k, coeff,
+                               aux_scale, score);
+          Tensor dl_want = host({c.n, c.e});
+          ops::router_backward(dl_want, dw, idx, w, probs, counts, c.k, coeff, aux_scale, score);
+          expect_close(to_host_f32(dl), dl_want, tolerance_for(dt), what);
+        }
       }
     }
   }
@@ -657,9 +670,8 @@ TEST(CudaSigmoidGate, ForwardAndBackwardInPlaceToo) {
     const Tensor dy = random_host({m, h}, 46);
     for (bool in_place : {false, true}) {
       Tensor d_y = to_gpu(dy, kBF16);
-      Tensor dz = in_place ? d_y
-                           : Tensor::empty({m, h}, kBF16, MemCategory::kOther, "dz",
-                                           Device::kCUDA);
+      Tensor dz =
+          in_place ? d_y : Tensor::empty({m, h}, kBF16, MemCategory::kOther, "dz", Device::kCUDA);
       Tensor dl = Tensor::empty({m}, kBF16, MemCategory::kOther, "dl", Device::kCUDA);
       ops::sigmoid_gate_backward(dz, dl, d_y, to_gpu(z, kBF16), gate);
       Tensor dz_want = host({m, h}), dl_want = host({m});
@@ -698,8 +710,8 @@ TEST(CudaMoe, PermutationIsTheCpuOrderExactly) {
 // Note [Expert placement]: sorted by a shuffled place of each expert, as the CPU sorts.
 TEST(CudaMoe, PermutationByPlaceIsTheCpuOrderExactly) {
   for (const PermCase& c : kPermCases) {
-    const std::string what = "moe_permutation by place n " + std::to_string(c.n) + " E " +
-                             std::to_string(c.e);
+    const std::string what =
+        "moe_permutation by place n " + std::to_string(c.n) + " E " + std::to_string(c.e);
     Tensor idx = random_ids({c.n, c.k}, c.e, 39);
     std::vector<int32_t> places(static_cast<size_t>(c.e));
     std::iota(places.begin(), places.end(), 0);
@@ -782,9 +794,9 @@ TEST(CudaMoe, CopyRowBlocksIsTheCpuCopy) {
     DType dt;
     bool misaligned;
   };
-  for (const Case c : {Case{1024, 8, kBF16, false}, Case{1024, 100, kBF16, false},
-                       Case{3, 100, kBF16, false}, Case{8, 20, kBF16, true},
-                       Case{5, 30, kF32, false}}) {
+  for (const Case c :
+       {Case{1024, 8, kBF16, false}, Case{1024, 100, kBF16, false}, Case{3, 100, kBF16, false},
+        Case{8, 20, kBF16, true}, Case{5, 30, kF32, false}}) {
     const std::string what = "h " + std::to_string(c.h) + " blocks " + std::to_string(c.blocks) +
                              " " + name(c.dt) + (c.misaligned ? " misaligned" : "");
     int64_t rows = 0;
@@ -832,7 +844,7 @@ TEST(CudaMoe, CombineForwardAndBackward) {
 
 TEST(CudaChecks, BadArgumentsThrowTandemErrors) {
   Tensor y = to_gpu(random_host({8}, 48), kF32);
-  EXPECT_THROW(ops::axpy(y, random_host({8}, 49), 1.0), Error);               // x on the CPU
+  EXPECT_THROW(ops::axpy(y, random_host({8}, 49), 1.0), Error);                // x on the CPU
   EXPECT_THROW(ops::axpy(y, to_gpu(random_host({9}, 49), kF32), 1.0), Error);  // shape
   Tensor x32 = to_gpu(random_host({4, 8}, 50), kF32);  // rmsnorm takes bf16 activations
   Tensor y16 = Tensor::empty({4, 8}, kBF16, MemCategory::kOther, "y", Device::kCUDA);

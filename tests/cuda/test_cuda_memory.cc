@@ -84,9 +84,10 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
 
 TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
   ::setenv("TANDEM_GEMM_TUNE", "0", 1);  // before the first product reads it
-  const std::pair<const char*, ModelConfig> models[] = {
-      {"dense", model(false)}, {"MoE", model(true)}, {"Qwen3-MoE", model_qwen3()},
-      {"Qwen2-MoE", model_qwen2()}};
+  const std::pair<const char*, ModelConfig> models[] = {{"dense", model(false)},
+                                                        {"MoE", model(true)},
+                                                        {"Qwen3-MoE", model_qwen3()},
+                                                        {"Qwen2-MoE", model_qwen2()}};
   for (const auto& [name, m] : models) {
     for (const int64_t mbs : {1, 2, 4}) {
       SCOPED_TRACE(std::string(name) + ", micro-batch " + std::to_string(mbs));
@@ -95,11 +96,12 @@ TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
       t.micro_batch_size = mbs;
       t.global_batch_size = 3 * mbs;
       const Peaks got = measured(m, t), want = planned(m, t);
-      std::printf("%s micro-batch %lld: activations %lld / %lld, peak %lld / %lld (measured / "
-                  "planned)\n",
-                  name, static_cast<long long>(mbs),
-                  static_cast<long long>(got.activation), static_cast<long long>(want.activation),
-                  static_cast<long long>(got.total), static_cast<long long>(want.total));
+      std::printf(
+          "%s micro-batch %lld: activations %lld / %lld, peak %lld / %lld (measured / "
+          "planned)\n",
+          name, static_cast<long long>(mbs), static_cast<long long>(got.activation),
+          static_cast<long long>(want.activation), static_cast<long long>(got.total),
+          static_cast<long long>(want.total));
       EXPECT_EQ(got.activation, want.activation);
       EXPECT_EQ(got.total, want.total);
     }

@@ -49,16 +49,17 @@ ModelConfig small_config(bool moe) {
 Tensor ids_of(int64_t n, int64_t vocab, uint64_t key) {
   Tensor t = Tensor::empty({n}, DType::kI32, MemCategory::kOther, "ids");
   for (int64_t i = 0; i < n; ++i) {
-    t.data<int32_t>()[i] = static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i)) * double(vocab));
+    t.data<int32_t>()[i] =
+        static_cast<int32_t>(uniform01(key, static_cast<uint64_t>(i)) * double(vocab));
   }
   return t;
 }
 
 struct Run {
   double lm_loss, aux_loss;
-  Tensor grads;                      // host f32
-  std::vector<Tensor> topk_idx;      // host i32 [N, k] per layer (MoE)
-  std::vector<Tensor> probs;         // host f32 [N, E] per layer (MoE)
+  Tensor grads;                  // host f32
+  std::vector<Tensor> topk_idx;  // host i32 [N, k] per layer (MoE)
+  std::vector<Tensor> probs;     // host f32 [N, E] per layer (MoE)
 };
 
 Run run_model(model::Parameters& params, const Tensor& ids, const Tensor& targets, int64_t batch,
@@ -89,7 +90,8 @@ Run run_model(model::Parameters& params, const Tensor& ids, const Tensor& target
 constexpr double kRoutingMargin = 1e-2;
 
 // The smallest gap, in logits, between a token's k-th and (k+1)-th expert over every layer, per
-// sequence of `seq` tokens (probs are the router's softmax, so log-probability gaps are logit gaps).
+// sequence of `seq` tokens (probs are the router's softmax, so log-probability gaps are logit
+// gaps).
 std::vector<double> routing_margins(const Run& run, int64_t seq, int64_t k) {
   const int64_t n = run.probs.at(0).size(0), e = run.probs.at(0).size(1);
   std::vector<double> margin(static_cast<size_t>(n / seq), 1e30);
@@ -167,7 +169,8 @@ void compare_model(const ModelConfig& cfg) {
       if (margin[size_t(s)] >= kRoutingMargin) chosen.push_back(s);
     }
     ASSERT_EQ(int64_t(chosen.size()), batch)
-        << "too few of " << pool << " candidate sequences route with a margin of " << kRoutingMargin;
+        << "too few of " << pool << " candidate sequences route with a margin of "
+        << kRoutingMargin;
     ids = take_sequences(pool_ids, chosen, cfg.seq_length);
     targets = take_sequences(pool_targets, chosen, cfg.seq_length);
   }
@@ -180,7 +183,7 @@ void compare_model(const ModelConfig& cfg) {
     double logit_err = 0;  // the GPU's router error, in logits: what kRoutingMargin must exceed
     for (int64_t i = 0; i < want.probs[l].numel(); ++i) {
       logit_err = std::max(logit_err, std::fabs(std::log(double(got.probs[l].data<float>()[i])) -
-                                                 std::log(double(want.probs[l].data<float>()[i]))));
+                                                std::log(double(want.probs[l].data<float>()[i]))));
     }
     std::printf("layer %zu: the router's largest logit error %.2e (margin %.1e)\n", l, logit_err,
                 kRoutingMargin);

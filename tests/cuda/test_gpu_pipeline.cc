@@ -29,9 +29,15 @@ comm::Communicator* g_world = nullptr;
 
 // Two MoE layers small enough to run in moments, with GQA and four experts over two ranks.
 ModelConfig small_moe() {
-  return ModelConfig{.vocab_size = 96, .hidden_size = 64, .num_layers = 2,
-                     .num_attention_heads = 4, .num_query_groups = 2, .ffn_hidden_size = 96,
-                     .num_experts = 4, .moe_router_topk = 2, .moe_aux_loss_coeff = 0.01,
+  return ModelConfig{.vocab_size = 96,
+                     .hidden_size = 64,
+                     .num_layers = 2,
+                     .num_attention_heads = 4,
+                     .num_query_groups = 2,
+                     .ffn_hidden_size = 96,
+                     .num_experts = 4,
+                     .moe_router_topk = 2,
+                     .moe_aux_loss_coeff = 0.01,
                      .seq_length = 32};
 }
 
@@ -94,8 +100,8 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
 int comm_track_all_to_all(const std::vector<Span>& spans) {
   int n = 0;
   for (const Span& s : spans) {
-    const bool a2a = s.name.find("dispatch") != std::string::npos ||
-                     s.name.find("combine") != std::string::npos;
+    const bool a2a =
+        s.name.find("dispatch") != std::string::npos || s.name.find("combine") != std::string::npos;
     if (s.stream == "comm" && a2a) ++n;
   }
   return n;
@@ -231,9 +237,10 @@ TEST(GpuPipeline, GradientsReducedBesideTheBackwardAreBitwiseThoseAtTheEnd) {
   for (const auto& [overlap, deferred] :
        {std::pair{CommOverlap::kOff, false}, std::pair{CommOverlap::kOn, false},
         std::pair{CommOverlap::kSplit, false}, std::pair{CommOverlap::kOn, true}}) {
-    SCOPED_TRACE(std::string("overlap ") + (overlap == CommOverlap::kOff  ? "off"
-                                            : overlap == CommOverlap::kOn ? "on"
-                                                                          : "split") +
+    SCOPED_TRACE(std::string("overlap ") +
+                 (overlap == CommOverlap::kOff  ? "off"
+                  : overlap == CommOverlap::kOn ? "on"
+                                                : "split") +
                  (deferred ? ", deferred update" : ""));
     const TrainRun beside = train(overlap, 3, false, 0, deferred, 1, true);
     const TrainRun at_end = train(overlap, 3, false, 0, deferred, 1, false);
@@ -277,7 +284,7 @@ TEST(GpuPipeline, TimelineComesFromCudaEvents) {
     EXPECT_LE(r->waiting, r->exposed + 1e-9);
     EXPECT_GT(r->forward_backward, 0);
     EXPECT_LE(r->forward_backward, r->step_seconds) << "the GPU's forward-backward is part of "
-                                                        "the step's wall time";
+                                                       "the step's wall time";
     for (const Span& s : r->timeline) {
       EXPECT_LE(s.start, s.end) << s.name;
       EXPECT_GE(s.start, 0) << s.name;
@@ -308,8 +315,9 @@ int main(int argc, char** argv) {
     const int gpu = comm::local_rank();
     if (world->size() != 2 || cuda::device_count() <= gpu) {
       if (world->rank() == 0) {
-        std::fprintf(stderr, "test_gpu_pipeline needs 2 ranks with one GPU each: mpirun -np 2 "
-                             "test_gpu_pipeline\n");
+        std::fprintf(stderr,
+                     "test_gpu_pipeline needs 2 ranks with one GPU each: mpirun -np 2 "
+                     "test_gpu_pipeline\n");
       }
       world.reset();
       comm::mpi_finalize();

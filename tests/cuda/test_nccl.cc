@@ -46,11 +46,16 @@ double seconds_since(Clock::time_point start) {
 double element(const Tensor& t, int64_t i) {
   const void* p = t.raw_data();
   switch (t.dtype()) {
-    case DType::kF32: return static_cast<const float*>(p)[i];
-    case DType::kF64: return static_cast<const double*>(p)[i];
-    case DType::kBF16: return bf16_to_float(static_cast<const BF16*>(p)[i]);
-    case DType::kI32: return static_cast<const int32_t*>(p)[i];
-    case DType::kI64: return static_cast<double>(static_cast<const int64_t*>(p)[i]);
+    case DType::kF32:
+      return static_cast<const float*>(p)[i];
+    case DType::kF64:
+      return static_cast<const double*>(p)[i];
+    case DType::kBF16:
+      return bf16_to_float(static_cast<const BF16*>(p)[i]);
+    case DType::kI32:
+      return static_cast<const int32_t*>(p)[i];
+    case DType::kI64:
+      return static_cast<double>(static_cast<const int64_t*>(p)[i]);
   }
   return 0;
 }
@@ -58,11 +63,21 @@ double element(const Tensor& t, int64_t i) {
 void set_element(const Tensor& t, int64_t i, double v) {
   void* p = t.raw_data();
   switch (t.dtype()) {
-    case DType::kF32: static_cast<float*>(p)[i] = static_cast<float>(v); return;
-    case DType::kF64: static_cast<double*>(p)[i] = v; return;
-    case DType::kBF16: static_cast<BF16*>(p)[i] = bf16_from_float(static_cast<float>(v)); return;
-    case DType::kI32: static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v); return;
-    case DType::kI64: static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v); return;
+    case DType::kF32:
+      static_cast<float*>(p)[i] = static_cast<float>(v);
+      return;
+    case DType::kF64:
+      static_cast<double*>(p)[i] = v;
+      return;
+    case DType::kBF16:
+      static_cast<BF16*>(p)[i] = bf16_from_float(static_cast<float>(v));
+      return;
+    case DType::kI32:
+      static_cast<int32_t*>(p)[i] = static_cast<int32_t>(v);
+      return;
+    case DType::kI64:
+      static_cast<int64_t*>(p)[i] = static_cast<int64_t>(v);
+      return;
   }
 }
 
@@ -145,8 +160,8 @@ void expect_close_sums(const Tensor& got, const Tensor& want, DType dtype, int r
 
 // Each rank sends to the next group rank and receives from the previous one. Even ranks send
 // first and odd ranks receive first: an NCCL send waits for its receive (Note [NCCL matching]).
-void check_ring(Communicator& mpi, NcclCommunicator& nccl, DType dt, int64_t numel,
-                bool use_isend, const std::string& what) {
+void check_ring(Communicator& mpi, NcclCommunicator& nccl, DType dt, int64_t numel, bool use_isend,
+                const std::string& what) {
   const int r = mpi.rank(), n = mpi.size(), next = (r + 1) % n, prev = (r + n - 1) % n;
   const Tensor mine = pattern({numel}, dt, what);
   Tensor want = Tensor::empty({numel}, dt, MemCategory::kOther, "want");
@@ -158,8 +173,10 @@ void check_ring(Communicator& mpi, NcclCommunicator& nccl, DType dt, int64_t num
   const Tensor d_got = gpu_zeros({numel}, dt);
   std::unique_ptr<PendingSend> pending;
   auto send = [&] {
-    if (use_isend) pending = nccl.isend(d_mine, next, 5);
-    else nccl.send(d_mine, next, 5);
+    if (use_isend)
+      pending = nccl.isend(d_mine, next, 5);
+    else
+      nccl.send(d_mine, next, 5);
   };
   if (r % 2 == 0) send();
   nccl.recv(d_got, prev, 5);
@@ -442,8 +459,8 @@ TEST(Nccl, UnmatchedSendTimesOutNamingTheOperationAndGroup) {
   const int r = g.mpi->rank(), n = g.mpi->size();
   std::vector<int> everyone(n);
   std::iota(everyone.begin(), everyone.end(), 0);
-  auto group = std::make_unique<NcclCommunicator>(g.mpi->subgroup(everyone, "timeout-test"),
-                                                  kTimeout);
+  auto group =
+      std::make_unique<NcclCommunicator>(g.mpi->subgroup(everyone, "timeout-test"), kTimeout);
   // A first message connects ranks 0 and 1, so the wait below is on a running kernel.
   const Tensor small = gpu_zeros({16}, DType::kF32);
   if (r == 0) group->send(small, 1, 0);

@@ -21,7 +21,6 @@ namespace {
 
 namespace fs = std::filesystem;
 
-
 // An llm.c file written from the format: 256 int32 header (magic, version, count), then tokens.
 std::vector<unsigned char> llmc_bytes(int32_t magic, int32_t version, int32_t count,
                                       const std::vector<uint32_t>& tokens, int width) {
@@ -33,7 +32,6 @@ std::vector<unsigned char> llmc_bytes(int32_t magic, int32_t version, int32_t co
   for (uint32_t t : tokens) put_le(out, t, width);
   return out;
 }
-
 
 std::vector<int32_t> read(const FileTokenDataset& ds, int64_t start, int64_t n) {
   std::vector<int32_t> out(static_cast<size_t>(n), -1);

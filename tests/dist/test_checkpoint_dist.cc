@@ -237,8 +237,8 @@ TEST(CheckpointDist, DeferredUpdateTrainsBitwiseAsTheUpdateAtTheStepsEnd) {
   if (world >= 2 && world <= 4) cases.push_back({{1, 2, 1}, false, true});
   for (const Case& c : cases) {
     const auto [pp, ep, v] = c.layout;
-    const auto kind = v > 1 ? schedule::ScheduleKind::kInterleaved1f1b
-                            : schedule::ScheduleKind::kCombined1f1b;
+    const auto kind =
+        v > 1 ? schedule::ScheduleKind::kInterleaved1f1b : schedule::ScheduleKind::kCombined1f1b;
     if (v > 1 && pp == 1) continue;
     TrainConfig t = train_for(world / pp);
     t.clip_grad = 0.05;  // every step clips: the norm's last bit reaches the weights

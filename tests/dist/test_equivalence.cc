@@ -9,13 +9,12 @@
 //    expert GEMMs over rows from several ranks sum in another order.
 #include <gtest/gtest.h>
 
-#include "common/random_tokens.h"
-
 #include <cmath>
-#include <map>
 #include <iostream>
+#include <map>
 #include <sstream>
 
+#include "common/random_tokens.h"
 #include "core/rng.h"
 #include "dist_env.h"
 #include "layouts.h"
@@ -47,10 +46,14 @@ ModelConfig tiny(Model model) {
 
 const char* model_name(Model m) {
   switch (m) {
-    case Model::kDense: return "dense";
-    case Model::kMoe: return "moe";
-    case Model::kQwen3: return "qwen3-moe";
-    case Model::kQwen2: return "qwen2-moe";
+    case Model::kDense:
+      return "dense";
+    case Model::kMoe:
+      return "moe";
+    case Model::kQwen3:
+      return "qwen3-moe";
+    case Model::kQwen2:
+      return "qwen2-moe";
   }
   return "?";
 }
@@ -120,8 +123,8 @@ bool run_case(const Case& c, int dp) {
       const Tensor& ref = ref_grads.at(e.name);
       const Tensor g = s.params->grad(e);
       if (exact) {
-        EXPECT_TRUE(bitwise_equal(g, ref)) << what.str() << ": " << e.name << " differs by "
-                                           << rel_diff(g, ref);
+        EXPECT_TRUE(bitwise_equal(g, ref))
+            << what.str() << ": " << e.name << " differs by " << rel_diff(g, ref);
       } else {
         EXPECT_LT(rel_diff(g, ref), 1e-12) << what.str() << ": " << e.name;
       }
@@ -129,7 +132,8 @@ bool run_case(const Case& c, int dp) {
     }
   }
   EXPECT_GT(compared, 0) << what.str();
-  if (g_world->rank() == 0) std::cout << "  checked " << what.str() << (exact ? " (bitwise)\n" : "\n");
+  if (g_world->rank() == 0)
+    std::cout << "  checked " << what.str() << (exact ? " (bitwise)\n" : "\n");
   return true;
 }
 
@@ -220,8 +224,8 @@ void run_overlap_against_end(bool moe) {
           for (const auto& e : a.stages()[s].params->entries()) {
             const Tensor ga = a.stages()[s].params->grad(e), gb = b.stages()[s].params->grad(e);
             if (exact) {
-              EXPECT_TRUE(bitwise_equal(ga, gb)) << what.str() << ": " << e.name << " differs by "
-                                                 << rel_diff(ga, gb);
+              EXPECT_TRUE(bitwise_equal(ga, gb))
+                  << what.str() << ": " << e.name << " differs by " << rel_diff(ga, gb);
             } else {
               EXPECT_LT(rel_diff(ga, gb), 1e-14) << what.str() << ": " << e.name;
             }

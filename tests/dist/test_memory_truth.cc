@@ -246,8 +246,7 @@ TEST(PlanTruth, EachStreamRunsThePairsNodesInThePlannedOrder) {
         if (ep == 1 && schedule::node_is_communication(s.node)) continue;
         if (s.node == NodeKind::kEmbed) continue;  // its backward is only a weight half
         planned.push_back(std::string(s.phase == schedule::Phase::kForward ? "F" : "B") +
-                          std::to_string(s.microbatch) + " " +
-                          std::string(node_kind_name(s.node)));
+                          std::to_string(s.microbatch) + " " + std::string(node_kind_name(s.node)));
       }
       for (const Span& s : trainer.timeline()) {
         const bool node = (s.name[0] == 'F' || s.name[0] == 'B') && s.name.size() > 1 &&
@@ -296,7 +295,8 @@ TEST(MemoryTruth, LogitsFreedBeforeTheNextNodeOfACombinedStep) {
   const std::vector<Span>& spans = trainer.timeline();
   int checked = 0;
   for (size_t i = 0; i + 1 < spans.size(); ++i) {
-    if (spans[i].name.rfind("B", 0) != 0 || spans[i].name.find(" loss") == std::string::npos) continue;
+    if (spans[i].name.rfind("B", 0) != 0 || spans[i].name.find(" loss") == std::string::npos)
+      continue;
     // The loss backward of a combined step: find the logits' free inside it.
     int frees = 0;
     for (const MemEvent& e : mem) {

@@ -8,8 +8,6 @@
 // without the delay, bit for bit (the order of the values does not change).
 #include <gtest/gtest.h>
 
-#include "common/random_tokens.h"
-
 #include <chrono>
 #include <map>
 #include <memory>
@@ -18,6 +16,7 @@
 #include <thread>
 #include <vector>
 
+#include "common/random_tokens.h"
 #include "dist_env.h"
 #include "model/tiny.h"
 #include "runtime/pipeline_trainer.h"
@@ -87,8 +86,8 @@ TEST(SharedExpertOverlap, SharedExpertsRunWhileTheAllToAllIsInFlight) {
   const StepResult want = plain.forward_backward(0);
 
   Groups slow_groups = expert_groups();
-  slow_groups.ep = std::make_unique<SlowAllToAll>(std::move(slow_groups.ep),
-                                                  std::chrono::milliseconds(40));
+  slow_groups.ep =
+      std::make_unique<SlowAllToAll>(std::move(slow_groups.ep), std::chrono::milliseconds(40));
   PipelineTrainer slow(m, t, sched, slow_groups, data, DType::kF64);
   const StepResult got = slow.forward_backward(0);
   EXPECT_EQ(got.loss, want.loss);

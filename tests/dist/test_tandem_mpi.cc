@@ -5,11 +5,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <string>
 #include <vector>
-
-#include <nlohmann/json.hpp>
 
 #include "mpi_process.h"
 
@@ -33,13 +32,14 @@ std::vector<double> losses(const std::string& path) {
 
 TEST(TandemMpi, FourRanksPp2Ep2CombinedMatchesOneRank) {
   const std::string dir = temp_dir("curve");
-  const Result one = run(std::string(TANDEM_BIN) + " train" + kModel + " --train-iters 6 --log-json " +
-                         dir + "/one.jsonl");
+  const Result one = run(std::string(TANDEM_BIN) + " train" + kModel +
+                         " --train-iters 6 --log-json " + dir + "/one.jsonl");
   ASSERT_EQ(one.code, 0) << one.output;
   const Result four =
       run(kMpirun + " -np 4 " + TANDEM_BIN + " train" + kModel +
           " --train-iters 6 --pipeline-model-parallel-size 2 --expert-model-parallel-size 2"
-          " --schedule combined-1f1b --log-json " + dir + "/four.jsonl");
+          " --schedule combined-1f1b --log-json " +
+          dir + "/four.jsonl");
   ASSERT_EQ(four.code, 0) << four.output;
   const std::vector<double> a = losses(dir + "/one.jsonl"), b = losses(dir + "/four.jsonl");
   ASSERT_EQ(a.size(), 6u);
@@ -59,8 +59,9 @@ TEST(TandemMpi, FourRanksPp2Ep2CombinedMatchesOneRank) {
 // in the JSON line of that step, and trains as the run that never moves them.
 TEST(TandemMpi, RebalancedExpertsAreReportedAndTrainAsTheStayingOnes) {
   const std::string dir = temp_dir("rebalance");
-  std::string ep = kModel + " --train-iters 4 --expert-model-parallel-size 2"
-                            " --schedule combined-1f1b --log-json ";
+  std::string ep = kModel +
+                   " --train-iters 4 --expert-model-parallel-size 2"
+                   " --schedule combined-1f1b --log-json ";
   ep.erase(ep.find(" --quiet"), 8);  // the log lines, with the note's
   const Result moving = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + ep + dir +
                             "/moving.jsonl --rebalance-experts 1");
@@ -93,7 +94,8 @@ TEST(TandemMpi, CombinedStepWritesTheMeasuredTimelineAndExposedAllToAll) {
   const std::string dir = temp_dir("trace");
   const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel +
                        " --train-iters 2 --expert-model-parallel-size 2 --schedule combined-1f1b"
-                       " --trace " + dir + "/t.json --log-json " + dir + "/log.jsonl");
+                       " --trace " +
+                       dir + "/t.json --log-json " + dir + "/log.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
   std::ifstream f(dir + "/t.json");
   const auto trace = nlohmann::json::parse(f);
@@ -143,9 +145,9 @@ TEST(TandemMpi, CombinedStepWritesTheMeasuredTimelineAndExposedAllToAll) {
 TEST(TandemMpi, PlanWithTheMeasuredRoutingPredictsEachRanksActivationPeak) {
   const std::string dir = temp_dir("routing");
   const std::string ep = " --expert-model-parallel-size 2 --schedule 1f1b";
-  const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel + ep +
-                       " --train-iters 2 --routing-out " + dir + "/r.json --log-json " + dir +
-                       "/log.jsonl");
+  const Result r =
+      run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel + ep +
+          " --train-iters 2 --routing-out " + dir + "/r.json --log-json " + dir + "/log.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json last = tandem::test::json_lines(dir + "/log.jsonl").back();
   auto plan_rank = [&](const std::string& extra) {
@@ -189,16 +191,18 @@ TEST(TandemMpi, PlanWithTheMeasuredRoutingPredictsEachRanksActivationPeak) {
 TEST(TandemMpi, ForcedBalancedRoutingMatchesTheBalancedPlan) {
   const std::string dir = temp_dir("balanced");
   const std::string ep = " --expert-model-parallel-size 2 --schedule 1f1b";
-  const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel + ep +
-                       " --moe-router-force-load-balancing --train-iters 2 --log-json " + dir +
-                       "/log.jsonl");
+  const Result r =
+      run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel + ep +
+          " --moe-router-force-load-balancing --train-iters 2 --log-json " + dir + "/log.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
   const nlohmann::json last = tandem::test::json_lines(dir + "/log.jsonl").back();
-  const Result p = run(std::string(TANDEM_BIN) + " plan" + kModel + ep +
-                       " --num-microbatches 4 --json");
+  const Result p =
+      run(std::string(TANDEM_BIN) + " plan" + kModel + ep + " --num-microbatches 4 --json");
   ASSERT_EQ(p.code, 0) << p.output;
   const int64_t planned = nlohmann::json::parse(p.output.substr(p.output.find('{')))
-                              .at("ranks")[0].at("activation_peak_bytes").get<int64_t>();
+                              .at("ranks")[0]
+                              .at("activation_peak_bytes")
+                              .get<int64_t>();
   for (int rank = 0; rank < 2; ++rank) {
     EXPECT_EQ(last.at("activation_peak_bytes")[rank].get<int64_t>(), planned) << "rank " << rank;
     // The run's own plan, made before its first step (plan_training_run), says the same.
@@ -208,8 +212,8 @@ TEST(TandemMpi, ForcedBalancedRoutingMatchesTheBalancedPlan) {
 }
 
 TEST(TandemMpi, HungRankMakesTheOthersStopWithinTheTimeout) {
-  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=hang " + kMpirun + " -x TANDEM_FAULT -np 2 " +
-                       TANDEM_BIN + " train" + kModel +
+  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=hang " + kMpirun +
+                       " -x TANDEM_FAULT -np 2 " + TANDEM_BIN + " train" + kModel +
                        " --train-iters 4 --pipeline-model-parallel-size 2 --comm-timeout 3");
   EXPECT_NE(r.code, 0);
   EXPECT_LT(r.seconds, 60);
@@ -217,8 +221,8 @@ TEST(TandemMpi, HungRankMakesTheOthersStopWithinTheTimeout) {
 }
 
 TEST(TandemMpi, DeadRankEndsTheJob) {
-  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=exit " + kMpirun + " -x TANDEM_FAULT -np 2 " +
-                       TANDEM_BIN + " train" + kModel +
+  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=exit " + kMpirun +
+                       " -x TANDEM_FAULT -np 2 " + TANDEM_BIN + " train" + kModel +
                        " --train-iters 4 --pipeline-model-parallel-size 2 --comm-timeout 10");
   EXPECT_NE(r.code, 0);
   EXPECT_LT(r.seconds, 60);
@@ -251,7 +255,8 @@ TEST(TandemMpi, ValidationOnFourRanksMatchesOneRank) {
   const Result four =
       run(kMpirun + " -np 4 " + TANDEM_BIN + " train" + kModel + valid + dir + "/four.jsonl" +
           " --pipeline-model-parallel-size 2 --expert-model-parallel-size 2"
-          " --schedule combined-1f1b --tensorboard-dir " + dir + "/tb");
+          " --schedule combined-1f1b --tensorboard-dir " +
+          dir + "/tb");
   ASSERT_EQ(four.code, 0) << four.output;
   std::vector<double> a, b;
   for (const auto& j : tandem::test::json_lines(dir + "/one.jsonl")) {

@@ -140,7 +140,8 @@ TEST(HfConfig, BadConfigsNameTheKeyAndTheFile) {
                {"key 'architectures'", "MixtralForCausalLM"});
   expect_error(with("tie_word_embeddings", true), {"key 'tie_word_embeddings'"});
   expect_error(with("hidden_act", "gelu"), {"key 'hidden_act'", "silu"});
-  expect_error(with("rope_scaling", Json{{"type", "linear"}}), {"key 'rope_scaling.type'", "linear"});
+  expect_error(with("rope_scaling", Json{{"type", "linear"}}),
+               {"key 'rope_scaling.type'", "linear"});
   expect_error(with("rope_parameters", Json{{"rope_type", "yarn"}, {"factor", 4}}),
                {"key 'rope_parameters.rope_type'", "yarn"});
   expect_error(with("rope_parameters", Json{{"rope_type", "default"}, {"mscale", 2}}),
@@ -168,11 +169,11 @@ TEST(HfConfig, RopeInBothFormsAndLlama3Scaling) {
       base + R"("rope_parameters":{"rope_theta":50000.0,"rope_type":"default"}})", "v5");
   EXPECT_EQ(v5.rotary_base, 50000.0);
   EXPECT_FALSE(v5.use_rope_scaling);
-  const ModelConfig v4 = parse_hf_config(base + R"("rope_theta":50000.0,"rope_scaling":null})", "v4");
+  const ModelConfig v4 =
+      parse_hf_config(base + R"("rope_theta":50000.0,"rope_scaling":null})", "v4");
   EXPECT_EQ(v4.rotary_base, 50000.0);
-  const std::string llama3 =
-      R"({"factor":32.0,"low_freq_factor":1.0,"high_freq_factor":4.0,)"
-      R"("original_max_position_embeddings":8192,"rope_type":"llama3")";
+  const std::string llama3 = R"({"factor":32.0,"low_freq_factor":1.0,"high_freq_factor":4.0,)"
+                             R"("original_max_position_embeddings":8192,"rope_type":"llama3")";
   const ModelConfig s5 = parse_hf_config(
       base + R"("rope_parameters":)" + llama3 + R"(,"rope_theta":500000.0}})", "v5");
   const ModelConfig s4 =

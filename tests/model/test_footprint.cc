@@ -21,10 +21,14 @@ struct Case {
 
 ModelConfig config_of(Model m) {
   switch (m) {
-    case Model::kDense: return testing::tiny_config(false);
-    case Model::kMoe: return testing::tiny_config(true);
-    case Model::kQwen3: return testing::tiny_qwen3_config();
-    case Model::kQwen2: return testing::tiny_qwen2_config();
+    case Model::kDense:
+      return testing::tiny_config(false);
+    case Model::kMoe:
+      return testing::tiny_config(true);
+    case Model::kQwen3:
+      return testing::tiny_qwen3_config();
+    case Model::kQwen2:
+      return testing::tiny_qwen2_config();
   }
   return {};
 }
@@ -100,25 +104,23 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
   chunk.forward(mb, c);
   chunk.backward(mb, c, WeightGrad::kDeferred);  // every node's I, no W yet
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
-    EXPECT_EQ(chunk.node_saved_bytes_live(i, mb),
-              node_weight_saved_bytes(chunk.nodes()[i].kind, cfg,
-                                      shape_of(cfg, shape, chunk.nodes()[i])))
+    EXPECT_EQ(
+        chunk.node_saved_bytes_live(i, mb),
+        node_weight_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i])))
         << node_kind_name(chunk.nodes()[i].kind) << " of layer " << chunk.nodes()[i].layer;
   }
   chunk.backward_weights(mb, c);
-  for (size_t i = 0; i < chunk.nodes().size(); ++i) EXPECT_EQ(chunk.node_saved_bytes_live(i, mb), 0);
+  for (size_t i = 0; i < chunk.nodes().size(); ++i)
+    EXPECT_EQ(chunk.node_saved_bytes_live(i, mb), 0);
 }
 
-INSTANTIATE_TEST_SUITE_P(All, FootprintTest,
-                         ::testing::Values(Case{Model::kDense, DType::kF32},
-                                           Case{Model::kMoe, DType::kF32},
-                                           Case{Model::kMoe, DType::kF64},
-                                           Case{Model::kDense, DType::kF32, true},
-                                           Case{Model::kMoe, DType::kF64, true},
-                                           Case{Model::kQwen3, DType::kF32},
-                                           Case{Model::kQwen3, DType::kF64, true},
-                                           Case{Model::kQwen2, DType::kF32},
-                                           Case{Model::kQwen2, DType::kF64, true}));
+INSTANTIATE_TEST_SUITE_P(
+    All, FootprintTest,
+    ::testing::Values(Case{Model::kDense, DType::kF32}, Case{Model::kMoe, DType::kF32},
+                      Case{Model::kMoe, DType::kF64}, Case{Model::kDense, DType::kF32, true},
+                      Case{Model::kMoe, DType::kF64, true}, Case{Model::kQwen3, DType::kF32},
+                      Case{Model::kQwen3, DType::kF64, true}, Case{Model::kQwen2, DType::kF32},
+                      Case{Model::kQwen2, DType::kF64, true}));
 
 TEST(LossNode, LogitsFreedRightAfterLossBackward) {
   const ModelConfig cfg = testing::tiny_config(true);

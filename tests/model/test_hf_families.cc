@@ -67,9 +67,8 @@ double loss_of(const fs::path& dir, const std::vector<std::vector<int32_t>>& row
 
 // A copy of the fixture with config.v4.json as its config.json.
 fs::path v4_copy(const fs::path& dir) {
-  const fs::path out = fs::temp_directory_path() /
-                       ("tandem_hf_v4_" + dir.filename().string() + "_" +
-                        std::to_string(::getpid()));
+  const fs::path out = fs::temp_directory_path() / ("tandem_hf_v4_" + dir.filename().string() +
+                                                    "_" + std::to_string(::getpid()));
   fs::remove_all(out);
   fs::create_directories(out);
   fs::copy_file(dir / "model.safetensors", out / "model.safetensors");
@@ -91,8 +90,8 @@ void expect_transformers_loss(const std::string& name) {
   const fs::path v4 = v4_copy(dir);
   const double got4 = loss_of(v4, rows);
   fs::remove_all(v4);
-  std::printf("%s: transformers %.9g, tandem %.9g (%.2e relative), 4.x config %.9g\n",
-              name.c_str(), want, got, std::abs(got - want) / want, got4);
+  std::printf("%s: transformers %.9g, tandem %.9g (%.2e relative), 4.x config %.9g\n", name.c_str(),
+              want, got, std::abs(got - want) / want, got4);
   EXPECT_LE(std::abs(got4 - want) / want, 1e-5)
       << name << " (4.x config): tandem " << got4 << ", transformers " << want;
 }

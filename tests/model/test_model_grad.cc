@@ -120,11 +120,12 @@ TEST(Routing, ForcedBalanceGivesEveryExpertTheSameRowsAndKeepsTheRouterWeights) 
   params.initialize(5);
   ModelChunk chunk(params);
   MicroBatchState mb;
-  run_loss(chunk, testing::random_ids(n, cfg.vocab_size, 1), testing::random_ids(n, cfg.vocab_size, 2),
-           batch, false, &mb, true);
+  run_loss(chunk, testing::random_ids(n, cfg.vocab_size, 1),
+           testing::random_ids(n, cfg.vocab_size, 2), batch, false, &mb, true);
   for (size_t l = 0; l < mb.layers.size(); ++l) {
     const AttentionSaved& s = mb.layers[l].attn;
-    for (int64_t x = 0; x < e; ++x) EXPECT_EQ(s.counts.data<int32_t>()[x], n * k / e) << "expert " << x;
+    for (int64_t x = 0; x < e; ++x)
+      EXPECT_EQ(s.counts.data<int32_t>()[x], n * k / e) << "expert " << x;
     const Tensor& router = params.weights().layers[l].router;  // [E, H]
     const int64_t h = cfg.hidden_size;
     for (int64_t r = 0; r < n; ++r) {

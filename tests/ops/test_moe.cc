@@ -258,9 +258,13 @@ TEST(RowBlocks, CopiesEachBlockAndChecksItsArguments) {
     }
     return std::string("no error");
   };
-  EXPECT_NE(message([&] { copy_row_blocks(out, in, {{4, 5, 2}}); }).find("outside"),
+  EXPECT_NE(message([&] {
+              copy_row_blocks(out, in, {{4, 5, 2}});
+            }).find("outside"),
             std::string::npos);
-  EXPECT_NE(message([&] { copy_row_blocks(out, in, {{0, 0, 2}, {2, 1, 1}}); }).find("overlap"),
+  EXPECT_NE(message([&] {
+              copy_row_blocks(out, in, {{0, 0, 2}, {2, 1, 1}});
+            }).find("overlap"),
             std::string::npos);
   EXPECT_NE(message([&] { copy_row_blocks(io, in, {}); }).find("must match"), std::string::npos);
   Tensor wide = make({2, 3}, DType::kF64);

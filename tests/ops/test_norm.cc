@@ -112,7 +112,8 @@ TEST(Rope, ForwardMatchesExplicitAnglesAndPositionsWrapPerSequence) {
   rope_forward(out, x, seq, heads, d, theta);
   for (int64_t r = 0; r < batch * seq; ++r) {
     for (int64_t h = 0; h < heads; ++h) {
-      const auto want = naive_rope(x.data<double>() + r * heads * d + h * d, d, r % seq, theta.theta);
+      const auto want =
+          naive_rope(x.data<double>() + r * heads * d + h * d, d, r % seq, theta.theta);
       for (int64_t c = 0; c < d; ++c) {
         EXPECT_NEAR(out.data<double>()[r * heads * d + h * d + c], want[c], 1e-14)
             << "row " << r << " head " << h << " col " << c;

@@ -4,19 +4,18 @@
 // the trainer's own state before a rejected restore (it must be bitwise unchanged).
 #include <gtest/gtest.h>
 
-#include "common/random_tokens.h"
-
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <iterator>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "common/random_tokens.h"
 #include "core/rng.h"
 #include "io/atomic_dir.h"
 #include "io/hf_config.h"
@@ -194,7 +193,8 @@ TEST_F(CheckpointTest, ShardedWeightsAreTransformersShardsAndResumeBitwise) {
     EXPECT_EQ(shard, want);
     int64_t bytes = 0;
     size_t tensors = 0;
-    for (const auto& [name, t] : io::load_safetensors(saved.dir + "/" + shard, MemCategory::kOther)) {
+    for (const auto& [name, t] :
+         io::load_safetensors(saved.dir + "/" + shard, MemCategory::kOther)) {
       EXPECT_EQ(map[name], shard) << name;
       bytes += t.numel() * 4;
       ++tensors;

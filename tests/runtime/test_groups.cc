@@ -13,8 +13,8 @@ namespace tandem::runtime {
 namespace {
 
 Tensor filled(std::vector<float> values) {
-  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kF32,
-                           MemCategory::kOther, "test");
+  Tensor t = Tensor::empty({static_cast<int64_t>(values.size())}, DType::kF32, MemCategory::kOther,
+                           "test");
   for (size_t i = 0; i < values.size(); ++i) t.data<float>()[i] = values[i];
   return t;
 }
@@ -32,7 +32,7 @@ TEST(Groups, OneProcessIsAWorldOfOneRank) {
     EXPECT_EQ(c->rank(), 0) << c->name();
     EXPECT_EQ(c->size(), 1) << c->name();
   }
-  EXPECT_EQ(&g.dp_data(), g.dp.get());  // no device groups on the CPU
+  EXPECT_EQ(&g.dp_data(), g.dp.get());                          // no device groups on the CPU
   EXPECT_THROW(Groups::make(comm::self_world(), 2, 1), Error);  // two stages need two ranks
 }
 

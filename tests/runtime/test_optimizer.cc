@@ -11,8 +11,8 @@
 #include "core/error.h"
 #include "model/chunk.h"
 #include "ops/ops.h"
-#include "runtime/pipeline_trainer.h"
 #include "runtime/optimizer.h"
+#include "runtime/pipeline_trainer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -206,29 +206,37 @@ TEST(DeferredUpdate, EachNodeUpdatesExactlyTheWeightsItReads) {
     int64_t before = 0;
     for (size_t i = 0; i < ends.size(); ++i) {
       const model::NodeRef n = chunk.nodes()[i];
-      const std::string layer =
-          "model.layers." + std::to_string(spec.layer_begin + n.layer) + ".";
+      const std::string layer = "model.layers." + std::to_string(spec.layer_begin + n.layer) + ".";
       int64_t want = before;
       switch (n.kind) {
-        case NodeKind::kEmbed: want = end_of("model.embed_tokens.weight"); break;
+        case NodeKind::kEmbed:
+          want = end_of("model.embed_tokens.weight");
+          break;
         case NodeKind::kAttention:
           want = end_of(layer + (m.is_moe() ? "block_sparse_moe.gate.weight"
                                             : "post_attention_layernorm.weight"));
           break;
         case NodeKind::kExperts:
-          want = end_of(layer + "block_sparse_moe.experts." +
-                        std::to_string(spec.expert_end - 1) + ".w2.weight");
+          want = end_of(layer + "block_sparse_moe.experts." + std::to_string(spec.expert_end - 1) +
+                        ".w2.weight");
           break;
-        case NodeKind::kMlp: want = end_of(layer + "mlp.down_proj.weight"); break;
-        case NodeKind::kLoss: want = p.numel(); break;
-        default: break;
+        case NodeKind::kMlp:
+          want = end_of(layer + "mlp.down_proj.weight");
+          break;
+        case NodeKind::kLoss:
+          want = p.numel();
+          break;
+        default:
+          break;
       }
       EXPECT_EQ(ends[i], want) << "node " << i << " (" << node_kind_name(n.kind) << ")";
       before = ends[i];
     }
-    EXPECT_EQ(ends.back(), spec.has_head ? p.numel() : end_of("model.layers." +
-              std::to_string(spec.layer_end - 1) + ".block_sparse_moe.experts." +
-              std::to_string(spec.expert_end - 1) + ".w2.weight"));
+    EXPECT_EQ(ends.back(), spec.has_head
+                               ? p.numel()
+                               : end_of("model.layers." + std::to_string(spec.layer_end - 1) +
+                                        ".block_sparse_moe.experts." +
+                                        std::to_string(spec.expert_end - 1) + ".w2.weight"));
   }
 }
 

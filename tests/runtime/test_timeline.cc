@@ -30,12 +30,10 @@ Parsed parse(const std::string& events) {
 }
 
 TEST(Timeline, EverySpanIsOnTheTrackOfItsStream) {
-  const std::vector<Span> spans = {{"compute", "F0 attention", 0, 1},
-                                   {"comm", "F0 dispatch", 1, 2},
-                                   {"host", "F0 experts", 0, 0.5},
-                                   {"compute2", "B1 experts", 1, 3},
-                                   {"comm2", "B1 combine", 0.5, 1},
-                                   {"reduce", "reduce layer 3", 2, 4}};
+  const std::vector<Span> spans = {
+      {"compute", "F0 attention", 0, 1}, {"comm", "F0 dispatch", 1, 2},
+      {"host", "F0 experts", 0, 0.5},    {"compute2", "B1 experts", 1, 3},
+      {"comm2", "B1 combine", 0.5, 1},   {"reduce", "reduce layer 3", 2, 4}};
   const Parsed p = parse(rank_trace_events(0, spans, {}, 0));
   EXPECT_EQ(p.tracks.size(), spans.size());
   for (const Span& s : spans) {

@@ -3,10 +3,9 @@
 // loss falling on a learnable task, and a saved-then-loaded checkpoint giving the same logits.
 #include <gtest/gtest.h>
 
-#include "common/random_tokens.h"
-
 #include <filesystem>
 
+#include "common/random_tokens.h"
 #include "core/rng.h"
 #include "data/addition.h"
 #include "runtime/checkpoint.h"
@@ -82,7 +81,7 @@ TEST(Trainer, RecomputedExpertsAreBitwiseTheStoredRunWithLessMemory) {
 TEST(Trainer, MicroBatchSplitDoesNotChangeGradients) {
   RandomTokens data(32);
   TrainConfig one = small_train(), four = small_train();
-  one.micro_batch_size = 4;  // one micro-batch of 4 sequences
+  one.micro_batch_size = 4;   // one micro-batch of 4 sequences
   four.micro_batch_size = 1;  // four micro-batches of 1
   // Dense: the aux loss is per micro-batch and so depends on the split by definition.
   ReferenceTrainer a(small_model(false), one, data, DType::kF64);

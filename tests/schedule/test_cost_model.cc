@@ -127,7 +127,8 @@ TEST(CostModel, NodeTimesFile) {
   EXPECT_NE(error_of(R"({"nodes": {}, "extra": 1})").find("unknown key \"extra\""),
             std::string::npos);
   EXPECT_FALSE(t.recompute_experts);
-  EXPECT_TRUE(parse_node_times(R"({"nodes": {}, "recompute_experts": true})", "t").recompute_experts);
+  EXPECT_TRUE(
+      parse_node_times(R"({"nodes": {}, "recompute_experts": true})", "t").recompute_experts);
   EXPECT_NE(error_of(R"({"nodes": {}, "recompute_experts": 1})")
                 .find("recompute_experts: expected true or false, got 1"),
             std::string::npos);
@@ -172,9 +173,8 @@ TEST(Simulator, IntervalUnionAndUncoveredTime) {
             (Intervals{{0, 2.75}, {3, 4}, {5, 5.5}}));
   EXPECT_TRUE(merge_intervals({}).empty());
   // All-to-all in [0, 4) and [6, 8); compute in [1, 2), [3, 7): uncovered [0, 1), [2, 3), [7, 8).
-  EXPECT_DOUBLE_EQ(uncovered_time(merge_intervals({{6, 8}, {0, 4}}),
-                                  merge_intervals({{3, 7}, {1, 2}})),
-                   3.0);
+  EXPECT_DOUBLE_EQ(
+      uncovered_time(merge_intervals({{6, 8}, {0, 4}}), merge_intervals({{3, 7}, {1, 2}})), 3.0);
   EXPECT_DOUBLE_EQ(uncovered_time({{0, 4}}, {}), 4.0);
   EXPECT_DOUBLE_EQ(uncovered_time({{1, 2}}, {{0, 5}}), 0.0);
 }
@@ -355,8 +355,8 @@ TEST(Simulator, DeferredUpdateRunsBesideTheFirstForwardsAllToAll) {
     parse_node_times(R"({"nodes": {}, "update_per_weight": -1})", "t.json");
     ADD_FAILURE() << "a negative update_per_weight was accepted";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("t.json: update_per_weight: expected"),
-              std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("t.json: update_per_weight: expected"), std::string::npos)
+        << e.what();
   }
   PlanRequest uniform = req;
   uniform.inputs.cost.kind = CostModelKind::kUniform;

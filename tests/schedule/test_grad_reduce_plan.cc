@@ -26,9 +26,15 @@ PlanRequest request(const char* schedule, int32_t pp, int32_t v, int64_t ep, int
   PlanRequest req;
   req.schedule_name = schedule;
   req.shape = {pp, v, 4};
-  req.inputs.model = {.vocab_size = 512, .hidden_size = 64, .num_layers = 4,
-                      .num_attention_heads = 4, .num_query_groups = 2, .ffn_hidden_size = 128,
-                      .num_experts = 4, .moe_router_topk = 2, .seq_length = 32};
+  req.inputs.model = {.vocab_size = 512,
+                      .hidden_size = 64,
+                      .num_layers = 4,
+                      .num_attention_heads = 4,
+                      .num_query_groups = 2,
+                      .ffn_hidden_size = 128,
+                      .num_experts = 4,
+                      .moe_router_topk = 2,
+                      .seq_length = 32};
   req.inputs.micro_batch_size = 2;
   req.inputs.expert_parallel_size = ep;
   req.inputs.data_parallel_size = dp;
@@ -189,8 +195,8 @@ TEST(GradReducePlan, EachUnitAfterItsLastWeightGradientOrAllAtTheEnd) {
       double prev = 0, busy = 0;
       for (const Span& sp : red) {
         const double ready = last_w.at(unit_key(sp));
-        EXPECT_NEAR(sp.start, std::max(prev, ready), kEps) << "stage " << sp.stage << " layer "
-                                                           << sp.layer;
+        EXPECT_NEAR(sp.start, std::max(prev, ready), kEps)
+            << "stage " << sp.stage << " layer " << sp.layer;
         EXPECT_NEAR(sp.end - sp.start, reduce_s.at(unit_key(sp)), kEps);
         prev = sp.end;
         busy += sp.end - sp.start;
@@ -264,8 +270,8 @@ TEST(GradReducePlan, TheStepsEnd) {
       R"({"nodes": {}, "step_end_per_weight": 5e-12, "defer_optimizer": true})", "t");
   EXPECT_EQ(t.step_end_s_per_weight, 5e-12);
   EXPECT_TRUE(t.defer_optimizer);
-  for (const char* bad : {R"({"nodes": {}, "step_end_per_weight": "x"})",
-                          R"({"nodes": {}, "defer_optimizer": 1})"}) {
+  for (const char* bad :
+       {R"({"nodes": {}, "step_end_per_weight": "x"})", R"({"nodes": {}, "defer_optimizer": 1})"}) {
     try {
       parse_node_times(bad, "t.json");
       ADD_FAILURE() << bad << " was accepted";

@@ -22,9 +22,15 @@ PlanRequest measured_request(const char* schedule, bool gpu) {
   PlanRequest req;
   req.schedule_name = schedule;
   req.shape = {2, 1, 8};
-  req.inputs.model = {.vocab_size = 32000, .hidden_size = 1024, .num_layers = 8,
-                      .num_attention_heads = 16, .num_query_groups = 8, .ffn_hidden_size = 2816,
-                      .num_experts = 8, .moe_router_topk = 2, .seq_length = 2048};
+  req.inputs.model = {.vocab_size = 32000,
+                      .hidden_size = 1024,
+                      .num_layers = 8,
+                      .num_attention_heads = 16,
+                      .num_query_groups = 8,
+                      .ffn_hidden_size = 2816,
+                      .num_experts = 8,
+                      .moe_router_topk = 2,
+                      .seq_length = 2048};
   req.inputs.micro_batch_size = 2;
   req.inputs.gpu = gpu;
   req.inputs.activation_elem_bytes = gpu ? 2 : 4;

@@ -13,21 +13,21 @@ namespace tandem::cuda {
 const char* cublas_status_name(cublasStatus_t status);
 }  // namespace tandem::cuda
 
-#define TANDEM_CUDA_CHECK(expr)                                                           \
-  do {                                                                                    \
-    const cudaError_t tandem_cuda_status_ = (expr);                                       \
-    if (tandem_cuda_status_ != cudaSuccess)                                               \
-      TANDEM_INTERNAL_ERROR("CUDA call ", #expr, " failed: ",                             \
-                            cudaGetErrorName(tandem_cuda_status_), " (",                  \
-                            cudaGetErrorString(tandem_cuda_status_), ")");                \
+#define TANDEM_CUDA_CHECK(expr)                                                       \
+  do {                                                                                \
+    const cudaError_t tandem_cuda_status_ = (expr);                                   \
+    if (tandem_cuda_status_ != cudaSuccess)                                           \
+      TANDEM_INTERNAL_ERROR("CUDA call ", #expr,                                      \
+                            " failed: ", cudaGetErrorName(tandem_cuda_status_), " (", \
+                            cudaGetErrorString(tandem_cuda_status_), ")");            \
   } while (false)
 
-#define TANDEM_CUBLAS_CHECK(expr)                                                              \
-  do {                                                                                         \
-    const cublasStatus_t tandem_cublas_status_ = (expr);                                       \
-    if (tandem_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                        \
-      TANDEM_INTERNAL_ERROR("cuBLAS call ", #expr, " failed: ",                                \
-                            ::tandem::cuda::cublas_status_name(tandem_cublas_status_));        \
+#define TANDEM_CUBLAS_CHECK(expr)                                                       \
+  do {                                                                                  \
+    const cublasStatus_t tandem_cublas_status_ = (expr);                                \
+    if (tandem_cublas_status_ != CUBLAS_STATUS_SUCCESS)                                 \
+      TANDEM_INTERNAL_ERROR("cuBLAS call ", #expr, " failed: ",                         \
+                            ::tandem::cuda::cublas_status_name(tandem_cublas_status_)); \
   } while (false)
 
 // After a kernel launch: reports a bad launch configuration at once.

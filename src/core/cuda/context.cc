@@ -4,8 +4,8 @@
 #include <cstring>
 #include <map>
 #include <mutex>
-#include <vector>
 #include <sstream>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/cuda_allocator.h"
@@ -17,16 +17,26 @@ namespace tandem::cuda {
 
 const char* cublas_status_name(cublasStatus_t status) {
   switch (status) {
-    case CUBLAS_STATUS_SUCCESS: return "CUBLAS_STATUS_SUCCESS";
-    case CUBLAS_STATUS_NOT_INITIALIZED: return "CUBLAS_STATUS_NOT_INITIALIZED";
-    case CUBLAS_STATUS_ALLOC_FAILED: return "CUBLAS_STATUS_ALLOC_FAILED";
-    case CUBLAS_STATUS_INVALID_VALUE: return "CUBLAS_STATUS_INVALID_VALUE";
-    case CUBLAS_STATUS_ARCH_MISMATCH: return "CUBLAS_STATUS_ARCH_MISMATCH";
-    case CUBLAS_STATUS_MAPPING_ERROR: return "CUBLAS_STATUS_MAPPING_ERROR";
-    case CUBLAS_STATUS_EXECUTION_FAILED: return "CUBLAS_STATUS_EXECUTION_FAILED";
-    case CUBLAS_STATUS_INTERNAL_ERROR: return "CUBLAS_STATUS_INTERNAL_ERROR";
-    case CUBLAS_STATUS_NOT_SUPPORTED: return "CUBLAS_STATUS_NOT_SUPPORTED";
-    case CUBLAS_STATUS_LICENSE_ERROR: return "CUBLAS_STATUS_LICENSE_ERROR";
+    case CUBLAS_STATUS_SUCCESS:
+      return "CUBLAS_STATUS_SUCCESS";
+    case CUBLAS_STATUS_NOT_INITIALIZED:
+      return "CUBLAS_STATUS_NOT_INITIALIZED";
+    case CUBLAS_STATUS_ALLOC_FAILED:
+      return "CUBLAS_STATUS_ALLOC_FAILED";
+    case CUBLAS_STATUS_INVALID_VALUE:
+      return "CUBLAS_STATUS_INVALID_VALUE";
+    case CUBLAS_STATUS_ARCH_MISMATCH:
+      return "CUBLAS_STATUS_ARCH_MISMATCH";
+    case CUBLAS_STATUS_MAPPING_ERROR:
+      return "CUBLAS_STATUS_MAPPING_ERROR";
+    case CUBLAS_STATUS_EXECUTION_FAILED:
+      return "CUBLAS_STATUS_EXECUTION_FAILED";
+    case CUBLAS_STATUS_INTERNAL_ERROR:
+      return "CUBLAS_STATUS_INTERNAL_ERROR";
+    case CUBLAS_STATUS_NOT_SUPPORTED:
+      return "CUBLAS_STATUS_NOT_SUPPORTED";
+    case CUBLAS_STATUS_LICENSE_ERROR:
+      return "CUBLAS_STATUS_LICENSE_ERROR";
   }
   return "unknown cuBLAS status";
 }
@@ -58,9 +68,12 @@ void zero_hook(void* ptr, size_t bytes) {
 
 void copy_hook(void* dst, Device dst_device, const void* src, Device src_device, size_t bytes) {
   cudaMemcpyKind kind = cudaMemcpyDeviceToDevice;
-  if (dst_device == Device::kCPU && src_device == Device::kCPU) kind = cudaMemcpyHostToHost;
-  else if (dst_device == Device::kCPU) kind = cudaMemcpyDeviceToHost;
-  else if (src_device == Device::kCPU) kind = cudaMemcpyHostToDevice;
+  if (dst_device == Device::kCPU && src_device == Device::kCPU)
+    kind = cudaMemcpyHostToHost;
+  else if (dst_device == Device::kCPU)
+    kind = cudaMemcpyDeviceToHost;
+  else if (src_device == Device::kCPU)
+    kind = cudaMemcpyHostToDevice;
   const cudaStream_t s = current_stream();
   TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, s));
   // Note [Host copies]: the host side of a copy may go away (or be read) as soon as we return.
@@ -81,7 +94,7 @@ struct ReadSlot {
 };
 
 std::mutex g_read_mutex;
-std::vector<ReadSlot*> g_free_reads;  // never freed: slots outlive main's statics
+std::vector<ReadSlot*> g_free_reads;     // never freed: slots outlive main's statics
 std::vector<ReadSlot*> g_dropped_reads;  // dropped before their copy landed: pooled once it has
 
 // Dropped slots whose copy has landed, back to the pool (the caller holds g_read_mutex).

@@ -52,12 +52,12 @@ namespace tandem::cuda {
 
 namespace {
 
-constexpr size_t kRound = 512;                       // every block is a multiple of this
-constexpr size_t kSmallSize = size_t{1} << 20;       // requests up to this are small
-constexpr size_t kSmallSegment = size_t{2} << 20;    // small requests share segments this big
-constexpr size_t kMidSize = size_t{10} << 20;        // large requests below this share...
-constexpr size_t kMidSegment = size_t{20} << 20;     // ... segments this big
-constexpr size_t kLargeRound = size_t{2} << 20;      // larger ones get their own, rounded so
+constexpr size_t kRound = 512;                     // every block is a multiple of this
+constexpr size_t kSmallSize = size_t{1} << 20;     // requests up to this are small
+constexpr size_t kSmallSegment = size_t{2} << 20;  // small requests share segments this big
+constexpr size_t kMidSize = size_t{10} << 20;      // large requests below this share...
+constexpr size_t kMidSegment = size_t{20} << 20;   // ... segments this big
+constexpr size_t kLargeRound = size_t{2} << 20;    // larger ones get their own, rounded so
 
 size_t round_up(size_t n, size_t multiple) { return (n + multiple - 1) / multiple * multiple; }
 
@@ -71,10 +71,10 @@ struct Block {
   cudaStream_t stream = nullptr;  // its segment's stream: the only one it is handed out on
   size_t size = 0;                // bytes, a multiple of kRound
   char* ptr = nullptr;
-  bool small = false;             // from a small segment (lives in the small pool)
+  bool small = false;  // from a small segment (lives in the small pool)
   bool allocated = false;
-  int pending = 0;                // events recorded at its free that have not completed yet
-  Block* prev = nullptr;          // neighbours in the same segment, by address
+  int pending = 0;        // events recorded at its free that have not completed yet
+  Block* prev = nullptr;  // neighbours in the same segment, by address
   Block* next = nullptr;
   std::vector<cudaStream_t> uses;  // streams other than `stream` that used it
 
@@ -102,7 +102,7 @@ bool shutting_down(cudaError_t status) {
 struct CudaAllocator::State {
   std::mutex mutex;
   Pool small_pool, large_pool;
-  std::unordered_map<void*, Block*> live;             // allocated blocks by address
+  std::unordered_map<void*, Block*> live;  // allocated blocks by address
   struct PendingFree {
     cudaEvent_t event;
     Block* block;
@@ -333,8 +333,8 @@ void* CudaAllocator::allocate(int64_t bytes, MemCategory category, std::string_v
   if (b == nullptr) {
     size_t free_bytes = 0, total_bytes = 0;
     if (cudaMemGetInfo(&free_bytes, &total_bytes) != cudaSuccess) (void)cudaGetLastError();
-    throw Error(detail::concat("CUDA out of memory: cannot allocate ", bytes, " bytes for '",
-                               tag, "' (a segment of ", segment_size(size), " bytes); tandem holds ",
+    throw Error(detail::concat("CUDA out of memory: cannot allocate ", bytes, " bytes for '", tag,
+                               "' (a segment of ", segment_size(size), " bytes); tandem holds ",
                                s.reserved, " bytes from the driver for ", stats().total_in_use,
                                " bytes of live tensors; the GPU has ", free_bytes, " of ",
                                total_bytes, " bytes free"));

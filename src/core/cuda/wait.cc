@@ -47,8 +47,10 @@ std::string run_abort_hooks() {
 }  // namespace
 
 void set_wait_limit(double seconds) {
-  TANDEM_CHECK(seconds >= 0, "the limit of a wait for the GPU must be >= 0 seconds (0: none), "
-               "not ", seconds);
+  TANDEM_CHECK(seconds >= 0,
+               "the limit of a wait for the GPU must be >= 0 seconds (0: none), "
+               "not ",
+               seconds);
   g_limit = seconds;
 }
 
@@ -98,11 +100,14 @@ void wait_event(cudaEvent_t event, const char* what) {
     TANDEM_CUDA_CHECK(cudaEventSynchronize(event));
     return;
   }
-  wait_until(limit, [event] {
-    const cudaError_t status = cudaEventQuery(event);
-    if (status != cudaErrorNotReady) TANDEM_CUDA_CHECK(status);
-    return status == cudaSuccess;
-  }, what);
+  wait_until(
+      limit,
+      [event] {
+        const cudaError_t status = cudaEventQuery(event);
+        if (status != cudaErrorNotReady) TANDEM_CUDA_CHECK(status);
+        return status == cudaSuccess;
+      },
+      what);
 }
 
 void wait_device(const char* what) {
@@ -126,7 +131,8 @@ void wait_device(const char* what) {
     state->status = status;
     state->done = true;
   }).detach();
-  wait_until(limit, [&] { return state->done.load(); }, what);
+  wait_until(
+      limit, [&] { return state->done.load(); }, what);
   TANDEM_CUDA_CHECK(state->status);
 }
 

@@ -26,8 +26,10 @@ LmHeadDims check_lm_head(const char* op, const Tensor& lse, const Tensor& x, con
   expect_rank(op, "w", w, 2);
   const int64_t v = w.size(0);
   expect(op, "w", w, dt, {v, h});
-  if (lse.dtype() != dt) expect(op, "lse", lse, DType::kF32, {n});  // f32, or x's dtype
-  else expect(op, "lse", lse, dt, {n});
+  if (lse.dtype() != dt)
+    expect(op, "lse", lse, DType::kF32, {n});  // f32, or x's dtype
+  else
+    expect(op, "lse", lse, dt, {n});
   expect(op, "targets", targets, DType::kI32, {n});
   expect_indices(op, "target", targets.data<int32_t>(), n, v);
   return {n, h, v, dt};
@@ -45,16 +47,18 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
     double loss = 0;
     for (int64_t r0 = 0; r0 < d.n; r0 += kBlockRows) {
       const int64_t rows = std::min(kBlockRows, d.n - r0);
-      gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, T(1), x.data<T>() + r0 * d.h, d.h,
-           w.data<T>(), d.h, T(0), logits.data(), d.v);
+      gemm(Trans::kNo, Trans::kYes, rows, d.v, d.h, T(1), x.data<T>() + r0 * d.h, d.h, w.data<T>(),
+           d.h, T(0), logits.data(), d.v);
       for (int64_t r = 0; r < rows; ++r) {
         const T* row = logits.data() + r * d.v;
         double mx = -INFINITY, s = 0;
         for (int64_t j = 0; j < d.v; ++j) mx = std::max(mx, static_cast<double>(row[j]));
         for (int64_t j = 0; j < d.v; ++j) s += std::exp(static_cast<double>(row[j]) - mx);
         const double l = mx + std::log(s);
-        if (lse.dtype() == DType::kF32) lse.data<float>()[r0 + r] = static_cast<float>(l);
-        else lse.data<T>()[r0 + r] = static_cast<T>(l);
+        if (lse.dtype() == DType::kF32)
+          lse.data<float>()[r0 + r] = static_cast<float>(l);
+        else
+          lse.data<T>()[r0 + r] = static_cast<T>(l);
         loss += l - static_cast<double>(row[pt[r0 + r]]);
       }
     }
@@ -83,7 +87,7 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
       for (int64_t r = 0; r < rows; ++r) {
         T* row = dlogits.data() + r * d.v;
         const double l = lse.dtype() == DType::kF32 ? double(lse.data<float>()[r0 + r])
-                                                     : double(lse.data<T>()[r0 + r]);
+                                                    : double(lse.data<T>()[r0 + r]);
         for (int64_t j = 0; j < d.v; ++j) {
           const double p = std::exp(static_cast<double>(row[j]) - l);
           row[j] = static_cast<T>((p - (j == pt[r0 + r] ? 1.0 : 0.0)) * scale);
@@ -114,22 +118,33 @@ void convert(const Tensor& dst, const Tensor& src) {
   TANDEM_CHECK(dst.numel() == src.numel(), op, ": dst has ", dst.numel(), " elements, src ",
                src.numel());
   auto is_float = [](DType t) { return t == DType::kF32 || t == DType::kF64 || t == DType::kBF16; };
-  TANDEM_CHECK(is_float(dst.dtype()) && is_float(src.dtype()), op, ": converts between f32, f64 "
-               "and bf16, not ", dtype_name(src.dtype()), " -> ", dtype_name(dst.dtype()));
+  TANDEM_CHECK(is_float(dst.dtype()) && is_float(src.dtype()), op,
+               ": converts between f32, f64 "
+               "and bf16, not ",
+               dtype_name(src.dtype()), " -> ", dtype_name(dst.dtype()));
   const int64_t n = src.numel();
   auto load = [&](int64_t i) -> double {
     switch (src.dtype()) {
-      case DType::kF64: return src.data<double>()[i];
-      case DType::kBF16: return bf16_to_float(src.data<BF16>()[i]);
-      default: return src.data<float>()[i];
+      case DType::kF64:
+        return src.data<double>()[i];
+      case DType::kBF16:
+        return bf16_to_float(src.data<BF16>()[i]);
+      default:
+        return src.data<float>()[i];
     }
   };
   for (int64_t i = 0; i < n; ++i) {
     const double v = load(i);
     switch (dst.dtype()) {
-      case DType::kF64: dst.data<double>()[i] = v; break;
-      case DType::kBF16: dst.data<BF16>()[i] = bf16_from_float(static_cast<float>(v)); break;
-      default: dst.data<float>()[i] = static_cast<float>(v); break;
+      case DType::kF64:
+        dst.data<double>()[i] = v;
+        break;
+      case DType::kBF16:
+        dst.data<BF16>()[i] = bf16_from_float(static_cast<float>(v));
+        break;
+      default:
+        dst.data<float>()[i] = static_cast<float>(v);
+        break;
     }
   }
 }

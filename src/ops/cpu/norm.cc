@@ -151,8 +151,8 @@ void rope_apply_qk(const char* op, const Tensor& q, const Tensor& k, int64_t seq
 
 }  // namespace
 
-void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                     int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads,
+                     int64_t head_dim, const RopeSpec& rope) {
   rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0);
 }
 

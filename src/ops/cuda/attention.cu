@@ -48,8 +48,8 @@ template <int D, int MT, int BC>
 __device__ __forceinline__ void forward_key_tile(float (&o)[MT][D / 8][4], float (&m)[MT][2],
                                                  float (&l)[MT][2],
                                                  const uint32_t (&qf)[D / 16][MT][4],
-                                                 const bf16* s_k, const bf16* s_v, int k0,
-                                                 int row0, const Geometry& g, int lane) {
+                                                 const bf16* s_k, const bf16* s_v, int k0, int row0,
+                                                 const Geometry& g, int lane) {
   constexpr int kBc = BC, kP = D + 8, kNt = kBc / 8;
   float s[MT][kNt][4] = {};
 #pragma unroll
@@ -163,17 +163,17 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 // kernel geometry.
 Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
                          const Tensor& lse, const AttentionShape& s) {
-  TANDEM_CHECK(s.batch >= 1 && s.seq >= 1 && s.heads >= 1 && s.kv_heads >= 1 && s.head_dim >= 1,
-               op, ": batch ", s.batch, ", seq ", s.seq, ", heads ", s.heads, ", kv_heads ",
-               s.kv_heads, " and head_dim ", s.head_dim, " must all be at least 1");
+  TANDEM_CHECK(s.batch >= 1 && s.seq >= 1 && s.heads >= 1 && s.kv_heads >= 1 && s.head_dim >= 1, op,
+               ": batch ", s.batch, ", seq ", s.seq, ", heads ", s.heads, ", kv_heads ", s.kv_heads,
+               " and head_dim ", s.head_dim, " must all be at least 1");
   TANDEM_CHECK(s.heads % s.kv_heads == 0, op, ": heads ", s.heads,
                " is not a multiple of kv_heads ", s.kv_heads);
   TANDEM_CHECK(s.head_dim <= kMaxGenericDim, op, ": head_dim ", s.head_dim,
                " is larger than the supported ", kMaxGenericDim);
   // Grid limits: (batch * heads) blocks in x, seq / 64 tiles in y (at most 65535), and the
   // generic kernels' one warp per row in a 1-D grid.
-  TANDEM_CHECK(s.seq <= int64_t{65535} * kKeyTile && s.batch * s.heads <= (int64_t{1} << 30),
-               op, ": batch ", s.batch, " x heads ", s.heads, " x seq ", s.seq,
+  TANDEM_CHECK(s.seq <= int64_t{65535} * kKeyTile && s.batch * s.heads <= (int64_t{1} << 30), op,
+               ": batch ", s.batch, " x heads ", s.heads, " x seq ", s.seq,
                " exceeds the kernels' grid (seq at most ", int64_t{65535} * kKeyTile,
                ", batch x heads at most 2^30)");
   TANDEM_CHECK(s.batch * s.heads * s.seq <= (int64_t{1} << 32), op, ": batch x heads x seq ",

@@ -1,5 +1,5 @@
-// The flash attention's tile variants (attention_mma.cuh, Note [Attention variants]): their names and
-// a switch, so that one benchmark run times them all and a test checks each. Private to
+// The flash attention's tile variants (attention_mma.cuh, Note [Attention variants]): their names
+// and a switch, so that one benchmark run times them all and a test checks each. Private to
 // src/ops/cuda, bench and tests/cuda.
 #pragma once
 

@@ -305,8 +305,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 // dP = dO V^T, dS = P (dP - delta), dQ += dS K (dS as bf16, as the fused kernel's). Each dq row
 // is one warp's, summed in key order: the same bits on every run. It recomputes S and forms dP a
 // second time (the fused kernel forms both per key tile already), so it costs a few percent more
-// time (bench/results/gpu_single.md), and it needs no f32 dq workspace. It is the default; TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another
-// variant) takes the one-pass form (Note [Attention variants]).
+// time (bench/results/gpu_single.md), and it needs no f32 dq workspace. It is the default;
+// TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another variant) takes the one-pass form
+// (Note [Attention variants]).
 // ---------------------------------------------------------------------------------------------
 
 template <int D, int WARPS, int MT, int BC>
@@ -401,8 +402,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   float acc[MT][D / 8][4] = {};
   walk_key_tiles<kBc, D, kTh>(s_k, s_v, k, v, kv_off, n_tiles, row0 + 16 * MT - 1, g,
                               [&](const bf16* tk, const bf16* tv, int k0) {
-                                dq_key_tile<D, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0, row0,
-                                                       g, lane);
+                                dq_key_tile<D, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0, row0, g,
+                                                       lane);
                               });
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -441,9 +442,9 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
 // dq by query tiles.
 template <int D, int WARPS, int BR, int MINB, int DQ_WARPS, int DQ_MT, int DQ_BC, int DQ_MINB>
 void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                              const Tensor& dout, const Tensor& q, const Tensor& k,
-                              const Tensor& v, const Tensor& out, const Tensor& lse,
-                              const Tensor& delta, const Geometry& g) {
+                              const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                              const Tensor& out, const Tensor& lse, const Tensor& delta,
+                              const Geometry& g) {
   using T = BackwardTiles<D, WARPS, BR>;
   using TQ = DqTiles<D, DQ_WARPS, DQ_MT, DQ_BC>;
   auto* dkdv = flash_backward_fused_kernel<D, WARPS, BR, MINB, false>;
@@ -457,8 +458,8 @@ void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& 
   TANDEM_CUDA_CHECK_LAUNCH();
   const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
   dkdv<<<grid, T::kThreads, T::kSmemBytes, stream()>>>(nullptr, mptr(dk), mptr(dv), cptr(dout),
-                                                       cptr(q), cptr(k), cptr(v),
-                                                       lse.data<float>(), delta.data<float>(), g);
+                                                       cptr(q), cptr(k), cptr(v), lse.data<float>(),
+                                                       delta.data<float>(), g);
   TANDEM_CUDA_CHECK_LAUNCH();
   const dim3 dq_grid(static_cast<unsigned>(g.batch * g.heads), tiles(g.seq, TQ::kBr));
   dq_kernel<<<dq_grid, TQ::kThreads, TQ::kSmemBytes, stream()>>>(
@@ -507,8 +508,8 @@ void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk
   if (g.head_dim == 64) {
     kBackwardVariants[variant].launch(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
   } else if (is_deterministic(variant)) {
-    launch_backward_two_pass<128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse,
-                                                         delta, g);
+    launch_backward_two_pass<128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse, delta,
+                                                         g);
   } else {
     launch_backward_fused<128, 4, 32, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
   }

@@ -30,7 +30,6 @@ void generic_attention_forward(const Geometry& g, __nv_bfloat16* out, float* lse
 void generic_attention_backward(const Geometry& g, __nv_bfloat16* dq, __nv_bfloat16* dk,
                                 __nv_bfloat16* dv, float* delta, const __nv_bfloat16* dout,
                                 const __nv_bfloat16* q, const __nv_bfloat16* k,
-                                const __nv_bfloat16* v, const __nv_bfloat16* out,
-                                const float* lse);
+                                const __nv_bfloat16* v, const __nv_bfloat16* out, const float* lse);
 
 }  // namespace tandem::ops::cuda

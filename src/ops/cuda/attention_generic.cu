@@ -23,8 +23,7 @@ constexpr int kThreads = 128;  // a block: 4 warps, a row each
 constexpr int kWarps = kThreads / 32;
 constexpr int kPerLane = kMaxGenericDim / 32;  // head-dim elements a lane holds
 
-__device__ __forceinline__ void load_row(float (&x)[kPerLane], const bf16* row, int dim,
-                                         int lane) {
+__device__ __forceinline__ void load_row(float (&x)[kPerLane], const bf16* row, int dim, int lane) {
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int d = lane + 32 * j;
@@ -37,8 +36,8 @@ __device__ __forceinline__ float dot_row(const float (&x)[kPerLane], const float
   for (int j = 0; j < kPerLane; ++j) acc += x[j] * y[j];
   return warp_sum(acc);
 }
-__device__ __forceinline__ void store_row(bf16* row, const float (&x)[kPerLane], float mul,
-                                          int dim, int lane) {
+__device__ __forceinline__ void store_row(bf16* row, const float (&x)[kPerLane], float mul, int dim,
+                                          int lane) {
 #pragma unroll
   for (int j = 0; j < kPerLane; ++j) {
     const int d = lane + 32 * j;
@@ -54,8 +53,7 @@ struct RowId {
 __device__ __forceinline__ RowId warp_row(int heads, int seq) {
   const int64_t r = int64_t{blockIdx.x} * kWarps + threadIdx.x / 32;
   const int64_t bh = r / seq;
-  return {r, static_cast<int>(bh / heads), static_cast<int>(bh % heads),
-          static_cast<int>(r % seq)};
+  return {r, static_cast<int>(bh / heads), static_cast<int>(bh % heads), static_cast<int>(r % seq)};
 }
 
 __global__ void __launch_bounds__(kThreads)
@@ -113,9 +111,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // dk, dv of one key row of a KV head: sums over the group's query heads and the later tokens.
 __global__ void __launch_bounds__(kThreads)
-    generic_backward_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q,
-                                 const bf16* k, const bf16* v, const float* lse,
-                                 const float* delta, Geometry g) {
+    generic_backward_dkdv_kernel(bf16* dk, bf16* dv, const bf16* dout, const bf16* q, const bf16* k,
+                                 const bf16* v, const float* lse, const float* delta, Geometry g) {
   const RowId id = warp_row(g.kv_heads, g.seq);  // id.h is the KV head, id.t the key
   if (id.b >= g.batch) return;
   const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim;
@@ -143,7 +140,9 @@ __global__ void __launch_bounds__(kThreads)
   store_row(dv + kv_row, dv_acc, 1.f, dim, lane);
 }
 
-unsigned generic_blocks(int64_t rows) { return static_cast<unsigned>((rows + kWarps - 1) / kWarps); }
+unsigned generic_blocks(int64_t rows) {
+  return static_cast<unsigned>((rows + kWarps - 1) / kWarps);
+}
 
 }  // namespace
 
@@ -160,8 +159,8 @@ void generic_attention_backward(const Geometry& g, bf16* dq, bf16* dk, bf16* dv,
   generic_backward_dq_kernel<<<generic_blocks(int64_t{g.batch} * g.heads * g.seq), kThreads, 0,
                                stream()>>>(dq, delta, dout, q, k, v, out, lse, g);
   TANDEM_CUDA_CHECK_LAUNCH();
-  generic_backward_dkdv_kernel<<<generic_blocks(int64_t{g.batch} * g.kv_heads * g.seq), kThreads,
-                                 0, stream()>>>(dk, dv, dout, q, k, v, lse, delta, g);
+  generic_backward_dkdv_kernel<<<generic_blocks(int64_t{g.batch} * g.kv_heads * g.seq), kThreads, 0,
+                                 stream()>>>(dk, dv, dout, q, k, v, lse, delta, g);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 

@@ -111,8 +111,8 @@ __device__ __forceinline__ void mma_nt(float (&c)[MT][NT][4], const uint32_t (&a
 #pragma unroll
   for (int nb = 0; nb < NT / 2; ++nb) {
     uint32_t b[4];
-    ldmatrix_x4(b, rows + (nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * pitch +
-                       ((lane >> 3) & 1) * 8);
+    ldmatrix_x4(b,
+                rows + (nb * 16 + (lane & 7) + ((lane >> 4) << 3)) * pitch + ((lane >> 3) & 1) * 8);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       mma_bf16(c[mt][2 * nb], a[mt], b[0], b[1]);
@@ -130,8 +130,8 @@ __device__ __forceinline__ void mma_nn(float (&c)[MT][NT][4], const uint32_t (&a
 #pragma unroll
   for (int nb = 0; nb < NT / 2; ++nb) {
     uint32_t b[4];
-    ldmatrix_x4_trans(b, rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch + nb * 16 +
-                             (lane >> 4) * 8);
+    ldmatrix_x4_trans(
+        b, rows + ((lane & 7) + ((lane >> 3) & 1) * 8) * pitch + nb * 16 + (lane >> 4) * 8);
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
       mma_bf16(c[mt][2 * nb], a[mt], b[0], b[1]);

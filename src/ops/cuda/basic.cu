@@ -2,12 +2,12 @@
 // (docs/cuda.md "Op dtypes"). Elementwise kernels move 16-byte vectors where every pointer is
 // 16-byte aligned and fall back to scalar loads otherwise; reductions use a fixed grid and a fixed
 // combination order, so every result is bitwise reproducible run to run on one GPU.
-#include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 
 #include <bit>
 #include <climits>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
@@ -348,16 +348,16 @@ PendingScalar sum_squares_start(const Tensor& x) {
   const unsigned blocks = elementwise_blocks(n, nvec);
   Scratch scratch(op);
   double* partial = scratch.take<double>(blocks);
-  const Tensor total = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "sum_squares.total",
-                                     Device::kCUDA);
+  const Tensor total =
+      Tensor::empty({1}, DType::kF64, MemCategory::kOther, "sum_squares.total", Device::kCUDA);
   dispatch_act(x.dtype(), [&](auto tx) {
     using T = typename decltype(tx)::type;
-    sum_squares_kernel<T><<<blocks, kThreads, 0, stream()>>>(
-        partial, static_cast<const T*>(x.raw_data()), n, nvec);
+    sum_squares_kernel<T>
+        <<<blocks, kThreads, 0, stream()>>>(partial, static_cast<const T*>(x.raw_data()), n, nvec);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
   sum_partials_kernel<<<1, kThreads, 0, stream()>>>(total.data<double>(), partial,
-                                                      static_cast<int>(blocks));
+                                                    static_cast<int>(blocks));
   TANDEM_CUDA_CHECK_LAUNCH();
   return PendingScalar(HostRead(total), 1.0);
 }
@@ -401,8 +401,7 @@ void convert(const Tensor& dst, const Tensor& src) {
   const int64_t nvec = vec_count(n, {dst.raw_data(), src.raw_data()});
   if (dst.dtype() == DType::kBF16) {
     f32_to_bf16_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
-        static_cast<uint16_t*>(dst.raw_data()), static_cast<const float*>(src.raw_data()), n,
-        nvec);
+        static_cast<uint16_t*>(dst.raw_data()), static_cast<const float*>(src.raw_data()), n, nvec);
   } else {
     bf16_to_f32_kernel<<<elementwise_blocks(n, nvec), kThreads, 0, stream()>>>(
         static_cast<float*>(dst.raw_data()), static_cast<const bf16*>(src.raw_data()), n, nvec);
@@ -478,8 +477,7 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
   const bool vec = h % kVec == 0 && aligned16(dtable.raw_data()) && aligned16(dout.raw_data());
   const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
   embedding_backward_kernel<<<blocks, kThreads, 0, stream()>>>(
-      dtable.data<float>(), static_cast<const bf16*>(dout.raw_data()), keys, tokens, n, v, h,
-      vec);
+      dtable.data<float>(), static_cast<const bf16*>(dout.raw_data()), keys, tokens, n, v, h, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -512,9 +510,8 @@ void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& 
   expect_cuda(op, "d_gate_up", d_gate_up, {DType::kBF16}, gate_up.shape());
   const int64_t n = m * f;
   if (n == 0) return;
-  const bool vec =
-      f % kVec == 0 &&
-      vec_count(kVec, {d_gate_up.raw_data(), dout.raw_data(), gate_up.raw_data()}) > 0;
+  const bool vec = f % kVec == 0 &&
+                   vec_count(kVec, {d_gate_up.raw_data(), dout.raw_data(), gate_up.raw_data()}) > 0;
   swiglu_backward_kernel<<<elementwise_blocks(n, vec ? n / kVec : 0), kThreads, 0, stream()>>>(
       static_cast<bf16*>(d_gate_up.raw_data()), static_cast<const bf16*>(dout.raw_data()),
       static_cast<const bf16*>(gate_up.raw_data()), m, f, vec);

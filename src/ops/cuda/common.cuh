@@ -119,8 +119,10 @@ inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 1
 // Calls f(std::type_identity<float or bf16>) for a tensor's dtype (checked to be one of them).
 template <typename F>
 void dispatch_act(DType dt, F&& f) {
-  if (dt == DType::kBF16) f(std::type_identity<__nv_bfloat16>{});
-  else f(std::type_identity<float>{});
+  if (dt == DType::kBF16)
+    f(std::type_identity<__nv_bfloat16>{});
+  else
+    f(std::type_identity<float>{});
 }
 
 }  // namespace tandem::ops::cuda

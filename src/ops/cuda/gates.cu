@@ -64,8 +64,8 @@ __global__ void __launch_bounds__(kThreads)
 
 // One warp per row: gate = sigmoid(logit); y = gate * z.
 __global__ void __launch_bounds__(kThreads)
-    sigmoid_gate_forward_kernel(bf16* y, float* gate, const bf16* z, const float* logit,
-                                int64_t m, int64_t h) {
+    sigmoid_gate_forward_kernel(bf16* y, float* gate, const bf16* z, const float* logit, int64_t m,
+                                int64_t h) {
   const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
   const int lane = threadIdx.x & 31;
   if (row >= m) return;
@@ -108,8 +108,8 @@ void bias_forward(const Tensor& y, const Tensor& b) {
     bias_forward_kernel<<<blocks_for(m * n, kThreads), kThreads, 0, stream()>>>(
         py, static_cast<const bf16*>(b.raw_data()), m, n);
   } else {
-    bias_forward_kernel<<<blocks_for(m * n, kThreads), kThreads, 0, stream()>>>(
-        py, b.data<float>(), m, n);
+    bias_forward_kernel<<<blocks_for(m * n, kThreads), kThreads, 0, stream()>>>(py, b.data<float>(),
+                                                                                m, n);
   }
   TANDEM_CUDA_CHECK_LAUNCH();
 }
@@ -121,16 +121,16 @@ void bias_backward(const Tensor& db, const Tensor& dy) {
   expect_cuda(op, "db", db, {DType::kF32}, {n});
   if (m * n == 0) return;
   const int64_t chunks = (m + kChunkRows - 1) / kChunkRows;
-  TANDEM_CHECK(chunks < 65536 && (n + 31) / 32 < (int64_t{1} << 31), op, ": dy of shape [", m,
-               ", ", n, "] is too large");
+  TANDEM_CHECK(chunks < 65536 && (n + 31) / 32 < (int64_t{1} << 31), op, ": dy of shape [", m, ", ",
+               n, "] is too large");
   Scratch scratch(op);
   float* partial = scratch.take<float>(chunks * n);
   bias_partial_kernel<<<dim3(static_cast<unsigned>((n + 31) / 32), static_cast<unsigned>(chunks)),
-                        dim3(32, 8), 0, stream()>>>(
-      partial, static_cast<const bf16*>(dy.raw_data()), m, n);
+                        dim3(32, 8), 0, stream()>>>(partial,
+                                                    static_cast<const bf16*>(dy.raw_data()), m, n);
   TANDEM_CUDA_CHECK_LAUNCH();
   bias_finish_kernel<<<blocks_for(n, kThreads), kThreads, 0, stream()>>>(db.data<float>(), partial,
-                                                                          chunks, n);
+                                                                         chunks, n);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -144,8 +144,8 @@ void sigmoid_gate_forward(const Tensor& y, const Tensor& gate, const Tensor& z,
   expect_cuda(op, "logit", logit, {DType::kF32}, {m});
   if (m == 0) return;
   sigmoid_gate_forward_kernel<<<row_blocks(m), kThreads, 0, stream()>>>(
-      static_cast<bf16*>(y.raw_data()), gate.data<float>(),
-      static_cast<const bf16*>(z.raw_data()), logit.data<float>(), m, h);
+      static_cast<bf16*>(y.raw_data()), gate.data<float>(), static_cast<const bf16*>(z.raw_data()),
+      logit.data<float>(), m, h);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 

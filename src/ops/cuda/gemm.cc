@@ -9,11 +9,11 @@
 #include <compare>
 #include <cstdlib>
 #include <cstring>
-#include <string_view>
-#include <vector>
 #include <map>
 #include <memory>
 #include <mutex>
+#include <string_view>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
@@ -67,7 +67,8 @@ struct GemmPlan {
   // cuBLASLt's operands: `first` is our B, `second` our A (see make_plan); `c` serves C and D.
   cublasLtMatrixLayout_t first = nullptr, second = nullptr, c = nullptr;
   cublasLtMatmulAlgo_t algo{};
-  bool from_bucket = false;  // algo chosen for another shape of its bucket (Note [Algorithm buckets])
+  bool from_bucket =
+      false;  // algo chosen for another shape of its bucket (Note [Algorithm buckets])
 
   GemmPlan() = default;
   GemmPlan(const GemmPlan&) = delete;
@@ -149,11 +150,10 @@ std::vector<cublasLtMatmulAlgo_t> candidate_algos(GemmPlan& plan, const GemmKey&
   for (int i = 0; i < found; ++i) {
     if (results[i].state == CUBLAS_STATUS_SUCCESS) algos.push_back(results[i].algo);
   }
-  TANDEM_CHECK(!algos.empty(),
-               "gemm: cuBLASLt has no algorithm for m=", key.m, " n=", key.n, " k=", key.k,
-               " (trans_a ", key.trans_a == Trans::kYes, ", trans_b ", key.trans_b == Trans::kYes,
-               ", lda ", key.lda, ", ldb ", key.ldb, ", ldc ", key.ldc, ", C ",
-               dtype_name(key.c_dtype), ", alignment ", key.align_a, "/", key.align_b, "/",
+  TANDEM_CHECK(!algos.empty(), "gemm: cuBLASLt has no algorithm for m=", key.m, " n=", key.n,
+               " k=", key.k, " (trans_a ", key.trans_a == Trans::kYes, ", trans_b ",
+               key.trans_b == Trans::kYes, ", lda ", key.lda, ", ldb ", key.ldb, ", ldc ", key.ldc,
+               ", C ", dtype_name(key.c_dtype), ", alignment ", key.align_a, "/", key.align_b, "/",
                key.align_c, " bytes)");
   return algos;
 }
@@ -185,12 +185,12 @@ cublasLtMatmulAlgo_t tune(const GemmPlan& plan, const GemmKey& key,
   // Zeroed, so the padding past n in each row compares equal too.
   const Tensor reference = Tensor::zeros({words}, DType::kI32, MemCategory::kOther,
                                          "gemm.tune.reference", Device::kCUDA);
-  const Tensor trial = Tensor::zeros({words}, DType::kI32, MemCategory::kOther, "gemm.tune.trial",
-                                     Device::kCUDA);
+  const Tensor trial =
+      Tensor::zeros({words}, DType::kI32, MemCategory::kOther, "gemm.tune.trial", Device::kCUDA);
   auto run = [&](const cublasLtMatmulAlgo_t& algo, const Tensor& d) {
-    return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan.op, &call.alpha, call.b,
-                          plan.first, call.a, plan.second, &call.beta, call.c, plan.c,
-                          d.raw_data(), plan.c, &algo, tandem::cuda::cublaslt_workspace(stream),
+    return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan.op, &call.alpha, call.b, plan.first,
+                          call.a, plan.second, &call.beta, call.c, plan.c, d.raw_data(), plan.c,
+                          &algo, tandem::cuda::cublaslt_workspace(stream),
                           tandem::cuda::cublaslt_workspace_bytes(), stream);
   };
   if (run(algos.front(), reference) != CUBLAS_STATUS_SUCCESS) return algos.front();
@@ -287,8 +287,8 @@ std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key, const TuneCall* ca
 }  // namespace
 
 void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
-          int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype,
-          int64_t ldc, const void* c_in) {
+          int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype, int64_t ldc,
+          const void* c_in) {
   if (c_in == nullptr) c_in = c;
   TANDEM_CHECK(m >= 0 && n >= 0 && k >= 0, "gemm: negative size m=", m, " n=", n, " k=", k);
   TANDEM_CHECK(c_dtype == DType::kF32 || c_dtype == DType::kBF16, "gemm: C is ",

@@ -6,13 +6,13 @@
 // Index tensors that our own ops produce (topk_idx, perm) are trusted rather than checked on the
 // host (that would cost a sync per op): an entry out of range is skipped (or gives a zero row),
 // never read or written out of bounds.
-#include <cub/device/device_radix_sort.cuh>
 #include <cuda_bf16.h>
 
 #include <algorithm>
 #include <bit>
 #include <climits>
 #include <cstdint>
+#include <cub/device/device_radix_sort.cuh>
 #include <type_traits>
 #include <vector>
 
@@ -49,7 +49,7 @@ unsigned row_blocks(int64_t rows) {
 
 // ---- row blocks ----
 
-constexpr int kCopyBlocksPerLaunch = 64;  // 1.5 KiB of kernel parameters
+constexpr int kCopyBlocksPerLaunch = 64;                        // 1.5 KiB of kernel parameters
 constexpr int64_t kCopyTileBytes = int64_t{kThreads} * 4 * 16;  // 4 16-byte vectors a thread
 
 // Byte ranges to copy: [src, src + bytes) of the input to [dst, dst + bytes) of the output.
@@ -258,16 +258,16 @@ int32_t* inverse_perm(Scratch& scratch, const Tensor& perm, int64_t count) {
   int32_t* inv = scratch.take<int32_t>(count);
   TANDEM_CUDA_CHECK(
       cudaMemsetAsync(inv, 0xff, static_cast<size_t>(count) * sizeof(int32_t), stream()));
-  invert_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(
-      inv, perm.data<int32_t>(), count);
+  invert_kernel<<<blocks_for(count, kThreads), kThreads, 0, stream()>>>(inv, perm.data<int32_t>(),
+                                                                        count);
   TANDEM_CUDA_CHECK_LAUNCH();
   return inv;
 }
 
 // One warp per row of the sorted order: out[i, :] = x[perm[i] / k, :] (zeros for a bad entry).
 __global__ void __launch_bounds__(kThreads)
-    permute_forward_kernel(bf16* out, const bf16* x, const int32_t* perm, int64_t count,
-                           int64_t k, int64_t h, bool vec) {
+    permute_forward_kernel(bf16* out, const bf16* x, const int32_t* perm, int64_t count, int64_t k,
+                           int64_t h, bool vec) {
   const int64_t i = warp_row();
   const int lane = threadIdx.x & 31;
   if (i >= count) return;
@@ -412,8 +412,7 @@ struct SlotDims {
 // Checks, in order, the tokens' tensor [n, h] bf16 (`tokens_name`: x, dx), k, the slots' tensor
 // [n k, h] bf16 (`slots_name`: out, dout) and perm [n k] i32 of permute_forward/backward.
 SlotDims check_permute(const char* op, const char* tokens_name, const Tensor& tokens,
-                       const char* slots_name, const Tensor& slots, const Tensor& perm,
-                       int64_t k) {
+                       const char* slots_name, const Tensor& slots, const Tensor& perm, int64_t k) {
   expect_cuda_rank(op, tokens_name, tokens, {DType::kBF16}, 2);
   TANDEM_CHECK(k >= 1, op, ": k is ", k, ", expected at least 1");
   const int64_t n = tokens.size(0), h = tokens.size(1), count = n * k;
@@ -464,8 +463,8 @@ void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& 
   expect_cuda(op, "probs", probs, {DType::kF32}, {n, e});
   if (n == 0) return;
   router_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
-      topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(),
-      n, static_cast<int>(e), static_cast<int>(k), score == RouterScore::kSoftmaxOfAll);
+      topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(), n,
+      static_cast<int>(e), static_cast<int>(k), score == RouterScore::kSoftmaxOfAll);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -515,12 +514,11 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
                        dim3(32, 8), 0, stream()>>>(partial, probs.data<float>(), n,
                                                    static_cast<int>(e), chunk_rows);
   TANDEM_CUDA_CHECK_LAUNCH();
-  const Tensor sum = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "router_aux_loss.sum",
-                                   Device::kCUDA);
+  const Tensor sum =
+      Tensor::empty({1}, DType::kF64, MemCategory::kOther, "router_aux_loss.sum", Device::kCUDA);
   const double nd = static_cast<double>(n);
-  aux_loss_sum_kernel<<<1, 1, 0, stream()>>>(sum.data<double>(), partial,
-                                             counts.data<int32_t>(), e, chunks, nd,
-                                             nd * static_cast<double>(k));
+  aux_loss_sum_kernel<<<1, 1, 0, stream()>>>(sum.data<double>(), partial, counts.data<int32_t>(), e,
+                                             chunks, nd, nd * static_cast<double>(k));
   TANDEM_CUDA_CHECK_LAUNCH();
   return PendingScalar(HostRead(sum), coeff * static_cast<double>(e));
 }
@@ -549,8 +547,10 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
         cscale, aux_scale, score == RouterScore::kSoftmaxOfAll);
     TANDEM_CUDA_CHECK_LAUNCH();
   };
-  if (dlogits.dtype() == DType::kBF16) launch(static_cast<bf16*>(dlogits.raw_data()));
-  else launch(dlogits.data<float>());
+  if (dlogits.dtype() == DType::kBF16)
+    launch(static_cast<bf16*>(dlogits.raw_data()));
+  else
+    launch(dlogits.data<float>());
 }
 
 // ---- token permutation ----
@@ -637,8 +637,8 @@ void copy_row_blocks(const Tensor& out, const Tensor& in, const std::vector<RowB
     if (count == 0) return;
     const int64_t tiles = (longest + kCopyTileBytes - 1) / kCopyTileBytes;
     const auto x = static_cast<unsigned>(std::min<int64_t>(tiles, 1024));
-    copy_blocks_kernel<<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, stream()>>>(
-        dst, src, b, vec);
+    copy_blocks_kernel<<<dim3(x, static_cast<unsigned>(count)), kThreads, 0, stream()>>>(dst, src,
+                                                                                         b, vec);
     TANDEM_CUDA_CHECK_LAUNCH();
     count = 0;
     longest = 0;

@@ -39,7 +39,7 @@ __global__ void __launch_bounds__(kThreads)
   int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
   if (row >= n) return;  // no barriers below
   // Lane l holds groups of 8 l + 32 m (m < kCache), which cover the row.
-  auto load_row = [&](int64_t r, uint4 (&raw)[kCache]) {
+  auto load_row = [&](int64_t r, uint4(&raw)[kCache]) {
 #pragma unroll
     for (int m = 0; m < kCache; ++m) {
       const int64_t c = lane + 32 * m;
@@ -124,7 +124,7 @@ __global__ void __launch_bounds__(kThreads)
   ss = warp_sum(ss);
   const float rs = 1.0f / sqrtf(ss / static_cast<float>(h) + eps);
   if (lane == 0) rstd[row] = rs;
-  auto finish = [&](int64_t c, const float (&v)[kVec]) {
+  auto finish = [&](int64_t c, const float(&v)[kVec]) {
     float gv[kVec], out[kVec];
     load_vec(g + c * kVec, gv);
 #pragma unroll
@@ -282,8 +282,10 @@ __global__ void __launch_bounds__(kThreads, 2)
         store_vec(a.dx + row * a.h + c * kVec, d);
       }
     }
-    if (kPrefetch) cur = next;
-    else if (more) load_row(row + stride, cur);
+    if (kPrefetch)
+      cur = next;
+    else if (more)
+      load_row(row + stride, cur);
   }
 #pragma unroll
   for (int m = 0; m < kCache; ++m) {
@@ -321,8 +323,8 @@ __global__ void __launch_bounds__(kThreads)
     }
   }
   // Pass 2 of one group: dx and this thread's dg columns.
-  auto finish = [&](int64_t c, int64_t row, const float (&dyv)[kVec], const float (&xv)[kVec],
-                    const float (&gv)[kVec], float rs, float coef) {
+  auto finish = [&](int64_t c, int64_t row, const float(&dyv)[kVec], const float(&xv)[kVec],
+                    const float(&gv)[kVec], float rs, float coef) {
     float d[kVec], old[kVec];
     bf16* dxp = a.dx + row * a.h + c * kVec;
     if (a.add) load_vec(dxp, old);
@@ -501,10 +503,10 @@ struct BackwardLaunch {
     allow_shared(kernel, static_cast<size_t>(shared_bytes));
     const int64_t n = args.n, h = args.h, sms = tandem::cuda::multiprocessor_count();
     // Warp per row: one wave. Block per row: several rows a block, the partials small next to dx.
-    const int64_t wanted =
-        warp_rows ? resident_blocks(kernel, threads, static_cast<size_t>(shared_bytes),
-                                    (n + kRowsPerBlock - 1) / kRowsPerBlock)
-                  : std::min((n + 3) / 4, std::min(32, 2048 / threads) * sms);
+    const int64_t wanted = warp_rows
+                               ? resident_blocks(kernel, threads, static_cast<size_t>(shared_bytes),
+                                                 (n + kRowsPerBlock - 1) / kRowsPerBlock)
+                               : std::min((n + 3) / 4, std::min(32, 2048 / threads) * sms);
     const int64_t fit = static_cast<int64_t>(tandem::cuda::cublaslt_workspace_bytes()) /
                         (h * int64_t{sizeof(float)});
     const int64_t blocks = std::max<int64_t>(1, std::min(wanted, fit));
@@ -544,19 +546,27 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
     const TG* pg = static_cast<const TG*>(g.raw_data());
     // A block per 8 rows, or (warp kernels) one wave of blocks striding over them.
     auto launch = [&](auto kernel, bool one_wave) {
-      const int64_t blocks = one_wave ? resident_blocks(kernel, kThreads, 0, row_blocks)
-                                      : row_blocks;
+      const int64_t blocks =
+          one_wave ? resident_blocks(kernel, kThreads, 0, row_blocks) : row_blocks;
       kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(py, pr, px, pg, n, h, e);
       TANDEM_CUDA_CHECK_LAUNCH();
     };
-    if (!vec) launch(rmsnorm_forward_scalar_kernel<TG>, false);
-    else if (lane_groups <= 1) launch(rmsnorm_forward_warp_kernel<TG, 1>, true);
-    else if (lane_groups <= 2) launch(rmsnorm_forward_warp_kernel<TG, 2>, true);
-    else if (lane_groups <= 3) launch(rmsnorm_forward_warp_kernel<TG, 3>, true);
-    else if (lane_groups <= kMaxWarpCache) launch(rmsnorm_forward_warp_kernel<TG, 4>, true);
-    else if (lane_groups <= 8) launch(rmsnorm_forward_vec_kernel<TG, 8>, false);
-    else if (lane_groups <= 16) launch(rmsnorm_forward_vec_kernel<TG, 16>, false);
-    else launch(rmsnorm_forward_vec_kernel<TG, 0>, false);
+    if (!vec)
+      launch(rmsnorm_forward_scalar_kernel<TG>, false);
+    else if (lane_groups <= 1)
+      launch(rmsnorm_forward_warp_kernel<TG, 1>, true);
+    else if (lane_groups <= 2)
+      launch(rmsnorm_forward_warp_kernel<TG, 2>, true);
+    else if (lane_groups <= 3)
+      launch(rmsnorm_forward_warp_kernel<TG, 3>, true);
+    else if (lane_groups <= kMaxWarpCache)
+      launch(rmsnorm_forward_warp_kernel<TG, 4>, true);
+    else if (lane_groups <= 8)
+      launch(rmsnorm_forward_vec_kernel<TG, 8>, false);
+    else if (lane_groups <= 16)
+      launch(rmsnorm_forward_vec_kernel<TG, 16>, false);
+    else
+      launch(rmsnorm_forward_vec_kernel<TG, 0>, false);
   });
 }
 
@@ -597,15 +607,24 @@ void rmsnorm_backward(const Tensor& dx, const Tensor& dg, const Tensor& dy, cons
   dispatch_act(g.dtype(), [&](auto tg) {
     using TG = typename decltype(tg)::type;
     const TG* pg = static_cast<const TG*>(g.raw_data());
-    if (!vec) l.run(rmsnorm_backward_scalar_kernel<TG>, pg);
-    else if (l.warp_rows && lane_groups <= 1) l.run(rmsnorm_backward_warp_kernel<TG, 1, true>, pg);
-    else if (l.warp_rows && lane_groups <= 2) l.run(rmsnorm_backward_warp_kernel<TG, 2, true>, pg);
-    else if (l.warp_rows && lane_groups <= 3) l.run(rmsnorm_backward_warp_kernel<TG, 3, true>, pg);
-    else if (l.warp_rows) l.run(rmsnorm_backward_warp_kernel<TG, kMaxWarpCache, false>, pg);
-    else if (per_thread <= 1) l.run(rmsnorm_backward_vec_kernel<TG, 1>, pg);
-    else if (per_thread <= 2) l.run(rmsnorm_backward_vec_kernel<TG, 2>, pg);
-    else if (per_thread <= 4) l.run(rmsnorm_backward_vec_kernel<TG, 4>, pg);
-    else l.run(rmsnorm_backward_vec_kernel<TG, 0>, pg);
+    if (!vec)
+      l.run(rmsnorm_backward_scalar_kernel<TG>, pg);
+    else if (l.warp_rows && lane_groups <= 1)
+      l.run(rmsnorm_backward_warp_kernel<TG, 1, true>, pg);
+    else if (l.warp_rows && lane_groups <= 2)
+      l.run(rmsnorm_backward_warp_kernel<TG, 2, true>, pg);
+    else if (l.warp_rows && lane_groups <= 3)
+      l.run(rmsnorm_backward_warp_kernel<TG, 3, true>, pg);
+    else if (l.warp_rows)
+      l.run(rmsnorm_backward_warp_kernel<TG, kMaxWarpCache, false>, pg);
+    else if (per_thread <= 1)
+      l.run(rmsnorm_backward_vec_kernel<TG, 1>, pg);
+    else if (per_thread <= 2)
+      l.run(rmsnorm_backward_vec_kernel<TG, 2>, pg);
+    else if (per_thread <= 4)
+      l.run(rmsnorm_backward_vec_kernel<TG, 4>, pg);
+    else
+      l.run(rmsnorm_backward_vec_kernel<TG, 0>, pg);
   });
 }
 

@@ -44,8 +44,8 @@ struct RopeArgs {
   RopeTensor t[2];  // q, then k (or one tensor and an absent one)
   int64_t n, seq;
   int head_dim;
-  int rows;    // rows per block; rows * D / 2 <= kRopeTable
-  float sign;  // 1: rotate by +angle (forward); -1: by -angle (backward)
+  int rows;                          // rows per block; rows * D / 2 <= kRopeTable
+  float sign;                        // 1: rotate by +angle (forward); -1: by -angle (backward)
   double inv_freq[kMaxHeadDim / 2];  // rope_inv_freq, i < D / 2, formed on the host
 };
 
@@ -111,8 +111,10 @@ __global__ void __launch_bounds__(kThreads, 4) rope_kernel(const __grid_constant
     for (int m = 0; m < kRopeItems; ++m) {
       if (first + threadIdx.x + kThreads * m < items) {
         float x1[kV], x2[kV], o1[kV], o2[kV];
-        if constexpr (kV == kVec) unpack8(u1[m], x1), unpack8(u2[m], x2);
-        else x1[0] = __bfloat162float(u1[m]), x2[0] = __bfloat162float(u2[m]);
+        if constexpr (kV == kVec)
+          unpack8(u1[m], x1), unpack8(u2[m], x2);
+        else
+          x1[0] = __bfloat162float(u1[m]), x2[0] = __bfloat162float(u2[m]);
 #pragma unroll
         for (int e = 0; e < kV; ++e) {
           const float2 c = table[cs[m] + e];
@@ -163,8 +165,10 @@ void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_
   std::copy(inv_freq.begin(), inv_freq.end(), a.inv_freq);
   const int64_t blocks = (n + a.rows - 1) / a.rows;
   TANDEM_CHECK(blocks < (int64_t{1} << 31), op, ": ", n, " rows are too many");
-  if (vec) rope_kernel<kVec><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(a);
-  else rope_kernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(a);
+  if (vec)
+    rope_kernel<kVec><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(a);
+  else
+    rope_kernel<1><<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(a);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -200,8 +204,8 @@ void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t head
   rope_apply("rope_backward", dx, dy, seq, heads, head_dim, rope, -1.0f);
 }
 
-void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                     int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
+void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads,
+                     int64_t head_dim, const RopeSpec& rope) {
   rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0f);
 }
 

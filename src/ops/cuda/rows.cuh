@@ -165,8 +165,8 @@ class RowLosses {
       const std::vector<int64_t> words = read.take_as<int64_t>();
       LossStatus host{};
       std::memcpy(&host, words.data(), sizeof(host));
-      TANDEM_CHECK(host.bad_row == ~0u, op, ": target ", host.bad_target, " at row ",
-                   host.bad_row, " is outside [0, ", v, ")");
+      TANDEM_CHECK(host.bad_row == ~0u, op, ": target ", host.bad_target, " at row ", host.bad_row,
+                   " is outside [0, ", v, ")");
       return host.loss;
     });
   }
