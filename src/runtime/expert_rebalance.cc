@@ -5,7 +5,7 @@
 // their expert gradients keep meaning the same expert). The move is one all-to-all of the expert
 // group per MoE layer and buffer (master weights, exp_avg, exp_avg_sq): an expert's three
 // matrices are adjacent in the flat buffers and every expert has the same size, so an expert is
-// one row of B = 3 F H elements, and the places keep their offsets (Parameters::set_placement).
+// one row of B = 3 Fe H elements, and the places keep their offsets (Parameters::set_placement).
 // Rows travel to each peer in the order of their new places, which both sides know. Gradients are
 // not moved: the next step zeroes them first. The bf16 compute copy is formed again after.
 #include "runtime/expert_rebalance.h"
@@ -21,20 +21,27 @@ constexpr double kMinGain = 0.05;
 
 std::vector<ExpertBlock> expert_blocks(const model::Parameters& params) {
   const model::ChunkSpec& spec = params.spec();
-  const int64_t el = spec.expert_end - spec.expert_begin;
+  const ModelConfig& m = params.config();
   std::vector<ExpertBlock> out;
-  // The first matrix (w1) of each local expert, in place order within each layer.
+  // Each local expert is three adjacent expert entries (gate, up, down), in place order within
+  // each MoE layer (model/parameters.cc); its block starts at the first.
+  int64_t in_expert = 0, layer = -1, place = 0;
   for (const model::ParamEntry& x : params.entries()) {
-    if (x.shard != model::ParamShard::kExpert || !x.name.ends_with(".w1.weight")) continue;
-    const auto i = static_cast<int64_t>(out.size());
-    const int64_t layer = spec.layer_begin + i / el;
-    out.push_back({layer, spec.placement.expert_at(layer, spec.expert_begin + i % el), x.offset});
+    if (x.shard != model::ParamShard::kExpert) continue;
+    if (in_expert++ % 3 != 0) continue;
+    const int64_t l = std::stoll(x.name.substr(std::string("model.layers.").size()));
+    place = l == layer ? place + 1 : spec.expert_begin;
+    layer = l;
+    out.push_back({layer, spec.placement.expert_at(layer, place), x.offset});
   }
-  TANDEM_ASSERT(static_cast<int64_t>(out.size()) == (spec.layer_end - spec.layer_begin) * el);
+  int64_t moe_layers = 0;
+  for (int64_t l = spec.layer_begin; l < spec.layer_end; ++l) moe_layers += m.is_moe_layer(l);
+  TANDEM_ASSERT(static_cast<int64_t>(out.size()) ==
+                moe_layers * (spec.expert_end - spec.expert_begin));
   return out;
 }
 
-int64_t expert_block_numel(const ModelConfig& m) { return 3 * m.ffn_hidden_size * m.hidden_size; }
+int64_t expert_block_numel(const ModelConfig& m) { return 3 * m.expert_ffn_size() * m.hidden_size; }
 
 ExpertRebalancer::ExpertRebalancer(const ModelConfig& m, const TrainConfig& t, Groups& groups)
     : model_(m), every_(t.rebalance_experts), groups_(&groups) {
@@ -107,6 +114,7 @@ void ExpertRebalancer::after_step(int64_t iteration, std::vector<StageRuntime>& 
   Rebalance r;
   double before = 0, after = 0, mean = 0;
   for (int64_t l = 0; l < model_.num_layers; ++l) {
+    if (!model_.is_moe_layer(l)) continue;  // no experts to lay out
     std::vector<int32_t> now(static_cast<size_t>(e));
     for (int64_t p = 0; p < e; ++p) now[static_cast<size_t>(p)] = placed.expert_at(l, p);
     const int64_t* layer_load = load.data<int64_t>() + l * e;
@@ -183,6 +191,11 @@ int64_t ExpertRebalancer::move_experts(const model::ExpertPlacement& to,
       const int64_t layer = spec.layer_begin + l;
       const std::vector<int32_t> was = spec.placement.places(layer, e);
       if (was == to.places(layer, e)) continue;  // the same on every rank of the group
+      TANDEM_ASSERT(model_.is_moe_layer(layer), "a move of dense layer ", layer);
+      const auto first = static_cast<int64_t>(
+          std::find_if(blocks.begin(), blocks.end(),
+                       [&](const ExpertBlock& b) { return b.layer == layer; }) -
+          blocks.begin());
       const LayerMove m = plan_move(was, to, layer, me, el, p);
       const auto sent = static_cast<int64_t>(m.send_from.size());
       const auto received = static_cast<int64_t>(m.recv_into.size());
@@ -192,7 +205,7 @@ int64_t ExpertRebalancer::move_experts(const model::ExpertPlacement& to,
                                         "experts.move.recv", buffers[0].device());
       for (const Tensor& flat : buffers) {
         auto row = [&](int64_t local) {
-          return flat.narrow_rows(blocks[static_cast<size_t>(l * el + local)].offset, block)
+          return flat.narrow_rows(blocks[static_cast<size_t>(first + local)].offset, block)
               .reshape({1, block});
         };
         // Every row leaves before any arrives, so places that trade on this rank are safe.

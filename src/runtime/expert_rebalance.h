@@ -38,7 +38,7 @@ struct ExpertBlock {
   int64_t layer, expert, offset;
 };
 std::vector<ExpertBlock> expert_blocks(const model::Parameters& params);
-int64_t expert_block_numel(const ModelConfig& m);  // w1, w3, w2: adjacent entries
+int64_t expert_block_numel(const ModelConfig& m);  // gate, up, down: adjacent entries
 
 class ExpertRebalancer {
  public:

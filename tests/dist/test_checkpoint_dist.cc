@@ -18,6 +18,7 @@
 
 #include "common/random_tokens.h"
 #include "dist_env.h"
+#include "model/tiny.h"
 #include "runtime/checkpoint_parallel.h"
 #include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
@@ -210,9 +211,17 @@ TEST(CheckpointDist, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
     t.clip_grad = 0.05;  // every step clips: the norm's last bit reaches the weights
     t.rebalance_experts = 1000;
     const schedule::Schedule sched = schedule::generate_schedule(kind, {pp, v, 4});
-    std::ostringstream what;
-    what << sched.name << " pp" << pp << " ep" << ep << " on " << world << " ranks";
-    expect_rebalanced_as_staying(m, t, sched, pp, ep, what.str());
+    // Mixtral's expert names; Qwen3-MoE's (other names, experts of their own width, dense
+    // layers that hold none); Qwen2-MoE's (a shared expert, which never moves).
+    for (const auto& [name, model] :
+         {std::pair<const char*, ModelConfig>{"mixtral", m},
+          {"qwen3-moe", testing::with_qwen3_options(m, "[0,1,1,1,1,0,1,1]")},
+          {"qwen2-moe", testing::with_qwen2_options(m)}}) {
+      std::ostringstream what;
+      what << name << " " << sched.name << " pp" << pp << " ep" << ep << " on " << world
+           << " ranks";
+      expect_rebalanced_as_staying(model, t, sched, pp, ep, what.str());
+    }
   }
 }
 
