@@ -2,8 +2,11 @@
 #include "model/parameters.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
+#include <thread>
 #include <unordered_map>
+#include <vector>
 
 #include "core/rng.h"
 #include "ops/ops.h"
@@ -250,10 +253,13 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
   return w;
 }
 
+// Elements [begin, end) of t: each element's value depends only on (key, index), so any split
+// of the work gives the same values.
 template <typename T>
-static void fill_init(const Tensor& t, uint64_t key, const ParamEntry& e) {
+static void fill_init(const Tensor& t, uint64_t key, const ParamEntry& e, int64_t begin,
+                      int64_t end) {
   T* p = t.data<T>();
-  for (int64_t i = 0; i < t.numel(); ++i) {
+  for (int64_t i = begin; i < end; ++i) {
     p[i] = e.kind == ParamKind::kNorm ? T(1)
            : e.kind == ParamKind::kBias
                ? T(0)
@@ -262,18 +268,43 @@ static void fill_init(const Tensor& t, uint64_t key, const ParamEntry& e) {
 }
 
 void Parameters::initialize(uint64_t seed) {
-  // Filled on the host (bitwise the same values on every device), then copied.
+  // Filled on the host (bitwise the same values on every device), then copied. A normal draw
+  // costs tens of nanoseconds, so a model of billions of parameters is filled by every core:
+  // pieces of up to kPiece elements handed out in order.
   const Tensor host = device_ == Device::kCPU ? flat_params_
                                               : Tensor::empty({total_}, dtype_, MemCategory::kOther,
                                                               "parameters.init", Device::kCPU);
+  struct Piece {
+    const ParamEntry* entry;
+    Tensor view;
+    uint64_t key;
+    int64_t begin, end;
+  };
+  constexpr int64_t kPiece = int64_t{1} << 20;
+  std::vector<Piece> pieces;
   for (const ParamEntry& e : entries_) {
     const uint64_t key = splitmix64(seed) ^ hash_name(e.name);
-    if (dtype_ == DType::kF32) {
-      fill_init<float>(view(host, e), key, e);
-    } else {
-      fill_init<double>(view(host, e), key, e);
-    }
+    const Tensor v = view(host, e);
+    for (int64_t b = 0; b < v.numel(); b += kPiece)
+      pieces.push_back({&e, v, key, b, std::min(v.numel(), b + kPiece)});
   }
+  std::atomic<size_t> next{0};
+  const auto work = [&] {
+    for (size_t i = next++; i < pieces.size(); i = next++) {
+      const Piece& p = pieces[i];
+      if (dtype_ == DType::kF32) {
+        fill_init<float>(p.view, p.key, *p.entry, p.begin, p.end);
+      } else {
+        fill_init<double>(p.view, p.key, *p.entry, p.begin, p.end);
+      }
+    }
+  };
+  const size_t threads =
+      std::min<size_t>(pieces.size(), std::max(1u, std::thread::hardware_concurrency()));
+  std::vector<std::thread> helpers;
+  for (size_t t = 1; t < threads; ++t) helpers.emplace_back(work);
+  work();
+  for (std::thread& h : helpers) h.join();
   if (device_ != Device::kCPU) flat_params_.copy_from(host);
   refresh_compute_copy();
   zero_grads();
