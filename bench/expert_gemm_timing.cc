@@ -233,7 +233,7 @@ int main(int argc, char** argv) {
   try {
     const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
     if (iters < 1) {
-      std::fprintf(stderr, "usage: expert_gemm_timing [iterations >= 1]\n");
+      std::fprintf(stderr, "usage: expert_gemm_timing [iterations >= 1] [c: shape (c) only]\n");
       return 2;
     }
     tandem::cuda::initialize(0);
@@ -248,9 +248,26 @@ int main(int argc, char** argv) {
         {"EP2 busier rank, hot last", {1245, 2700, 4100, 8200}},
         {"one GPU, even", std::vector<int64_t>(8, 1024)},
         {"one GPU, uneven", {1600, 700, 1350, 1266, 900, 1100, 300, 976}}};
-    for (const auto& [name, rows] : cases) {
-      bench_case(name, rows, 1024, 2 * 2816, iters, blas);  // gate and up
-      bench_case(name, rows, 2816, 1024, iters, blas);      // down
+    const bool only_c = argc > 2 && std::string(argv[2]) == "c";
+    if (!only_c) {
+      for (const auto& [name, rows] : cases) {
+        bench_case(name, rows, 1024, 2 * 2816, iters, blas);  // gate and up
+        bench_case(name, rows, 2816, 1024, iters, blas);      // down
+      }
+    }
+    // Shape (c): 128 experts of width 768, 32,768 routed rows (4,096 tokens, top-8), rows per
+    // expert as a uniform router deals them (a fixed draw) and as a skewed one.
+    for (const bool skewed : {false, true}) {
+      std::vector<int64_t> rows(128, 0);
+      uint64_t state = 12345;
+      for (int64_t i = 0; i < 32768; ++i) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        const double u = static_cast<double>(state >> 11) / 9007199254740992.0;
+        rows[static_cast<size_t>(skewed ? 128 * u * u : 128 * u)] += 1;
+      }
+      const char* name = skewed ? "shape (c), skewed" : "shape (c), uniform";
+      bench_case(name, rows, 2048, 2 * 768, iters, blas);  // gate and up
+      bench_case(name, rows, 768, 2048, iters, blas);      // down
     }
     CUBLAS_OK(cublasDestroy(blas));
     return 0;

@@ -107,16 +107,23 @@ for _ in range(3): a@b
 torch.cuda.synchronize();t=time.time()
 for _ in range(20): a@b
 torch.cuda.synchronize();print('bf16 matmul 8192^3 TFLOP/s', round(20*2*8192**3/(time.time()-t)/1e12,1))" | tee -a "$OUT/c.txt"
-      for v in "qwen3-attention" "head-dim-64"; do
-        SH="$SHAPE_C"; [ $v = head-dim-64 ] && SH="${SHAPE_C/--kv-channels 128 --qk-layernorm/}"
-        timeout 300 $B/tandem train --device cuda $SH --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/c_$v.jsonl --node-times-out /tmp/c_$v.nodes.json > /tmp/c_$v.log 2>&1
-        echo "tandem $v rc=$? $(summary /tmp/c_$v.jsonl)" | tee -a "$OUT/c.txt"; tail -2 /tmp/c_$v.log
+      for v in ${C_RUNS:-qwen3-attention head-dim-64}; do
+        SH="$SHAPE_C"; [[ $v =~ ^head-dim-64 ]] && SH="${SHAPE_C/--kv-channels 128 --qk-layernorm/}"
+        # NAME-lanesN: the experts' products on N lanes (Note [Lanes]); NAME-grouped=PHASES: the
+        # phases run as grouped calls (Note [Grouped expert products]; "none": all on lanes).
+        L=4; [[ $v =~ -lanes([0-9]+)$ ]] && L=${BASH_REMATCH[1]}
+        GR=""; [[ $v =~ -grouped=([a-z,]+)$ ]] && GR=${BASH_REMATCH[1]}
+        t0=$(date +%s)
+        TANDEM_EXPERT_GROUPED=$GR TANDEM_EXPERT_LANES=$L timeout 300 $B/tandem train --device cuda $SH --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/c_$v.jsonl --node-times-out /tmp/c_$v.nodes.json > /tmp/c_$v.log 2>&1
+        echo "tandem $v rc=$? ($(( $(date +%s) - t0 )) s) $(summary /tmp/c_$v.jsonl)" | tee -a "$OUT/c.txt"; tail -2 /tmp/c_$v.log
         python3 -c "
 import json;n=json.load(open('/tmp/c_$v.nodes.json'))['nodes']['experts']
 R,H,F=4096*8,2048,768;fl=6*R*H*F
-print('  experts node (per layer, micro-batch; 6 R H F FLOPs each phase): forward %.2f ms %.0f TFLOP/s, backward input %.2f ms %.0f TFLOP/s, weight %.2f ms %.0f TFLOP/s'%(n['forward']*1e3,fl/n['forward']/1e12,n['backward_input']*1e3,fl/n['backward_input']/1e12,n['backward_weight']*1e3,fl/n['backward_weight']/1e12))" 2>&1 | tee -a "$OUT/c.txt"
+print('  experts node (per layer, micro-batch; 6 R H F FLOPs each phase): forward %.2f ms %.0f TFLOP/s, backward input %.2f ms %.0f TFLOP/s, weight %.2f ms %.0f TFLOP/s'%(n['forward']*1e3,fl/n['forward']/1e12,n['backward_input']*1e3,fl/n['backward_input']/1e12,n['backward_weight']*1e3,fl/n['backward_weight']/1e12))
+for k,v in json.load(open('/tmp/c_$v.nodes.json'))['nodes'].items(): print('  node', k, ' '.join('%s %.3f ms'%(p,t*1e3) for p,t in v.items() if isinstance(t,(int,float))))" 2>&1 | tee -a "$OUT/c.txt"
       done
       cp /tmp/c_qwen3-attention.nodes.json "$OUT/c_nodes.json" 2>/dev/null
+      [ "${PEERS:-1}" = 0 ] && continue
       PSH="${SHAPE_C/--micro-batch-size 1/--micro-batch-size 1 --num-microbatches 8}"
       timeout 500 python3 devrun/torch_peer.py --mode single --compile $PSH --steps 6 --warmup-steps 3 2> /tmp/peer_c.err | grep RESULT | tee -a "$OUT/c.txt"; tail -2 /tmp/peer_c.err ;;
     fault)
@@ -390,7 +397,7 @@ PY
     expert-gemm)
       # The experts' products per expert, on lanes, rows balanced, cuBLAS grouped, as one
       # (bench/expert_gemm_timing.cc; stage bench/expert_gemm_timing).
-      timeout 200 $B/expert_gemm_timing 50 > "$OUT/expert_gemm.txt" 2>&1; echo "expert_gemm_timing rc=$?"; cat "$OUT/expert_gemm.txt" ;;
+      timeout 200 $B/expert_gemm_timing 50 ${EXPERT_GEMM_CASES:-} > "$OUT/expert_gemm.txt" 2>&1; echo "expert_gemm_timing rc=$?"; cat "$OUT/expert_gemm.txt" ;;
     attn)
       [ -x $B/attention_timing ] && timeout 120 $B/attention_timing > "$OUT/attn.log" 2>&1; cat "$OUT/attn.log" ;;
     bench-a) timeout 300 $B/gpu_train_bench $SHAPE_A --steps 10 --warmup-steps 3 2> "$OUT/bench_a.err" | tee -a "$OUT/results.jsonl"; tail -3 "$OUT/bench_a.err" ;;

@@ -45,10 +45,14 @@ static void for_each_expert_in_lanes(const Tensor& on, const std::vector<int32_t
 // gate_up and act of every local expert's rows: the products and SwiGLU of the forward.
 static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, const Tensor& gate_up,
                                const Tensor& act) {
-  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    ops::linear_forward(gate_up.narrow_rows(begin, rows), s.x_in.narrow_rows(begin, rows),
-                        w.e_gate_up[e]);
-  });
+  if (ops::grouped_expert_phase(ops::ExpertPhase::kForward)) {
+    ops::grouped_linear_forward(gate_up, s.x_in, w.e_gate_up, s.rows_host);
+  } else {
+    for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+      ops::linear_forward(gate_up.narrow_rows(begin, rows), s.x_in.narrow_rows(begin, rows),
+                          w.e_gate_up[e]);
+    });
+  }
   // Every expert's rows in one call (Note [One elementwise op for all experts]).
   if (s.x_in.size(0) > 0) ops::swiglu_forward(act, gate_up);
 }
@@ -87,6 +91,10 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
     s.act = act;
   }
   a.expert_out = work_tensor({r, h}, c.dtype, "expert_out");  // handed to combine
+  if (ops::grouped_expert_phase(ops::ExpertPhase::kForward)) {
+    ops::grouped_linear_forward(a.expert_out, act, w.e_down, s.rows_host);
+    return;
+  }
   for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_forward(a.expert_out.narrow_rows(begin, rows), act.narrow_rows(begin, rows),
                         w.e_down[e]);
@@ -109,16 +117,25 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   // Every row belongs to one local expert (experts_forward), so the products below write all
   // of d_expert_in.
   a.d_expert_in = work_tensor({r, h}, c.dtype, "d_expert_in");
-  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    ops::linear_backward_input(d_act.narrow_rows(begin, rows), s.d_y.narrow_rows(begin, rows),
-                               w.e_down[e]);
-  });
+  const bool grouped = ops::grouped_expert_phase(ops::ExpertPhase::kInput);
+  if (grouped) {
+    ops::grouped_linear_backward_input(d_act, s.d_y, w.e_down, s.rows_host);
+  } else {
+    for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+      ops::linear_backward_input(d_act.narrow_rows(begin, rows), s.d_y.narrow_rows(begin, rows),
+                                 w.e_down[e]);
+    });
+  }
   // Every expert's rows in one call (Note [One elementwise op for all experts]).
   if (r > 0) ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);
-  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    ops::linear_backward_input(a.d_expert_in.narrow_rows(begin, rows),
-                               s.d_gate_up.narrow_rows(begin, rows), w.e_gate_up[e]);
-  });
+  if (grouped) {
+    ops::grouped_linear_backward_input(a.d_expert_in, s.d_gate_up, w.e_gate_up, s.rows_host);
+  } else {
+    for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+      ops::linear_backward_input(a.d_expert_in.narrow_rows(begin, rows),
+                                 s.d_gate_up.narrow_rows(begin, rows), w.e_gate_up[e]);
+    });
+  }
   release_storage({&s.gate_up});  // x_in and act stay for the weight gradients
   if (c.recompute_experts) adopt_as_activation(s.act);
 }

@@ -1,6 +1,7 @@
 // The device dispatch of ops.h: each op runs on the device of its first tensor (the backend
 // checks that the others are there too). Written out from op_decls.inc, one function per op.
 #include <cstdlib>
+#include <string_view>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
@@ -62,6 +63,31 @@ void Lanes::run(int64_t piece, const std::function<void()>& fn) {
   fn();
 }
 
+bool grouped_expert_phase(ExpertPhase phase) {  // Note [Grouped expert products]
+  static const int phases = [] {
+    const char* text = std::getenv("TANDEM_EXPERT_GROUPED");
+    if (text == nullptr || *text == '\0') return 3;
+    int bits = 0;
+    std::string_view rest(text);
+    while (!rest.empty()) {
+      const size_t comma = rest.find(',');
+      const std::string_view name = rest.substr(0, comma);
+      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
+      if (name == "forward") {
+        bits |= static_cast<int>(ExpertPhase::kForward);
+      } else if (name == "input") {
+        bits |= static_cast<int>(ExpertPhase::kInput);
+      } else {
+        TANDEM_CHECK(name == "none", "TANDEM_EXPERT_GROUPED=", text,
+                     " is not a comma list of forward, input or none (Note [Grouped "
+                     "expert products] in ops.h)");
+      }
+    }
+    return bits;
+  }();
+  return (phases & static_cast<int>(phase)) != 0;
+}
+
 void Lanes::join() {
   joined_ = true;
 #if TANDEM_WITH_CUDA
@@ -116,6 +142,16 @@ void linear_backward_input(const Tensor& dx, const Tensor& dy, const Tensor& w, 
 
 void linear_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x, Accumulate acc) {
   TANDEM_OP(dw, linear_backward_weight, dw, dy, x, acc);
+}
+
+void grouped_linear_forward(const Tensor& y, const Tensor& x, const std::vector<Tensor>& w,
+                            const std::vector<int32_t>& rows) {
+  TANDEM_OP(y, grouped_linear_forward, y, x, w, rows);
+}
+
+void grouped_linear_backward_input(const Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w,
+                                   const std::vector<int32_t>& rows) {
+  TANDEM_OP(dx, grouped_linear_backward_input, dx, dy, w, rows);
 }
 
 void bias_forward(const Tensor& y, const Tensor& b) { TANDEM_OP(y, bias_forward, y, b); }

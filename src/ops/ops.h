@@ -11,6 +11,7 @@
 #include <functional>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "core/config.h"
 #include "core/host_read.h"
@@ -123,6 +124,19 @@ class Lanes {
   bool joined_ = false;
   unsigned forked_ = 0;  // bit l: side lane l waits for the fork point
 };
+
+// Note [Grouped expert products]: an experts node's products (one per local expert, each over
+// that expert's rows) run either as one piece each on Lanes or, on the GPU, as one cuBLAS grouped
+// call (cublasGemmGroupedBatchedEx, each expert its own group) per product: one launch instead of
+// one per expert, which is what fine-grained models need (128 experts of a few hundred rows
+// each: each product alone fills a fraction of the GPU and the host's launches pace the node).
+// The forward and input-gradient products do; the weight gradients stay on lanes: they add
+// into f32 gradients, and cuBLAS's grouped call takes no f32 output for bf16 operands.
+// TANDEM_EXPERT_GROUPED (a comma list of forward, input, or none) picks the phases, else both.
+// Values are the same products' up to the kernels' summation order.
+enum class ExpertPhase { kForward = 1, kInput = 2 };
+// Whether `phase` runs grouped; read once; throws tandem::Error naming a bad value.
+bool grouped_expert_phase(ExpertPhase phase);
 
 // sum_squares_start's value, waited for.
 inline double sum_squares(const Tensor& x) { return sum_squares_start(x).get(); }

@@ -233,6 +233,49 @@ TEST(CudaLinear, ForwardResidualMatchesCpuExactlyOnIntegers) {
   EXPECT_NE(err.find("'r'"), std::string::npos) << err;
 }
 
+// Note [Grouped expert products]: the grouped calls against the CPU's block-by-block products,
+// bit for bit on small integer operands (every summation order is exact), with experts without
+// rows and blocks of odd sizes; an f32 output is refused by name.
+TEST(CudaLinear, GroupedExpertProductsMatchCpuExactlyOnIntegers) {
+  const std::vector<int32_t> rows = {5, 0, 17, 3, 1};
+  const int64_t total = 26, in = 24, out = 40;
+  std::vector<Tensor> w_host, w_gpu;
+  for (size_t e = 0; e < rows.size(); ++e) {
+    w_host.push_back(integers_host({out, in}, 30 + e, 2));
+    w_gpu.push_back(to_gpu(w_host.back(), DType::kBF16));
+  }
+  const Tensor x = integers_host({total, in}, 21, 2), dy = integers_host({total, out}, 22, 2);
+  const auto equal = [](const Tensor& got_gpu, const Tensor& want, const std::string& what) {
+    const Tensor got = to_host_f32(got_gpu);
+    ASSERT_EQ(got.shape(), want.shape()) << what;
+    for (int64_t i = 0; i < want.numel(); ++i)
+      ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << what << " element " << i;
+  };
+  {
+    const DType dt = DType::kBF16;  // the grouped call's only output dtype
+    const Tensor y_ref = host_f32({total, out}), dx_ref = host_f32({total, in});
+    ops::grouped_linear_forward(y_ref, x, w_host, rows);
+    ops::grouped_linear_backward_input(dx_ref, dy, w_host, rows);
+    const Tensor y = to_gpu(integers_host({total, out}, 23, 5), dt);  // overwritten
+    const Tensor dx = to_gpu(integers_host({total, in}, 24, 5), dt);
+    ops::grouped_linear_forward(y, to_gpu(x, DType::kBF16), w_gpu, rows);
+    ops::grouped_linear_backward_input(dx, to_gpu(dy, DType::kBF16), w_gpu, rows);
+    equal(y, y_ref, std::string("forward ") + std::string(dtype_name(dt)));
+    equal(dx, dx_ref, std::string("input gradient ") + std::string(dtype_name(dt)));
+  }
+  const std::vector<int32_t> short_rows = {5, 0, 17, 3, 0};
+  const std::string err = error_of([&] {
+    ops::grouped_linear_forward(to_gpu(host_f32({total, out}), DType::kBF16),
+                                to_gpu(x, DType::kBF16), w_gpu, short_rows);
+  });
+  EXPECT_NE(err.find("sum to 25"), std::string::npos) << err;
+  const std::string f32 = error_of([&] {
+    ops::grouped_linear_forward(to_gpu(host_f32({total, out}), DType::kF32),
+                                to_gpu(x, DType::kBF16), w_gpu, rows);
+  });
+  EXPECT_NE(f32.find("'y'"), std::string::npos) << f32;
+}
+
 TEST(CudaLinear, RejectsWrongDtypesAndShapes) {
   const Tensor x32 = to_gpu(random_host({4, 3}, 1), DType::kF32);
   const Tensor w = to_gpu(random_host({5, 3}, 2), DType::kBF16);
