@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/addition.h"
@@ -209,26 +210,21 @@ void register_generate_command(CLI::App& app) {
                   "same length): the loss transformers computes with labels = input ids")
       ->excludes(prompt);
   sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate after --prompt")
+      ->check(decimal_number(FieldBound::kPositive, false))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub->add_option("--num-problems", o->num_problems, "Held-out addition problems to score")
+      ->check(decimal_number(FieldBound::kPositive, false))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  sub->add_option("--show", o->show, "How many of them to print")->check(CLI::NonNegativeNumber);
+  sub->add_option("--show", o->show, "How many of them to print")
+      ->check(decimal_number(FieldBound::kNonNegative, false));
   sub->add_option("--max-digits", o->max_digits, "Operand digits of the addition problems")
+      ->check(decimal_number(FieldBound::kPositive, false))
       ->check(CLI::Range(1, data::kAdditionMaxDigitsLimit));
   sub->add_option("--temperature", o->temperature, "Sampling temperature; 0 is greedy")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--seed", o->seed, "Seed of the problems and of sampling");
+      ->check(finite_number(FieldBound::kNonNegative));
+  sub->add_option("--seed", o->seed, "Seed of the problems and of sampling")
+      ->check(decimal_number(FieldBound::kAny, true));
   sub->callback([o] { run_generate(*o); });
-}
-
-void register_convert_command(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand(
-      "convert", "Turn a text file into an llm.c token file (bytes as uint16 tokens)");
-  auto in = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
-  sub->add_option("input", *in, "Text file to read")->required()->check(CLI::ExistingFile);
-  sub->add_option("output", *out, "Token file to write (replaced atomically)")->required();
-  sub->callback([in, out] { data::convert_text_to_tokens(*in, *out); });
 }
 
 }  // namespace tandem::cli
