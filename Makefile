@@ -1,8 +1,8 @@
 # tandem's front door. On a fresh Debian 12 machine, as root:
 #   make demo   trains the built-in demo model and shows what it learned
 #   make test   builds everything and runs every test (the GPU tests only with make test-gpu)
-#   make fuzz   builds the safetensors and data fuzzers with clang (build-fuzz/) and runs them for a bounded
-#               time (FUZZ_SECONDS)
+#   make fuzz   builds the safetensors and data fuzzers with clang (build-fuzz/) and runs each
+#               for a bounded time (FUZZ_SECONDS)
 # Each target first installs the Debian packages it needs that are missing.
 SHELL := /bin/bash
 .DEFAULT_GOAL := build

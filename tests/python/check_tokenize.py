@@ -34,7 +34,9 @@ MIN_BYTES = 1 << 20
 
 def python_docstrings():
     """Docstrings of the standard library's modules, classes and functions."""
-    for path in sorted(glob.glob(os.path.join(os.path.dirname(os.__file__), "*.py"))):
+    stdlib = os.path.dirname(os.__file__)
+    for path in sorted(glob.glob(os.path.join(stdlib, "*.py"))) + sorted(
+            glob.glob(os.path.join(stdlib, "*", "*.py"))):
         try:
             tree = ast.parse(open(path, encoding="utf-8").read())
         except (SyntaxError, UnicodeDecodeError, ValueError):
@@ -118,6 +120,9 @@ def main():
     os.makedirs(a.work, exist_ok=True)
     os.makedirs(a.out, exist_ok=True)
     paragraphs, size = real_text()
+    if size < MIN_BYTES:
+        print(f"corpus: only {size} bytes of text found; the check needs {MIN_BYTES}")
+        sys.exit(1)
     text_path = os.path.join(a.work, "corpus.txt")
     jsonl_path = os.path.join(a.work, "corpus.jsonl")
     with open(text_path, "w", encoding="utf-8") as f:
