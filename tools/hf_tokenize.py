@@ -12,7 +12,8 @@ with Tokenizer.encode(text) (the tokenizer's post-processor included, as transfo
 does).
 
 Output: the line "tandem-ids vocab_size=N eod_id=E" (E: the id of the tokenizer's end-of-text token,
--1 if it has none that this script knows), then one line of space-separated ids per document.
+the first of EOD_TOKENS it has, special tokens first; -1 if it has none), then one line of
+space-separated ids per document.
 Exit status 2 on bad input (the message names the file and line), 3 when the tokenizers package
 is missing.
 """
@@ -22,6 +23,17 @@ import sys
 
 # End-of-text tokens of common tokenizers, in the order they are looked for.
 EOD_TOKENS = ["</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>", "<|im_end|>", "[SEP]"]
+
+
+def end_of_text_id(tok):
+    """The first of EOD_TOKENS that the tokenizer has as a special token, else in its vocabulary."""
+    decoder = getattr(tok, "get_added_tokens_decoder", lambda: {})()
+    special = {t.content for t in decoder.values() if getattr(t, "special", False)}
+    for pool in (special, None):
+        for t in EOD_TOKENS:
+            if (pool is None or t in pool) and tok.token_to_id(t) is not None:
+                return tok.token_to_id(t)
+    return -1
 
 
 def documents(path, key):
@@ -67,7 +79,7 @@ def main():
     except Exception as e:  # the library raises its own exception types
         print(f"hf_tokenize.py: {args.tokenizer}: not a tokenizer.json ({e})", file=sys.stderr)
         sys.exit(2)
-    eod = next((tok.token_to_id(t) for t in EOD_TOKENS if tok.token_to_id(t) is not None), -1)
+    eod = end_of_text_id(tok)
     out = sys.stdout
     out.write(f"tandem-ids vocab_size={tok.get_vocab_size()} eod_id={eod}\n")
     batch = []

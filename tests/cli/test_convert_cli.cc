@@ -113,6 +113,48 @@ TEST(ConvertCli, JsonRecordsAndIdsFilesGiveTheSameFiles) {
   }
 }
 
+// tools/hf_tokenize.py run by tandem convert, with a stand-in for Python's tokenizers package
+// (this machine has none; SUITE=tok of bench/gpu_suite.sh runs the real one): its tokenizer looks
+// each white-space separated word up in the vocabulary of tokenizer.json. Oracle: the same rule
+// here, over the documents Note [Documents of a file] states.
+TEST(ConvertCli, HuggingFaceTokenizerThroughTheScript) {
+  TempDir dir;
+  fs::create_directories(dir.path() / "stub/tokenizers");
+  write_text(dir / "stub/tokenizers/__init__.py", R"(import json
+class _Encoding:
+    def __init__(self, ids): self.ids = ids
+class _Added:
+    def __init__(self, content): self.content, self.special = content, True
+class Tokenizer:
+    @staticmethod
+    def from_file(path):
+        t = Tokenizer()
+        t.vocab = json.load(open(path))["vocab"]
+        return t
+    def token_to_id(self, token): return self.vocab.get(token)
+    def get_vocab_size(self): return len(self.vocab)
+    def get_added_tokens_decoder(self): return {self.vocab["</s>"]: _Added("</s>")}
+    def encode_batch(self, texts): return [_Encoding([self.vocab[w] for w in t.split()]) for t in texts]
+)");
+  write_text(dir / "tokenizer.json",
+             R"({"vocab": {"<unk>": 0, "</s>": 1, "a": 2, "b": 3, "c": 4}})");
+  write_text(dir / "docs.txt", "a b c\n\n  \nc a\n");
+  write_text(dir / "docs.jsonl", "{\"body\": \"b\\nb a\"}\n{\"body\": \"c\"}\n");
+  const std::vector<std::string> env = {"PYTHONPATH=" + (dir.path() / "stub").string()};
+  TempDir capture;
+  RunResult r = run_tandem(
+      {"convert", "docs.txt", "text", "--tokenizer-model", "tokenizer.json", "--append-eod"},
+      dir.path(), capture.path(), env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(documents_of(dir / "text", 5),
+            (std::vector<std::vector<int32_t>>{{2, 3, 4, 1}, {4, 2, 1}}));
+  r = run_tandem({"convert", "docs.jsonl", "json", "--tokenizer-model", "tokenizer.json",
+                  "--json-keys", "body"},
+                 dir.path(), capture.path(), env);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(documents_of(dir / "json", 5), (std::vector<std::vector<int32_t>>{{3, 3, 2}, {4}}));
+}
+
 TEST(ConvertCli, WithoutATokenizerEveryByteIsAToken) {
   TempDir dir;
   write_text(dir / "t.txt", "abc\n");
