@@ -62,7 +62,7 @@ int as_count(int64_t n, const char* what) {
 // timeout the rank receives what has arrived and names each peer whose count is below its own:
 // that peer has stopped, hangs, or is still in an earlier operation. The cost is size - 1 empty
 // sends and a probe per collective (MPI sends them eagerly: the sender never waits).
-enum class WaitKind : uint8_t { kPointToPoint, kCollective };
+enum class WaitKind : uint8_t { kPointToPoint, kCollective, kSetUp };
 
 class MpiCommunicator final : public Communicator {
  public:
@@ -70,9 +70,11 @@ class MpiCommunicator final : public Communicator {
       : comm_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
     TANDEM_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     TANDEM_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-    TANDEM_MPI_CHECK(MPI_Comm_dup(comm_, &arrivals_));
     arrived_.assign(static_cast<size_t>(size_), 0);
     world_ranks_ = world_ranks_of(comm_, size_);
+    MPI_Request req;  // a collective too: bounded like the others (Note [Bounded waits])
+    TANDEM_MPI_CHECK(MPI_Comm_idup(comm_, &arrivals_, &req));
+    wait(req, "set-up of", -1, WaitKind::kSetUp);
   }
   ~MpiCommunicator() override {
     if (arrivals_ != MPI_COMM_NULL) {
@@ -293,10 +295,10 @@ void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer, WaitKind 
           "rank ", rank_, " (world rank ", world_ranks_[static_cast<size_t>(rank_)], ") of group '",
           name_, "': ", op, " ", peer >= 0 ? "rank " + std::to_string(peer) : "the group",
           " did not complete within ", timeout_s_, " s (--comm-timeout)");
-      if (kind == WaitKind::kPointToPoint) {
-        throw Error(detail::concat(head,
-                                   "; that rank has probably died, hung or diverged, or was "
-                                   "started with a different configuration"));
+      if (kind != WaitKind::kCollective) {
+        throw Error(detail::concat(head, "; ", peer >= 0 ? "that rank" : "a rank of the group",
+                                   " has probably died, hung or diverged, or was started with a "
+                                   "different configuration"));
       }
       // Note [Who did not arrive].
       const std::string missing = missing_ranks();
