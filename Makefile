@@ -11,7 +11,7 @@ APT_PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
   libtomlplusplus-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin \
   clang clang-format libclang-rt-14-dev libprotobuf-dev protobuf-compiler \
-  libsentencepiece-dev sentencepiece
+  libsentencepiece-dev
 JOBS ?= $(shell nproc)
 DEMO_DIR ?= demo-run
 FUZZ_SECONDS ?= 20

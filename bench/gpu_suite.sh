@@ -76,7 +76,8 @@ for s in $SUITE; do
       # tokenizers, every id of >= 1 MB of real text (tests/python/check_tokenize.py); needs no
       # GPU, only those packages. Writes the tokenizer.json it trained to $OUT (a fixture to
       # commit).
-      timeout 400 python3 tests/python/check_tokenize.py --tandem $B/tandem --work /tmp/tok --out "$OUT" 2>&1 | tee "$OUT/tok.txt" ;;
+      timeout 400 python3 tests/python/check_tokenize.py --tandem $B/tandem --work /tmp/tok --out "$OUT" 2> /tmp/tok.err | tee "$OUT/tok.txt"
+      grep -E -A8 "Traceback|Error" /tmp/tok.err | tail -20 ;;
     tb)
       # Validation and TensorBoard on the GPU: event files read back with tensorboard's own
       # reader (tests/python/check_tensorboard.py), and validation runs changing no training
