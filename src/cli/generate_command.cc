@@ -57,7 +57,8 @@ int32_t pick_token(const float* logits, int64_t vocab, double temperature, uint6
 std::string complete(const model::ModelChunk& chunk, const std::string& prompt, int64_t max_new,
                      int stop, const GenerateOptions& o, uint64_t stream) {
   const ModelConfig& cfg = chunk.params().config();
-  std::vector<int32_t> toks(prompt.begin(), prompt.end());
+  std::vector<int32_t> toks;
+  for (const unsigned char byte : prompt) toks.push_back(byte);  // 0..255, never negative
   std::string out;
   for (int64_t i = 0; i < max_new; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(toks.size()) - cfg.seq_length);
@@ -167,6 +168,14 @@ void run_generate(const GenerateOptions& o) {
     return;
   }
   if (!o.prompt.empty()) {
+    const int64_t vocab = params->config().vocab_size;
+    for (const unsigned char byte : o.prompt) {
+      TANDEM_CHECK(byte < vocab, "--prompt: its byte ", static_cast<int>(byte),
+                   " is no token of the model in ", o.load_dir, " (vocab size ", vocab,
+                   "): --prompt feeds bytes as tokens, so it needs a byte-level model (vocab "
+                   ">= 256) or text of bytes below ",
+                   vocab);
+    }
     std::cout << o.prompt << complete(chunk, o.prompt, o.max_new_tokens, -1, o, o.seed) << "\n";
     return;
   }

@@ -121,6 +121,15 @@ std::vector<BadInput> output_cases() {
   };
 }
 
+// A model of 100 tokens in ck100/ (for --prompt, which feeds bytes as tokens).
+void small_vocab_model(const fs::path& w) {
+  TempDir capture;
+  std::vector<std::string> args = small(
+      {"--vocab-size", "100", "--mock-data", "--train-iters", "1", "--save", "ck100", "--quiet"});
+  args.insert(args.begin(), "train");
+  ASSERT_EQ(run_tandem(args, w, capture.path()).exit_code, 0);
+}
+
 // Input checked before anything is written, wherever the bad part lies.
 std::vector<BadInput> late_cases() {
   std::vector<int> tokens(6000, 7);
@@ -131,6 +140,10 @@ std::vector<BadInput> late_cases() {
               "log.jsonl", "--save-interval", "1"}),
        {"t.bin", "token 5999", "has id 300", "--vocab-size"},
        file("t.bin", llmc(20240520, 1, 6000, tokens))},
+      on("generate", {"a prompt byte past the model's vocabulary",
+                      {"--load", "ck100", "--prompt", "zz"},
+                      {"--prompt", "byte 122", "vocab size 100"},
+                      small_vocab_model}),
       on("plan", {"a bad measured trace after plan's first output",
                   {"--write-schedule", "s.txt", "--measured-trace", "m.json"},
                   {"m.json"},
