@@ -144,7 +144,8 @@ def main():
     trained = os.path.join(a.work, "nfkc")
     spm.SentencePieceTrainer.train(input=text_path, model_prefix=trained, vocab_size=8000,
                                    model_type="unigram", normalization_rule_name="nmt_nfkc",
-                                   character_coverage=1.0, num_threads=4, hard_vocab_limit=False)
+                                   character_coverage=1.0, num_threads=4,
+                                   hard_vocab_limit=False)
     for name, model in [("sentencepiece fixture (BPE, byte fallback)",
                          os.path.join(ROOT, "tests/fixtures/tokenizers/spm.model")),
                         ("sentencepiece trained here (unigram, NFKC)", trained + ".model")]:
