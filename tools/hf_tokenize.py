@@ -5,11 +5,11 @@ Usage: python3 tools/hf_tokenize.py TOKENIZER_JSON INPUT [--json-keys KEY] > IDS
 
 `tandem convert INPUT OUTPUT --tokenizer-model tokenizer.json` runs this script and turns what it
 prints into the Megatron pair OUTPUT.bin/OUTPUT.idx; `tandem convert IDS OUTPUT` does the same with
-its saved output. Documents are split as tandem splits them (src/data/tokenizer.h, Note
-[Documents of a file]): one per line of a text file, one JSON object per line of a .json/.jsonl
+its saved output. Documents are split as tandem splits them
+(Note [Documents of a file] in src/data/tokenizer.h): one per line of a text file, one JSON object per line of a .json/.jsonl
 file (the string under KEY, default "text"); blank lines are no document. Each document is encoded
-with Tokenizer.encode(text) (the tokenizer's post-processor included, as transformers' tokenizer(text)
-does).
+with Tokenizer.encode(text) (the tokenizer's post-processor included, as transformers'
+tokenizer(text) does).
 
 Output: the line "tandem-ids vocab_size=N eod_id=E" (E: the id of the tokenizer's end-of-text token,
 the first of EOD_TOKENS it has, special tokens first; -1 if it has none), then one line of
