@@ -1,8 +1,8 @@
 # tandem's front door. On a fresh Debian 12 machine, as root:
 #   make demo   trains the built-in demo model and shows what it learned
 #   make test   builds everything and runs every test (the GPU tests only with make test-gpu)
-#   make fuzz   builds the safetensors fuzzer with clang (build-fuzz/) and runs it for a bounded
-#               time (FUZZ_SECONDS)
+#   make fuzz   builds the safetensors and data fuzzers with clang (build-fuzz/) and runs each
+#               for a bounded time (FUZZ_SECONDS)
 # Each target first installs the Debian packages it needs that are missing.
 SHELL := /bin/bash
 .DEFAULT_GOAL := build
@@ -10,7 +10,8 @@ SHELL := /bin/bash
 APT_PACKAGES := build-essential cmake ninja-build ccache pkg-config git \
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev libcli11-dev \
   libtomlplusplus-dev nlohmann-json3-dev libopenmpi-dev openmpi-bin \
-  clang clang-format libclang-rt-14-dev libprotobuf-dev protobuf-compiler
+  clang clang-format libclang-rt-14-dev libprotobuf-dev protobuf-compiler \
+  libsentencepiece-dev
 JOBS ?= $(shell nproc)
 DEMO_DIR ?= demo-run
 FUZZ_SECONDS ?= 20

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -71,6 +71,13 @@ for s in $SUITE; do
       grep -E "^(layer|dense|MoE|Qwen|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
       grep -h -B2 -A12 "Failure$" /tmp/test_cuda_*.log | head -80 ;;
+    tok)
+      # tandem convert with the model's own tokenizers against Python's sentencepiece and
+      # tokenizers, every id of >= 1 MB of real text (tests/python/check_tokenize.py); needs no
+      # GPU, only those packages. Writes the tokenizer.json it trained to $OUT (a fixture to
+      # commit).
+      timeout 400 python3 tests/python/check_tokenize.py --tandem $B/tandem --work /tmp/tok --out "$OUT" 2> /tmp/tok.err | tee "$OUT/tok.txt"
+      grep -E -A8 "Traceback|Error" /tmp/tok.err | tail -20 ;;
     tb)
       # Validation and TensorBoard on the GPU: event files read back with tensorboard's own
       # reader (tests/python/check_tensorboard.py), and validation runs changing no training

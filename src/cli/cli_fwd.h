@@ -5,4 +5,5 @@
 
 namespace CLI {
 class App;
+class Validator;
 }  // namespace CLI

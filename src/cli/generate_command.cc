@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/options.h"
 #include "core/error.h"
 #include "core/rng.h"
 #include "data/addition.h"
@@ -56,7 +57,8 @@ int32_t pick_token(const float* logits, int64_t vocab, double temperature, uint6
 std::string complete(const model::ModelChunk& chunk, const std::string& prompt, int64_t max_new,
                      int stop, const GenerateOptions& o, uint64_t stream) {
   const ModelConfig& cfg = chunk.params().config();
-  std::vector<int32_t> toks(prompt.begin(), prompt.end());
+  std::vector<int32_t> toks;
+  for (const unsigned char byte : prompt) toks.push_back(byte);  // 0..255, never negative
   std::string out;
   for (int64_t i = 0; i < max_new; ++i) {
     const int64_t start = std::max<int64_t>(0, static_cast<int64_t>(toks.size()) - cfg.seq_length);
@@ -166,6 +168,14 @@ void run_generate(const GenerateOptions& o) {
     return;
   }
   if (!o.prompt.empty()) {
+    const int64_t vocab = params->config().vocab_size;
+    for (const unsigned char byte : o.prompt) {
+      TANDEM_CHECK(byte < vocab, "--prompt: its byte ", static_cast<int>(byte),
+                   " is no token of the model in ", o.load_dir, " (vocab size ", vocab,
+                   "): --prompt feeds bytes as tokens, so it needs a byte-level model (vocab "
+                   ">= 256) or text of bytes below ",
+                   vocab);
+    }
     std::cout << o.prompt << complete(chunk, o.prompt, o.max_new_tokens, -1, o, o.seed) << "\n";
     return;
   }
@@ -209,26 +219,21 @@ void register_generate_command(CLI::App& app) {
                   "same length): the loss transformers computes with labels = input ids")
       ->excludes(prompt);
   sub->add_option("--max-new-tokens", o->max_new_tokens, "Tokens to generate after --prompt")
+      ->check(decimal_number(FieldBound::kPositive, false))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 20));
   sub->add_option("--num-problems", o->num_problems, "Held-out addition problems to score")
+      ->check(decimal_number(FieldBound::kPositive, false))
       ->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
-  sub->add_option("--show", o->show, "How many of them to print")->check(CLI::NonNegativeNumber);
+  sub->add_option("--show", o->show, "How many of them to print")
+      ->check(decimal_number(FieldBound::kNonNegative, false));
   sub->add_option("--max-digits", o->max_digits, "Operand digits of the addition problems")
+      ->check(decimal_number(FieldBound::kPositive, false))
       ->check(CLI::Range(1, data::kAdditionMaxDigitsLimit));
   sub->add_option("--temperature", o->temperature, "Sampling temperature; 0 is greedy")
-      ->check(CLI::NonNegativeNumber);
-  sub->add_option("--seed", o->seed, "Seed of the problems and of sampling");
+      ->check(finite_number(FieldBound::kNonNegative));
+  sub->add_option("--seed", o->seed, "Seed of the problems and of sampling")
+      ->check(decimal_number(FieldBound::kAny, true));
   sub->callback([o] { run_generate(*o); });
-}
-
-void register_convert_command(CLI::App& app) {
-  CLI::App* sub = app.add_subcommand(
-      "convert", "Turn a text file into an llm.c token file (bytes as uint16 tokens)");
-  auto in = std::make_shared<std::string>();
-  auto out = std::make_shared<std::string>();
-  sub->add_option("input", *in, "Text file to read")->required()->check(CLI::ExistingFile);
-  sub->add_option("output", *out, "Token file to write (replaced atomically)")->required();
-  sub->callback([in, out] { data::convert_text_to_tokens(*in, *out); });
 }
 
 }  // namespace tandem::cli

@@ -12,6 +12,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstring>
+#include <exception>
 #include <filesystem>
 #include <iomanip>
 #include <map>
@@ -19,6 +20,7 @@
 #include <optional>
 #include <set>
 #include <sstream>
+#include <string>
 #include <string_view>
 #include <variant>
 #include <vector>
@@ -397,6 +399,33 @@ std::string check_decimal(const std::string& s, Bound bound, bool is_unsigned) {
 
 }  // namespace
 
+CLI::Validator finite_number(FieldBound bound) {
+  const char* what = bound == Bound::kPositive      ? "a finite number > 0"
+                     : bound == Bound::kNonNegative ? "a finite number >= 0"
+                                                    : "a finite number";
+  return CLI::Validator(
+      [bound, what](std::string& s) -> std::string {
+        size_t used = 0;
+        double v = 0;
+        try {
+          v = std::stod(s, &used);
+        } catch (const std::exception&) {
+          used = 0;
+        }
+        const bool ok = used > 0 && used == s.size() && std::isfinite(v) &&
+                        (bound != Bound::kPositive || v > 0) &&
+                        (bound != Bound::kNonNegative || v >= 0);
+        return ok ? std::string() : s + " is invalid: it must be " + what;
+      },
+      "", "finite");
+}
+
+CLI::Validator decimal_number(FieldBound bound, bool is_unsigned) {
+  return CLI::Validator(
+      [bound, is_unsigned](std::string& s) { return check_decimal(s, bound, is_unsigned); }, "",
+      "decimal");
+}
+
 void add_run_options(CLI::App& app, RunOptions& opts) {
   for (const OptionSpec& spec : option_specs(opts)) {
     const std::string flag = "--" + spec.name;
@@ -411,12 +440,7 @@ void add_run_options(CLI::App& app, RunOptions& opts) {
                             CLI::Option* o = app.add_option(flag, *n, help);
                             using T = std::remove_pointer_t<decltype(n)>;
                             if constexpr (std::is_integral_v<T>) {
-                              const Bound bound = spec.bound;
-                              o->check(CLI::Validator(
-                                  [bound](std::string& s) {
-                                    return check_decimal(s, bound, std::is_unsigned_v<T>);
-                                  },
-                                  "", "decimal"));
+                              o->check(decimal_number(spec.bound, std::is_unsigned_v<T>));
                             }
                           }},
                spec.target);

@@ -67,6 +67,13 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
 // rank of a run must agree on (cli/train_common.cc's check).
 std::string canonical_options(const RunOptions& opts);
 
+// CLI11 checks for a subcommand's own numeric options, by the run options' rules: a float must be
+// finite (CLI11's PositiveNumber and NonNegativeNumber let nan and inf through) and within
+// `bound`; an integer is plain decimal, within its type and `bound`. The message names the value
+// and what is valid.
+CLI::Validator finite_number(FieldBound bound);
+CLI::Validator decimal_number(FieldBound bound, bool is_unsigned);
+
 // The model options of `model` as {"num-layers": 4, ...}, keyed by the option names of --help.
 nlohmann::json model_option_values(const ModelConfig& model);
 

@@ -1,6 +1,7 @@
 // The run's files, checked before anything is written (path_checks.h).
 #include "cli/path_checks.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -87,32 +88,41 @@ std::filesystem::path below(const std::filesystem::path& p, const std::filesyste
   return rel;
 }
 
-// Note [Outputs that are inputs]: a file the run writes must not be one it reads, nor one
-// another output writes, nor sit inside the checkpoint it loads or where --save puts its own
-// files (`latest`, the iter_NNNNNNN directories), checked before anything is written: a log
-// written onto the data file would truncate it, onto a shard of the loaded checkpoint corrupt it.
+// Whether `a` and `b` name one file (check_outputs).
+bool same_file(const std::string& a, const std::string& b) {
+  if (resolved(a) == resolved(b)) return true;
+  struct stat sa = {}, sb = {};
+  return ::stat(a.c_str(), &sa) == 0 && ::stat(b.c_str(), &sb) == 0 && sa.st_dev == sb.st_dev &&
+         sa.st_ino == sb.st_ino;
+}
+
+// A Megatron prefix names P.bin and P.idx; a file is read under its own name too.
+void add_data_reads(std::vector<NamedPath>& reads, const std::string& flag,
+                    const std::string& path) {
+  if (path.empty()) return;
+  for (const char* suffix : {"", ".bin", ".idx"}) reads.push_back({flag, path + suffix});
+}
+
+// Note [Outputs that are inputs]: a file a command writes must not be one it reads, nor one
+// another output writes, nor (train, eval) sit inside the checkpoint it loads or where --save
+// puts its own files (`latest`, the iter_NNNNNNN directories), checked before anything is
+// written: a log written onto the data file would truncate it, onto a shard of the loaded
+// checkpoint corrupt it; `tandem convert a a` would read a file it is replacing.
 void check_outputs_are_not_inputs(const RunOptions& o) {
-  std::vector<std::pair<std::string, std::filesystem::path>> reads;
-  if (!o.config_file.empty()) reads.push_back({"--config", resolved(o.config_file)});
-  if (!o.data_path.empty()) {
-    for (const char* suffix : {"", ".bin", ".idx"}) {
-      reads.push_back({"--data-path", resolved(o.data_path + suffix)});
-    }
-  }
+  std::vector<NamedPath> reads;
+  if (!o.config_file.empty()) reads.push_back({"--config", o.config_file});
+  add_data_reads(reads, "--data-path", o.data_path);
+  add_data_reads(reads, "--valid-data-path", o.valid_data_path);
+  const std::vector<NamedPath> writes = {{"--log-json", o.log_json},
+                                         {"--trace", o.trace_path},
+                                         {"--node-times-out", o.node_times_out},
+                                         {"--routing-out", o.routing_out}};
+  check_outputs(reads, writes);
   const std::filesystem::path load = o.load_dir.empty() ? "" : resolved(o.load_dir);
   const std::filesystem::path save = o.save_dir.empty() ? "" : resolved(o.save_dir);
-  std::vector<std::pair<std::string, std::filesystem::path>> writes;
-  for (const auto& [flag, path] :
-       {std::pair<const char*, const std::string&>{"--log-json", o.log_json},
-        {"--trace", o.trace_path},
-        {"--node-times-out", o.node_times_out},
-        {"--routing-out", o.routing_out}}) {
+  for (const auto& [flag, path] : writes) {
     if (path.empty()) continue;
     const std::filesystem::path out = resolved(path);
-    for (const auto& [input, in] : reads) {
-      TANDEM_CHECK(out != in, flag, " ", path, " is the file ", input, " reads (", in.string(),
-                   "): writing it would destroy the input; give another file");
-    }
     TANDEM_CHECK(load.empty() || below(out, load).empty(), flag, " ", path,
                  " lies inside the checkpoint --load reads (", load.string(),
                  "); write it elsewhere");
@@ -122,25 +132,33 @@ void check_outputs_are_not_inputs(const RunOptions& o) {
                                    first.rfind('.', 0) != 0),
                  flag, " ", path, " is where --save ", o.save_dir,
                  " writes its own files (latest, iter_NNNNNNN); give another name");
-    for (const auto& [other, prev] : writes) {
-      TANDEM_CHECK(out != prev, flag, " ", path, " and ", other,
-                   " name the same file; give each output its own");
-    }
-    writes.push_back({flag, out});
   }
 }
 
 }  // namespace
+
+void check_outputs(const std::vector<NamedPath>& reads, const std::vector<NamedPath>& writes) {
+  for (size_t w = 0; w < writes.size(); ++w) {
+    const auto& [flag, path] = writes[w];
+    if (path.empty()) continue;
+    for (const auto& [input, in] : reads) {
+      TANDEM_CHECK(in.empty() || !same_file(path, in), flag, " ", path, " is the file ", input,
+                   " reads (", in, "): writing it would destroy the input; give another file");
+    }
+    for (size_t v = 0; v < w; ++v) {
+      TANDEM_CHECK(writes[v].path.empty() || !same_file(path, writes[v].path), flag, " ", path,
+                   " and ", writes[v].flag, " ", writes[v].path,
+                   " name the same file; give each output its own");
+    }
+    check_output_parent(flag, path);
+  }
+}
 
 void check_paths(const RunOptions& o) {
   check_outputs_are_not_inputs(o);
   check_data_path(o);
   if (!o.load_dir.empty()) check_readable("--load", o.load_dir);
   check_save_dir(o.save_dir);
-  check_output_parent("--log-json", o.log_json);
-  check_output_parent("--trace", o.trace_path);
-  check_output_parent("--node-times-out", o.node_times_out);
-  check_output_parent("--routing-out", o.routing_out);
 }
 
 }  // namespace tandem::cli

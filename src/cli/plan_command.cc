@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "cli/options.h"
+#include "cli/path_checks.h"
 #include "cli/planned_run.h"
 #include "cli/progress.h"
 #include "cli/sizes.h"
@@ -48,7 +49,8 @@ struct PlanOptions {
 // "80GiB", "7.5GiB", "141e9", "512MB" -> bytes as a number (CLI11 transform); "" when valid.
 std::string size_in_bytes(std::string& text) {
   const std::optional<double> bytes = parse_size(text);
-  if (!bytes) return "'" + text + "' is not a size: use " + kSizeForms;
+  if (!bytes || *bytes >= 9e18)
+    return "'" + text + "' is not a size below 9e18 bytes: use " + kSizeForms;
   text = std::to_string(*bytes);
   return "";
 }
@@ -78,7 +80,7 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
       ->option_text("FILE");
   sub.add_option("--routing-rank", p.routing_rank,
                  "with --routing: the world rank whose pipeline is planned (default: 0)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(decimal_number(FieldBound::kNonNegative, false))
       ->option_text("RANK");
   sub.add_option("--svg", p.svg,
                  "write a Gantt chart with each rank's memory curve to FILE.svg (default: none)")
@@ -117,25 +119,25 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
                  "ranks included): divides --global-batch-size into micro-batches as training "
                  "does, and plans the gradient all-reduce over them (with --overlap-grad-reduce "
                  "beside the backward) (default: --expert-model-parallel-size)")
-      ->check(CLI::PositiveNumber)
+      ->check(decimal_number(FieldBound::kPositive, false))
       ->option_text("N");
   sub.add_option("--matrix-flops", p.device.matrix_flops_per_s,
                  "the device's matrix rate, flop/s (default: 7.9e14, about one H200 in bf16)")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_number(FieldBound::kPositive))
       ->option_text("FLOP/S");
   sub.add_option("--memory-bandwidth", p.device.memory_bytes_per_s,
                  "the device's memory bandwidth, bytes/s (default: 4.3e12)")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_number(FieldBound::kPositive))
       ->option_text("BYTES/S");
   sub.add_option("--link-bandwidth", p.device.link_bytes_per_s,
                  "per-GPU link bandwidth of all-to-all, pipeline messages and (unless the node "
                  "times measured it) the gradient all-reduce's bus, bytes/s (default: 3.5e11, "
                  "NVLink)")
-      ->check(CLI::PositiveNumber)
+      ->check(finite_number(FieldBound::kPositive))
       ->option_text("BYTES/S");
   sub.add_option("--link-latency", p.device.link_latency_s,
                  "latency of one message, seconds (default: 5e-6)")
-      ->check(CLI::NonNegativeNumber)
+      ->check(finite_number(FieldBound::kNonNegative))
       ->option_text("SECONDS");
 }
 
@@ -316,6 +318,14 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
 
 void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   finalize_run_options(app, o);
+  // Note [Outputs that are inputs]: every output checked before any is written.
+  check_outputs(
+      {{"--config", o.config_file},
+       {"--schedule-file", p.schedule_file},
+       {"--node-times", p.node_times},
+       {"--routing", p.routing},
+       {"--measured-trace", p.measured_trace}},
+      {{"--trace", o.trace_path}, {"--svg", p.svg}, {"--write-schedule", p.write_schedule}});
   const schedule::PlanRequest req = make_request(app, o, p);
   if (p.compare_schedules) {
     TANDEM_CHECK(p.schedule_file.empty() && p.svg.empty() && p.write_schedule.empty() &&
@@ -332,9 +342,6 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   plan.inputs = req.inputs;
   plan.model = schedule::build_pipeline_model(plan.schedule, req.inputs);
   plan.sim = schedule::simulate(plan.schedule, plan.model);
-  if (!p.write_schedule.empty()) {
-    write_text(p.write_schedule, schedule::format_schedule(plan.schedule), "schedule");
-  }
   // Note [Planned and measured on one chart] (schedule/trace_export.cc).
   const bool with_measured = !p.measured_trace.empty();
   const nlohmann::json measured =
@@ -344,6 +351,10 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   const std::map<int, double> measured_ends =
       with_measured ? schedule::measured_forward_backward(measured, p.measured_trace)
                     : std::map<int, double>();
+  // Every input is read and checked by now: the writes below only write.
+  if (!p.write_schedule.empty()) {
+    write_text(p.write_schedule, schedule::format_schedule(plan.schedule), "schedule");
+  }
   if (!o.trace_path.empty()) {
     if (with_measured) {
       write_text(o.trace_path, schedule::merged_trace_json(plan, measured), "trace");

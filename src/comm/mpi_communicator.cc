@@ -11,6 +11,7 @@
 #include <climits>
 #include <cstdlib>
 #include <thread>
+#include <vector>
 
 #include "core/error.h"
 
@@ -53,14 +54,33 @@ int as_count(int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
+// Note [Who did not arrive]: when a collective times out, the message names the ranks that never
+// reached it, not only the group. Each rank, as it enters a collective, sends every other rank of
+// the group an empty message on a duplicate of the group's communicator (so it matches nothing
+// else), and counts the ones it receives from each peer; MPI keeps one sender's messages in
+// order, so a peer's count is the number of the group's collectives it has entered. On a
+// timeout the rank receives what has arrived and names each peer whose count is below its own:
+// that peer has stopped, hangs, or is still in an earlier operation. The cost is size - 1 empty
+// sends and a probe per collective (MPI sends them eagerly: the sender never waits).
+enum class WaitKind : uint8_t { kPointToPoint, kCollective, kSetUp };
+
 class MpiCommunicator final : public Communicator {
  public:
   MpiCommunicator(MPI_Comm comm, std::string name, double timeout_s)
       : comm_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
     TANDEM_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     TANDEM_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+    arrived_.assign(static_cast<size_t>(size_), 0);
+    world_ranks_ = world_ranks_of(comm_, size_);
+    MPI_Request req;  // a collective too: bounded like the others (Note [Bounded waits])
+    TANDEM_MPI_CHECK(MPI_Comm_idup(comm_, &arrivals_, &req));
+    wait(req, "set-up of", -1, WaitKind::kSetUp);
   }
   ~MpiCommunicator() override {
+    if (arrivals_ != MPI_COMM_NULL) {
+      receive_arrivals();
+      MPI_Comm_free(&arrivals_);
+    }
     if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
@@ -105,48 +125,54 @@ class MpiCommunicator final : public Communicator {
     static float dummy = 0;  // MPI wants a valid pointer even for zero-sized buffers
     void* sbuf = in.numel() ? in.raw_data() : &dummy;
     void* rbuf = out.numel() ? out.raw_data() : &dummy;
+    arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ialltoallv(sbuf, sc.data(), sd.data(), mpi_type(in.dtype()), rbuf,
                                     rc.data(), rd.data(), mpi_type(in.dtype()), comm_, &req));
-    wait(req, "all-to-all in", -1);
+    wait(req, "all-to-all in", -1, WaitKind::kCollective);
   }
 
   void all_reduce_sum(const Tensor& t) override {
+    arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), as_count(t.numel(), "all_reduce"),
                                     mpi_type(t.dtype()), MPI_SUM, comm_, &req));
-    wait(req, "all-reduce in", -1);
+    wait(req, "all-reduce in", -1, WaitKind::kCollective);
   }
 
   void reduce_scatter_sum(const Tensor& out, const Tensor& in) override {
     TANDEM_ASSERT(out.numel() * size_ == in.numel());
+    arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(),
                                                as_count(out.numel(), "reduce_scatter"),
                                                mpi_type(in.dtype()), MPI_SUM, comm_, &req));
-    wait(req, "reduce-scatter in", -1);
+    wait(req, "reduce-scatter in", -1, WaitKind::kCollective);
   }
 
   void all_gather(const Tensor& out, const Tensor& in) override {
     TANDEM_ASSERT(out.numel() == in.numel() * size_);
+    arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Iallgather(
         in.raw_data(), as_count(in.numel(), "all_gather"), mpi_type(in.dtype()), out.raw_data(),
         as_count(in.numel(), "all_gather"), mpi_type(in.dtype()), comm_, &req));
-    wait(req, "all-gather in", -1);
+    wait(req, "all-gather in", -1, WaitKind::kCollective);
   }
 
   void broadcast(const Tensor& t, int root) override {
+    arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ibcast(t.raw_data(), as_count(t.numel(), "broadcast"), mpi_type(t.dtype()),
                                 root, comm_, &req));
-    wait(req, "broadcast from", root);
+    wait(req, "broadcast from", root, WaitKind::kCollective);
   }
 
   void barrier() override {
+    arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ibarrier(comm_, &req));
-    wait(req, "barrier in", -1);
+    wait(req, "barrier in", -1, WaitKind::kCollective);
   }
 
   std::vector<std::string> all_gather_bytes(const std::string& mine) override;
@@ -155,12 +181,22 @@ class MpiCommunicator final : public Communicator {
 
  private:
   friend class MpiPendingSend;
-  void wait(MPI_Request& req, const char* op, int peer);
+  void wait(MPI_Request& req, const char* op, int peer, WaitKind kind = WaitKind::kPointToPoint);
+  // Note [Who did not arrive]: announces this rank's next collective; counts peers' arrivals.
+  void arrive();
+  void receive_arrivals();
+  // "rank 2 (world rank 5)" for each peer that has not entered this rank's latest collective.
+  std::string missing_ranks();
+  static std::vector<int> world_ranks_of(MPI_Comm comm, int size);
 
   MPI_Comm comm_;
+  MPI_Comm arrivals_ = MPI_COMM_NULL;
   std::string name_;
   double timeout_s_;
   int rank_ = 0, size_ = 1;
+  int64_t entered_ = 0;           // collectives this rank has entered
+  std::vector<int64_t> arrived_;  // of each peer: collectives it has announced to this rank
+  std::vector<int> world_ranks_;  // of each group rank
 };
 
 class MpiPendingSend final : public PendingSend {
@@ -195,7 +231,57 @@ std::unique_ptr<PendingSend> MpiCommunicator::isend(const Tensor& t, int peer, i
   return pending;
 }
 
-void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer) {
+std::vector<int> MpiCommunicator::world_ranks_of(MPI_Comm comm, int size) {
+  MPI_Group group, world;
+  TANDEM_MPI_CHECK(MPI_Comm_group(comm, &group));
+  TANDEM_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
+  std::vector<int> mine(static_cast<size_t>(size)), theirs(static_cast<size_t>(size));
+  for (int r = 0; r < size; ++r) mine[r] = r;
+  TANDEM_MPI_CHECK(MPI_Group_translate_ranks(group, size, mine.data(), world, theirs.data()));
+  MPI_Group_free(&group);
+  MPI_Group_free(&world);
+  return theirs;
+}
+
+constexpr int kArrivalTag = 1;
+
+void MpiCommunicator::arrive() {
+  static char empty = 0;  // an empty message reads nothing from its buffer
+  receive_arrivals();
+  ++entered_;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_) continue;
+    MPI_Request req;
+    TANDEM_MPI_CHECK(MPI_Isend(&empty, 0, MPI_CHAR, p, kArrivalTag, arrivals_, &req));
+    TANDEM_MPI_CHECK(MPI_Request_free(&req));  // completes on its own; nothing to keep alive
+  }
+}
+
+void MpiCommunicator::receive_arrivals() {
+  for (;;) {
+    int pending = 0;
+    MPI_Status status;
+    TANDEM_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kArrivalTag, arrivals_, &pending, &status));
+    if (!pending) return;
+    char empty = 0;
+    TANDEM_MPI_CHECK(MPI_Recv(&empty, 0, MPI_CHAR, status.MPI_SOURCE, kArrivalTag, arrivals_,
+                              MPI_STATUS_IGNORE));
+    ++arrived_[static_cast<size_t>(status.MPI_SOURCE)];
+  }
+}
+
+std::string MpiCommunicator::missing_ranks() {
+  receive_arrivals();
+  std::string missing;
+  for (int p = 0; p < size_; ++p) {
+    if (p == rank_ || arrived_[static_cast<size_t>(p)] >= entered_) continue;
+    missing += detail::concat(missing.empty() ? "" : ", ", "rank ", p, " (world rank ",
+                              world_ranks_[static_cast<size_t>(p)], ")");
+  }
+  return missing;
+}
+
+void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer, WaitKind kind) {
   using Clock = std::chrono::steady_clock;
   const auto start = Clock::now();
   auto pause = std::chrono::microseconds(1);
@@ -205,12 +291,22 @@ void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer) {
     if (done) return;
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (waited > timeout_s_) {
-      throw Error(
-          detail::concat("rank ", rank_, " of group '", name_, "': ", op, " ",
-                         peer >= 0 ? "rank " + std::to_string(peer) : "the group",
-                         " did not complete within ", timeout_s_,
-                         " s (--comm-timeout); another rank has probably died, diverged or was "
-                         "started with a different configuration"));
+      const std::string head = detail::concat(
+          "rank ", rank_, " (world rank ", world_ranks_[static_cast<size_t>(rank_)], ") of group '",
+          name_, "': ", op, " ", peer >= 0 ? "rank " + std::to_string(peer) : "the group",
+          " did not complete within ", timeout_s_, " s (--comm-timeout)");
+      if (kind != WaitKind::kCollective) {
+        throw Error(detail::concat(head, "; ", peer >= 0 ? "that rank" : "a rank of the group",
+                                   " has probably died, hung or diverged, or was started with a "
+                                   "different configuration"));
+      }
+      // Note [Who did not arrive].
+      const std::string missing = missing_ranks();
+      throw Error(detail::concat(
+          head, "; ",
+          missing.empty()
+              ? "every rank of the group entered it, so one stopped inside it"
+              : "not arrived: " + missing + " (stopped, hung, or still in an earlier operation)"));
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(500));
@@ -230,10 +326,11 @@ std::vector<std::string> MpiCommunicator::all_gather_bytes(const std::string& mi
     total += counts[p];
   }
   std::string all(static_cast<size_t>(std::max(total, 1)), '\0');
+  arrive();
   MPI_Request req;
   TANDEM_MPI_CHECK(MPI_Iallgatherv(mine.data(), counts[rank_], MPI_CHAR, all.data(), counts.data(),
                                    displs.data(), MPI_CHAR, comm_, &req));
-  wait(req, "all-gather in", -1);
+  wait(req, "all-gather in", -1, WaitKind::kCollective);
   std::vector<std::string> out;
   for (int p = 0; p < size_; ++p) out.push_back(all.substr(displs[p], counts[p]));
   return out;

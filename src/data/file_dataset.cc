@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <cstring>
+#include <limits>
+#include <vector>
 
 #include "core/error.h"
 #include "data/random.h"
@@ -139,6 +141,66 @@ void FileTokenDataset::read_tokens(int64_t start, int32_t* out, int64_t length) 
   }
 }
 
+// Note [Token ids checked up front]: a data set checks every token id of its file against the
+// vocabulary when it is opened, before training starts. Checked only as samples were read, a bad
+// id late in the file stopped the run after checkpoints and log lines had been written. The
+// check is one pass over the mapped file, a comparison over chunks that the compiler vectorises:
+// it costs about one read of the file (from the page cache, memory speed; from disk, the
+// disk's), and nothing when the token type cannot hold an id outside the vocabulary (uint8 with
+// a vocabulary of 256 or more, uint16 with 65536 or more). Only a chunk with a bad id is read
+// again, token by token, to name its first bad one.
+namespace {
+
+// Whether any of the n ids at p lies outside [0, vocab). Each id is widened to int32 (a uint32
+// id of 2^31 or more wraps negative: outside too) and compared signed, which SSE2 has for 32-bit
+// lanes (unlike 16-bit unsigned min/max), so the loop vectorises on any x86-64.
+template <class T>
+bool any_outside(const unsigned char* p, int64_t n, int32_t vocab) {
+  int32_t outside = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    T v;
+    std::memcpy(&v, p + i * static_cast<int64_t>(sizeof(T)), sizeof(T));  // little-endian host
+    const auto id = static_cast<int32_t>(v);
+    outside |= static_cast<int32_t>(id < 0) | static_cast<int32_t>(id >= vocab);
+  }
+  return outside != 0;
+}
+
+}  // namespace
+
+void FileTokenDataset::check_token_ids() const {
+  const int64_t width = token_type_size(token_type_);
+  if (token_type_ == TokenType::kU8 && vocab_size_ >= 256) return;
+  if (token_type_ == TokenType::kU16 && vocab_size_ >= 65536) return;
+  const auto vocab =
+      static_cast<int32_t>(std::min<int64_t>(vocab_size_, std::numeric_limits<int32_t>::max()));
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  const unsigned char* base = file_->data() + data_offset_;
+  std::vector<int32_t> ids;
+  for (int64_t begin = 0; begin < num_tokens_; begin += kChunk) {
+    const int64_t n = std::min(kChunk, num_tokens_ - begin);
+    const unsigned char* p = base + begin * width;
+    bool outside = false;
+    switch (token_type_) {
+      case TokenType::kU8:
+        outside = any_outside<uint8_t>(p, n, vocab);
+        break;
+      case TokenType::kU16:
+        outside = any_outside<uint16_t>(p, n, vocab);
+        break;
+      case TokenType::kI32:
+        outside = any_outside<int32_t>(p, n, vocab);
+        break;
+      case TokenType::kU32:
+        outside = any_outside<uint32_t>(p, n, vocab);
+        break;
+    }
+    if (!outside) continue;
+    ids.resize(static_cast<size_t>(n));
+    read_tokens(begin, ids.data(), n);  // throws naming the first bad token
+  }
+}
+
 TextBytesDataset::TextBytesDataset(const std::string& path, int64_t vocab_size, uint64_t seed)
     : FileTokenDataset(path, "text file", vocab_size, seed) {
   set_layout(0, TokenType::kU8, file().size());
@@ -215,6 +277,7 @@ std::unique_ptr<FileTokenDataset> open_file_dataset(const std::string& path, Dat
   TANDEM_CHECK(ds->num_tokens() >= seq_plus_one, ds->describe(), " holds fewer tokens than one ",
                "sample of seq-length + 1 = ", seq_plus_one,
                "; use a longer file or a shorter --seq-length");
+  ds->check_token_ids();
   return ds;
 }
 

@@ -46,6 +46,9 @@ class FileTokenDataset : public Dataset {
   int64_t window_start(int64_t index, int64_t length) const;
   // Tokens [start, start + length) of the stream, each checked against the vocabulary.
   void read_tokens(int64_t start, int32_t* out, int64_t length) const;
+  // Every token of the file against the vocabulary (Note [Token ids checked up front]); throws
+  // tandem::Error naming the first bad one as read_tokens does.
+  void check_token_ids() const;
   uint64_t seed() const { return seed_; }
   // The documents the file records (a Megatron index does; the others record none: 0), and the
   // first token of document d for d in [0, num_documents()], num_documents() giving the end.
@@ -110,7 +113,8 @@ DatasetFormat parse_dataset_format(const std::string& name);
 
 // Opens `path` in `format` (kAuto: Megatron when a .idx with the MMIDIDX header sits beside it,
 // an llm.c token file when the file starts with kLlmcMagic, raw bytes otherwise) and checks it
-// holds at least one sample of `seq_plus_one` tokens.
+// holds at least one sample of `seq_plus_one` tokens and that every token id is in the
+// vocabulary (check_token_ids).
 std::unique_ptr<FileTokenDataset> open_file_dataset(const std::string& path, DatasetFormat format,
                                                     int64_t vocab_size, uint64_t seed,
                                                     int64_t seq_plus_one);

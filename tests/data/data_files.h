@@ -38,6 +38,17 @@ inline void write_bytes(const std::string& path, const std::vector<unsigned char
   std::fclose(f);
 }
 
+inline std::vector<unsigned char> read_all(const std::string& path) {
+  std::vector<unsigned char> bytes;
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return bytes;
+  unsigned char buf[4096];
+  for (size_t n; (n = std::fread(buf, 1, sizeof buf, f)) > 0;)
+    bytes.insert(bytes.end(), buf, buf + n);
+  std::fclose(f);
+  return bytes;
+}
+
 // Expects `fn` to throw tandem::Error whose message contains every one of `parts`.
 template <typename Fn>
 void expect_error(Fn fn, const std::vector<std::string>& parts) {

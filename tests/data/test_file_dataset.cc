@@ -14,6 +14,7 @@
 
 #include "core/error.h"
 #include "data/file_dataset.h"
+#include "data/megatron_writer.h"
 #include "data_files.h"
 
 namespace tandem::data {
@@ -276,6 +277,70 @@ TEST_F(FileDatasetTest, ConvertTextWritesTokenFileAtomically) {
     ++entries;
   }
   EXPECT_EQ(entries, 2);
+}
+
+// Megatron's _IndexWriter layout (write_megatron above) is what MegatronWriter writes, byte for
+// byte; an empty document is not recorded, and nothing appears before finish().
+TEST_F(FileDatasetTest, MegatronWriterWritesIndexWriterLayout) {
+  const std::vector<std::vector<uint16_t>> seqs = {{1, 2, 3}, {4, 5}, {6, 7, 8, 9}};
+  write_megatron(path("expected"), seqs);
+  {
+    MegatronWriter writer(path("written"), 1000);
+    for (const auto& s : seqs) {
+      writer.add_document(std::vector<int32_t>(s.begin(), s.end()));
+      writer.add_document({});
+    }
+    EXPECT_FALSE(fs::exists(path("written.bin")));
+    writer.finish();
+    EXPECT_EQ(writer.num_documents(), 3);
+    EXPECT_EQ(writer.num_tokens(), 9);
+  }
+  for (const char* suffix : {".bin", ".idx"}) {
+    EXPECT_EQ(read_all(path(std::string("written") + suffix)),
+              read_all(path(std::string("expected") + suffix)))
+        << suffix;
+  }
+  // Vocabularies of 65500 and more are stored as int32, as Megatron's optimal_dtype does.
+  EXPECT_EQ(megatron_token_bytes(65499), 2);
+  EXPECT_EQ(megatron_token_bytes(65500), 4);
+  {
+    MegatronWriter big(path("big"), 100000);
+    big.add_document({99999, 0});
+    big.finish();
+  }
+  const MegatronDataset ds(path("big"), 100000, 0);
+  EXPECT_EQ(ds.token_type(), TokenType::kI32);
+  EXPECT_EQ(read(ds, 0, 2), (std::vector<int32_t>{99999, 0}));
+  // A writer that never finishes leaves no file.
+  { MegatronWriter abandoned(path("abandoned"), 1000); }
+  EXPECT_FALSE(fs::exists(path("abandoned.bin")));
+  EXPECT_FALSE(fs::exists(path("abandoned.idx")));
+}
+
+// Note [Token ids checked up front]: a bad id anywhere in the file, the last token included, is
+// refused when the data set is opened, for every token type; a type that cannot hold one is not
+// scanned.
+TEST_F(FileDatasetTest, OpeningChecksEveryTokenId) {
+  std::vector<uint16_t> tokens(3'000'000, 3);  // more than one chunk of the scan
+  tokens.back() = 300;
+  write_token_file(path("t.bin"), tokens.data(), static_cast<int64_t>(tokens.size()));
+  expect_error([&] { open_dataset(path("t.bin"), "tokens", 256, 0, 17); },
+               {path("t.bin"), "token 2999999", "has id 300"});
+  EXPECT_NO_THROW(open_dataset(path("t.bin"), "tokens", 301, 0, 17));
+  {
+    MegatronWriter big(path("neg"), 100000);
+    big.add_document({5, 6, 7});
+    big.finish();
+  }
+  // A negative int32 id, patched into the last token.
+  std::vector<unsigned char> bin = read_all(path("neg.bin"));
+  bin[8] = bin[9] = bin[10] = bin[11] = 0xff;
+  write_bytes(path("neg.bin"), bin);
+  expect_error([&] { open_dataset(path("neg"), "megatron", 100000, 0, 2); },
+               {"neg.bin", "token 2", "has id -1"});
+  write_bytes(path("bytes.txt"), std::vector<unsigned char>(100, 0xff));
+  expect_error([&] { open_dataset(path("bytes.txt"), "text", 200, 0, 2); }, {"has id 255"});
+  EXPECT_NO_THROW(open_dataset(path("bytes.txt"), "text", 256, 0, 2));
 }
 
 }  // namespace

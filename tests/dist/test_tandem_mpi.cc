@@ -211,21 +211,52 @@ TEST(TandemMpi, ForcedBalancedRoutingMatchesTheBalancedPlan) {
   }
 }
 
+// `tandem train` of kModel for 4 steps on `ranks` ranks with TANDEM_FAULT=`fault`; it must fail
+// within a minute.
+Result run_faulty(const std::string& fault, int ranks, const std::string& options) {
+  const Result r = run("TANDEM_FAULT=" + fault + " " + kMpirun + " -x TANDEM_FAULT -np " +
+                       std::to_string(ranks) + " " + TANDEM_BIN + " train" + kModel +
+                       " --train-iters 4 " + options);
+  EXPECT_NE(r.code, 0) << fault;
+  EXPECT_LT(r.seconds, 60) << fault;
+  return r;
+}
+
 TEST(TandemMpi, HungRankMakesTheOthersStopWithinTheTimeout) {
-  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=hang " + kMpirun +
-                       " -x TANDEM_FAULT -np 2 " + TANDEM_BIN + " train" + kModel +
-                       " --train-iters 4 --pipeline-model-parallel-size 2 --comm-timeout 3");
-  EXPECT_NE(r.code, 0);
-  EXPECT_LT(r.seconds, 60);
+  const Result r =
+      run_faulty("rank=1,iter=2,mode=hang", 2, "--pipeline-model-parallel-size 2 --comm-timeout 3");
   EXPECT_NE(r.output.find("did not complete within 3 s"), std::string::npos) << r.output;
 }
 
+// Note [Who did not arrive]: world rank 3 hangs before step 2 (PP1 x EP2 on 4 ranks, so it is
+// rank 1 of its expert group {2, 3}); the others stop inside a collective within the timeout,
+// each naming world rank 3 as a rank that did not arrive. World rank 2, waiting for it in their
+// expert group's all-to-all, may be named too by ranks in a later collective with both (it is
+// "still in an earlier operation"); world ranks 0 and 1, which reach every collective, never.
+TEST(TandemMpi, HungRankInACollectiveIsNamed) {
+  const Result r =
+      run_faulty("rank=3,iter=2,mode=hang", 4, "--expert-model-parallel-size 2 --comm-timeout 5");
+  int named = 0;
+  for (size_t at = r.output.find("not arrived: "); at != std::string::npos;
+       at = r.output.find("not arrived: ", at + 1)) {
+    const size_t end = r.output.find(" (stopped", at);
+    ASSERT_NE(end, std::string::npos) << r.output;
+    const std::string list = r.output.substr(at + 13, end - at - 13);
+    EXPECT_NE(list.find("(world rank 3)"), std::string::npos) << list;
+    EXPECT_EQ(list.find("(world rank 0)"), std::string::npos) << list;
+    EXPECT_EQ(list.find("(world rank 1)"), std::string::npos) << list;
+    ++named;
+  }
+  EXPECT_GE(named, 1) << r.output;
+  EXPECT_NE(r.output.find("did not complete within 5 s"), std::string::npos) << r.output;
+}
+
 TEST(TandemMpi, DeadRankEndsTheJob) {
-  const Result r = run("TANDEM_FAULT=rank=1,iter=2,mode=exit " + kMpirun +
-                       " -x TANDEM_FAULT -np 2 " + TANDEM_BIN + " train" + kModel +
-                       " --train-iters 4 --pipeline-model-parallel-size 2 --comm-timeout 10");
-  EXPECT_NE(r.code, 0);
-  EXPECT_LT(r.seconds, 60);
+  const Result r = run_faulty("rank=1,iter=2,mode=exit", 2,
+                              "--pipeline-model-parallel-size 2 --comm-timeout 10");
+  // mpirun names the process that exited ([[job,1],RANK]) and its exit code.
+  EXPECT_NE(r.output.find("],1]"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Exit code:    9"), std::string::npos) << r.output;
 }
 
 // An internal error on rank 1 before it starts (TANDEM_TEST_ERROR, src/cli/main.cc) while rank

@@ -1,0 +1,89 @@
+// Tokenizing for `tandem convert`. Oracle: the ids Debian's spm_encode (sentencepiece's own
+// command-line tool) gives each line of tests/fixtures/tokenizers/sample.txt (sample.spm_ids);
+// the documents of a file as Note [Documents of a file] states them, and the ids format of
+// tools/hf_tokenize.py as its docstring states it.
+#include <gtest/gtest.h>
+
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "data/tokenizer.h"
+#include "data_files.h"
+
+namespace tandem::data {
+namespace {
+
+const std::string kFixtures = std::string(TANDEM_SOURCE_DIR) + "/tests/fixtures/tokenizers/";
+
+std::vector<std::string> lines_of(const std::string& path) {
+  std::ifstream in(path);
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  return lines;
+}
+
+TEST(Tokenizer, SentencePieceEncodesAsSpmEncode) {
+  const SentencePieceTokenizer sp(kFixtures + "spm.model");
+  EXPECT_EQ(sp.vocab_size(), 1000);
+  EXPECT_EQ(sp.eos_id(), 2);
+  const std::vector<std::string> text = lines_of(kFixtures + "sample.txt");
+  const std::vector<std::string> ids = lines_of(kFixtures + "sample.spm_ids");
+  ASSERT_EQ(text.size(), ids.size());
+  int64_t compared = 0;
+  for (size_t i = 0; i < text.size(); ++i) {
+    std::istringstream words(ids[i]);
+    std::vector<int32_t> expected;
+    for (int32_t id = 0; words >> id;) expected.push_back(id);
+    EXPECT_EQ(sp.encode(text[i]), expected) << "line " << i + 1 << ": " << text[i];
+    compared += static_cast<int64_t>(expected.size());
+  }
+  EXPECT_GT(compared, 50);
+  expect_error([&] { SentencePieceTokenizer bad(kFixtures + "sample.txt"); },
+               {"sample.txt", "not a sentencepiece model"});
+}
+
+class Documents : public FileDatasetTest {};
+
+TEST_F(Documents, LinesAndJsonRecords) {
+  const auto collect = [&](const std::string& name, const std::string& key) {
+    std::vector<std::pair<std::string, int64_t>> docs;
+    for_each_document(path(name), key, [&](const std::string& text, int64_t line) {
+      docs.emplace_back(text, line);
+    });
+    return docs;
+  };
+  const std::string text = "one\n\n  \r\ntwo words\r\nlast without newline";
+  write_bytes(path("t.txt"), std::vector<unsigned char>(text.begin(), text.end()));
+  using Docs = std::vector<std::pair<std::string, int64_t>>;
+  EXPECT_EQ(collect("t.txt", "text"),
+            (Docs{{"one", 1}, {"two words\r", 4}, {"last without newline", 5}}));
+  const std::string jsonl =
+      "{\"text\": \"a\\nb\", \"n\": 1}\n\n{\"body\": \"x\", \"text\": \"c\"}\n";
+  write_bytes(path("d.jsonl"), std::vector<unsigned char>(jsonl.begin(), jsonl.end()));
+  EXPECT_EQ(collect("d.jsonl", "text"), (Docs{{"a\nb", 1}, {"c", 3}}));
+  expect_error([&] { collect("d.jsonl", "body"); }, {"d.jsonl line 1", "'body'"});
+  const std::string broken = "{\"text\": \"a\"}\n[1, 2]\n";
+  write_bytes(path("b.json"), std::vector<unsigned char>(broken.begin(), broken.end()));
+  expect_error([&] { collect("b.json", "text"); }, {"b.json line 2", "not a JSON object"});
+}
+
+TEST(Tokenizer, IdsFormat) {
+  const IdsHeader h = parse_ids_header("tandem-ids vocab_size=500 eod_id=7", "ids");
+  EXPECT_EQ(h.vocab_size, 500);
+  EXPECT_EQ(h.eod_id, 7);
+  EXPECT_EQ(parse_ids_header("tandem-ids vocab_size=5", "ids").eod_id, -1);
+  expect_error([] { parse_ids_header("1 2 3", "ids"); }, {"ids", "tandem-ids"});
+  expect_error([] { parse_ids_header("tandem-ids eod_id=1", "ids"); }, {"vocab_size"});
+  expect_error([] { parse_ids_header("tandem-ids vocab_size=5 eod_id=5", "ids"); },
+               {"eod_id 5", "[0, 5)"});
+  EXPECT_EQ(parse_ids_line(" 1 2\t499 \r", 500, "ids", 2), (std::vector<int32_t>{1, 2, 499}));
+  EXPECT_TRUE(parse_ids_line("", 500, "ids", 2).empty());
+  expect_error([] { parse_ids_line("1 500", 500, "ids", 3); }, {"ids line 3", "'500'"});
+  expect_error([] { parse_ids_line("1 -2", 500, "ids", 3); }, {"'-2'"});
+  expect_error([] { parse_ids_line("1 2x", 500, "ids", 3); }, {"'x'"});
+}
+
+}  // namespace
+}  // namespace tandem::data
