@@ -66,7 +66,7 @@ void Lanes::run(int64_t piece, const std::function<void()>& fn) {
 bool grouped_expert_phase(ExpertPhase phase) {  // Note [Grouped expert products]
   static const int phases = [] {
     const char* text = std::getenv("TANDEM_EXPERT_GROUPED");
-    if (text == nullptr || *text == '\0') return 3;
+    if (text == nullptr || *text == '\0') return static_cast<int>(ExpertPhase::kForward);
     int bits = 0;
     std::string_view rest(text);
     while (!rest.empty()) {

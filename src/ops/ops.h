@@ -130,9 +130,10 @@ class Lanes {
 // call (cublasGemmGroupedBatchedEx, each expert its own group) per product: one launch instead of
 // one per expert, which is what fine-grained models need (128 experts of a few hundred rows
 // each: each product alone fills a fraction of the GPU and the host's launches pace the node).
-// The forward and input-gradient products do; the weight gradients stay on lanes: they add
+// The forward's products do by default; the input-gradient products stay on lanes, where they
+// ran faster (bench/results/families.md, shape (c)), and so do the weight gradients: they add
 // into f32 gradients, and cuBLAS's grouped call takes no f32 output for bf16 operands.
-// TANDEM_EXPERT_GROUPED (a comma list of forward, input, or none) picks the phases, else both.
+// TANDEM_EXPERT_GROUPED (a comma list of forward, input, or none) picks the phases.
 // Values are the same products' up to the kernels' summation order.
 enum class ExpertPhase { kForward = 1, kInput = 2 };
 // Whether `phase` runs grouped; read once; throws tandem::Error naming a bad value.
