@@ -26,6 +26,7 @@
 #include "cli/path_checks.h"
 #include "cli/sizes.h"
 #include "core/error.h"
+#include "data/file_dataset.h"
 #include "schedule/generators.h"
 
 // Note [Exit codes]
@@ -48,7 +49,20 @@ using Bound = FieldBound;
 // Whether a key may appear in the --config file (--config itself may not).
 enum class InFile : uint8_t { kAllowed, kForbidden };
 
-using Target = std::variant<int64_t*, uint64_t*, double*, std::string*, bool*>;
+// An enumeration's option (Note [One name table per enumeration] in core/enum_names.h): its
+// value travels as the name in the enum's table, and is stored straight into the enum.
+struct EnumTarget {
+  std::vector<std::string> names;
+  std::function<std::string()> get;
+  std::function<void(const std::string&)> set;  // one of `names`
+};
+template <class E>
+EnumTarget enum_target(E* p) {
+  return {enum_name_list<E>(), [p] { return std::string(enum_name(*p)); },
+          [p](const std::string& name) { *p = parse_enum<E>(name).value(); }};
+}
+
+using Target = std::variant<int64_t*, uint64_t*, double*, std::string*, bool*, EnumTarget>;
 using Value = std::variant<int64_t, uint64_t, double, std::string, bool>;
 
 struct OptionSpec {
@@ -70,17 +84,9 @@ template <class... Fs>
 Overloaded(Fs...) -> Overloaded<Fs...>;
 
 // The schedules' names, as the generators spell them.
-const std::vector<std::string> kSchedules = [] {
-  std::vector<std::string> names;
-  for (int k = 0; k < schedule::kNumScheduleKinds; ++k) {
-    names.emplace_back(schedule::schedule_kind_name(static_cast<schedule::ScheduleKind>(k)));
-  }
-  return names;
-}();
-const std::vector<std::string> kDataFormats = {"auto", "megatron", "tokens", "text"};
-const std::vector<std::string> kDevices = {"cpu", "cuda"};
-const std::vector<std::string> kNanPolicies = {"stop", "skip"};
-const std::vector<std::string> kOverlaps = {"on", "off", "split"};
+// (Note [String options of an enumeration] in options.h.)
+const std::vector<std::string> kSchedules = enum_name_list<schedule::ScheduleKind>();
+const std::vector<std::string> kDataFormats = enum_name_list<data::DatasetFormat>();
 
 // The model's options, from the one table of model fields (Note [One table of model fields]).
 void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
@@ -182,10 +188,10 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "newest iteration directories kept under --save; older ones are deleted after a "
                "new one is complete",
                Bound::kPositive});
-  s.push_back({"nan-policy", &o.nan_policy,
+  s.push_back({"nan-policy", enum_target(&o.train.non_finite_policy),
                "when the loss or gradients are NaN or Inf: stop with an error naming the "
                "iteration, or skip that step's update",
-               Bound::kAny, kNanPolicies});
+               Bound::kAny});
   s.push_back({"log-json",
                &o.log_json,
                "write one JSON object per iteration to FILE (default: none)",
@@ -214,16 +220,16 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kAny,
                {},
                "FILE"});
-  s.push_back({"comm-overlap", &o.comm_overlap,
+  s.push_back({"comm-overlap", enum_target(&o.comm_overlap),
                "combined-1f1b and dualpipev with expert parallelism: run the expert all-to-all "
                "on a communication stream of its own, overlapped with the other micro-batch's "
                "compute (on), or in order on the compute stream (off); split (GPUs): each "
                "micro-batch of a pair on a compute and a communication stream of its own",
-               Bound::kAny, kOverlaps});
-  s.push_back({"device", &o.device,
+               Bound::kAny});
+  s.push_back({"device", enum_target(&o.train.device),
                "where to train: cpu (OpenBLAS, f32) or cuda (one GPU per process, bf16 "
                "activations, f32 master weights; needs a binary built with CUDA)",
-               Bound::kAny, kDevices});
+               Bound::kAny});
   s.push_back({"quiet", &o.quiet, "no progress bar and no log lines"});
   s.push_back({"recompute-experts", &o.train.recompute_experts,
                "MoE: the experts keep only their input rows for the backward and form gate, up "
@@ -318,6 +324,17 @@ std::string join(const std::vector<std::string>& items, std::string_view sep) {
   return out;
 }
 
+// The valid values of a string option: its choices, or its enumeration's names.
+const std::vector<std::string>& choices_of(const OptionSpec& spec) {
+  if (const auto* e = std::get_if<EnumTarget>(&spec.target)) return e->names;
+  return spec.choices;
+}
+
+bool is_text(const OptionSpec& spec) {
+  return std::holds_alternative<std::string*>(spec.target) ||
+         std::holds_alternative<EnumTarget>(spec.target);
+}
+
 std::string to_text(const Value& v) {
   return std::visit(Overloaded{[](const std::string& s) { return s; },
                                [](bool b) { return std::string(b ? "true" : "false"); },
@@ -326,11 +343,15 @@ std::string to_text(const Value& v) {
 }
 
 Value current_value(const OptionSpec& spec) {
-  return std::visit([](auto* p) { return Value(*p); }, spec.target);
+  return std::visit(Overloaded{[](const EnumTarget& e) { return Value(e.get()); },
+                               [](auto* p) { return Value(*p); }},
+                    spec.target);
 }
 
 void store_value(const OptionSpec& spec, const Value& v) {
-  std::visit([&](auto* p) { *p = std::get<std::remove_pointer_t<decltype(p)>>(v); }, spec.target);
+  std::visit(Overloaded{[&](const EnumTarget& e) { e.set(std::get<std::string>(v)); },
+                        [&](auto* p) { *p = std::get<std::remove_pointer_t<decltype(p)>>(v); }},
+             spec.target);
 }
 
 std::string default_suffix(const OptionSpec& spec) {
@@ -354,7 +375,7 @@ std::string valid_text(const OptionSpec& spec) {
   } else if (std::holds_alternative<bool*>(spec.target)) {
     out = "true or false";
   } else {
-    out = spec.choices.empty() ? "a string" : "one of: " + join(spec.choices, ", ");
+    out = choices_of(spec).empty() ? "a string" : "one of: " + join(choices_of(spec), ", ");
   }
   return out;
 }
@@ -369,8 +390,9 @@ std::string value_problem(const OptionSpec& spec, const Value& v) {
          (spec.bound != Bound::kNonNegative || *d >= 0);
   } else if (const auto* u = std::get_if<uint64_t>(&v)) {
     ok = spec.bound != Bound::kPositive || *u >= 1;
-  } else if (const auto* s = std::get_if<std::string>(&v); s && !spec.choices.empty()) {
-    ok = std::find(spec.choices.begin(), spec.choices.end(), *s) != spec.choices.end();
+  } else if (const auto* s = std::get_if<std::string>(&v); s && !choices_of(spec).empty()) {
+    const std::vector<std::string>& choices = choices_of(spec);
+    ok = std::find(choices.begin(), choices.end(), *s) != choices.end();
   }
   return ok ? "" : "it must be " + valid_text(spec);
 }
@@ -397,29 +419,49 @@ std::string check_decimal(const std::string& s, Bound bound, bool is_unsigned) {
 
 }  // namespace
 
+CLI::Option* add_named_option(CLI::App& app, const std::string& flag, const std::string& help,
+                              const std::vector<std::string>& names,
+                              std::function<void(const std::string&)> store) {
+  // A tandem::Error from here leaves app.parse() as any other bad value does (exit 2).
+  const auto parse = [flag, names, store = std::move(store)](const std::string& s) {
+    TANDEM_CHECK(std::find(names.begin(), names.end(), s) != names.end(), flag, " ", s,
+                 " is invalid: it must be one of: ", join(names, ", "));
+    store(s);
+  };
+  CLI::Option* o = app.add_option_function<std::string>(flag, parse, help);
+  o->type_name(join(names, "|"));
+  return o;
+}
+
+schedule::ScheduleKind schedule_kind(const ParallelConfig& p) {
+  return schedule::parse_schedule_kind(p.schedule);
+}
+
 void add_run_options(CLI::App& app, RunOptions& opts) {
   for (const OptionSpec& spec : option_specs(opts)) {
     const std::string flag = "--" + spec.name;
     const std::string help = spec.help + default_suffix(spec);
-    std::visit(Overloaded{[&](bool* b) { app.add_flag(flag, *b, help); },
-                          [&](std::string* s) {
-                            CLI::Option* o = app.add_option(flag, *s, help);
-                            if (!spec.choices.empty()) o->type_name(join(spec.choices, "|"));
-                            if (!spec.metavar.empty()) o->type_name(spec.metavar);
-                          },
-                          [&](auto* n) {
-                            CLI::Option* o = app.add_option(flag, *n, help);
-                            using T = std::remove_pointer_t<decltype(n)>;
-                            if constexpr (std::is_integral_v<T>) {
-                              const Bound bound = spec.bound;
-                              o->check(CLI::Validator(
-                                  [bound](std::string& s) {
-                                    return check_decimal(s, bound, std::is_unsigned_v<T>);
-                                  },
-                                  "", "decimal"));
-                            }
-                          }},
-               spec.target);
+    std::visit(
+        Overloaded{[&](bool* b) { app.add_flag(flag, *b, help); },
+                   [&](const EnumTarget& e) { add_named_option(app, flag, help, e.names, e.set); },
+                   [&](std::string* s) {
+                     CLI::Option* o = app.add_option(flag, *s, help);
+                     if (!spec.choices.empty()) o->type_name(join(spec.choices, "|"));
+                     if (!spec.metavar.empty()) o->type_name(spec.metavar);
+                   },
+                   [&](auto* n) {
+                     CLI::Option* o = app.add_option(flag, *n, help);
+                     using T = std::remove_pointer_t<decltype(n)>;
+                     if constexpr (std::is_integral_v<T>) {
+                       const Bound bound = spec.bound;
+                       o->check(CLI::Validator(
+                           [bound](std::string& s) {
+                             return check_decimal(s, bound, std::is_unsigned_v<T>);
+                           },
+                           "", "decimal"));
+                     }
+                   }},
+        spec.target);
   }
 }
 
@@ -521,6 +563,10 @@ std::optional<Value> read_node(const OptionSpec& spec, const toml::node& node) {
                                [&](bool*) -> std::optional<Value> {
                                  if (const auto* b = node.as_boolean()) return Value(b->get());
                                  return std::nullopt;
+                               },
+                               [&](const EnumTarget&) -> std::optional<Value> {
+                                 if (const auto* s = node.as_string()) return Value(s->get());
+                                 return std::nullopt;
                                }},
                     spec.target);
 }
@@ -580,10 +626,8 @@ void apply_config_entry(const CLI::App& app, const std::vector<OptionSpec>& spec
   seen_lines[name] = line;
   const std::optional<Value> value = read_node(*spec, node);
   TANDEM_CHECK(value.has_value(), where, "expected ", valid_text(*spec), ", got ",
-               describe_node(node), " (e.g. ", name, " = ",
-               std::holds_alternative<std::string*>(spec->target) ? "\"" : "",
-               to_text(current_value(*spec)),
-               std::holds_alternative<std::string*>(spec->target) ? "\"" : "", ")");
+               describe_node(node), " (e.g. ", name, " = ", is_text(*spec) ? "\"" : "",
+               to_text(current_value(*spec)), is_text(*spec) ? "\"" : "", ")");
   const std::string problem = value_problem(*spec, *value);
   TANDEM_CHECK(problem.empty(), where, "value ", to_text(*value), " is invalid: ", problem);
   if (app.count("--" + name) == 0) {
@@ -642,25 +686,26 @@ void check_combinations(const RunOptions& o) {
                " is fewer than the ", chunks,
                " model chunks (--pipeline-model-parallel-size x "
                "--virtual-pipeline-model-parallel-size): each chunk needs at least one layer");
-  TANDEM_CHECK(!p.pair_first_forwards ||
-                   (p.schedule == "combined-1f1b" && p.pipeline_model_parallel_size == 1 &&
-                    p.virtual_pipeline_model_parallel_size == 1),
-               "--pair-first-forwards pairs the first two forwards of combined-1f1b with one "
-               "stage; it needs --schedule combined-1f1b (it is ",
-               p.schedule, "), --pipeline-model-parallel-size 1 (it is ",
-               p.pipeline_model_parallel_size,
-               ") and --virtual-pipeline-model-parallel-size 1 (it is ",
-               p.virtual_pipeline_model_parallel_size, ")");
+  TANDEM_CHECK(
+      !p.pair_first_forwards ||
+          (schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
+           p.pipeline_model_parallel_size == 1 && p.virtual_pipeline_model_parallel_size == 1),
+      "--pair-first-forwards pairs the first two forwards of combined-1f1b with one "
+      "stage; it needs --schedule combined-1f1b (it is ",
+      p.schedule, "), --pipeline-model-parallel-size 1 (it is ", p.pipeline_model_parallel_size,
+      ") and --virtual-pipeline-model-parallel-size 1 (it is ",
+      p.virtual_pipeline_model_parallel_size, ")");
   TANDEM_CHECK(
       o.train.rebalance_experts == 0 || (o.model.is_moe() && p.expert_model_parallel_size > 1),
       "--rebalance-experts ", o.train.rebalance_experts,
       " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
       o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
       p.expert_model_parallel_size, "), or 0 (never)");
-  TANDEM_CHECK(o.comm_overlap != "split" || o.train.device == Device::kCUDA,
+  TANDEM_CHECK(o.comm_overlap != runtime::CommOverlap::kSplit || o.train.device == Device::kCUDA,
                "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it "
                "needs --device cuda (it is cpu), or use on");
-  TANDEM_CHECK(p.schedule != "interleaved-1f1b" || p.virtual_pipeline_model_parallel_size >= 2,
+  TANDEM_CHECK(schedule_kind(p) != schedule::ScheduleKind::kInterleaved1f1b ||
+                   p.virtual_pipeline_model_parallel_size >= 2,
                "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
                "(it is ",
                p.virtual_pipeline_model_parallel_size, ")");
@@ -701,6 +746,9 @@ std::optional<Value> json_value(const OptionSpec& spec, const nlohmann::json& v)
             return v.is_number() ? std::optional<Value>(v.get<double>()) : std::nullopt;
           },
           [&](std::string*) {
+            return v.is_string() ? std::optional<Value>(v.get<std::string>()) : std::nullopt;
+          },
+          [&](const EnumTarget&) {
             return v.is_string() ? std::optional<Value>(v.get<std::string>()) : std::nullopt;
           },
           [&](bool*) {
@@ -776,7 +824,10 @@ nlohmann::json model_option_values(const ModelConfig& model) {
   add_model_specs(specs, copy);
   nlohmann::json out = nlohmann::json::object();
   for (const OptionSpec& spec : specs) {
-    out[spec.name] = std::visit([](auto* p) { return nlohmann::json(*p); }, spec.target);
+    out[spec.name] =
+        std::visit(Overloaded{[](const EnumTarget& e) { return nlohmann::json(e.get()); },
+                              [](auto* p) { return nlohmann::json(*p); }},
+                   spec.target);
   }
   return out;
 }
@@ -798,9 +849,6 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   TANDEM_CHECK(shard && *shard >= 1 && *shard < 9e18, "--max-shard-size ", opts.max_shard_size,
                " is not a size of at least one byte: use ", kSizeForms);
   opts.max_shard_bytes = static_cast<int64_t>(*shard);
-  opts.train.device = opts.device == "cuda" ? Device::kCUDA : Device::kCPU;
-  opts.train.non_finite_policy =
-      opts.nan_policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
   // Note [Deferred update by default]: with expert parallelism on GPUs and the all-to-all on a
   // stream of its own, the update covers the first forward's all-to-all, which it otherwise
   // leaves exposed (bench/results/gpu_multi.md measures it); the values are bitwise the same
@@ -811,7 +859,8 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
     const ParallelConfig& p = opts.parallel;
     opts.train.defer_optimizer = opts.train.device == Device::kCUDA && opts.model.is_moe() &&
                                  p.expert_model_parallel_size > 1 &&
-                                 p.schedule == "combined-1f1b" && opts.comm_overlap != "off";
+                                 schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
+                                 opts.comm_overlap != runtime::CommOverlap::kOff;
   }
   try {
     check_combinations(opts);

@@ -4,17 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/enum_names.h"
 
 namespace tandem {
 
 // What a training step does when its loss or gradient norm is NaN or Inf (--nan-policy): stop
 // with an error naming the iteration, or skip the update (no weight or optimizer change).
 enum class NonFinitePolicy : uint8_t { kStop, kSkip };
+inline constexpr EnumName<NonFinitePolicy> kNonFinitePolicyNames[] = {
+    {NonFinitePolicy::kStop, "stop"}, {NonFinitePolicy::kSkip, "skip"}};
+constexpr std::span<const EnumName<NonFinitePolicy>> enum_names(NonFinitePolicy) {
+  return kNonFinitePolicyNames;
+}
 
 // How RoPE's frequencies are scaled (docs/model.md "Rotary position embedding"): not at all, or as
 // Llama 3 scales them for a context longer than the one it was trained at.

@@ -44,25 +44,7 @@ NodePhaseTimes parse_phase_times(const nlohmann::json& j, NodeKind kind, std::st
 
 }  // namespace
 
-std::string_view cost_model_name(CostModelKind kind) {
-  switch (kind) {
-    case CostModelKind::kUniform:
-      return "uniform";
-    case CostModelKind::kRoofline:
-      return "roofline";
-    case CostModelKind::kNodeTimes:
-      return "node-times";
-  }
-  return "?";
-}
-
-CostModelKind parse_cost_model(std::string_view name) {
-  if (name == "uniform") return CostModelKind::kUniform;
-  if (name == "roofline") return CostModelKind::kRoofline;
-  throw Error(detail::concat("--cost-model '", name,
-                             "' is unknown: valid cost models are "
-                             "uniform and roofline (give --node-times FILE for measured times)"));
-}
+std::string_view cost_model_name(CostModelKind kind) { return enum_name(kind); }
 
 bool node_has_weights(NodeKind kind) {
   return kind != NodeKind::kDispatch && kind != NodeKind::kCombine;

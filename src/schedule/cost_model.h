@@ -5,10 +5,12 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "core/config.h"
+#include "core/enum_names.h"
 #include "core/footprint.h"
 
 namespace tandem::schedule {
@@ -18,10 +20,19 @@ enum class CostModelKind : uint8_t {
   kRoofline,   // max(FLOPs / matrix rate, bytes / memory bandwidth); latency + bytes / link
   kNodeTimes,  // per-node times from a JSON file (docs/schedules.md)
 };
+// The cost models' names (Note [One name table per enumeration] in core/enum_names.h); --cost-model
+// takes the first two, the file model is chosen by giving --node-times FILE.
+inline constexpr EnumName<CostModelKind> kCostModelNames[] = {
+    {CostModelKind::kRoofline, "roofline"},
+    {CostModelKind::kUniform, "uniform"},
+    {CostModelKind::kNodeTimes, "node-times"}};
+constexpr std::span<const EnumName<CostModelKind>> enum_names(CostModelKind) {
+  return kCostModelNames;
+}
+// The values --cost-model takes.
+inline constexpr EnumName<CostModelKind> kCostModelOptionNames[] = {kCostModelNames[0],
+                                                                    kCostModelNames[1]};
 std::string_view cost_model_name(CostModelKind kind);
-// "uniform" or "roofline" (the file model is chosen by giving a file); throws naming the valid
-// ones.
-CostModelKind parse_cost_model(std::string_view name);
 
 // A device and its links. Defaults are roughly one H200 with NVLink.
 struct DeviceDesc {
