@@ -72,6 +72,17 @@ int64_t p2p_bytes(const ModelConfig& cfg, const FootprintShape& shape);
 NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape,
                            int64_t ep, int64_t weight_elem_bytes);
 
+// The shape a node-times file was measured at (its "measured_at"): the model, the micro-batch,
+// the expert-parallel size and the activation element size of the run that wrote it.
+// See Note [Node times at another shape] in node_scaling.cc.
+struct MeasuredShape {
+  ModelConfig model;
+  int64_t micro_batch_size = 1;
+  int64_t expert_parallel_size = 1;
+  int64_t activation_elem_bytes = 2;
+  std::string source;  // the file, for messages
+};
+
 // Times per node kind (and of one pipeline message) read from JSON; missing kinds stay empty.
 struct NodeTimesTable {
   std::array<std::optional<NodePhaseTimes>, kNumNodeKinds> nodes;
@@ -91,6 +102,9 @@ struct NodeTimesTable {
   // (a plan uses the rate only for the same choice); empty: the memory bandwidth's estimate.
   std::optional<double> step_end_s_per_weight;
   bool defer_optimizer = false;
+  // Where the times were measured; a plan of another shape scales them (node_scaling.h). Empty
+  // (a file written by hand): the times are used as they are, whatever the shape.
+  std::optional<MeasuredShape> measured_at;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);
