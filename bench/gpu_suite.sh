@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -96,6 +96,34 @@ for s in $SUITE; do
       # (bench/results/gpu_single.md records it per micro-batch size).
       timeout 300 $B/tandem train --device cuda $SHAPE_B --mock-data --global-batch-size 16 --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/b1.jsonl > /tmp/b1.log 2>&1
       echo "tandem b one-gpu rc=$? $(summary /tmp/b1.jsonl)" | tee -a "$OUT/b1.txt"; tail -2 /tmp/b1.log ;;
+    transfer)
+      # Note [Node times at another shape] (src/schedule/node_scaling.cc): shape (b)'s node
+      # times measured once, at micro-batch 2, by one process without mpirun; `tandem plan` from
+      # that one file at micro-batch 1, 4, 8 and at 6, 12, 16 layers, each beside a short
+      # measured run (8 micro-batches a step; tokens/s the median of the steps after the third,
+      # "best" the fastest step). "as measured": the same file without its measured_at, times
+      # used as they are (the planner before the scaling).
+      T=/tmp/transfer; rm -rf $T; mkdir -p $T
+      MODEL_B=$(echo "$SHAPE_B" | sed 's/--num-layers 8 //; s/ --micro-batch-size.*//')
+      steps="--mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet"
+      timeout 150 $B/tandem train --device cuda $MODEL_B --num-layers 8 --micro-batch-size 2 --global-batch-size 16 $steps --log-json $T/cal.jsonl --node-times-out $T/nodes.json > $T/cal.log 2>&1
+      echo "calibration, micro-batch 2, 8 layers, no mpirun: rc=$? $(summary $T/cal.jsonl)" | tee -a "$OUT/transfer.txt"; tail -2 $T/cal.log
+      cp $T/nodes.json "$OUT/transfer_nodes.json"
+      python3 -c "import json,sys;j=json.load(open(sys.argv[1]));j.pop('measured_at');json.dump(j,open(sys.argv[2],'w'))" $T/nodes.json $T/bare.json
+      printf '%-20s %10s %10s %10s %8s %12s %13s\n' "micro-batch, layers" planned measured best error "as measured" "its error" | tee -a "$OUT/transfer.txt"
+      for row in "2 8" "1 8" "4 8" "8 8" "2 6" "2 12" "2 16"; do
+        set -- $row; mb=$1; L=$2; run="$MODEL_B --num-layers $L --micro-batch-size $mb --global-batch-size $((8 * mb))"
+        planned=$($B/tandem plan --device cuda $run --node-times $T/nodes.json --json 2> $T/plan.err | python3 -c "import json,sys;print(round(json.load(sys.stdin)['tokens_per_s']))" 2>/dev/null || echo "-")
+        bare=$($B/tandem plan --device cuda $run --node-times $T/bare.json --json 2>/dev/null | python3 -c "import json,sys;print(round(json.load(sys.stdin)['tokens_per_s']))" 2>/dev/null || echo "-")
+        timeout 150 $B/tandem train --device cuda $run $steps --log-json $T/r.jsonl > $T/r.log 2>&1 || tail -3 $T/r.log
+        python3 -c "
+import json,statistics as st,sys
+r=[json.loads(l)['tokens_per_s'] for l in open(sys.argv[1])][3:]
+m=st.median(r); p,b=sys.argv[3],sys.argv[4]
+e=lambda x: '%+.1f%%' % (100*(float(x)/m-1)) if x!='-' else '-'
+print('%-20s %10s %10d %10d %8s %12s %13s' % (sys.argv[2], p, m, max(r), e(p), b, e(b)))" $T/r.jsonl "$mb, $L" "$planned" "$bare" 2>&1 | tee -a "$OUT/transfer.txt"
+        [ "$planned" = "-" ] && cat $T/plan.err
+      done ;;
     c)
       # Shape (c) on one GPU, tandem beside the peer (torch_peer.py with --kv-channels and
       # --qk-layernorm) under torch.compile in the same call; the bf16 matrix rate measured first
