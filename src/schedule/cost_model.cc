@@ -179,11 +179,11 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
     TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts" ||
                      key == "update_per_weight" || key == "grad_reduce_bus_bytes_per_s" ||
                      key == "step_end_per_weight" || key == "defer_optimizer" ||
-                     key == "measured_at",
+                     key == "measured_at" || key == "node_overhead_s",
                  source, ": unknown key \"", key,
                  "\"; valid keys are nodes, p2p, recompute_experts, update_per_weight, "
-                 "grad_reduce_bus_bytes_per_s, step_end_per_weight, defer_optimizer and "
-                 "measured_at");
+                 "grad_reduce_bus_bytes_per_s, step_end_per_weight, defer_optimizer, "
+                 "measured_at and node_overhead_s");
   }
   for (const char* key : {"recompute_experts", "defer_optimizer"}) {
     if (!j.contains(key)) continue;
@@ -220,6 +220,14 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
   positive("grad_reduce_bus_bytes_per_s", "the gradient all-reduce's bus bandwidth in bytes/s",
            table.grad_reduce_bus_bytes_per_s);
   if (j.contains("measured_at")) table.measured_at = parse_measured_shape(j["measured_at"], source);
+  if (j.contains("node_overhead_s")) {
+    const nlohmann::json& v = j["node_overhead_s"];
+    TANDEM_CHECK(table.measured_at && v.is_number() && v.get<double>() >= 0, source,
+                 ": node_overhead_s: expected the fixed seconds of a node (>= 0) beside "
+                 "measured_at, got ",
+                 v.dump());
+    table.node_overhead_s = v.get<double>();
+  }
   if (j.contains("p2p")) {
     TANDEM_CHECK(j["p2p"].is_number() && j["p2p"].get<double>() >= 0, source,
                  ": p2p: expected the time of one pipeline message in seconds, got ",

@@ -105,6 +105,8 @@ struct NodeTimesTable {
   // Where the times were measured; a plan of another shape scales them (node_scaling.h). Empty
   // (a file written by hand): the times are used as they are, whatever the shape.
   std::optional<MeasuredShape> measured_at;
+  // The fixed seconds of a node at another shape, instead of the fit (node_scaling.h).
+  std::optional<double> node_overhead_s;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);

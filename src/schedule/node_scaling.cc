@@ -12,8 +12,9 @@
 // (embed) by its bytes, and attention's quadratic term (tokens x sequence) by itself. o, the
 // fixed seconds of a node (kernel launches, the host's waits), is fitted from the file alone: a
 // least-squares line t = o + s w through every compute node's phases at the measured shape
-// (nodes of small work show the fixed part, those of large work the slope), o clamped to
-// [0, the node's own time]. With one node, or all of one work, o is 0: plain proportion. The
+// (nodes of small work show the fixed part, those of large work the slope), o at least 0 and
+// at most the node's own time. With one node, or all of one work, o is 0: plain proportion. A
+// file's "node_overhead_s" replaces the fit (0: plain proportion). The
 // all-to-all nodes scale by their bytes; measured without expert parallelism (no bytes: a
 // hand-over) and planned with it, they add the link model's time.
 //
@@ -156,9 +157,10 @@ void check_transferable(const MeasuredShape& at, const ModelConfig& model,
 }
 
 double node_overhead_s(const CostModel& cost, const FootprintShape& planned) {
+  if (cost.table.node_overhead_s) return *cost.table.node_overhead_s;  // the file says
   const MeasuredShape& at = cost.table.measured_at.value();
   const FootprintShape s0 = measured_shape(at, planned);
-  double n = 0, sum_w = 0, sum_t = 0, sum_ww = 0, sum_wt = 0, least = -1;
+  double n = 0, sum_w = 0, sum_t = 0, sum_ww = 0, sum_wt = 0;
   for (int k = 0; k < kNumNodeKinds; ++k) {
     const auto kind = static_cast<NodeKind>(k);
     const auto& t = cost.table.nodes[static_cast<size_t>(k)];
@@ -169,15 +171,13 @@ double node_overhead_s(const CostModel& cost, const FootprintShape& planned) {
       const double time = phase(*t, p);
       if (time <= 0) continue;
       n += 1, sum_w += w, sum_t += time, sum_ww += w * w, sum_wt += w * time;
-      least = least < 0 ? time : std::min(least, time);
     }
   }
   const double var = n * sum_ww - sum_w * sum_w;
   if (n < 2 || var <= 1e-12 * n * sum_ww) return 0;  // one work: plain proportion
   const double slope = (n * sum_wt - sum_w * sum_t) / var;
   if (slope <= 0) return 0;
-  const double intercept = (sum_t - slope * sum_w) / n;
-  return std::clamp(intercept, 0.0, least);
+  return std::max(0.0, (sum_t - slope * sum_w) / n);
 }
 
 NodePhaseTimes scaled_node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,

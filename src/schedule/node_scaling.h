@@ -28,8 +28,9 @@ void check_transferable(const MeasuredShape& at, const ModelConfig& model,
 NodePhaseTimes scaled_node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,
                                  const FootprintShape& shape, int64_t ep);
 
-// The fixed seconds of a node (the fit's intercept, clamped to [0, the shortest time]): what a
-// node costs beyond its work. `planned` gives the layout flags (fused LM head, MoE layer).
+// The fixed seconds of a node (the fit's intercept, at least 0; the file's node_overhead_s when
+// it has one): what a node costs beyond its work. `planned` gives the layout flags (fused LM head,
+// MoE layer).
 double node_overhead_s(const CostModel& cost, const FootprintShape& planned);
 
 }  // namespace tandem::schedule

@@ -222,3 +222,26 @@ TEST(NodeScaling, TheShapeRoundTripsThroughTheFile) {
 
 }  // namespace
 }  // namespace tandem::schedule
+
+namespace tandem::schedule {
+namespace {
+
+// A file's node_overhead_s replaces the fit: 0 scales every node in plain proportion to its work.
+TEST(NodeScaling, TheFileMaySetTheFixedPart) {
+  PlanInputs at = inputs(model_b(), 2);
+  const nlohmann::json file = {
+      {"nodes", {{"attention", {{"forward", 1e-3}}}, {"loss", {{"forward", 2e-3}}}}},
+      {"measured_at", measured_shape_json(*measured_table(at).measured_at)},
+      {"node_overhead_s", 0}};
+  PlanInputs plan = inputs(model_b(), 4);
+  plan.cost.table = parse_node_times(file.dump(), "f.json");
+  EXPECT_EQ(node_overhead_s(plan.cost, shape_of(plan)), 0);
+  const NodePhaseTimes t = node_times(plan.cost, NodeKind::kLoss, plan.model, shape_of(plan), 1);
+  EXPECT_NEAR(t.forward_s, 4e-3, 1e-12);  // twice the tokens, twice the LM head's FLOPs
+  nlohmann::json bad = file;
+  bad.erase("measured_at");
+  EXPECT_THROW(parse_node_times(bad.dump(), "f.json"), Error);
+}
+
+}  // namespace
+}  // namespace tandem::schedule
