@@ -66,7 +66,10 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
                   schedule::kCostModelOptionNames);
   sub.add_option("--node-times", p.node_times,
                  "per-node times in seconds from a JSON file (docs/schedules.md) instead of the "
-                 "roofline (default: none)")
+                 "roofline; a file of `tandem train --node-times-out` says the shape it was "
+                 "measured at, and a plan of another micro-batch size, sequence length, layer "
+                 "count or expert-parallel size scales each node by its work (docs/planning.md) "
+                 "(default: none)")
       ->check(CLI::ExistingFile)
       ->option_text("FILE");
   sub.add_option("--routing", p.routing,
