@@ -16,7 +16,8 @@
 // at most the node's own time. With one node, or all of one work, o is 0: plain proportion. A
 // file's "node_overhead_s" replaces the fit (0: plain proportion). The
 // all-to-all nodes scale by their bytes; measured without expert parallelism (no bytes: a
-// hand-over) and planned with it, they add the link model's time.
+// hand-over and the local permutation or weighted sum) they scale by the tokens, and planned
+// with it add the link model's time.
 //
 // What transfers: the rows a node sees (micro-batch size, sequence length, top-k, expert
 // parallelism), how many nodes there are (layers, which layers are MoE), and settings that do
@@ -152,8 +153,9 @@ void check_transferable(const MeasuredShape& at, const ModelConfig& model,
         f.member);
   }
   TANDEM_CHECK(at.activation_elem_bytes == activation_elem_bytes, "--node-times ", at.source,
-               " was measured with ", at.activation_elem_bytes,
-               "-byte activations; this plan has --activation-bytes ", activation_elem_bytes, why);
+               " was measured with ", at.activation_elem_bytes, "-byte activations; this plan has ",
+               activation_elem_bytes,
+               "-byte ones (--device cuda plans 2, cpu 4, unless --activation-bytes says)", why);
 }
 
 double node_overhead_s(const CostModel& cost, const FootprintShape& planned) {
@@ -191,12 +193,16 @@ NodePhaseTimes scaled_node_times(const CostModel& cost, NodeKind kind, const Mod
   if (node_is_communication(kind)) {
     const double was = alltoall_bytes(at.model, s0, at.expert_parallel_size);
     const double is = alltoall_bytes(cfg, shape, ep);
+    // Without expert parallelism the node's own work (the permutation, the weighted sum) is
+    // memory-bound on its rows: it scales by the tokens.
+    const double rows = static_cast<double>(shape.tokens) / static_cast<double>(s0.tokens);
     for (int p = 0; p < 2; ++p) {
       double& t = phase(out, p);
       if (was > 0) {
         t *= is / was;
-      } else if (is > 0) {  // a hand-over measured: the link's time on top
-        t += cost.device.link_latency_s + is / cost.device.link_bytes_per_s;
+      } else {
+        t *= rows;
+        if (is > 0) t += cost.device.link_latency_s + is / cost.device.link_bytes_per_s;
       }
     }
     return out;
