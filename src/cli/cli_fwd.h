@@ -5,5 +5,6 @@
 
 namespace CLI {
 class App;
+class Option;
 class Validator;
 }  // namespace CLI

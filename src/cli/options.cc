@@ -25,6 +25,7 @@
 #include <variant>
 #include <vector>
 
+#include "cli/option_table.h"
 #include "cli/path_checks.h"
 #include "cli/sizes.h"
 #include "core/error.h"
@@ -46,278 +47,21 @@
 namespace tandem::cli {
 namespace {
 
-using Bound = FieldBound;
-// Whether a key may appear in the --config file (--config itself may not).
-enum class InFile : uint8_t { kAllowed, kForbidden };
-
-using Target = std::variant<int64_t*, uint64_t*, double*, std::string*, bool*>;
-using Value = std::variant<int64_t, uint64_t, double, std::string, bool>;
-
-struct OptionSpec {
-  std::string name;  // the long option without dashes; also the TOML key
-  Target target;
-  std::string help;  // meaning; " (default: ...)" is appended unless the value is an empty string
-  Bound bound = Bound::kAny;
-  std::vector<std::string> choices = {};  // non-empty: the only valid values of a string option
-  std::string metavar = {};               // shown in --help instead of TEXT
-  InFile in_file = InFile::kAllowed;
-  std::string default_text = {};  // non-empty: shown as the default instead of the value
-};
-
-template <class... Fs>
-struct Overloaded : Fs... {
-  using Fs::operator()...;
-};
-template <class... Fs>
-Overloaded(Fs...) -> Overloaded<Fs...>;
-
-// The schedules' names, as the generators spell them.
-const std::vector<std::string> kSchedules = [] {
-  std::vector<std::string> names;
-  for (int k = 0; k < schedule::kNumScheduleKinds; ++k) {
-    names.emplace_back(schedule::schedule_kind_name(static_cast<schedule::ScheduleKind>(k)));
-  }
-  return names;
-}();
-const std::vector<std::string> kDataFormats = {"auto", "megatron", "tokens", "text"};
-const std::vector<std::string> kDevices = {"cpu", "cuda"};
-const std::vector<std::string> kNanPolicies = {"stop", "skip"};
-const std::vector<std::string> kOverlaps = {"on", "off", "split"};
-
-// The model's options, from the one table of model fields (Note [One table of model fields]).
-void add_model_specs(std::vector<OptionSpec>& s, ModelConfig& m) {
-  for (const ModelField& f : model_fields()) {
-    std::visit(
-        [&](auto member) {
-          s.push_back({f.name, &(m.*member), f.help, f.bound});
-        },
-        f.member);
-  }
-}
-
-void add_train_specs(std::vector<OptionSpec>& s, TrainConfig& t) {
-  s.push_back(
-      {"micro-batch-size", &t.micro_batch_size, "samples per micro-batch", Bound::kPositive});
-  s.push_back({"global-batch-size", &t.global_batch_size,
-               "samples per optimizer step; a multiple of micro-batch-size", Bound::kPositive});
-  s.push_back({"train-iters", &t.train_iters, "optimizer steps to run", Bound::kPositive});
-  s.push_back({"lr", &t.lr, "peak learning rate, reached after the warm-up", Bound::kPositive});
-  s.push_back(
-      {"min-lr", &t.min_lr, "learning rate at the end of the cosine decay", Bound::kNonNegative});
-  s.push_back({"lr-warmup-iters", &t.lr_warmup_iters, "steps of linear learning-rate warm-up",
-               Bound::kNonNegative});
-  s.push_back({"lr-decay-iters", &t.lr_decay_iters,
-               "steps of cosine decay; 0 decays over train-iters", Bound::kNonNegative});
-  s.push_back(
-      {"weight-decay", &t.weight_decay, "AdamW weight decay on matrices", Bound::kNonNegative});
-  s.push_back({"adam-beta1", &t.adam_beta1, "AdamW beta1, in [0, 1)", Bound::kNonNegative});
-  s.push_back({"adam-beta2", &t.adam_beta2, "AdamW beta2, in [0, 1)", Bound::kNonNegative});
-  s.push_back({"adam-eps", &t.adam_eps, "AdamW epsilon", Bound::kPositive});
-  s.push_back({"clip-grad", &t.clip_grad, "clip the global gradient norm to this; 0 turns it off",
-               Bound::kNonNegative});
-  s.push_back({"seed", &t.seed, "seed of initialisation and data order", Bound::kNonNegative});
-  s.push_back({"log-interval", &t.log_interval, "steps between log lines", Bound::kPositive});
-}
-
-void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
-  ParallelConfig& p = o.parallel;
-  s.push_back({"pipeline-model-parallel-size", &p.pipeline_model_parallel_size,
-               "PP, pipeline stages", Bound::kPositive});
-  s.push_back({"expert-model-parallel-size", &p.expert_model_parallel_size,
-               "EP, ranks the experts are spread over; divides num-experts", Bound::kPositive});
-  s.push_back({"virtual-pipeline-model-parallel-size", &p.virtual_pipeline_model_parallel_size,
-               "model chunks per pipeline rank (>= 2 for interleaved-1f1b)", Bound::kPositive});
-  s.push_back({"schedule", &p.schedule, "pipeline schedule", Bound::kAny, kSchedules});
-  s.push_back({"pair-first-forwards", &p.pair_first_forwards,
-               "combined-1f1b with one pipeline stage (expert parallelism): run the first two "
-               "forwards as one pair, (0F0;0F1), so the first forward's all-to-all overlaps the "
-               "second's compute; holds one more micro-batch's activations"});
-  s.push_back({"num-microbatches", &o.num_microbatches,
-               "micro-batches per step for `plan`; 0 derives it from the batch sizes",
-               Bound::kNonNegative});
-  s.push_back({"config",
-               &o.config_file,
-               "TOML file with these options as keys (`num-layers = 4`); the command line wins "
-               "(default: none)",
-               Bound::kAny,
-               {},
-               "FILE",
-               InFile::kForbidden});
-  s.push_back({"data-path",
-               &o.data_path,
-               "training data: a token or text file, or a Megatron .bin/.idx prefix (default: "
-               "none, the built-in addition task)",
-               Bound::kAny,
-               {},
-               "PATH"});
-  s.push_back({"data-format", &o.data_format, "format of --data-path", Bound::kAny, kDataFormats});
-  s.push_back({"mock-data", &o.mock_data,
-               "train on uniformly random tokens in [0, --vocab-size) instead of a data set, as "
-               "Megatron's --mock-data and torch_peer.py do (for benchmarks: random tokens spread "
-               "over all experts, the addition task's few bytes do not)"});
-  s.push_back({"save",
-               &o.save_dir,
-               "directory to save checkpoints to (default: none, no saving)",
-               Bound::kAny,
-               {},
-               "DIR"});
-  s.push_back({"save-interval", &o.save_interval,
-               "steps between checkpoints; 0 saves only at the end when --save is set",
-               Bound::kNonNegative});
-  s.push_back({"load",
-               &o.load_dir,
-               "checkpoint to start from: a --save directory (its latest), one iter_NNNNNNN "
-               "directory, or a Hugging Face checkpoint directory (weights only); model options "
-               "not given are taken from it (default: none)",
-               Bound::kAny,
-               {},
-               "DIR"});
-  s.push_back({"max-shard-size",
-               &o.max_shard_size,
-               "the largest weights file a checkpoint writes: bigger models are saved as "
-               "model-0000k-of-0000n.safetensors shards and model.safetensors.index.json, as "
-               "transformers saves them (SIZE: 5GB, 500MB, 2GiB)",
-               Bound::kAny,
-               {},
-               "SIZE"});
-  s.push_back({"keep-checkpoints", &o.keep_checkpoints,
-               "newest iteration directories kept under --save; older ones are deleted after a "
-               "new one is complete",
-               Bound::kPositive});
-  s.push_back({"nan-policy", &o.nan_policy,
-               "when the loss or gradients are NaN or Inf: stop with an error naming the "
-               "iteration, or skip that step's update",
-               Bound::kAny, kNanPolicies});
-  s.push_back({"log-json",
-               &o.log_json,
-               "write one JSON object per iteration to FILE (default: none)",
-               Bound::kAny,
-               {},
-               "FILE"});
-  s.push_back({"trace",
-               &o.trace_path,
-               "write the measured timeline as Chrome trace JSON to FILE (default: none)",
-               Bound::kAny,
-               {},
-               "FILE"});
-  s.push_back({"node-times-out",
-               &o.node_times_out,
-               "write the last step's measured time of each node kind (GPU runs, CUDA events; "
-               "every rank's mean) as the JSON that `tandem plan --node-times` reads (default: "
-               "none)",
-               Bound::kAny,
-               {},
-               "FILE"});
-  s.push_back({"routing-out",
-               &o.routing_out,
-               "MoE: write the rows each experts node received in the last step, "
-               "for every rank's pipeline, as the JSON that `tandem plan --routing` reads "
-               "(default: none)",
-               Bound::kAny,
-               {},
-               "FILE"});
-  s.push_back({"comm-overlap", &o.comm_overlap,
-               "combined-1f1b and dualpipev with expert parallelism: run the expert all-to-all "
-               "on a communication stream of its own, overlapped with the other micro-batch's "
-               "compute (on), or in order on the compute stream (off); split (GPUs): each "
-               "micro-batch of a pair on a compute and a communication stream of its own",
-               Bound::kAny, kOverlaps});
-  s.push_back({"device", &o.device,
-               "where to train: cpu (OpenBLAS, f32) or cuda (one GPU per process, bf16 "
-               "activations, f32 master weights; needs a binary built with CUDA)",
-               Bound::kAny, kDevices});
-  s.push_back({"quiet", &o.quiet, "no progress bar and no log lines"});
-  s.push_back({"recompute-experts", &o.train.recompute_experts,
-               "MoE: the experts keep only their input rows for the backward and form gate, up "
-               "and the SwiGLU again there (less activation memory, one more pass of the gate "
-               "and up products)"});
-  s.push_back({"moe-router-force-load-balancing", &o.train.moe_router_force_balance,
-               "MoE, for benchmarks only: route each token to k experts round-robin so every "
-               "expert (and expert rank) gets the same rows; the router still weights them"});
-  s.push_back({"defer-optimizer",
-               &o.train.defer_optimizer,
-               "run each step's AdamW update layer by layer inside the next "
-               "step's first forward, just before it reads each layer's weights; on GPUs with "
-               "expert parallelism and --comm-overlap, that forward's all-to-all then runs "
-               "beside the update (the results do not change); --defer-optimizer=false: never",
-               Bound::kAny,
-               {},
-               {},
-               InFile::kAllowed,
-               "on with --device cuda, --expert-model-parallel-size > 1 and --schedule "
-               "combined-1f1b with --comm-overlap on or split, else off"});
-  s.push_back({"overlap-grad-reduce", &o.train.overlap_grad_reduce,
-               "with data parallelism: all-reduce each layer's gradients as soon "
-               "as the step's backward has finished with that layer, beside the backward of the "
-               "layers below it, instead of all of them after the backward; "
-               "--overlap-grad-reduce=false: at the step's end"});
-  s.push_back({"rebalance-experts",
-               &o.train.rebalance_experts,
-               "MoE with expert parallelism: every N steps, lay each layer's experts out anew "
-               "over the expert-parallel ranks so that each rank's experts take about the same "
-               "rows (measured over those N steps), moving their weights and Adam moments; the "
-               "results do not change; 0: never",
-               Bound::kNonNegative,
-               {},
-               "N"});
-  s.push_back({"addition-max-digits", &o.addition_max_digits,
-               "operand digits of the built-in addition task (used without --data-path)",
-               Bound::kPositive});
-  s.push_back({"split",
-               &o.split,
-               "weights of --data-path's training, validation and test parts, as Megatron's "
-               "--split: 969,30,1 trains on the first 96.9% of the documents (a Megatron "
-               "index's; else of the tokens), validates on the next 3% (default: none, all "
-               "trains)",
-               Bound::kAny,
-               {},
-               "T,V,S"});
-  s.push_back({"valid-data-path",
-               &o.valid_data_path,
-               "validation data of its own, in --data-format (default: none; then --split's "
-               "part, or the built-in task's held-out problems)",
-               Bound::kAny,
-               {},
-               "PATH"});
-  s.push_back({"eval-iters",
-               &o.eval_iters,
-               "batches of --global-batch-size samples each validation runs forward, reporting "
-               "their mean LM loss and its exp (valid loss, valid ppl); 0: no validation",
-               Bound::kNonNegative,
-               {},
-               "N"});
-  s.push_back({"eval-interval",
-               &o.eval_interval,
-               "steps between validations (with --eval-iters > 0); the last step's too",
-               Bound::kPositive,
-               {},
-               "N"});
-  s.push_back({"tensorboard-dir",
-               &o.tensorboard_dir,
-               "write TensorBoard event files of every step's figures and validations into DIR "
-               "(made if missing; rank 0 writes) (default: none)",
-               Bound::kAny,
-               {},
-               "DIR"});
-  s.push_back({"comm-timeout", &o.comm_timeout_s,
-               "seconds any rank waits for another before it stops with an error naming the "
-               "operation and the peer",
-               Bound::kPositive});
-}
-
-// The one table; it points into `o`, so it is rebuilt for each RunOptions.
-std::vector<OptionSpec> option_specs(RunOptions& o) {
-  std::vector<OptionSpec> specs;
-  add_model_specs(specs, o.model);
-  add_train_specs(specs, o.train);
-  add_run_specs(specs, o);
-  return specs;
-}
-
 std::string join(const std::vector<std::string>& items, std::string_view sep) {
   std::string out;
   for (size_t i = 0; i < items.size(); ++i) out += (i ? std::string(sep) : "") + items[i];
   return out;
+}
+
+// The valid values of a string option: its choices, or its enumeration's names.
+const std::vector<std::string>& choices_of(const OptionSpec& spec) {
+  if (const auto* e = std::get_if<EnumTarget>(&spec.target)) return e->names;
+  return spec.choices;
+}
+
+bool is_text(const OptionSpec& spec) {
+  return std::holds_alternative<std::string*>(spec.target) ||
+         std::holds_alternative<EnumTarget>(spec.target);
 }
 
 std::string to_text(const Value& v) {
@@ -328,11 +72,15 @@ std::string to_text(const Value& v) {
 }
 
 Value current_value(const OptionSpec& spec) {
-  return std::visit([](auto* p) { return Value(*p); }, spec.target);
+  return std::visit(Overloaded{[](const EnumTarget& e) { return Value(e.get()); },
+                               [](auto* p) { return Value(*p); }},
+                    spec.target);
 }
 
 void store_value(const OptionSpec& spec, const Value& v) {
-  std::visit([&](auto* p) { *p = std::get<std::remove_pointer_t<decltype(p)>>(v); }, spec.target);
+  std::visit(Overloaded{[&](const EnumTarget& e) { e.set(std::get<std::string>(v)); },
+                        [&](auto* p) { *p = std::get<std::remove_pointer_t<decltype(p)>>(v); }},
+             spec.target);
 }
 
 std::string default_suffix(const OptionSpec& spec) {
@@ -356,7 +104,7 @@ std::string valid_text(const OptionSpec& spec) {
   } else if (std::holds_alternative<bool*>(spec.target)) {
     out = "true or false";
   } else {
-    out = spec.choices.empty() ? "a string" : "one of: " + join(spec.choices, ", ");
+    out = choices_of(spec).empty() ? "a string" : "one of: " + join(choices_of(spec), ", ");
   }
   return out;
 }
@@ -371,8 +119,9 @@ std::string value_problem(const OptionSpec& spec, const Value& v) {
          (spec.bound != Bound::kNonNegative || *d >= 0);
   } else if (const auto* u = std::get_if<uint64_t>(&v)) {
     ok = spec.bound != Bound::kPositive || *u >= 1;
-  } else if (const auto* s = std::get_if<std::string>(&v); s && !spec.choices.empty()) {
-    ok = std::find(spec.choices.begin(), spec.choices.end(), *s) != spec.choices.end();
+  } else if (const auto* s = std::get_if<std::string>(&v); s && !choices_of(spec).empty()) {
+    const std::vector<std::string>& choices = choices_of(spec);
+    ok = std::find(choices.begin(), choices.end(), *s) != choices.end();
   }
   return ok ? "" : "it must be " + valid_text(spec);
 }
@@ -426,24 +175,49 @@ CLI::Validator decimal_number(FieldBound bound, bool is_unsigned) {
       "decimal");
 }
 
+CLI::Option* add_named_option(CLI::App& app, const std::string& flag, const std::string& help,
+                              const std::vector<std::string>& names,
+                              std::function<void(const std::string&)> store) {
+  // A tandem::Error from here leaves app.parse() as any other bad value does (exit 2).
+  const auto parse = [flag, names, store = std::move(store)](const std::string& s) {
+    TANDEM_CHECK(std::find(names.begin(), names.end(), s) != names.end(), flag, " ", s,
+                 " is invalid: it must be one of: ", join(names, ", "));
+    store(s);
+  };
+  CLI::Option* o = app.add_option_function<std::string>(flag, parse, help);
+  o->type_name(join(names, "|"));
+  return o;
+}
+
+schedule::ScheduleKind schedule_kind(const ParallelConfig& p) {
+  return schedule::parse_schedule_kind(p.schedule);
+}
+
 void add_run_options(CLI::App& app, RunOptions& opts) {
   for (const OptionSpec& spec : option_specs(opts)) {
     const std::string flag = "--" + spec.name;
     const std::string help = spec.help + default_suffix(spec);
-    std::visit(Overloaded{[&](bool* b) { app.add_flag(flag, *b, help); },
-                          [&](std::string* s) {
-                            CLI::Option* o = app.add_option(flag, *s, help);
-                            if (!spec.choices.empty()) o->type_name(join(spec.choices, "|"));
-                            if (!spec.metavar.empty()) o->type_name(spec.metavar);
-                          },
-                          [&](auto* n) {
-                            CLI::Option* o = app.add_option(flag, *n, help);
-                            using T = std::remove_pointer_t<decltype(n)>;
-                            if constexpr (std::is_integral_v<T>) {
-                              o->check(decimal_number(spec.bound, std::is_unsigned_v<T>));
-                            }
-                          }},
-               spec.target);
+    std::visit(
+        Overloaded{[&](bool* b) { app.add_flag(flag, *b, help); },
+                   [&](const EnumTarget& e) { add_named_option(app, flag, help, e.names, e.set); },
+                   [&](std::string* s) {
+                     CLI::Option* o = app.add_option(flag, *s, help);
+                     if (!spec.choices.empty()) o->type_name(join(spec.choices, "|"));
+                     if (!spec.metavar.empty()) o->type_name(spec.metavar);
+                   },
+                   [&](auto* n) {
+                     CLI::Option* o = app.add_option(flag, *n, help);
+                     using T = std::remove_pointer_t<decltype(n)>;
+                     if constexpr (std::is_integral_v<T>) {
+                       const Bound bound = spec.bound;
+                       o->check(CLI::Validator(
+                           [bound](std::string& s) {
+                             return check_decimal(s, bound, std::is_unsigned_v<T>);
+                           },
+                           "", "decimal"));
+                     }
+                   }},
+        spec.target);
   }
 }
 
@@ -545,6 +319,10 @@ std::optional<Value> read_node(const OptionSpec& spec, const toml::node& node) {
                                [&](bool*) -> std::optional<Value> {
                                  if (const auto* b = node.as_boolean()) return Value(b->get());
                                  return std::nullopt;
+                               },
+                               [&](const EnumTarget&) -> std::optional<Value> {
+                                 if (const auto* s = node.as_string()) return Value(s->get());
+                                 return std::nullopt;
                                }},
                     spec.target);
 }
@@ -604,10 +382,8 @@ void apply_config_entry(const CLI::App& app, const std::vector<OptionSpec>& spec
   seen_lines[name] = line;
   const std::optional<Value> value = read_node(*spec, node);
   TANDEM_CHECK(value.has_value(), where, "expected ", valid_text(*spec), ", got ",
-               describe_node(node), " (e.g. ", name, " = ",
-               std::holds_alternative<std::string*>(spec->target) ? "\"" : "",
-               to_text(current_value(*spec)),
-               std::holds_alternative<std::string*>(spec->target) ? "\"" : "", ")");
+               describe_node(node), " (e.g. ", name, " = ", is_text(*spec) ? "\"" : "",
+               to_text(current_value(*spec)), is_text(*spec) ? "\"" : "", ")");
   const std::string problem = value_problem(*spec, *value);
   TANDEM_CHECK(problem.empty(), where, "value ", to_text(*value), " is invalid: ", problem);
   if (app.count("--" + name) == 0) {
@@ -666,25 +442,26 @@ void check_combinations(const RunOptions& o) {
                " is fewer than the ", chunks,
                " model chunks (--pipeline-model-parallel-size x "
                "--virtual-pipeline-model-parallel-size): each chunk needs at least one layer");
-  TANDEM_CHECK(!p.pair_first_forwards ||
-                   (p.schedule == "combined-1f1b" && p.pipeline_model_parallel_size == 1 &&
-                    p.virtual_pipeline_model_parallel_size == 1),
-               "--pair-first-forwards pairs the first two forwards of combined-1f1b with one "
-               "stage; it needs --schedule combined-1f1b (it is ",
-               p.schedule, "), --pipeline-model-parallel-size 1 (it is ",
-               p.pipeline_model_parallel_size,
-               ") and --virtual-pipeline-model-parallel-size 1 (it is ",
-               p.virtual_pipeline_model_parallel_size, ")");
+  TANDEM_CHECK(
+      !p.pair_first_forwards ||
+          (schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
+           p.pipeline_model_parallel_size == 1 && p.virtual_pipeline_model_parallel_size == 1),
+      "--pair-first-forwards pairs the first two forwards of combined-1f1b with one "
+      "stage; it needs --schedule combined-1f1b (it is ",
+      p.schedule, "), --pipeline-model-parallel-size 1 (it is ", p.pipeline_model_parallel_size,
+      ") and --virtual-pipeline-model-parallel-size 1 (it is ",
+      p.virtual_pipeline_model_parallel_size, ")");
   TANDEM_CHECK(
       o.train.rebalance_experts == 0 || (o.model.is_moe() && p.expert_model_parallel_size > 1),
       "--rebalance-experts ", o.train.rebalance_experts,
       " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
       o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
       p.expert_model_parallel_size, "), or 0 (never)");
-  TANDEM_CHECK(o.comm_overlap != "split" || o.train.device == Device::kCUDA,
+  TANDEM_CHECK(o.comm_overlap != runtime::CommOverlap::kSplit || o.train.device == Device::kCUDA,
                "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it "
                "needs --device cuda (it is cpu), or use on");
-  TANDEM_CHECK(p.schedule != "interleaved-1f1b" || p.virtual_pipeline_model_parallel_size >= 2,
+  TANDEM_CHECK(schedule_kind(p) != schedule::ScheduleKind::kInterleaved1f1b ||
+                   p.virtual_pipeline_model_parallel_size >= 2,
                "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
                "(it is ",
                p.virtual_pipeline_model_parallel_size, ")");
@@ -725,6 +502,9 @@ std::optional<Value> json_value(const OptionSpec& spec, const nlohmann::json& v)
             return v.is_number() ? std::optional<Value>(v.get<double>()) : std::nullopt;
           },
           [&](std::string*) {
+            return v.is_string() ? std::optional<Value>(v.get<std::string>()) : std::nullopt;
+          },
+          [&](const EnumTarget&) {
             return v.is_string() ? std::optional<Value>(v.get<std::string>()) : std::nullopt;
           },
           [&](bool*) {
@@ -800,7 +580,10 @@ nlohmann::json model_option_values(const ModelConfig& model) {
   add_model_specs(specs, copy);
   nlohmann::json out = nlohmann::json::object();
   for (const OptionSpec& spec : specs) {
-    out[spec.name] = std::visit([](auto* p) { return nlohmann::json(*p); }, spec.target);
+    out[spec.name] =
+        std::visit(Overloaded{[](const EnumTarget& e) { return nlohmann::json(e.get()); },
+                              [](auto* p) { return nlohmann::json(*p); }},
+                   spec.target);
   }
   return out;
 }
@@ -822,9 +605,6 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   TANDEM_CHECK(shard && *shard >= 1 && *shard < 9e18, "--max-shard-size ", opts.max_shard_size,
                " is not a size of at least one byte: use ", kSizeForms);
   opts.max_shard_bytes = static_cast<int64_t>(*shard);
-  opts.train.device = opts.device == "cuda" ? Device::kCUDA : Device::kCPU;
-  opts.train.non_finite_policy =
-      opts.nan_policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
   // Note [Deferred update by default]: with expert parallelism on GPUs and the all-to-all on a
   // stream of its own, the update covers the first forward's all-to-all, which it otherwise
   // leaves exposed (bench/results/gpu_multi.md measures it); the values are bitwise the same
@@ -835,7 +615,8 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
     const ParallelConfig& p = opts.parallel;
     opts.train.defer_optimizer = opts.train.device == Device::kCUDA && opts.model.is_moe() &&
                                  p.expert_model_parallel_size > 1 &&
-                                 p.schedule == "combined-1f1b" && opts.comm_overlap != "off";
+                                 schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
+                                 opts.comm_overlap != runtime::CommOverlap::kOff;
   }
   try {
     check_combinations(opts);

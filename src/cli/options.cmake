@@ -2,6 +2,7 @@
 # library the tests link without the tandem program. Included by src/cli/CMakeLists.txt.
 add_library(tandem_cli_options STATIC
   ${CMAKE_CURRENT_LIST_DIR}/options.cc
+  ${CMAKE_CURRENT_LIST_DIR}/option_table.cc
   ${CMAKE_CURRENT_LIST_DIR}/progress.cc
   ${CMAKE_CURRENT_LIST_DIR}/path_checks.cc
   ${CMAKE_CURRENT_LIST_DIR}/sizes.cc

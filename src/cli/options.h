@@ -5,13 +5,25 @@
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <span>
 #include <string>
+#include <type_traits>
+#include <vector>
 
 #include "cli/cli_fwd.h"
 #include "core/config.h"
+#include "core/enum_names.h"
+#include "runtime/comm_overlap.h"
+#include "schedule/generators.h"
 
 namespace tandem::cli {
 
+// Note [String options of an enumeration]: --nan-policy, --device and --comm-overlap are stored
+// as their enums (train.non_finite_policy, train.device, comm_overlap). --schedule and
+// --data-format stay strings whose valid values are their enum's table
+// (schedule::kScheduleKindNames, data::kDatasetFormatNames): ParallelConfig lives in core, below
+// the schedule's enum, and the data set is opened by its format's name; code that branches on
+// them parses the name (schedule_kind below), never compares it to a literal.
 struct RunOptions {
   ModelConfig model;
   TrainConfig train;
@@ -32,17 +44,38 @@ struct RunOptions {
   int64_t keep_checkpoints = 2;      // --keep-checkpoints: iteration directories kept under --save
   std::string max_shard_size = "5GB";  // --max-shard-size (parsed into max_shard_bytes)
   int64_t max_shard_bytes = 5'000'000'000;
-  std::string nan_policy = "stop";  // --nan-policy stop | skip (sets train.non_finite_policy)
-  std::string log_json;             // --log-json FILE: one JSON object per iteration
-  std::string trace_path;           // --trace FILE.json: the measured timeline
-  std::string node_times_out;       // --node-times-out FILE.json: measured node times (GPU)
-  std::string routing_out;          // --routing-out FILE.json: the last step's routing tables
-  std::string comm_overlap = "on";  // --comm-overlap on | off | split (runtime::CommOverlap)
-  std::string device = "cpu";       // --device cpu | cuda
+  std::string log_json;        // --log-json FILE: one JSON object per iteration
+  std::string trace_path;      // --trace FILE.json: the measured timeline
+  std::string node_times_out;  // --node-times-out FILE.json: measured node times (GPU)
+  std::string routing_out;     // --routing-out FILE.json: the last step's routing tables
+  runtime::CommOverlap comm_overlap = runtime::CommOverlap::kOn;  // --comm-overlap
   bool quiet = false;               // --quiet: no progress bar, no log lines
   int64_t addition_max_digits = 3;  // --addition-max-digits: the built-in task's operand digits
   double comm_timeout_s = 120;      // --comm-timeout: bound on every wait for another rank
 };
+
+// An option whose value is one of `names`, handed to `store` once parsed; any other value is a
+// parse error naming the valid ones (exit 2, Note [Exit codes] in options.cc).
+CLI::Option* add_named_option(CLI::App& app, const std::string& flag, const std::string& help,
+                              const std::vector<std::string>& names,
+                              std::function<void(const std::string&)> store);
+
+// An option parsed straight into `target` by the names of `names` (E's table or a part of it;
+// Note [One name table per enumeration] in core/enum_names.h).
+template <class E>
+CLI::Option* add_enum_option(
+    CLI::App& app, const std::string& flag, E& target, const std::string& help,
+    std::type_identity_t<std::span<const EnumName<E>>> names = enum_names(E{})) {
+  std::vector<std::string> list;
+  for (const EnumName<E>& n : names) list.emplace_back(n.name);
+  return add_named_option(app, flag, help, list, [&target, names](const std::string& s) {
+    for (const EnumName<E>& n : names)
+      if (s == n.name) target = n.value;
+  });
+}
+
+// The run's schedule (a name of the table: finalize_run_options has checked it).
+schedule::ScheduleKind schedule_kind(const ParallelConfig& p);
 
 // Registers every run option on `app`, bound into `opts`, with its default (the model's:
 // docs/model.md "Hyper-parameters").

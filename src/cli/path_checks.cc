@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "data/file_dataset.h"
 
 namespace tandem::cli {
 namespace {
@@ -29,16 +30,16 @@ namespace {
 void check_data_path(const RunOptions& o) {
   if (o.data_path.empty()) return;
   const std::string& path = o.data_path;
-  const bool prefix_ok = (o.data_format == "auto" || o.data_format == "megatron") &&
-                         ::access((path + ".bin").c_str(), R_OK) == 0 &&
+  const data::DatasetFormat format = parse_enum<data::DatasetFormat>(o.data_format).value();
+  const bool megatron_ok =
+      format == data::DatasetFormat::kAuto || format == data::DatasetFormat::kMegatron;
+  const bool prefix_ok = megatron_ok && ::access((path + ".bin").c_str(), R_OK) == 0 &&
                          ::access((path + ".idx").c_str(), R_OK) == 0;
   if (prefix_ok) return;
   std::error_code ec;
   TANDEM_CHECK(::access(path.c_str(), R_OK) == 0, "--data-path ", path, ": cannot read it (",
                os_reason(), "); give a readable token or text file",
-               o.data_format == "auto" || o.data_format == "megatron"
-                   ? ", or the prefix P of a Megatron P.bin/P.idx pair"
-                   : "");
+               megatron_ok ? ", or the prefix P of a Megatron P.bin/P.idx pair" : "");
   TANDEM_CHECK(!std::filesystem::is_directory(path, ec), "--data-path ", path,
                ": is a directory; give a data file or a Megatron .bin/.idx prefix");
 }

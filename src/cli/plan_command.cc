@@ -31,7 +31,7 @@ enum class OutputFormat : uint8_t { kTable, kJson };
 
 struct PlanOptions {
   std::string schedule_file;
-  std::string cost_model = "roofline";
+  schedule::CostModelKind cost_model = schedule::CostModelKind::kRoofline;
   std::string node_times;
   std::string routing;   // --routing FILE (tandem train --routing-out)
   int routing_rank = 0;  // --routing-rank: whose pipeline's table
@@ -61,15 +61,17 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
                  "(docs/schedules.md); replaces --schedule (default: none)")
       ->check(CLI::ExistingFile)
       ->option_text("FILE");
-  sub.add_option(
-         "--cost-model", p.cost_model,
-         "roofline (FLOPs and bytes against the device below) or uniform (F 1, B 2, "
-         "I and W 1 each, communication 0: for checking against theory) (default: roofline)")
-      ->check(CLI::IsMember({"roofline", "uniform"}))
-      ->option_text("roofline|uniform");
+  add_enum_option(sub, "--cost-model", p.cost_model,
+                  "roofline (FLOPs and bytes against the device below) or uniform (F 1, B 2, "
+                  "I and W 1 each, communication 0: for checking against theory) (default: "
+                  "roofline)",
+                  schedule::kCostModelOptionNames);
   sub.add_option("--node-times", p.node_times,
                  "per-node times in seconds from a JSON file (docs/schedules.md) instead of the "
-                 "roofline (default: none)")
+                 "roofline; a file of `tandem train --node-times-out` says the shape it was "
+                 "measured at, and a plan of another micro-batch size, sequence length, layer "
+                 "count or expert-parallel size scales each node by its work (docs/planning.md) "
+                 "(default: none)")
       ->check(CLI::ExistingFile)
       ->option_text("FILE");
   sub.add_option("--routing", p.routing,
@@ -147,7 +149,7 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   req.schedule_file = p.schedule_file;
   int64_t v = o.parallel.virtual_pipeline_model_parallel_size;
   // dualpipev always runs two stages per rank; say so only when the user asked for another.
-  if (o.parallel.schedule == "dualpipev" &&
+  if (schedule_kind(o.parallel) == schedule::ScheduleKind::kDualPipeV &&
       app.count("--virtual-pipeline-model-parallel-size") == 0)
     v = 2;
   req.inputs = run_inputs(o, p.data_parallel_size);
@@ -162,10 +164,11 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   // --device cuda plans the GPU trainer: bf16 activations unless --activation-bytes says else.
   if (!in.gpu || app.count("--activation-bytes") > 0) in.activation_elem_bytes = p.activation_bytes;
   in.cost.device = p.device;
-  in.cost.kind = schedule::parse_cost_model(p.cost_model);
+  in.cost.kind = p.cost_model;
   if (!p.node_times.empty()) {
     TANDEM_CHECK(app.count("--cost-model") == 0, "--node-times ", p.node_times,
-                 " replaces the cost model: drop --cost-model ", p.cost_model);
+                 " replaces the cost model: drop --cost-model ",
+                 schedule::cost_model_name(p.cost_model));
     in.cost.kind = schedule::CostModelKind::kNodeTimes;
     in.cost.table = schedule::load_node_times(p.node_times);
   }

@@ -22,7 +22,7 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   in.model = o.model;
   in.micro_batch_size = o.train.micro_batch_size;
   in.expert_parallel_size = o.parallel.expert_model_parallel_size;
-  in.gpu = o.device == "cuda";
+  in.gpu = o.train.device == Device::kCUDA;
   in.activation_elem_bytes = in.gpu ? 2 : 4;
   in.recompute_experts = o.train.recompute_experts;
   in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]

@@ -117,7 +117,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
   std::unique_ptr<data::Dataset> valid =
       o.eval_iters > 0 ? make_validation_dataset(o, WholeDataPath::kRefused) : nullptr;
   runtime::PipelineTrainer trainer(o.model, o.train, run.sched, groups, *data, DType::kF32,
-                                   comm_overlap(o));
+                                   o.comm_overlap);
   const TestFaults faults;
   faults.install(trainer);
   const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);

@@ -57,7 +57,7 @@ void open_device(const RunOptions& o) {
   if (comm::launched_by_mpirun()) cuda::set_wait_limit(o.comm_timeout_s);
   (void)ops::Lanes::count();  // a bad TANDEM_EXPERT_LANES stops the run here, not mid-step
 #else
-  TANDEM_CHECK(false, "--device ", o.device,
+  TANDEM_CHECK(false, "--device ", enum_name(o.train.device),
                " is not available in this build: valid is cpu (built without CUDA)");
 #endif
 }
@@ -76,24 +76,19 @@ std::unique_ptr<comm::Communicator> make_world(const RunOptions& o) {
   return comm::self_world();
 }
 
-runtime::CommOverlap comm_overlap(const RunOptions& o) {
-  if (o.comm_overlap == "off") return runtime::CommOverlap::kOff;
-  return o.comm_overlap == "split" ? runtime::CommOverlap::kSplit : runtime::CommOverlap::kOn;
-}
-
 RunLayout make_layout(std::unique_ptr<comm::Communicator> world, RunOptions& o) {
   const ParallelConfig& p = o.parallel;
   RunLayout out;
-  out.groups = std::make_unique<runtime::Groups>(
-      runtime::Groups::make(std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
-                            static_cast<int>(p.expert_model_parallel_size), o.train.device,
-                            /*second_expert_group=*/o.comm_overlap == "split", o.comm_timeout_s));
+  out.groups = std::make_unique<runtime::Groups>(runtime::Groups::make(
+      std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
+      static_cast<int>(p.expert_model_parallel_size), o.train.device,
+      /*second_expert_group=*/o.comm_overlap == runtime::CommOverlap::kSplit, o.comm_timeout_s));
   const comm::ParallelLayout& L = out.groups->layout;
   o.train.validate(L.dp());
   out.shape = {static_cast<int32_t>(L.pp),
                static_cast<int32_t>(p.virtual_pipeline_model_parallel_size),
                static_cast<int32_t>(o.train.num_microbatches(L.dp())), p.pair_first_forwards};
-  out.sched = schedule::generate_schedule(schedule::parse_schedule_kind(p.schedule), out.shape);
+  out.sched = schedule::generate_schedule(schedule_kind(p), out.shape);
   schedule::validate_schedule(out.sched);
   return out;
 }

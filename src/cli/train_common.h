@@ -25,7 +25,6 @@ void open_device(const RunOptions& o);
 std::string device_text(Device device);
 // The world: MPI's under mpirun, else this process alone (no MPI needed).
 std::unique_ptr<comm::Communicator> make_world(const RunOptions& o);
-runtime::CommOverlap comm_overlap(const RunOptions& o);
 
 // This rank's groups over `world` and the validated schedule of the options' layout.
 struct RunLayout {

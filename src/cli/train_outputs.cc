@@ -13,8 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "cli/planned_run.h"
 #include "cli/train_common.h"
 #include "core/device.h"
+#include "schedule/node_scaling.h"
 #include "schedule/routing_file.h"
 
 namespace tandem::cli {
@@ -36,7 +38,8 @@ void write_measured_trace(const std::string& path, runtime::PipelineTrainer& tra
 // the JSON of `tandem plan --node-times`; written by rank 0. Throws naming the path when it
 // cannot be written.
 void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
-                      comm::Communicator& world, bool recompute_experts) {
+                      comm::Communicator& world, const RunOptions& o) {
+  const bool recompute_experts = o.train.recompute_experts;
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
   // The nodes', then (each with 1 when measured) the deferred update's seconds per weight and
   // the gradient all-reduce's bus bandwidth.
@@ -89,6 +92,13 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   }
   if (least > 0) out["step_end_per_weight"] = least;
   out["defer_optimizer"] = trainer.measured_node_times().defer_optimizer;
+  // Note [Node times at another shape] (schedule/node_scaling.cc): where they were measured.
+  schedule::MeasuredShape at;
+  at.model = o.model;
+  at.micro_batch_size = o.train.micro_batch_size;
+  at.expert_parallel_size = o.parallel.expert_model_parallel_size;
+  at.activation_elem_bytes = run_inputs(o, 1).activation_elem_bytes;
+  out["measured_at"] = schedule::measured_shape_json(at);
   std::ofstream f(path);
   f << out.dump(2) << "\n";
   TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");
@@ -197,7 +207,7 @@ void write_last_step_files(const RunOptions& o, runtime::PipelineTrainer& traine
   comm::Communicator& world = *trainer.groups().world;
   if (!o.trace_path.empty()) write_measured_trace(o.trace_path, trainer, world, alloc);
   if (!o.node_times_out.empty()) {
-    write_node_times(o.node_times_out, trainer, world, o.train.recompute_experts);
+    write_node_times(o.node_times_out, trainer, world, o);
   }
   if (!o.routing_out.empty()) write_routing(o.routing_out, trainer, world);
 }

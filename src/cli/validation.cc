@@ -23,7 +23,8 @@ constexpr uint64_t kMockValidationStream = 0x7661'6c69'6400'0001ULL;  // "valid"
 // A data path must be readable: the file itself or a Megatron prefix's .bin and .idx.
 void check_readable_data(const std::string& flag, const std::string& path,
                          const std::string& format) {
-  const bool megatron = format == "auto" || format == "megatron";
+  const data::DatasetFormat f = data::parse_dataset_format(format);
+  const bool megatron = f == data::DatasetFormat::kAuto || f == data::DatasetFormat::kMegatron;
   if (megatron && ::access((path + ".bin").c_str(), R_OK) == 0 &&
       ::access((path + ".idx").c_str(), R_OK) == 0) {
     return;

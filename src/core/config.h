@@ -4,17 +4,24 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <variant>
 #include <vector>
 
 #include "core/dtype.h"
+#include "core/enum_names.h"
 
 namespace tandem {
 
 // What a training step does when its loss or gradient norm is NaN or Inf (--nan-policy): stop
 // with an error naming the iteration, or skip the update (no weight or optimizer change).
 enum class NonFinitePolicy : uint8_t { kStop, kSkip };
+inline constexpr EnumName<NonFinitePolicy> kNonFinitePolicyNames[] = {
+    {NonFinitePolicy::kStop, "stop"}, {NonFinitePolicy::kSkip, "skip"}};
+constexpr std::span<const EnumName<NonFinitePolicy>> enum_names(NonFinitePolicy) {
+  return kNonFinitePolicyNames;
+}
 
 // How RoPE's frequencies are scaled (docs/model.md "Rotary position embedding"): not at all, or as
 // Llama 3 scales them for a context longer than the one it was trained at.
@@ -115,8 +122,9 @@ ModelFamily family_of(const ModelConfig& m);
 
 // Note [One table of model fields]: every ModelConfig field is spelled once, in model_fields():
 // its Megatron-style name is the command-line option (--name), the TOML key, and, with '_' for
-// '-', the key of a checkpoint's JSON; the command line, the config file, checkpoints and the
-// cross-rank agreement check all walk this table.
+// '-', the key of a checkpoint's JSON; its hf_key the key of a Hugging Face config.json. The
+// command line (train and plan alike), the config file, checkpoints, config.json, the node-times
+// file's measured_at and the cross-rank agreement check all walk this table.
 enum class FieldBound : uint8_t { kAny, kNonNegative, kPositive };
 struct ModelField {
   const char* name;
@@ -128,6 +136,9 @@ struct ModelField {
   // False for fields a checkpoint may lack (written before the field existed): they then take
   // the default, which is the model those checkpoints hold.
   bool in_every_checkpoint = true;
+  // The transformers config.json key that holds the field, the same in every family that has it
+  // (Note [config.json keys] in io/hf_config.cc); nullptr: the families' code maps it.
+  const char* hf_key = nullptr;
 };
 const std::vector<ModelField>& model_fields();
 // The checkpoint JSON key of a field: its name with '_' for '-'.

@@ -3,12 +3,18 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <string_view>
+
+#include "core/enum_names.h"
 
 namespace tandem {
 
 enum class DType : uint8_t { kF32, kF64, kBF16, kI32, kI64 };
 enum class Device : uint8_t { kCPU, kCUDA };
+// --device's names (Note [One name table per enumeration] in core/enum_names.h).
+inline constexpr EnumName<Device> kDeviceNames[] = {{Device::kCPU, "cpu"}, {Device::kCUDA, "cuda"}};
+constexpr std::span<const EnumName<Device>> enum_names(Device) { return kDeviceNames; }
 
 constexpr int64_t dtype_size(DType t) {
   switch (t) {

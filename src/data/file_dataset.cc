@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 #include "core/error.h"
@@ -229,13 +230,13 @@ TokenFileDataset::TokenFileDataset(const std::string& path, int64_t vocab_size, 
 }
 
 DatasetFormat parse_dataset_format(const std::string& name) {
-  if (name == "auto") return DatasetFormat::kAuto;
-  if (name == "tokens") return DatasetFormat::kTokens;
-  if (name == "text") return DatasetFormat::kText;
-  if (name == "megatron") return DatasetFormat::kMegatron;
-  TANDEM_CHECK(false, "data format '", name, "' is unknown: valid formats are auto, tokens, text",
-               " and megatron");
-  return DatasetFormat::kAuto;
+  const std::optional<DatasetFormat> format = parse_enum<DatasetFormat>(name);
+  if (format) return *format;
+  const std::vector<std::string> names = enum_name_list<DatasetFormat>();
+  std::string valid;
+  for (size_t i = 0; i + 1 < names.size(); ++i) valid += (i ? ", " : "") + names[i];
+  throw Error(detail::concat("data format '", name, "' is unknown: valid formats are ", valid,
+                             " and ", names.back()));
 }
 
 namespace {

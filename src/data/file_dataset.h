@@ -14,8 +14,10 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
+#include "core/enum_names.h"
 #include "data/dataset.h"
 #include "data/mapped_file.h"
 
@@ -107,8 +109,17 @@ class MegatronDataset : public FileTokenDataset {
 // True when `path` names a Megatron pair (prefix, .bin or .idx) whose .idx starts with MMIDIDX.
 bool is_megatron_dataset(const std::string& path);
 
-enum class DatasetFormat { kAuto, kTokens, kText, kMegatron };
-// "auto", "tokens", "text" or "megatron"; throws naming the valid names otherwise.
+enum class DatasetFormat : uint8_t { kAuto, kTokens, kText, kMegatron };
+// --data-format's names (Note [One name table per enumeration] in core/enum_names.h).
+inline constexpr EnumName<DatasetFormat> kDatasetFormatNames[] = {
+    {DatasetFormat::kAuto, "auto"},
+    {DatasetFormat::kTokens, "tokens"},
+    {DatasetFormat::kText, "text"},
+    {DatasetFormat::kMegatron, "megatron"}};
+constexpr std::span<const EnumName<DatasetFormat>> enum_names(DatasetFormat) {
+  return kDatasetFormatNames;
+}
+// A name of the table; throws naming the valid names otherwise.
 DatasetFormat parse_dataset_format(const std::string& name);
 
 // Opens `path` in `format` (kAuto: Megatron when a .idx with the MMIDIDX header sits beside it,

@@ -1,6 +1,19 @@
 // config.json writer and reader for the transformers classes of docs/model.md "Families" (see
 // hf_config.h). Defaults for absent keys are those of the transformers config classes.
 //
+// Note [config.json keys]: a model field that is one config.json key of one meaning in every
+// family that has it names that key in model_fields() (its hf_key column, core/config.cc);
+// family_keys() below lists which of them each transformers class has, with its config class's
+// default where the key may be absent, and the reader and writer walk that list. The other
+// fields are not one key, so the family code maps them: kv-channels is head_dim, null or the
+// derived width for 0; num-experts is num_local_experts (Mixtral) or num_experts (Qwen), which
+// some versions write both of; rotary-base and the RoPE scaling live in a dict as well
+// (rope_parameters, rope_scaling) beside the top-level rope_theta; moe-ffn-hidden-size 0 means
+// ffn-hidden-size, while moe_intermediate_size is always the width; qk-layernorm and
+// moe-shared-expert-gate come with the class; moe-router-pre-softmax is norm_topk_prob negated;
+// moe-layer-freq is decoder_sparse_step with mlp_only_layers; add-qkv-bias is Qwen2-MoE's
+// qkv_bias, and attention_bias false elsewhere.
+//
 // Note [Every key is read or refused]: the reader marks each key it reads. A key that no family
 // reader read and that is not in kNeutralKeys (keys that do not change the model's math: token
 // ids, dtype, generation and output settings) is refused, naming it, so that a setting tandem
@@ -14,6 +27,8 @@
 #include <optional>
 #include <set>
 #include <string_view>
+#include <variant>
+#include <vector>
 
 #include "core/error.h"
 #include "io/atomic_dir.h"
@@ -136,14 +151,54 @@ struct FamilyInfo {
   double default_theta;          // the config class's default_theta
   double default_eps;            // rms_norm_eps's default
   int64_t default_max_position;  // max_position_embeddings' default
+  int64_t default_topk;          // num_experts_per_tok's default; 0: a dense class
+  int64_t default_shared;        // shared_expert_intermediate_size's default; 0: none
 };
 
 constexpr FamilyInfo kFamilies[] = {
-    {ModelFamily::kLlama, "llama", 1e4, 1e-6, 2048},
-    {ModelFamily::kMixtral, "mixtral", 1e6, 1e-5, 4096 * 32},
-    {ModelFamily::kQwen3Moe, "qwen3_moe", 1e4, 1e-6, 32768},
-    {ModelFamily::kQwen2Moe, "qwen2_moe", 1e4, 1e-6, 32768},
+    {ModelFamily::kLlama, "llama", 1e4, 1e-6, 2048, 0, 0},
+    {ModelFamily::kMixtral, "mixtral", 1e6, 1e-5, 4096 * 32, 2, 0},
+    {ModelFamily::kQwen3Moe, "qwen3_moe", 1e4, 1e-6, 32768, 8, 0},
+    {ModelFamily::kQwen2Moe, "qwen2_moe", 1e4, 1e-6, 32768, 4, 5632},
 };
+
+// A key of family_keys(): the model field (by option name) and, for an absent key, nothing
+// (the key is required), a value, or the value of a field read before it.
+struct FamilyKey {
+  const char* option;
+  std::variant<std::monostate, double, const char*> fallback;
+};
+
+// Note [config.json keys]: the hf_key fields each class has, in the order they are read.
+std::vector<FamilyKey> family_keys(const FamilyInfo& f) {
+  std::vector<FamilyKey> keys = {{"vocab-size", {}},
+                                 {"hidden-size", {}},
+                                 {"ffn-hidden-size", {}},
+                                 {"num-layers", {}},
+                                 {"num-attention-heads", {}},
+                                 {"num-query-groups", "num-attention-heads"},
+                                 {"norm-epsilon", f.default_eps},
+                                 {"seq-length", static_cast<double>(f.default_max_position)}};
+  if (f.default_topk > 0) {
+    keys.push_back({"moe-router-topk", static_cast<double>(f.default_topk)});
+    keys.push_back({"moe-aux-loss-coeff", 0.001});
+  }
+  if (f.default_shared > 0) {
+    keys.push_back({"moe-shared-expert-intermediate-size", static_cast<double>(f.default_shared)});
+  }
+  return keys;
+}
+
+const ModelField& field_named(const char* option) {
+  for (const ModelField& f : model_fields()) {
+    if (std::string_view(f.name) == option) {
+      TANDEM_ASSERT(f.hf_key != nullptr, "model field ", option, " has no config.json key");
+      return f;
+    }
+  }
+  TANDEM_ASSERT(false, "no model field ", option);
+  return model_fields().front();
+}
 
 const FamilyInfo& family_info(ModelFamily f) {
   for (const FamilyInfo& i : kFamilies) {
@@ -211,14 +266,29 @@ void read_head_dim(const ConfigReader& r, ModelConfig& m) {
 // refuses.
 void read_common(const ConfigReader& r, const std::string& source, const FamilyInfo& f,
                  ModelConfig& m) {
-  m.vocab_size = r.integer("vocab_size");
-  m.hidden_size = r.integer("hidden_size");
-  m.ffn_hidden_size = r.integer("intermediate_size");
-  m.num_layers = r.integer("num_hidden_layers");
-  m.num_attention_heads = r.integer("num_attention_heads");
-  m.num_query_groups = r.integer("num_key_value_heads", m.num_attention_heads);
-  m.norm_epsilon = r.number("rms_norm_eps", f.default_eps);
-  m.seq_length = r.integer("max_position_embeddings", f.default_max_position);
+  for (const FamilyKey& key : family_keys(f)) {
+    const ModelField& field = field_named(key.option);
+    std::optional<double> fallback;
+    if (const auto* v = std::get_if<double>(&key.fallback)) fallback = *v;
+    if (const auto* other = std::get_if<const char*>(&key.fallback)) {
+      fallback =
+          static_cast<double>(m.*std::get<int64_t ModelConfig::*>(field_named(*other).member));
+    }
+    std::visit(
+        [&](auto member) {
+          using T = std::remove_reference_t<decltype(m.*member)>;
+          if constexpr (std::is_same_v<T, int64_t>) {
+            m.*member = r.integer(
+                field.hf_key,
+                fallback ? std::optional<int64_t>(static_cast<int64_t>(*fallback)) : std::nullopt);
+          } else if constexpr (std::is_same_v<T, double>) {
+            m.*member = r.number(field.hf_key, fallback);
+          } else {
+            TANDEM_ASSERT(false, "config.json key ", field.hf_key, " of a non-number field");
+          }
+        },
+        field.member);
+  }
   read_head_dim(r, m);
   read_rope(r, source, f, m);
   r.expect_number("partial_rotary_factor", 1.0, "RoPE on every column of the head");
@@ -285,11 +355,9 @@ int64_t read_num_experts(const ConfigReader& r, int64_t fallback) {
                                     : r.integer("num_experts", fallback);
 }
 
-void read_qwen_moe(const ConfigReader& r, ModelConfig& m, int64_t experts, int64_t topk) {
+void read_qwen_moe(const ConfigReader& r, ModelConfig& m, int64_t experts) {
   m.num_experts = read_num_experts(r, experts);
   if (m.num_experts < 1) r.fail("num_experts", "is below 1; a MoE model has experts");
-  m.moe_router_topk = r.integer("num_experts_per_tok", topk);
-  m.moe_aux_loss_coeff = r.number("router_aux_loss_coef", 0.001);
   m.moe_router_pre_softmax = !r.boolean("norm_topk_prob", false);
   read_qwen_moe_layers(r, m);
   read_qwen_attention(r);
@@ -305,8 +373,6 @@ void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
     case ModelFamily::kMixtral:
       m.num_experts = read_num_experts(r, 8);
       if (m.num_experts < 1) r.fail("num_local_experts", "is below 1; a Mixtral model has experts");
-      m.moe_router_topk = r.integer("num_experts_per_tok", 2);
-      m.moe_aux_loss_coeff = r.number("router_aux_loss_coef", 0.001);
       r.expect_number("router_jitter_noise", 0.0, "no noise on the router's input");
       if (r.has("sliding_window") && r.integer("sliding_window") < m.seq_length) {
         r.fail("sliding_window", "is " + std::to_string(r.integer("sliding_window")) +
@@ -317,19 +383,18 @@ void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
       m.qk_layernorm = true;
       m.moe_ffn_hidden_size = r.integer("moe_intermediate_size", 768);
       r.expect_false("attention_bias", "no biases in attention");
-      read_qwen_moe(r, m, 128, 8);
+      read_qwen_moe(r, m, 128);
       return;
     case ModelFamily::kQwen2Moe:
       m.add_qkv_bias = r.boolean("qkv_bias", true);
       m.moe_ffn_hidden_size = r.integer("moe_intermediate_size", 1408);
-      m.moe_shared_expert_intermediate_size = r.integer("shared_expert_intermediate_size", 5632);
       if (m.moe_shared_expert_intermediate_size < 1) {
         r.fail("shared_expert_intermediate_size",
                "is below 1; tandem's Qwen2-MoE has a shared "
                "expert");
       }
       m.moe_shared_expert_gate = true;
-      read_qwen_moe(r, m, 60, 4);
+      read_qwen_moe(r, m, 60);
       return;
   }
 }
@@ -337,7 +402,6 @@ void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
 // The Qwen MoE families' keys written from `model`.
 void write_qwen_moe(nlohmann::ordered_json& j, const ModelConfig& model) {
   j["num_experts"] = model.num_experts;
-  j["num_experts_per_tok"] = model.moe_router_topk;
   j["moe_intermediate_size"] = model.expert_ffn_size();
   j["norm_topk_prob"] = !model.moe_router_pre_softmax;
   j["decoder_sparse_step"] = 1;
@@ -346,7 +410,6 @@ void write_qwen_moe(nlohmann::ordered_json& j, const ModelConfig& model) {
     if (!model.is_moe_layer(l)) dense.push_back(l);
   }
   j["mlp_only_layers"] = dense;
-  j["router_aux_loss_coef"] = model.moe_aux_loss_coeff;
   j["output_router_logits"] = false;
   j["use_sliding_window"] = false;
   j["sliding_window"] = nullptr;
@@ -360,16 +423,12 @@ std::string hf_config_json(const ModelConfig& model) {
   nlohmann::ordered_json j;
   j["architectures"] = {family_class_name(f.family)};
   j["model_type"] = f.model_type;
-  j["vocab_size"] = model.vocab_size;
-  j["hidden_size"] = model.hidden_size;
-  j["intermediate_size"] = model.ffn_hidden_size;
-  j["num_hidden_layers"] = model.num_layers;
-  j["num_attention_heads"] = model.num_attention_heads;
-  j["num_key_value_heads"] = model.num_query_groups;
+  for (const FamilyKey& key : family_keys(f)) {  // Note [config.json keys]
+    const ModelField& field = field_named(key.option);
+    std::visit([&](auto member) { j[field.hf_key] = model.*member; }, field.member);
+  }
   j["head_dim"] = model.head_dim();
   j["hidden_act"] = "silu";
-  j["max_position_embeddings"] = model.seq_length;
-  j["rms_norm_eps"] = model.norm_epsilon;
   // RoPE in both forms, so transformers 4.x (rope_theta, rope_scaling) and 5.x
   // (rope_parameters) read the same frequencies.
   nlohmann::ordered_json scaling = nullptr;
@@ -396,8 +455,6 @@ std::string hf_config_json(const ModelConfig& model) {
   switch (f.family) {
     case ModelFamily::kMixtral:
       j["num_local_experts"] = model.num_experts;
-      j["num_experts_per_tok"] = model.moe_router_topk;
-      j["router_aux_loss_coef"] = model.moe_aux_loss_coeff;
       j["output_router_logits"] = false;
       j["router_jitter_noise"] = 0.0;
       j["sliding_window"] = nullptr;
@@ -412,7 +469,6 @@ std::string hf_config_json(const ModelConfig& model) {
       break;
     case ModelFamily::kQwen2Moe:
       j["qkv_bias"] = model.add_qkv_bias;
-      j["shared_expert_intermediate_size"] = model.moe_shared_expert_intermediate_size;
       write_qwen_moe(j, model);
       break;
   }

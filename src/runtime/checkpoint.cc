@@ -15,6 +15,7 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <set>
 #include <thread>
 #include <type_traits>
@@ -400,7 +401,7 @@ Json config_to_json(const TrainConfig& t) {
           {"clip_grad", t.clip_grad},
           {"seed", t.seed},
           {"log_interval", t.log_interval},
-          {"nan_policy", t.non_finite_policy == NonFinitePolicy::kSkip ? "skip" : "stop"}};
+          {"nan_policy", std::string(enum_name(t.non_finite_policy))}};
 }
 
 ModelConfig model_config_from_json(const Json& j, const std::string& where) {
@@ -449,9 +450,10 @@ TrainConfig train_config_from_json(const Json& j, const std::string& where) {
   t.seed = f.unsigned_integer("seed");
   t.log_interval = f.integer("log_interval");
   const std::string policy = f.string("nan_policy");
-  TANDEM_CHECK(policy == "stop" || policy == "skip", where, "key 'nan_policy' is \"", policy,
-               "\"; valid: \"stop\", \"skip\"");
-  t.non_finite_policy = policy == "skip" ? NonFinitePolicy::kSkip : NonFinitePolicy::kStop;
+  const std::optional<NonFinitePolicy> parsed = parse_enum<NonFinitePolicy>(policy);
+  TANDEM_CHECK(parsed.has_value(), where, "key 'nan_policy' is \"", policy, "\"; valid: \"",
+               enum_choices<NonFinitePolicy>("\", \""), "\"");
+  t.non_finite_policy = *parsed;
   try {
     t.validate();
   } catch (const Error& e) {

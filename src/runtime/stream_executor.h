@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/chunk.h"
+#include "runtime/comm_overlap.h"
 #include "runtime/deferred_update.h"
 #include "runtime/grad_reduce.h"
 #include "runtime/groups.h"
@@ -16,13 +17,6 @@
 #include "schedule/action.h"
 
 namespace tandem::runtime {
-
-// Whether combined forward-backward actions run their all-to-all nodes on a communication
-// stream of their own (a worker thread on the CPU, a high-priority CUDA stream on the GPU) or
-// everything in order on the compute stream.
-// kSplit (GPU only): as kOn, and the two halves of a pair each get a compute and a communication
-// stream of their own (Note [A stream pair per half] in combined.cc).
-enum class CommOverlap : uint8_t { kOff, kOn, kSplit };
 
 // One micro-batch's part of an action: a plain compute action, or one half of a pair (kForward,
 // kBackward with its weight halves, or kBackwardInput), its input in place.

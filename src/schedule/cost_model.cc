@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "core/error.h"
+#include "schedule/node_scaling.h"
 
 namespace tandem::schedule {
 namespace {
@@ -44,25 +45,7 @@ NodePhaseTimes parse_phase_times(const nlohmann::json& j, NodeKind kind, std::st
 
 }  // namespace
 
-std::string_view cost_model_name(CostModelKind kind) {
-  switch (kind) {
-    case CostModelKind::kUniform:
-      return "uniform";
-    case CostModelKind::kRoofline:
-      return "roofline";
-    case CostModelKind::kNodeTimes:
-      return "node-times";
-  }
-  return "?";
-}
-
-CostModelKind parse_cost_model(std::string_view name) {
-  if (name == "uniform") return CostModelKind::kUniform;
-  if (name == "roofline") return CostModelKind::kRoofline;
-  throw Error(detail::concat("--cost-model '", name,
-                             "' is unknown: valid cost models are "
-                             "uniform and roofline (give --node-times FILE for measured times)"));
-}
+std::string_view cost_model_name(CostModelKind kind) { return enum_name(kind); }
 
 bool node_has_weights(NodeKind kind) {
   return kind != NodeKind::kDispatch && kind != NodeKind::kCombine;
@@ -137,6 +120,8 @@ NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const Footprin
 NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,
                           const FootprintShape& shape, int64_t ep) {
   if (cost.kind == CostModelKind::kNodeTimes) {
+    // Note [Node times at another shape] (node_scaling.cc).
+    if (cost.table.measured_at) return scaled_node_times(cost, kind, cfg, shape, ep);
     const auto& entry = cost.table.nodes[static_cast<int>(kind)];
     TANDEM_CHECK(entry.has_value(), "the node-times file has no entry for \"", node_kind_name(kind),
                  "\", which this model needs");
@@ -193,10 +178,12 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
   for (const auto& [key, value] : j.items()) {
     TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts" ||
                      key == "update_per_weight" || key == "grad_reduce_bus_bytes_per_s" ||
-                     key == "step_end_per_weight" || key == "defer_optimizer",
+                     key == "step_end_per_weight" || key == "defer_optimizer" ||
+                     key == "measured_at" || key == "node_overhead_s",
                  source, ": unknown key \"", key,
                  "\"; valid keys are nodes, p2p, recompute_experts, update_per_weight, "
-                 "grad_reduce_bus_bytes_per_s, step_end_per_weight and defer_optimizer");
+                 "grad_reduce_bus_bytes_per_s, step_end_per_weight, defer_optimizer, "
+                 "measured_at and node_overhead_s");
   }
   for (const char* key : {"recompute_experts", "defer_optimizer"}) {
     if (!j.contains(key)) continue;
@@ -232,6 +219,15 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
            table.step_end_s_per_weight);
   positive("grad_reduce_bus_bytes_per_s", "the gradient all-reduce's bus bandwidth in bytes/s",
            table.grad_reduce_bus_bytes_per_s);
+  if (j.contains("measured_at")) table.measured_at = parse_measured_shape(j["measured_at"], source);
+  if (j.contains("node_overhead_s")) {
+    const nlohmann::json& v = j["node_overhead_s"];
+    TANDEM_CHECK(table.measured_at && v.is_number() && v.get<double>() >= 0, source,
+                 ": node_overhead_s: expected the fixed seconds of a node (>= 0) beside "
+                 "measured_at, got ",
+                 v.dump());
+    table.node_overhead_s = v.get<double>();
+  }
   if (j.contains("p2p")) {
     TANDEM_CHECK(j["p2p"].is_number() && j["p2p"].get<double>() >= 0, source,
                  ": p2p: expected the time of one pipeline message in seconds, got ",

@@ -5,10 +5,12 @@
 #include <array>
 #include <cstdint>
 #include <optional>
+#include <span>
 #include <string>
 #include <string_view>
 
 #include "core/config.h"
+#include "core/enum_names.h"
 #include "core/footprint.h"
 
 namespace tandem::schedule {
@@ -18,10 +20,19 @@ enum class CostModelKind : uint8_t {
   kRoofline,   // max(FLOPs / matrix rate, bytes / memory bandwidth); latency + bytes / link
   kNodeTimes,  // per-node times from a JSON file (docs/schedules.md)
 };
+// The cost models' names (Note [One name table per enumeration] in core/enum_names.h); --cost-model
+// takes the first two, the file model is chosen by giving --node-times FILE.
+inline constexpr EnumName<CostModelKind> kCostModelNames[] = {
+    {CostModelKind::kRoofline, "roofline"},
+    {CostModelKind::kUniform, "uniform"},
+    {CostModelKind::kNodeTimes, "node-times"}};
+constexpr std::span<const EnumName<CostModelKind>> enum_names(CostModelKind) {
+  return kCostModelNames;
+}
+// The values --cost-model takes.
+inline constexpr EnumName<CostModelKind> kCostModelOptionNames[] = {kCostModelNames[0],
+                                                                    kCostModelNames[1]};
 std::string_view cost_model_name(CostModelKind kind);
-// "uniform" or "roofline" (the file model is chosen by giving a file); throws naming the valid
-// ones.
-CostModelKind parse_cost_model(std::string_view name);
 
 // A device and its links. Defaults are roughly one H200 with NVLink.
 struct DeviceDesc {
@@ -61,6 +72,17 @@ int64_t p2p_bytes(const ModelConfig& cfg, const FootprintShape& shape);
 NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape,
                            int64_t ep, int64_t weight_elem_bytes);
 
+// The shape a node-times file was measured at (its "measured_at"): the model, the micro-batch,
+// the expert-parallel size and the activation element size of the run that wrote it.
+// See Note [Node times at another shape] in node_scaling.cc.
+struct MeasuredShape {
+  ModelConfig model;
+  int64_t micro_batch_size = 1;
+  int64_t expert_parallel_size = 1;
+  int64_t activation_elem_bytes = 2;
+  std::string source;  // the file, for messages
+};
+
 // Times per node kind (and of one pipeline message) read from JSON; missing kinds stay empty.
 struct NodeTimesTable {
   std::array<std::optional<NodePhaseTimes>, kNumNodeKinds> nodes;
@@ -80,6 +102,11 @@ struct NodeTimesTable {
   // (a plan uses the rate only for the same choice); empty: the memory bandwidth's estimate.
   std::optional<double> step_end_s_per_weight;
   bool defer_optimizer = false;
+  // Where the times were measured; a plan of another shape scales them (node_scaling.h). Empty
+  // (a file written by hand): the times are used as they are, whatever the shape.
+  std::optional<MeasuredShape> measured_at;
+  // The fixed seconds of a node at another shape, instead of the fit (node_scaling.h).
+  std::optional<double> node_overhead_s;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);

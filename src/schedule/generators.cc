@@ -14,9 +14,6 @@
 namespace tandem::schedule {
 namespace {
 
-constexpr std::array<std::string_view, kNumScheduleKinds> kNames = {
-    "gpipe", "1f1b", "interleaved-1f1b", "combined-1f1b", "zb-h1", "dualpipev"};
-
 using ActionList = std::vector<Action>;
 
 Action fwd(int32_t s, int32_t m) { return Action::make(ActionKind::kForward, s, m); }
@@ -206,19 +203,13 @@ std::string lower(std::string_view s) {
 
 }  // namespace
 
-std::string_view schedule_kind_name(ScheduleKind kind) { return kNames[static_cast<int>(kind)]; }
+std::string_view schedule_kind_name(ScheduleKind kind) { return enum_name(kind); }
 
-std::string schedule_kind_names() {
-  std::string out;
-  for (std::string_view n : kNames) out += (out.empty() ? "" : ", ") + std::string(n);
-  return out;
-}
+std::string schedule_kind_names() { return enum_choices<ScheduleKind>(); }
 
 ScheduleKind parse_schedule_kind(std::string_view name) {
   const std::string key = lower(name);
-  for (int k = 0; k < kNumScheduleKinds; ++k) {
-    if (kNames[k] == key) return static_cast<ScheduleKind>(k);
-  }
+  if (const std::optional<ScheduleKind> kind = parse_enum<ScheduleKind>(key)) return *kind;
   throw Error(detail::concat("--schedule '", name, "' is unknown: valid schedules are ",
                              schedule_kind_names()));
 }

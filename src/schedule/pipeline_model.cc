@@ -4,6 +4,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "schedule/node_scaling.h"
 
 namespace tandem::schedule {
 namespace {
@@ -116,6 +117,10 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
                " does not divide into the schedule's ", sch.num_stages,
                " stages: use a multiple of ", sch.num_stages);
   check_routing(sch, in);
+  // Note [Node times at another shape] (node_scaling.cc).
+  if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.measured_at) {
+    check_transferable(*in.cost.table.measured_at, cfg, in.activation_elem_bytes);
+  }
 }
 
 constexpr double kRecomputeShare = 2.0 / 3.0;  // Note [Recompute in the plan]

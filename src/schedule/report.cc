@@ -5,6 +5,7 @@
 #include <sstream>
 #include <string>
 
+#include "schedule/node_scaling.h"
 #include "schedule/planner.h"
 
 namespace tandem::schedule {
@@ -145,6 +146,10 @@ nlohmann::json plan_summary_json(const Plan& plan) {
   j["step_with_reduce_s"] = plan.sim.step_with_reduce_s;
   j["full_step_s"] = plan.sim.full_step_s;  // Note [The step's end in the plan]
   if (const std::optional<double> tokens = planned_tokens_per_s(plan)) j["tokens_per_s"] = *tokens;
+  // Note [Node times at another shape]: the fixed part of a node the scaling took.
+  if (plan.inputs.cost.kind == CostModelKind::kNodeTimes && plan.inputs.cost.table.measured_at) {
+    j["node_overhead_s"] = node_overhead_s(plan.inputs.cost, plan.model.shape);
+  }
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankResult& r : plan.sim.ranks) {
     ranks.push_back({{"rank", r.rank},

@@ -84,7 +84,7 @@ TEST(Options, DefaultsAreModelMdDemo) {
   EXPECT_DOUBLE_EQ(o.train.clip_grad, 1.0);
   EXPECT_EQ(o.parallel.schedule, "1f1b");
   EXPECT_EQ(o.data_format, "auto");
-  EXPECT_EQ(o.device, "cpu");
+  EXPECT_EQ(o.train.device, Device::kCPU);
   EXPECT_FALSE(o.quiet);
   EXPECT_TRUE(o.data_path.empty());
 }

@@ -391,3 +391,46 @@ TEST(TandemProgram, PlanChecksAMemoryLimit) {
 }
 
 }  // namespace
+
+// Note [Node times at another shape]: a node-times file that says where it was measured plans
+// another micro-batch size (scaled: twice the tokens take longer than the file's times as they
+// are), and a plan of another width is refused with exit 2, naming the setting and both values.
+TEST(TandemProgram, PlanScalesNodeTimesOrRefusesAnotherWidth) {
+  TempDir work, capture;
+  const auto file = [&](const std::string& name, int64_t hidden, bool with_shape) {
+    nlohmann::json nodes = nlohmann::json::object();
+    for (const char* n : {"embed", "attention", "dispatch", "experts", "combine", "loss"}) {
+      nodes[n] = {{"forward", 1e-4}};
+    }
+    nodes["attention"] = {{"forward", 3e-4}};
+    nodes["experts"] = {{"forward", 6e-4}};
+    nlohmann::json j = {{"nodes", nodes}};
+    if (with_shape) {
+      j["measured_at"] = {{"micro-batch-size", 2},
+                          {"expert-model-parallel-size", 1},
+                          {"activation-bytes", 4},
+                          {"model", {{"hidden-size", hidden}}}};
+    }
+    std::ofstream(work / name) << j.dump();
+    return work / name;
+  };
+  const auto plan = [&](const std::string& times, const std::string& micro_batch) {
+    return run_tandem({"plan", "--json", "--node-times", times, "--micro-batch-size", micro_batch,
+                       "--global-batch-size", "8"},
+                      work.path(), capture.path());
+  };
+  const std::string same = file("same.json", 256, true), unscaled = file("bare.json", 256, false);
+  const RunResult at2 = plan(same, "2"), bare2 = plan(unscaled, "2");
+  const RunResult at4 = plan(same, "4"), bare4 = plan(unscaled, "4");
+  for (const RunResult* r : {&at2, &bare2, &at4, &bare4}) ASSERT_EQ(r->exit_code, 0) << r->err;
+  const auto step = [](const RunResult& r) {
+    return nlohmann::json::parse(r.out).at("step_time_s").get<double>();
+  };
+  EXPECT_DOUBLE_EQ(step(at2), step(bare2));  // the measured shape: the file's times
+  EXPECT_GT(step(at4), 1.2 * step(bare4));   // micro-batch 4: each node does more work
+  const RunResult wide = plan(file("wide.json", 512, true), "2");
+  EXPECT_EQ(wide.exit_code, 2);
+  EXPECT_NE(wide.err.find("measured with --hidden-size 512; this plan has --hidden-size 256"),
+            std::string::npos)
+      << wide.err;
+}

@@ -1,0 +1,36 @@
+// Node times measured at one shape, planned at another: the node-times file says where it was
+// measured ("measured_at"), and each node's time is scaled by its work.
+// See Note [Node times at another shape] in node_scaling.cc.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string_view>
+
+#include "core/config.h"
+#include "core/footprint.h"
+#include "schedule/cost_model.h"
+
+namespace tandem::schedule {
+
+// {"micro-batch-size": 2, "expert-model-parallel-size": 1, "activation-bytes": 2, "model":
+// {"num-layers": 8, ...}}: the option names of `tandem train`.
+nlohmann::json measured_shape_json(const MeasuredShape& at);
+// Throws tandem::Error naming `source` and the key when `j` is not such an object.
+MeasuredShape parse_measured_shape(const nlohmann::json& j, std::string_view source);
+
+// Throws tandem::Error naming the first setting in which `model` and `activation_elem_bytes`
+// differ from `at` that the scaling cannot carry (a width, a dtype), and what would be valid.
+void check_transferable(const MeasuredShape& at, const ModelConfig& model,
+                        int64_t activation_elem_bytes);
+
+// The times of `kind` at `shape` (of `cfg`, expert-parallel size `ep`) from the table's times at
+// its measured_at (which must be set).
+NodePhaseTimes scaled_node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,
+                                 const FootprintShape& shape, int64_t ep);
+
+// The fixed seconds of a node (the fit's intercept, at least 0; the file's node_overhead_s when
+// it has one): what a node costs beyond its work. `planned` gives the layout flags (fused LM head,
+// MoE layer).
+double node_overhead_s(const CostModel& cost, const FootprintShape& planned);
+
+}  // namespace tandem::schedule
