@@ -41,6 +41,10 @@ void warn_if_data_differs(const nlohmann::json& recorded, const nlohmann::json& 
 nlohmann::json checkpoint_option_values(const std::string& load_dir) {
   const runtime::CheckpointInfo info = runtime::inspect_checkpoint(load_dir);
   nlohmann::json fixed = model_option_values(info.model_config);
+  // The expert bias's update rate is a training setting like the learning rate: a Hugging Face
+  // checkpoint has none, and a run resumed from tandem's keeps it unless the command line says.
+  const nlohmann::json bias_rate = fixed["moe-router-bias-update-rate"];
+  fixed.erase("moe-router-bias-update-rate");
   if (info.kind == runtime::CheckpointKind::kHuggingFace) {
     fixed.erase("seq-length");
     return {{"fixed", fixed}};
@@ -62,6 +66,7 @@ nlohmann::json checkpoint_option_values(const std::string& load_dir) {
     for (char& c : option) c = c == '_' ? '-' : c;
     defaults[option] = value;
   }
+  defaults["moe-router-bias-update-rate"] = bias_rate;
   return {{"fixed", fixed}, {"defaults", defaults}};
 }
 

@@ -28,6 +28,42 @@ std::vector<std::string> small(std::vector<std::string> more) {
   return args;
 }
 
+// A small DeepSeek-V3 model: multi-head latent attention and the sigmoid router.
+std::vector<std::string> small_v3(std::vector<std::string> more) {
+  std::vector<std::string> args = {"--num-layers",
+                                   "1",
+                                   "--hidden-size",
+                                   "32",
+                                   "--num-attention-heads",
+                                   "4",
+                                   "--num-query-groups",
+                                   "4",
+                                   "--ffn-hidden-size",
+                                   "32",
+                                   "--num-experts",
+                                   "4",
+                                   "--seq-length",
+                                   "16",
+                                   "--micro-batch-size",
+                                   "2",
+                                   "--global-batch-size",
+                                   "4",
+                                   "--multi-latent-attention",
+                                   "--kv-lora-rank",
+                                   "8",
+                                   "--qk-head-dim",
+                                   "4",
+                                   "--qk-pos-emb-head-dim",
+                                   "4",
+                                   "--v-head-dim",
+                                   "4",
+                                   "--rotary-interleaved",
+                                   "--moe-router-score-function",
+                                   "sigmoid"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
 void put_le(std::string& out, uint64_t v, int bytes) {
   for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
 }
@@ -156,6 +192,16 @@ std::vector<BadInput> option_cases() {
       {"node times on one CPU rank",
        small({"--node-times-out", "nodes.json"}),
        {"--node-times-out nodes.json", "mpirun", "--device cuda"}},
+      {"sigmoid router with an aux loss", small_v3({}), {"--moe-aux-loss-coeff 0.01", "sigmoid"}},
+      {"score function", {"--moe-router-score-function", "tanh"}, {"tanh", "softmax, sigmoid"}},
+      {"groups",
+       small_v3({"--moe-aux-loss-coeff", "0", "--moe-router-num-groups", "3",
+                 "--moe-router-group-topk", "1"}),
+       {"--moe-router-num-groups 3"}},
+      {"MLA without its interleaved RoPE",
+       {"--multi-latent-attention", "--num-query-groups", "8", "--moe-router-score-function",
+        "sigmoid", "--moe-aux-loss-coeff", "0"},
+       {"--rotary-interleaved"}},
   };
 }
 
