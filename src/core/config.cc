@@ -181,6 +181,10 @@ const std::vector<ModelField>& model_fields() {
        kNonNegative, false},
       {"moe-router-group-topk", &M::moe_router_group_topk,
        "--moe-router-num-groups: the groups each token chooses among", kNonNegative, false},
+      {"moe-router-load-balancing-type", &M::moe_router_load_balancing_type,
+       "aux_loss (the switch loss; softmax router) or seq_aux_loss (DeepSeek-V3's, per "
+       "sequence; sigmoid router), weighted by --moe-aux-loss-coeff",
+       FieldBound::kAny, false},
       {"moe-router-topk-scaling-factor", &M::moe_router_topk_scaling_factor,
        "the routing weights are multiplied by this (DeepSeek-V3's routed_scaling_factor)",
        kPositive, false},
@@ -523,11 +527,21 @@ void ModelConfig::validate_v3_options() const {
                  moe_router_enable_expert_bias ? "--moe-router-enable-expert-bias"
                                                : "--moe-router-num-groups",
                  " needs --moe-router-score-function sigmoid");
-  } else {
-    TANDEM_CHECK(moe_aux_loss_coeff == 0, "--moe-aux-loss-coeff ", moe_aux_loss_coeff,
-                 " is invalid with --moe-router-score-function sigmoid: tandem's sigmoid router "
-                 "balances with --moe-router-enable-expert-bias, not an aux loss; set it to 0");
   }
+  TANDEM_CHECK(moe_router_load_balancing_type == "aux_loss" ||
+                   moe_router_load_balancing_type == "seq_aux_loss",
+               "--moe-router-load-balancing-type ", moe_router_load_balancing_type,
+               " is invalid: valid: aux_loss, seq_aux_loss");
+  const bool seq = moe_router_load_balancing_type == "seq_aux_loss";
+  TANDEM_CHECK(!seq || sigmoid_router(),
+               "--moe-router-load-balancing-type seq_aux_loss needs --moe-router-score-function "
+               "sigmoid (it is ",
+               moe_router_score_function, "): the softmax router's loss is aux_loss");
+  TANDEM_CHECK(seq || !sigmoid_router() || moe_aux_loss_coeff == 0, "--moe-aux-loss-coeff ",
+               moe_aux_loss_coeff,
+               " with --moe-router-score-function sigmoid needs --moe-router-load-balancing-type "
+               "seq_aux_loss (the switch loss is the softmax router's), or set it to 0 (the "
+               "expert bias balances alone)");
 }
 
 void ModelConfig::validate_moe_options() const {

@@ -128,6 +128,10 @@ struct ModelConfig {
   int64_t moe_router_group_topk = 0;
   // --moe-router-topk-scaling-factor: the routing weights multiplied by this.
   double moe_router_topk_scaling_factor = 1.0;
+  // --moe-router-load-balancing-type: "aux_loss", the switch loss over the micro-batch (softmax
+  // router), or "seq_aux_loss", DeepSeek-V3's, per sequence over the normalised sigmoid scores
+  // (sigmoid router); weighted by moe_aux_loss_coeff.
+  std::string moe_router_load_balancing_type = "aux_loss";
 
   bool is_moe() const { return num_experts > 0; }
   // Whether layer l (of the whole model) has experts; parses moe_layer_freq (validate() has

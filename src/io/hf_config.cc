@@ -371,7 +371,8 @@ void read_deepseek_v3(const ConfigReader& r, ModelConfig& m) {
   m.moe_shared_expert_intermediate_size = shared * m.moe_ffn_hidden_size;
   m.moe_router_score_function = "sigmoid";
   m.moe_router_enable_expert_bias = true;  // e_score_correction_bias is always there
-  m.moe_aux_loss_coeff = 0;
+  m.moe_aux_loss_coeff = 0;                // transformers' forward has no aux loss
+  m.moe_router_load_balancing_type = "seq_aux_loss";
   m.moe_router_pre_softmax = !r.boolean("norm_topk_prob", true);
   m.moe_router_topk_scaling_factor = r.number("routed_scaling_factor", 2.5);
   m.moe_router_num_groups = r.integer("n_group", 8);
@@ -590,6 +591,12 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   TANDEM_ASSERT(family_of(m) == family->family, "config '", source, "' read as ", type,
                 " gives a model of another family");
   return m;
+}
+
+std::vector<std::string> hf_config_unwritten_fields(const ModelConfig& model) {
+  std::vector<std::string> out = {"moe_router_bias_update_rate", "moe_router_load_balancing_type"};
+  if (model.multi_latent_attention) out.push_back("moe_aux_loss_coeff");  // DeepseekV3Config
+  return out;
 }
 
 ModelConfig load_hf_config(const std::string& path) {

@@ -45,9 +45,12 @@ static Tensor expert_counts(const AttentionSaved& s, const LayerWeights& w, int6
   return counts;
 }
 
-static ops::RouterSpec router_spec(const ModelConfig& cfg) {
+// How the router chooses and weights; a sigmoid router's aux loss is over the context's sequences.
+static ops::RouterSpec router_spec(const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
   ops::RouterSpec r;
   if (cfg.sigmoid_router()) {
+    r.aux_seq = c.seq;
     r.score = cfg.moe_router_pre_softmax ? ops::RouterScore::kSigmoid
                                          : ops::RouterScore::kSigmoidNormalized;
     r.groups = cfg.moe_router_num_groups;
@@ -164,13 +167,17 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.topk_idx = saved_tensor({n, k}, DType::kI32, "attn.topk_idx");
   s.topk_w = saved_tensor({n, k}, c.stat_dtype(), "attn.topk_w");
   s.probs = saved_tensor({n, e}, c.stat_dtype(), "attn.probs");
-  ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits, router_spec(cfg), w.expert_bias);
+  ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits, router_spec(c), w.expert_bias);
   s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
   ops::moe_permutation(s.perm, s.counts, s.topk_idx, e, w.expert_slot);  // by place
   s.counts_read = std::make_shared<HostRead>(s.counts);  // Note [Routing counts on the host]
+  // The sigmoid router's loss is DeepSeek-V3's, per sequence (docs/model.md "DeepSeek-V3
+  // routing"); the softmax router's the switch loss.
   a.aux_loss =
-      ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k, cfg.moe_aux_loss_coeff);
+      cfg.sigmoid_router()
+          ? ops::router_seq_aux_loss_start(s.probs, s.topk_idx, c.seq, cfg.moe_aux_loss_coeff)
+          : ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k, cfg.moe_aux_loss_coeff);
   a.routed = work_tensor({n * k, h}, c.dtype, "routed");  // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }
@@ -190,7 +197,7 @@ static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const No
   s.d_logits = work_tensor({n, cfg.num_experts}, c.dtype, "d_router_logits");
   ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs,
                        expert_counts(s, w, cfg.num_experts), k, cfg.moe_aux_loss_coeff,
-                       c.loss_scale, router_spec(cfg));
+                       c.loss_scale, router_spec(c));
   ops::linear_backward_input(d_n2, s.d_logits, w.router, Accumulate::kAdd);
   a.d_routed = Tensor();
   a.d_topk_w = Tensor();

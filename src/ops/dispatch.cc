@@ -196,6 +196,11 @@ void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& 
   TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits, spec, bias);
 }
 
+PendingScalar router_seq_aux_loss_start(const Tensor& probs, const Tensor& topk_idx, int64_t seq,
+                                        double coeff) {
+  TANDEM_OP(probs, router_seq_aux_loss_start, probs, topk_idx, seq, coeff);
+}
+
 void router_load_add(const Tensor& load, const Tensor& counts) {
   TANDEM_OP(load, router_load_add, load, counts);
 }

@@ -44,6 +44,9 @@ struct RouterSpec {
   RouterScore score = RouterScore::kSoftmaxOfSelected;
   int64_t groups = 0, group_topk = 0;
   double scaling = 1.0;
+  // The sigmoid router's aux loss (router_seq_aux_loss_start) is over sequences of this many
+  // tokens; router_backward needs it when coeff > 0.
+  int64_t aux_seq = 0;
   RouterSpec() = default;
   RouterSpec(RouterScore s) : score(s) {}  // NOLINT: a plain softmax router converts implicitly
   bool sigmoid() const {

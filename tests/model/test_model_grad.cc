@@ -126,6 +126,13 @@ TEST(ModelGradient, DeepseekV3MatchesFiniteDifferences) {
   unnormalised.moe_router_pre_softmax = true;
   check_gradients(unnormalised, false, false, 3e-8);
 }
+// DeepSeek-V3's sequence-wise aux loss, weighted high enough to matter.
+TEST(ModelGradient, DeepseekV3WithSequenceAuxLossMatchesFiniteDifferences) {
+  ModelConfig c = testing::tiny_deepseek_v3_config(5);
+  c.moe_router_load_balancing_type = "seq_aux_loss";
+  c.moe_aux_loss_coeff = 0.5;
+  check_gradients(c, false, false, 3e-8);
+}
 TEST(ModelGradient, DeepseekV3WithYarnMatchesFiniteDifferences) {
   ModelConfig c = testing::tiny_deepseek_v3_config(5);
   c.rope_type = "yarn";

@@ -249,6 +249,48 @@ TEST(SigmoidRouter, BackwardMatchesFiniteDifferences) {
   }
 }
 
+// DeepSeek-V3's sequence-wise aux loss: its value against the definition written out here (per
+// sequence, the choices of each expert times the mean of its normalised score), and its
+// gradient (with the routing weights') against finite differences.
+TEST(SigmoidRouter, SequenceAuxLossMatchesItsDefinitionAndFiniteDifferences) {
+  std::mt19937_64 rng(74);
+  const int64_t seq = 4, batch = 3, n = seq * batch, e = 6, k = 2;
+  const double coeff = 0.3, aux_scale = 1.7;
+  RouterSpec spec(RouterScore::kSigmoidNormalized);
+  spec.scaling = 2.5;
+  spec.aux_seq = seq;
+  Tensor logits = random({n, e}, DType::kF64, rng, -2, 2);
+  Tensor idx = make({n, k}, DType::kI32), w = make({n, k}, DType::kF64);
+  Tensor probs = make({n, e}, DType::kF64), counts = make({e}, DType::kI32);
+  router_forward(idx, w, probs, logits, spec);
+  router_counts(counts, idx);
+  double want = 0;
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t x = 0; x < e; ++x) {
+      double chosen = 0, mean = 0;
+      for (int64_t t = b * seq; t < (b + 1) * seq; ++t) {
+        double sum = 0;
+        for (int64_t y = 0; y < e; ++y) sum += probs.data<double>()[t * e + y];
+        mean += probs.data<double>()[t * e + x] / sum / seq;
+        for (int64_t j = 0; j < k; ++j) chosen += idx.data<int32_t>()[t * k + j] == x;
+      }
+      want += coeff * (double(e) / (k * seq)) * chosen * mean / batch;
+    }
+  }
+  EXPECT_NEAR(router_seq_aux_loss_start(probs, idx, seq, coeff).get(), want, 1e-15);
+  const auto idx0 = values(idx);
+  Tensor up = random({n, k}, DType::kF64, rng);
+  auto loss = [&] {
+    router_forward(idx, w, probs, logits, spec);
+    EXPECT_EQ(values(idx), idx0);
+    return dot(w, up) + aux_scale * router_seq_aux_loss_start(probs, idx, seq, coeff).get();
+  };
+  loss();
+  Tensor dlogits = make({n, e}, DType::kF64);
+  router_backward(dlogits, up, idx, w, probs, counts, k, coeff, aux_scale, spec);
+  expect_grad(dlogits, numeric_grad(logits, loss), "dlogits with the sequence aux loss");
+}
+
 TEST(SigmoidRouter, LoadAddsCountsAndBadSettingsThrow) {
   Tensor load = make({3}, DType::kF32);
   router_load_add(load, i32({3}, {1, 0, 5}));

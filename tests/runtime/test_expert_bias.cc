@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "common/random_tokens.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/tiny.h"
 #include "runtime/checkpoint.h"
@@ -37,6 +38,8 @@ ModelConfig deepseek_model(double rate) {
   m = testing::with_deepseek_v3_options(m, 6);
   m.moe_router_group_topk = 2;  // each token chooses among all four experts
   m.moe_router_bias_update_rate = rate;
+  m.moe_router_load_balancing_type = "seq_aux_loss";  // kept by the checkpoint too
+  m.moe_aux_loss_coeff = 0.01;
   return m;
 }
 
@@ -160,6 +163,11 @@ TEST_F(ExpertBiasCheckpoint, SavedUnderItsTransformersNameAndResumedBitwise) {
   EXPECT_EQ(std::vector<float>(b.data<float>(), b.data<float>() + 4), biases(first)[1]);
   EXPECT_EQ(weights.count("model.layers.1.mlp.shared_experts.down_proj.weight"), 1u);
   EXPECT_EQ(weights.count("model.layers.0.self_attn.kv_a_proj_with_mqa.weight"), 1u);
+  // config.json has neither the bias's rate nor the aux loss; trainer_state.json keeps them.
+  const CheckpointInfo info = inspect_checkpoint(dir_);
+  EXPECT_EQ(info.model_config.moe_router_bias_update_rate, 0.05);
+  EXPECT_EQ(info.model_config.moe_aux_loss_coeff, 0.01);
+  EXPECT_EQ(io::load_hf_config(saved.dir + "/config.json").moe_aux_loss_coeff, 0.0);
   ReferenceTrainer resumed(m, train(2 * n), data);
   restore_trainer(resumed, load_checkpoint(dir_));
   EXPECT_EQ(biases(resumed), biases(first));

@@ -194,39 +194,124 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
   }));
 }
 
+namespace {
+
+// The sequence-wise aux loss's pieces (router_seq_aux_loss_start): for each sequence b of `seq`
+// rows, c[b][e] = the choices of e in it; and per row, q = p / sum_e p (the normalised scores).
+std::vector<double> sequence_counts(const int32_t* idx, int64_t n, int64_t e, int64_t k,
+                                    int64_t seq) {
+  std::vector<double> c(static_cast<size_t>((n / seq) * e), 0.0);
+  for (int64_t r = 0; r < n; ++r) {
+    for (int64_t j = 0; j < k; ++j) c[static_cast<size_t>((r / seq) * e + idx[r * k + j])] += 1;
+  }
+  return c;
+}
+
+template <typename T>
+double row_sum(const T* p, int64_t e) {
+  double s = 0;
+  for (int64_t x = 0; x < e; ++x) s += static_cast<double>(p[x]);
+  return s;
+}
+
+}  // namespace
+
+PendingScalar router_seq_aux_loss_start(const Tensor& probs, const Tensor& topk_idx, int64_t seq,
+                                        double coeff) {
+  const char* op = "router_seq_aux_loss";
+  const DType dt = cpu::float_dtype(op, "probs", probs, 2);
+  cpu::expect_rank(op, "topk_idx", topk_idx, 2);
+  const int64_t n = probs.size(0), e = probs.size(1), k = topk_idx.size(1);
+  expect(op, "topk_idx", topk_idx, DType::kI32, {n, k});
+  cpu::expect_at_least(op, "seq", seq, 1);
+  TANDEM_CHECK(n % seq == 0, op, ": ", n, " rows are not whole sequences of ", seq);
+  if (n == 0) return PendingScalar(0.0);
+  const int32_t* pi = topk_idx.data<int32_t>();
+  cpu::expect_indices(op, "expert id", pi, n * k, e);
+  const std::vector<double> c = sequence_counts(pi, n, e, k, seq);
+  return PendingScalar(cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    const T* pp = probs.data<T>();
+    const double f = static_cast<double>(e) / (static_cast<double>(k) * static_cast<double>(seq));
+    double total = 0;
+    for (int64_t b = 0; b < n / seq; ++b) {
+      std::vector<double> mean_q(static_cast<size_t>(e), 0.0);  // P_e of sequence b
+      for (int64_t r = b * seq; r < (b + 1) * seq; ++r) {
+        const double sum = row_sum(pp + r * e, e);
+        for (int64_t x = 0; x < e; ++x) {
+          mean_q[static_cast<size_t>(x)] += static_cast<double>(pp[r * e + x]) / sum;
+        }
+      }
+      for (int64_t x = 0; x < e; ++x) {
+        total += f * c[static_cast<size_t>(b * e + x)] * mean_q[static_cast<size_t>(x)] /
+                 static_cast<double>(seq);
+      }
+    }
+    return coeff * total / static_cast<double>(n / seq);
+  }));
+}
+
+namespace {
+
 // The sigmoid router's weights w_j = a s_j / S (S = the chosen scores' sum + 1e-20; S = 1 when
 // not normalised), s = sigmoid(logit): ds_j = a (dw_j / S - sum_i dw_i s_i / S^2) (a dw_j when
 // not normalised) at the chosen experts, and dlogit = ds s (1 - s); the others' are 0.
-static void sigmoid_router_backward(const Tensor& dlogits, const Tensor& dtopk_w,
-                                    const Tensor& topk_idx, const Tensor& probs, int64_t k,
-                                    const RouterSpec& spec) {
+//
+// With the sequence-wise aux loss (coeff > 0): g_e = aux_scale * coeff * (E / (k T)) c_e / T / B
+// is d loss / d q_e at every row of sequence b (q = s / sum s), so ds_x += (g_x - sum_e g_e q_e)
+// / sum s, through the same s (1 - s).
+void sigmoid_router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
+                             const Tensor& probs, int64_t k, double coeff, double aux_scale,
+                             const RouterSpec& spec) {
   const int64_t n = probs.size(0), e = probs.size(1);
   const bool normalized = spec.score == RouterScore::kSigmoidNormalized;
   const int32_t* pi = topk_idx.data<int32_t>();
+  const bool aux = coeff != 0 && n > 0;
+  TANDEM_CHECK(!aux || (spec.aux_seq >= 1 && n % spec.aux_seq == 0),
+               "router_backward: the sequence-wise aux loss needs whole sequences: ", n,
+               " rows, aux_seq ", spec.aux_seq);
+  const int64_t seq = aux ? spec.aux_seq : 1;
+  const std::vector<double> c = aux ? sequence_counts(pi, n, e, k, seq) : std::vector<double>();
+  const double g_scale = aux ? aux_scale * coeff * static_cast<double>(e) /
+                                   (static_cast<double>(k) * static_cast<double>(seq)) /
+                                   static_cast<double>(seq) / static_cast<double>(n / seq)
+                             : 0.0;
   cpu::dispatch_float(probs.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const T *pdw = dtopk_w.data<T>(), *pp = probs.data<T>();
     T* pdl = dlogits.data<T>();
+    std::vector<double> ds(static_cast<size_t>(e));
     for (int64_t r = 0; r < n; ++r) {
       const T* p = pp + r * e;
       const int32_t* idx = pi + r * k;
       const T* dw = pdw + r * k;
       T* dl = pdl + r * e;
-      for (int64_t x = 0; x < e; ++x) dl[x] = T(0);
+      std::fill(ds.begin(), ds.end(), 0.0);
+      if (aux) {  // through q = p / sum p
+        const double* g = c.data() + (r / seq) * e;
+        const double sum = row_sum(p, e);
+        double gq = 0;
+        for (int64_t x = 0; x < e; ++x) gq += g_scale * g[x] * static_cast<double>(p[x]) / sum;
+        for (int64_t x = 0; x < e; ++x) ds[static_cast<size_t>(x)] = (g_scale * g[x] - gq) / sum;
+      }
       double sum = 1e-20, dot = 0;
       for (int64_t j = 0; j < k; ++j) {
         sum += static_cast<double>(p[idx[j]]);
         dot += static_cast<double>(dw[j]) * p[idx[j]];
       }
       for (int64_t j = 0; j < k; ++j) {
-        const double sj = p[idx[j]];
-        const double ds =
+        ds[static_cast<size_t>(idx[j])] +=
             normalized ? spec.scaling * (dw[j] / sum - dot / (sum * sum)) : spec.scaling * dw[j];
-        dl[idx[j]] = static_cast<T>(ds * sj * (1 - sj));
+      }
+      for (int64_t x = 0; x < e; ++x) {
+        const double sx = p[x];
+        dl[x] = static_cast<T>(ds[static_cast<size_t>(x)] * sx * (1 - sx));
       }
     }
   });
 }
+
+}  // namespace
 
 // Per token: the aux part through the full softmax with c_e = d aux / d probs[n, e] =
 // coeff * E * f_e / N (f_e constant): dl[e] = aux_scale * p_e (c_e - sum_e' p_e' c_e'). The
@@ -249,8 +334,7 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
   const int32_t* pi = topk_idx.data<int32_t>();
   cpu::expect_indices(op, "expert id", pi, n * k, e);
   if (spec.sigmoid()) {
-    TANDEM_CHECK(coeff == 0, op, ": the aux loss (coeff ", coeff, ") needs softmax scores");
-    sigmoid_router_backward(dlogits, dtopk_w, topk_idx, probs, k, spec);
+    sigmoid_router_backward(dlogits, dtopk_w, topk_idx, probs, k, coeff, aux_scale, spec);
     return;
   }
   std::vector<double> c(static_cast<size_t>(e));

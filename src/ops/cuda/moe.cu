@@ -554,6 +554,16 @@ static void expect_softmax_router(const char* op, const RouterSpec& spec, const 
                ": groups, a scaling of the weights and an expert bias need sigmoid scores");
 }
 
+PendingScalar router_seq_aux_loss_start(const Tensor& probs, const Tensor&, int64_t seq,
+                                        double coeff) {
+  if (coeff == 0) return PendingScalar(0.0);
+  TANDEM_CHECK(false,
+               "router_seq_aux_loss: the sequence-wise aux loss "
+               "(--moe-router-load-balancing-type seq_aux_loss) is not implemented on the GPU (",
+               probs.numel(), " scores, sequences of ", seq, ", coeff ", coeff, ")");
+  return PendingScalar(0.0);
+}
+
 void router_load_add(const Tensor& load, const Tensor& counts) {
   const char* op = "router_load_add";
   expect_cuda_rank(op, "counts", counts, {DType::kI32}, 1);
