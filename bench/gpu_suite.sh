@@ -397,7 +397,6 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       T=/tmp/hf; mkdir -p $T
       for fx in tests/fixtures/hf/*/; do
         name=$(basename $fx)
-        case $name in deepseek*) continue ;; esac
         timeout 120 $B/tandem train --load $fx --train-iters 3 --micro-batch-size 1 --global-batch-size 2 \
           --mock-data --lr 1e-3 --lr-warmup-iters 1 --max-shard-size 40KB --save $T/$name --quiet > $T/$name.train.log 2>&1 || tail -3 $T/$name.train.log
         L=$($B/tandem generate --load $T/$name --eval-tokens $fx/tokens.txt | grep -o "loss: [0-9.e+-]*" | cut -d" " -f2)

@@ -457,6 +457,16 @@ void check_combinations(const RunOptions& o) {
       " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
       o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
       p.expert_model_parallel_size, "), or 0 (never)");
+  // DeepSeek-V3's attention and router run on the CPU only (docs/model.md "Families").
+  const char* cpu_only = o.model.multi_latent_attention ? "--multi-latent-attention"
+                         : o.model.sigmoid_router()     ? "--moe-router-score-function sigmoid"
+                                                        : nullptr;
+  TANDEM_CHECK(cpu_only == nullptr || o.train.device == Device::kCPU, cpu_only,
+               " is not implemented on the GPU: use --device cpu");
+  TANDEM_CHECK(!o.train.moe_router_force_balance || !o.model.sigmoid_router(),
+               "--moe-router-force-load-balancing forces the choice through the router's logits, "
+               "which a sigmoid router (--moe-router-score-function sigmoid) saturates: leave it "
+               "out");
   TANDEM_CHECK(o.comm_overlap != runtime::CommOverlap::kSplit || o.train.device == Device::kCUDA,
                "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it "
                "needs --device cuda (it is cpu), or use on");

@@ -6,6 +6,7 @@
 #include "core/error.h"
 #include "data/file_dataset.h"
 #include "data/mapped_file.h"
+#include "io/hf_config.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_parallel.h"
 
@@ -41,9 +42,18 @@ void warn_if_data_differs(const nlohmann::json& recorded, const nlohmann::json& 
 nlohmann::json checkpoint_option_values(const std::string& load_dir) {
   const runtime::CheckpointInfo info = runtime::inspect_checkpoint(load_dir);
   nlohmann::json fixed = model_option_values(info.model_config);
+  // What config.json does not carry is a training setting like the learning rate: the command
+  // line may set it; otherwise a Hugging Face checkpoint gives what its reader says (DeepSeek-V3:
+  // no aux loss) and a run resumed from tandem's keeps its own.
+  nlohmann::json unwritten = nlohmann::json::object();
+  for (std::string key : io::hf_config_unwritten_fields(info.model_config)) {
+    for (char& c : key) c = c == '_' ? '-' : c;
+    unwritten[key] = fixed[key];
+    fixed.erase(key);
+  }
   if (info.kind == runtime::CheckpointKind::kHuggingFace) {
     fixed.erase("seq-length");
-    return {{"fixed", fixed}};
+    return {{"fixed", fixed}, {"defaults", unwritten}};
   }
   const runtime::TrainingPosition pos =
       runtime::read_training_position(info.trainer_state, "checkpoint " + info.dir + ": ");
@@ -62,6 +72,7 @@ nlohmann::json checkpoint_option_values(const std::string& load_dir) {
     for (char& c : option) c = c == '_' ? '-' : c;
     defaults[option] = value;
   }
+  for (const auto& [key, value] : unwritten.items()) defaults[key] = value;
   return {{"fixed", fixed}, {"defaults", defaults}};
 }
 

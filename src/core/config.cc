@@ -31,7 +31,50 @@ std::vector<double> rope_inv_freq(const RopeSpec& rope, int64_t head_dim) {
       }
     }
   }
+  if (rope.scaling == RopeScaling::kYarn) {
+    // Dimension pair i keeps its frequency below `low`, takes frequency / factor above `high`,
+    // and a linear mix between; low and high are the pairs that turn beta_fast and beta_slow
+    // times over the original context, rounded outwards.
+    const double d = static_cast<double>(head_dim);
+    const auto pair_of = [&](double rotations) {
+      return d *
+             std::log(static_cast<double>(rope.original_max_position) /
+                      (rotations * 2 * std::numbers::pi)) /
+             (2 * std::log(rope.theta));
+    };
+    const double low = std::max(std::floor(pair_of(rope.beta_fast)), 0.0);
+    double high = std::min(std::ceil(pair_of(rope.beta_slow)), d - 1);
+    if (low == high) high += 0.001;
+    for (size_t i = 0; i < inv.size(); ++i) {
+      // transformers forms the ramp in f32; its value is exact for these small integers.
+      const double ramp =
+          std::clamp((static_cast<double>(static_cast<float>(i)) - low) / (high - low), 0.0, 1.0);
+      const double kept = 1 - ramp;
+      inv[i] = inv[i] / rope.factor * (1 - kept) + inv[i] * kept;
+    }
+  }
   return inv;
+}
+
+double yarn_mscale(double factor, double mscale) {
+  return factor <= 1 ? 1.0 : 0.1 * mscale * std::log(factor) + 1.0;
+}
+
+double rope_attention_factor(const RopeSpec& rope) {
+  if (rope.scaling != RopeScaling::kYarn) return 1.0;
+  if (rope.mscale != 0 && rope.mscale_all_dim != 0) {
+    return yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim);
+  }
+  return yarn_mscale(rope.factor, 1.0);
+}
+
+double ModelConfig::softmax_scale() const {
+  double s = 1.0 / std::sqrt(static_cast<double>(qk_dim()));
+  if (multi_latent_attention && rope_type == "yarn" && yarn_mscale_all_dim != 0) {
+    const double m = tandem::yarn_mscale(rope_scaling_factor, yarn_mscale_all_dim);
+    s *= m * m;
+  }
+  return s;
 }
 
 const std::vector<ModelField>& model_fields() {
@@ -103,6 +146,57 @@ const std::vector<ModelField>& model_fields() {
        "which layers have experts: N (layer l when l % N == 0) or a list of 0/1 per layer, "
        "[0,1,1,1]; the others are dense",
        FieldBound::kAny, false},
+      {"multi-latent-attention", &M::multi_latent_attention,
+       "multi-head latent attention (DeepSeek-V3): q, k and v from low-rank latents",
+       FieldBound::kAny, false},
+      {"q-lora-rank", &M::q_lora_rank,
+       "--multi-latent-attention: the rank of q's latent; 0: q straight from the input",
+       kNonNegative, false},
+      {"kv-lora-rank", &M::kv_lora_rank,
+       "--multi-latent-attention: the rank of the latent k and v are formed from", kPositive,
+       false},
+      {"qk-head-dim", &M::qk_head_dim,
+       "--multi-latent-attention: the part of each q and k head without position", kPositive,
+       false},
+      {"qk-pos-emb-head-dim", &M::qk_pos_emb_head_dim,
+       "--multi-latent-attention: the RoPE part of each q and k head (k's shared by the heads)",
+       kPositive, false},
+      {"v-head-dim", &M::v_head_dim, "--multi-latent-attention: the width of each value head",
+       kPositive, false},
+      {"rotary-interleaved", &M::rotary_interleaved,
+       "RoPE rotates neighbouring columns (2i, 2i+1) (DeepSeek-V3's rope_interleave); MLA only",
+       FieldBound::kAny, false},
+      {"rope-type", &M::rope_type,
+       "rope, or yarn (YaRN's frequencies and attention scale; --multi-latent-attention only), "
+       "with --rope-scaling-factor and --rope-original-max-position-embeddings",
+       FieldBound::kAny, false},
+      {"beta-fast", &M::yarn_beta_fast, "--rope-type yarn: YaRN's beta_fast", kPositive, false},
+      {"beta-slow", &M::yarn_beta_slow, "--rope-type yarn: YaRN's beta_slow", kPositive, false},
+      {"mscale", &M::yarn_mscale, "--rope-type yarn: YaRN's mscale", kNonNegative, false},
+      {"mscale-all-dim", &M::yarn_mscale_all_dim, "--rope-type yarn: YaRN's mscale_all_dim",
+       kNonNegative, false},
+      {"moe-router-score-function", &M::moe_router_score_function,
+       "softmax, or sigmoid (DeepSeek-V3: the weights are the chosen experts' sigmoid scores)",
+       FieldBound::kAny, false},
+      {"moe-router-enable-expert-bias", &M::moe_router_enable_expert_bias,
+       "sigmoid router: a per-expert bias on the scores, for the selection only, moved after "
+       "each step towards even load (aux-loss-free balancing)",
+       FieldBound::kAny, false},
+      {"moe-router-bias-update-rate", &M::moe_router_bias_update_rate,
+       "--moe-router-enable-expert-bias: the step of each bias update", kNonNegative, false},
+      {"moe-router-num-groups", &M::moe_router_num_groups,
+       "sigmoid router: experts in this many groups, a token choosing among its best groups' "
+       "experts only; 0: no groups",
+       kNonNegative, false},
+      {"moe-router-group-topk", &M::moe_router_group_topk,
+       "--moe-router-num-groups: the groups each token chooses among", kNonNegative, false},
+      {"moe-router-load-balancing-type", &M::moe_router_load_balancing_type,
+       "aux_loss (the switch loss; softmax router) or seq_aux_loss (DeepSeek-V3's, per "
+       "sequence; sigmoid router), weighted by --moe-aux-loss-coeff",
+       FieldBound::kAny, false},
+      {"moe-router-topk-scaling-factor", &M::moe_router_topk_scaling_factor,
+       "the routing weights are multiplied by this (DeepSeek-V3's routed_scaling_factor)",
+       kPositive, false},
   };
   return fields;
 }
@@ -166,8 +260,42 @@ const char* family_class_name(ModelFamily f) {
       return "Qwen3MoeForCausalLM";
     case ModelFamily::kQwen2Moe:
       return "Qwen2MoeForCausalLM";
+    case ModelFamily::kDeepseekV3:
+      return "DeepseekV3ForCausalLM";
   }
   return "?";
+}
+
+// DeepSeek-V3: MLA, a sigmoid router, shared experts of n x the experts' width without a gate,
+// the dense layers first.
+static ModelFamily deepseek_v3_family(const ModelConfig& m) {
+  const auto none = [](const std::string& what) {
+    return Error("DeepseekV3ForCausalLM (--multi-latent-attention) has no " + what +
+                 " (docs/model.md \"Families\")");
+  };
+  if (!m.is_moe()) throw none("dense model: set --num-experts");
+  if (!m.rotary_interleaved) throw none("RoPE without --rotary-interleaved");
+  if (!m.sigmoid_router()) throw none("softmax router: use --moe-router-score-function sigmoid");
+  if (m.qk_layernorm) throw none("--qk-layernorm");
+  if (m.add_qkv_bias) throw none("--add-qkv-bias");
+  if (m.moe_shared_expert_gate) throw none("--moe-shared-expert-gate");
+  if (m.use_rope_scaling) throw none("Llama 3 RoPE scaling (--use-rope-scaling)");
+  const int64_t fe = m.expert_ffn_size(), fs = m.moe_shared_expert_intermediate_size;
+  if (fs % fe != 0) {
+    throw none("shared expert of width " + std::to_string(fs) +
+               " (--moe-shared-expert-intermediate-size): it is n_shared_experts x the experts' "
+               "width " +
+               std::to_string(fe) + ", so a multiple of it, 0 included");
+  }
+  bool dense_prefix = true;
+  for (int64_t l = 1; l < m.num_layers; ++l) {
+    dense_prefix = dense_prefix && (m.is_moe_layer(l) || !m.is_moe_layer(l - 1));
+  }
+  if (!dense_prefix) {
+    throw none("dense layer after a MoE layer (--moe-layer-freq " + m.moe_layer_freq +
+               "): its dense layers come first (first_k_dense_replace)");
+  }
+  return ModelFamily::kDeepseekV3;
 }
 
 // Each transformers class has a fixed set of the options: a model that mixes them has no class
@@ -177,6 +305,16 @@ ModelFamily family_of(const ModelConfig& m) {
     return Error("no transformers model class has " + what +
                  " (docs/model.md \"Families\" lists what each class has)");
   };
+  if (m.multi_latent_attention) return deepseek_v3_family(m);
+  const char* v3_only = m.rotary_interleaved          ? "--rotary-interleaved"
+                        : m.rope_type != "rope"       ? "--rope-type yarn"
+                        : m.sigmoid_router()          ? "--moe-router-score-function sigmoid"
+                        : m.moe_router_num_groups > 0 ? "--moe-router-num-groups"
+                        : m.moe_router_topk_scaling_factor != 1 ? "--moe-router-topk-scaling-factor"
+                                                                : nullptr;
+  if (v3_only != nullptr) {
+    throw none(std::string(v3_only) + " without --multi-latent-attention (DeepSeek-V3)");
+  }
   if (!m.is_moe()) {
     if (m.qk_layernorm) throw none("--qk-layernorm in a dense model (--num-experts 0)");
     if (m.add_qkv_bias) throw none("--add-qkv-bias in a dense model (--num-experts 0)");
@@ -217,6 +355,16 @@ RopeSpec ModelConfig::rope() const {
     r.high_freq_factor = rope_high_freq_factor;
     r.original_max_position = rope_original_max_position;
   }
+  if (rope_type == "yarn") {
+    r.scaling = RopeScaling::kYarn;
+    r.factor = rope_scaling_factor;
+    r.original_max_position = rope_original_max_position;
+    r.beta_fast = yarn_beta_fast;
+    r.beta_slow = yarn_beta_slow;
+    r.mscale = yarn_mscale;
+    r.mscale_all_dim = yarn_mscale_all_dim;
+  }
+  r.interleaved = rotary_interleaved;
   return r;
 }
 
@@ -252,6 +400,13 @@ static long double parameter_count(const ModelConfig& m) {
   const L h = L(m.hidden_size), q = L(m.num_attention_heads) * L(m.head_dim()),
           kv = L(m.num_query_groups) * L(m.head_dim());
   L layer = 2 * h + 2 * h * q + 2 * h * kv;
+  if (m.multi_latent_attention) {
+    const L heads = L(m.num_attention_heads), qr = L(m.q_lora_rank), kvr = L(m.kv_lora_rank);
+    const L qw = heads * L(m.qk_dim());
+    layer = 2 * h + (qr > 0 ? h * qr + qr + qr * qw : h * qw) +
+            h * (kvr + L(m.qk_pos_emb_head_dim)) + kvr +
+            kvr * heads * L(m.qk_head_dim + m.v_head_dim) + heads * L(m.v_head_dim) * h;
+  }
   const L dense = 3 * h * L(m.ffn_hidden_size);
   const L moe = h * L(m.num_experts) + L(m.num_experts) * 3 * h * L(m.expert_ffn_size()) +
                 3 * h * L(m.moe_shared_expert_intermediate_size);
@@ -309,6 +464,7 @@ void ModelConfig::validate() const {
   TANDEM_CHECK(moe_aux_loss_coeff >= 0, "--moe-aux-loss-coeff ", moe_aux_loss_coeff,
                " is invalid: it must be >= 0");
   validate_moe_options();
+  validate_v3_options();
   TANDEM_CHECK(rotary_base > 1, "--rotary-base ", rotary_base, " is invalid: it must be > 1");
   if (use_rope_scaling) {
     TANDEM_CHECK(rope_scaling_factor >= 1, "--rope-scaling-factor ", rope_scaling_factor,
@@ -327,6 +483,74 @@ void ModelConfig::validate() const {
                ", --num-experts ", num_experts, " ...): at most 2^47 (",
                static_cast<double>(kMaxParameters), ") are possible");
   family_of(*this);  // a model transformers has a class for
+}
+
+// MLA, YaRN and the sigmoid router's settings (DeepSeek-V3).
+void ModelConfig::validate_v3_options() const {
+  TANDEM_CHECK(rope_type == "rope" || rope_type == "yarn", "--rope-type ", rope_type,
+               " is invalid: valid: rope, yarn");
+  TANDEM_CHECK(moe_router_score_function == "softmax" || moe_router_score_function == "sigmoid",
+               "--moe-router-score-function ", moe_router_score_function,
+               " is invalid: valid: softmax, sigmoid");
+  if (rope_type == "yarn") {
+    TANDEM_CHECK(rope_scaling_factor >= 1, "--rope-scaling-factor ", rope_scaling_factor,
+                 " is invalid with --rope-type yarn: it must be >= 1");
+    TANDEM_CHECK(rope_original_max_position >= 1, "--rope-original-max-position-embeddings ",
+                 rope_original_max_position, " is invalid: need at least 1");
+  }
+  if (multi_latent_attention) {
+    struct Size {
+      const char* option;
+      int64_t value, least;
+    };
+    for (const Size& z : {Size{"--q-lora-rank", q_lora_rank, 0},
+                          {"--kv-lora-rank", kv_lora_rank, 1},
+                          {"--qk-head-dim", qk_head_dim, 1},
+                          {"--qk-pos-emb-head-dim", qk_pos_emb_head_dim, 2},
+                          {"--v-head-dim", v_head_dim, 1}}) {
+      check_dimension(z.option, z.value);
+      TANDEM_CHECK(z.value >= z.least, z.option, " ", z.value, " is invalid: need at least ",
+                   z.least);
+    }
+    TANDEM_CHECK(qk_pos_emb_head_dim % 2 == 0, "--qk-pos-emb-head-dim ", qk_pos_emb_head_dim,
+                 " is odd: rotary embeddings need an even width");
+    TANDEM_CHECK(num_query_groups == num_attention_heads, "--num-query-groups ", num_query_groups,
+                 " is invalid with --multi-latent-attention: every head has its own k and v, so "
+                 "it must equal --num-attention-heads (",
+                 num_attention_heads, ")");
+  }
+  if (moe_router_group_topk > 0 || moe_router_num_groups > 0) {
+    const int64_t g = moe_router_num_groups;
+    TANDEM_CHECK(g >= 1 && num_experts % g == 0 && num_experts / g >= 2, "--moe-router-num-groups ",
+                 g, " is invalid: it must divide --num-experts (", num_experts,
+                 ") into groups of at least 2 experts");
+    TANDEM_CHECK(moe_router_group_topk >= 1 && moe_router_group_topk <= g &&
+                     moe_router_topk <= moe_router_group_topk * (num_experts / g),
+                 "--moe-router-group-topk ", moe_router_group_topk,
+                 " is invalid: it must lie in [1, --moe-router-num-groups (", g,
+                 ")], with enough experts in the chosen groups for --moe-router-topk ",
+                 moe_router_topk);
+  }
+  if (!sigmoid_router()) {
+    TANDEM_CHECK(!moe_router_enable_expert_bias && moe_router_num_groups == 0,
+                 moe_router_enable_expert_bias ? "--moe-router-enable-expert-bias"
+                                               : "--moe-router-num-groups",
+                 " needs --moe-router-score-function sigmoid");
+  }
+  TANDEM_CHECK(moe_router_load_balancing_type == "aux_loss" ||
+                   moe_router_load_balancing_type == "seq_aux_loss",
+               "--moe-router-load-balancing-type ", moe_router_load_balancing_type,
+               " is invalid: valid: aux_loss, seq_aux_loss");
+  const bool seq = moe_router_load_balancing_type == "seq_aux_loss";
+  TANDEM_CHECK(!seq || sigmoid_router(),
+               "--moe-router-load-balancing-type seq_aux_loss needs --moe-router-score-function "
+               "sigmoid (it is ",
+               moe_router_score_function, "): the softmax router's loss is aux_loss");
+  TANDEM_CHECK(seq || !sigmoid_router() || moe_aux_loss_coeff == 0, "--moe-aux-loss-coeff ",
+               moe_aux_loss_coeff,
+               " with --moe-router-score-function sigmoid needs --moe-router-load-balancing-type "
+               "seq_aux_loss (the switch loss is the softmax router's), or set it to 0 (the "
+               "expert bias balances alone)");
 }
 
 void ModelConfig::validate_moe_options() const {

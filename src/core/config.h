@@ -23,9 +23,10 @@ constexpr std::span<const EnumName<NonFinitePolicy>> enum_names(NonFinitePolicy)
   return kNonFinitePolicyNames;
 }
 
-// How RoPE's frequencies are scaled (docs/model.md "Rotary position embedding"): not at all, or as
-// Llama 3 scales them for a context longer than the one it was trained at.
-enum class RopeScaling : uint8_t { kNone, kLlama3 };
+// How RoPE's frequencies are scaled (docs/model.md "Rotary position embedding"): not at all, as
+// Llama 3 scales them for a context longer than the one it was trained at, or as YaRN does
+// (DeepSeek-V3).
+enum class RopeScaling : uint8_t { kNone, kLlama3, kYarn };
 
 // RoPE's frequencies, as the ops take them: the base theta and the scaling.
 struct RopeSpec {
@@ -34,7 +35,14 @@ struct RopeSpec {
   double factor = 8.0;            // Llama 3: low frequencies divided by this
   double low_freq_factor = 1.0;   // Llama 3: wavelengths above original / low_freq_factor scaled
   double high_freq_factor = 4.0;  // Llama 3: below original / high_freq_factor kept
-  int64_t original_max_position = 8192;  // Llama 3: the context the model was trained at
+  int64_t original_max_position = 8192;  // Llama 3, YaRN: the context the model was trained at
+  double beta_fast = 32.0;               // YaRN: rotations above which a frequency is kept
+  double beta_slow = 1.0;                // YaRN: rotations below which it is divided by factor
+  double mscale = 1.0;                   // YaRN: cos and sin scaled by attention_factor()
+  double mscale_all_dim = 0.0;           // YaRN: see attention_factor() and mla_softmax_scale()
+  // --rotary-interleaved (DeepSeek-V3's rope_interleave): the pairs rotated together are the
+  // neighbouring columns (2i, 2i + 1), written out as rotate_half's (i, i + D/2).
+  bool interleaved = false;
 
   RopeSpec() = default;
   explicit RopeSpec(double base) : theta(base) {}
@@ -44,6 +52,11 @@ struct RopeSpec {
 // says (Llama 3: wavelengths 2 pi / inv_freq above original / low_freq_factor divided by factor,
 // below original / high_freq_factor kept, interpolated between). Both backends rotate by these.
 std::vector<double> rope_inv_freq(const RopeSpec& rope, int64_t head_dim);
+// YaRN's m(s, x) = 0.1 x ln(s) + 1 for s > 1, else 1.
+double yarn_mscale(double factor, double mscale);
+// What cos and sin are multiplied by: YaRN's m(factor, mscale) / m(factor, mscale_all_dim)
+// (m(factor, 1) when either is 0); 1 otherwise.
+double rope_attention_factor(const RopeSpec& rope);
 
 // Which layers of `num_layers` have experts, from a --moe-layer-freq value ("N" or "[0,1,...]");
 // throws tandem::Error naming the value and what is valid.
@@ -90,6 +103,42 @@ struct ModelConfig {
   // --moe-layer-freq: which layers are MoE (the rest dense, of width ffn-hidden-size): "N",
   // layer l is MoE when l % N == 0 (Megatron's 1:N); or a list of 0/1 a layer, "[0,1,1,1]".
   std::string moe_layer_freq = "1";
+  // --multi-latent-attention (DeepSeek-V3, docs/model.md "Multi-head latent attention"): q from
+  // a low-rank latent (q_lora_rank > 0) or directly; k and v from a compressed latent of width
+  // kv_lora_rank; each head's q and k a part without position (qk_head_dim) and a RoPE part
+  // (qk_pos_emb_head_dim, k's shared by the heads); values of width v_head_dim.
+  bool multi_latent_attention = false;
+  int64_t q_lora_rank = 0;  // 0: q = n1 @ Wq
+  int64_t kv_lora_rank = 512;
+  int64_t qk_head_dim = 128;  // Megatron's name: the part without position
+  int64_t qk_pos_emb_head_dim = 64;
+  int64_t v_head_dim = 128;
+  // --rope-type yarn and its settings (DeepSeek-V3's rope_scaling); "rope": plain or Llama 3's.
+  std::string rope_type = "rope";
+  // --rotary-interleaved: RopeSpec::interleaved (DeepSeek-V3's rope_interleave); MLA only.
+  bool rotary_interleaved = false;
+  double yarn_beta_fast = 32.0;
+  double yarn_beta_slow = 1.0;
+  double yarn_mscale = 1.0;
+  double yarn_mscale_all_dim = 0.0;
+  // --moe-router-score-function: "softmax" (Mixtral, Qwen) or "sigmoid" (DeepSeek-V3: sigmoid
+  // scores, weights the selected ones' scores, normalised unless --moe-router-pre-softmax).
+  std::string moe_router_score_function = "softmax";
+  // --moe-router-enable-expert-bias: a per-expert bias added to the sigmoid scores for the
+  // selection only, moved after each step by --moe-router-bias-update-rate towards even load
+  // (Note [Expert bias] in runtime/expert_bias.h).
+  bool moe_router_enable_expert_bias = false;
+  double moe_router_bias_update_rate = 1e-3;
+  // --moe-router-num-groups, --moe-router-group-topk: experts in groups, each token choosing
+  // among the experts of its group-topk best groups only; 0: no groups.
+  int64_t moe_router_num_groups = 0;
+  int64_t moe_router_group_topk = 0;
+  // --moe-router-topk-scaling-factor: the routing weights multiplied by this.
+  double moe_router_topk_scaling_factor = 1.0;
+  // --moe-router-load-balancing-type: "aux_loss", the switch loss over the micro-batch (softmax
+  // router), or "seq_aux_loss", DeepSeek-V3's, per sequence over the normalised sigmoid scores
+  // (sigmoid router); weighted by moe_aux_loss_coeff.
+  std::string moe_router_load_balancing_type = "aux_loss";
 
   bool is_moe() const { return num_experts > 0; }
   // Whether layer l (of the whole model) has experts; parses moe_layer_freq (validate() has
@@ -104,18 +153,30 @@ struct ModelConfig {
     return kv_channels > 0 ? kv_channels : hidden_size / num_attention_heads;
   }
   RopeSpec rope() const;
-  int64_t q_width() const { return num_attention_heads * head_dim(); }
-  int64_t kv_width() const { return num_query_groups * head_dim(); }
+  // q's and k's head width: head_dim(), or with MLA qk_head_dim + qk_pos_emb_head_dim.
+  int64_t qk_dim() const {
+    return multi_latent_attention ? qk_head_dim + qk_pos_emb_head_dim : head_dim();
+  }
+  // v's head width: head_dim(), or with MLA v_head_dim.
+  int64_t v_dim() const { return multi_latent_attention ? v_head_dim : head_dim(); }
+  int64_t q_width() const { return num_attention_heads * qk_dim(); }
+  int64_t kv_width() const { return num_query_groups * qk_dim(); }
+  // The attention's output width (Wo's input): heads * v_dim().
+  int64_t attn_out_width() const { return num_attention_heads * v_dim(); }
+  bool sigmoid_router() const { return moe_router_score_function == "sigmoid"; }
+  // The softmax's scale: 1/sqrt(qk_dim()), times YaRN's m(factor, mscale_all_dim)^2 with MLA.
+  double softmax_scale() const;
   // Throws tandem::Error naming the first value that does not fit.
   void validate() const;
 
  private:
   void validate_moe_options() const;
+  void validate_v3_options() const;
 };
 
 // The transformers class a model is saved as (docs/model.md "Families"); its config.json keys
 // and weight names are that class's.
-enum class ModelFamily : uint8_t { kLlama, kMixtral, kQwen3Moe, kQwen2Moe };
+enum class ModelFamily : uint8_t { kLlama, kMixtral, kQwen3Moe, kQwen2Moe, kDeepseekV3 };
 const char* family_class_name(ModelFamily f);
 // The family that expresses `m`; throws tandem::Error naming the setting no family has.
 ModelFamily family_of(const ModelConfig& m);

@@ -51,6 +51,12 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     case NodeKind::kAttention: {
       int64_t elems = 4 * n * h + 2 * n * cfg.q_width() + 2 * n * cfg.kv_width();
       int64_t stats = 2 * n + n * cfg.num_attention_heads;
+      if (cfg.multi_latent_attention) {  // q, k [N,heads*(dn+dr)]; v, a [N,heads*dv]; latents
+        const int64_t rq = cfg.q_lora_rank, rkv = cfg.kv_lora_rank;
+        elems = 4 * n * h + 2 * n * cfg.q_width() + 2 * n * cfg.attn_out_width() + 2 * n * rq +
+                2 * n * rkv;
+        stats = 2 * n + n * cfg.num_attention_heads + (rq > 0 ? n : 0) + n;
+      }
       if (cfg.qk_layernorm) {
         elems += n * cfg.q_width() + n * cfg.kv_width();
         stats += n * cfg.num_attention_heads + n * cfg.num_query_groups;
@@ -87,8 +93,10 @@ int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const Foo
   switch (kind) {
     case NodeKind::kEmbed:
       return n * kIndexBytes;
-    case NodeKind::kAttention:
-      return (2 * n * h + n * cfg.q_width()) * es;
+    case NodeKind::kAttention:  // MLA also keeps the normed latents
+      return (2 * n * h + n * cfg.attn_out_width() +
+              (cfg.multi_latent_attention ? n * (cfg.q_lora_rank + cfg.kv_lora_rank) : 0)) *
+             es;
     case NodeKind::kExperts:
       return (s.expert_rows * h + s.expert_rows * cfg.expert_ffn_size()) * es +
              s.local_experts * kIndexBytes;

@@ -51,8 +51,12 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //  embed:     ids i32 [N]
 //  attention: x, n1, h1, n2 [N,H]; q, a [N,heads*D]; k, v [N,kv*D]; statistics rstd1,
 //             rstd2 [N], lse [N*heads]; --qk-layernorm adds q_raw [N,heads*D], k_raw [N,kv*D],
-//             statistics rstd_q [N*heads], rstd_k [N*kv]; MoE layers add statistics probs
-//             [N,E], topk_w [N,k], and topk_idx i32 [N,k], counts i32 [E], perm i32 [N*k]
+//             statistics rstd_q [N*heads], rstd_k [N*kv]; --multi-latent-attention instead:
+//             x, n1, h1, n2 [N,H]; q, k [N,heads*(dn+dr)]; v, a [N,heads*dv]; q's latent and
+//             its norm [N,rq] each (q_lora_rank > 0); the kv latent and its norm [N,rkv];
+//             statistics rstd1, rstd2, rstd_c [N], rstd_cq [N] (rq > 0), lse [N*heads]; MoE layers
+//             add statistics probs [N,E], topk_w [N,k], and topk_idx i32 [N,k], counts i32 [E],
+//             perm i32 [N*k]
 //  dispatch:  EP > 1: recv_counts i32 [EP * local E] (the rows it receives are the experts')
 //  experts:   x_in [R,H]; gate_up [R,2F] (gate | up), act [R,F]; rows_per_expert i32 [local E]
 //             (recompute_experts: x_in and rows_per_expert only; the input-gradient backward
@@ -67,7 +71,8 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
 
 // Of those, the bytes a node still holds after its input-gradient backward when the weight
 // gradient is deferred (W-split schedules); the rest is freed at that backward.
-//  embed: ids; attention: n1, n2 [N,H], a [N,heads*D]; experts: x_in [R,H], act [R,F],
+//  embed: ids; attention: n1, n2 [N,H], a [N,heads*Dv] (MLA also the normed latents [N,rq],
+//  [N,rkv]); experts: x_in [R,H], act [R,F],
 //  rows_per_expert; mlp: act [N,F]; shared expert: act [N,Fs]; loss: nf [N,H], logits [N,V]
 //  (holding dlogits);
 //  dispatch, combine: nothing.

@@ -20,6 +20,7 @@
 // does not implement never changes transformers' model without changing tandem's.
 #include "io/hf_config.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
@@ -160,6 +161,8 @@ constexpr FamilyInfo kFamilies[] = {
     {ModelFamily::kMixtral, "mixtral", 1e6, 1e-5, 4096 * 32, 2, 0},
     {ModelFamily::kQwen3Moe, "qwen3_moe", 1e4, 1e-6, 32768, 8, 0},
     {ModelFamily::kQwen2Moe, "qwen2_moe", 1e4, 1e-6, 32768, 4, 5632},
+    // DeepSeek-V3's router and shared experts are read by read_deepseek_v3 (their keys differ).
+    {ModelFamily::kDeepseekV3, "deepseek_v3", 1e4, 1e-6, 4096, 0, 0},
 };
 
 // A key of family_keys(): the model field (by option name) and, for an absent key, nothing
@@ -216,6 +219,40 @@ std::string valid_model_types() {
   return s;
 }
 
+// DeepSeek-V3's YaRN (docs/model.md "YaRN"): absent mscale and mscale_all_dim are 0, which
+// transformers reads as unset. transformers derives the factor from max_position_embeddings /
+// original_max_position_embeddings when both are there; a config whose factor says otherwise is
+// refused rather than read one of the two ways.
+void read_yarn(const ConfigReader& r, const ConfigReader& d, const FamilyInfo& family,
+               ModelConfig& m) {
+  m.rope_type = "yarn";
+  m.rope_scaling_factor = d.number("factor");
+  const int64_t max_position = r.integer("max_position_embeddings", family.default_max_position);
+  m.rope_original_max_position = d.integer("original_max_position_embeddings", max_position);
+  if (d.has("original_max_position_embeddings") &&
+      std::abs(static_cast<double>(max_position) /
+                   static_cast<double>(m.rope_original_max_position) -
+               m.rope_scaling_factor) > 1e-9 * m.rope_scaling_factor) {
+    d.fail("factor", "is " + Json(m.rope_scaling_factor).dump() +
+                         ", not max_position_embeddings / original_max_position_embeddings (" +
+                         std::to_string(max_position) + " / " +
+                         std::to_string(m.rope_original_max_position) +
+                         "), which transformers uses in its place");
+  }
+  m.yarn_beta_fast = d.number("beta_fast", 32.0);
+  m.yarn_beta_slow = d.number("beta_slow", 1.0);
+  m.yarn_mscale = d.number("mscale", 0.0);
+  m.yarn_mscale_all_dim = d.number("mscale_all_dim", 0.0);
+  if (d.has("attention_factor")) {
+    d.fail("attention_factor",
+           "is set; tandem derives YaRN's attention factor from mscale and "
+           "mscale_all_dim, as DeepSeek-V3's configs have it");
+  }
+  if (!d.boolean("truncate", true)) {
+    d.fail("truncate", "is false; tandem implements YaRN's rounded correction range only");
+  }
+}
+
 // RoPE as transformers 5.x writes it (rope_parameters, the base inside) or 4.x (rope_theta at the
 // top, rope_scaling beside it); rope_scaling wins over rope_parameters and the dict's rope_theta
 // over the top-level one, as transformers' standardize_rope_params has it.
@@ -244,11 +281,13 @@ void read_rope(const ConfigReader& r, const std::string& source, const FamilyInf
     m.rope_original_max_position =
         d.integer("original_max_position_embeddings",
                   r.integer("max_position_embeddings", family.default_max_position));
+  } else if (type == "yarn" && family.family == ModelFamily::kDeepseekV3) {
+    read_yarn(r, d, family, m);
   } else if (type != "default") {
     d.fail(dict.contains("rope_type") ? "rope_type" : "type",
            "is \"" + type +
-               "\"; tandem implements \"default\" and \"llama3\" (docs/model.md "
-               "\"Rotary position embedding\")");
+               "\"; tandem implements \"default\", \"llama3\" and, for deepseek_v3, \"yarn\" "
+               "(docs/model.md \"Rotary position embedding\")");
   }
   d.check_all_read({});
 }
@@ -363,6 +402,64 @@ void read_qwen_moe(const ConfigReader& r, ModelConfig& m, int64_t experts) {
   read_qwen_attention(r);
 }
 
+// DeepSeek-V3 (docs/model.md "Families"): MLA, the sigmoid router with its score correction bias
+// and groups, shared experts, the first first_k_dense_replace layers dense.
+// num_nextn_predict_layers (multi-token prediction) is read and left out: transformers' forward
+// and loss have no MTP layers, and its loader skips their weights.
+void read_deepseek_v3(const ConfigReader& r, ModelConfig& m) {
+  m.multi_latent_attention = true;
+  m.rotary_interleaved = r.boolean("rope_interleave", true);
+  if (!m.rotary_interleaved) {
+    r.fail("rope_interleave", "is false; tandem implements DeepSeek-V3's interleaved RoPE only");
+  }
+  m.q_lora_rank = r.has("q_lora_rank") ? r.integer("q_lora_rank") : 0;
+  if (r.has("q_lora_rank") && m.q_lora_rank < 1) {
+    r.fail("q_lora_rank", "is " + std::to_string(m.q_lora_rank) + "; valid: null or >= 1");
+  }
+  m.kv_lora_rank = r.integer("kv_lora_rank", 512);
+  m.qk_head_dim = r.integer("qk_nope_head_dim", 128);
+  m.qk_pos_emb_head_dim = r.integer("qk_rope_head_dim", 64);
+  m.v_head_dim = r.integer("v_head_dim", 128);
+  if (r.has("qk_head_dim") && r.integer("qk_head_dim") != m.qk_head_dim + m.qk_pos_emb_head_dim) {
+    r.fail("qk_head_dim", "is " + std::to_string(r.integer("qk_head_dim")) +
+                              "; it must be qk_nope_head_dim + qk_rope_head_dim");
+  }
+  // head_dim is the RoPE part's width in DeepseekV3Config.
+  if (r.has("head_dim") && r.integer("head_dim") != m.qk_pos_emb_head_dim) {
+    r.fail("head_dim", "is " + std::to_string(r.integer("head_dim")) +
+                           "; DeepSeek-V3's head_dim is qk_rope_head_dim (" +
+                           std::to_string(m.qk_pos_emb_head_dim) + ")");
+  }
+  r.expect_false("attention_bias", "no biases in attention");
+  m.num_experts = r.integer("n_routed_experts", 256);
+  if (m.num_experts < 1) r.fail("n_routed_experts", "is below 1; a MoE model has experts");
+  m.moe_router_topk = r.integer("num_experts_per_tok", 8);
+  m.moe_ffn_hidden_size = r.integer("moe_intermediate_size", 2048);
+  const int64_t shared = r.integer("n_shared_experts", 1);
+  if (shared < 0) r.fail("n_shared_experts", "is below 0");
+  m.moe_shared_expert_intermediate_size = shared * m.moe_ffn_hidden_size;
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_enable_expert_bias = true;  // e_score_correction_bias is always there
+  m.moe_aux_loss_coeff = 0;                // transformers' forward has no aux loss
+  m.moe_router_load_balancing_type = "seq_aux_loss";
+  m.moe_router_pre_softmax = !r.boolean("norm_topk_prob", true);
+  m.moe_router_topk_scaling_factor = r.number("routed_scaling_factor", 2.5);
+  m.moe_router_num_groups = r.integer("n_group", 8);
+  m.moe_router_group_topk = r.integer("topk_group", 4);
+  const int64_t dense = r.integer("first_k_dense_replace", 3);
+  if (dense < 0 || dense >= m.num_layers) {
+    r.fail("first_k_dense_replace", "is " + std::to_string(dense) + "; valid: 0.." +
+                                        std::to_string(m.num_layers - 1) +
+                                        " (at least one MoE layer)");
+  }
+  std::string pattern = "[";
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    pattern += std::string(l ? "," : "") + (l < dense ? "0" : "1");
+  }
+  m.moe_layer_freq = dense == 0 ? "1" : pattern + "]";
+  r.integer("num_nextn_predict_layers", 1);
+}
+
 void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
   switch (f.family) {
     case ModelFamily::kLlama:
@@ -396,6 +493,9 @@ void read_family(const ConfigReader& r, const FamilyInfo& f, ModelConfig& m) {
       m.moe_shared_expert_gate = true;
       read_qwen_moe(r, m, 60);
       return;
+    case ModelFamily::kDeepseekV3:
+      read_deepseek_v3(r, m);
+      return;
   }
 }
 
@@ -415,6 +515,30 @@ void write_qwen_moe(nlohmann::ordered_json& j, const ModelConfig& model) {
   j["sliding_window"] = nullptr;
 }
 
+// DeepSeek-V3's keys written from `model` (the family's checks hold: see family_of).
+void write_deepseek_v3(nlohmann::ordered_json& j, const ModelConfig& model) {
+  j["attention_bias"] = false;
+  j["q_lora_rank"] = model.q_lora_rank > 0 ? nlohmann::ordered_json(model.q_lora_rank) : nullptr;
+  j["kv_lora_rank"] = model.kv_lora_rank;
+  j["qk_nope_head_dim"] = model.qk_head_dim;
+  j["qk_rope_head_dim"] = model.qk_pos_emb_head_dim;
+  j["qk_head_dim"] = model.qk_dim();
+  j["v_head_dim"] = model.v_head_dim;
+  j["rope_interleave"] = true;
+  j["n_routed_experts"] = model.num_experts;
+  j["num_experts_per_tok"] = model.moe_router_topk;
+  j["moe_intermediate_size"] = model.expert_ffn_size();
+  j["n_shared_experts"] = model.moe_shared_expert_intermediate_size / model.expert_ffn_size();
+  j["norm_topk_prob"] = !model.moe_router_pre_softmax;
+  j["routed_scaling_factor"] = model.moe_router_topk_scaling_factor;
+  j["n_group"] = std::max<int64_t>(model.moe_router_num_groups, 1);
+  j["topk_group"] = std::max<int64_t>(model.moe_router_group_topk, 1);
+  int64_t dense = 0;
+  while (dense < model.num_layers && !model.is_moe_layer(dense)) ++dense;
+  j["first_k_dense_replace"] = dense;
+  j["num_nextn_predict_layers"] = 0;
+}
+
 }  // namespace
 
 std::string hf_config_json(const ModelConfig& model) {
@@ -427,7 +551,8 @@ std::string hf_config_json(const ModelConfig& model) {
     const ModelField& field = field_named(key.option);
     std::visit([&](auto member) { j[field.hf_key] = model.*member; }, field.member);
   }
-  j["head_dim"] = model.head_dim();
+  // DeepseekV3Config's head_dim is the RoPE part's width.
+  j["head_dim"] = model.multi_latent_attention ? model.qk_pos_emb_head_dim : model.head_dim();
   j["hidden_act"] = "silu";
   // RoPE in both forms, so transformers 4.x (rope_theta, rope_scaling) and 5.x
   // (rope_parameters) read the same frequencies.
@@ -439,11 +564,23 @@ std::string hf_config_json(const ModelConfig& model) {
                {"high_freq_factor", model.rope_high_freq_factor},
                {"original_max_position_embeddings", model.rope_original_max_position}};
   }
+  const bool yarn = model.rope_type == "yarn";
+  if (yarn) {
+    scaling = {{"rope_type", "yarn"},
+               {"factor", model.rope_scaling_factor},
+               {"original_max_position_embeddings", model.rope_original_max_position},
+               {"beta_fast", model.yarn_beta_fast},
+               {"beta_slow", model.yarn_beta_slow},
+               {"mscale", model.yarn_mscale},
+               {"mscale_all_dim", model.yarn_mscale_all_dim}};
+  }
   j["rope_theta"] = model.rotary_base;
   j["rope_scaling"] = scaling;
   nlohmann::ordered_json params = {{"rope_theta", model.rotary_base},
-                                   {"rope_type", model.use_rope_scaling ? "llama3" : "default"}};
-  if (model.use_rope_scaling) {
+                                   {"rope_type", model.use_rope_scaling ? "llama3"
+                                                 : yarn                 ? "yarn"
+                                                                        : "default"}};
+  if (model.use_rope_scaling || yarn) {
     for (const auto& [k, v] : scaling.items()) params[k] = v;
   }
   j["rope_parameters"] = params;
@@ -470,6 +607,9 @@ std::string hf_config_json(const ModelConfig& model) {
     case ModelFamily::kQwen2Moe:
       j["qkv_bias"] = model.add_qkv_bias;
       write_qwen_moe(j, model);
+      break;
+    case ModelFamily::kDeepseekV3:
+      write_deepseek_v3(j, model);
       break;
   }
   return j.dump(2) + "\n";
@@ -509,6 +649,12 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
   TANDEM_ASSERT(family_of(m) == family->family, "config '", source, "' read as ", type,
                 " gives a model of another family");
   return m;
+}
+
+std::vector<std::string> hf_config_unwritten_fields(const ModelConfig& model) {
+  std::vector<std::string> out = {"moe_router_bias_update_rate", "moe_router_load_balancing_type"};
+  if (model.multi_latent_attention) out.push_back("moe_aux_loss_coeff");  // DeepseekV3Config
+  return out;
 }
 
 ModelConfig load_hf_config(const std::string& path) {

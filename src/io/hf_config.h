@@ -5,6 +5,7 @@
 #pragma once
 
 #include <string>
+#include <vector>
 
 #include "core/config.h"
 
@@ -19,5 +20,11 @@ void save_hf_config(const std::string& path, const ModelConfig& model);
 // offending key. The result is validated.
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 ModelConfig load_hf_config(const std::string& path);
+
+// The ModelConfig fields (their checkpoint JSON keys, Note [One table of model fields]) that
+// `model`'s config.json does not carry: training settings rather than the model's math (the
+// expert bias's update rate, the load-balancing loss of a family whose config has none). Reading
+// config.json gives them their defaults; a tandem checkpoint keeps them in trainer_state.json.
+std::vector<std::string> hf_config_unwritten_fields(const ModelConfig& model);
 
 }  // namespace tandem::io

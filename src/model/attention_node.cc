@@ -45,9 +45,34 @@ static Tensor expert_counts(const AttentionSaved& s, const LayerWeights& w, int6
   return counts;
 }
 
-static ops::RouterScore router_score(const ModelConfig& cfg) {
-  return cfg.moe_router_pre_softmax ? ops::RouterScore::kSoftmaxOfAll
-                                    : ops::RouterScore::kSoftmaxOfSelected;
+// How the router chooses and weights; a sigmoid router's aux loss is over the context's sequences.
+static ops::RouterSpec router_spec(const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  ops::RouterSpec r;
+  if (cfg.sigmoid_router()) {
+    r.aux_seq = c.seq;
+    r.score = cfg.moe_router_pre_softmax ? ops::RouterScore::kSigmoid
+                                         : ops::RouterScore::kSigmoidNormalized;
+    r.groups = cfg.moe_router_num_groups;
+    r.group_topk = cfg.moe_router_group_topk;
+    r.scaling = cfg.moe_router_topk_scaling_factor;
+  } else {
+    r.score = cfg.moe_router_pre_softmax ? ops::RouterScore::kSoftmaxOfAll
+                                         : ops::RouterScore::kSoftmaxOfSelected;
+  }
+  return r;
+}
+
+// The attention's shape: q and k heads of qk_dim, v heads of v_dim, MLA's softmax scale.
+static ops::AttentionShape attention_shape(const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  ops::AttentionShape s{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                        cfg.qk_dim()};
+  if (cfg.multi_latent_attention) {
+    s.v_head_dim = cfg.v_dim();
+    s.scale = cfg.softmax_scale();
+  }
+  return s;
 }
 
 // Rows of one head: a [N, heads * D] tensor viewed as [N * heads, D].
@@ -83,15 +108,10 @@ static void qk_norm_backward(AttentionSaved& s, const LayerWeights& w, const Lay
   s.d_k = std::move(d_k);
 }
 
-void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+// q, k and v of grouped-query attention, from n1: products (with biases), q/k norms, RoPE.
+static void gqa_forward(AttentionSaved& s, const LayerWeights& w, const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
-  const int64_t n = c.tokens(), h = cfg.hidden_size;
-  AttentionSaved& s = a.attn;
-  s.x = a.x;                 // (N, H)
-  adopt_as_activation(s.x);  // Note [Hand-over]
-  s.n1 = saved_tensor({n, h}, c.dtype, "attn.n1");
-  s.rstd1 = saved_tensor({n}, c.stat_dtype(), "attn.rstd1");
-  ops::rmsnorm_forward(s.n1, s.rstd1, s.x, w.input_norm, cfg.norm_epsilon);
+  const int64_t n = c.tokens();
   s.q = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q");   // (N, heads*D)
   s.k = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k");  // (N, kv*D)
   s.v = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.v");
@@ -113,11 +133,25 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   if (cfg.qk_layernorm) qk_norm_forward(s, w, c);
   ops::rope_forward_qk(s.q, s.k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                        cfg.head_dim(), cfg.rope());
-  const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
-                                  cfg.head_dim()};
-  s.a = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.a");
+}
+
+void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  const int64_t n = c.tokens(), h = cfg.hidden_size;
+  AttentionSaved& s = a.attn;
+  s.x = a.x;                 // (N, H)
+  adopt_as_activation(s.x);  // Note [Hand-over]
+  s.n1 = saved_tensor({n, h}, c.dtype, "attn.n1");
+  s.rstd1 = saved_tensor({n}, c.stat_dtype(), "attn.rstd1");
+  ops::rmsnorm_forward(s.n1, s.rstd1, s.x, w.input_norm, cfg.norm_epsilon);
+  if (cfg.multi_latent_attention) {
+    mla_forward(s, w, c);
+  } else {
+    gqa_forward(s, w, c);
+  }
+  s.a = saved_tensor({n, cfg.attn_out_width()}, c.dtype, "attn.a");
   s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.stat_dtype(), "attn.lse");
-  ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, shape);
+  ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, attention_shape(c));
   s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
   ops::linear_forward_residual(s.h1, s.a, w.wo, s.x);  // + the residual x
   s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
@@ -133,13 +167,17 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.topk_idx = saved_tensor({n, k}, DType::kI32, "attn.topk_idx");
   s.topk_w = saved_tensor({n, k}, c.stat_dtype(), "attn.topk_w");
   s.probs = saved_tensor({n, e}, c.stat_dtype(), "attn.probs");
-  ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits, router_score(cfg));
+  ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits, router_spec(c), w.expert_bias);
   s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
   s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
   ops::moe_permutation(s.perm, s.counts, s.topk_idx, e, w.expert_slot);  // by place
   s.counts_read = std::make_shared<HostRead>(s.counts);  // Note [Routing counts on the host]
+  // The sigmoid router's loss is DeepSeek-V3's, per sequence (docs/model.md "DeepSeek-V3
+  // routing"); the softmax router's the switch loss.
   a.aux_loss =
-      ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k, cfg.moe_aux_loss_coeff);
+      cfg.sigmoid_router()
+          ? ops::router_seq_aux_loss_start(s.probs, s.topk_idx, c.seq, cfg.moe_aux_loss_coeff)
+          : ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k, cfg.moe_aux_loss_coeff);
   a.routed = work_tensor({n * k, h}, c.dtype, "routed");  // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }
@@ -159,11 +197,26 @@ static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const No
   s.d_logits = work_tensor({n, cfg.num_experts}, c.dtype, "d_router_logits");
   ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs,
                        expert_counts(s, w, cfg.num_experts), k, cfg.moe_aux_loss_coeff,
-                       c.loss_scale, router_score(cfg));
+                       c.loss_scale, router_spec(c));
   ops::linear_backward_input(d_n2, s.d_logits, w.router, Accumulate::kAdd);
   a.d_routed = Tensor();
   a.d_topk_w = Tensor();
   return d_n2;
+}
+
+// The gradient at n1 of gqa_forward's q, k and v from s.d_q, s.d_k, s.d_v (kept, the products'
+// outputs' gradients, for the weight gradients).
+static Tensor gqa_backward(AttentionSaved& s, const LayerWeights& w, const LayerWeights& g,
+                           const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  ops::rope_backward_qk(s.d_q, s.d_k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                        cfg.head_dim(), cfg.rope());
+  if (cfg.qk_layernorm) qk_norm_backward(s, w, g, c);
+  Tensor d_n1 = work_tensor({c.tokens(), cfg.hidden_size}, c.dtype, "d_n1");
+  ops::linear_backward_input(d_n1, s.d_q, w.wq);
+  ops::linear_backward_input(d_n1, s.d_k, w.wk, Accumulate::kAdd);
+  ops::linear_backward_input(d_n1, s.d_v, w.wv, Accumulate::kAdd);
+  return d_n1;
 }
 
 void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights& g,
@@ -171,41 +224,44 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   const ModelConfig& cfg = c.cfg;
   const int64_t n = c.tokens(), h = cfg.hidden_size;
   AttentionSaved& s = a.attn;
+  // The step's load of each expert, for the expert bias (Note [Expert bias]); counted here, in
+  // the backward, so that a forward without one (evaluation) counts nothing.
+  if (w.expert_load.defined()) {
+    ops::router_load_add(w.expert_load, expert_counts(s, w, cfg.num_experts));
+  }
   const Tensor d_n2 = post_norm_input_grad(a, w, c);
   // d h1 = d out (residual) + the post-attention norm's input gradient.
   s.d_h1 = work_tensor({n, h}, c.dtype, "d_h1");
   s.d_h1.copy_from(a.d_out);
   a.d_out = Tensor();
   ops::rmsnorm_backward(s.d_h1, g.post_norm, d_n2, s.h1, w.post_norm, s.rstd2, Accumulate::kAdd);
-  Tensor d_a = work_tensor({n, cfg.q_width()}, c.dtype, "d_a");
+  Tensor d_a = work_tensor({n, cfg.attn_out_width()}, c.dtype, "d_a");
   ops::linear_backward_input(d_a, s.d_h1, w.wo);
   s.d_q = work_tensor({n, cfg.q_width()}, c.dtype, "d_q");
   s.d_k = work_tensor({n, cfg.kv_width()}, c.dtype, "d_k");
-  s.d_v = work_tensor({n, cfg.kv_width()}, c.dtype, "d_v");
-  const ops::AttentionShape shape{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
-                                  cfg.head_dim()};
-  ops::attention_backward(s.d_q, s.d_k, s.d_v, d_a, s.q, s.k, s.v, s.a, s.lse, shape);
-  ops::rope_backward_qk(s.d_q, s.d_k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
-                        cfg.head_dim(), cfg.rope());
-  if (cfg.qk_layernorm) qk_norm_backward(s, w, g, c);
-  Tensor d_n1 = work_tensor({n, h}, c.dtype, "d_n1");
-  ops::linear_backward_input(d_n1, s.d_q, w.wq);
-  ops::linear_backward_input(d_n1, s.d_k, w.wk, Accumulate::kAdd);
-  ops::linear_backward_input(d_n1, s.d_v, w.wv, Accumulate::kAdd);
+  s.d_v = work_tensor(s.v.shape(), c.dtype, "d_v");
+  ops::attention_backward(s.d_q, s.d_k, s.d_v, d_a, s.q, s.k, s.v, s.a, s.lse, attention_shape(c));
+  const Tensor d_n1 =
+      cfg.multi_latent_attention ? mla_backward(s, w, g, c) : gqa_backward(s, w, g, c);
   a.d_x = work_tensor({n, h}, c.dtype, "d_x");
   a.d_x.copy_from(s.d_h1);
   ops::rmsnorm_backward(a.d_x, g.input_norm, d_n1, s.x, w.input_norm, s.rstd1, Accumulate::kAdd);
   // What only the input gradient needed; n1, a and n2 stay for the weight gradients.
-  release_storage({&s.x, &s.rstd1, &s.q, &s.k, &s.v, &s.lse, &s.h1, &s.rstd2, &s.probs, &s.topk_w,
-                   &s.topk_idx, &s.counts, &s.perm, &s.q_raw, &s.k_raw, &s.rstd_q, &s.rstd_k});
+  release_storage({&s.x,     &s.rstd1,  &s.q,      &s.k,        &s.v,       &s.lse,  &s.h1,
+                   &s.rstd2, &s.probs,  &s.topk_w, &s.topk_idx, &s.counts,  &s.perm, &s.q_raw,
+                   &s.k_raw, &s.rstd_q, &s.rstd_k, &s.cq,       &s.rstd_cq, &s.ckv,  &s.rstd_ckv});
 }
 
 void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
   AttentionSaved& s = a.attn;
   ops::linear_backward_weight(g.wo, s.d_h1, s.a);
-  ops::linear_backward_weight(g.wq, s.d_q, s.n1);
-  ops::linear_backward_weight(g.wk, s.d_k, s.n1);
-  ops::linear_backward_weight(g.wv, s.d_v, s.n1);
+  if (s.ckvn.defined()) {
+    mla_backward_weights(s, g);
+  } else {
+    ops::linear_backward_weight(g.wq, s.d_q, s.n1);
+    ops::linear_backward_weight(g.wk, s.d_k, s.n1);
+    ops::linear_backward_weight(g.wv, s.d_v, s.n1);
+  }
   if (g.bq.defined()) {  // --add-qkv-bias
     ops::bias_backward(g.bq, s.d_q);
     ops::bias_backward(g.bk, s.d_k);

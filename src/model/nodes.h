@@ -57,6 +57,9 @@ struct NodeContext {
 struct AttentionSaved {
   Tensor x, n1, rstd1, q, k, v, a, lse, h1, rstd2, n2;  // see footprint.h
   Tensor q_raw, k_raw, rstd_q, rstd_k;  // --qk-layernorm: q and k before their norms
+  // --multi-latent-attention: q's latent before and after its norm (q_lora_rank > 0) and the
+  // kv latent likewise (model/mla.cc).
+  Tensor cq, rstd_cq, cqn, ckv, rstd_ckv, ckvn;
   // MoE routing. counts and perm go by place, which is by expert unless the layer's experts
   // are placed out of order (Note [Expert placement] in model/expert_placement.h).
   Tensor probs, topk_w, topk_idx, counts, perm;
@@ -64,6 +67,7 @@ struct AttentionSaved {
   std::shared_ptr<HostRead> counts_read;  // counts on their way there, taken by dispatch
   // Kept from backward to backward_weights: gradients at the matrices' outputs.
   Tensor d_h1, d_q, d_k, d_v, d_logits;
+  Tensor d_q_in, d_cq, d_kv, d_ckv, d_k_rope;  // MLA: at q_b (or q), q_a, kv_b and kv_a's outputs
 };
 
 struct ExpertsSaved {
@@ -137,6 +141,13 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
 void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights& g,
                         const NodeContext& c);
 void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
+// Multi-head latent attention's part of the attention node (model/mla.cc): q, k, v from n1
+// (saved in s, with the latents), the gradient at n1 from s.d_q, s.d_k, s.d_v (the latents'
+// norm gains' gradients added to g), and the matrices' gradients.
+void mla_forward(AttentionSaved& s, const LayerWeights& w, const NodeContext& c);
+Tensor mla_backward(AttentionSaved& s, const LayerWeights& w, const LayerWeights& g,
+                    const NodeContext& c);
+void mla_backward_weights(AttentionSaved& s, const LayerWeights& g);
 
 // ---- dispatch / combine: the all-to-all pair (a hand-over of ownership when EP = 1) ----
 // With EP > 1, dispatch sends each expert's rows to the rank holding it (counts first, then

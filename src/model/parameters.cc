@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cmath>
+#include <functional>
 #include <thread>
 #include <unordered_map>
 #include <vector>
@@ -27,6 +28,10 @@ Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtyp
   TANDEM_CHECK(device == Device::kCPU || dtype == DType::kF32,
                "GPU parameters are f32 (master weights), not ", dtype_name(dtype));
   build_entries();
+  if (cfg.moe_router_enable_expert_bias) {
+    flat_load_ = Tensor::zeros({spec.layer_end - spec.layer_begin, cfg.num_experts}, DType::kF32,
+                               MemCategory::kOther, "expert_load", device);
+  }
   flat_params_ = Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters", device);
   flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients", device);
   if (device != Device::kCPU) {
@@ -57,6 +62,10 @@ void Parameters::build_views() {
   }
   weights_ = make_views(flat_params_);
   grads_ = make_views(flat_grads_);
+  for (int64_t l = 0; l < layers && flat_load_.defined(); ++l) {
+    LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    if (w.moe()) w.expert_load = flat_load_.narrow_rows(l, 1).reshape({e});
+  }
   if (device_ != Device::kCPU) compute_ = make_views(flat_compute_);
 }
 
@@ -95,12 +104,15 @@ namespace {
 
 // The Hugging Face names of a layer's weights in the family the model is saved as
 // (docs/model.md "Checkpoint names"): Mixtral's experts are block_sparse_moe.experts.{e}.w1 (gate),
-// w3 (up), w2 (down); the Qwen MoE families' are mlp.experts.{e}.gate_proj, up_proj, down_proj.
+// w3 (up), w2 (down); the Qwen and DeepSeek-V3 families' are mlp.experts.{e}.gate_proj, up_proj,
+// down_proj; the shared expert is Qwen2-MoE's mlp.shared_expert, DeepSeek-V3's mlp.shared_experts.
 struct LayerNames {
   explicit LayerNames(const ModelConfig& c, int64_t l)
       : p("model.layers." + std::to_string(l) + "."),
         mixtral(family_of(c) == ModelFamily::kMixtral),
-        moe(p + (mixtral ? "block_sparse_moe." : "mlp.")) {}
+        moe(p + (mixtral ? "block_sparse_moe." : "mlp.")),
+        shared(moe +
+               (family_of(c) == ModelFamily::kDeepseekV3 ? "shared_experts." : "shared_expert.")) {}
   std::string expert(int64_t e) const { return moe + "experts." + std::to_string(e) + "."; }
   std::string gate(const std::string& q) const {
     return q + (mixtral ? "w1" : "gate_proj") + ".weight";
@@ -114,8 +126,28 @@ struct LayerNames {
 
   std::string p;  // model.layers.{l}.
   bool mixtral;
-  std::string moe;  // the MoE block's prefix
+  std::string moe;     // the MoE block's prefix
+  std::string shared;  // the shared expert's prefix
 };
+
+// Multi-head latent attention's matrices and norms (docs/model.md "Checkpoint names").
+void mla_entries(const ModelConfig& c, const std::string& p,
+                 const std::function<void(const std::string&, Shape, double)>& matrix,
+                 const std::function<void(const std::string&, int64_t)>& gain) {
+  const int64_t h = c.hidden_size, heads = c.num_attention_heads, rq = c.q_lora_rank;
+  const int64_t rkv = c.kv_lora_rank;
+  const double std = 0.02;
+  if (rq > 0) {
+    matrix(p + "self_attn.q_a_proj.weight", {rq, h}, std);
+    gain(p + "self_attn.q_a_layernorm.weight", rq);
+    matrix(p + "self_attn.q_b_proj.weight", {c.q_width(), rq}, std);
+  } else {
+    matrix(p + "self_attn.q_proj.weight", {c.q_width(), h}, std);
+  }
+  matrix(p + "self_attn.kv_a_proj_with_mqa.weight", {rkv + c.qk_pos_emb_head_dim, h}, std);
+  gain(p + "self_attn.kv_a_layernorm.weight", rkv);
+  matrix(p + "self_attn.kv_b_proj.weight", {heads * (c.qk_head_dim + c.v_head_dim), rkv}, std);
+}
 
 }  // namespace
 
@@ -139,9 +171,18 @@ void Parameters::build_entries() {
     const LayerNames n(c, l);
     const std::string& p = n.p;
     gain(p + "input_layernorm.weight", h);
-    matrix(p + "self_attn.q_proj.weight", {c.q_width(), h}, std);
-    matrix(p + "self_attn.k_proj.weight", {c.kv_width(), h}, std);
-    matrix(p + "self_attn.v_proj.weight", {c.kv_width(), h}, std);
+    if (c.multi_latent_attention) {
+      mla_entries(
+          c, p,
+          [&](const std::string& name, Shape shape, double sd) {
+            matrix(name, std::move(shape), sd);
+          },
+          gain);
+    } else {
+      matrix(p + "self_attn.q_proj.weight", {c.q_width(), h}, std);
+      matrix(p + "self_attn.k_proj.weight", {c.kv_width(), h}, std);
+      matrix(p + "self_attn.v_proj.weight", {c.kv_width(), h}, std);
+    }
     if (c.add_qkv_bias) {
       for (const char* b : {"q", "k", "v"}) {
         add(p + "self_attn." + b + "_proj.bias", {b[0] == 'q' ? c.q_width() : c.kv_width()},
@@ -152,7 +193,7 @@ void Parameters::build_entries() {
       gain(p + "self_attn.q_norm.weight", c.head_dim());
       gain(p + "self_attn.k_norm.weight", c.head_dim());
     }
-    matrix(p + "self_attn.o_proj.weight", {h, c.q_width()}, out_std);
+    matrix(p + "self_attn.o_proj.weight", {h, c.attn_out_width()}, out_std);
     gain(p + "post_attention_layernorm.weight", h);
     if (!c.is_moe_layer(l)) {
       matrix(p + "mlp.gate_proj.weight", {f, h}, std);
@@ -161,8 +202,12 @@ void Parameters::build_entries() {
       continue;
     }
     matrix(n.moe + "gate.weight", {c.num_experts, h}, std);
+    if (c.moe_router_enable_expert_bias) {
+      add(n.moe + "gate.e_score_correction_bias", {c.num_experts}, ParamKind::kBuffer,
+          ParamShard::kDense, 0);
+    }
     if (c.has_shared_expert()) {
-      const std::string q = n.moe + "shared_expert.";
+      const std::string& q = n.shared;
       matrix(q + "gate_proj.weight", {fs, h}, std);
       matrix(q + "up_proj.weight", {fs, h}, std);
       matrix(q + "down_proj.weight", {h, fs}, out_std);
@@ -218,9 +263,15 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
     LayerWeights lw;
     lw.input_norm = get(p + "input_layernorm.weight");
     lw.post_norm = get(p + "post_attention_layernorm.weight");
-    lw.wq = get(p + "self_attn.q_proj.weight");
-    lw.wk = get(p + "self_attn.k_proj.weight");
-    lw.wv = get(p + "self_attn.v_proj.weight");
+    lw.wq = maybe(p + "self_attn.q_proj.weight");
+    lw.wk = maybe(p + "self_attn.k_proj.weight");
+    lw.wv = maybe(p + "self_attn.v_proj.weight");
+    lw.wq_a = maybe(p + "self_attn.q_a_proj.weight");
+    lw.q_a_norm = maybe(p + "self_attn.q_a_layernorm.weight");
+    lw.wq_b = maybe(p + "self_attn.q_b_proj.weight");
+    lw.wkv_a = maybe(p + "self_attn.kv_a_proj_with_mqa.weight");
+    lw.kv_a_norm = maybe(p + "self_attn.kv_a_layernorm.weight");
+    lw.wkv_b = maybe(p + "self_attn.kv_b_proj.weight");
     lw.wo = get(p + "self_attn.o_proj.weight");
     lw.bq = maybe(p + "self_attn.q_proj.bias");
     lw.bk = maybe(p + "self_attn.k_proj.bias");
@@ -232,8 +283,9 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
       lw.w_down = get(p + "mlp.down_proj.weight");
     } else {
       lw.router = get(n.moe + "gate.weight");
+      lw.expert_bias = maybe(n.moe + "gate.e_score_correction_bias");
       if (cfg_.has_shared_expert()) {
-        const std::string q = n.moe + "shared_expert.";
+        const std::string& q = n.shared;
         lw.shared_gate_up = stacked(q + "gate_proj.weight", q + "up_proj.weight");
         lw.shared_down = get(q + "down_proj.weight");
         lw.shared_gate = maybe(n.moe + "shared_expert_gate.weight");
@@ -261,7 +313,7 @@ static void fill_init(const Tensor& t, uint64_t key, const ParamEntry& e, int64_
   T* p = t.data<T>();
   for (int64_t i = begin; i < end; ++i) {
     p[i] = e.kind == ParamKind::kNorm ? T(1)
-           : e.kind == ParamKind::kBias
+           : e.kind == ParamKind::kBias || e.kind == ParamKind::kBuffer
                ? T(0)
                : static_cast<T>(e.init_std * normal01(key, static_cast<uint64_t>(i)));
   }

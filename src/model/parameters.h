@@ -26,8 +26,11 @@ struct ChunkSpec {
 };
 
 // How a parameter is treated by the optimizer and the gradient reduction.
-// Matrices take weight decay; norm gains start at one, biases at zero.
-enum class ParamKind : uint8_t { kMatrix, kNorm, kEmbedding, kBias };
+// Matrices take weight decay; norm gains start at one, biases at zero. A buffer (the expert bias
+// of a sigmoid router) starts at zero and has no gradient: AdamW leaves it (a zero gradient moves
+// nothing), and it changes only as its own rule says (Note [Expert bias] in
+// runtime/expert_bias.h), but it is saved, loaded and laid out as the parameters are.
+enum class ParamKind : uint8_t { kMatrix, kNorm, kEmbedding, kBias, kBuffer };
 enum class ParamShard : uint8_t { kDense, kExpert };  // expert weights reduce over expert-DP
 
 struct ParamEntry {
@@ -45,10 +48,18 @@ struct LayerWeights {
   Tensor wo;                     // [H, heads*D]
   Tensor bq, bk, bv;             // --add-qkv-bias: [heads*D], [kv*D], [kv*D]; else undefined
   Tensor q_norm, k_norm;         // --qk-layernorm: [D]; else undefined
+  // --multi-latent-attention (then wk, wv are undefined, and wq is [heads*(dn+dr), H] when there
+  // is no q latent): q's latent [rq, H], its norm [rq] and q from it [heads*(dn+dr), rq]; the kv
+  // latent over k's rope part [rkv + dr, H], the latent's norm [rkv], and each head's k nope
+  // part over its v from the latent [heads*(dn+dv), rkv]. wo is [H, heads*dv].
+  Tensor wq_a, q_a_norm, wq_b, wkv_a, kv_a_norm, wkv_b;
   // Dense layers: gate_proj over up_proj, [2F, H] (the two are adjacent in the flat buffers, so one
   // product forms both: Note [Gate and up in one product] in ffn_nodes.cc), and down, [H, F].
   Tensor w_gate_up, w_down;
   Tensor router;  // MoE layers: [E, H]
+  // Sigmoid router with --moe-router-enable-expert-bias: the expert bias [E] (kBuffer), and in
+  // the weights' views only, the step's tally of rows routed to each expert [E] f32 (kOther).
+  Tensor expert_bias, expert_load;
   // MoE layers, local experts (the chunk's places, in order): gate over up, [2Fe, H], and down,
   // [H, Fe] (Fe: ModelConfig::expert_ffn_size()).
   std::vector<Tensor> e_gate_up, e_down;
@@ -102,6 +113,9 @@ class Parameters {
   Tensor grad(const ParamEntry& e) const { return view(flat_grads_, e); }
   const Tensor& flat_params() const { return flat_params_; }
   const Tensor& flat_grads() const { return flat_grads_; }
+  // The step's rows per expert of every layer, [chunk layers, E] f32 (sigmoid router with
+  // --moe-router-enable-expert-bias; undefined otherwise); the attention nodes add to it.
+  const Tensor& expert_load() const { return flat_load_; }
 
   // docs/model.md's initialisation, each tensor drawn from a stream keyed by (seed, name), so any
   // chunk or expert range of the model gets the same values as the whole model.
@@ -128,6 +142,7 @@ class Parameters {
   std::vector<ParamEntry> entries_;
   int64_t total_ = 0;
   Tensor flat_params_, flat_grads_, flat_compute_;
+  Tensor flat_load_;     // the MoE layers' expert_load, [chunk layers, E] f32; undefined without
   Tensor expert_slots_;  // [chunk layers, E] i32, on the device; undefined when contiguous
   ModelWeights weights_, grads_, compute_;
 };

@@ -1,5 +1,6 @@
 // The device dispatch of ops.h: each op runs on the device of its first tensor (the backend
 // checks that the others are there too). Written out from op_decls.inc, one function per op.
+#include <cmath>
 #include <cstdlib>
 #include <string_view>
 
@@ -188,6 +189,25 @@ void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t h
   TANDEM_OP(dq, rope_backward_qk, dq, dk, seq, heads, kv_heads, head_dim, rope);
 }
 
+void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
+                     const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
+                     int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope) {
+  TANDEM_OP(q, mla_qkv_forward, q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim,
+            rope);
+}
+
+void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                      const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
+                      int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                      const RopeSpec& rope) {
+  TANDEM_OP(d_q_in, mla_qkv_backward, d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim,
+            rope_dim, v_dim, rope);
+}
+
+double AttentionShape::softmax_scale() const {
+  return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
+}
+
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, const AttentionShape& s) {
   TANDEM_OP(out, attention_forward, out, lse, q, k, v, s);
@@ -208,8 +228,17 @@ void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& 
 }
 
 void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs,
-                    const Tensor& logits, RouterScore score) {
-  TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits, score);
+                    const Tensor& logits, const RouterSpec& spec, const Tensor& bias) {
+  TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits, spec, bias);
+}
+
+PendingScalar router_seq_aux_loss_start(const Tensor& probs, const Tensor& topk_idx, int64_t seq,
+                                        double coeff) {
+  TANDEM_OP(probs, router_seq_aux_loss_start, probs, topk_idx, seq, coeff);
+}
+
+void router_load_add(const Tensor& load, const Tensor& counts) {
+  TANDEM_OP(load, router_load_add, load, counts);
 }
 
 void router_counts(const Tensor& counts, const Tensor& topk_idx) {
@@ -223,9 +252,9 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
 
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
                      const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
-                     double coeff, double aux_scale, RouterScore score) {
+                     double coeff, double aux_scale, const RouterSpec& spec) {
   TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff,
-            aux_scale, score);
+            aux_scale, spec);
 }
 
 void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,

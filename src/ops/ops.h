@@ -32,12 +32,39 @@ enum class IdCheck : uint8_t { kCheck, kCheckedByCaller };
 enum class RouterScore : uint8_t {
   kSoftmaxOfSelected,  // the softmax over the k chosen logits (Mixtral; norm_topk_prob true)
   kSoftmaxOfAll,       // the softmax over all E logits, at the k chosen, not renormalised
+  kSigmoid,            // sigmoid(logit) at the k chosen (DeepSeek-V3, norm_topk_prob false)
+  kSigmoidNormalized,  // those k divided by their sum (+ 1e-20) (DeepSeek-V3)
+};
+
+// How router_forward chooses and weights (docs/model.md "DeepSeek-V3 routing"). For the sigmoid
+// scores: the choice reads score + bias (the expert bias, when given); with groups > 0 the E
+// experts form `groups` groups of E / groups, a group's value is the sum of its two best biased
+// scores, and a token chooses among the experts of its group_topk best groups only (the others'
+// biased scores read as 0, as transformers masks them). The k weights are multiplied by scaling.
+struct RouterSpec {
+  RouterScore score = RouterScore::kSoftmaxOfSelected;
+  int64_t groups = 0, group_topk = 0;
+  double scaling = 1.0;
+  // The sigmoid router's aux loss (router_seq_aux_loss_start) is over sequences of this many
+  // tokens; router_backward needs it when coeff > 0.
+  int64_t aux_seq = 0;
+  RouterSpec() = default;
+  RouterSpec(RouterScore s) : score(s) {}  // NOLINT: a plain softmax router converts implicitly
+  bool sigmoid() const {
+    return score == RouterScore::kSigmoid || score == RouterScore::kSigmoidNormalized;
+  }
 };
 
 // ---- shapes and hyper-parameters of the ops below ----
 // Causal attention with grouped-query heads: query head h uses KV head h / (heads / kv_heads).
+// head_dim is q's and k's head width; v_head_dim v's and the output's (0: head_dim, as every
+// family but DeepSeek-V3's MLA has it); scale multiplies q . k (0: 1 / sqrt(head_dim)).
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
+  int64_t v_head_dim = 0;
+  double scale = 0;
+  int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
+  double softmax_scale() const;
 };
 
 // AdamW's hyper-parameters for one step.

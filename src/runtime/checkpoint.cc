@@ -566,6 +566,13 @@ CheckpointInfo inspect_checkpoint(const std::string& dir) {
   // Through ModelConfig, so that fields older checkpoints lack compare as their defaults.
   const Json recorded = config_to_json(
       model_config_from_json(info.trainer_state["model"], state_path + ": 'model': "));
+  // What config.json does not carry, training settings rather than the model's math, is the
+  // trainer state's.
+  Json model = config_to_json(info.model_config);
+  for (const std::string& key : io::hf_config_unwritten_fields(info.model_config)) {
+    model[key] = recorded[key];
+  }
+  info.model_config = model_config_from_json(model, state_path + ": 'model': ");
   const Json in_config = config_to_json(info.model_config);
   for (const auto& [key, value] : in_config.items()) {
     TANDEM_CHECK(recorded[key] == value, "checkpoint ", info.dir, ": ", kConfigFile, " and ",

@@ -1,11 +1,13 @@
 // Checkpoints to and from the live objects: parameters, AdamW and the trainer. Every restore
 // checks all it will copy (configs, names, shapes, the data position) before changing anything,
 // so a rejected checkpoint leaves the run exactly as it was.
+#include <algorithm>
 #include <map>
 #include <string>
 #include <vector>
 
 #include "core/error.h"
+#include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "runtime/checkpoint.h"
 #include "runtime/reference_trainer.h"
@@ -32,11 +34,15 @@ std::string option_of(std::string key) {
 }
 
 // The first key whose value differs between the checkpoint's config and the run's, as a
-// message; "" when they agree. HF checkpoints store seq_length only as a limit, so it is skipped.
+// message; "" when they agree. HF checkpoints store seq_length only as a limit, so it is skipped;
+// the training settings config.json does not carry (io::hf_config_unwritten_fields: the expert
+// bias's rate, the aux loss of a family without one) are the run's to choose.
 std::string config_difference(const CheckpointState& st, const ModelConfig& run) {
   const Json ckpt = config_to_json(st.model_config), mine = config_to_json(run);
+  const std::vector<std::string> free = io::hf_config_unwritten_fields(st.model_config);
   for (const auto& [key, value] : ckpt.items()) {
     if (st.kind == CheckpointKind::kHuggingFace && key == "seq_length") continue;
+    if (std::find(free.begin(), free.end(), key) != free.end()) continue;
     if (mine[key] != value) {
       return detail::concat(key, " is ", value.dump(), " in the checkpoint but ", mine[key].dump(),
                             " in this run (", option_of(key), ")");

@@ -26,16 +26,26 @@ std::vector<int64_t> node_weight_ends(const model::Parameters& params,
   const int64_t layer_begin = params.spec().layer_begin;
   const auto layers = static_cast<size_t>(params.spec().layer_end - layer_begin);
   int64_t embed = 0;
-  std::vector<int64_t> attention(layers, 0), ffn(layers, 0);
+  // Per layer, the end of the weights of its attention node (the router and its bias included),
+  // its shared expert and its experts or mlp (schedule/pipeline_model.cc's node_params).
+  std::vector<int64_t> attention(layers, 0), shared(layers, 0), ffn(layers, 0);
   const std::string prefix = "model.layers.";
+  const auto has = [](const std::string& name, const char* part) {
+    return name.find(part) != std::string::npos;
+  };
   for (const model::ParamEntry& e : params.entries()) {
     const int64_t end = e.offset + shape_numel(e.shape);
     if (e.name.rfind(prefix, 0) == 0) {
       const auto l = static_cast<size_t>(std::stoll(e.name.substr(prefix.size())) - layer_begin);
       TANDEM_ASSERT(l < layers, "weight ", e.name, " outside the chunk's layers");
-      const bool is_ffn = e.name.find(".mlp.") != std::string::npos ||
-                          e.name.find(".experts.") != std::string::npos;
-      int64_t& slot = is_ffn ? ffn[l] : attention[l];
+      // The router (mlp.gate or block_sparse_moe.gate) and its expert bias; not a shared
+      // expert's gate (shared_expert_gate) nor any gate_proj.
+      const bool router =
+          has(e.name, ".gate.weight") || has(e.name, ".gate.e_score_correction_bias");
+      const bool ffn_weight = has(e.name, ".mlp.") || has(e.name, ".experts.");
+      int64_t& slot = router || !ffn_weight          ? attention[l]
+                      : has(e.name, "shared_expert") ? shared[l]
+                                                     : ffn[l];
       slot = std::max(slot, end);
     } else if (e.name.rfind("model.embed_tokens.", 0) == 0) {
       embed = end;
@@ -52,9 +62,12 @@ std::vector<int64_t> node_weight_ends(const model::Parameters& params,
       case NodeKind::kAttention:
         upto = std::max(upto, attention[l]);
         break;
+      case NodeKind::kSharedExpert:
+        upto = std::max({upto, attention[l], shared[l]});
+        break;
       case NodeKind::kExperts:
       case NodeKind::kMlp:
-        upto = std::max({upto, attention[l], ffn[l]});
+        upto = std::max({upto, attention[l], shared[l], ffn[l]});
         break;
       case NodeKind::kLoss:
         upto = params.numel();

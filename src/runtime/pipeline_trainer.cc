@@ -12,6 +12,7 @@
 #include "ops/ops.h"
 #include "runtime/cpu_streams.h"
 #include "runtime/device_streams.h"
+#include "runtime/expert_bias.h"
 
 namespace tandem::runtime {
 
@@ -406,6 +407,9 @@ StepResult PipelineTrainer::step() {
   r.iteration = iteration_;
   r.lr = learning_rate(train_, iteration_);
   apply_update(r, finite);
+  for (StageRuntime& s : stages_) {  // Note [Expert bias]
+    update_expert_bias(*s.params, model_.moe_router_bias_update_rate, groups_->dp.get(), finite);
+  }
   rebalancer_->after_step(iteration_, stages_, *deferred_);  // part of the step's time
   synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();

@@ -6,6 +6,8 @@
 #include <limits>
 #include <vector>
 
+#include "runtime/expert_bias.h"
+
 namespace tandem::runtime {
 
 ReferenceTrainer::ReferenceTrainer(const ModelConfig& m, const TrainConfig& t,
@@ -82,6 +84,7 @@ StepResult ReferenceTrainer::step() {
     params_->zero_grads();
     r.status = StepStatus::kSkipped;
   }
+  update_expert_bias(*params_, model_.moe_router_bias_update_rate, nullptr, finite);
   synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.memory = alloc.stats();

@@ -82,8 +82,19 @@ NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const Footprin
       out.memory_bytes = n * h * (wb + e) + n * 4;
       break;
     case NodeKind::kAttention: {
-      out.flops = 2 * n * h * (q + 2 * kv) + 2 * n * q * h + 2 * n * t * q;
-      double weights = h * (q + 2 * kv) + q * h + 2 * h;
+      // The projections' weights, and the causal core's q.k and p.v (2 n t (q + o) / 2).
+      double proj = h * (q + 2 * kv) + q * h, o = q;
+      if (cfg.multi_latent_attention) {  // the latents' products; values Dv wide
+        const double rq = dbl(cfg.q_lora_rank), rkv = dbl(cfg.kv_lora_rank);
+        const double kvb = dbl(cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim));
+        o = dbl(cfg.attn_out_width());
+        proj = (rq > 0 ? h * rq + rq * q : h * q) + h * (rkv + dbl(cfg.qk_pos_emb_head_dim)) +
+               rkv * kvb + o * h;
+      }
+      out.flops = cfg.multi_latent_attention
+                      ? 2 * n * proj + n * t * (q + o)
+                      : 2 * n * h * (q + 2 * kv) + 2 * n * q * h + 2 * n * t * q;
+      double weights = proj + 2 * h;
       if (cfg.is_moe() && s.moe_layer) {
         out.flops += 2 * n * h * experts;
         weights += h * experts;

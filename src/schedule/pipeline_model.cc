@@ -18,10 +18,22 @@ int64_t node_params(NodeKind kind, const ModelConfig& cfg, int64_t ep, bool moe_
   switch (kind) {
     case NodeKind::kEmbed:
       return cfg.vocab_size * h;
-    case NodeKind::kAttention:
+    case NodeKind::kAttention: {
+      const int64_t router =
+          moe_layer
+              ? h * cfg.num_experts + (cfg.moe_router_enable_expert_bias ? cfg.num_experts : 0)
+              : 0;
+      if (cfg.multi_latent_attention) {  // the latents, their norms, the products out of them
+        const int64_t rq = cfg.q_lora_rank, rkv = cfg.kv_lora_rank;
+        return 2 * h + (rq > 0 ? h * rq + rq + rq * cfg.q_width() : h * cfg.q_width()) +
+               h * (rkv + cfg.qk_pos_emb_head_dim) + rkv +
+               rkv * cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) +
+               cfg.attn_out_width() * h + router;
+      }
       return 2 * h + h * cfg.q_width() + 2 * h * cfg.kv_width() + cfg.q_width() * h +
              (cfg.add_qkv_bias ? cfg.q_width() + 2 * cfg.kv_width() : 0) +
-             (cfg.qk_layernorm ? 2 * cfg.head_dim() : 0) + (moe_layer ? h * cfg.num_experts : 0);
+             (cfg.qk_layernorm ? 2 * cfg.head_dim() : 0) + router;
+    }
     case NodeKind::kExperts:
       return (cfg.num_experts / ep) * 3 * h * cfg.expert_ffn_size();
     case NodeKind::kSharedExpert:

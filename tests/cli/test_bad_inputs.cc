@@ -17,6 +17,57 @@
 namespace tandem::test {
 namespace {
 
+// A small DeepSeek-V3 model: multi-head latent attention and the sigmoid router.
+std::vector<std::string> small_v3(std::vector<std::string> more) {
+  std::vector<std::string> args = {"--num-layers",
+                                   "1",
+                                   "--hidden-size",
+                                   "32",
+                                   "--num-attention-heads",
+                                   "4",
+                                   "--num-query-groups",
+                                   "4",
+                                   "--ffn-hidden-size",
+                                   "32",
+                                   "--num-experts",
+                                   "4",
+                                   "--seq-length",
+                                   "16",
+                                   "--micro-batch-size",
+                                   "2",
+                                   "--global-batch-size",
+                                   "4",
+                                   "--multi-latent-attention",
+                                   "--kv-lora-rank",
+                                   "8",
+                                   "--qk-head-dim",
+                                   "4",
+                                   "--qk-pos-emb-head-dim",
+                                   "4",
+                                   "--v-head-dim",
+                                   "4",
+                                   "--rotary-interleaved",
+                                   "--moe-router-score-function",
+                                   "sigmoid"};
+  args.insert(args.end(), more.begin(), more.end());
+  return args;
+}
+
+void put_le(std::string& out, uint64_t v, int bytes) {
+  for (int i = 0; i < bytes; ++i) out.push_back(static_cast<char>(v >> (8 * i)));
+}
+
+// An llm.c token file: 256 int32 header (magic, version, count), then uint16 tokens.
+std::string llmc(int32_t magic, int32_t version, int32_t count, const std::vector<int>& tokens) {
+  std::string out;
+  put_le(out, static_cast<uint32_t>(magic), 4);
+  put_le(out, static_cast<uint32_t>(version), 4);
+  put_le(out, static_cast<uint32_t>(count), 4);
+  out.resize(1024, '\0');
+  for (int t : tokens) put_le(out, static_cast<uint32_t>(t), 2);
+  return out;
+}
+
 // A Megatron index header: magic, version, dtype code, sequence and document counts.
 std::string megatron_idx(const std::string& magic, uint64_t seqs, uint64_t docs) {
   std::string out = magic;
@@ -122,6 +173,19 @@ std::vector<BadInput> option_cases() {
       {"node times on one CPU rank",
        small({"--node-times-out", "nodes.json"}),
        {"--node-times-out nodes.json", "mpirun", "--device cuda"}},
+      {"sigmoid router with an aux loss", small_v3({}), {"--moe-aux-loss-coeff 0.01", "sigmoid"}},
+      {"score function", {"--moe-router-score-function", "tanh"}, {"tanh", "softmax, sigmoid"}},
+      {"sequence aux loss of a softmax router",
+       {"--moe-router-load-balancing-type", "seq_aux_loss"},
+       {"seq_aux_loss needs --moe-router-score-function sigmoid"}},
+      {"groups",
+       small_v3({"--moe-aux-loss-coeff", "0", "--moe-router-num-groups", "3",
+                 "--moe-router-group-topk", "1"}),
+       {"--moe-router-num-groups 3"}},
+      {"MLA without its interleaved RoPE",
+       {"--multi-latent-attention", "--num-query-groups", "8", "--moe-router-score-function",
+        "sigmoid", "--moe-aux-loss-coeff", "0"},
+       {"--rotary-interleaved"}},
   };
 }
 

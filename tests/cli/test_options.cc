@@ -281,6 +281,11 @@ TEST(Options, BadInputsAreRejectedWithAUsefulMessage) {
        "",
        "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it needs "
        "--device cuda (it is cpu), or use on"},
+      {"multi-head latent attention on the GPU",
+       {"--multi-latent-attention", "--rotary-interleaved", "--moe-router-score-function",
+        "sigmoid", "--moe-aux-loss-coeff", "0", "--device", "cuda"},
+       "",
+       "--multi-latent-attention is not implemented on the GPU: use --device cpu"},
       {"rebalancing experts with one expert rank",
        {"--rebalance-experts", "10"},
        "",

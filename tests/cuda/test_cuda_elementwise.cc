@@ -629,6 +629,60 @@ TEST(CudaRouter, BackwardSelectedAndAuxTerms) {
   }
 }
 
+// DeepSeek-V3's sigmoid router against the CPU's: the same choice (with an expert bias, with
+// groups: 8 groups of 4 of 32 experts, 3 kept; 256 experts, 8 groups, 4 kept, k 8, as V3), the
+// weights normalised and not, scaled; the backward in f32 and bf16; the load tally.
+TEST(CudaRouter, SigmoidWithBiasGroupsAndScaling) {
+  struct Case {
+    int64_t n, e, k, groups, group_topk;
+  };
+  for (const Case& c :
+       {Case{37, 32, 4, 8, 3}, Case{19, 256, 8, 8, 4}, Case{5, 7, 2, 0, 0}, Case{0, 8, 2, 2, 1}}) {
+    for (ops::RouterScore score :
+         {ops::RouterScore::kSigmoid, ops::RouterScore::kSigmoidNormalized}) {
+      ops::RouterSpec spec(score);
+      spec.groups = c.groups;
+      spec.group_topk = c.group_topk;
+      spec.scaling = 2.5;
+      const std::string what = "sigmoid router n " + std::to_string(c.n) + " E " +
+                               std::to_string(c.e) + " k " + std::to_string(c.k) + " groups " +
+                               std::to_string(c.groups) +
+                               (score == ops::RouterScore::kSigmoid ? " unnormalised" : "");
+      Tensor logits = random_host({c.n, c.e}, 38, 3.0);
+      Tensor bias = random_host({c.e}, 39, 0.2);
+      Tensor idx = Tensor::empty({c.n, c.k}, DType::kI32, MemCategory::kOther, "i", Device::kCUDA);
+      Tensor w = Tensor::empty({c.n, c.k}, kF32, MemCategory::kOther, "w", Device::kCUDA);
+      Tensor probs = Tensor::empty({c.n, c.e}, kF32, MemCategory::kOther, "p", Device::kCUDA);
+      ops::router_forward(idx, w, probs, logits.to(Device::kCUDA), spec, bias.to(Device::kCUDA));
+      Tensor idx_want = host({c.n, c.k}, DType::kI32), w_want = host({c.n, c.k});
+      Tensor probs_want = host({c.n, c.e});
+      ops::router_forward(idx_want, w_want, probs_want, logits, spec, bias);
+      EXPECT_EQ(ints(idx), ints(idx_want)) << what;
+      expect_close(w.to(Device::kCPU), w_want, tolerance_for(kF32), what + " topk_w");
+      expect_close(probs.to(Device::kCPU), probs_want, tolerance_for(kF32), what + " probs");
+      Tensor counts = host({c.e}, DType::kI32);
+      ops::router_counts(counts, idx_want);
+      Tensor dw = random_host({c.n, c.k}, 40);
+      for (DType dt : {kF32, kBF16}) {
+        Tensor dl = Tensor::empty({c.n, c.e}, dt, MemCategory::kOther, "dl", Device::kCUDA);
+        ops::router_backward(dl, dw.to(Device::kCUDA), idx_want.to(Device::kCUDA),
+                             w_want.to(Device::kCUDA), probs_want.to(Device::kCUDA),
+                             counts.to(Device::kCUDA), c.k, 0.0, 1.0, spec);
+        Tensor dl_want = host({c.n, c.e});
+        ops::router_backward(dl_want, dw, idx_want, w_want, probs_want, counts, c.k, 0.0, 1.0,
+                             spec);
+        expect_close(to_host_f32(dl), dl_want, tolerance_for(dt), what + " backward " + name(dt));
+      }
+      Tensor load = host({c.e});
+      ops::router_load_add(load, counts);
+      const Tensor d_load = load.to(Device::kCUDA);
+      ops::router_load_add(d_load, counts.to(Device::kCUDA));
+      ops::router_load_add(load, counts);
+      expect_close(d_load.to(Device::kCPU), load, kExact, what + " load");
+    }
+  }
+}
+
 // ---- bias and sigmoid gate ----
 
 // bias_forward adds b to every row; bias_backward sums dy's rows (many rows: several chunks,

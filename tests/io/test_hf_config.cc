@@ -160,6 +160,103 @@ TEST(HfConfig, BadConfigsNameTheKeyAndTheFile) {
   expect_error(with("num_experts_per_tok", 9), {"--moe-router-topk 9"});
 }
 
+// DeepseekV3Config's keys (transformers' names and defaults written out here), the model they
+// read as, and back; the settings tandem does not implement refused by key.
+ModelConfig deepseek_v3_config() {
+  ModelConfig m;
+  m.num_query_groups = m.num_attention_heads;
+  m.num_layers = 4;
+  m.multi_latent_attention = true;
+  m.q_lora_rank = 48;
+  m.kv_lora_rank = 32;
+  m.qk_head_dim = 16;
+  m.qk_pos_emb_head_dim = 8;
+  m.v_head_dim = 12;
+  m.rotary_interleaved = true;
+  m.moe_ffn_hidden_size = 64;
+  m.moe_shared_expert_intermediate_size = 128;
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_enable_expert_bias = true;
+  m.moe_router_num_groups = 4;
+  m.moe_router_group_topk = 2;
+  m.moe_router_topk_scaling_factor = 2.5;
+  m.moe_aux_loss_coeff = 0;
+  m.moe_layer_freq = "[0,1,1,1]";
+  m.rope_type = "yarn";
+  m.rope_scaling_factor = 4;
+  m.rope_original_max_position = 32;
+  m.yarn_mscale = 1;
+  m.yarn_mscale_all_dim = 1;
+  return m;
+}
+
+TEST(HfConfig, DeepseekV3KeysAndRoundTrip) {
+  const ModelConfig m = deepseek_v3_config();
+  const Json j = Json::parse(hf_config_json(m));
+  EXPECT_EQ(j["architectures"], Json::array({"DeepseekV3ForCausalLM"}));
+  EXPECT_EQ(j["model_type"], "deepseek_v3");
+  EXPECT_EQ(j["q_lora_rank"], 48);
+  EXPECT_EQ(j["kv_lora_rank"], 32);
+  EXPECT_EQ(j["qk_nope_head_dim"], 16);
+  EXPECT_EQ(j["qk_rope_head_dim"], 8);
+  EXPECT_EQ(j["qk_head_dim"], 24);
+  EXPECT_EQ(j["head_dim"], 8);
+  EXPECT_EQ(j["v_head_dim"], 12);
+  EXPECT_EQ(j["n_shared_experts"], 2);
+  EXPECT_EQ(j["moe_intermediate_size"], 64);
+  EXPECT_EQ(j["n_group"], 4);
+  EXPECT_EQ(j["topk_group"], 2);
+  EXPECT_EQ(j["routed_scaling_factor"], 2.5);
+  EXPECT_EQ(j["first_k_dense_replace"], 1);
+  EXPECT_EQ(j["norm_topk_prob"], true);
+  EXPECT_EQ(j["rope_parameters"]["rope_type"], "yarn");
+  EXPECT_EQ(j["rope_parameters"]["mscale_all_dim"], 1.0);
+  const ModelConfig r = parse_hf_config(j.dump(), "config.json");
+  expect_same(m, r);
+  EXPECT_TRUE(r.multi_latent_attention && r.rotary_interleaved && r.sigmoid_router());
+  EXPECT_EQ(r.q_lora_rank, 48);
+  EXPECT_EQ(r.v_head_dim, 12);
+  EXPECT_EQ(r.moe_shared_expert_intermediate_size, 128);
+  EXPECT_EQ(r.moe_layer_freq, "[0,1,1,1]");
+  EXPECT_EQ(r.rope_type, "yarn");
+  EXPECT_EQ(r.rope_original_max_position, 32);
+  EXPECT_EQ(r.yarn_mscale_all_dim, 1.0);
+  EXPECT_EQ(r.moe_router_topk_scaling_factor, 2.5);
+  // Without q's latent: q_lora_rank null.
+  ModelConfig noq = m;
+  noq.q_lora_rank = 0;
+  const Json jn = Json::parse(hf_config_json(noq));
+  EXPECT_TRUE(jn["q_lora_rank"].is_null());
+  EXPECT_EQ(parse_hf_config(jn.dump(), "config.json").q_lora_rank, 0);
+}
+
+TEST(HfConfig, DeepseekV3SettingsTandemDoesNotImplementAreRefusedByKey) {
+  const Json good = Json::parse(hf_config_json(deepseek_v3_config()));
+  const auto with = [&](const std::string& key, const Json& value) {
+    Json j = good;
+    j[key] = value;
+    return j.dump();
+  };
+  const auto with_rope = [&](const std::string& key, const Json& value) {
+    Json j = good;
+    j["rope_scaling"] = nullptr;
+    j["rope_parameters"][key] = value;
+    return j.dump();
+  };
+  expect_error(with("rope_interleave", false), {"key 'rope_interleave'"});
+  expect_error(with("head_dim", 16), {"key 'head_dim'", "qk_rope_head_dim"});
+  expect_error(with("qk_head_dim", 20), {"key 'qk_head_dim'"});
+  expect_error(with("attention_bias", true), {"key 'attention_bias'"});
+  expect_error(with("first_k_dense_replace", 4), {"key 'first_k_dense_replace'"});
+  expect_error(with("aux_loss_alpha", 0.001), {"key 'aux_loss_alpha'", "not a setting"});
+  expect_error(with("n_group", 3), {"--moe-router-num-groups 3"});
+  expect_error(with_rope("factor", 8.0), {"key 'rope_parameters.factor'", "128 / 32"});
+  expect_error(with_rope("attention_factor", 1.2), {"key 'rope_parameters.attention_factor'"});
+  expect_error(with_rope("truncate", false), {"key 'rope_parameters.truncate'"});
+  // Multi-token prediction layers: read and left out, as transformers' forward does.
+  EXPECT_NO_THROW(parse_hf_config(with("num_nextn_predict_layers", 1), "config.json"));
+}
+
 // transformers 5.x writes the base inside rope_parameters and no rope_theta at the top; 4.x the
 // other way round, with rope_scaling beside it. Both forms read the same model.
 TEST(HfConfig, RopeInBothFormsAndLlama3Scaling) {

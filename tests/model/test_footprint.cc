@@ -11,7 +11,7 @@
 namespace tandem::model {
 namespace {
 
-enum class Model : uint8_t { kDense, kMoe, kQwen3, kQwen2 };
+enum class Model : uint8_t { kDense, kMoe, kQwen3, kQwen2, kDeepseekV3, kDeepseekV3NoQ };
 
 struct Case {
   Model model;
@@ -29,6 +29,10 @@ ModelConfig config_of(Model m) {
       return testing::tiny_qwen3_config();
     case Model::kQwen2:
       return testing::tiny_qwen2_config();
+    case Model::kDeepseekV3:
+      return testing::tiny_deepseek_v3_config(5);
+    case Model::kDeepseekV3NoQ:
+      return testing::tiny_deepseek_v3_config(0);
   }
   return {};
 }
@@ -120,7 +124,9 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Model::kMoe, DType::kF64}, Case{Model::kDense, DType::kF32, true},
                       Case{Model::kMoe, DType::kF64, true}, Case{Model::kQwen3, DType::kF32},
                       Case{Model::kQwen3, DType::kF64, true}, Case{Model::kQwen2, DType::kF32},
-                      Case{Model::kQwen2, DType::kF64, true}));
+                      Case{Model::kQwen2, DType::kF64, true}, Case{Model::kDeepseekV3, DType::kF32},
+                      Case{Model::kDeepseekV3, DType::kF64},
+                      Case{Model::kDeepseekV3NoQ, DType::kF32}));
 
 TEST(LossNode, LogitsFreedRightAfterLossBackward) {
   const ModelConfig cfg = testing::tiny_config(true);

@@ -108,17 +108,11 @@ TEST(HfFamilies, Qwen3MoeWithoutNormTopkProb) { expect_transformers_loss("qwen3_
 TEST(HfFamilies, Qwen3MoeWithDenseLayers) { expect_transformers_loss("qwen3_moe_dense"); }
 TEST(HfFamilies, Qwen2MoeWithSharedExpertAndQkvBias) { expect_transformers_loss("qwen2_moe"); }
 
-// Families tandem does not implement yet are refused, naming model_type, not misread.
-TEST(HfFamilies, UnimplementedFamiliesAreRefusedByName) {
-  for (const char* name : {"deepseek_v3", "deepseek_v3_noq", "deepseek_v3_yarn"}) {
-    try {
-      runtime::load_model_checkpoint((kFixtures / name).string());
-      ADD_FAILURE() << name << " was accepted";
-    } catch (const Error& e) {
-      EXPECT_NE(std::string(e.what()).find("model_type"), std::string::npos) << e.what();
-    }
-  }
+TEST(HfFamilies, DeepseekV3WithQLatentGroupsAndSharedExperts) {
+  expect_transformers_loss("deepseek_v3");
 }
+TEST(HfFamilies, DeepseekV3WithoutQLatent) { expect_transformers_loss("deepseek_v3_noq"); }
+TEST(HfFamilies, DeepseekV3WithYarn) { expect_transformers_loss("deepseek_v3_yarn"); }
 
 }  // namespace
 }  // namespace tandem

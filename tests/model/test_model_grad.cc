@@ -53,10 +53,14 @@ void check_gradients(const ModelConfig& cfg, bool fused = false, bool balanced =
   for (int64_t i = 0; i < params.numel(); ++i) {
     params.flat_params().data<double>()[i] *= 10.0;
   }
+  // Expert biases (kBuffer) drawn too, of the order of the sigmoid scores they shift: they
+  // move the choice, and their gradient is zero (the choice is piecewise constant in them).
   for (const ParamEntry& e : params.entries()) {
-    if (e.kind != ParamKind::kBias) continue;
+    if (e.kind != ParamKind::kBias && e.kind != ParamKind::kBuffer) continue;
+    const double scale = e.kind == ParamKind::kBuffer ? 0.2 : 1.0;
     for (int64_t j = 0; j < shape_numel(e.shape); ++j) {
-      params.flat_params().data<double>()[e.offset + j] = normal01(99, static_cast<uint64_t>(j));
+      params.flat_params().data<double>()[e.offset + j] =
+          scale * normal01(99, static_cast<uint64_t>(j));
     }
   }
   ModelChunk chunk(params);
@@ -109,6 +113,34 @@ TEST(ModelGradient, Qwen3MoeMatchesFiniteDifferences) {
 TEST(ModelGradient, Qwen2MoeMatchesFiniteDifferences) {
   check_gradients(testing::tiny_qwen2_config());
   check_gradients(testing::tiny_qwen2_config(), true);
+}
+
+// Multi-head latent attention with and without q's latent, the sigmoid router with its expert
+// bias, groups, scaling and normalised weights (and unnormalised), shared experts without a gate.
+// The latents' norms of 10x weights curve the loss as the q/k norms do: a step of 3e-8 keeps
+// the truncation error within the tolerance (at 1e-7 it reaches 1.2e-6 relative on an embedding).
+TEST(ModelGradient, DeepseekV3MatchesFiniteDifferences) {
+  check_gradients(testing::tiny_deepseek_v3_config(5), false, false, 3e-8);
+  check_gradients(testing::tiny_deepseek_v3_config(0), false, false, 3e-8);
+  ModelConfig unnormalised = testing::tiny_deepseek_v3_config(5);
+  unnormalised.moe_router_pre_softmax = true;
+  check_gradients(unnormalised, false, false, 3e-8);
+}
+// DeepSeek-V3's sequence-wise aux loss, weighted high enough to matter.
+TEST(ModelGradient, DeepseekV3WithSequenceAuxLossMatchesFiniteDifferences) {
+  ModelConfig c = testing::tiny_deepseek_v3_config(5);
+  c.moe_router_load_balancing_type = "seq_aux_loss";
+  c.moe_aux_loss_coeff = 0.5;
+  check_gradients(c, false, false, 3e-8);
+}
+TEST(ModelGradient, DeepseekV3WithYarnMatchesFiniteDifferences) {
+  ModelConfig c = testing::tiny_deepseek_v3_config(5);
+  c.rope_type = "yarn";
+  c.rope_scaling_factor = 4;
+  c.rope_original_max_position = 2;
+  c.yarn_mscale = 1;
+  c.yarn_mscale_all_dim = 0.7;
+  check_gradients(c, false, false, 1e-7);
 }
 
 // --moe-router-force-load-balancing: token r goes to experts (r k + j) mod E, every expert gets

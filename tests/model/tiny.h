@@ -53,6 +53,35 @@ inline ModelConfig tiny_qwen3_config() {
 }
 inline ModelConfig tiny_qwen2_config() { return with_qwen2_options(tiny_config(true)); }
 
+// DeepSeek-V3's: multi-head latent attention (q through a latent when q_lora_rank > 0), values
+// narrower than q and k, interleaved RoPE; the sigmoid router with its expert bias, groups and
+// scaling; shared experts of twice the experts' width; the dense layers first.
+inline ModelConfig with_deepseek_v3_options(ModelConfig c, int64_t q_lora_rank) {
+  c.num_query_groups = c.num_attention_heads;
+  c.multi_latent_attention = true;
+  c.q_lora_rank = q_lora_rank;
+  c.kv_lora_rank = 6;
+  c.qk_head_dim = 4;
+  c.qk_pos_emb_head_dim = 4;
+  c.v_head_dim = 3;
+  c.rotary_interleaved = true;
+  c.moe_ffn_hidden_size = 5;
+  c.moe_shared_expert_intermediate_size = 10;
+  c.moe_router_score_function = "sigmoid";
+  c.moe_router_enable_expert_bias = true;
+  c.moe_router_num_groups = 2;
+  c.moe_router_group_topk = 1;
+  c.moe_router_topk_scaling_factor = 2.5;
+  c.moe_aux_loss_coeff = 0;
+  return c;
+}
+inline ModelConfig tiny_deepseek_v3_config(int64_t q_lora_rank = 5) {
+  ModelConfig c = tiny_config(true);
+  c.num_layers = 3;
+  c.moe_layer_freq = "[0,1,1]";
+  return with_deepseek_v3_options(c, q_lora_rank);
+}
+
 // Random token ids in [0, vocab), [n] i32, from stream `key`.
 inline Tensor random_ids(int64_t n, int64_t vocab, uint64_t key) {
   Tensor t = Tensor::empty({n}, DType::kI32, MemCategory::kOther, "ids");

@@ -13,9 +13,11 @@ using cpu::Trans;
 
 namespace {
 
-// Sizes shared by forward and backward; q rows have stride qw = heads*D, k/v rows kw = kv*D.
+// Sizes shared by forward and backward; q rows have stride qw = heads*D, k rows kw = kv*D, v rows
+// vw = kv*Dv, out rows ow = heads*Dv.
 struct Dims {
-  int64_t b, t, heads, kv, d, group, qw, kw;
+  int64_t b, t, heads, kv, d, dv, group, qw, kw, vw, ow;
+  double scale;
 };
 
 Dims check_attention(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
@@ -32,19 +34,23 @@ Dims check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
                .heads = s.heads,
                .kv = s.kv_heads,
                .d = s.head_dim,
+               .dv = s.v_dim(),
                .group = s.heads / s.kv_heads,
                .qw = s.heads * s.head_dim,
-               .kw = s.kv_heads * s.head_dim};
+               .kw = s.kv_heads * s.head_dim,
+               .vw = s.kv_heads * s.v_dim(),
+               .ow = s.heads * s.v_dim(),
+               .scale = s.softmax_scale()};
   const DType dt = cpu::float_dtype(op, "q", q, 2);
   const int64_t n = d.b * d.t;
   cpu::expect(op, "q", q, dt, {n, d.qw});
   cpu::expect(op, "k", k, dt, {n, d.kw});
-  cpu::expect(op, "v", v, dt, {n, d.kw});
+  cpu::expect(op, "v", v, dt, {n, d.vw});
   cpu::expect(op, "lse", lse, dt, {d.b, d.heads, d.t});
   return d;
 }
 
-// Pointers to one (batch, head) pair: q/out/dout rows of stride qw, k/v rows of stride kw.
+// Pointers to one (batch, head) pair: q rows of stride qw, k rows kw, v rows vw.
 template <typename T>
 struct HeadView {
   const T *q, *k, *v;
@@ -55,7 +61,7 @@ template <typename T>
 HeadView<T> head_view(const Dims& d, const T* q, const T* k, const T* v, T* lse, int64_t b,
                       int64_t h) {
   const int64_t g = h / d.group;  // the KV head this query head reads
-  return {q + b * d.t * d.qw + h * d.d, k + b * d.t * d.kw + g * d.d, v + b * d.t * d.kw + g * d.d,
+  return {q + b * d.t * d.qw + h * d.d, k + b * d.t * d.kw + g * d.d, v + b * d.t * d.vw + g * d.dv,
           lse + (b * d.heads + h) * d.t};
 }
 
@@ -63,7 +69,7 @@ HeadView<T> head_view(const Dims& d, const T* q, const T* k, const T* v, T* lse,
 template <typename T>
 void head_forward_probs(const Dims& d, const HeadView<T>& hv, T* p) {
   const int64_t t = d.t;
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.d)));
+  const T scale = static_cast<T>(d.scale);
   cpu::gemm(Trans::kNo, Trans::kYes, t, t, d.d, scale, hv.q, d.qw, hv.k, d.kw, T(0), p, t);
   for (int64_t i = 0; i < t; ++i) {
     T* row = p + i * t;
@@ -87,7 +93,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
                        const Tensor& v, const AttentionShape& s) {
   const char* op = "attention_forward";
   const Dims d = check_attention(op, q, k, v, lse, s);
-  cpu::expect(op, "out", out, q.dtype(), q.shape());
+  cpu::expect(op, "out", out, q.dtype(), {q.size(0), d.ow});
   cpu::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     std::vector<T> p(static_cast<size_t>(d.t * d.t));  // [seq, seq] probabilities of one head
@@ -96,9 +102,9 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
         const HeadView<T> hv =
             head_view(d, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), b, h);
         head_forward_probs(d, hv, p.data());
-        T* o = out.data<T>() + b * d.t * d.qw + h * d.d;
-        cpu::gemm(Trans::kNo, Trans::kNo, d.t, d.d, d.t, T(1), p.data(), d.t, hv.v, d.kw, T(0), o,
-                  d.qw);
+        T* o = out.data<T>() + b * d.t * d.ow + h * d.dv;
+        cpu::gemm(Trans::kNo, Trans::kNo, d.t, d.dv, d.t, T(1), p.data(), d.t, hv.v, d.vw, T(0), o,
+                  d.ow);
       }
     }
   });
@@ -107,17 +113,17 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
 namespace {
 
 // Gradients of one (batch, head): dq written, dk/dv (the head's KV group) accumulated.
-// dout/out/dq rows have stride qw; dk/dv rows stride kw. p, ds: [T, T] workspace; delta: [T].
+// dout/out rows have stride ow, dq qw, dk kw, dv vw. p, ds: [T, T] workspace; delta: [T].
 template <typename T>
 void head_backward(const Dims& d, const HeadView<T>& hv, const T* dout, const T* out, T* dq, T* dk,
                    T* dv, T* p, T* ds, T* delta) {
   const int64_t t = d.t;
-  const T scale = static_cast<T>(1.0 / std::sqrt(static_cast<double>(d.d)));
+  const T scale = static_cast<T>(d.scale);
   // delta_i = sum_d dout[i, d] * out[i, d] = sum_j p_ij * dp_ij.
   for (int64_t i = 0; i < t; ++i) {
     double acc = 0;
-    for (int64_t c = 0; c < d.d; ++c)
-      acc += static_cast<double>(dout[i * d.qw + c]) * out[i * d.qw + c];
+    for (int64_t c = 0; c < d.dv; ++c)
+      acc += static_cast<double>(dout[i * d.ow + c]) * out[i * d.ow + c];
     delta[i] = static_cast<T>(acc);
   }
   // p = exp(q k^T * scale - lse), recomputed; zero above the diagonal.
@@ -128,8 +134,8 @@ void head_backward(const Dims& d, const HeadView<T>& hv, const T* dout, const T*
     for (int64_t j = i + 1; j < t; ++j) row[j] = T(0);
   }
   // dv += p^T dout;  dp = dout v^T (into ds).
-  cpu::gemm(Trans::kYes, Trans::kNo, t, d.d, t, T(1), p, t, dout, d.qw, T(1), dv, d.kw);
-  cpu::gemm(Trans::kNo, Trans::kYes, t, t, d.d, T(1), dout, d.qw, hv.v, d.kw, T(0), ds, t);
+  cpu::gemm(Trans::kYes, Trans::kNo, t, d.dv, t, T(1), p, t, dout, d.ow, T(1), dv, d.vw);
+  cpu::gemm(Trans::kNo, Trans::kYes, t, t, d.dv, T(1), dout, d.ow, hv.v, d.vw, T(0), ds, t);
   // ds = p * (dp - delta), exactly zero where masked.
   for (int64_t i = 0; i < t; ++i) {
     T* row = ds + i * t;
@@ -149,8 +155,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& lse, const AttentionShape& s) {
   const char* op = "attention_backward";
   const Dims d = check_attention(op, q, k, v, lse, s);
-  cpu::expect(op, "out", out, q.dtype(), q.shape());
-  cpu::expect(op, "dout", dout, q.dtype(), q.shape());
+  cpu::expect(op, "out", out, q.dtype(), {q.size(0), d.ow});
+  cpu::expect(op, "dout", dout, q.dtype(), {q.size(0), d.ow});
   cpu::expect(op, "dq", dq, q.dtype(), q.shape());
   cpu::expect(op, "dk", dk, q.dtype(), k.shape());
   cpu::expect(op, "dv", dv, q.dtype(), v.shape());
@@ -163,10 +169,11 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
       for (int64_t h = 0; h < d.heads; ++h) {
         const HeadView<T> hv =
             head_view(d, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), b, h);
-        const int64_t qoff = b * d.t * d.qw + h * d.d;
+        const int64_t qoff = b * d.t * d.qw + h * d.d, ooff = b * d.t * d.ow + h * d.dv;
         const int64_t koff = b * d.t * d.kw + (h / d.group) * d.d;
-        head_backward(d, hv, dout.data<T>() + qoff, out.data<T>() + qoff, dq.data<T>() + qoff,
-                      dk.data<T>() + koff, dv.data<T>() + koff, p.data(), ds.data(), delta.data());
+        const int64_t voff = b * d.t * d.vw + (h / d.group) * d.dv;
+        head_backward(d, hv, dout.data<T>() + ooff, out.data<T>() + ooff, dq.data<T>() + qoff,
+                      dk.data<T>() + koff, dv.data<T>() + voff, p.data(), ds.data(), delta.data());
       }
     }
   });

@@ -5,6 +5,7 @@
 
 #include "ops/cpu/common.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/cpu/rope.h"
 
 namespace tandem::ops::cpu {
 
@@ -92,33 +93,18 @@ void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq,
   TANDEM_CHECK(x.size(1) == heads * head_dim, op, ": x has ", x.size(1),
                " columns; expected heads * head_dim = ", heads * head_dim);
   expect(op, "out", out, dt, x.shape());
-  const int64_t n = x.size(0), half = head_dim / 2, width = heads * head_dim;
+  const int64_t n = x.size(0), width = heads * head_dim;
+  TANDEM_CHECK(!rope.interleaved || head_dim <= 2 * RopeTable<float>::kMaxHalf, op,
+               ": interleaved head_dim ", head_dim, " is above ", 2 * RopeTable<float>::kMaxHalf);
   dispatch_float(dt, [&](auto tag) {
     using T = decltype(tag);
-    // cos/sin of pos * inv_freq[i], [seq, D/2], formed in double.
-    const std::vector<double> inv_freq = rope_inv_freq(rope, head_dim);
-    std::vector<T> cs(static_cast<size_t>(seq * half)), sn(cs.size());
-    for (int64_t i = 0; i < half; ++i) {
-      for (int64_t p = 0; p < seq; ++p) {
-        const double ang = static_cast<double>(p) * inv_freq[static_cast<size_t>(i)];
-        cs[static_cast<size_t>(p * half + i)] = static_cast<T>(std::cos(ang));
-        sn[static_cast<size_t>(p * half + i)] = static_cast<T>(sign * std::sin(ang));
-      }
-    }
+    const RopeTable<T> table(rope, head_dim, seq, sign);
     const T* px = x.data<T>();
     T* po = out.data<T>();
     for (int64_t r = 0; r < n; ++r) {
-      const T* c = cs.data() + (r % seq) * half;
-      const T* s = sn.data() + (r % seq) * half;
       for (int64_t hd = 0; hd < heads; ++hd) {
-        const T* xr = px + r * width + hd * head_dim;
-        T* orow = po + r * width + hd * head_dim;
-        for (int64_t i = 0; i < half; ++i) {
-          // rotate_half(u) = cat(-u2, u1): out1 = u1 c - u2 s, out2 = u2 c + u1 s.
-          const T u1 = xr[i], u2 = xr[i + half];
-          orow[i] = u1 * c[i] - u2 * s[i];
-          orow[i + half] = u2 * c[i] + u1 * s[i];
-        }
+        table.rotate(po + r * width + hd * head_dim, px + r * width + hd * head_dim, r % seq,
+                     sign > 0);
       }
     }
   });

@@ -168,6 +168,10 @@ Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const
                " and head_dim ", s.head_dim, " must all be at least 1");
   TANDEM_CHECK(s.heads % s.kv_heads == 0, op, ": heads ", s.heads,
                " is not a multiple of kv_heads ", s.kv_heads);
+  TANDEM_CHECK(s.v_dim() == s.head_dim && s.scale == 0, op, ": v_head_dim ", s.v_dim(),
+               " differing from head_dim ", s.head_dim,
+               " or a softmax scale of its own (multi-head latent attention) is not implemented "
+               "on the GPU");
   TANDEM_CHECK(s.head_dim <= kMaxGenericDim, op, ": head_dim ", s.head_dim,
                " is larger than the supported ", kMaxGenericDim);
   // Grid limits: (batch * heads) blocks in x, seq / 64 tiles in y (at most 65535), and the

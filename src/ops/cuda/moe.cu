@@ -1,4 +1,5 @@
-// CUDA router (top-k, the routing weights of RouterScore, switch aux loss) and the dropless
+// CUDA router (top-k, the routing weights of RouterScore, switch aux loss; DeepSeek-V3's sigmoid
+// router with its expert bias and groups) and the dropless
 // token permutation by expert. The permutation is CUB's stable radix sort of the slots by expert,
 // so it is exactly the CPU's order; every reduction runs in a fixed order (no float atomics), so
 // every result is bitwise reproducible run to run on one GPU.
@@ -137,6 +138,105 @@ __global__ void __launch_bounds__(kThreads)
     topk_idx[row * k + lane] = pick_i;
     topk_w[row * k + lane] = of_all ? expf(pick_v - mx) / sum : ex / psum;  // probs' formula
   }
+}
+
+// DeepSeek-V3's router, one thread per row (RouterSpec; the CPU's order and ties): p =
+// sigmoid(logits); the choice reads p + bias, the groups' values are the sums of their two best,
+// the group_topk best groups are kept and the other experts read as 0; the top k of that; the
+// weights are p at the chosen, divided by their sum + 1e-20 when `normalize`, times scaling.
+// kMaxSigmoidGroups groups at most (a 64-bit mask); the taken experts in kMaxExperts bits.
+constexpr int kMaxSigmoidGroups = 64;
+
+__device__ __forceinline__ float sigmoid_choice(const float* p, const float* bias, uint64_t kept,
+                                                int size, int c) {
+  if (!((kept >> (c / size)) & 1u)) return 0.0f;
+  return p[c] + (bias != nullptr ? bias[c] : 0.0f);
+}
+
+__global__ void __launch_bounds__(kThreads)
+    sigmoid_router_kernel(int32_t* topk_idx, float* topk_w, float* probs, const float* logits,
+                          const float* bias, int64_t n, int e, int k, int groups, int group_topk,
+                          float scaling, bool normalize) {
+  const int64_t row = global_thread();
+  if (row >= n) return;
+  const float* lr = logits + row * e;
+  float* p = probs + row * e;
+  for (int c = 0; c < e; ++c) p[c] = 1.0f / (1.0f + expf(-lr[c]));
+  const int size = groups > 0 ? e / groups : e;
+  uint64_t kept = groups > 0 ? 0 : 1;  // bit g: group g's experts may be chosen
+  if (groups > 0) {
+    for (int pick = 0; pick < group_topk; ++pick) {
+      float bv = 0;
+      int bi = -1;
+      for (int g = 0; g < groups; ++g) {
+        if ((kept >> g) & 1u) continue;
+        float best = -INFINITY, second = -INFINITY;
+        for (int c = g * size; c < (g + 1) * size; ++c) {
+          const float x = p[c] + (bias != nullptr ? bias[c] : 0.0f);
+          if (x > best) {
+            second = best;
+            best = x;
+          } else if (x > second) {
+            second = x;
+          }
+        }
+        if (beats(best + second, g, bv, bi)) bv = best + second, bi = g;
+      }
+      kept |= uint64_t{1} << bi;
+    }
+  }
+  uint64_t taken[kMaxExperts / 64] = {};
+  float sum = 1e-20f;
+  for (int j = 0; j < k; ++j) {
+    float bv = 0;
+    int bi = -1;
+    for (int c = 0; c < e; ++c) {
+      if ((taken[c >> 6] >> (c & 63)) & 1u) continue;
+      const float x = sigmoid_choice(p, bias, kept, size, c);
+      if (beats(x, c, bv, bi)) bv = x, bi = c;
+    }
+    taken[bi >> 6] |= uint64_t{1} << (bi & 63);
+    topk_idx[row * k + j] = bi;
+    sum += p[bi];
+  }
+  for (int j = 0; j < k; ++j) {
+    const float pj = p[topk_idx[row * k + j]];
+    topk_w[row * k + j] = scaling * (normalize ? pj / sum : pj);
+  }
+}
+
+// Its backward, one thread per row: ds_j = scaling (dw_j / S - sum_i dw_i p_i / S^2) (scaling
+// dw_j when not normalised) at the chosen experts, dlogit = ds p (1 - p); 0 elsewhere.
+template <typename TD>
+__global__ void __launch_bounds__(kThreads)
+    sigmoid_router_backward_kernel(TD* dlogits, const float* dtopk_w, const int32_t* topk_idx,
+                                   const float* probs, int64_t n, int e, int k, float scaling,
+                                   bool normalize) {
+  const int64_t row = global_thread();
+  if (row >= n) return;
+  TD* dl = dlogits + row * e;
+  const float* p = probs + row * e;
+  const int32_t* idx = topk_idx + row * k;
+  const float* dw = dtopk_w + row * k;
+  for (int c = 0; c < e; ++c) dl[c] = static_cast<TD>(0.0f);
+  float sum = 1e-20f, dot = 0;
+  for (int j = 0; j < k; ++j) {
+    if (idx[j] < 0 || idx[j] >= e) continue;
+    sum += p[idx[j]];
+    dot += dw[j] * p[idx[j]];
+  }
+  for (int j = 0; j < k; ++j) {
+    if (idx[j] < 0 || idx[j] >= e) continue;
+    const float pj = p[idx[j]];
+    const float ds = normalize ? scaling * (dw[j] / sum - dot / (sum * sum)) : scaling * dw[j];
+    dl[idx[j]] = static_cast<TD>(ds * pj * (1.0f - pj));
+  }
+}
+
+__global__ void __launch_bounds__(kThreads)
+    load_add_kernel(float* load, const int32_t* counts, int64_t e) {
+  const int64_t c = global_thread();
+  if (c < e) load[c] += static_cast<float>(counts[c]);
 }
 
 // counts[id] += occurrences of each id in [0, e) (counts zeroed by the caller). Integer adds:
@@ -448,9 +548,61 @@ bool vec_rows(int64_t h, std::initializer_list<const Tensor*> tensors) {
 
 // ---- router ----
 
+// The softmax router takes no groups, scaling or bias (as the CPU's).
+static void expect_softmax_router(const char* op, const RouterSpec& spec, const Tensor& bias) {
+  TANDEM_CHECK(spec.groups == 0 && spec.scaling == 1.0 && !bias.defined(), op,
+               ": groups, a scaling of the weights and an expert bias need sigmoid scores");
+}
+
+PendingScalar router_seq_aux_loss_start(const Tensor& probs, const Tensor&, int64_t seq,
+                                        double coeff) {
+  if (coeff == 0) return PendingScalar(0.0);
+  TANDEM_CHECK(false,
+               "router_seq_aux_loss: the sequence-wise aux loss "
+               "(--moe-router-load-balancing-type seq_aux_loss) is not implemented on the GPU (",
+               probs.numel(), " scores, sequences of ", seq, ", coeff ", coeff, ")");
+  return PendingScalar(0.0);
+}
+
+void router_load_add(const Tensor& load, const Tensor& counts) {
+  const char* op = "router_load_add";
+  expect_cuda_rank(op, "counts", counts, {DType::kI32}, 1);
+  expect_cuda(op, "load", load, {DType::kF32}, counts.shape());
+  const int64_t e = counts.numel();
+  if (e == 0) return;
+  load_add_kernel<<<static_cast<unsigned>((e + kThreads - 1) / kThreads), kThreads, 0, stream()>>>(
+      load.data<float>(), counts.data<int32_t>(), e);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+// DeepSeek-V3's router (sigmoid_router_kernel): one thread per row.
+static void sigmoid_router_forward(const char* op, const Tensor& topk_idx, const Tensor& topk_w,
+                                   const Tensor& probs, const Tensor& logits,
+                                   const RouterSpec& spec, const Tensor& bias) {
+  const int64_t n = logits.size(0), e = logits.size(1), k = topk_idx.size(1);
+  if (bias.defined()) expect_cuda(op, "bias", bias, {DType::kF32}, {e});
+  if (spec.groups > 0) {
+    TANDEM_CHECK(e % spec.groups == 0 && e / spec.groups >= 2 && spec.group_topk >= 1 &&
+                     spec.group_topk <= spec.groups && spec.groups <= kMaxSigmoidGroups &&
+                     k <= spec.group_topk * (e / spec.groups),
+                 op, ": groups ", spec.groups, ", group_topk ", spec.group_topk, " do not fit ", e,
+                 " experts and k = ", k, " (the GPU takes at most ", kMaxSigmoidGroups, " groups)");
+  }
+  if (n == 0) return;
+  sigmoid_router_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
+                          stream()>>>(
+      topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(),
+      bias.defined() ? bias.data<float>() : nullptr, n, static_cast<int>(e), static_cast<int>(k),
+      static_cast<int>(spec.groups), static_cast<int>(spec.group_topk),
+      static_cast<float>(spec.scaling), spec.score == RouterScore::kSigmoidNormalized);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
 void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& probs,
-                    const Tensor& logits, RouterScore score) {
+                    const Tensor& logits, const RouterSpec& spec, const Tensor& bias) {
   const char* op = "router_forward";
+  const RouterScore score = spec.score;
+  if (!spec.sigmoid()) expect_softmax_router(op, spec, bias);
   expect_cuda_rank(op, "logits", logits, {DType::kF32}, 2);
   expect_cuda_rank(op, "topk_idx", topk_idx, {DType::kI32}, 2);
   const int64_t n = logits.size(0), e = logits.size(1), k = topk_idx.size(1);
@@ -461,6 +613,10 @@ void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& 
   expect_cuda(op, "topk_idx", topk_idx, {DType::kI32}, {n, k});
   expect_cuda(op, "topk_w", topk_w, {DType::kF32}, {n, k});
   expect_cuda(op, "probs", probs, {DType::kF32}, {n, e});
+  if (spec.sigmoid()) {
+    sigmoid_router_forward(op, topk_idx, topk_w, probs, logits, spec, bias);
+    return;
+  }
   if (n == 0) return;
   router_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
       topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(), n,
@@ -525,8 +681,12 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
 
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
                      const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
-                     double coeff, double aux_scale, RouterScore score) {
+                     double coeff, double aux_scale, const RouterSpec& spec) {
   const char* op = "router_backward";
+  const RouterScore score = spec.score;
+  if (!spec.sigmoid()) expect_softmax_router(op, spec, Tensor());
+  TANDEM_CHECK(!spec.sigmoid() || coeff == 0, op, ": the aux loss (coeff ", coeff,
+               ") needs softmax scores");
   expect_cuda_rank(op, "probs", probs, {DType::kF32}, 2);
   const int64_t n = probs.size(0), e = probs.size(1);
   TANDEM_CHECK(k >= 1 && k <= e, op, ": k = ", k, " must lie in [1, ", e, "] (the experts)");
@@ -538,6 +698,21 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
   expect_cuda(op, "topk_idx", topk_idx, {DType::kI32}, {n, k});
   expect_cuda(op, "counts", counts, {DType::kI32}, {e});
   if (n == 0) return;
+  if (spec.sigmoid()) {
+    auto launch = [&](auto* pd) {
+      sigmoid_router_backward_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads),
+                                       kThreads, 0, stream()>>>(
+          pd, dtopk_w.data<float>(), topk_idx.data<int32_t>(), probs.data<float>(), n,
+          static_cast<int>(e), static_cast<int>(k), static_cast<float>(spec.scaling),
+          score == RouterScore::kSigmoidNormalized);
+      TANDEM_CUDA_CHECK_LAUNCH();
+    };
+    if (dlogits.dtype() == DType::kBF16)
+      launch(static_cast<bf16*>(dlogits.raw_data()));
+    else
+      launch(dlogits.data<float>());
+    return;
+  }
   const double nd = static_cast<double>(n);
   const double cscale = coeff * static_cast<double>(e) / (nd * static_cast<double>(k)) / nd;
   auto launch = [&](auto* pd) {

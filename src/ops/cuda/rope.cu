@@ -147,6 +147,8 @@ void expect_rope_tensor(const char* op, const char* name, const Tensor& t, int64
 void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_t seq,
                  int64_t head_dim, const RopeSpec& rope, float sign) {
   TANDEM_CHECK(seq >= 1, op, ": seq is ", seq, ", expected at least 1");
+  TANDEM_CHECK(!rope.interleaved && rope.scaling != RopeScaling::kYarn, op,
+               ": interleaved RoPE and YaRN (DeepSeek-V3) are not implemented on the GPU");
   TANDEM_CHECK(head_dim >= 2 && head_dim % 2 == 0 && head_dim <= kMaxHeadDim, op, ": head_dim ",
                head_dim, " must be even and in [2, ", kMaxHeadDim, "]");
   if (n == 0) return;
@@ -212,6 +214,21 @@ void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t head
 void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
                       int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
   rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0f);
+}
+
+// Multi-head latent attention (DeepSeek-V3) runs on the CPU only.
+void mla_qkv_forward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
+                     const Tensor&, int64_t, int64_t heads, int64_t, int64_t, int64_t,
+                     const RopeSpec&) {
+  TANDEM_CHECK(false, "mla_qkv_forward: multi-head latent attention (--multi-latent-attention) ",
+               "is not implemented on the GPU (", heads, " heads, ", q.size(0), " rows)");
+}
+
+void mla_qkv_backward(const Tensor& d_q_in, const Tensor&, const Tensor&, const Tensor&,
+                      const Tensor&, const Tensor&, int64_t, int64_t heads, int64_t, int64_t,
+                      int64_t, const RopeSpec&) {
+  TANDEM_CHECK(false, "mla_qkv_backward: multi-head latent attention (--multi-latent-attention) ",
+               "is not implemented on the GPU (", heads, " heads, ", d_q_in.size(0), " rows)");
 }
 
 }  // namespace tandem::ops::cuda

@@ -1,0 +1,47 @@
+// The expert bias's update after each step (Note [Expert bias] in expert_bias.h).
+#include "runtime/expert_bias.h"
+
+#include <vector>
+
+namespace tandem::runtime {
+
+namespace {
+
+// b_e += rate * sign(mean - load_e), in double, b of the parameters' dtype.
+template <typename T>
+void move_bias(T* bias, const float* load, int64_t e, double rate) {
+  double sum = 0;
+  for (int64_t x = 0; x < e; ++x) sum += load[x];
+  const double mean = sum / static_cast<double>(e);
+  for (int64_t x = 0; x < e; ++x) {
+    const double gap = mean - static_cast<double>(load[x]);
+    const double sign = gap > 0 ? 1.0 : gap < 0 ? -1.0 : 0.0;
+    bias[x] = static_cast<T>(static_cast<double>(bias[x]) + rate * sign);
+  }
+}
+
+}  // namespace
+
+void update_expert_bias(model::Parameters& params, double rate, comm::Communicator* dp,
+                        bool apply) {
+  const Tensor& load = params.expert_load();
+  if (!load.defined()) return;
+  TANDEM_CHECK(load.device() == Device::kCPU,
+               "--moe-router-enable-expert-bias is not implemented on the GPU");
+  if (dp != nullptr && dp->size() > 1) dp->all_reduce_sum(load);
+  const int64_t e = params.config().num_experts;
+  const std::vector<model::LayerWeights>& layers = params.weights().layers;
+  for (size_t l = 0; l < layers.size() && apply; ++l) {
+    const Tensor& bias = layers[l].expert_bias;
+    if (!bias.defined()) continue;
+    const float* pl = load.data<float>() + static_cast<int64_t>(l) * e;
+    if (bias.dtype() == DType::kF64) {
+      move_bias(bias.data<double>(), pl, e, rate);
+    } else {
+      move_bias(bias.data<float>(), pl, e, rate);
+    }
+  }
+  load.zero_();
+}
+
+}  // namespace tandem::runtime
