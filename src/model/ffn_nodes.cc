@@ -42,10 +42,16 @@ static void for_each_expert_in_lanes(const Tensor& on, const std::vector<int32_t
 // activation dtype) and d W_gate_up = d_gate_up^T @ input. Per expert 6 products a layer and
 // micro-batch instead of 9, each twice as wide; the values are gate's and up's as before.
 
+// Whether the node's products of `phase` run as one grouped call (Note [Grouped expert products]
+// in ops.h).
+static bool grouped(const ExpertsSaved& s, ops::ExpertPhase phase) {
+  return ops::grouped_expert_phase(phase, s.x_in.size(0), static_cast<int64_t>(s.rows_host.size()));
+}
+
 // gate_up and act of every local expert's rows: the products and SwiGLU of the forward.
 static void expert_activations(const ExpertsSaved& s, const LayerWeights& w, const Tensor& gate_up,
                                const Tensor& act) {
-  if (ops::grouped_expert_phase(ops::ExpertPhase::kForward)) {
+  if (grouped(s, ops::ExpertPhase::kForward)) {
     ops::grouped_linear_forward(gate_up, s.x_in, w.e_gate_up, s.rows_host);
   } else {
     for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
@@ -91,7 +97,7 @@ void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) 
     s.act = act;
   }
   a.expert_out = work_tensor({r, h}, c.dtype, "expert_out");  // handed to combine
-  if (ops::grouped_expert_phase(ops::ExpertPhase::kForward)) {
+  if (grouped(s, ops::ExpertPhase::kForward)) {
     ops::grouped_linear_forward(a.expert_out, act, w.e_down, s.rows_host);
     return;
   }
@@ -117,8 +123,8 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   // Every row belongs to one local expert (experts_forward), so the products below write all
   // of d_expert_in.
   a.d_expert_in = work_tensor({r, h}, c.dtype, "d_expert_in");
-  const bool grouped = ops::grouped_expert_phase(ops::ExpertPhase::kInput);
-  if (grouped) {
+  const bool in_one_call = grouped(s, ops::ExpertPhase::kInput);
+  if (in_one_call) {
     ops::grouped_linear_backward_input(d_act, s.d_y, w.e_down, s.rows_host);
   } else {
     for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
@@ -128,7 +134,7 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   }
   // Every expert's rows in one call (Note [One elementwise op for all experts]).
   if (r > 0) ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);
-  if (grouped) {
+  if (in_one_call) {
     ops::grouped_linear_backward_input(a.d_expert_in, s.d_gate_up, w.e_gate_up, s.rows_host);
   } else {
     for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {

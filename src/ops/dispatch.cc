@@ -64,10 +64,11 @@ void Lanes::run(int64_t piece, const std::function<void()>& fn) {
   fn();
 }
 
-bool grouped_expert_phase(ExpertPhase phase) {  // Note [Grouped expert products]
+bool grouped_expert_phase(ExpertPhase phase, int64_t rows, int64_t experts) {
+  // Note [Grouped expert products]. -1: no override.
   static const int phases = [] {
     const char* text = std::getenv("TANDEM_EXPERT_GROUPED");
-    if (text == nullptr || *text == '\0') return static_cast<int>(ExpertPhase::kForward);
+    if (text == nullptr || *text == '\0') return -1;
     int bits = 0;
     std::string_view rest(text);
     while (!rest.empty()) {
@@ -86,7 +87,8 @@ bool grouped_expert_phase(ExpertPhase phase) {  // Note [Grouped expert products
     }
     return bits;
   }();
-  return (phases & static_cast<int>(phase)) != 0;
+  if (phases >= 0) return (phases & static_cast<int>(phase)) != 0;
+  return phase == ExpertPhase::kForward && rows < kGroupedRowsBelow * experts;
 }
 
 void Lanes::join() {

@@ -155,16 +155,22 @@ class Lanes {
 // Note [Grouped expert products]: an experts node's products (one per local expert, each over
 // that expert's rows) run either as one piece each on Lanes or, on the GPU, as one cuBLAS grouped
 // call (cublasGemmGroupedBatchedEx, each expert its own group) per product: one launch instead of
-// one per expert, which is what fine-grained models need (128 experts of a few hundred rows
-// each: each product alone fills a fraction of the GPU and the host's launches pace the node).
-// The forward's products do by default; the input-gradient products stay on lanes, where they
-// ran faster (bench/results/families.md, shape (c)), and so do the weight gradients: they add
-// into f32 gradients, and cuBLAS's grouped call takes no f32 output for bf16 operands.
-// TANDEM_EXPERT_GROUPED (a comma list of forward, input, or none) picks the phases.
-// Values are the same products' up to the kernels' summation order.
+// one per expert. Which is faster depends on the experts' rows (bench/results/families.md):
+// with a few hundred rows an expert (128 experts, top-8, 4,096 tokens: 256 on average) each
+// product alone fills a fraction of the GPU and the host's launches pace the node, and the
+// grouped forward ran 1.14 ms a layer against 1.97 on lanes; with a thousand or more (8
+// experts, top-2) cuBLAS's grouped kernels ran at half the lanes' rate. So by default the
+// forward's products are grouped when the node's experts have fewer than kGroupedRowsBelow rows
+// each on average, and on lanes otherwise. The input-gradient products stay on lanes (grouped
+// they were slower at 256 rows too), and so do the weight gradients: they add into f32
+// gradients, and the grouped call takes no f32 output for bf16 operands.
+// TANDEM_EXPERT_GROUPED overrides the choice: a comma list of forward, input (grouped whatever
+// the rows), or none. Values are the same products' up to the kernels' summation order.
 enum class ExpertPhase { kForward = 1, kInput = 2 };
-// Whether `phase` runs grouped; read once; throws tandem::Error naming a bad value.
-bool grouped_expert_phase(ExpertPhase phase);
+inline constexpr int64_t kGroupedRowsBelow = 512;
+// Whether `phase` of an experts node with `rows` rows over `experts` local experts runs grouped;
+// the override is read once; throws tandem::Error naming a bad value.
+bool grouped_expert_phase(ExpertPhase phase, int64_t rows, int64_t experts);
 
 // sum_squares_start's value, waited for.
 inline double sum_squares(const Tensor& x) { return sum_squares_start(x).get(); }
