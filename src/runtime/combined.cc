@@ -148,6 +148,17 @@ void issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepar
       issue(b, ba);                        // attention.bwd(b) (+ weights)
       continue;
     }
+    if (has_f && has_b && fu.layers[p].second - fu.layers[p].first == 2 &&
+        bu.layers[bl].second - bu.layers[bl].first == 2) {
+      // Two dense layers (attention, MLP) as the planner pairs them (kPairDense in
+      // schedule/simulator.cc): b's MLP backward frees its activations before f's MLP forward.
+      const size_t fa = fu.layers[p].first, ba = bu.layers[bl].first;
+      issue(f, fa);      // attention.fwd(f)
+      issue(b, ba + 1);  // mlp.bwd(b) (+ weights)
+      issue(f, fa + 1);  // mlp.fwd(f)
+      issue(b, ba);      // attention.bwd(b) (+ weights)
+      continue;
+    }
     if (has_f) {
       for (size_t i = fu.layers[p].first; i < fu.layers[p].second; ++i) issue(f, i);
     }

@@ -181,6 +181,22 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanDeepseekV3) {
   EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
 }
 
+// Qwen3-MoE's dense layers among MoE ones, two at each end, so that combined 1F1B pairs a dense
+// layer's forward with a dense layer's backward (kPairDense in schedule/simulator.cc, the same
+// order in runtime/combined.cc): one rank, and two expert ranks where the world is even.
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithDenseLayerPairs) {
+  ModelConfig m = truth_model();
+  m.qk_layernorm = true;  // Qwen3-MoE: dense layers by --moe-layer-freq
+  m.moe_layer_freq = "[";
+  for (int64_t l = 0; l < m.num_layers; ++l) {
+    m.moe_layer_freq += std::string(l ? "," : "") + (l < 2 || l >= m.num_layers - 2 ? "0" : "1");
+  }
+  m.moe_layer_freq += "]";
+  int checked = check_layout(m, 1, g_world->size(), 1).schedules;
+  if (g_world->size() % 2 == 0) checked += check_layout(m, 1, g_world->size(), 2).schedules;
+  EXPECT_GE(checked, g_world->size() == 1 ? 5 : 10);
+}
+
 // Two and four expert ranks: the plan made from the measured routing counts is exact too.
 TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithExpertRanks) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs 2 ranks";
