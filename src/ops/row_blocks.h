@@ -1,4 +1,5 @@
-// Runs of rows for ops::copy_row_blocks, and the argument check both backends share.
+// Runs of rows for ops::copy_row_blocks and the grouped linear ops, and the argument checks both
+// backends share.
 #pragma once
 
 #include <algorithm>
@@ -41,6 +42,25 @@ inline int64_t check_row_blocks(const char* op, const Tensor& out, const Tensor&
                  dst[i].second, ") overlap [", dst[i - 1].first, ", ", dst[i - 1].second, ")");
   }
   return row * static_cast<int64_t>(dtype_size(out.dtype()));
+}
+
+// The grouped linear ops' checks (Note [Grouped expert products] in ops.h): one weight per row
+// block, no block below zero rows, the blocks covering the operands' `total` rows one after
+// another. Returns each block's first row.
+inline std::vector<int64_t> grouped_block_starts(const char* op, const std::vector<int32_t>& rows,
+                                                 size_t weights, int64_t total) {
+  TANDEM_CHECK(weights == rows.size(), op, ": ", weights, " weights for ", rows.size(),
+               " row blocks");
+  std::vector<int64_t> starts(rows.size());
+  int64_t begin = 0;
+  for (size_t e = 0; e < rows.size(); ++e) {
+    TANDEM_CHECK(rows[e] >= 0, op, ": row block ", e, " has ", rows[e], " rows");
+    starts[e] = begin;
+    begin += rows[e];
+  }
+  TANDEM_CHECK(begin == total, op, ": the blocks' rows sum to ", begin, ", not the ", total,
+               " rows of the operands");
+  return starts;
 }
 
 }  // namespace tandem::ops

@@ -2,6 +2,7 @@
 // M may be 0 (an expert that received no token): kOverwrite then still zeroes the output.
 #include "ops/cpu/common.h"
 #include "ops/cpu/cpu_ops.h"
+#include "ops/row_blocks.h"
 
 namespace tandem::ops::cpu {
 
@@ -67,35 +68,26 @@ void linear_backward_weight(const Tensor& dw, const Tensor& dy, const Tensor& x,
 }
 
 // The blocks one after another (Note [Grouped expert products] in ops.h).
-template <typename Fn>
-static void for_each_block(const std::vector<int32_t>& rows, int64_t total, Fn fn) {
-  int64_t begin = 0;
-  for (size_t e = 0; e < rows.size(); ++e) {
-    if (rows[e] > 0) fn(e, begin, int64_t{rows[e]});
-    begin += rows[e];
-  }
-  TANDEM_CHECK(begin == total, "grouped linear: the blocks' rows sum to ", begin, ", not the ",
-               total, " rows of the operands");
-}
-
 void grouped_linear_forward(const Tensor& y, const Tensor& x, const std::vector<Tensor>& w,
                             const std::vector<int32_t>& rows) {
-  TANDEM_CHECK(w.size() == rows.size(), "grouped_linear_forward: ", w.size(), " weights for ",
-               rows.size(), " row blocks");
-  for_each_block(rows, x.size(0), [&](size_t e, int64_t begin, int64_t n) {
-    cpu::linear_forward(y.narrow_rows(begin, n), x.narrow_rows(begin, n), w[e],
+  const std::vector<int64_t> starts =
+      grouped_block_starts("grouped_linear_forward", rows, w.size(), x.size(0));
+  for (size_t e = 0; e < rows.size(); ++e) {
+    if (rows[e] == 0) continue;
+    cpu::linear_forward(y.narrow_rows(starts[e], rows[e]), x.narrow_rows(starts[e], rows[e]), w[e],
                         Accumulate::kOverwrite);
-  });
+  }
 }
 
 void grouped_linear_backward_input(const Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w,
                                    const std::vector<int32_t>& rows) {
-  TANDEM_CHECK(w.size() == rows.size(), "grouped_linear_backward_input: ", w.size(),
-               " weights for ", rows.size(), " row blocks");
-  for_each_block(rows, dy.size(0), [&](size_t e, int64_t begin, int64_t n) {
-    cpu::linear_backward_input(dx.narrow_rows(begin, n), dy.narrow_rows(begin, n), w[e],
-                               Accumulate::kOverwrite);
-  });
+  const std::vector<int64_t> starts =
+      grouped_block_starts("grouped_linear_backward_input", rows, w.size(), dy.size(0));
+  for (size_t e = 0; e < rows.size(); ++e) {
+    if (rows[e] == 0) continue;
+    cpu::linear_backward_input(dx.narrow_rows(starts[e], rows[e]),
+                               dy.narrow_rows(starts[e], rows[e]), w[e], Accumulate::kOverwrite);
+  }
 }
 
 }  // namespace tandem::ops::cpu

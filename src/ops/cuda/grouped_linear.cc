@@ -10,6 +10,7 @@
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
 #include "ops/cuda/scratch.h"
+#include "ops/row_blocks.h"
 
 namespace tandem::ops::cuda {
 
@@ -77,24 +78,11 @@ struct Grouped {
   }
 };
 
-// Checks the blocks against the operands' rows and the weights' shapes; returns each block's
-// first row.
+// grouped_block_starts (ops/row_blocks.h), and each weight [out, in] bf16 on the GPU.
 std::vector<int64_t> block_starts(const char* op, const std::vector<int32_t>& rows, int64_t total,
-                                  const std::vector<Tensor>& w, int64_t out, int64_t in,
-                                  DType w_dtype) {
-  TANDEM_CHECK(w.size() == rows.size(), op, ": ", w.size(), " weights for ", rows.size(),
-               " row blocks");
-  std::vector<int64_t> starts(rows.size());
-  int64_t begin = 0;
-  for (size_t e = 0; e < rows.size(); ++e) {
-    expect_cuda(op, "w", w[e], {w_dtype}, {out, in});
-    TANDEM_CHECK(rows[e] >= 0, op, ": row block ", e, " has ", rows[e], " rows");
-    starts[e] = begin;
-    begin += rows[e];
-  }
-  TANDEM_CHECK(begin == total, op, ": the blocks' rows sum to ", begin, ", not the ", total,
-               " rows of the operands");
-  return starts;
+                                  const std::vector<Tensor>& w, int64_t out, int64_t in) {
+  for (const Tensor& we : w) expect_cuda(op, "w", we, {DType::kBF16}, {out, in});
+  return grouped_block_starts(op, rows, w.size(), total);
 }
 
 const char* row_bytes(const Tensor& t, int64_t row) {
@@ -111,7 +99,7 @@ void grouped_linear_forward(const Tensor& y, const Tensor& x, const std::vector<
   const int64_t out = w[0].size(0), in = w[0].size(1), total = x.size(0);
   expect_cuda(op, "x", x, {DType::kBF16}, {total, in});
   expect_cuda(op, "y", y, {DType::kBF16}, {total, out});
-  const std::vector<int64_t> starts = block_starts(op, rows, total, w, out, in, DType::kBF16);
+  const std::vector<int64_t> starts = block_starts(op, rows, total, w, out, in);
   Grouped g;
   // y_e^T [out, r] = W_e (column-major [in, out], transposed) x_e^T (column-major [in, r]).
   for (size_t e = 0; e < rows.size(); ++e) {
@@ -130,7 +118,7 @@ void grouped_linear_backward_input(const Tensor& dx, const Tensor& dy, const std
   const int64_t out = w[0].size(0), in = w[0].size(1), total = dy.size(0);
   expect_cuda(op, "dy", dy, {DType::kBF16}, {total, out});
   expect_cuda(op, "dx", dx, {DType::kBF16}, {total, in});
-  const std::vector<int64_t> starts = block_starts(op, rows, total, w, out, in, DType::kBF16);
+  const std::vector<int64_t> starts = block_starts(op, rows, total, w, out, in);
   Grouped g;
   // dx_e^T [in, r] = W_e (column-major [in, out]) dy_e^T (column-major [out, r]).
   for (size_t e = 0; e < rows.size(); ++e) {
