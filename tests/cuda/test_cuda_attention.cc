@@ -44,8 +44,14 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
   const AttentionShape& s = info.param.s;
   return "b" + std::to_string(s.batch) + "_t" + std::to_string(s.seq) + "_h" +
          std::to_string(s.heads) + "_kv" + std::to_string(s.kv_heads) + "_d" +
-         std::to_string(s.head_dim) + "_" + info.param.path;
+         std::to_string(s.head_dim) +
+         (s.v_head_dim > 0 ? "_dv" + std::to_string(s.v_head_dim) : "") +
+         (s.scale > 0 ? "_scaled" : "") + "_" + info.param.path;
 }
+
+// DeepSeek-V3's softmax scale of its own (YaRN's mscale^2 / sqrt(192)), for the cases that take
+// one.
+constexpr double kMlaScale = 0.0917;
 
 constexpr Tolerance kOutTol{1.6e-2, 1.0 / 256};
 constexpr Tolerance kLseTol{1e-4, 1e-4};
@@ -76,19 +82,20 @@ struct Inputs {
 };
 Inputs make_inputs(const AttentionShape& s, uint64_t seed) {
   const int64_t n = s.batch * s.seq;
-  const Shape qs{n, s.heads * s.head_dim}, ks{n, s.kv_heads * s.head_dim};
+  const Shape qs{n, s.heads * s.head_dim}, ks{n, s.kv_heads * s.head_dim},
+      vs{n, s.kv_heads * s.v_dim()}, os{n, s.heads * s.v_dim()};
   return {rounded(random_host(qs, seed, 3.0), DType::kBF16),
           rounded(random_host(ks, seed + 1), DType::kBF16),
-          rounded(random_host(ks, seed + 2), DType::kBF16),
-          rounded(random_host(qs, seed + 3), DType::kBF16)};
+          rounded(random_host(vs, seed + 2), DType::kBF16),
+          rounded(random_host(os, seed + 3), DType::kBF16)};
 }
 
-// The CPU reference forward: out [N, heads*D], lse [batch, heads, seq], both f32.
+// The CPU reference forward: out [N, heads*Dv], lse [batch, heads, seq], both f32.
 struct Forward {
   Tensor out, lse;
 };
 Forward cpu_forward(const Inputs& in, const AttentionShape& s) {
-  Forward f{host_f32(in.q.shape()), host_f32({s.batch, s.heads, s.seq})};
+  Forward f{host_f32(in.dout.shape()), host_f32({s.batch, s.heads, s.seq})};
   ops::attention_forward(f.out, f.lse, in.q, in.k, in.v, s);
   return f;
 }
@@ -108,7 +115,7 @@ Tensor to_gpu_bf16(const Tensor& host) { return to_gpu(host, DType::kBF16); }
 void check_forward(const AttentionShape& s, ToGpu place, uint64_t seed) {
   const Inputs in = make_inputs(s, seed);
   const Forward ref = cpu_forward(in, s);
-  const Tensor out = place(host_zeros(in.q.shape()));  // placed like the inputs; overwritten
+  const Tensor out = place(host_zeros(in.dout.shape()));  // placed like the inputs; overwritten
   const Tensor lse = gpu_empty({s.batch, s.heads, s.seq}, DType::kF32);
   ops::attention_forward(out, lse, place(in.q), place(in.k), place(in.v), s);
   expect_close(to_host_f32(out), ref.out, kOutTol, "out");
@@ -149,9 +156,10 @@ TEST_P(CudaAttention, BackwardMatchesCpuReference) {
   check_backward(GetParam().s, to_gpu_bf16, 21);
 }
 
-// {batch, seq, heads, kv_heads, head_dim}. Default tiles (D 64 / D 128): forward 128 / 64 query
-// rows by 64 keys; backward 64 keys by 64 / 32 query rows (the other D 64 tiles: Variants below).
-// seq 77, 130 and 300 end mid-tile; seq 1 is a single key.
+// {batch, seq, heads, kv_heads, head_dim[, v_head_dim[, scale]]}. Default tiles (D 64 / D 128):
+// forward 128 / 64 query rows by 64 keys; backward 64 keys by 64 / 32 query rows (the other D 64
+// tiles: Variants below). seq 77, 130 and 300 end mid-tile; seq 1 is a single key. q/k 192 with v
+// 128 is DeepSeek-V3's multi-head latent attention (with its own softmax scale, as YaRN gives).
 INSTANTIATE_TEST_SUITE_P(
     Shapes, CudaAttention,
     ::testing::Values(Case{{2, 77, 4, 2, 64}, "mma"}, Case{{2, 130, 4, 4, 64}, "mma"},
@@ -159,13 +167,20 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{{2, 130, 4, 2, 128}, "mma"}, Case{{2, 77, 4, 4, 128}, "mma"},
                       Case{{2, 77, 4, 2, 8}, "generic"}, Case{{2, 130, 4, 4, 16}, "generic"},
                       Case{{2, 128, 4, 2, 32}, "generic"}, Case{{1, 50, 4, 1, 40}, "generic"},
-                      Case{{1, 20, 2, 1, 256}, "generic"}),
+                      Case{{1, 20, 2, 1, 256}, "generic"}, Case{{2, 130, 4, 4, 192, 128}, "mma"},
+                      Case{{1, 300, 4, 1, 192, 128, kMlaScale}, "mma"},
+                      Case{{1, 1, 2, 2, 192, 128}, "mma"},
+                      Case{{2, 77, 4, 2, 24, 16, kMlaScale}, "generic"},
+                      Case{{1, 50, 2, 1, 40, 72}, "generic"}),
     case_name);
 
 TEST(CudaAttentionPaths, MisalignedViewsTakeTheGenericPathAndAgree) {
   const AttentionShape s{2, 77, 4, 2, 64};
   check_forward(s, to_gpu_misaligned, 31);
   check_backward(s, to_gpu_misaligned, 41);
+  const AttentionShape mla{2, 77, 4, 2, 192, 128, kMlaScale};
+  check_forward(mla, to_gpu_misaligned, 32);
+  check_backward(mla, to_gpu_misaligned, 42);
 }
 
 // The GPU backward of one shape's inputs (seed) twice.
@@ -191,8 +206,8 @@ void expect_same_bits(std::initializer_list<GradPair> pairs, int64_t head_dim) {
 // run, dq included, on a shape with many key tiles per query row (seq 1000: 16 tiles of 64) and
 // a group of 4.
 TEST(CudaAttentionPaths, BackwardIsBitwiseReproducible) {
-  for (const int64_t d : {64, 128}) {
-    const auto [a, b] = backward_twice({2, 1000, 8, 2, d}, 51);
+  for (const int64_t d : {64, 128, 192}) {
+    const auto [a, b] = backward_twice({2, 1000, 8, 2, d, d == 192 ? 128 : 0}, 51);
     expect_same_bits({{&a.dq, &b.dq, "dq"}, {&a.dk, &b.dk, "dk"}, {&a.dv, &b.dv, "dv"}}, d);
   }
 }

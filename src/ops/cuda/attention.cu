@@ -1,12 +1,13 @@
-// Flash attention on the GPU: causal, grouped-query heads, scale 1/sqrt(D); bf16 q/k/v/out and
-// gradients, f32 log-sum-exp, fp32 accumulation everywhere. Head dims 64 and 128 (16-byte aligned
-// tensors) run on the tensor cores (mma.sync m16n8k16 bf16, tiles staged in shared memory by
+// Flash attention on the GPU: causal, grouped-query heads, scale 1/sqrt(D) or the model's own;
+// bf16 q/k/v/out and gradients, f32 log-sum-exp, fp32 accumulation everywhere. Head dims 64 and
+// 128, and q/k 192 with v 128 (multi-head latent attention; 16-byte aligned tensors) run on the
+// tensor cores (mma.sync m16n8k16 bf16, tiles staged in shared memory by
 // cp.async, tiles above the diagonal skipped); any other D up to 256 runs a plain warp-per-row
-// kernel. The tensor-core backward is FlashAttention-2's, by default in two passes (dk and dv by
-// key tiles, then dq by query tiles: deterministic, Note [Deterministic attention backward]), or
-// in one pass per KV-head key tile that sums dq in an f32 workspace by atomics (faster; its bits
-// depend on arrival order). The generic backward is deterministic: one pass owns the dq rows
-// (and writes delta), a second the dk/dv rows.
+// kernel (v's head dim may differ from q/k's there too). The tensor-core backward is
+// FlashAttention-2's, by default in two passes (dk and dv by key tiles, then dq by query tiles:
+// deterministic, Note [Deterministic attention backward]), or in one pass per KV-head key tile that
+// sums dq in an f32 workspace by atomics (faster; its bits depend on arrival order). The generic
+// backward is deterministic: one pass owns the dq rows (and writes delta), a second the dk/dv rows.
 // This file: the forward kernels, the checks and the dispatch; the backward kernels are in
 // attention_backward.cu, what both use in attention_mma.cuh, the generic kernels in
 // attention_generic.cu and the geometry all use in attention_common.cuh.
@@ -37,15 +38,17 @@ using namespace attn;  // NOLINT: this file's own kernels' helpers
 // softmax in registers (base 2). Q fragments stay in registers for the whole block.
 // ---------------------------------------------------------------------------------------------
 
-template <int D, int WARPS, int MT, int BC>
+template <int D, int DV, int WARPS, int MT, int BC>
 struct ForwardTiles {
-  static constexpr int kThreads = 32 * WARPS, kBr = WARPS * 16 * MT, kBc = BC, kPitch = D + 8;
-  static constexpr int kSmemBytes = (kBr + 4 * kBc) * kPitch * int{sizeof(bf16)};
+  static constexpr int kThreads = 32 * WARPS, kBr = WARPS * 16 * MT, kBc = BC, kPitch = D + 8,
+                       kVPitch = DV + 8;
+  static constexpr int kSmemBytes =
+      ((kBr + 2 * kBc) * kPitch + 2 * kBc * kVPitch) * int{sizeof(bf16)};
 };
 
 // One key tile for one warp: s = scores, then the online-softmax update of o, m, l.
-template <int D, int MT, int BC>
-__device__ __forceinline__ void forward_key_tile(float (&o)[MT][D / 8][4], float (&m)[MT][2],
+template <int D, int DV, int MT, int BC>
+__device__ __forceinline__ void forward_key_tile(float (&o)[MT][DV / 8][4], float (&m)[MT][2],
                                                  float (&l)[MT][2],
                                                  const uint32_t (&qf)[D / 16][MT][4],
                                                  const bf16* s_k, const bf16* s_v, int k0, int row0,
@@ -86,35 +89,35 @@ __device__ __forceinline__ void forward_key_tile(float (&o)[MT][D / 8][4], float
       l[mt][r] = l[mt][r] * corr + sum;  // this thread's columns; the quad sums at the end
       m[mt][r] = m_new;
 #pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
+      for (int dn = 0; dn < DV / 8; ++dn) {
         o[mt][dn][2 * r] *= corr;
         o[mt][dn][2 * r + 1] *= corr;
       }
     }
   }
-  mma_c_nn<MT, kBc / 16, D / 8>(o, s, s_v, kP, lane);  // o += P V
+  mma_c_nn<MT, kBc / 16, DV / 8>(o, s, s_v, DV + 8, lane);  // o += P V
 }
 
 // MINB: blocks per multiprocessor the register allocation must allow (__launch_bounds__).
-template <int D, int WARPS, int MT, int BC, int MINB>
+template <int D, int DV, int WARPS, int MT, int BC, int MINB>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                          const bf16* __restrict__ q, const bf16* __restrict__ k,
                          const bf16* __restrict__ v, Geometry g) {
-  using T = ForwardTiles<D, WARPS, MT, BC>;
+  using T = ForwardTiles<D, DV, WARPS, MT, BC>;
   constexpr int kBr = T::kBr, kBc = T::kBc, kP = T::kPitch, kTh = T::kThreads;
   extern __shared__ uint4 smem[];
   bf16* s_q = reinterpret_cast<bf16*>(smem);  // [kBr][kP]
   bf16* s_k = s_q + kBr * kP;                 // [2][kBc][kP]
-  bf16* s_v = s_k + 2 * kBc * kP;             // [2][kBc][kP]
+  bf16* s_v = s_k + 2 * kBc * kP;             // [2][kBc][kVPitch]
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const auto [b, h, q0, q_off, kv_off, n_tiles] = query_tile<D, kBr, kBc>(g);
+  const auto [b, h, q0, q_off, o_off, k_off, v_off, n_tiles] = query_tile<D, DV, kBr, kBc>(g);
 
   load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
   cp_async_commit();
-  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, 0, g.seq);
-  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, 0, g.seq);
+  load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, 0, g.seq);
+  load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, 0, g.seq);
   cp_async_commit();
   cp_async_wait<1>();  // the Q tile
   __syncthreads();
@@ -129,15 +132,16 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
                   s_q + (warp * 16 * MT + mt * 16 + (lane & 15)) * kP + kc * 16 + (lane >> 4) * 8);
     }
   }
-  float o[MT][D / 8][4] = {};
+  float o[MT][DV / 8][4] = {};
   float m[MT][2], l[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0;
 
-  walk_key_tiles<kBc, D, kTh>(s_k, s_v, k, v, kv_off, n_tiles, row0 + 16 * MT - 1, g,
-                              [&](const bf16* tk, const bf16* tv, int k0) {
-                                forward_key_tile<D, MT, BC>(o, m, l, qf, tk, tv, k0, row0, g, lane);
-                              });
+  walk_key_tiles<kBc, D, DV, kTh>(s_k, s_v, k, v, k_off, v_off, n_tiles, row0 + 16 * MT - 1, g,
+                                  [&](const bf16* tk, const bf16* tv, int k0) {
+                                    forward_key_tile<D, DV, MT, BC>(o, m, l, qf, tk, tv, k0, row0,
+                                                                    g, lane);
+                                  });
 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -150,12 +154,12 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
       if (row < g.seq && (lane & 3) == 0)
         lse[(int64_t{b} * g.heads + h) * g.seq + row] = (m[mt][r] + log2f(sum)) * kLn2;
 #pragma unroll
-      for (int dn = 0; dn < D / 8; ++dn) {
+      for (int dn = 0; dn < DV / 8; ++dn) {
         o[mt][dn][2 * r] *= inv[r];
         o[mt][dn][2 * r + 1] *= inv[r];
       }
     }
-    store_rows<D>(out + q_off, g.q_stride, row0 + mt * 16, g.seq, o[mt], 1.f, lane);
+    store_rows<DV>(out + o_off, g.o_stride, row0 + mt * 16, g.seq, o[mt], 1.f, lane);
   }
 }
 
@@ -168,12 +172,9 @@ Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const
                " and head_dim ", s.head_dim, " must all be at least 1");
   TANDEM_CHECK(s.heads % s.kv_heads == 0, op, ": heads ", s.heads,
                " is not a multiple of kv_heads ", s.kv_heads);
-  TANDEM_CHECK(s.v_dim() == s.head_dim && s.scale == 0, op, ": v_head_dim ", s.v_dim(),
-               " differing from head_dim ", s.head_dim,
-               " or a softmax scale of its own (multi-head latent attention) is not implemented "
-               "on the GPU");
-  TANDEM_CHECK(s.head_dim <= kMaxGenericDim, op, ": head_dim ", s.head_dim,
-               " is larger than the supported ", kMaxGenericDim);
+  TANDEM_CHECK(s.head_dim <= kMaxGenericDim && s.v_dim() <= kMaxGenericDim, op, ": head_dim ",
+               s.head_dim, " or v_head_dim ", s.v_dim(), " is larger than the supported ",
+               kMaxGenericDim);
   // Grid limits: (batch * heads) blocks in x, seq / 64 tiles in y (at most 65535), and the
   // generic kernels' one warp per row in a 1-D grid.
   TANDEM_CHECK(s.seq <= int64_t{65535} * kKeyTile && s.batch * s.heads <= (int64_t{1} << 30), op,
@@ -185,7 +186,7 @@ Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const
   const int64_t n = s.batch * s.seq;
   expect_cuda(op, "q", q, {DType::kBF16}, {n, s.heads * s.head_dim});
   expect_cuda(op, "k", k, {DType::kBF16}, {n, s.kv_heads * s.head_dim});
-  expect_cuda(op, "v", v, {DType::kBF16}, {n, s.kv_heads * s.head_dim});
+  expect_cuda(op, "v", v, {DType::kBF16}, {n, s.kv_heads * s.v_dim()});
   expect_cuda(op, "lse", lse, {DType::kF32}, {s.batch, s.heads, s.seq});
   const auto as_int = [](int64_t x) { return static_cast<int>(x); };
   return Geometry{.batch = as_int(s.batch),
@@ -194,39 +195,45 @@ Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const
                   .kv_heads = as_int(s.kv_heads),
                   .group = as_int(s.heads / s.kv_heads),
                   .head_dim = as_int(s.head_dim),
+                  .v_dim = as_int(s.v_dim()),
                   .q_stride = s.heads * s.head_dim,
                   .kv_stride = s.kv_heads * s.head_dim,
-                  .scale = static_cast<float>(1.0 / std::sqrt(static_cast<double>(s.head_dim))),
-                  .scale_log2 = static_cast<float>(kLog2e / std::sqrt(double(s.head_dim)))};
+                  .v_stride = s.kv_heads * s.v_dim(),
+                  .o_stride = s.heads * s.v_dim(),
+                  .scale = static_cast<float>(s.softmax_scale()),
+                  .scale_log2 = static_cast<float>(kLog2e * s.softmax_scale())};
 }
 
-// The tensor-core kernels need D in {64, 128} and 16-byte aligned rows (cp.async, bf16x2 stores).
+// The tensor-core kernels need (D, Dv) in {(64, 64), (128, 128), (192, 128)} and 16-byte aligned
+// rows (cp.async, bf16x2 stores).
 bool fast_path(const Geometry& g, std::initializer_list<const Tensor*> tensors) {
-  if (g.head_dim != 64 && g.head_dim != 128) return false;
+  const bool dims = (g.head_dim == 64 && g.v_dim == 64) || (g.head_dim == 128 && g.v_dim == 128) ||
+                    (g.head_dim == 192 && g.v_dim == 128);
+  if (!dims) return false;
   for (const Tensor* t : tensors) {
     if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
   }
   return true;
 }
 
-template <int D, int WARPS, int MT, int BC, int MINB>
+template <int D, int DV, int WARPS, int MT, int BC, int MINB>
 void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                     const Tensor& v, const Geometry& g) {
-  using T = ForwardTiles<D, WARPS, MT, BC>;
+  using T = ForwardTiles<D, DV, WARPS, MT, BC>;
   static const bool configured =
-      (allow_smem(flash_forward_kernel<D, WARPS, MT, BC, MINB>, T::kSmemBytes), true);
+      (allow_smem(flash_forward_kernel<D, DV, WARPS, MT, BC, MINB>, T::kSmemBytes), true);
   (void)configured;
   const dim3 grid(static_cast<unsigned>(g.batch * g.heads), tiles(g.seq, T::kBr));
-  flash_forward_kernel<D, WARPS, MT, BC, MINB><<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
+  flash_forward_kernel<D, DV, WARPS, MT, BC, MINB><<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
       mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v), g);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
 // Forward: query rows per block = warps x 16 x MT, each K/V fragment serving MT m16 tiles.
 constexpr Variant<ForwardLaunch> kForwardVariants[] = {
-    {"w4_q128_k64_m2", launch_forward<64, 4, 2, 64, 2>},
-    {"w4_q64_k128_m2", launch_forward<64, 4, 1, 128, 2>},
-    {"w8_q128_k32_m2", launch_forward<64, 8, 1, 32, 2>},
+    {"w4_q128_k64_m2", launch_forward<64, 64, 4, 2, 64, 2>},
+    {"w4_q64_k128_m2", launch_forward<64, 64, 4, 1, 128, 2>},
+    {"w8_q128_k32_m2", launch_forward<64, 64, 8, 1, 32, 2>},
 };
 constexpr int kForwardVariantCount = int{std::size(kForwardVariants)};
 
@@ -285,16 +292,18 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
                        const Tensor& v, const AttentionShape& s) {
   const char* op = "attention_forward";
   const Geometry g = check_attention(op, q, k, v, lse, s);
-  expect_cuda(op, "out", out, {DType::kBF16}, q.shape());
+  expect_cuda(op, "out", out, {DType::kBF16}, {s.batch * s.seq, s.heads * s.v_dim()});
   if (fast_path(g, {&out, &q, &k, &v})) {
     // D 64: 128 query rows per block (two m16 tiles per warp share each K/V fragment) and
     // 64-key tiles, two blocks per multiprocessor (246 registers; faster than 32-key tiles and
-    // 64-row blocks, bench/attention_timing.cc); D 128: 64 rows and 64-key tiles.
-    // (Note [Attention variants]: index 0 of the D 64 table.)
+    // 64-row blocks, bench/attention_timing.cc); D 128 (and q/k 192 with v 128): 64 rows and
+    // 64-key tiles. (Note [Attention variants]: index 0 of the D 64 table.)
     if (g.head_dim == 64)
       kForwardVariants[forward_variant()].launch(out, lse, q, k, v, g);
+    else if (g.head_dim == 128)
+      launch_forward<128, 128, 4, 1, 64, 1>(out, lse, q, k, v, g);
     else
-      launch_forward<128, 4, 1, 64, 1>(out, lse, q, k, v, g);
+      launch_forward<192, 128, 4, 1, 64, 1>(out, lse, q, k, v, g);
     return;
   }
   generic_attention_forward(g, mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v));
@@ -305,8 +314,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                         const Tensor& lse, const AttentionShape& s) {
   const char* op = "attention_backward";
   const Geometry g = check_attention(op, q, k, v, lse, s);
-  expect_cuda(op, "out", out, {DType::kBF16}, q.shape());
-  expect_cuda(op, "dout", dout, {DType::kBF16}, q.shape());
+  expect_cuda(op, "out", out, {DType::kBF16}, {s.batch * s.seq, s.heads * s.v_dim()});
+  expect_cuda(op, "dout", dout, {DType::kBF16}, out.shape());
   expect_cuda(op, "dq", dq, {DType::kBF16}, q.shape());
   expect_cuda(op, "dk", dk, {DType::kBF16}, k.shape());
   expect_cuda(op, "dv", dv, {DType::kBF16}, v.shape());

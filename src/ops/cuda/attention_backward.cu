@@ -22,26 +22,26 @@ namespace {
 // (bf16).
 // ---------------------------------------------------------------------------------------------
 
-template <int D, int WARPS, int BR>
+template <int D, int DV, int WARPS, int BR>
 struct BackwardTiles {
   static constexpr int kThreads = 32 * WARPS, kBc = 16 * WARPS, kBr = BR, kPitch = D + 8,
-                       kDsPitch = BR + 8;
+                       kVPitch = DV + 8, kDsPitch = BR + 8;
   static_assert(kBc >= kKeyTile);  // the grid-y limit of check_attention
-  static constexpr int kSmemBytes = (2 * kBc + 4 * kBr) * kPitch * int{sizeof(bf16)} +
-                                    kBc * kDsPitch * int{sizeof(bf16)} +
-                                    4 * kBr * int{sizeof(float)};
+  static constexpr int kSmemBytes =
+      (kBc + 2 * kBr) * kPitch * int{sizeof(bf16)} + (kBc + 2 * kBr) * kVPitch * int{sizeof(bf16)} +
+      kBc * kDsPitch * int{sizeof(bf16)} + 4 * kBr * int{sizeof(float)};
 };
 
 // One (query tile, key tile) step for one warp: dk, dv accumulate, and dp_out (zeros on entry)
 // receives this warp's dS^T (unscaled); `stats` holds lse * log2 e in [0, BR) and delta in
 // [BR, 2 BR) for the tile's rows.
-template <int D, int BR>
-__device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float (&dv)[1][D / 8][4],
+template <int D, int DV, int BR>
+__device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float (&dv)[1][DV / 8][4],
                                                 float (&dp_out)[BR / 8][4], const bf16* s_k,
                                                 const bf16* s_v, const bf16* s_q, const bf16* s_do,
                                                 const float* stats, int key0, int q0,
                                                 const Geometry& g, int lane) {
-  constexpr int kP = D + 8, kNt = BR / 8;
+  constexpr int kP = D + 8, kPv = DV + 8, kNt = BR / 8;
   float s[1][kNt][4] = {};
   float(&dp)[1][kNt][4] = reinterpret_cast<float(&)[1][kNt][4]>(dp_out);
 #pragma unroll
@@ -51,10 +51,10 @@ __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float 
     mma_nt<1, kNt>(s, a, s_q + kc * 16, kP, lane);
   }
 #pragma unroll
-  for (int kc = 0; kc < D / 16; ++kc) {
+  for (int kc = 0; kc < DV / 16; ++kc) {
     uint32_t a[1][4];
-    ldmatrix_x4(a[0], s_v + (lane & 15) * kP + kc * 16 + (lane >> 4) * 8);
-    mma_nt<1, kNt>(dp, a, s_do + kc * 16, kP, lane);
+    ldmatrix_x4(a[0], s_v + (lane & 15) * kPv + kc * 16 + (lane >> 4) * 8);
+    mma_nt<1, kNt>(dp, a, s_do + kc * 16, kPv, lane);
   }
   const bool need_mask = key0 + 15 > q0 || q0 + BR > g.seq;
 #pragma unroll
@@ -73,7 +73,7 @@ __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float 
   for (int kc = 0; kc < BR / 16; ++kc) {
     uint32_t a[1][4];
     c_to_a<kNt>(a[0], s[0], kc);
-    mma_nn<1, D / 8>(dv, a, s_do + kc * 16 * kP, kP, lane);
+    mma_nn<1, DV / 8>(dv, a, s_do + kc * 16 * kPv, kPv, lane);
     c_to_a<kNt>(a[0], dp[0], kc);
     mma_nn<1, D / 8>(dk, a, s_q + kc * 16 * kP, kP, lane);
   }
@@ -89,13 +89,14 @@ __device__ __forceinline__ QueryStep query_step(int it, int first_tile, int per_
 }
 
 // Starts loading the Q and dO tiles of step `st` (cp.async).
-template <int D, int BR, int THREADS>
+template <int D, int DV, int BR, int THREADS>
 __device__ __forceinline__ void dkdv_load_tiles(bf16* s_q, bf16* s_do, const bf16* q,
                                                 const bf16* dout, int b, QueryStep st,
                                                 const Geometry& g) {
   const int64_t q_off = int64_t{b} * g.seq * g.q_stride + int64_t{st.head} * D;
+  const int64_t o_off = int64_t{b} * g.seq * g.o_stride + int64_t{st.head} * DV;
   load_tile<BR, D, THREADS>(s_q, q + q_off, g.q_stride, st.q0, g.seq);
-  load_tile<BR, D, THREADS>(s_do, dout + q_off, g.q_stride, st.q0, g.seq);
+  load_tile<BR, DV, THREADS>(s_do, dout + o_off, g.o_stride, st.q0, g.seq);
 }
 
 // lse * log2 e and delta of row `i` of step `st`'s query tile (zeros past seq). Loaded into
@@ -112,15 +113,15 @@ __device__ __forceinline__ StatRow load_stat_row(const float* lse, const float* 
   return {lse[at] * kLog2e, delta[at]};
 }
 
-// delta of every (row, head) and zeros in the dq workspace (when there is one). D / 8 threads per
-// (row, head), each
-// on one 16-byte chunk of dout and out. `rows` = batch * seq * heads.
-template <int D>
+// delta of every (row, head) and zeros in the dq workspace (when there is one: D == DV, so that
+// it has out's layout). DV / 8 threads per (row, head), each on one 16-byte chunk of dout and
+// out. `rows` = batch * seq * heads.
+template <int DV>
 __global__ void __launch_bounds__(256)
     attention_delta_kernel(float* __restrict__ delta, float* __restrict__ dq_acc,
                            const bf16* __restrict__ dout, const bf16* __restrict__ out,
                            int64_t rows, Geometry g) {
-  constexpr int kLanes = D / 8;
+  constexpr int kLanes = DV / 8;
   const int64_t chunk = int64_t{blockIdx.x} * blockDim.x + threadIdx.x;
   const int64_t rh = chunk / kLanes;  // token row * heads + head
   float part = 0;
@@ -218,38 +219,40 @@ __device__ __forceinline__ void dq_atomic_step(float* dq_acc, const bf16* s_ds, 
 }
 
 // DQ false: dk and dv only (the deterministic backward's first pass; dq_acc unused).
-template <int D, int WARPS, int BR, int MINB, bool DQ = true>
+template <int D, int DV, int WARPS, int BR, int MINB, bool DQ = true>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_backward_fused_kernel(float* __restrict__ dq_acc, bf16* __restrict__ dk,
                                 bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
                                 const bf16* __restrict__ v, const float* __restrict__ lse,
                                 const float* __restrict__ delta, Geometry g) {
-  using T = BackwardTiles<D, WARPS, BR>;
-  constexpr int kBc = T::kBc, kP = T::kPitch, kDsP = T::kDsPitch, kTh = T::kThreads;
+  using T = BackwardTiles<D, DV, WARPS, BR>;
+  constexpr int kBc = T::kBc, kP = T::kPitch, kPv = T::kVPitch, kDsP = T::kDsPitch,
+                kTh = T::kThreads;
   extern __shared__ uint4 smem[];
   bf16* s_k = reinterpret_cast<bf16*>(smem);                     // [kBc][kP]
-  bf16* s_v = s_k + kBc * kP;                                    // [kBc][kP]
-  bf16* s_q = s_v + kBc * kP;                                    // [2][BR][kP]
-  bf16* s_do = s_q + 2 * BR * kP;                                // [2][BR][kP]
-  bf16* s_ds = s_do + 2 * BR * kP;                               // [kBc][kDsP]
+  bf16* s_v = s_k + kBc * kP;                                    // [kBc][kPv]
+  bf16* s_q = s_v + kBc * kPv;                                   // [2][BR][kP]
+  bf16* s_do = s_q + 2 * BR * kP;                                // [2][BR][kPv]
+  bf16* s_ds = s_do + 2 * BR * kPv;                              // [kBc][kDsP]
   float* s_stats = reinterpret_cast<float*>(s_ds + kBc * kDsP);  // [2][2 * BR]
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int b = static_cast<int>(blockIdx.x) / g.kv_heads;
   const int kvh = static_cast<int>(blockIdx.x) % g.kv_heads;
   const int k0 = static_cast<int>(blockIdx.y) * kBc;  // key tile 0 sees the most queries: first
-  const int64_t kv_off = int64_t{b} * g.seq * g.kv_stride + int64_t{kvh} * D;
+  const int64_t k_off = int64_t{b} * g.seq * g.kv_stride + int64_t{kvh} * D;
+  const int64_t v_off = int64_t{b} * g.seq * g.v_stride + int64_t{kvh} * DV;
   const int first_tile = k0 / BR;
   const int per_head = (g.seq + BR - 1) / BR - first_tile;
   const int n_steps = g.group * per_head;
   const int tid = static_cast<int>(threadIdx.x);  // threads below BR carry one stats row
   static_assert(BR <= kTh);
 
-  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, k0, g.seq);
-  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, k0, g.seq);
+  load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, k0, g.seq);
+  load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, k0, g.seq);
   const QueryStep first = query_step(0, first_tile, per_head, kvh, BR, g);
-  dkdv_load_tiles<D, BR, kTh>(s_q, s_do, q, dout, b, first, g);
+  dkdv_load_tiles<D, DV, BR, kTh>(s_q, s_do, q, dout, b, first, g);
   cp_async_commit();
   if (tid < BR) {
     const StatRow r = load_stat_row(lse, delta, b, first, tid, g);
@@ -258,15 +261,15 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   }
 
   const int key0 = k0 + warp * 16;  // this warp's first key
-  float dk_acc[1][D / 8][4] = {}, dv_acc[1][D / 8][4] = {};
+  float dk_acc[1][D / 8][4] = {}, dv_acc[1][DV / 8][4] = {};
   for (int it = 0; it < n_steps; ++it) {
     const int buf = it & 1;
     const bool more = it + 1 < n_steps;
     StatRow next{0.f, 0.f};
     if (more) {  // prefetch step it + 1 into the buffers freed at the end of step it - 1
       const QueryStep st = query_step(it + 1, first_tile, per_head, kvh, BR, g);
-      dkdv_load_tiles<D, BR, kTh>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kP, q, dout, b,
-                                  st, g);
+      dkdv_load_tiles<D, DV, BR, kTh>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kPv, q,
+                                      dout, b, st, g);
       if (tid < BR) next = load_stat_row(lse, delta, b, st, tid, g);
     }
     cp_async_commit();
@@ -275,9 +278,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     const QueryStep st = query_step(it, first_tile, per_head, kvh, BR, g);
     float ds[BR / 8][4] = {};
     if (key0 <= st.q0 + BR - 1) {  // else every query of the tile is before this warp's keys
-      dkdv_query_tile<D, BR>(dk_acc, dv_acc, ds, s_k + warp * 16 * kP, s_v + warp * 16 * kP,
-                             s_q + buf * BR * kP, s_do + buf * BR * kP, s_stats + buf * 2 * BR,
-                             key0, st.q0, g, lane);
+      dkdv_query_tile<D, DV, BR>(dk_acc, dv_acc, ds, s_k + warp * 16 * kP, s_v + warp * 16 * kPv,
+                                 s_q + buf * BR * kP, s_do + buf * BR * kPv, s_stats + buf * 2 * BR,
+                                 key0, st.q0, g, lane);
     }
     if constexpr (DQ) {
       store_ds<BR>(s_ds + warp * 16 * kDsP, ds, lane);
@@ -290,8 +293,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     }
     __syncthreads();
   }
-  store_rows<D>(dk + kv_off, g.kv_stride, key0, g.seq, dk_acc[0], g.scale, lane);
-  store_rows<D>(dv + kv_off, g.kv_stride, key0, g.seq, dv_acc[0], 1.f, lane);
+  store_rows<D>(dk + k_off, g.kv_stride, key0, g.seq, dk_acc[0], g.scale, lane);
+  store_rows<DV>(dv + v_off, g.v_stride, key0, g.seq, dv_acc[0], 1.f, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -310,18 +313,20 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 // (Note [Attention variants]).
 // ---------------------------------------------------------------------------------------------
 
-template <int D, int WARPS, int MT, int BC>
+template <int D, int DV, int WARPS, int MT, int BC>
 struct DqTiles {
-  static constexpr int kThreads = 32 * WARPS, kBr = WARPS * 16 * MT, kBc = BC, kPitch = D + 8;
-  static constexpr int kSmemBytes = (2 * kBr + 4 * kBc) * kPitch * int{sizeof(bf16)};
+  static constexpr int kThreads = 32 * WARPS, kBr = WARPS * 16 * MT, kBc = BC, kPitch = D + 8,
+                       kVPitch = DV + 8;
+  static constexpr int kSmemBytes =
+      ((kBr + 2 * kBc) * kPitch + (kBr + 2 * kBc) * kVPitch) * int{sizeof(bf16)};
 };
 
 // One key tile for one warp: dq += dS K for its rows; lse2 (lse log2 e) and dlt (delta) per row
 // of its C fragments.
-template <int D, int MT, int BC>
+template <int D, int DV, int MT, int BC>
 __device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
                                             const uint32_t (&qf)[D / 16][MT][4],
-                                            const uint32_t (&dof)[D / 16][MT][4],
+                                            const uint32_t (&dof)[DV / 16][MT][4],
                                             const float (&lse2)[MT][2], const float (&dlt)[MT][2],
                                             const bf16* s_k, const bf16* s_v, int k0, int row0,
                                             const Geometry& g, int lane) {
@@ -330,7 +335,7 @@ __device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
     mma_nt<MT, kNt>(s, qf[kc], s_k + kc * 16, kP, lane);
-    mma_nt<MT, kNt>(dp, dof[kc], s_v + kc * 16, kP, lane);
+    if (kc < DV / 16) mma_nt<MT, kNt>(dp, dof[kc], s_v + kc * 16, DV + 8, lane);
   }
   const bool need_mask = k0 + BC - 1 > row0 || k0 + BC > g.seq;
 #pragma unroll
@@ -351,28 +356,28 @@ __device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
   mma_c_nn<MT, BC / 16, D / 8>(dq, s, s_k, kP, lane);  // dq += dS K
 }
 
-template <int D, int WARPS, int MT, int BC, int MINB>
+template <int D, int DV, int WARPS, int MT, int BC, int MINB>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                              const bf16* __restrict__ q, const bf16* __restrict__ k,
                              const bf16* __restrict__ v, const float* __restrict__ lse,
                              const float* __restrict__ delta, Geometry g) {
-  using T = DqTiles<D, WARPS, MT, BC>;
-  constexpr int kBr = T::kBr, kBc = T::kBc, kP = T::kPitch, kTh = T::kThreads;
+  using T = DqTiles<D, DV, WARPS, MT, BC>;
+  constexpr int kBr = T::kBr, kBc = T::kBc, kP = T::kPitch, kPv = T::kVPitch, kTh = T::kThreads;
   extern __shared__ uint4 smem[];
   bf16* s_q = reinterpret_cast<bf16*>(smem);  // [kBr][kP]
-  bf16* s_do = s_q + kBr * kP;                // [kBr][kP]
-  bf16* s_k = s_do + kBr * kP;                // [2][kBc][kP]
-  bf16* s_v = s_k + 2 * kBc * kP;             // [2][kBc][kP]
+  bf16* s_do = s_q + kBr * kP;                // [kBr][kPv]
+  bf16* s_k = s_do + kBr * kPv;               // [2][kBc][kP]
+  bf16* s_v = s_k + 2 * kBc * kP;             // [2][kBc][kPv]
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const auto [b, h, q0, q_off, kv_off, n_tiles] = query_tile<D, kBr, kBc>(g);
+  const auto [b, h, q0, q_off, o_off, k_off, v_off, n_tiles] = query_tile<D, DV, kBr, kBc>(g);
 
   load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
-  load_tile<kBr, D, kTh>(s_do, dout + q_off, g.q_stride, q0, g.seq);
+  load_tile<kBr, DV, kTh>(s_do, dout + o_off, g.o_stride, q0, g.seq);
   cp_async_commit();
-  load_tile<kBc, D, kTh>(s_k, k + kv_off, g.kv_stride, 0, g.seq);
-  load_tile<kBc, D, kTh>(s_v, v + kv_off, g.kv_stride, 0, g.seq);
+  load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, 0, g.seq);
+  load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, 0, g.seq);
   cp_async_commit();
 
   const int row0 = q0 + warp * 16 * MT;  // this warp's first query row
@@ -389,22 +394,22 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   }
   cp_async_wait<1>();  // the Q and dO tiles
   __syncthreads();
-  uint32_t qf[D / 16][MT][4], dof[D / 16][MT][4];
+  uint32_t qf[D / 16][MT][4], dof[DV / 16][MT][4];
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
 #pragma unroll
     for (int mt = 0; mt < MT; ++mt) {
-      const int at = (warp * 16 * MT + mt * 16 + (lane & 15)) * kP + kc * 16 + (lane >> 4) * 8;
-      ldmatrix_x4(qf[kc][mt], s_q + at);
-      ldmatrix_x4(dof[kc][mt], s_do + at);
+      const int row = warp * 16 * MT + mt * 16 + (lane & 15), col = kc * 16 + (lane >> 4) * 8;
+      ldmatrix_x4(qf[kc][mt], s_q + row * kP + col);
+      if (kc < DV / 16) ldmatrix_x4(dof[kc][mt], s_do + row * kPv + col);
     }
   }
   float acc[MT][D / 8][4] = {};
-  walk_key_tiles<kBc, D, kTh>(s_k, s_v, k, v, kv_off, n_tiles, row0 + 16 * MT - 1, g,
-                              [&](const bf16* tk, const bf16* tv, int k0) {
-                                dq_key_tile<D, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0, row0, g,
-                                                       lane);
-                              });
+  walk_key_tiles<kBc, D, DV, kTh>(s_k, s_v, k, v, k_off, v_off, n_tiles, row0 + 16 * MT - 1, g,
+                                  [&](const bf16* tk, const bf16* tv, int k0) {
+                                    dq_key_tile<D, DV, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0,
+                                                               row0, g, lane);
+                                  });
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     store_rows<D>(dq + q_off, g.q_stride, row0 + mt * 16, g.seq, acc[mt], g.scale, lane);
@@ -412,13 +417,13 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 }
 
 // delta and the zeroed f32 dq workspace, the single-pass kernel, then dq from the workspace.
-template <int D, int WARPS, int BR, int MINB>
+template <int D, int WARPS, int BR, int MINB>  // D == DV only (the dq workspace zeroed as out)
 void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            const Tensor& lse, const Tensor& delta, const Geometry& g) {
-  using T = BackwardTiles<D, WARPS, BR>;
+  using T = BackwardTiles<D, D, WARPS, BR>;
   static const bool configured =
-      (allow_smem(flash_backward_fused_kernel<D, WARPS, BR, MINB>, T::kSmemBytes), true);
+      (allow_smem(flash_backward_fused_kernel<D, D, WARPS, BR, MINB>, T::kSmemBytes), true);
   (void)configured;
   // dq_acc: [batch * seq, heads * D] f32 (the layout of dq); op workspace like delta.
   const Tensor dq_acc =
@@ -429,9 +434,10 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
       delta.data<float>(), dq_acc.data<float>(), cptr(dout), cptr(out), rows, g);
   TANDEM_CUDA_CHECK_LAUNCH();
   const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
-  flash_backward_fused_kernel<D, WARPS, BR, MINB><<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
-      dq_acc.data<float>(), mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k), cptr(v),
-      lse.data<float>(), delta.data<float>(), g);
+  flash_backward_fused_kernel<D, D, WARPS, BR, MINB>
+      <<<grid, T::kThreads, T::kSmemBytes, stream()>>>(dq_acc.data<float>(), mptr(dk), mptr(dv),
+                                                       cptr(dout), cptr(q), cptr(k), cptr(v),
+                                                       lse.data<float>(), delta.data<float>(), g);
   TANDEM_CUDA_CHECK_LAUNCH();
   attention_dq_convert_kernel<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
       mptr(dq), dq_acc.data<float>(), chunks * 8, g.scale);
@@ -440,20 +446,21 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
 
 // Note [Deterministic attention backward]: delta, dk and dv (the fused kernel without dq), then
 // dq by query tiles.
-template <int D, int WARPS, int BR, int MINB, int DQ_WARPS, int DQ_MT, int DQ_BC, int DQ_MINB>
+template <int D, int DV, int WARPS, int BR, int MINB, int DQ_WARPS, int DQ_MT, int DQ_BC,
+          int DQ_MINB>
 void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                               const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                               const Tensor& out, const Tensor& lse, const Tensor& delta,
                               const Geometry& g) {
-  using T = BackwardTiles<D, WARPS, BR>;
-  using TQ = DqTiles<D, DQ_WARPS, DQ_MT, DQ_BC>;
-  auto* dkdv = flash_backward_fused_kernel<D, WARPS, BR, MINB, false>;
-  auto* dq_kernel = flash_backward_dq_kernel<D, DQ_WARPS, DQ_MT, DQ_BC, DQ_MINB>;
+  using T = BackwardTiles<D, DV, WARPS, BR>;
+  using TQ = DqTiles<D, DV, DQ_WARPS, DQ_MT, DQ_BC>;
+  auto* dkdv = flash_backward_fused_kernel<D, DV, WARPS, BR, MINB, false>;
+  auto* dq_kernel = flash_backward_dq_kernel<D, DV, DQ_WARPS, DQ_MT, DQ_BC, DQ_MINB>;
   static const bool configured =
       (allow_smem(dkdv, T::kSmemBytes), allow_smem(dq_kernel, TQ::kSmemBytes), true);
   (void)configured;
-  const int64_t rows = int64_t{g.batch} * g.seq * g.heads, chunks = rows * (D / 8);
-  attention_delta_kernel<D><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
+  const int64_t rows = int64_t{g.batch} * g.seq * g.heads, chunks = rows * (DV / 8);
+  attention_delta_kernel<DV><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
       delta.data<float>(), nullptr, cptr(dout), cptr(out), rows, g);
   TANDEM_CUDA_CHECK_LAUNCH();
   const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
@@ -475,13 +482,13 @@ void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& 
 // bits). The others sum dq by atomics: 1 is the fastest of all (bench/attention_timing.cc times
 // them).
 constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
-    {"deterministic", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 32, 3>},
+    {"deterministic", launch_backward_two_pass<64, 64, 4, 64, 2, 4, 1, 32, 3>},
     {"w4_q64_k64_m2", launch_backward_fused<64, 4, 64, 2>},
     {"w8_q64_k128_m1", launch_backward_fused<64, 8, 64, 1>},
     {"w8_q128_k128_m1", launch_backward_fused<64, 8, 128, 1>},
     {"w4_q128_k64_m1", launch_backward_fused<64, 4, 128, 1>},
-    {"deterministic_dq_w4_q64_k64", launch_backward_two_pass<64, 4, 64, 2, 4, 1, 64, 2>},
-    {"deterministic_dq_w8_q128_k64", launch_backward_two_pass<64, 4, 64, 2, 8, 1, 64, 1>},
+    {"deterministic_dq_w4_q64_k64", launch_backward_two_pass<64, 64, 4, 64, 2, 4, 1, 64, 2>},
+    {"deterministic_dq_w8_q128_k64", launch_backward_two_pass<64, 64, 4, 64, 2, 8, 1, 64, 1>},
 };
 
 // Whether a variant is one of the two-pass (deterministic) forms: the name says so.
@@ -505,11 +512,16 @@ void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk
   // dk/dv: 64-key blocks walking query tiles of 64 rows (D 64) or 32 (D 128), two blocks per
   // multiprocessor (D 128 spills 24 bytes, still faster than 16-row tiles without spills);
   // dq: 64-row blocks walking 64-key tiles.
+  // q/k 192 with v 128: the deterministic form, 32-row query tiles and dq blocks of 64 rows
+  // walking 32-key tiles (its Q, dO fragments and dq accumulator take most registers).
   if (g.head_dim == 64) {
     kBackwardVariants[variant].launch(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
+  } else if (g.head_dim == 192) {
+    launch_backward_two_pass<192, 128, 4, 32, 1, 4, 1, 32, 1>(dq, dk, dv, dout, q, k, v, out, lse,
+                                                              delta, g);
   } else if (is_deterministic(variant)) {
-    launch_backward_two_pass<128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse, delta,
-                                                         g);
+    launch_backward_two_pass<128, 128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse,
+                                                              delta, g);
   } else {
     launch_backward_fused<128, 4, 32, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
   }

@@ -13,11 +13,13 @@ namespace tandem::ops::cuda {
 constexpr int kMaxGenericDim = 256;
 
 // Shapes and strides of one call. Row n of q/out/dq is token n % seq of sequence n / seq; element
-// (n, head, d) of q sits at n * q_stride + head * D + d (k and v likewise with kv_stride).
+// (n, head, d) of q sits at n * q_stride + head * D + d (k likewise with kv_stride); v's heads
+// are v_dim wide (multi-head latent attention's differ from D), so v sits at n * v_stride +
+// head * v_dim + d, and out and dout at n * o_stride + head * v_dim + d.
 struct Geometry {
-  int batch, seq, heads, kv_heads, group, head_dim;
-  int64_t q_stride, kv_stride;
-  float scale;       // 1 / sqrt(D)
+  int batch, seq, heads, kv_heads, group, head_dim, v_dim;
+  int64_t q_stride, kv_stride, v_stride, o_stride;
+  float scale;       // the softmax scale: 1 / sqrt(D) unless the model gives its own
   float scale_log2;  // scale * log2(e): scores in the base-2 domain of exp2
 };
 

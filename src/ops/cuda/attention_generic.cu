@@ -1,4 +1,4 @@
-// The generic attention kernels (any head dim up to 256, any alignment), for what the
+// The generic attention kernels (any head dims up to 256, any alignment), for what the
 // tensor-core kernels (attention.cu, attention_backward.cu) do not take: one warp per row, lane
 // i holding head-dim elements i + 32 j; keys one at a time with an fp32 online softmax. Slow
 // but plainly the equations. The backward is deterministic: one pass owns the dq rows (and
@@ -61,15 +61,17 @@ __global__ void __launch_bounds__(kThreads)
                            Geometry g) {
   const RowId id = warp_row(g.heads, g.seq);
   if (id.b >= g.batch) return;  // whole warps only
-  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim;
+  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim, vdim = g.v_dim;
   const int64_t q_row = (int64_t{id.b} * g.seq + id.t) * g.q_stride + int64_t{id.h} * dim;
-  const int64_t kv0 = int64_t{id.b} * g.seq * g.kv_stride + int64_t{id.h / g.group} * dim;
+  const int64_t o_row = (int64_t{id.b} * g.seq + id.t) * g.o_stride + int64_t{id.h} * vdim;
+  const int64_t k0 = int64_t{id.b} * g.seq * g.kv_stride + int64_t{id.h / g.group} * dim;
+  const int64_t v0 = int64_t{id.b} * g.seq * g.v_stride + int64_t{id.h / g.group} * vdim;
   float qv[kPerLane], kv[kPerLane], vv[kPerLane], acc[kPerLane] = {};
   load_row(qv, q + q_row, dim, lane);
   float m = -INFINITY, l = 0;
   for (int j = 0; j <= id.t; ++j) {
-    load_row(kv, k + kv0 + j * g.kv_stride, dim, lane);
-    load_row(vv, v + kv0 + j * g.kv_stride, dim, lane);
+    load_row(kv, k + k0 + j * g.kv_stride, dim, lane);
+    load_row(vv, v + v0 + j * g.v_stride, vdim, lane);
     const float s = dot_row(qv, kv) * g.scale;
     const float m_new = fmaxf(m, s);
     const float corr = expf(m - m_new), p = expf(s - m_new);
@@ -78,7 +80,7 @@ __global__ void __launch_bounds__(kThreads)
     for (int i = 0; i < kPerLane; ++i) acc[i] = acc[i] * corr + p * vv[i];
     m = m_new;
   }
-  store_row(out + q_row, acc, 1.f / l, dim, lane);
+  store_row(out + o_row, acc, 1.f / l, vdim, lane);
   if (lane == 0) lse[id.r] = m + logf(l);
 }
 
@@ -89,18 +91,20 @@ __global__ void __launch_bounds__(kThreads)
                                Geometry g) {
   const RowId id = warp_row(g.heads, g.seq);
   if (id.b >= g.batch) return;
-  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim;
+  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim, vdim = g.v_dim;
   const int64_t q_row = (int64_t{id.b} * g.seq + id.t) * g.q_stride + int64_t{id.h} * dim;
-  const int64_t kv0 = int64_t{id.b} * g.seq * g.kv_stride + int64_t{id.h / g.group} * dim;
+  const int64_t o_row = (int64_t{id.b} * g.seq + id.t) * g.o_stride + int64_t{id.h} * vdim;
+  const int64_t k0 = int64_t{id.b} * g.seq * g.kv_stride + int64_t{id.h / g.group} * dim;
+  const int64_t v0 = int64_t{id.b} * g.seq * g.v_stride + int64_t{id.h / g.group} * vdim;
   float qv[kPerLane], dov[kPerLane], kv[kPerLane], vv[kPerLane], acc[kPerLane] = {};
   load_row(qv, q + q_row, dim, lane);
-  load_row(dov, dout + q_row, dim, lane);
-  load_row(vv, out + q_row, dim, lane);
+  load_row(dov, dout + o_row, vdim, lane);
+  load_row(vv, out + o_row, vdim, lane);
   const float dlt = dot_row(dov, vv), row_lse = lse[id.r];
   if (lane == 0) delta[id.r] = dlt;
   for (int j = 0; j <= id.t; ++j) {
-    load_row(kv, k + kv0 + j * g.kv_stride, dim, lane);
-    load_row(vv, v + kv0 + j * g.kv_stride, dim, lane);
+    load_row(kv, k + k0 + j * g.kv_stride, dim, lane);
+    load_row(vv, v + v0 + j * g.v_stride, vdim, lane);
     const float p = expf(dot_row(qv, kv) * g.scale - row_lse);
     const float ds = p * (dot_row(dov, vv) - dlt);
 #pragma unroll
@@ -115,18 +119,20 @@ __global__ void __launch_bounds__(kThreads)
                                  const bf16* v, const float* lse, const float* delta, Geometry g) {
   const RowId id = warp_row(g.kv_heads, g.seq);  // id.h is the KV head, id.t the key
   if (id.b >= g.batch) return;
-  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim;
-  const int64_t kv_row = (int64_t{id.b} * g.seq + id.t) * g.kv_stride + int64_t{id.h} * dim;
+  const int lane = static_cast<int>(threadIdx.x) % 32, dim = g.head_dim, vdim = g.v_dim;
+  const int64_t k_row = (int64_t{id.b} * g.seq + id.t) * g.kv_stride + int64_t{id.h} * dim;
+  const int64_t v_row = (int64_t{id.b} * g.seq + id.t) * g.v_stride + int64_t{id.h} * vdim;
   float kv[kPerLane], vv[kPerLane], qv[kPerLane], dov[kPerLane];
   float dk_acc[kPerLane] = {}, dv_acc[kPerLane] = {};
-  load_row(kv, k + kv_row, dim, lane);
-  load_row(vv, v + kv_row, dim, lane);
+  load_row(kv, k + k_row, dim, lane);
+  load_row(vv, v + v_row, vdim, lane);
   for (int h = id.h * g.group; h < (id.h + 1) * g.group; ++h) {
     const int64_t stat0 = (int64_t{id.b} * g.heads + h) * g.seq;
     for (int t = id.t; t < g.seq; ++t) {
       const int64_t q_row = (int64_t{id.b} * g.seq + t) * g.q_stride + int64_t{h} * dim;
+      const int64_t o_row = (int64_t{id.b} * g.seq + t) * g.o_stride + int64_t{h} * vdim;
       load_row(qv, q + q_row, dim, lane);
-      load_row(dov, dout + q_row, dim, lane);
+      load_row(dov, dout + o_row, vdim, lane);
       const float p = expf(dot_row(kv, qv) * g.scale - lse[stat0 + t]);
       const float ds = p * (dot_row(vv, dov) - delta[stat0 + t]);
 #pragma unroll
@@ -136,8 +142,8 @@ __global__ void __launch_bounds__(kThreads)
       }
     }
   }
-  store_row(dk + kv_row, dk_acc, g.scale, dim, lane);
-  store_row(dv + kv_row, dv_acc, 1.f, dim, lane);
+  store_row(dk + k_row, dk_acc, g.scale, dim, lane);
+  store_row(dv + v_row, dv_acc, 1.f, vdim, lane);
 }
 
 unsigned generic_blocks(int64_t rows) {

@@ -192,40 +192,40 @@ __device__ __forceinline__ void store_rows(bf16* base, int64_t stride, int row0,
 }
 
 // The key tiles [0, n_tiles) of a query block, BC keys each, K and V double-buffered in s_k and
-// s_v (2 x BC rows of pitch D + 8 each; tile 0 already loading): prefetches tile j + 1, waits
-// for tile j, and runs step(k tile, v tile, first key) on it unless every key of the tile is
-// above `last_row` (the calling warp's last query row).
-template <int BC, int D, int THREADS, typename Step>
+// s_v (2 x BC rows of pitch D + 8 and DV + 8; tile 0 already loading): prefetches tile j + 1,
+// waits for tile j, and runs step(k tile, v tile, first key) on it unless every key of the tile
+// is above `last_row` (the calling warp's last query row).
+template <int BC, int D, int DV, int THREADS, typename Step>
 __device__ __forceinline__ void walk_key_tiles(bf16* s_k, bf16* s_v, const bf16* k, const bf16* v,
-                                               int64_t kv_off, int n_tiles, int last_row,
-                                               const Geometry& g, Step&& step) {
-  constexpr int kP = D + 8;
+                                               int64_t k_off, int64_t v_off, int n_tiles,
+                                               int last_row, const Geometry& g, Step&& step) {
+  constexpr int kP = D + 8, kPv = DV + 8;
   for (int j = 0; j < n_tiles; ++j) {
     const int buf = j & 1;
     if (j + 1 < n_tiles) {  // prefetch the next tile into the buffer freed at the end of j - 1
-      load_tile<BC, D, THREADS>(s_k + (buf ^ 1) * BC * kP, k + kv_off, g.kv_stride, (j + 1) * BC,
+      load_tile<BC, D, THREADS>(s_k + (buf ^ 1) * BC * kP, k + k_off, g.kv_stride, (j + 1) * BC,
                                 g.seq);
-      load_tile<BC, D, THREADS>(s_v + (buf ^ 1) * BC * kP, v + kv_off, g.kv_stride, (j + 1) * BC,
-                                g.seq);
+      load_tile<BC, DV, THREADS>(s_v + (buf ^ 1) * BC * kPv, v + v_off, g.v_stride, (j + 1) * BC,
+                                 g.seq);
     }
     cp_async_commit();
     cp_async_wait<1>();  // tile j
     __syncthreads();
-    if (j * BC <= last_row) step(s_k + buf * BC * kP, s_v + buf * BC * kP, j * BC);
+    if (j * BC <= last_row) step(s_k + buf * BC * kP, s_v + buf * BC * kPv, j * BC);
     __syncthreads();
   }
 }
 
 // The query tile of a forward or pass-1 block: (batch b, head h) from blockIdx.x, rows [q0, q0 +
 // BR) from blockIdx.y, the last tile first (its rows see the most keys); the offsets of that
-// (batch, head) in q (and out, dout, dq) and of its KV head in k and v; the key tiles of BC keys
-// that reach its last row.
+// (batch, head) in q (and dq), in out (and dout), and of its KV head in k and in v; the key tiles
+// of BC keys that reach its last row.
 struct QueryTile {
   int b, h, q0;
-  int64_t q_off, kv_off;
+  int64_t q_off, o_off, k_off, v_off;
   int n_tiles;
 };
-template <int D, int BR, int BC>
+template <int D, int DV, int BR, int BC>
 __device__ __forceinline__ QueryTile query_tile(const Geometry& g) {
   const int b = static_cast<int>(blockIdx.x) / g.heads, h = static_cast<int>(blockIdx.x) % g.heads;
   const int q0 = static_cast<int>(gridDim.y - 1 - blockIdx.y) * BR;
@@ -233,7 +233,9 @@ __device__ __forceinline__ QueryTile query_tile(const Geometry& g) {
           h,
           q0,
           int64_t{b} * g.seq * g.q_stride + int64_t{h} * D,
+          int64_t{b} * g.seq * g.o_stride + int64_t{h} * DV,
           int64_t{b} * g.seq * g.kv_stride + int64_t{h / g.group} * D,
+          int64_t{b} * g.seq * g.v_stride + int64_t{h / g.group} * DV,
           min((q0 + BR + BC - 1) / BC, (g.seq + BC - 1) / BC)};
 }
 
@@ -271,8 +273,9 @@ struct Variant {
 };
 
 // attention_backward.cu: the backward table's names (index 0, the default, is the two-pass
-// form), and the tensor-core backward (D 64 or 128, fast_path) of `variant`: D 64 the table's
-// entry, D 128 its deterministic form for a deterministic entry and its one-pass form otherwise.
+// form), and the tensor-core backward (fast_path's head dims) of `variant`: D 64 the table's
+// entry, D 128 its deterministic form for a deterministic entry and its one-pass form otherwise,
+// q/k 192 with v 128 the deterministic form always.
 std::vector<const char*> backward_variant_names();
 void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk, const Tensor& dv,
                                  const Tensor& dout, const Tensor& q, const Tensor& k,

@@ -21,6 +21,16 @@ __device__ __forceinline__ float load1(const __nv_bfloat16* p) { return __bfloat
 __device__ __forceinline__ void store1(float* p, float v) { *p = v; }
 __device__ __forceinline__ void store1(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
 
+// cos and sin of ang (radians): reduced to [-pi, pi] in double, then the single-precision pair
+// (absolute error below 2^-21.4 there). RoPE's rotations (rope.cu, mla.cu).
+__device__ __forceinline__ float2 rope_cos_sin(double ang) {
+  const double turns = rint(ang * 0.15915494309189535);  // 1 / (2 pi)
+  const float r = static_cast<float>(fma(-turns, 6.283185307179586, ang));
+  float s, c;
+  __sincosf(r, &s, &c);
+  return make_float2(c, s);
+}
+
 // ---- 16-byte vectors: N floats at p stored as f32 or bf16, p aligned to min(16, N * element size)
 // bytes; N = 8 of f32 is two 16-byte vectors ----
 
@@ -113,8 +123,6 @@ __device__ T block_sum(T v, T* shared) {
 }
 
 // ---- host side ----
-
-inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
 
 // Calls f(std::type_identity<float or bf16>) for a tensor's dtype (checked to be one of them).
 template <typename F>

@@ -24,6 +24,9 @@ void expect_cuda_rank(const char* op, const char* name, const Tensor& t,
 
 inline cudaStream_t stream() { return tandem::cuda::current_stream(); }
 
+// Whether p lies on a 16-byte boundary (vector loads, cp.async, cuBLAS's grouped kernels).
+inline bool aligned16(const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; }
+
 // Blocks for a grid-stride loop over n elements with `threads` per block.
 inline unsigned blocks_for(int64_t n, int threads = 256) {
   const int64_t b = (n + threads - 1) / threads;

@@ -49,16 +49,6 @@ struct RopeArgs {
   double inv_freq[kMaxHeadDim / 2];  // rope_inv_freq, i < D / 2, formed on the host
 };
 
-// cos and sin of ang (radians): reduced to [-pi, pi] in double, then the single-precision pair
-// (absolute error below 2^-21.4 there).
-__device__ __forceinline__ float2 rope_cos_sin(double ang) {
-  const double turns = rint(ang * 0.15915494309189535);  // 1 / (2 pi)
-  const float r = static_cast<float>(fma(-turns, 6.283185307179586, ang));
-  float s, c;
-  __sincosf(r, &s, &c);
-  return make_float2(c, s);
-}
-
 // kV elements: one 16-byte vector (kV = 8) or one bf16 (kV = 1, any alignment).
 template <int kV>
 using RopeRaw = std::conditional_t<kV == kVec, uint4, bf16>;
@@ -214,21 +204,6 @@ void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t head
 void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
                       int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
   rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0f);
-}
-
-// Multi-head latent attention (DeepSeek-V3) runs on the CPU only.
-void mla_qkv_forward(const Tensor& q, const Tensor&, const Tensor&, const Tensor&, const Tensor&,
-                     const Tensor&, int64_t, int64_t heads, int64_t, int64_t, int64_t,
-                     const RopeSpec&) {
-  TANDEM_CHECK(false, "mla_qkv_forward: multi-head latent attention (--multi-latent-attention) ",
-               "is not implemented on the GPU (", heads, " heads, ", q.size(0), " rows)");
-}
-
-void mla_qkv_backward(const Tensor& d_q_in, const Tensor&, const Tensor&, const Tensor&,
-                      const Tensor&, const Tensor&, int64_t, int64_t heads, int64_t, int64_t,
-                      int64_t, const RopeSpec&) {
-  TANDEM_CHECK(false, "mla_qkv_backward: multi-head latent attention (--multi-latent-attention) ",
-               "is not implemented on the GPU (", heads, " heads, ", d_q_in.size(0), " rows)");
 }
 
 }  // namespace tandem::ops::cuda

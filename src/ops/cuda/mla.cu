@@ -1,0 +1,200 @@
+// CUDA multi-head latent attention's q, k and v from their products, and the transpose
+// (docs/model.md "Multi-head latent attention"; the CPU's in ops/cpu/mla.cc). A block takes one
+// token row: it stages what may be overwritten in place (q_in, which q may be; dq, which d_q_in
+// may be) and the row's shared k_rope (or the heads' summed k_rope gradient) in shared memory,
+// then its threads write the output columns, each from the staged row: the heads' nope parts and
+// v are copies, the RoPE parts rotations as RopeTable's (the pairs (i, i + dr/2), or with
+// --rotary-interleaved (2i, 2i + 1) read and (i, i + dr/2) written, and the transpose the other
+// way), by cos and sin formed from the CPU's inverse frequencies times YaRN's attention factor.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <vector>
+
+#include "ops/cuda/common.cuh"
+#include "ops/cuda/common.h"
+#include "ops/cuda/cuda_ops.h"
+
+namespace tandem::ops::cuda {
+
+namespace {
+
+using bf16 = __nv_bfloat16;
+
+constexpr int kThreads = 256;
+constexpr int kMaxRopeDim = 256;
+constexpr int kMaxSmem = 200 * 1024;
+
+struct MlaArgs {
+  int64_t seq;
+  int heads, dn, dr, dv;  // qk = dn + dr per head of q and k, dn + dv per head of kv
+  bool interleaved;
+  float factor;                      // YaRN's attention factor on cos and sin (1 otherwise)
+  double inv_freq[kMaxRopeDim / 2];  // rope_inv_freq(rope, dr), as the CPU
+};
+
+// Column j < dr of the rotation of one head's RoPE part x (f32 or bf16, in shared memory) at
+// position pos; sign 1: the forward, -1: the transpose.
+template <typename T>
+__device__ __forceinline__ float rotated(const T* x, int j, int64_t pos, float sign,
+                                         const MlaArgs& a) {
+  const int half = a.dr / 2;
+  int i;
+  bool first;
+  float u1, u2;
+  if (a.interleaved && sign < 0) {  // reads (i, i + half), writes (2i, 2i + 1)
+    i = j / 2, first = j % 2 == 0;
+    u1 = load1(x + i), u2 = load1(x + i + half);
+  } else {
+    i = j < half ? j : j - half, first = j < half;
+    const bool pairs = a.interleaved;  // the forward reads (2i, 2i + 1)
+    u1 = load1(x + (pairs ? 2 * i : i)), u2 = load1(x + (pairs ? 2 * i + 1 : i + half));
+  }
+  const float2 cs = rope_cos_sin(static_cast<double>(pos) * a.inv_freq[i]);
+  const float c = cs.x * a.factor, s = sign * cs.y * a.factor;
+  return first ? u1 * c - u2 * s : u2 * c + u1 * s;
+}
+
+// One row: q = q_in with its RoPE parts rotated, k = [kv's nope part | rope(k_rope)] per head,
+// v = kv's v part per head. Shared memory: the q_in row, then the k_rope row.
+__global__ void __launch_bounds__(kThreads)
+    mla_forward_kernel(bf16* q, bf16* k, bf16* v, const bf16* q_in, const bf16* kv,
+                       const bf16* k_rope, const __grid_constant__ MlaArgs a) {
+  extern __shared__ bf16 row[];
+  const int qk = a.dn + a.dr, kvw = a.heads * (a.dn + a.dv), qw = a.heads * qk;
+  const int64_t r = blockIdx.x, pos = r % a.seq;
+  bf16* s_kr = row + qw;
+  for (int c = threadIdx.x; c < qw; c += kThreads) row[c] = q_in[r * qw + c];
+  for (int c = threadIdx.x; c < a.dr; c += kThreads) s_kr[c] = k_rope[r * a.dr + c];
+  __syncthreads();
+  for (int c = threadIdx.x; c < qw; c += kThreads) {
+    const int h = c / qk, j = c % qk;
+    const bf16* kvh = kv + r * kvw + h * (a.dn + a.dv);
+    if (j < a.dn) {
+      q[r * qw + c] = row[c];
+      k[r * qw + c] = kvh[j];
+    } else {
+      store1(q + r * qw + c, rotated(row + h * qk + a.dn, j - a.dn, pos, 1.f, a));
+      store1(k + r * qw + c, rotated(s_kr, j - a.dn, pos, 1.f, a));
+    }
+  }
+  for (int c = threadIdx.x; c < a.heads * a.dv; c += kThreads) {
+    const int h = c / a.dv, j = c % a.dv;
+    v[r * a.heads * a.dv + c] = kv[r * kvw + h * (a.dn + a.dv) + a.dn + j];
+  }
+}
+
+// One row of the transpose: d_q_in = dq with its RoPE parts rotated back, d_kv = (dk's nope part |
+// dv) per head, d_k_rope = the rotation back of the heads' dk RoPE parts summed in head order.
+// Shared memory: the dq row, then the f32 sum.
+__global__ void __launch_bounds__(kThreads)
+    mla_backward_kernel(bf16* d_q_in, bf16* d_kv, bf16* d_k_rope, const bf16* dq, const bf16* dk,
+                        const bf16* dv, const __grid_constant__ MlaArgs a) {
+  extern __shared__ bf16 row[];
+  const int qk = a.dn + a.dr, kvw = a.heads * (a.dn + a.dv), qw = a.heads * qk;
+  const int64_t r = blockIdx.x, pos = r % a.seq;
+  float* s_sum = reinterpret_cast<float*>(row + ((qw + 1) / 2) * 2);
+  for (int c = threadIdx.x; c < qw; c += kThreads) row[c] = dq[r * qw + c];
+  for (int c = threadIdx.x; c < a.dr; c += kThreads) {
+    float sum = 0;
+    for (int h = 0; h < a.heads; ++h) sum += __bfloat162float(dk[r * qw + h * qk + a.dn + c]);
+    s_sum[c] = sum;
+  }
+  __syncthreads();
+  for (int c = threadIdx.x; c < qw; c += kThreads) {
+    const int h = c / qk, j = c % qk;
+    if (j < a.dn)
+      d_q_in[r * qw + c] = row[c];
+    else
+      store1(d_q_in + r * qw + c, rotated(row + h * qk + a.dn, j - a.dn, pos, -1.f, a));
+  }
+  for (int c = threadIdx.x; c < kvw; c += kThreads) {
+    const int h = c / (a.dn + a.dv), j = c % (a.dn + a.dv);
+    d_kv[r * kvw + c] =
+        j < a.dn ? dk[r * qw + h * qk + j] : dv[r * a.heads * a.dv + h * a.dv + j - a.dn];
+  }
+  for (int c = threadIdx.x; c < a.dr; c += kThreads)
+    store1(d_k_rope + r * a.dr + c, rotated(s_sum, c, pos, -1.f, a));
+}
+
+// Checks the tensors of one call (bf16 on the GPU, the shapes of ops.h) and returns its arguments
+// and shared-memory bytes.
+struct MlaCall {
+  MlaArgs args;
+  int64_t rows;
+  int smem;
+};
+MlaCall check_mla(const char* op, const Tensor& q, const Tensor& q_in, const Tensor& k,
+                  const Tensor& v, const Tensor& kv, const Tensor& k_rope, int64_t seq,
+                  int64_t heads, int64_t dn, int64_t dr, int64_t dv, const RopeSpec& rope) {
+  TANDEM_CHECK(seq >= 1 && heads >= 1 && dn >= 1 && dv >= 1, op, ": seq ", seq, ", heads ", heads,
+               ", nope_dim ", dn, " and v_dim ", dv, " must all be at least 1");
+  TANDEM_CHECK(dr >= 2 && dr % 2 == 0 && dr <= kMaxRopeDim, op, ": rope_dim ", dr,
+               " must be even and in [2, ", kMaxRopeDim, "]");
+  const int64_t n = q.size(0), qk = dn + dr;
+  expect_cuda(op, "q", q, {DType::kBF16}, {n, heads * qk});
+  expect_cuda(op, "q_in", q_in, {DType::kBF16}, {n, heads * qk});
+  expect_cuda(op, "k", k, {DType::kBF16}, {n, heads * qk});
+  expect_cuda(op, "v", v, {DType::kBF16}, {n, heads * dv});
+  expect_cuda(op, "kv", kv, {DType::kBF16}, {n, heads * (dn + dv)});
+  expect_cuda(op, "k_rope", k_rope, {DType::kBF16}, {n, dr});
+  const int64_t smem = ((heads * qk + 1) / 2) * 4 + dr * 4;
+  TANDEM_CHECK(smem <= kMaxSmem && n < (int64_t{1} << 31), op, ": ", heads, " heads of ", qk,
+               " columns (", smem, " bytes of a row in shared memory, at most ", kMaxSmem, ") or ",
+               n, " rows (below 2^31) are too many");
+  MlaCall call{MlaArgs{seq,
+                       static_cast<int>(heads),
+                       static_cast<int>(dn),
+                       static_cast<int>(dr),
+                       static_cast<int>(dv),
+                       rope.interleaved,
+                       static_cast<float>(rope_attention_factor(rope)),
+                       {}},
+               n, static_cast<int>(smem)};
+  const std::vector<double> inv_freq = rope_inv_freq(rope, dr);
+  std::copy(inv_freq.begin(), inv_freq.end(), call.args.inv_freq);
+  return call;
+}
+
+// Raises a kernel's dynamic shared-memory limit (above the default 48 KiB) to kMaxSmem.
+template <typename Kernel>
+bool allow_mla_smem(Kernel kernel) {
+  TANDEM_CUDA_CHECK(
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kMaxSmem));
+  return true;
+}
+
+bf16* mp(const Tensor& t) { return static_cast<bf16*>(t.raw_data()); }
+const bf16* cp(const Tensor& t) { return static_cast<const bf16*>(t.raw_data()); }
+
+}  // namespace
+
+void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
+                     const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
+                     int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope) {
+  const MlaCall c = check_mla("mla_qkv_forward", q, q_in, k, v, kv, k_rope, seq, heads, nope_dim,
+                              rope_dim, v_dim, rope);
+  if (c.rows == 0) return;
+  static const bool configured = allow_mla_smem(mla_forward_kernel);
+  (void)configured;
+  mla_forward_kernel<<<static_cast<unsigned>(c.rows), kThreads, c.smem, stream()>>>(
+      mp(q), mp(k), mp(v), cp(q_in), cp(kv), cp(k_rope), c.args);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                      const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
+                      int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                      const RopeSpec& rope) {
+  const MlaCall c = check_mla("mla_qkv_backward", dq, d_q_in, dk, dv, d_kv, d_k_rope, seq, heads,
+                              nope_dim, rope_dim, v_dim, rope);
+  if (c.rows == 0) return;
+  static const bool configured = allow_mla_smem(mla_backward_kernel);
+  (void)configured;
+  mla_backward_kernel<<<static_cast<unsigned>(c.rows), kThreads, c.smem, stream()>>>(
+      mp(d_q_in), mp(d_kv), mp(d_k_rope), cp(dq), cp(dk), cp(dv), c.args);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace tandem::ops::cuda
