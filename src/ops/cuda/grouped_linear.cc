@@ -56,10 +56,27 @@ struct Grouped {
   }
 
   // The pointer arrays go to the device through the op scratch (Note [Op scratch]); the copy
-  // is ordered on the stream before the call that reads them.
+  // is ordered on the stream before the call that reads them. cuBLAS's grouped kernels load
+  // 16-byte vectors from every group's matrices once the first group's allow it, so a call with
+  // any matrix off a 16-byte boundary (a weight after a parameter of odd length in the flat
+  // buffer, say) runs its problems one cublasGemmEx each instead.
   void run(const char* op) const {
     const size_t count = a.size();
     if (count == 0) return;
+    const cublasHandle_t h = blas_handle();
+    TANDEM_CUBLAS_CHECK(cublasSetStream(h, stream()));
+    bool aligned = true;
+    for (size_t i = 0; i < count; ++i)
+      aligned = aligned && aligned16(a[i]) && aligned16(b[i]) && aligned16(c[i]);
+    if (!aligned) {
+      for (size_t i = 0; i < count; ++i) {
+        TANDEM_CUBLAS_CHECK(cublasGemmEx(h, ta[i], tb[i], m[i], n[i], k[i], &alpha[i], a[i],
+                                         CUDA_R_16BF, lda[i], b[i], CUDA_R_16BF, ldb[i], &beta[i],
+                                         c[i], CUDA_R_16BF, ldc[i], CUBLAS_COMPUTE_32F,
+                                         CUBLAS_GEMM_DEFAULT));
+      }
+      return;
+    }
     Scratch scratch(op);
     void** ptrs = scratch.take<void*>(static_cast<int64_t>(3 * count));
     std::vector<const void*> all(a);
@@ -67,8 +84,6 @@ struct Grouped {
     all.insert(all.end(), c.begin(), c.end());
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(ptrs, all.data(), all.size() * sizeof(void*),
                                       cudaMemcpyHostToDevice, stream()));
-    const cublasHandle_t h = blas_handle();
-    TANDEM_CUBLAS_CHECK(cublasSetStream(h, stream()));
     TANDEM_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
         h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
         reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
