@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -68,7 +68,7 @@ for s in $SUITE; do
       for t in test_cuda_memory test_cuda_hf; do
         [ -x $B/$t ] && { timeout 300 $B/$t > /tmp/$t.log 2>&1; echo "$t rc=$?"; }
       done
-      grep -E "^(layer|dense|MoE|Qwen|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
+      grep -E "^(layer|dense|MoE|Qwen|DeepSeek|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
       grep -h -B2 -A12 "Failure$" /tmp/test_cuda_*.log | head -80 ;;
     tok)
@@ -166,6 +166,34 @@ for k,v in json.load(open('/tmp/c_$v.nodes.json'))['nodes'].items(): print('  no
       [ "${PEERS:-1}" = 0 ] && continue
       PSH="${SHAPE_C/--micro-batch-size 1/--micro-batch-size 1 --num-microbatches 8}"
       timeout 500 python3 devrun/torch_peer.py --mode single --compile $PSH --steps 6 --warmup-steps 3 2> /tmp/peer_c.err | grep RESULT | tee -a "$OUT/c.txt"; tail -2 /tmp/peer_c.err ;;
+    d)
+      # Shape (d): Moonlight-like DeepSeek-V3 layers (multi-head latent attention, 64 experts of
+      # width 1408 top-6 with two shared, the sigmoid router with its expert bias, the first layer
+      # dense) on one GPU, tandem beside transformers' DeepseekV3ForCausalLM under torch.compile
+      # (bench/hf_peer.py) in the same call; the MFU of both by hf_peer.py's FLOP formula against
+      # the chip's measured bf16 matrix rate and the datasheet's 989 TFLOP/s; then the planner's
+      # prediction from this run's node times for EP2 combined 1F1B on two GPUs.
+      SHAPE_D="--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --multi-latent-attention --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --rotary-interleaved --num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 --ffn-hidden-size 11264 --moe-layer-freq [0,1,1,1] --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.446 --moe-aux-loss-coeff 0 --vocab-size 163840 --seq-length 4096 --micro-batch-size 1"
+      t0=$(date +%s)
+      timeout 300 $B/tandem train --device cuda $SHAPE_D --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/d.jsonl --node-times-out /tmp/d.nodes.json > /tmp/d.log 2>&1
+      echo "tandem shape (d) rc=$? ($(( $(date +%s) - t0 )) s) $(summary /tmp/d.jsonl)" | tee -a "$OUT/d.txt"; tail -3 /tmp/d.log
+      cp /tmp/d.nodes.json "$OUT/d_nodes.json" 2>/dev/null
+      python3 - /tmp/d.jsonl /tmp/d.nodes.json <<'PY' 2>&1 | tee -a "$OUT/d.txt"
+import argparse, json, statistics, sys, time, torch
+sys.path.insert(0, "devrun")
+from hf_peer import flops_per_token, matmul_tflops, H200_DENSE_BF16_TFLOPS
+a = argparse.Namespace(hidden_size=2048, num_attention_heads=16, q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, moe_intermediate_size=1408, num_experts_per_tok=6, n_shared_experts=2, intermediate_size=11264, num_hidden_layers=4, first_k_dense_replace=1, vocab_size=163840, seq_length=4096)
+fpt = flops_per_token(a); peak = matmul_tflops()
+tps = statistics.median(json.loads(l)["tokens_per_s"] for l in list(open(sys.argv[1]))[3:])
+print("tandem shape (d): %.0f tokens/s, %.3f GFLOP/token, %.0f TFLOP/s; MFU %.1f%% of the measured bf16 rate (%.0f TFLOP/s), %.1f%% of the datasheet's %.0f" % (tps, fpt / 1e9, fpt * tps / 1e12, 100 * fpt * tps / 1e12 / peak, peak, 100 * fpt * tps / 1e12 / H200_DENSE_BF16_TFLOPS, H200_DENSE_BF16_TFLOPS))
+for k, v in json.load(open(sys.argv[2]))["nodes"].items(): print("  node", k, " ".join("%s %.3f ms" % (p, t * 1e3) for p, t in v.items() if isinstance(t, (int, float))))
+PY
+      for lay in "--global-batch-size 8" "--global-batch-size 16 --data-parallel-size 2 --expert-model-parallel-size 2 --schedule combined-1f1b"; do
+        echo "plan from this run's node times: $lay" | tee -a "$OUT/d.txt"
+        $B/tandem plan --device cuda $SHAPE_D $lay --node-times /tmp/d.nodes.json 2>&1 | tail -4 | tee -a "$OUT/d.txt"
+      done
+      [ "${PEERS:-1}" = 0 ] && continue
+      timeout 500 python3 devrun/hf_peer.py --compile --steps ${PEER_STEPS:-5} --warmup-steps 3 2> /tmp/peer_d.err | grep -E "RESULT|warm-up" | tee -a "$OUT/d.txt"; tail -3 /tmp/peer_d.err ;;
     fault)
       # Note [Bounded waits on the GPU]: rank 1 hangs on the host before step 3 (TANDEM_FAULT);
       # rank 0's GPU then waits in NCCL for it, and rank 0 must stop with an error naming the

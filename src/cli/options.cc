@@ -457,12 +457,15 @@ void check_combinations(const RunOptions& o) {
       " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
       o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
       p.expert_model_parallel_size, "), or 0 (never)");
-  // DeepSeek-V3's attention and router run on the CPU only (docs/model.md "Families").
-  const char* cpu_only = o.model.multi_latent_attention ? "--multi-latent-attention"
-                         : o.model.sigmoid_router()     ? "--moe-router-score-function sigmoid"
-                                                        : nullptr;
-  TANDEM_CHECK(cpu_only == nullptr || o.train.device == Device::kCPU, cpu_only,
-               " is not implemented on the GPU: use --device cpu");
+  // DeepSeek-V3's sequence-wise aux loss runs on the CPU only (docs/model.md "DeepSeek-V3
+  // routing").
+  TANDEM_CHECK(o.train.device == Device::kCPU ||
+                   o.model.moe_router_load_balancing_type != "seq_aux_loss" ||
+                   o.model.moe_aux_loss_coeff == 0,
+               "--moe-router-load-balancing-type seq_aux_loss with --moe-aux-loss-coeff ",
+               o.model.moe_aux_loss_coeff,
+               " is not implemented on the GPU: use --device cpu, or --moe-aux-loss-coeff 0 (the "
+               "expert bias balances without it)");
   TANDEM_CHECK(!o.train.moe_router_force_balance || !o.model.sigmoid_router(),
                "--moe-router-force-load-balancing forces the choice through the router's logits, "
                "which a sigmoid router (--moe-router-score-function sigmoid) saturates: leave it "
@@ -627,6 +630,13 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
                                  p.expert_model_parallel_size > 1 &&
                                  schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
                                  opts.comm_overlap != runtime::CommOverlap::kOff;
+  }
+  // Multi-head latent attention gives every head its own k and v: --num-query-groups, left
+  // unset, follows --num-attention-heads (a value given anywhere is checked as given).
+  const auto groups = origins.find("num-query-groups");
+  if (opts.model.multi_latent_attention &&
+      (groups == origins.end() || groups->second.source == Origin::Source::kDefault)) {
+    opts.model.num_query_groups = opts.model.num_attention_heads;
   }
   try {
     check_combinations(opts);

@@ -150,6 +150,24 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   w.backward_input = std::max({start, held + op, held + qk_norm, held + 2 * n * h * es});
   w.backward_weight = d_logits + n * h * es + n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
   w.incoming_grad = moe ? n * k * h * es : d_n2;  // d_routed or the mlp's d_n2
+  if (cfg.multi_latent_attention) {
+    // mla_backward (model/mla.cc): beside d_n2, d_logits, d_h1 and d_a (the values' width), the
+    // op's d_q and d_k (q's width) and d_v; then d_q_in, d_kv and d_k_rope (kept for the weight
+    // gradients) while those three still live; after they go, d_n1 and the latents' gradients
+    // (d_ckvn and d_ckv, with a q latent d_cqn and d_cq; d_ckv and d_cq kept), and d_x last.
+    const int64_t qw = cfg.q_width() * n * es, vw = cfg.attn_out_width() * n * es;
+    const int64_t base = d_n2 + d_logits + n * h * es + vw;
+    const int64_t qkv = 2 * qw + vw;
+    const int64_t mla =
+        (cfg.q_width() + cfg.num_attention_heads * (cfg.qk_head_dim + cfg.v_head_dim) +
+         cfg.qk_pos_emb_head_dim) *
+        n * es;
+    const int64_t latents = (cfg.kv_lora_rank + cfg.q_lora_rank) * n * es;
+    w.backward_input =
+        std::max({start, base + qkv + op, base + qkv + mla, base + mla + n * h * es + 2 * latents,
+                  base + mla + 2 * n * h * es + latents});
+    w.backward_weight = d_logits + n * h * es + mla + latents;
+  }
   return w;
 }
 

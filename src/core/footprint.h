@@ -116,6 +116,10 @@ struct NodeWorkspace {
 //               [N*heads] f32 (its default backward has no f32 dq workspace); at the end the
 //               same with d_n1, d_x [N,H] instead of the op's buffer
 //             W d_h1, d_q, d_k, d_v, MoE d_logits (kept from I for W)
+//             MLA: I mid as above with d_a, d_v [N,heads*Dv], then d_q_in [N,heads*(Dn+Dr)],
+//               d_kv [N,heads*(Dn+Dv)], d_k_rope [N,Dr] beside them; later d_n1 [N,H] and the
+//               latents' d_ckvn, d_ckv [N,Rkv] (d_cqn, d_cq [N,Rq]); at the end d_x [N,H]
+//             W d_h1, d_q_in, d_kv, d_k_rope, d_ckv, d_cq, MoE d_logits
 //  dispatch:  F EP = 1: the routed rows handed on [N*k,H]; EP > 1: recv [R,H] and the larger of
 //               routed [N*k,H] and x_in [R,H]
 //             I d_out [N,H], d_topk_w [N,k] stat (the layer's, held until attention), and

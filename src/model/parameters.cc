@@ -66,7 +66,14 @@ void Parameters::build_views() {
     LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     if (w.moe()) w.expert_load = flat_load_.narrow_rows(l, 1).reshape({e});
   }
-  if (device_ != Device::kCPU) compute_ = make_views(flat_compute_);
+  if (device_ == Device::kCPU) return;
+  compute_ = make_views(flat_compute_);
+  // The router reads the expert bias in f32 (it decides ties between scores a bf16 copy would
+  // merge), and the load tally is one tensor: the compute views share the master's.
+  for (size_t l = 0; l < compute_.layers.size(); ++l) {
+    compute_.layers[l].expert_bias = weights_.layers[l].expert_bias;
+    compute_.layers[l].expert_load = weights_.layers[l].expert_load;
+  }
 }
 
 void Parameters::set_placement(const ExpertPlacement& p) {

@@ -26,20 +26,24 @@ void update_expert_bias(model::Parameters& params, double rate, comm::Communicat
                         bool apply) {
   const Tensor& load = params.expert_load();
   if (!load.defined()) return;
-  TANDEM_CHECK(load.device() == Device::kCPU,
-               "--moe-router-enable-expert-bias is not implemented on the GPU");
   if (dp != nullptr && dp->size() > 1) dp->all_reduce_sum(load);
   const int64_t e = params.config().num_experts;
   const std::vector<model::LayerWeights>& layers = params.weights().layers;
+  // On a GPU the tallies and biases (a few floats a layer) come to the host and the biases go
+  // back: the update is the CPU's arithmetic on either device.
+  const bool host = load.device() == Device::kCPU;
+  const Tensor host_load = host ? load : load.to(Device::kCPU);
   for (size_t l = 0; l < layers.size() && apply; ++l) {
     const Tensor& bias = layers[l].expert_bias;
     if (!bias.defined()) continue;
-    const float* pl = load.data<float>() + static_cast<int64_t>(l) * e;
-    if (bias.dtype() == DType::kF64) {
-      move_bias(bias.data<double>(), pl, e, rate);
+    const Tensor b = host ? bias : bias.to(Device::kCPU);
+    const float* pl = host_load.data<float>() + static_cast<int64_t>(l) * e;
+    if (b.dtype() == DType::kF64) {
+      move_bias(b.data<double>(), pl, e, rate);
     } else {
-      move_bias(bias.data<float>(), pl, e, rate);
+      move_bias(b.data<float>(), pl, e, rate);
     }
+    if (!host) bias.copy_from(b);
   }
   load.zero_();
 }

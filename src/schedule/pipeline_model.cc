@@ -325,6 +325,10 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
     m.grad_bytes += st.num_params * kFp32;
     m.optimizer_bytes += 2 * st.num_params * kFp32;
     if (in.gpu) m.compute_copy_bytes += st.num_params * 2;
+    // The expert bias's load tally, f32 [layers, E] a chunk (Note [Expert bias] in
+    // runtime/expert_bias.h), beside the weights.
+    if (in.model.moe_router_enable_expert_bias)
+      m.param_bytes += int64_t{st.num_layers} * in.model.num_experts * kFp32;
   }
   return pm;
 }

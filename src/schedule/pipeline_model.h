@@ -80,7 +80,7 @@ struct Stage {
 };
 
 struct RankMemory {
-  int64_t param_bytes = 0;         // fp32 master weights
+  int64_t param_bytes = 0;         // fp32 master weights (and the expert bias's load tally)
   int64_t grad_bytes = 0;          // fp32 gradients
   int64_t optimizer_bytes = 0;     // two fp32 Adam moments
   int64_t compute_copy_bytes = 0;  // GPU: the bf16 copy of the weights the products read

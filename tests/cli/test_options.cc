@@ -281,11 +281,13 @@ TEST(Options, BadInputsAreRejectedWithAUsefulMessage) {
        "",
        "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it needs "
        "--device cuda (it is cpu), or use on"},
-      {"multi-head latent attention on the GPU",
+      {"the sequence-wise aux loss on the GPU",
        {"--multi-latent-attention", "--rotary-interleaved", "--moe-router-score-function",
-        "sigmoid", "--moe-aux-loss-coeff", "0", "--device", "cuda"},
+        "sigmoid", "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff",
+        "0.001", "--device", "cuda"},
        "",
-       "--multi-latent-attention is not implemented on the GPU: use --device cpu"},
+       "--moe-router-load-balancing-type seq_aux_loss with --moe-aux-loss-coeff 0.001 is not "
+       "implemented on the GPU: use --device cpu, or --moe-aux-loss-coeff 0"},
       {"rebalancing experts with one expert rank",
        {"--rebalance-experts", "10"},
        "",

@@ -85,7 +85,8 @@ TEST_P(CudaHf, LossIsTransformersWithinBf16) {
 INSTANTIATE_TEST_SUITE_P(Families, CudaHf,
                          ::testing::Values("llama", "llama3_rope", "mixtral_top1", "mixtral_top2",
                                            "qwen3_moe", "qwen3_moe_nonorm", "qwen3_moe_dense",
-                                           "qwen2_moe"));
+                                           "qwen2_moe", "deepseek_v3", "deepseek_v3_noq",
+                                           "deepseek_v3_yarn"));
 
 }  // namespace
 }  // namespace tandem

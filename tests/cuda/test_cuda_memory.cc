@@ -17,6 +17,7 @@
 
 #include "common/random_tokens.h"
 #include "core/device.h"
+#include "model/tiny.h"
 #include "runtime/reference_trainer.h"
 #include "schedule/planner.h"
 
@@ -62,6 +63,21 @@ ModelConfig model_qwen2() {
   return m;
 }
 
+// DeepSeek-V3's (tests/model/tiny.h: the sigmoid router with groups, scaling and the expert
+// bias, interleaved RoPE, q through its low rank, a shared expert) at its head widths (q/k 128 +
+// 64, v 128: the tensor-core attention), the first layer dense.
+ModelConfig model_deepseek_v3() {
+  ModelConfig m = testing::with_deepseek_v3_options(model(true), 96);
+  m.kv_lora_rank = 64;
+  m.qk_head_dim = 128;
+  m.qk_pos_emb_head_dim = 64;
+  m.v_head_dim = 128;
+  m.moe_ffn_hidden_size = 96;
+  m.moe_shared_expert_intermediate_size = 96;
+  m.moe_layer_freq = "[0,1]";
+  return m;
+}
+
 Peaks measured(const ModelConfig& m, const TrainConfig& t) {
   const testing::RandomTokens tokens(m.vocab_size);
   runtime::ReferenceTrainer trainer(m, t, tokens);
@@ -87,7 +103,8 @@ TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
   const std::pair<const char*, ModelConfig> models[] = {{"dense", model(false)},
                                                         {"MoE", model(true)},
                                                         {"Qwen3-MoE", model_qwen3()},
-                                                        {"Qwen2-MoE", model_qwen2()}};
+                                                        {"Qwen2-MoE", model_qwen2()},
+                                                        {"DeepSeek-V3", model_deepseek_v3()}};
   for (const auto& [name, m] : models) {
     for (const int64_t mbs : {1, 2, 4}) {
       SCOPED_TRACE(std::string(name) + ", micro-batch " + std::to_string(mbs));
