@@ -1,7 +1,8 @@
 // Times the GPU flash attention (ops::attention_forward / backward on CUDA tensors) with CUDA
 // events: every D 64 tile variant (Note [Attention variants] in src/ops/cuda/attention_mma.cuh) on
-// the two benchmark shapes, each checked against variant 0, then the default D 128 path; prints
-// TFLOP/s. Causal FLOPs: forward 2*2*b*h*s*s*D/2 (the two products over the lower triangle),
+// the two benchmark shapes, each checked against variant 0, then the default D 128 path and
+// multi-head latent attention's q/k 192 with v 128 at shapes (c) and (d); prints
+// TFLOP/s. Causal FLOPs: forward 2*b*h*s*s*(D+Dv)/2 (the two products over the lower triangle),
 // backward 2.5x that. Standalone (no Google Benchmark): `attention_timing [iterations]`.
 #include <cuda_runtime.h>
 
@@ -32,10 +33,11 @@ using tandem::bench::random_gpu;
 using tandem::bench::time_ms;
 using tandem::ops::AttentionShape;
 
-// Causal FLOPs of one forward call (the two products over the lower triangle).
+// Causal FLOPs of one forward call (the two products over the lower triangle: S = Q K^T over D,
+// O = P V over Dv).
 double forward_flops(const AttentionShape& s) {
-  return 2.0 * 2.0 * double(s.batch) * double(s.heads) * double(s.seq) * double(s.seq) *
-         double(s.head_dim) / 2.0;
+  return 2.0 * double(s.batch) * double(s.heads) * double(s.seq) * double(s.seq) *
+         double(s.head_dim + s.v_dim()) / 2.0;
 }
 
 double max_abs_diff(const Tensor& a, const Tensor& b) {  // host f32 tensors of one shape
@@ -53,19 +55,20 @@ struct Problem {
 };
 Problem make_problem(const AttentionShape& s) {
   const int64_t n = s.batch * s.seq, qw = s.heads * s.head_dim, kw = s.kv_heads * s.head_dim;
+  const int64_t vw = s.kv_heads * s.v_dim(), ow = s.heads * s.v_dim();
   const auto gpu = [](const Shape& shape, DType dtype) {
     return Tensor::empty(shape, dtype, MemCategory::kOther, "bench", Device::kCUDA);
   };
   return {s,
           random_gpu({n, qw}, 1),
           random_gpu({n, kw}, 2),
-          random_gpu({n, kw}, 3),
-          random_gpu({n, qw}, 4),
-          gpu({n, qw}, DType::kBF16),
+          random_gpu({n, vw}, 3),
+          random_gpu({n, ow}, 4),
+          gpu({n, ow}, DType::kBF16),
           gpu({s.batch, s.heads, s.seq}, DType::kF32),
           gpu({n, qw}, DType::kBF16),
           gpu({n, kw}, DType::kBF16),
-          gpu({n, kw}, DType::kBF16)};
+          gpu({n, vw}, DType::kBF16)};
 }
 void forward(const Problem& p) { tandem::ops::attention_forward(p.out, p.lse, p.q, p.k, p.v, p.s); }
 void backward(const Problem& p) {
@@ -110,19 +113,19 @@ void bench_variants(const char* label, const AttentionShape& s, int iters) {
   attn::select_attention_variants(-1, -1);
 }
 
-// The default kernels only (D 128 has no variants).
+// The default kernels only (D 128 and q/k 192 with v 128 have no variants).
 void bench_default(const AttentionShape& s, int iters) {
   const Problem p = make_problem(s);
   const double fwd_ms = time_ms(iters, [&] { forward(p); });
   const double bwd_ms = time_ms(iters, [&] { backward(p); });
   const double fwd_flops = forward_flops(s), bwd_flops = 2.5 * fwd_flops;
   std::printf(
-      "batch %lld seq %lld heads %lld kv %lld D %lld | fwd %.3f ms %.1f TFLOP/s | "
+      "batch %lld seq %lld heads %lld kv %lld D %lld Dv %lld | fwd %.3f ms %.1f TFLOP/s | "
       "bwd %.3f ms %.1f TFLOP/s\n",
       static_cast<long long>(s.batch), static_cast<long long>(s.seq),
       static_cast<long long>(s.heads), static_cast<long long>(s.kv_heads),
-      static_cast<long long>(s.head_dim), fwd_ms, fwd_flops / (fwd_ms * 1e9), bwd_ms,
-      bwd_flops / (bwd_ms * 1e9));
+      static_cast<long long>(s.head_dim), static_cast<long long>(s.v_dim()), fwd_ms,
+      fwd_flops / (fwd_ms * 1e9), bwd_ms, bwd_flops / (bwd_ms * 1e9));
 }
 
 }  // namespace
@@ -139,6 +142,8 @@ int main(int argc, char** argv) {
     bench_variants("a", {8, 1024, 12, 12, 64}, iters);
     bench_variants("b", {2, 2048, 16, 8, 64}, iters);
     bench_default({4, 1024, 16, 16, 128}, iters);  // D 128 (the other tensor-core path)
+    bench_default({1, 4096, 32, 4, 128}, iters);   // shape (c)'s: Qwen3-MoE's heads
+    bench_default({1, 4096, 16, 16, 192, 128, 0.0722}, iters);  // shape (d)'s: MLA
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_timing: %s\n", e.what());

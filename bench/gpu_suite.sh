@@ -422,9 +422,11 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       # Every family both ways on the CPU path: tandem trains 3 steps from transformers' fixture
       # (tests/fixtures/hf), saves (weights sharded above 40KB, as transformers shards), and
       # transformers loads that checkpoint with tandem's loss (tests/python/check_hf_load.py).
+      # ONLY=regex picks fixtures by name.
       T=/tmp/hf; mkdir -p $T
       for fx in tests/fixtures/hf/*/; do
         name=$(basename $fx)
+        [[ $name =~ ${ONLY:-.} ]] || continue
         timeout 120 $B/tandem train --load $fx --train-iters 3 --micro-batch-size 1 --global-batch-size 2 \
           --mock-data --lr 1e-3 --lr-warmup-iters 1 --max-shard-size 40KB --save $T/$name --quiet > $T/$name.train.log 2>&1 || tail -3 $T/$name.train.log
         L=$($B/tandem generate --load $T/$name --eval-tokens $fx/tokens.txt | grep -o "loss: [0-9.e+-]*" | cut -d" " -f2)

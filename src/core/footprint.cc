@@ -123,6 +123,18 @@ int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab) {
   return std::max<int64_t>(1, (n + blocks - 1) / blocks);
 }
 
+int64_t attention_key_split(int64_t batch, int64_t seq, int64_t kv_heads, int64_t group,
+                            int64_t head_dim, int64_t v_dim) {
+  const bool tensor_cores = (head_dim == 64 && v_dim == 64) || (head_dim == 128 && v_dim == 128) ||
+                            (head_dim == 192 && v_dim == 128);
+  if (!tensor_cores || group <= 1) return 1;
+  const int64_t blocks = batch * kv_heads * ((seq + 63) / 64);
+  for (int64_t split = 1; split < group; ++split) {
+    if (group % split == 0 && blocks * split >= kAttentionSplitBlocks) return split;
+  }
+  return group;
+}
+
 namespace {
 
 constexpr int64_t kF32 = 4;
@@ -144,7 +156,13 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   // The op's delta [N*heads] f32; its deterministic backward (the default) needs no f32 dq
   // workspace (Note [Deterministic attention backward] in ops/cuda/attention_backward.cu; the
   // one-pass variants' [N, heads*D] f32 is not counted).
-  const int64_t op = n * cfg.num_attention_heads * kF32;
+  // With a key split (Note [Attention key split]) the f32 partial dk and dv beside it.
+  const int64_t split = attention_key_split(
+      s.tokens / cfg.seq_length, cfg.seq_length, cfg.num_query_groups,
+      cfg.num_attention_heads / cfg.num_query_groups, cfg.qk_dim(), cfg.v_dim());
+  const int64_t op =
+      n * cfg.num_attention_heads * kF32 +
+      (split > 1 ? split * n * cfg.num_query_groups * (cfg.qk_dim() + cfg.v_dim()) * kF32 : 0);
   // --qk-layernorm: the raw q and k's gradients beside the normed ones' for a moment.
   const int64_t qk_norm = cfg.qk_layernorm ? n * (cfg.q_width() + cfg.kv_width()) * es : 0;
   w.backward_input = std::max({start, held + op, held + qk_norm, held + 2 * n * h * es});

@@ -90,6 +90,21 @@ int64_t lm_head_padded_vocab(int64_t vocab);
 // Rows per block for n rows (1 when n <= 0).
 int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab);
 
+// Note [Attention key split]: the GPU attention backward's dk/dv pass gives each block one
+// (sequence, KV head, 64-key tile) and walks the query tiles of every query head of the KV head's
+// group. With few KV heads (grouped-query attention: 4 KV heads of 32 query heads, one sequence
+// of 4,096) that is a few hundred blocks, about one wave, in which the first key tile (it sees
+// every query) takes twice the average: half the GPU idles. The pass then splits each group's
+// query heads over `split` blocks, each writing f32 partial dk and dv ([split, N, kv_heads * D]
+// and [split, N, kv_heads * Dv]) that a second kernel sums in part order (deterministic), into
+// bf16. `split` is the least divisor of the group that makes at least kAttentionSplitBlocks
+// blocks (the group when none does); 1 for the generic kernels' head dims (any but (64, 64),
+// (128, 128), (192, 128)). The workspace is an op temporary the planner counts
+// (node_workspace_bytes).
+constexpr int64_t kAttentionSplitBlocks = 1024;
+int64_t attention_key_split(int64_t batch, int64_t seq, int64_t kv_heads, int64_t group,
+                            int64_t head_dim, int64_t v_dim);
+
 // Note [Node workspace]: op temporaries, the bytes a node's phase allocates beyond its saved
 // bytes (node_saved_bytes) and frees by the time the phase ends: work tensors, communication
 // buffers, the output it hands to the next node, the gradients it reads that its layer still
@@ -113,8 +128,9 @@ struct NodeWorkspace {
 //             I the largest of: at the start d_out [N,H], d_n2 [N,H], MoE d_routed [N*k,H],
 //               d_topk_w [N,k] stat, d_logits [N,E]; mid: d_n2, d_logits, d_h1 [N,H],
 //               d_a, d_q [N,heads*D], d_k, d_v [N,kv*D], the attention op's delta
-//               [N*heads] f32 (its default backward has no f32 dq workspace); at the end the
-//               same with d_n1, d_x [N,H] instead of the op's buffer
+//               [N*heads] f32 (its default backward has no f32 dq workspace) and with a key
+//               split its f32 partial dk, dv [split,N,kv*D] (Note [Attention key split]); at the
+//               end the same with d_n1, d_x [N,H] instead of the op's buffer
 //             W d_h1, d_q, d_k, d_v, MoE d_logits (kept from I for W)
 //             MLA: I mid as above with d_a, d_v [N,heads*Dv], then d_q_in [N,heads*(Dn+Dr)],
 //               d_kv [N,heads*(Dn+Dv)], d_k_rope [N,Dr] beside them; later d_n1 [N,H] and the

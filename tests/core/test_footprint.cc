@@ -82,11 +82,23 @@ TEST(NodeWorkspace, MeasuredShapeByHand) {
   const NodeWorkspace attn = node_workspace_bytes(NodeKind::kAttention, c, s);
   // Held through I: d_n2, d_logits [N,8] bf16, d_h1, d_a, d_q, d_k, d_v (4 MiB each); beside
   // them the op's delta [N*16] f32 (256 KiB: the deterministic backward has no f32 dq
-  // workspace), less than the end's d_n1 + d_x (16 MiB), which make the end the peak.
+  // workspace) and, split in two (2 x 8 x 32 key tiles = 512 blocks), its f32 partial dk and
+  // dv, 2 x [N, 8 x 64] each (32 MiB; Note [Attention key split]): more than the end's d_n1 +
+  // d_x (16 MiB).
   const int64_t d_logits = 4096 * 8 * 2;
-  EXPECT_EQ(attn.backward_input, 6 * nh + 2 * 4 * kMiB + d_logits);
+  EXPECT_EQ(attn.backward_input, 4 * nh + 2 * 4 * kMiB + d_logits + 256 * 1024 + 32 * kMiB);
   EXPECT_EQ(attn.backward_weight, d_logits + 2 * nh + 2 * 4 * kMiB);
   EXPECT_EQ(attn.forward, 4096 * 8 * 4 + rh);  // router logits, routed rows
+}
+
+// Note [Attention key split]: the least divisor of the group reaching 1,024 blocks of 64 keys.
+TEST(AttentionKeySplit, LeastDivisorOfTheGroupFillingTheGpu) {
+  EXPECT_EQ(attention_key_split(1, 4096, 4, 8, 128, 128), 4);   // 256 blocks: shape (c)
+  EXPECT_EQ(attention_key_split(2, 2048, 8, 2, 64, 64), 2);     // 512 blocks: shape (b)
+  EXPECT_EQ(attention_key_split(8, 4096, 8, 2, 64, 64), 1);     // 4,096 blocks already
+  EXPECT_EQ(attention_key_split(1, 4096, 16, 1, 192, 128), 1);  // no group to split (MLA)
+  EXPECT_EQ(attention_key_split(1, 64, 1, 6, 64, 64), 6);       // few blocks: the whole group
+  EXPECT_EQ(attention_key_split(1, 4096, 1, 8, 96, 96), 1);     // the generic kernels' head dim
 }
 
 TEST(NodeWorkspace, DenseMlpAndExpertParallelBuffers) {

@@ -3,7 +3,9 @@
 // that sums dq by fp32 atomics; and the backward variant table (Note [Attention variants]).
 #include <iterator>
 #include <string_view>
+#include <utility>
 
+#include "core/footprint.h"
 #include "ops/cuda/attention_mma.cuh"
 
 namespace tandem::ops::cuda::attn {
@@ -83,9 +85,9 @@ __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float 
 struct QueryStep {
   int head, q0;
 };
-__device__ __forceinline__ QueryStep query_step(int it, int first_tile, int per_head, int kvh,
-                                                int br, const Geometry& g) {
-  return {kvh * g.group + it / per_head, (first_tile + it % per_head) * br};
+__device__ __forceinline__ QueryStep query_step(int it, int first_tile, int per_head, int head0,
+                                                int br) {
+  return {head0 + it / per_head, (first_tile + it % per_head) * br};
 }
 
 // Starts loading the Q and dO tiles of step `st` (cp.async).
@@ -218,14 +220,48 @@ __device__ __forceinline__ void dq_atomic_step(float* dq_acc, const bf16* s_ds, 
   }
 }
 
-// DQ false: dk and dv only (the deterministic backward's first pass; dq_acc unused).
+// The f32 C fragments of one 16-row warp tile (rows row0 + g, row0 + g + 8 of a [seq, D] slice)
+// times `mul`, skipping rows at or past seq: a key split's partial dk or dv.
+template <int D>
+__device__ __forceinline__ void store_rows_f32(float* base, int64_t stride, int row0, int seq,
+                                               const float (&c)[D / 8][4], float mul, int lane) {
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int row = row0 + (lane >> 2) + 8 * r;
+    if (row >= seq) continue;
+    float* dst = base + int64_t{row} * stride + 2 * (lane & 3);
+#pragma unroll
+    for (int dn = 0; dn < D / 8; ++dn) {
+      *reinterpret_cast<float2*>(dst + dn * 8) =
+          make_float2(c[dn][2 * r] * mul, c[dn][2 * r + 1] * mul);
+    }
+  }
+}
+
+// out[i] = bf16(the sum over parts p, in order, of part[p * n + i]): a key split's dk or dv.
+__global__ void __launch_bounds__(256)
+    attention_split_sum_kernel(bf16* __restrict__ out, const float* __restrict__ part, int64_t n,
+                               int split) {
+  for (int64_t i = int64_t{blockIdx.x} * blockDim.x + threadIdx.x; i < n;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    float sum = 0;
+    for (int p = 0; p < split; ++p) sum += part[p * n + i];
+    out[i] = __float2bfloat16_rn(sum);
+  }
+}
+
+// DQ false: dk and dv only (the deterministic backward's first pass; dq_acc unused). With
+// split > 1 (Note [Attention key split] in core/footprint.h) block x is (batch, KV head, part):
+// it walks the part's group / split query heads and writes f32 partials to dk_part, dv_part
+// ([split, N, kv * D], [split, N, kv * Dv]) instead of dk, dv.
 template <int D, int DV, int WARPS, int BR, int MINB, bool DQ = true>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_backward_fused_kernel(float* __restrict__ dq_acc, bf16* __restrict__ dk,
                                 bf16* __restrict__ dv, const bf16* __restrict__ dout,
                                 const bf16* __restrict__ q, const bf16* __restrict__ k,
                                 const bf16* __restrict__ v, const float* __restrict__ lse,
-                                const float* __restrict__ delta, Geometry g) {
+                                const float* __restrict__ delta, Geometry g, int split,
+                                float* __restrict__ dk_part, float* __restrict__ dv_part) {
   using T = BackwardTiles<D, DV, WARPS, BR>;
   constexpr int kBc = T::kBc, kP = T::kPitch, kPv = T::kVPitch, kDsP = T::kDsPitch,
                 kTh = T::kThreads;
@@ -238,20 +274,22 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   float* s_stats = reinterpret_cast<float*>(s_ds + kBc * kDsP);  // [2][2 * BR]
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int b = static_cast<int>(blockIdx.x) / g.kv_heads;
-  const int kvh = static_cast<int>(blockIdx.x) % g.kv_heads;
+  const int part = static_cast<int>(blockIdx.x) % split;
+  const int b = static_cast<int>(blockIdx.x) / split / g.kv_heads;
+  const int kvh = static_cast<int>(blockIdx.x) / split % g.kv_heads;
+  const int part_heads = g.group / split, head0 = kvh * g.group + part * part_heads;
   const int k0 = static_cast<int>(blockIdx.y) * kBc;  // key tile 0 sees the most queries: first
   const int64_t k_off = int64_t{b} * g.seq * g.kv_stride + int64_t{kvh} * D;
   const int64_t v_off = int64_t{b} * g.seq * g.v_stride + int64_t{kvh} * DV;
   const int first_tile = k0 / BR;
   const int per_head = (g.seq + BR - 1) / BR - first_tile;
-  const int n_steps = g.group * per_head;
+  const int n_steps = part_heads * per_head;
   const int tid = static_cast<int>(threadIdx.x);  // threads below BR carry one stats row
   static_assert(BR <= kTh);
 
   load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, k0, g.seq);
   load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, k0, g.seq);
-  const QueryStep first = query_step(0, first_tile, per_head, kvh, BR, g);
+  const QueryStep first = query_step(0, first_tile, per_head, head0, BR);
   dkdv_load_tiles<D, DV, BR, kTh>(s_q, s_do, q, dout, b, first, g);
   cp_async_commit();
   if (tid < BR) {
@@ -267,7 +305,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     const bool more = it + 1 < n_steps;
     StatRow next{0.f, 0.f};
     if (more) {  // prefetch step it + 1 into the buffers freed at the end of step it - 1
-      const QueryStep st = query_step(it + 1, first_tile, per_head, kvh, BR, g);
+      const QueryStep st = query_step(it + 1, first_tile, per_head, head0, BR);
       dkdv_load_tiles<D, DV, BR, kTh>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kPv, q,
                                       dout, b, st, g);
       if (tid < BR) next = load_stat_row(lse, delta, b, st, tid, g);
@@ -275,7 +313,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     cp_async_commit();
     cp_async_wait<1>();
     __syncthreads();
-    const QueryStep st = query_step(it, first_tile, per_head, kvh, BR, g);
+    const QueryStep st = query_step(it, first_tile, per_head, head0, BR);
     float ds[BR / 8][4] = {};
     if (key0 <= st.q0 + BR - 1) {  // else every query of the tile is before this warp's keys
       dkdv_query_tile<D, DV, BR>(dk_acc, dv_acc, ds, s_k + warp * 16 * kP, s_v + warp * 16 * kPv,
@@ -293,8 +331,16 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     }
     __syncthreads();
   }
-  store_rows<D>(dk + k_off, g.kv_stride, key0, g.seq, dk_acc[0], g.scale, lane);
-  store_rows<DV>(dv + v_off, g.v_stride, key0, g.seq, dv_acc[0], 1.f, lane);
+  if (split == 1) {
+    store_rows<D>(dk + k_off, g.kv_stride, key0, g.seq, dk_acc[0], g.scale, lane);
+    store_rows<DV>(dv + v_off, g.v_stride, key0, g.seq, dv_acc[0], 1.f, lane);
+    return;
+  }
+  const int64_t rows = int64_t{g.batch} * g.seq;
+  store_rows_f32<D>(dk_part + part * rows * g.kv_stride + k_off, g.kv_stride, key0, g.seq,
+                    dk_acc[0], g.scale, lane);
+  store_rows_f32<DV>(dv_part + part * rows * g.v_stride + v_off, g.v_stride, key0, g.seq, dv_acc[0],
+                     1.f, lane);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -435,9 +481,9 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
   TANDEM_CUDA_CHECK_LAUNCH();
   const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
   flash_backward_fused_kernel<D, D, WARPS, BR, MINB>
-      <<<grid, T::kThreads, T::kSmemBytes, stream()>>>(dq_acc.data<float>(), mptr(dk), mptr(dv),
-                                                       cptr(dout), cptr(q), cptr(k), cptr(v),
-                                                       lse.data<float>(), delta.data<float>(), g);
+      <<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
+          dq_acc.data<float>(), mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k), cptr(v),
+          lse.data<float>(), delta.data<float>(), g, 1, nullptr, nullptr);
   TANDEM_CUDA_CHECK_LAUNCH();
   attention_dq_convert_kernel<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
       mptr(dq), dq_acc.data<float>(), chunks * 8, g.scale);
@@ -463,11 +509,31 @@ void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& 
   attention_delta_kernel<DV><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
       delta.data<float>(), nullptr, cptr(dout), cptr(out), rows, g);
   TANDEM_CUDA_CHECK_LAUNCH();
-  const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
-  dkdv<<<grid, T::kThreads, T::kSmemBytes, stream()>>>(nullptr, mptr(dk), mptr(dv), cptr(dout),
-                                                       cptr(q), cptr(k), cptr(v), lse.data<float>(),
-                                                       delta.data<float>(), g);
+  // Note [Attention key split]: the partial dk, dv of each part, summed in part order.
+  const int split = static_cast<int>(
+      attention_key_split(g.batch, g.seq, g.kv_heads, g.group, g.head_dim, g.v_dim));
+  Tensor dk_part, dv_part;
+  if (split > 1) {
+    const int64_t rows = int64_t{g.batch} * g.seq;
+    dk_part = Tensor::empty({split, rows, g.kv_stride}, DType::kF32, MemCategory::kOther,
+                            "attention_backward.dk_part", Device::kCUDA);
+    dv_part = Tensor::empty({split, rows, g.v_stride}, DType::kF32, MemCategory::kOther,
+                            "attention_backward.dv_part", Device::kCUDA);
+  }
+  const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads * split), tiles(g.seq, T::kBc));
+  dkdv<<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
+      nullptr, mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k), cptr(v), lse.data<float>(),
+      delta.data<float>(), g, split, split > 1 ? dk_part.data<float>() : nullptr,
+      split > 1 ? dv_part.data<float>() : nullptr);
   TANDEM_CUDA_CHECK_LAUNCH();
+  if (split > 1) {
+    for (const auto& [out, part] : {std::pair{&dk, &dk_part}, std::pair{&dv, &dv_part}}) {
+      const int64_t n = out->numel();
+      attention_split_sum_kernel<<<blocks_for(n), 256, 0, stream()>>>(
+          mptr(*out), part->data<float>(), n, split);
+      TANDEM_CUDA_CHECK_LAUNCH();
+    }
+  }
   const dim3 dq_grid(static_cast<unsigned>(g.batch * g.heads), tiles(g.seq, TQ::kBr));
   dq_kernel<<<dq_grid, TQ::kThreads, TQ::kSmemBytes, stream()>>>(
       mptr(dq), cptr(dout), cptr(q), cptr(k), cptr(v), lse.data<float>(), delta.data<float>(), g);
