@@ -412,7 +412,7 @@ void check_command_line_values(const std::vector<OptionSpec>& specs, const Origi
 }
 
 // Checks across options: the configs' own validate() plus the run's parallel layout and task.
-void check_combinations(const RunOptions& o) {
+void check_combinations(const RunOptions& o, OptionsUse use) {
   o.model.validate();
   o.train.validate(1);  // the data-parallel size is checked against the layout at the start
   // Note [Sizes that fit] (core/config.cc): a micro-batch's tokens index rows too.
@@ -457,12 +457,13 @@ void check_combinations(const RunOptions& o) {
       " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
       o.model.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
       p.expert_model_parallel_size, "), or 0 (never)");
-  // DeepSeek-V3's attention and router run on the CPU only (docs/model.md "Families").
+  // DeepSeek-V3's attention and router run on the CPU only (docs/model.md "Families"); a plan
+  // may still say what the GPU trainer would hold and take for them.
   const char* cpu_only = o.model.multi_latent_attention ? "--multi-latent-attention"
                          : o.model.sigmoid_router()     ? "--moe-router-score-function sigmoid"
                                                         : nullptr;
-  TANDEM_CHECK(cpu_only == nullptr || o.train.device == Device::kCPU, cpu_only,
-               " is not implemented on the GPU: use --device cpu");
+  TANDEM_CHECK(cpu_only == nullptr || o.train.device == Device::kCPU || use == OptionsUse::kPlan,
+               cpu_only, " is not implemented on the GPU: use --device cpu");
   TANDEM_CHECK(!o.train.moe_router_force_balance || !o.model.sigmoid_router(),
                "--moe-router-force-load-balancing forces the choice through the router's logits, "
                "which a sigmoid router (--moe-router-score-function sigmoid) saturates: leave it "
@@ -598,8 +599,15 @@ nlohmann::json model_option_values(const ModelConfig& model) {
   return out;
 }
 
+bool defer_optimizer_by_default(const RunOptions& o) {
+  const ParallelConfig& p = o.parallel;
+  return o.train.device == Device::kCUDA && o.model.is_moe() && p.expert_model_parallel_size > 1 &&
+         schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
+         o.comm_overlap != runtime::CommOverlap::kOff;
+}
+
 void finalize_run_options(const CLI::App& app, RunOptions& opts,
-                          const CheckpointOptionsReader& read_checkpoint) {
+                          const CheckpointOptionsReader& read_checkpoint, OptionsUse use) {
   const std::vector<OptionSpec> specs = option_specs(opts);
   Origins origins;
   for (const OptionSpec& spec : specs) {
@@ -622,14 +630,10 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   // anywhere (command line, --config) wins.
   const auto defer = origins.find("defer-optimizer");
   if (defer == origins.end() || defer->second.source == Origin::Source::kDefault) {
-    const ParallelConfig& p = opts.parallel;
-    opts.train.defer_optimizer = opts.train.device == Device::kCUDA && opts.model.is_moe() &&
-                                 p.expert_model_parallel_size > 1 &&
-                                 schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
-                                 opts.comm_overlap != runtime::CommOverlap::kOff;
+    opts.train.defer_optimizer = defer_optimizer_by_default(opts);
   }
   try {
-    check_combinations(opts);
+    check_combinations(opts, use);
   } catch (const Error& e) {
     throw Error(e.what() + config_file_note(e.what(), origins, opts.config_file));
   }

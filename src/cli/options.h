@@ -91,9 +91,18 @@ void add_run_options(CLI::App& app, RunOptions& opts);
 // option that neither the command line nor the config file gives takes the checkpoint's value;
 // a given one wins over a "defaults" value, and must equal a "fixed" one (otherwise an error
 // names the option and both values). (`tandem train` passes cli::checkpoint_option_values.)
+//
+// kPlan: the options describe a plan (`tandem plan`), not a run, so a model the GPU cannot run
+// yet (DeepSeek-V3's attention and router) may be planned for it.
 using CheckpointOptionsReader = std::function<nlohmann::json(const std::string& load_dir)>;
+enum class OptionsUse : uint8_t { kRun, kPlan };
 void finalize_run_options(const CLI::App& app, RunOptions& opts,
-                          const CheckpointOptionsReader& read_checkpoint = {});
+                          const CheckpointOptionsReader& read_checkpoint = {},
+                          OptionsUse use = OptionsUse::kRun);
+
+// Note [Deferred update by default] (options.cc): --defer-optimizer's value when no option or
+// file sets it, for these options' device, model, expert-parallel size, schedule and overlap.
+bool defer_optimizer_by_default(const RunOptions& o);
 
 // Every option's value as "name=value" lines, in the table's order, but for the per-process
 // outputs (--log-json, --trace, --node-times-out, --routing-out, --quiet, --config): what every
