@@ -42,18 +42,14 @@ std::string on_off(int64_t v) { return v != 0 ? "on" : "off"; }
 std::string number(int64_t v) { return std::to_string(v); }
 
 // The divisors of n, ascending.
-std::vector<SearchValue> divisors(int64_t n) {
-  std::vector<SearchValue> out;
+std::vector<int64_t> divisors(int64_t n) {
+  std::vector<int64_t> out;
   for (int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) out.push_back({d, ""});
+    if (n % d == 0) out.push_back(d);
   return out;
 }
 
-std::vector<SearchValue> values_of(std::initializer_list<int64_t> list) {
-  std::vector<SearchValue> out;
-  for (int64_t v : list) out.push_back({v, ""});
-  return out;
-}
+using Values = std::vector<int64_t>;
 
 // check_supported's message for the request's schedule and shape, or "".
 std::string unsupported(const PlanRequest& r, const ScheduleShape& shape) {
@@ -91,10 +87,8 @@ SearchDimension data_parallel_dimension() {
       .option = "data-parallel-size",
       .column = "DP",
       .layout = true,
-      .values =
-          [](const SearchSpace& s, const PlanRequest& r) {
-            return values_of({s.world_size / r.shape.pipeline_size});
-          },
+      .values = [](const SearchSpace& s,
+                   const PlanRequest& r) { return Values{s.world_size / r.shape.pipeline_size}; },
       .check = [](const SearchSpace& s, const PlanRequest& r, int64_t dp) -> std::string {
         if (dp * r.shape.pipeline_size != s.world_size)
           return detail::concat("DP x PP ", r.shape.pipeline_size, " is not the ", s.world_size,
@@ -136,7 +130,7 @@ SearchDimension micro_batch_dimension() {
       .column = "mbs",
       .values =
           [](const SearchSpace&, const PlanRequest&) {
-            return values_of({1, 2, 4});
+            return Values{1, 2, 4};
           },
       .check = [](const SearchSpace& s, const PlanRequest& r, int64_t mbs) -> std::string {
         if (mbs < 1 || s.global_batch_size % (mbs * r.inputs.data_parallel_size) != 0)
@@ -157,8 +151,8 @@ SearchDimension microbatches_dimension() {
       .column = "M",
       .values =
           [](const SearchSpace& s, const PlanRequest& r) {
-            return values_of(
-                {s.global_batch_size / (r.inputs.micro_batch_size * r.inputs.data_parallel_size)});
+            return Values{s.global_batch_size /
+                          (r.inputs.micro_batch_size * r.inputs.data_parallel_size)};
           },
       .check = [](const SearchSpace& s, const PlanRequest& r, int64_t m) -> std::string {
         if (m * r.inputs.micro_batch_size * r.inputs.data_parallel_size != s.global_batch_size)
@@ -178,8 +172,8 @@ SearchDimension schedule_dimension() {
       .column = "schedule",
       .values =
           [](const SearchSpace&, const PlanRequest&) {
-            std::vector<SearchValue> out;
-            for (int k = 0; k < kNumScheduleKinds; ++k) out.push_back({k, ""});
+            Values out;
+            for (int k = 0; k < kNumScheduleKinds; ++k) out.push_back(k);
             return out;
           },
       .check = [](const SearchSpace&, const PlanRequest&, int64_t k) -> std::string {
@@ -204,7 +198,7 @@ SearchDimension virtual_stages_dimension() {
       .column = "V",
       .values =
           [](const SearchSpace&, const PlanRequest&) {
-            return values_of({1, 2, 3, 4});
+            return Values{1, 2, 3, 4};
           },
       .check = [](const SearchSpace&, const PlanRequest& r, int64_t v) -> std::string {
         if (v < 1 || num_layers(r) % (r.shape.pipeline_size * v) != 0)
@@ -226,7 +220,7 @@ SearchDimension paired_forwards_dimension() {
       .column = "pair",
       .values =
           [](const SearchSpace&, const PlanRequest&) {
-            return values_of({0, 1});
+            return Values{0, 1};
           },
       .check = [](const SearchSpace&, const PlanRequest& r, int64_t v) -> std::string {
         ScheduleShape shape = r.shape;
@@ -245,7 +239,7 @@ SearchDimension recompute_dimension() {
       .column = "recompute",
       .values =
           [](const SearchSpace&, const PlanRequest& r) {
-            return r.inputs.model.is_moe() ? values_of({0, 1}) : values_of({0});
+            return r.inputs.model.is_moe() ? Values{0, 1} : Values{0};
           },
       .check = [](const SearchSpace&, const PlanRequest& r, int64_t v) -> std::string {
         if (v != 0 && !r.inputs.model.is_moe()) return "the model has no experts";
@@ -271,17 +265,15 @@ void enumerate(const SearchSpace& space, size_t dim, const PlanRequest& req,
   }
   const SearchDimension& d = dims[dim];
   const auto fixed = space.fixed.find(d.option);
-  const std::vector<SearchValue> values = fixed != space.fixed.end()
-                                              ? std::vector<SearchValue>{{fixed->second, ""}}
-                                              : d.values(space, req);
-  for (const SearchValue& v : values) {
-    choice.push_back(v.value);
-    const std::string why = v.not_possible.empty() ? d.check(space, req, v.value) : v.not_possible;
+  const Values values = fixed != space.fixed.end() ? Values{fixed->second} : d.values(space, req);
+  for (const int64_t v : values) {
+    choice.push_back(v);
+    const std::string why = d.check(space, req, v);
     if (!why.empty()) {
       out.rejects.push_back({static_cast<int>(dim), choice, why});
     } else {
       PlanRequest next = req;
-      d.apply(next, v.value);
+      d.apply(next, v);
       enumerate(space, dim + 1, next, choice, out);
     }
     choice.pop_back();

@@ -14,15 +14,9 @@
 
 namespace tandem::schedule {
 
-// One value of a dimension, or why it is no layout given the choices before it.
-struct SearchValue {
-  int64_t value = 0;
-  std::string not_possible;  // empty: a value to try
-};
-
 struct SearchSpace;
 
-// Note [Search dimensions]: one choice the search makes.
+// One choice the search makes (See Note [Search dimensions] in search.cc).
 struct SearchDimension {
   std::string option;  // the option it stands for ("pipeline-model-parallel-size")
   std::string column;  // its column in the table ("PP")
@@ -30,7 +24,7 @@ struct SearchDimension {
   // names each layout of which no variant fits; the other dimensions are its variants.
   bool layout = false;
   // The values to try, given the request with the earlier dimensions applied.
-  std::function<std::vector<SearchValue>(const SearchSpace&, const PlanRequest&)> values;
+  std::function<std::vector<int64_t>(const SearchSpace&, const PlanRequest&)> values;
   // Why `value` is not possible after the earlier dimensions (empty: it is), for a value the user
   // fixed as well as for one of `values`.
   std::function<std::string(const SearchSpace&, const PlanRequest&, int64_t)> check;

@@ -143,9 +143,9 @@ void expect_search_finds(const PlanRequest& base, const std::map<Key, Planned>& 
   EXPECT_TRUE(res.not_planned.empty());
 }
 
-// Under limits between the candidates' peaks (where the lower bound of Note [Search
-// dimensions] prunes and where only the simulation decides), the search lists exactly the
-// brute force's candidates within the limit.
+// Under limits between the candidates' peaks, where the lower bound prunes and where only the
+// simulation decides, the search lists exactly the brute force's candidates within the limit.
+// See Note [Search dimensions] (src/schedule/search.cc).
 TEST(LayoutSearch, ListsExactlyTheCandidatesThatFitBestFirst) {
   const PlanRequest base = base_request();
   const std::map<Key, Planned> all = brute_force(base);
