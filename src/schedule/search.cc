@@ -6,6 +6,7 @@
 #include <atomic>
 #include <exception>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "core/error.h"
@@ -446,8 +447,12 @@ SearchResult search_layouts(const PlanRequest& base, const SearchSpace& space) {
   TANDEM_CHECK(!e.candidates.empty(), no_candidate_message(space, e.rejects));
   SearchResult res;
   res.candidates = static_cast<int64_t>(e.candidates.size());
+  // A variant's value that is not possible matters only where its layout has no candidate.
+  std::set<std::string> with_candidates;
+  for (const std::vector<int64_t>& c : e.candidates) with_candidates.insert(layout_label(c));
   for (SearchReject& r : e.rejects) {
-    if (search_dimensions()[static_cast<size_t>(r.dimension)].layout)
+    if (search_dimensions()[static_cast<size_t>(r.dimension)].layout ||
+        with_candidates.count(layout_label(r.prefix)) == 0)
       res.rejects.push_back(std::move(r));
   }
   for (SearchRow& row : plan_all(base, space, e.candidates)) {

@@ -78,7 +78,7 @@ struct SearchRow {
   std::string error;  // kNotPlanned
 };
 
-// A value no layout takes: a dimension's value with the choices before it, and why.
+// A value that is not possible: a dimension's value with the choices before it, and why.
 struct SearchReject {
   int dimension = 0;
   std::vector<int64_t> prefix;  // the earlier dimensions' values, then this one's
@@ -89,8 +89,10 @@ struct SearchResult {
   std::vector<SearchRow> fits;        // by tokens/s, highest first; then by peak
   std::vector<SearchRow> over_limit;  // in the order of the search
   std::vector<SearchRow> not_planned;
-  std::vector<SearchReject> rejects;  // values of layout dimensions no layout takes
-  int64_t candidates = 0;             // planned or bounded
+  // The values of layout dimensions no layout takes, and of the other dimensions in the layouts
+  // left with no candidate (every micro-batch size of a DP that divides no global batch).
+  std::vector<SearchReject> rejects;
+  int64_t candidates = 0;  // planned or bounded
   int64_t simulated = 0;
 };
 

@@ -235,6 +235,26 @@ TEST(LayoutSearch, NamesTheValuesNoLayoutTakes) {
   }
 }
 
+// A layout whose every variant is not possible (DP 8 divides no global batch of 12) is named
+// with why; a value not possible in a layout that has candidates is not.
+TEST(LayoutSearch, NamesTheLayoutsLeftWithoutACandidate) {
+  const PlanRequest base = base_request();
+  SearchSpace space = space_with(int64_t{1} << 40);
+  space.global_batch_size = 12;
+  const SearchResult res = search_layouts(base, space);
+  const int mbs = search_dimension_index("micro-batch-size");
+  int dp8 = 0;
+  for (const SearchReject& r : res.rejects) {
+    if (r.dimension != mbs) continue;
+    // Not PP 2 DP 4's mbs 2 and 4: that layout runs mbs 1.
+    EXPECT_EQ(layout_label(r.prefix).substr(0, 13), "PP 1 DP 8 EP ") << r.why;
+    EXPECT_EQ(r.why, "mbs x DP 8 does not divide the global batch of 12");
+    ++dp8;
+  }
+  EXPECT_EQ(dp8, 12);  // mbs 1, 2, 4 under EP 1, 2, 4, 8
+  for (const SearchRow& row : res.fits) EXPECT_NE(layout_label(row.choice).substr(0, 5), "PP 1 ");
+}
+
 TEST(LayoutSearch, RefusesASpaceWithNoCandidate) {
   const PlanRequest base = base_request();
   SearchSpace space = space_with(int64_t{1} << 40);
