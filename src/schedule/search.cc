@@ -21,8 +21,9 @@ namespace tandem::schedule {
 // is not possible there (EP must divide the experts, PP x V the layers). A value the user fixed
 // (the option given on the command line) is the dimension's only value. Every path through the
 // list is a candidate. Adding a choice to the search (another optimizer layout, activation
-// offload) is one entry in the list: its values, the check, how it sets the PlanRequest, its
-// label.
+// offload) is one entry in the list: its values, the check, how it sets the PlanRequest and
+// reads it back (a value the user gave), its label; the lower bound below reads the pipeline
+// model's static bytes, so a choice that changes them prunes as the others do.
 //
 // Each candidate is planned as `tandem plan` would plan it, in two steps, so that the search
 // stays cheap on hundreds of ranks:
