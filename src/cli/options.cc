@@ -601,6 +601,13 @@ nlohmann::json model_option_values(const ModelConfig& model) {
   return out;
 }
 
+bool defer_optimizer_by_default(const RunOptions& o) {
+  const ParallelConfig& p = o.parallel;
+  return o.train.device == Device::kCUDA && o.model.is_moe() && p.expert_model_parallel_size > 1 &&
+         schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
+         o.comm_overlap != runtime::CommOverlap::kOff;
+}
+
 void finalize_run_options(const CLI::App& app, RunOptions& opts,
                           const CheckpointOptionsReader& read_checkpoint) {
   const std::vector<OptionSpec> specs = option_specs(opts);
@@ -625,11 +632,7 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   // anywhere (command line, --config) wins.
   const auto defer = origins.find("defer-optimizer");
   if (defer == origins.end() || defer->second.source == Origin::Source::kDefault) {
-    const ParallelConfig& p = opts.parallel;
-    opts.train.defer_optimizer = opts.train.device == Device::kCUDA && opts.model.is_moe() &&
-                                 p.expert_model_parallel_size > 1 &&
-                                 schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
-                                 opts.comm_overlap != runtime::CommOverlap::kOff;
+    opts.train.defer_optimizer = defer_optimizer_by_default(opts);
   }
   // Multi-head latent attention gives every head its own k and v: --num-query-groups, left
   // unset, follows --num-attention-heads (a value given anywhere is checked as given).

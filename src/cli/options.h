@@ -95,6 +95,10 @@ using CheckpointOptionsReader = std::function<nlohmann::json(const std::string& 
 void finalize_run_options(const CLI::App& app, RunOptions& opts,
                           const CheckpointOptionsReader& read_checkpoint = {});
 
+// Note [Deferred update by default] (options.cc): --defer-optimizer's value when no option or
+// file sets it, for these options' device, model, expert-parallel size, schedule and overlap.
+bool defer_optimizer_by_default(const RunOptions& o);
+
 // Every option's value as "name=value" lines, in the table's order, but for the per-process
 // outputs (--log-json, --trace, --node-times-out, --routing-out, --quiet, --config): what every
 // rank of a run must agree on (cli/train_common.cc's check).

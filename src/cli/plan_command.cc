@@ -15,6 +15,7 @@
 
 #include "cli/options.h"
 #include "cli/path_checks.h"
+#include "cli/plan_search.h"
 #include "cli/planned_run.h"
 #include "cli/progress.h"
 #include "cli/sizes.h"
@@ -44,6 +45,7 @@ struct PlanOptions {
   int64_t activation_bytes = 4;
   int64_t data_parallel_size = 0;  // 0: --expert-model-parallel-size
   schedule::DeviceDesc device;
+  SearchOptions search;
 };
 
 // "80GiB", "7.5GiB", "141e9", "512MB" -> bytes as a number (CLI11 transform); "" when valid.
@@ -141,6 +143,7 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
                  "latency of one message, seconds (default: 5e-6)")
       ->check(finite_number(FieldBound::kNonNegative))
       ->option_text("SECONDS");
+  add_search_options(sub, p.search);
 }
 
 schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, const PlanOptions& p) {
@@ -321,6 +324,7 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
 
 void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   finalize_run_options(app, o);
+  check_search_options(app, p.search, p.memory_limit);
   // Note [Outputs that are inputs]: every output checked before any is written.
   check_outputs(
       {{"--config", o.config_file},
@@ -330,6 +334,11 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
        {"--measured-trace", p.measured_trace}},
       {{"--trace", o.trace_path}, {"--svg", p.svg}, {"--write-schedule", p.write_schedule}});
   const schedule::PlanRequest req = make_request(app, o, p);
+  if (p.search.search) {
+    run_search(app, o, req, p.search, static_cast<int64_t>(p.memory_limit),
+               p.format == OutputFormat::kJson);
+    return;
+  }
   if (p.compare_schedules) {
     TANDEM_CHECK(p.schedule_file.empty() && p.svg.empty() && p.write_schedule.empty() &&
                      o.trace_path.empty() && p.measured_trace.empty(),

@@ -40,6 +40,9 @@ Plan make_plan(const PlanRequest& request);
 // the whole step (SimResult::full_step_s); none under uniform costs.
 std::optional<double> planned_tokens_per_s(const Plan& plan);
 
+// "1.168 s", "6.787 ms", "190.3 us" (uniform costs: "12.00 u"): a time of the plan.
+std::string format_plan_time(double s, CostModelKind kind);
+
 // A table with one row per rank (stages, busy, bubble, exposed communication, memory).
 std::string format_plan_table(const Plan& plan);
 

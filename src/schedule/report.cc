@@ -11,20 +11,6 @@
 namespace tandem::schedule {
 namespace {
 
-std::string format_time(double s, CostModelKind kind) {
-  char buf[48];
-  if (kind == CostModelKind::kUniform) {
-    std::snprintf(buf, sizeof buf, "%.2f u", s);
-  } else if (s >= 1) {
-    std::snprintf(buf, sizeof buf, "%.3f s", s);
-  } else if (s >= 1e-3) {
-    std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
-  } else {
-    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
-  }
-  return buf;
-}
-
 std::string format_bytes(int64_t b) {
   char buf[48];
   const double v = static_cast<double>(b);
@@ -46,6 +32,20 @@ std::string join_stages(const std::vector<int32_t>& stages) {
 
 }  // namespace
 
+std::string format_plan_time(double s, CostModelKind kind) {
+  char buf[48];
+  if (kind == CostModelKind::kUniform) {
+    std::snprintf(buf, sizeof buf, "%.2f u", s);
+  } else if (s >= 1) {
+    std::snprintf(buf, sizeof buf, "%.3f s", s);
+  } else if (s >= 1e-3) {
+    std::snprintf(buf, sizeof buf, "%.3f ms", s * 1e3);
+  } else {
+    std::snprintf(buf, sizeof buf, "%.1f us", s * 1e6);
+  }
+  return buf;
+}
+
 std::optional<double> planned_tokens_per_s(const Plan& plan) {
   // Note [The step's end in the plan]; uniform units have no tokens per second.
   if (plan.sim.full_step_s <= 0 || plan.inputs.cost.kind == CostModelKind::kUniform) return {};
@@ -64,13 +64,13 @@ std::string format_plan_table(const Plan& plan) {
       << ", cost model " << cost_model_name(cm) << "\n";
   char line[320];
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
-                format_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
+                format_plan_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
   out << line;
   if (const std::optional<double> tokens = planned_tokens_per_s(plan)) {
     std::snprintf(line, sizeof line,
                   "whole step %s (with the gradient all-reduce, norm and update): %.0f tokens/s "
                   "on %lld ranks\n",
-                  format_time(plan.sim.full_step_s, cm).c_str(), *tokens,
+                  format_plan_time(plan.sim.full_step_s, cm).c_str(), *tokens,
                   static_cast<long long>(s.num_ranks * plan.model.data_parallel_size));
     out << line;
   }
@@ -85,9 +85,10 @@ std::string format_plan_table(const Plan& plan) {
         line, sizeof line,
         "data-parallel size %lld: gradient all-reduce %s a rank, %s of it after the "
         "backward (%s); step with it %s\n",
-        static_cast<long long>(dp), format_time(busy, cm).c_str(), format_time(tail, cm).c_str(),
+        static_cast<long long>(dp), format_plan_time(busy, cm).c_str(),
+        format_plan_time(tail, cm).c_str(),
         plan.model.overlap_grad_reduce ? "each unit beside the backward" : "all at the step's end",
-        format_time(plan.sim.step_with_reduce_s, cm).c_str());
+        format_plan_time(plan.sim.step_with_reduce_s, cm).c_str());
     out << line;
   }
   std::snprintf(line, sizeof line, "%4s  %-10s %6s %8s %13s %13s %14s %14s %14s %14s %14s %6s\n",
@@ -98,7 +99,8 @@ std::string format_plan_table(const Plan& plan) {
     std::snprintf(
         line, sizeof line, "%4d  %-10s %6.1f %8.1f %13s %13s %14s %14s %14s %14s %14s %s\n", r.rank,
         join_stages(r.stages).c_str(), 100 * r.busy_fraction, 100 * r.bubble_fraction,
-        format_time(r.exposed_comm_s, cm).c_str(), format_time(r.exposed_alltoall_s, cm).c_str(),
+        format_plan_time(r.exposed_comm_s, cm).c_str(),
+        format_plan_time(r.exposed_alltoall_s, cm).c_str(),
         format_bytes(r.static_memory.param_bytes + r.static_memory.grad_bytes +
                      r.static_memory.compute_copy_bytes)
             .c_str(),
@@ -112,7 +114,7 @@ std::string format_plan_table(const Plan& plan) {
   if (waits) {
     out << "of the exposed a2a, waiting for the slowest expert rank:";
     for (const RankResult& r : plan.sim.ranks) {
-      out << " rank " << r.rank << " " << format_time(r.exposed_alltoall_waiting_s, cm);
+      out << " rank " << r.rank << " " << format_plan_time(r.exposed_alltoall_waiting_s, cm);
     }
     out << "\n";
   }
