@@ -11,6 +11,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <limits>
 #include <map>
 #include <sstream>
 #include <string>
@@ -246,6 +247,33 @@ TEST(DistributedOptimizer, OptimizerBytesAreThePlanned) {
       EXPECT_EQ(bytes[1], bytes[0]) << c.name() << ": a split of one";
     }
   }
+}
+
+// Note [Norm from the parts]: a NaN put into the last rank's gradients after the reduction, at an
+// element another rank owns (element 0 lies in data-parallel rank 0's part, so no update reads
+// it), still sets the step's verdict: every rank skips the step and keeps its weights, as with
+// the plain optimizer.
+TEST(DistributedOptimizer, NonFiniteGradientOutsideTheOwnPartSkipsTheStepEverywhere) {
+  const int world = g_world->size();
+  const Case c{1, 1, 1, ScheduleKind::k1f1b};
+  const ModelConfig m = odd_moe();
+  TrainConfig t = train_for(c, true);
+  t.non_finite_policy = NonFinitePolicy::kSkip;
+  RandomTokens tokens(m.vocab_size);
+  Groups groups = testing::world_groups(1, 1);
+  PipelineTrainer trainer(m, t, schedule_of(c), groups, tokens);
+  trainer.step();
+  trainer.set_after_backward_hook([&](std::vector<StageRuntime>& stages, int64_t it) {
+    if (it == 2 && groups.rank == world - 1) {
+      stages.front().params->flat_grads().data<float>()[0] =
+          std::numeric_limits<float>::quiet_NaN();
+    }
+  });
+  const Tensor before = copy_of(trainer.stages().front().params->flat_params());
+  const StepResult r = trainer.step();
+  EXPECT_EQ(r.status, StepStatus::kSkipped);
+  EXPECT_EQ(trainer.stages().front().optimizer->steps(), 1);
+  expect_same(trainer.stages().front().params->flat_params(), before, true, "weights");
 }
 
 std::string file_bytes(const std::string& path) {
