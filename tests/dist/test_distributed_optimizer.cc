@@ -59,8 +59,9 @@ struct Case {
   }
 };
 
-// The layouts of this world: pipeline 1, 2 (and the whole world), one or two expert ranks;
-// 1f1b, and combined-1f1b (pairs beside the communication thread) or interleaved-1f1b.
+// The layouts of this world: pipeline 1, 2 and 4, one or two expert ranks; 1f1b, and
+// combined-1f1b (pairs beside the communication thread) or, on two stages, interleaved-1f1b,
+// zb-h1 and dualpipev.
 std::vector<Case> cases() {
   const int world = g_world->size();
   std::vector<Case> out;
@@ -70,7 +71,11 @@ std::vector<Case> cases() {
       if ((world / pp) % ep != 0) continue;
       out.push_back({pp, ep, 1, ScheduleKind::k1f1b});
       if (pp == 1 && ep == 2) out.push_back({pp, ep, 1, ScheduleKind::kCombined1f1b});
-      if (pp == 2) out.push_back({pp, ep, 2, ScheduleKind::kInterleaved1f1b});
+      if (pp == 2) {
+        out.push_back({pp, ep, 2, ScheduleKind::kInterleaved1f1b});
+        out.push_back({pp, ep, 1, ScheduleKind::kZbH1});       // W actions
+        out.push_back({pp, ep, 2, ScheduleKind::kDualPipeV});  // two stages a rank, V-placed
+      }
     }
   }
   return out;
