@@ -170,7 +170,7 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "layers below it, instead of all of them after the backward; "
                "--overlap-grad-reduce=false: at the step's end"});
   s.push_back({"use-distributed-optimizer", &o.train.use_distributed_optimizer,
-               "with data parallelism (CPU ranks): split each weight's Adam moments over the "
+               "with data parallelism: split each weight's Adam moments over the "
                "ranks that replicate it (the data-parallel ranks; an expert's, its "
                "expert-data-parallel ranks); gradients are reduce-scattered, each rank updates "
                "its part and the weights are all-gathered; the results do not change"});

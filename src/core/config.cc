@@ -626,9 +626,6 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
                "--overlap-param-gather gathers the weights the distributed optimizer updated: it "
                "needs --use-distributed-optimizer");
   if (!use_distributed_optimizer) return;
-  TANDEM_CHECK(device == Device::kCPU,
-               "--use-distributed-optimizer runs on CPU ranks only so far (--device cpu); the "
-               "GPU trainer keeps the plain optimizer: leave the flag out with --device cuda");
   TANDEM_CHECK(!defer_optimizer,
                "--use-distributed-optimizer and --defer-optimizer do not combine: the deferred "
                "update would have to gather each layer's weights after updating them; use "

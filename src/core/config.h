@@ -248,7 +248,7 @@ struct TrainConfig {
   // --use-distributed-optimizer (pipeline trainer, Megatron-LM's): the Adam moments of each
   // weight split over the ranks that replicate it, the gradients reduce-scattered instead of
   // all-reduced, each rank updating its part and the weights all-gathered after
-  // (Note [Distributed optimizer] in runtime/distributed_optimizer.cc). CPU ranks only so far.
+  // (Note [Distributed optimizer] in runtime/distributed_optimizer.cc).
   bool use_distributed_optimizer = false;
   // --overlap-param-gather (with use_distributed_optimizer): the weights gathered just before
   // the next step's forward reads them instead of right after the update

@@ -20,8 +20,9 @@
 //  4. all-gathers each piece's weights from their owners: right after the update, or with
 //     --overlap-param-gather just before the next step's forward reads them
 //     (Note [Weights gathered beside the forward]).
-// The master weights are the f32 weights the forward reads on the CPU, so they stay whole on
-// every rank; what a rank saves is two moments of (r - 1) / r of the replicated weights.
+// The f32 master weights stay whole on every rank (on the CPU they are what the forward reads;
+// on the GPU the gather refreshes the bf16 copy of the parts it brings, Note [Compute copy]);
+// what a rank saves is two moments of (r - 1) / r of the replicated weights.
 // Results: AdamW reads and writes each element alone, so each element's update is the plain
 // optimizer's once its summed gradient and the clipping coefficient are. With two ranks a sum
 // has one order, so the reduce-scatter's sums are the all-reduce's bit for bit; with more, the
@@ -37,9 +38,9 @@
 // weights end, so a piece travels just before its layer's forward rather than all at the
 // step's end; whatever reads the weights between steps (evaluation, a checkpoint, the stages()
 // accessor) gathers the rest first. Every rank of a group runs the same schedule, so each
-// group sees its gathers in the same order. On the CPU a gather runs on the compute stream,
-// inline on the host thread; a pair action gathers its stages' pieces before it starts, as no
-// collective may run beside the communication thread's (MPI_THREAD_SERIALIZED).
+// group sees its gathers in the same order. A gather runs on the compute stream (on the CPU
+// inline on the host thread); a pair action gathers its stages' pieces before it starts, as on
+// the CPU no collective may run beside the communication thread's (MPI_THREAD_SERIALIZED).
 #include "runtime/distributed_optimizer.h"
 
 #include <algorithm>
@@ -47,6 +48,7 @@
 #include <utility>
 
 #include "core/error.h"
+#include "ops/ops.h"
 #include "runtime/grad_reduce.h"
 
 namespace tandem::runtime {
@@ -92,10 +94,7 @@ int64_t shard_state_numel(const std::vector<ShardPiece>& pieces) {
 
 ShardedWeights::ShardedWeights(model::Parameters& params, std::vector<ShardPiece> pieces,
                                Groups& groups)
-    : params_(&params), pieces_(std::move(pieces)), groups_(&groups), gathered_(pieces_.size()) {
-  TANDEM_CHECK(params.device() == Device::kCPU,
-               "--use-distributed-optimizer runs on CPU ranks only (--device cpu)");
-}
+    : params_(&params), pieces_(std::move(pieces)), groups_(&groups), gathered_(pieces_.size()) {}
 
 std::vector<OwnedRange> ShardedWeights::owned() const {
   std::vector<OwnedRange> out;
@@ -113,12 +112,13 @@ void ShardedWeights::reduce_scatter(const ShardPiece& p) {
   if (p.ranks == 1) return;
   const Tensor grads = params_->flat_grads().narrow_rows(p.begin, p.count);
   const DType dt = grads.dtype();
+  const Device device = params_->device();
   Tensor in = grads;
   if (p.count != p.slice * p.ranks) {  // the last parts padded with zeros
-    in = Tensor::zeros({p.slice * p.ranks}, dt, MemCategory::kCommunication, "rs.in");
+    in = Tensor::zeros({p.slice * p.ranks}, dt, MemCategory::kCommunication, "rs.in", device);
     in.narrow_rows(0, p.count).copy_from(grads);
   }
-  const Tensor out = Tensor::empty({p.slice}, dt, MemCategory::kCommunication, "rs.out");
+  const Tensor out = Tensor::empty({p.slice}, dt, MemCategory::kCommunication, "rs.out", device);
   group(p).reduce_scatter_sum(out, in);
   if (p.own_count > 0) {
     params_->flat_grads()
@@ -130,13 +130,15 @@ void ShardedWeights::reduce_scatter(const ShardPiece& p) {
 void ShardedWeights::all_gather_piece(const Tensor& out, const Tensor& mine,
                                       const ShardPiece& p) const {
   const DType dt = out.dtype();
-  const Tensor in = Tensor::zeros({p.slice}, dt, MemCategory::kCommunication, "ag.in");
+  const Device device = params_->device();
+  const Tensor in = Tensor::zeros({p.slice}, dt, MemCategory::kCommunication, "ag.in", device);
   if (p.own_count > 0) in.narrow_rows(0, p.own_count).copy_from(mine.narrow_rows(0, p.own_count));
   if (p.count == p.slice * p.ranks) {
     group(p).all_gather(out.narrow_rows(0, p.count), in);
     return;
   }
-  const Tensor all = Tensor::empty({p.slice * p.ranks}, dt, MemCategory::kCommunication, "ag.out");
+  const Tensor all =
+      Tensor::empty({p.slice * p.ranks}, dt, MemCategory::kCommunication, "ag.out", device);
   group(p).all_gather(all, in);
   out.narrow_rows(0, p.count).copy_from(all.narrow_rows(0, p.count));
 }
@@ -147,6 +149,12 @@ void ShardedWeights::gather_until(int64_t end) {
     const ShardPiece& p = pieces_[gathered_];
     if (p.ranks == 1) continue;
     all_gather_piece(w.narrow_rows(p.begin, p.count), w.narrow_rows(p.own_begin, p.own_count), p);
+    // Note [Compute copy] (model/parameters.h): the update wrote the bf16 copy of this rank's
+    // part; the others' parts are rounded here, as convert rounds them there.
+    const Tensor& copy = params_->flat_compute();
+    if (copy.defined()) {
+      ops::convert(copy.narrow_rows(p.begin, p.count), w.narrow_rows(p.begin, p.count));
+    }
   }
 }
 
