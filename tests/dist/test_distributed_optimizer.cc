@@ -21,6 +21,7 @@
 #include "core/allocator.h"
 #include "dist_env.h"
 #include "layouts.h"
+#include "model/tiny.h"
 #include "runtime/checkpoint_parallel.h"
 #include "schedule/planner.h"
 #include "shared_temp_dir.h"
@@ -41,6 +42,15 @@ ModelConfig odd_moe() {
   m.hidden_size = 7;
   m.kv_channels = 4;
   m.num_layers = 4;
+  return m;
+}
+
+// DeepSeek-V3's options on it: latent attention, shared experts, the sigmoid router with its
+// expert bias (moved fast here), a dense layer first.
+ModelConfig odd_deepseek_v3() {
+  ModelConfig m = testing::with_deepseek_v3_options(odd_moe(), 5);
+  m.moe_layer_freq = "[0,1,1,1]";
+  m.moe_router_bias_update_rate = 0.01;
   return m;
 }
 
@@ -150,8 +160,7 @@ struct Outcome {
   bool gather_pending = false;  // after the last step, before anything read the weights
 };
 
-Outcome train(const Case& c, const TrainConfig& t, int steps) {
-  const ModelConfig m = odd_moe();
+Outcome train(const Case& c, const TrainConfig& t, int steps, const ModelConfig& m = odd_moe()) {
   RandomTokens tokens(m.vocab_size);
   Groups groups = testing::world_groups(c.pp, c.ep);
   PipelineTrainer trainer(m, t, schedule_of(c), groups, tokens);
@@ -213,43 +222,67 @@ TEST(DistributedOptimizer, GivesThePlainOptimizersResults) {
   EXPECT_GT(compared, 0);
 }
 
-// The optimizer bytes each rank allocates (the allocator's kOptimizer category) are the
-// planner's, with the distributed optimizer and without; with it they shrink by the
-// data-parallel size's share.
-TEST(DistributedOptimizer, OptimizerBytesAreThePlanned) {
-  const ModelConfig m = odd_moe();
-  RandomTokens tokens(m.vocab_size);
+// Note [Expert bias] (runtime/expert_bias.h): DeepSeek-V3's sigmoid router keeps a bias among the
+// weights that changes by its own rule after each step, on every rank; the gather (after the
+// update or beside the next forward) brings each rank's part of it, which is the same. (Its
+// latent attention, shared experts and dense first layer cut the pieces otherwise too.)
+TEST(DistributedOptimizer, ExpertBiasStaysThePlainOptimizers) {
+  const ModelConfig m = odd_deepseek_v3();
   for (const Case& c : cases()) {
-    int64_t bytes[2] = {0, 0};
-    for (const bool distributed : {false, true}) {
-      Groups groups = testing::world_groups(c.pp, c.ep);
-      const int64_t before = cpu_allocator().stats().in_use_of(MemCategory::kOptimizer);
-      PipelineTrainer trainer(m, train_for(c, distributed), schedule_of(c), groups, tokens);
-      const int64_t measured = cpu_allocator().stats().in_use_of(MemCategory::kOptimizer) - before;
-      schedule::PlanRequest req;
-      req.schedule_name = std::string(schedule::schedule_kind_name(c.kind));
-      req.shape = {c.pp, c.v, 4 * c.pp};
-      req.inputs.model = m;
-      req.inputs.expert_parallel_size = c.ep;
-      req.inputs.data_parallel_size = c.dp();
-      req.inputs.distributed_optimizer = distributed;
-      req.inputs.cost.kind = schedule::CostModelKind::kUniform;
-      const schedule::Plan plan = schedule::make_plan(req);
-      const int32_t pp_rank = groups.layout.pp_rank(groups.rank);
-      EXPECT_EQ(measured, plan.model.ranks[pp_rank].optimizer_bytes)
-          << c.name() << (distributed ? " distributed" : " plain") << " rank " << groups.rank;
-      bytes[distributed] = measured;
-    }
-    if (c.dp() > 1) {
-      EXPECT_LT(bytes[1], bytes[0]) << c.name();
-      EXPECT_GE(bytes[1] * c.dp(), bytes[0]) << c.name();
-      // With one expert rank every weight is split dp ways; each piece's parts are rounded up
-      // (fewer than 64 pieces a rank here), so a little above plain / dp.
-      if (c.ep == 1) {
-        EXPECT_LE(bytes[1] * c.dp(), bytes[0] + 2 * 4 * c.dp() * 64) << c.name();
+    if (c.pp != 1 || c.kind != ScheduleKind::k1f1b) continue;
+    const Outcome plain = train(c, train_for(c, false), 3, m);
+    for (const bool overlap_gather : {false, true}) {
+      TrainConfig t = train_for(c, true);
+      t.overlap_param_gather = overlap_gather;
+      const Outcome got = train(c, t, 3, m);
+      for (size_t s = 0; s < got.state.size(); ++s) {
+        expect_same(got.state[s].weights, plain.state[s].weights, c.bitwise(),
+                    c.name() + (overlap_gather ? " gather beside" : " gather after"));
       }
-    } else {
-      EXPECT_EQ(bytes[1], bytes[0]) << c.name() << ": a split of one";
+    }
+  }
+}
+
+// The optimizer bytes each rank allocates (the allocator's kOptimizer category) are the
+// planner's, with the distributed optimizer and without, for both models (the DeepSeek-V3 one
+// cuts its pieces at a dense layer, shared experts and latent attention); with it they shrink by
+// the data-parallel size's share.
+TEST(DistributedOptimizer, OptimizerBytesAreThePlanned) {
+  for (const ModelConfig& m : {odd_moe(), odd_deepseek_v3()}) {
+    RandomTokens tokens(m.vocab_size);
+    for (const Case& c : cases()) {
+      int64_t bytes[2] = {0, 0};
+      for (const bool distributed : {false, true}) {
+        Groups groups = testing::world_groups(c.pp, c.ep);
+        const int64_t before = cpu_allocator().stats().in_use_of(MemCategory::kOptimizer);
+        PipelineTrainer trainer(m, train_for(c, distributed), schedule_of(c), groups, tokens);
+        const int64_t measured =
+            cpu_allocator().stats().in_use_of(MemCategory::kOptimizer) - before;
+        schedule::PlanRequest req;
+        req.schedule_name = std::string(schedule::schedule_kind_name(c.kind));
+        req.shape = {c.pp, c.v, 4 * c.pp};
+        req.inputs.model = m;
+        req.inputs.expert_parallel_size = c.ep;
+        req.inputs.data_parallel_size = c.dp();
+        req.inputs.distributed_optimizer = distributed;
+        req.inputs.cost.kind = schedule::CostModelKind::kUniform;
+        const schedule::Plan plan = schedule::make_plan(req);
+        const int32_t pp_rank = groups.layout.pp_rank(groups.rank);
+        EXPECT_EQ(measured, plan.model.ranks[pp_rank].optimizer_bytes)
+            << c.name() << (distributed ? " distributed" : " plain") << " rank " << groups.rank;
+        bytes[distributed] = measured;
+      }
+      if (c.dp() > 1) {
+        EXPECT_LT(bytes[1], bytes[0]) << c.name();
+        EXPECT_GE(bytes[1] * c.dp(), bytes[0]) << c.name();
+        // With one expert rank every weight is split dp ways; each piece's parts are rounded up
+        // (fewer than 64 pieces a rank here), so a little above plain / dp.
+        if (c.ep == 1) {
+          EXPECT_LE(bytes[1] * c.dp(), bytes[0] + 2 * 4 * c.dp() * 64) << c.name();
+        }
+      } else {
+        EXPECT_EQ(bytes[1], bytes[0]) << c.name() << ": a split of one";
+      }
     }
   }
 }
