@@ -149,16 +149,11 @@ TEST(TandemProgram, PlanModelsTheDeferredUpdate) {
 TEST(TandemProgram, PlanDividesTheOptimizerStateOfTheDistributedOptimizer) {
   TempDir work, capture;
   auto plan = [&](const char* dp, bool distributed) {
-    std::vector<std::string> args = {"plan",
-                                     "--json",
-                                     "--pipeline-model-parallel-size",
-                                     "2",
-                                     "--num-layers",
-                                     "4",
-                                     "--global-batch-size",
-                                     "32",
-                                     "--data-parallel-size",
-                                     dp};
+    std::istringstream words(
+        "plan --json --pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 32");
+    std::vector<std::string> args;
+    for (std::string w; words >> w;) args.push_back(w);
+    args.insert(args.end(), {"--data-parallel-size", dp});
     if (distributed) args.push_back("--use-distributed-optimizer");
     const RunResult r = run_tandem(args, work.path(), capture.path());
     EXPECT_EQ(r.exit_code, 0) << r.err;

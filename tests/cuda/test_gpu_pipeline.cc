@@ -136,6 +136,19 @@ void expect_bitwise_equal(const TrainRun& a, const TrainRun& b) {
   EXPECT_EQ(differ, 0u) << "of " << a.params.size() << " master weights";
 }
 
+// Rank 0: the same weights and Adam moments by name, bit for bit (TrainRun::state).
+void expect_same_state(const TrainRun& got, const TrainRun& want) {
+  ASSERT_EQ(got.state.size(), want.state.size());
+  for (size_t i = 0; i < want.state.size(); ++i) {
+    const Tensor& a = got.state[i].second;
+    const Tensor& b = want.state[i].second;
+    ASSERT_EQ(got.state[i].first, want.state[i].first);
+    EXPECT_TRUE(a.nbytes() == b.nbytes() &&
+                std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
+        << want.state[i].first;
+  }
+}
+
 TEST(GpuPipeline, CombinedOverlapIsBitwiseTheSameAsInOrder) {
   const TrainRun on = train(CommOverlap::kOn, 3);
   const TrainRun off = train(CommOverlap::kOff, 3);
@@ -181,15 +194,7 @@ TEST(GpuPipeline, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
     EXPECT_EQ(moving.losses[i], staying.losses[i]) << "step " << i + 1;
     EXPECT_EQ(moving.norms[i], staying.norms[i]) << "step " << i + 1;
   }
-  ASSERT_EQ(moving.state.size(), staying.state.size());
-  for (size_t i = 0; i < moving.state.size(); ++i) {
-    const Tensor& a = moving.state[i].second;
-    const Tensor& b = staying.state[i].second;
-    ASSERT_EQ(moving.state[i].first, staying.state[i].first);
-    EXPECT_TRUE(a.nbytes() == b.nbytes() &&
-                std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
-        << moving.state[i].first;
-  }
+  expect_same_state(moving, staying);
 }
 
 bool has_span_starting(const std::vector<Span>& spans, const std::string& stream,
@@ -287,15 +292,7 @@ TEST(GpuPipeline, DistributedOptimizerIsBitwiseThePlainOptimizer) {
         EXPECT_NEAR(split.norms[i], plain.norms[i], 1e-6 * plain.norms[i]) << "step " << i + 1;
       }
       EXPECT_EQ(split.params, plain.params);
-      ASSERT_EQ(split.state.size(), plain.state.size());
-      for (size_t i = 0; i < plain.state.size(); ++i) {
-        const Tensor& a = split.state[i].second;
-        const Tensor& b = plain.state[i].second;
-        EXPECT_EQ(split.state[i].first, plain.state[i].first);
-        EXPECT_TRUE(a.nbytes() == b.nbytes() &&
-                    std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
-            << plain.state[i].first;
-      }
+      expect_same_state(split, plain);
       EXPECT_EQ(has_span_starting(split.timeline, "compute", "gather 0 until "), gather);
       schedule::PlanRequest req;
       req.schedule_name = "combined-1f1b";
