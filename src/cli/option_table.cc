@@ -169,6 +169,14 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "as the step's backward has finished with that layer, beside the backward of the "
                "layers below it, instead of all of them after the backward; "
                "--overlap-grad-reduce=false: at the step's end"});
+  s.push_back({"use-distributed-optimizer", &o.train.use_distributed_optimizer,
+               "with data parallelism: split each weight's Adam moments over the "
+               "ranks that replicate it (the data-parallel ranks; an expert's, its "
+               "expert-data-parallel ranks); gradients are reduce-scattered, each rank updates "
+               "its part and the weights are all-gathered; the results do not change"});
+  s.push_back({"overlap-param-gather", &o.train.overlap_param_gather,
+               "with --use-distributed-optimizer: all-gather each layer's updated weights just "
+               "before the next step's forward reads them, instead of right after the update"});
   s.push_back({"rebalance-experts",
                &o.train.rebalance_experts,
                "MoE with expert parallelism: every N steps, lay each layer's experts out anew "

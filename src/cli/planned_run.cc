@@ -28,6 +28,8 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
   in.data_parallel_size = dp;                    // Note [Gradient reduction in the plan]
   in.overlap_grad_reduce = o.train.overlap_grad_reduce;
+  // Note [Distributed optimizer in the plan] (schedule/pipeline_model.h).
+  in.distributed_optimizer = o.train.use_distributed_optimizer;
   return in;
 }
 

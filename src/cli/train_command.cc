@@ -61,10 +61,19 @@ void print_run(const RunOptions& o, const runtime::Groups& groups, const data::D
             << (o.train.defer_optimizer ? "; each step's update runs in the next step's first "
                                           "forward (--defer-optimizer)"
                                         : "")
-            << (grad_reduce_overlapped ? "; gradients all-reduced layer by layer beside the "
-                                         "backward (--overlap-grad-reduce)"
-                                       : "")
-            << std::endl;
+            << (!grad_reduce_overlapped ? ""
+                : o.train.use_distributed_optimizer
+                    ? "; gradients reduce-scattered layer by layer beside the backward "
+                      "(--overlap-grad-reduce)"
+                    : "; gradients all-reduced layer by layer beside the backward "
+                      "(--overlap-grad-reduce)");
+  if (o.train.use_distributed_optimizer) {  // Note [Distributed optimizer]
+    std::cout << "; Adam moments split over the ranks that hold each weight "
+                 "(--use-distributed-optimizer), weights gathered "
+              << (o.train.overlap_param_gather ? "beside the next forward (--overlap-param-gather)"
+                                               : "after the update");
+  }
+  std::cout << std::endl;
 }
 
 // With --eval-iters: where and how often the run validates, on rank 0.

@@ -622,6 +622,19 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
   TANDEM_CHECK(clip_grad >= 0, "--clip-grad ", clip_grad,
                " is invalid: it must be >= 0 (0 turns clipping off)");
   TANDEM_CHECK(log_interval >= 1, "--log-interval ", log_interval, " is invalid: need at least 1");
+  TANDEM_CHECK(!overlap_param_gather || use_distributed_optimizer,
+               "--overlap-param-gather gathers the weights the distributed optimizer updated: it "
+               "needs --use-distributed-optimizer");
+  if (!use_distributed_optimizer) return;
+  TANDEM_CHECK(!defer_optimizer,
+               "--use-distributed-optimizer and --defer-optimizer do not combine: the deferred "
+               "update would have to gather each layer's weights after updating them; use "
+               "--overlap-param-gather to gather them beside the next forward, or "
+               "--defer-optimizer=false");
+  TANDEM_CHECK(rebalance_experts == 0, "--use-distributed-optimizer and --rebalance-experts ",
+               rebalance_experts,
+               " do not combine: moving an expert would move its Adam moments, which the "
+               "distributed optimizer splits over other ranks; use --rebalance-experts 0");
 }
 
 }  // namespace tandem

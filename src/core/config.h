@@ -245,6 +245,15 @@ struct TrainConfig {
   // backward, instead of all at the step's end (Note [Gradients reduced beside the backward] in
   // runtime/grad_reduce.cc).
   bool overlap_grad_reduce = true;
+  // --use-distributed-optimizer (pipeline trainer, Megatron-LM's): the Adam moments of each
+  // weight split over the ranks that replicate it, the gradients reduce-scattered instead of
+  // all-reduced, each rank updating its part and the weights all-gathered after
+  // (Note [Distributed optimizer] in runtime/distributed_optimizer.cc).
+  bool use_distributed_optimizer = false;
+  // --overlap-param-gather (with use_distributed_optimizer): the weights gathered just before
+  // the next step's forward reads them instead of right after the update
+  // (Note [Weights gathered beside the forward] in runtime/distributed_optimizer.cc).
+  bool overlap_param_gather = false;
 
   // Micro-batches per data-parallel rank in one step.
   int64_t num_microbatches(int64_t data_parallel_size = 1) const {

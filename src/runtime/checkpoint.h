@@ -138,8 +138,12 @@ CheckpointState load_checkpoint(const std::string& dir);
 
 // Views of the parameters by name (no copy), in the registry's order.
 NamedTensors model_tensors(const model::Parameters& params);
-// Views of Adam's moments, named "<weight name>.exp_avg" and "<weight name>.exp_avg_sq".
+// Views of Adam's moments, named "<weight name>.exp_avg" and "<weight name>.exp_avg_sq"; the
+// optimizer must keep them whole (not sharded).
 NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& optimizer);
+// The same of two flat buffers laid out as the weights (a sharded optimizer's, made whole).
+NamedTensors moment_tensors(const model::Parameters& params, const Tensor& exp_avg,
+                            const Tensor& exp_avg_sq);
 
 // Copies the weights `params` holds (any chunk: a range of layers or experts) from `state`.
 // Checks first, changing nothing on failure: the model configs agree (for kHuggingFace except
@@ -164,7 +168,8 @@ struct ChunkRef {
   AdamW* optimizer;
 };
 
-// Restores every chunk of a rank from a whole-model `state`: weights, Adam moments and step count
+// Restores every chunk of a rank from a whole-model `state`: weights, Adam moments (each
+// optimizer's own ranges of them: AdamW::owned) and step count
 // from a kTandem state (after checking the seed and global batch size of `run`, which fix the data
 // position); from a kHuggingFace state the weights only, with zeroed moments and 0 steps. Checks
 // every chunk (configs, names, shapes) before copying anything, so a rejected checkpoint leaves

@@ -52,7 +52,12 @@ std::map<std::string, OwnedEntry> owned_entries(PipelineTrainer& trainer) {
   std::map<std::string, OwnedEntry> owned;
   for (const StageRuntime& s : trainer.stages()) {
     const NamedTensors weights = model_tensors(*s.params);  // in entry order, on the host
-    const NamedTensors moments = optimizer_tensors(*s.params, *s.optimizer);
+    // Note [Distributed optimizer]: a sharded optimizer's moments are made whole first (every
+    // rank of the groups takes part), so the files are the plain optimizer's.
+    const NamedTensors moments =
+        s.shards ? moment_tensors(*s.params, s.shards->whole_state(s.optimizer->exp_avg()),
+                                  s.shards->whole_state(s.optimizer->exp_avg_sq()))
+                 : optimizer_tensors(*s.params, *s.optimizer);
     const std::vector<model::ParamEntry>& entries = s.params->entries();
     for (size_t i = 0; i < entries.size(); ++i) {
       const model::ParamEntry& e = entries[i];

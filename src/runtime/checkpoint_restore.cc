@@ -108,12 +108,24 @@ Tensor moment_view(const Tensor& flat, const model::ParamEntry& e) {
   return flat.narrow_rows(e.offset, shape_numel(e.shape)).reshape(e.shape);
 }
 
+// Each entry's moments into the optimizer's buffers where it keeps them: the ranges it owns
+// (the whole buffers, or with the distributed optimizer this rank's parts:
+// Note [Distributed optimizer] in distributed_optimizer.cc).
 void copy_moments(const model::Parameters& params, AdamW& optimizer, const TensorIndex& moments) {
   for (const model::ParamEntry& e : params.entries()) {
-    moment_view(optimizer.exp_avg(), e)
-        .copy_from(io::to_float(*moments.at(e.name + ".exp_avg"), params.dtype()));
-    moment_view(optimizer.exp_avg_sq(), e)
-        .copy_from(io::to_float(*moments.at(e.name + ".exp_avg_sq"), params.dtype()));
+    const int64_t n = shape_numel(e.shape);
+    const Tensor m = io::to_float(*moments.at(e.name + ".exp_avg"), params.dtype()).reshape({n});
+    const Tensor v = io::to_float(*moments.at(e.name + ".exp_avg_sq"), params.dtype()).reshape({n});
+    for (const OwnedRange& r : optimizer.owned()) {
+      const int64_t b = std::max(r.begin, e.offset),
+                    end = std::min(r.begin + r.count, e.offset + n);
+      if (b >= end) continue;
+      const int64_t at = r.state_at + (b - r.begin);
+      optimizer.exp_avg().narrow_rows(at, end - b).copy_from(m.narrow_rows(b - e.offset, end - b));
+      optimizer.exp_avg_sq()
+          .narrow_rows(at, end - b)
+          .copy_from(v.narrow_rows(b - e.offset, end - b));
+    }
   }
 }
 
@@ -139,13 +151,19 @@ NamedTensors model_tensors(const model::Parameters& params) {
   return out;
 }
 
-NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& optimizer) {
+NamedTensors moment_tensors(const model::Parameters& params, const Tensor& exp_avg,
+                            const Tensor& exp_avg_sq) {
   NamedTensors out;
   for (const model::ParamEntry& e : params.entries()) {
-    out.emplace_back(e.name + ".exp_avg", on_host(moment_view(optimizer.exp_avg(), e)));
-    out.emplace_back(e.name + ".exp_avg_sq", on_host(moment_view(optimizer.exp_avg_sq(), e)));
+    out.emplace_back(e.name + ".exp_avg", on_host(moment_view(exp_avg, e)));
+    out.emplace_back(e.name + ".exp_avg_sq", on_host(moment_view(exp_avg_sq, e)));
   }
   return out;
+}
+
+NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& optimizer) {
+  TANDEM_ASSERT(!optimizer.sharded(), "a sharded optimizer's moments are made whole first");
+  return moment_tensors(params, optimizer.exp_avg(), optimizer.exp_avg_sq());
 }
 
 void restore_model(model::Parameters& params, const CheckpointState& state) {

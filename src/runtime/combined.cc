@@ -223,8 +223,10 @@ void StreamExecutor::run_pair(ActionKind kind, std::array<NodeWork, 2>& h) {
   if (split) h[1].context.ep = &groups_->ep2_data();
   // Note [The update beside the first forward]: a second compute stream would read weights
   // updated on the first without waiting for them; what the halves read is updated first.
-  if (split) {
-    for (const NodeWork& half : h) deferred_->update(*half.stage, half.stage->params->numel());
+  // Note [Weights gathered beside the forward] (distributed_optimizer.cc): so are the weights
+  // still to be gathered, before the communication thread may run.
+  for (const NodeWork& half : h) {
+    if (split || half.stage->shards) deferred_->update(*half.stage, half.stage->params->numel());
   }
   // Both micro-batches' chains start after everything issued so far on the compute stream
   // (their inputs are there).

@@ -81,6 +81,14 @@ std::vector<int64_t> node_weight_ends(const model::Parameters& params,
 }
 
 void DeferredUpdate::update(StageRuntime& s, int64_t end, int half) {
+  if (s.shards && s.shards->gather_pending(end)) {
+    // Note [Weights gathered beside the forward] (distributed_optimizer.cc).
+    ShardedWeights& w = *s.shards;
+    SpanInfo span;
+    span.track = half ? "compute2" : "compute";
+    span.name = "gather " + std::to_string(s.stage) + " until " + std::to_string(end);
+    streams_->run(compute_stream(half), std::move(span), [&w, end] { w.gather_until(end); });
+  }
   AdamW& opt = *s.optimizer;
   if (end <= opt.updated_until()) return;
   const int64_t from = opt.updated_until();

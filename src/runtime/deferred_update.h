@@ -23,7 +23,9 @@ class DeferredUpdate {
   explicit DeferredUpdate(Streams& streams) : streams_(&streams) {}
 
   // What of stage s's deferred update lies before element `end`, issued on the compute stream
-  // of `half` (on the GPU a span of the trace); nothing when none is pending there.
+  // of `half` (on the GPU a span of the trace); nothing when none is pending there. With the
+  // distributed optimizer, also the weights before `end` still to be gathered
+  // (Note [Weights gathered beside the forward] in distributed_optimizer.cc).
   void update(StageRuntime& s, int64_t end, int half = 0);
   // The weights node i reads before its forward; a backward reads them all.
   void before_node(StageRuntime& s, size_t i, bool forward, int half = 0) {

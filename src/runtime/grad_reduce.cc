@@ -114,11 +114,10 @@ void GradReducer::begin_step(int64_t num_mb) {
 // one sum-of-squares readback) per run instead of one per tensor. With one expert rank the
 // experts' group is the data-parallel group itself, so the whole buffer is one run; with EP > 1
 // a layer makes about two (its dense tensors, its experts).
-std::vector<GradReducer::GradRun> GradReducer::gradient_runs(
-    const model::Parameters& params) const {
+std::vector<GradRun> gradient_runs(const model::Parameters& params, int ep) {
   std::vector<GradRun> runs;
   for (const model::ParamEntry& e : params.entries()) {
-    const bool expert = e.shard == model::ParamShard::kExpert && groups_->layout.ep > 1;
+    const bool expert = e.shard == model::ParamShard::kExpert && ep > 1;
     const int64_t n = shape_numel(e.shape);
     if (!runs.empty() && runs.back().expert == expert &&
         runs.back().begin + runs.back().count == e.offset) {
@@ -134,15 +133,27 @@ std::vector<GradReducer::Part> GradReducer::unit_parts(const StageRuntime& s,
                                                        const GradUnit& u) const {
   const comm::ParallelLayout& L = groups_->layout;
   std::vector<Part> parts;
-  for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
+  auto bus = [](const Tensor& grads, int64_t n, double passes) {
+    return static_cast<double>(grads.nbytes()) * passes * static_cast<double>(n - 1) /
+           static_cast<double>(n);
+  };
+  if (s.shards) {  // Note [Distributed optimizer]: the unit's pieces, reduce-scattered
+    for (const ShardPiece& p : s.shards->pieces()) {
+      if (p.begin < u.begin || p.begin >= u.end || p.ranks <= 1) continue;
+      const Tensor grads = s.params->flat_grads().narrow_rows(p.begin, p.count);
+      parts.push_back({p.expert ? &groups_->edp_data() : &groups_->dp_data(), grads,
+                       bus(grads, p.ranks, 1.0), s.shards.get(), &p});
+    }
+    return parts;
+  }
+  for (const GradRun& run : gradient_runs(*s.params, groups_->layout.ep)) {  // Note [Gradient runs]
     const int64_t begin = std::max(run.begin, u.begin);
     const int64_t end = std::min(run.begin + run.count, u.end);
     const int64_t n = run.expert ? L.edp() : L.dp();
     if (begin >= end || n <= 1) continue;
     const Tensor grads = s.params->flat_grads().narrow_rows(begin, end - begin);
-    const double bus_bytes = static_cast<double>(grads.nbytes()) * 2.0 *
-                             static_cast<double>(n - 1) / static_cast<double>(n);
-    parts.push_back({run.expert ? &groups_->edp_data() : &groups_->dp_data(), grads, bus_bytes});
+    parts.push_back(
+        {run.expert ? &groups_->edp_data() : &groups_->dp_data(), grads, bus(grads, n, 2.0)});
   }
   return parts;
 }
@@ -162,7 +173,13 @@ void GradReducer::weight_grad_issued(const StageRuntime& s, size_t node, StreamI
   for (const Part& p : parts) span.bus_bytes += p.bus_bytes;
   streams_->wait(StreamId::kReduce, streams_->mark(stream), stream, std::string());
   streams_->run(StreamId::kReduce, std::move(span), [parts = std::move(parts)] {
-    for (const Part& p : parts) p.group->all_reduce_sum(p.grads);
+    for (const Part& p : parts) {
+      if (p.piece) {
+        p.shards->reduce_scatter(*p.piece);
+      } else {
+        p.group->all_reduce_sum(p.grads);
+      }
+    }
   });
   u.reduced = true;
 }
@@ -180,7 +197,12 @@ void GradReducer::end_step(const std::vector<StageRuntime>& stages) {
   }
   const comm::ParallelLayout& L = groups_->layout;
   for (const StageRuntime& s : stages) {
-    for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
+    if (s.shards) {  // Note [Distributed optimizer]
+      for (const ShardPiece& p : s.shards->pieces()) s.shards->reduce_scatter(p);
+      continue;
+    }
+    for (const GradRun& run :
+         gradient_runs(*s.params, groups_->layout.ep)) {  // Note [Gradient runs]
       comm::Communicator& group = run.expert ? groups_->edp_data() : groups_->dp_data();
       if ((run.expert ? L.edp() : L.dp()) > 1) {
         group.all_reduce_sum(s.params->flat_grads().narrow_rows(run.begin, run.count));
@@ -195,6 +217,11 @@ void GradReducer::end_step(const std::vector<StageRuntime>& stages) {
 // counted would go unseen; each rank therefore also adds a flag, 1 when any of its own gradients
 // is not finite, and the flags are summed with the norm in one all-reduce. The result (NaN when
 // any flag is set) is the same on every rank, and so is the global loss.
+// Note [Norm from the parts]: with the distributed optimizer each rank holds the sums of its own
+// parts of the pieces only (Note [Distributed optimizer] in distributed_optimizer.cc), and each
+// element of the model lies in one rank's part, so each rank counts its parts and the world's
+// all-reduce adds them. The rest of its flat gradients (its own unsummed ones) still sets the
+// flag: a value that is not finite there makes the owner's sum not finite too.
 // Note [Norm by expert]: experts that move between ranks (Note [Rebalancing experts]) would
 // change which rank's partial sum holds each expert's squares, and so the norm's last bits (and
 // the clipping's). With rebalancing on, each expert's squares go to a slot of its own, by layer
@@ -214,8 +241,21 @@ double GradReducer::global_norm(const std::vector<StageRuntime>& stages) {
   std::vector<Part> parts;
   for (const StageRuntime& s : stages) {
     const Tensor& g = s.params->flat_grads();
-    for (const GradRun& run : gradient_runs(*s.params)) {  // Note [Gradient runs]
-      if (run.expert && by_expert) continue;               // below, expert by expert
+    if (s.shards) {  // Note [Norm from the parts]
+      for (const ShardPiece& p : s.shards->pieces()) {
+        const int64_t own_end = p.own_begin + p.own_count, end = p.begin + p.count;
+        const int64_t cuts[4] = {p.begin, p.own_begin, own_end, end};
+        for (int k = 0; k < 3; ++k) {
+          if (cuts[k] >= cuts[k + 1]) continue;
+          parts.push_back({ops::sum_squares_start(g.narrow_rows(cuts[k], cuts[k + 1] - cuts[k])),
+                           k == 1 ? -1 : -2});
+        }
+      }
+      continue;
+    }
+    for (const GradRun& run :
+         gradient_runs(*s.params, groups_->layout.ep)) {  // Note [Gradient runs]
+      if (run.expert && by_expert) continue;              // below, expert by expert
       const bool counted = (run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0;
       parts.push_back(
           {ops::sum_squares_start(g.narrow_rows(run.begin, run.count)), counted ? -1 : -2});

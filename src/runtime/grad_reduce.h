@@ -32,6 +32,15 @@ std::vector<GradUnit> gradient_units(const model::Parameters& params,
                                      const std::vector<model::NodeRef>& nodes,
                                      std::vector<int32_t>& node_unit);
 
+// Neighbouring gradient entries reduced in one call (Note [Gradient runs] in grad_reduce.cc);
+// expert: reduced over the expert-data-parallel group (only when ep > 1), else over the
+// data-parallel group.
+struct GradRun {
+  int64_t begin, count;
+  bool expert;
+};
+std::vector<GradRun> gradient_runs(const model::Parameters& params, int ep);
+
 class GradReducer {
  public:
   GradReducer(const ModelConfig& m, const TrainConfig& t, Groups& groups, Streams& streams);
@@ -54,18 +63,15 @@ class GradReducer {
   double global_norm(const std::vector<StageRuntime>& stages);
 
  private:
-  // Neighbouring gradient entries reduced in one call (Note [Gradient runs]); expert: reduced
-  // over the expert-data-parallel group (only when EP > 1).
-  struct GradRun {
-    int64_t begin, count;
-    bool expert;
-  };
-  std::vector<GradRun> gradient_runs(const model::Parameters& params) const;
   // The parts of unit u's gradients each group sums, and their bus bytes (SpanInfo::bus_bytes).
+  // With the distributed optimizer `piece` is set: its gradients are reduce-scattered by
+  // `shards` (Note [Distributed optimizer] in distributed_optimizer.cc), else all-reduced.
   struct Part {
     comm::Communicator* group;
     Tensor grads;
     double bus_bytes;
+    ShardedWeights* shards = nullptr;
+    const ShardPiece* piece = nullptr;
   };
   std::vector<Part> unit_parts(const StageRuntime& s, const GradUnit& u) const;
   struct StageUnits {

@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <utility>
 
 #include "core/error.h"
 #include "ops/ops.h"
@@ -43,35 +44,55 @@ std::vector<int64_t> decayed_ranges(const model::Parameters& params) {
 }  // namespace
 
 AdamW::AdamW(model::Parameters& params, const TrainConfig& t)
+    : AdamW(params, t, {OwnedRange{0, params.numel(), 0}}, params.numel()) {}
+
+AdamW::AdamW(model::Parameters& params, const TrainConfig& t, std::vector<OwnedRange> owned,
+             int64_t state_numel)
     : params_(&params),
       hp_(t),
-      m_(Tensor::zeros({params.numel()}, params.dtype(), MemCategory::kOptimizer, "adam.m",
+      owned_(std::move(owned)),
+      m_(Tensor::zeros({state_numel}, params.dtype(), MemCategory::kOptimizer, "adam.m",
                        params.device())),
-      v_(Tensor::zeros({params.numel()}, params.dtype(), MemCategory::kOptimizer, "adam.v",
+      v_(Tensor::zeros({state_numel}, params.dtype(), MemCategory::kOptimizer, "adam.v",
                        params.device())),
       decayed_(decayed_ranges(params)),
-      done_(params.numel()) {}
+      done_(params.numel()) {
+  int64_t end = 0;
+  for (const OwnedRange& r : owned_) {
+    TANDEM_ASSERT(r.begin >= end && r.count >= 0 && r.begin + r.count <= params.numel() &&
+                      r.state_at >= 0 && r.state_at + r.count <= state_numel,
+                  "owned range [", r.begin, ", ", r.begin + r.count, ") of the optimizer");
+    end = r.begin + r.count;
+  }
+}
 
-// One piece of the step's pass (Note [Deferred update]): the elements [updated_until(), end),
-// step() the whole buffer at once; returns the piece's gradients (left as they are).
-Tensor AdamW::update_range(int64_t end) {
-  const int64_t begin = done_, n = end - begin;
+void AdamW::update_piece(const OwnedRange& r, int64_t begin, int64_t end) {
+  const int64_t n = end - begin;
   std::vector<int64_t> decayed;  // decayed_ within [begin, end), from begin
-  for (size_t r = 0; r + 1 < decayed_.size(); r += 2) {
-    const int64_t b = std::max(decayed_[r], begin), e = std::min(decayed_[r + 1], end);
+  for (size_t i = 0; i + 1 < decayed_.size(); i += 2) {
+    const int64_t b = std::max(decayed_[i], begin), e = std::min(decayed_[i + 1], end);
     if (b < e) {
       decayed.push_back(b - begin);
       decayed.push_back(e - begin);
     }
   }
   auto part = [&](const Tensor& t) { return t.defined() ? t.narrow_rows(begin, n) : Tensor(); };
-  const Tensor grads = part(params_->flat_grads());
+  auto state = [&](const Tensor& t) { return t.narrow_rows(r.state_at + (begin - r.begin), n); };
   const ops::AdamWParams hp{lr_,          hp_.adam_beta1,   hp_.adam_beta2,
                             hp_.adam_eps, hp_.weight_decay, step_};
-  ops::adamw_step_flat(part(params_->flat_params()), part(m_), part(v_),
-                       part(params_->flat_compute()), grads, decayed, grad_scale_, hp);
+  ops::adamw_step_flat(part(params_->flat_params()), state(m_), state(v_),
+                       part(params_->flat_compute()), part(params_->flat_grads()), decayed,
+                       grad_scale_, hp);
+}
+
+// One piece of the step's pass (Note [Deferred update]): the owned elements in
+// [updated_until(), end); step() the whole buffer at once.
+void AdamW::update_range(int64_t end) {
+  for (const OwnedRange& r : owned_) {
+    const int64_t b = std::max(r.begin, done_), e = std::min(r.begin + r.count, end);
+    if (b < e) update_piece(r, b, e);
+  }
   done_ = end;
-  return grads;
 }
 
 void AdamW::start_step(const char* who, double lr, double grad_scale) {
@@ -102,7 +123,9 @@ void AdamW::defer_step(double lr, double grad_scale) { start_step("defer_step", 
 void AdamW::update_until(int64_t end) {
   end = std::min(end, params_->numel());
   if (end <= done_) return;
-  update_range(end).zero_();
+  const int64_t begin = done_;
+  update_range(end);
+  params_->flat_grads().narrow_rows(begin, end - begin).zero_();
 }
 
 double grad_sum_squares(const model::Parameters& params) {

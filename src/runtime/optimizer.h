@@ -16,9 +16,21 @@ namespace tandem::runtime {
 // min_lr over [warmup, decay_iters] and min_lr after.
 double learning_rate(const TrainConfig& t, int64_t iter);
 
+// A range of the flat buffers that an AdamW updates, and where its moments begin in the
+// optimizer's own buffers.
+struct OwnedRange {
+  int64_t begin = 0, count = 0;  // in the flat parameter and gradient buffers
+  int64_t state_at = 0;          // in exp_avg() and exp_avg_sq()
+};
+
 class AdamW {
  public:
+  // Updates every weight of `params`; its moments lie as the weights do.
   AdamW(model::Parameters& params, const TrainConfig& t);
+  // Note [Distributed optimizer] (distributed_optimizer.cc): updates only the ranges `owned`
+  // (ascending, not overlapping), whose moments take state_numel elements in all.
+  AdamW(model::Parameters& params, const TrainConfig& t, std::vector<OwnedRange> owned,
+        int64_t state_numel);
 
   // One update of every parameter with learning rate `lr` and the gradients multiplied by
   // grad_scale (clip_coefficient's; the gradient buffers are left as they are); weight decay on
@@ -36,6 +48,9 @@ class AdamW {
   bool update_pending() const { return done_ < params_->numel(); }
   int64_t updated_until() const { return done_; }
   int64_t steps() const { return step_; }
+  // The ranges this optimizer updates; one over the whole buffers unless sharded.
+  const std::vector<OwnedRange>& owned() const { return owned_; }
+  bool sharded() const { return m_.numel() != params_->numel() || owned_.size() != 1; }
   const Tensor& exp_avg() const { return m_; }
   const Tensor& exp_avg_sq() const { return v_; }
   void set_steps(int64_t steps) { step_ = steps; }
@@ -43,7 +58,8 @@ class AdamW {
  private:
   model::Parameters* params_;
   TrainConfig hp_;
-  Tensor m_, v_;                  // flat, like the parameters (kOptimizer)
+  std::vector<OwnedRange> owned_;
+  Tensor m_, v_;                  // the owned ranges' moments, back to back (kOptimizer)
   std::vector<int64_t> decayed_;  // the matrices' element ranges, neighbours merged
   int64_t step_ = 0;
   // The step's scalars and the elements it has updated (all of them: none pending).
@@ -52,7 +68,9 @@ class AdamW {
   // Counts a step and keeps its scalars, nothing updated yet; throws (naming `who`) while the
   // last one is unfinished.
   void start_step(const char* who, double lr, double grad_scale);
-  Tensor update_range(int64_t end);
+  void update_range(int64_t end);
+  // The elements [begin, end) of the flat buffers, all inside one owned range `r`.
+  void update_piece(const OwnedRange& r, int64_t begin, int64_t end);
 };
 
 // Sum of squares of the gradients (for the global norm; add across ranks before the sqrt).

@@ -81,7 +81,14 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
         model_, stage_spec(model_, s, sched.num_stages, L, groups.rank), dtype, train_.device);
     st.params->initialize(train_.seed);
     st.chunk = std::make_unique<model::ModelChunk>(*st.params);
-    st.optimizer = std::make_unique<AdamW>(*st.params, train_);
+    if (train_.use_distributed_optimizer) {  // Note [Distributed optimizer]
+      st.shards = std::make_unique<ShardedWeights>(
+          *st.params, shard_pieces(*st.params, st.chunk->nodes(), L, groups.rank), groups);
+      st.optimizer =
+          std::make_unique<AdamW>(*st.params, train_, st.shards->owned(), st.shards->state_numel());
+    } else {
+      st.optimizer = std::make_unique<AdamW>(*st.params, train_);
+    }
     st.weight_ends = node_weight_ends(*st.params, st.chunk->nodes());
     reducer_->add_stage(st);
     stages_.push_back(std::move(st));
@@ -371,8 +378,9 @@ void PipelineTrainer::finish_updates() {
 }
 
 // Every rank steps all of its stages' weights (the gradients are all-reduced, nothing is
-// gathered after); the step writes the compute copy itself. A step that is not finite zeroes
-// the gradients instead (Note [Non-finite steps]).
+// gathered after), or with the distributed optimizer its parts of them, gathered after or
+// beside the next forward; the step writes the compute copy itself. A step that is not finite
+// zeroes the gradients instead (Note [Non-finite steps]).
 void PipelineTrainer::apply_update(StepResult& r, bool finite) {
   const double coeff = clip_coefficient(r.grad_norm, train_.clip_grad);
   for (StageRuntime& s : stages_) {
@@ -382,6 +390,9 @@ void PipelineTrainer::apply_update(StepResult& r, bool finite) {
       s.optimizer->defer_step(r.lr, coeff);
     } else {
       s.optimizer->step(r.lr, coeff);
+      // Note [Weights gathered beside the forward] (distributed_optimizer.cc).
+      if (s.shards) s.shards->set_gather_pending();
+      if (s.shards && !train_.overlap_param_gather) s.shards->gather_all();
     }
   }
   if (!finite) r.status = StepStatus::kSkipped;

@@ -84,15 +84,19 @@ class PipelineTrainer {
   EvalResult evaluate(const data::Dataset& data, int64_t batches);
 
   // This rank's stages, their weights up to date: a deferred update (TrainConfig::
-  // defer_optimizer) is finished first. The const overload leaves it as it is: its weights may
-  // still wait for the last step's update (finish_updates).
+  // defer_optimizer) is finished first, and weights still to be gathered (TrainConfig::
+  // overlap_param_gather) are gathered, which every rank of the data-parallel groups must then
+  // do too. The const overload leaves them as they are: its weights may still wait for the last
+  // step's update or gather (finish_updates).
   std::vector<StageRuntime>& stages() {
     finish_updates();
     return stages_;
   }
   const std::vector<StageRuntime>& stages() const { return stages_; }
   // Note [The update beside the first forward] (deferred_update.cc): applies what is left of the
-  // last step's deferred update on every stage (on the GPU, enqueued on the compute stream).
+  // last step's deferred update on every stage (on the GPU, enqueued on the compute stream),
+  // and gathers the weights still to be gathered (Note [Weights gathered beside the forward]
+  // in distributed_optimizer.cc).
   void finish_updates();
   int64_t iteration() const { return iteration_; }
   // The position a restored checkpoint continues from (runtime/checkpoint_parallel.h).

@@ -8,6 +8,7 @@
 
 #include "model/chunk.h"
 #include "model/parameters.h"
+#include "runtime/distributed_optimizer.h"
 #include "runtime/optimizer.h"
 
 namespace tandem::runtime {
@@ -17,6 +18,9 @@ struct StageRuntime {
   std::unique_ptr<model::Parameters> params;
   std::unique_ptr<model::ModelChunk> chunk;
   std::unique_ptr<AdamW> optimizer;
+  // --use-distributed-optimizer: the pieces of the weights and this rank's parts (Note
+  // [Distributed optimizer] in distributed_optimizer.cc); null with the plain optimizer.
+  std::unique_ptr<ShardedWeights> shards;
   std::vector<model::MicroBatchState> mbs;
   // Per node of chunk->nodes(): the end of the flat weights it and the nodes before it read
   // (node_weight_ends in deferred_update.h).

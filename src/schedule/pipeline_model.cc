@@ -280,6 +280,21 @@ int64_t stage_params(const ModelConfig& cfg, int32_t first_layer, int32_t num_la
   return n;
 }
 
+int64_t sharded_optimizer_params(const Stage& st, int64_t dp, int64_t ep) {
+  std::vector<int64_t> dense(st.grad_units.size(), 0), experts(st.grad_units.size(), 0);
+  for (size_t i = 0; i < st.nodes.size(); ++i) {
+    const StageNode& n = st.nodes[i];
+    const auto u = static_cast<size_t>(st.node_unit[i]);
+    (ep > 1 && n.kind == NodeKind::kExperts ? experts : dense)[u] += n.params;
+  }
+  const int64_t edp = dp / ep;
+  int64_t total = 0;
+  for (size_t u = 0; u < dense.size(); ++u) {
+    total += (dense[u] + dp - 1) / dp + (experts[u] + edp - 1) / edp;
+  }
+  return total;
+}
+
 PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   check_inputs(sch, in);
   PipelineModel pm;
@@ -323,7 +338,11 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
     RankMemory& m = pm.ranks[st.rank];
     m.param_bytes += st.num_params * kFp32;
     m.grad_bytes += st.num_params * kFp32;
-    m.optimizer_bytes += 2 * st.num_params * kFp32;
+    const int64_t kept =
+        in.distributed_optimizer
+            ? sharded_optimizer_params(st, pm.data_parallel_size, in.expert_parallel_size)
+            : st.num_params;
+    m.optimizer_bytes += 2 * kept * kFp32;
     if (in.gpu) m.compute_copy_bytes += st.num_params * 2;
     // The expert bias's load tally, f32 [layers, E] a chunk (Note [Expert bias] in
     // runtime/expert_bias.h), beside the weights.

@@ -82,7 +82,7 @@ struct Stage {
 struct RankMemory {
   int64_t param_bytes = 0;         // fp32 master weights (and the expert bias's load tally)
   int64_t grad_bytes = 0;          // fp32 gradients
-  int64_t optimizer_bytes = 0;     // two fp32 Adam moments
+  int64_t optimizer_bytes = 0;     // two fp32 Adam moments (of its parts: distributed optimizer)
   int64_t compute_copy_bytes = 0;  // GPU: the bf16 copy of the weights the products read
   int64_t static_bytes() const {
     return param_bytes + grad_bytes + optimizer_bytes + compute_copy_bytes;
@@ -146,6 +146,9 @@ struct PlanInputs {
   // Note [Gradient reduction in the plan] in simulator.cc.
   int64_t data_parallel_size = 0;
   bool overlap_grad_reduce = true;
+  // TrainConfig::use_distributed_optimizer: each rank keeps the Adam moments of its part of the
+  // replicated weights only (Note [Distributed optimizer in the plan] below).
+  bool distributed_optimizer = false;
 };
 
 struct PipelineModel {
@@ -173,6 +176,13 @@ int64_t resolved_data_parallel_size(const PlanInputs& in);
 // Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws
 // tandem::Error if S does not divide L or EP does not divide the experts.
 PipelineModel build_pipeline_model(const Schedule& schedule, const PlanInputs& in);
+
+// Note [Distributed optimizer in the plan]: the weights of a stage whose Adam moments one rank
+// keeps with the distributed optimizer (runtime/distributed_optimizer.cc): per gradient unit, its
+// weights over the data-parallel size and, with EP > 1, its experts' over the
+// expert-data-parallel size, each rounded up (every rank keeps as many: the last parts are
+// padded).
+int64_t sharded_optimizer_params(const Stage& stage, int64_t data_parallel_size, int64_t ep);
 
 // Parameters of one stage: embedding on stage 0, layers (experts divided by EP), final norm and
 // LM head on the last stage.

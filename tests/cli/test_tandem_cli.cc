@@ -142,6 +142,37 @@ TEST(TandemProgram, PlanModelsTheDeferredUpdate) {
   EXPECT_EQ(plan("").dump(), deferred.dump());  // the default
 }
 
+// Note [Distributed optimizer in the plan]: `tandem plan --use-distributed-optimizer` plans each
+// rank's Adam moments for its part of the weights (every unit divides by 2 here: exactly half),
+// and nothing else changes but the peak, by as much; with one rank a stage it changes nothing.
+// (tests/dist/test_distributed_optimizer.cc holds the planned bytes to the allocated ones.)
+TEST(TandemProgram, PlanDividesTheOptimizerStateOfTheDistributedOptimizer) {
+  TempDir work, capture;
+  auto plan = [&](const char* dp, bool distributed) {
+    std::istringstream words(
+        "plan --json --pipeline-model-parallel-size 2 --num-layers 4 --global-batch-size 32");
+    std::vector<std::string> args;
+    for (std::string w; words >> w;) args.push_back(w);
+    args.insert(args.end(), {"--data-parallel-size", dp});
+    if (distributed) args.push_back("--use-distributed-optimizer");
+    const RunResult r = run_tandem(args, work.path(), capture.path());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return nlohmann::json::parse(r.out);
+  };
+  const nlohmann::json plain = plan("2", false), split = plan("2", true);
+  for (size_t r = 0; r < 2; ++r) {
+    const nlohmann::json& p = plain.at("ranks")[r];
+    const nlohmann::json& s = split.at("ranks")[r];
+    const int64_t saved = p.at("optimizer_bytes").get<int64_t>() / 2;
+    EXPECT_GT(saved, 0);
+    EXPECT_EQ(s.at("optimizer_bytes").get<int64_t>(), saved);
+    EXPECT_EQ(s.at("param_bytes"), p.at("param_bytes"));
+    EXPECT_EQ(s.at("peak_bytes").get<int64_t>(), p.at("peak_bytes").get<int64_t>() - saved);
+  }
+  EXPECT_EQ(split.at("step_time_s"), plain.at("step_time_s"));
+  EXPECT_EQ(plan("1", true).dump(), plan("1", false).dump());
+}
+
 // Note [Gradient reduction in the plan]: `tandem plan --data-parallel-size N` divides the global
 // batch as `tandem train` on N ranks a stage does and plans the gradient all-reduce: beside the
 // backward by default, after it with --overlap-grad-reduce=false; neither moves the

@@ -16,10 +16,12 @@
 #include "comm/mpi_communicator.h"
 #include "common/random_tokens.h"
 #include "core/cuda/context.h"
+#include "core/device.h"
 #include "core/tensor.h"
 #include "runtime/checkpoint_parallel.h"
 #include "runtime/pipeline_trainer.h"
 #include "schedule/generators.h"
+#include "schedule/planner.h"
 #include "schedule/validator.h"
 
 namespace tandem::runtime {
@@ -50,12 +52,14 @@ struct TrainRun {
   std::vector<Span> timeline;
   double busy = 0, exposed = 0, waiting = -1, forward_backward = 0, step_seconds = 0;
   schedule::NodeTimesTable node_times;
+  int64_t optimizer_bytes = 0;  // the trainer's, in the GPU allocator's optimizer category
 };
 
 // pp 2: a pipeline of two stages (1f1b) instead of two expert ranks (combined-1f1b).
 TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
                int64_t rebalance_experts = 0, bool defer_optimizer = false, int pp = 1,
-               bool overlap_grad_reduce = true) {
+               bool overlap_grad_reduce = true, bool distributed_optimizer = false,
+               bool overlap_param_gather = false) {
   const ModelConfig m = small_moe();
   TrainConfig t;
   t.micro_batch_size = 2;
@@ -66,6 +70,8 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
   t.rebalance_experts = rebalance_experts;
   t.defer_optimizer = defer_optimizer;
   t.overlap_grad_reduce = overlap_grad_reduce;
+  t.use_distributed_optimizer = distributed_optimizer;
+  t.overlap_param_gather = overlap_param_gather;
   Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), pp, 2 / pp, Device::kCUDA,
                                /*second_expert_group=*/overlap == CommOverlap::kSplit);
   // 16 samples of 2: 4 micro-batches on each of 2 data-parallel ranks, or 8 down the pipeline.
@@ -74,8 +80,11 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
       pp == 1 ? schedule::ScheduleKind::kCombined1f1b : schedule::ScheduleKind::k1f1b, shape);
   schedule::validate_schedule(sched);
   const testing::RandomTokens data(m.vocab_size);
+  const int64_t before = allocator_for(Device::kCUDA).stats().in_use_of(MemCategory::kOptimizer);
   PipelineTrainer trainer(m, t, sched, groups, data, DType::kF32, overlap);
   TrainRun r;
+  r.optimizer_bytes =
+      allocator_for(Device::kCUDA).stats().in_use_of(MemCategory::kOptimizer) - before;
   for (int i = 0; i < steps; ++i) {
     const StepResult s = trainer.step();
     r.losses.push_back(s.loss);
@@ -127,6 +136,19 @@ void expect_bitwise_equal(const TrainRun& a, const TrainRun& b) {
   EXPECT_EQ(differ, 0u) << "of " << a.params.size() << " master weights";
 }
 
+// Rank 0: the same weights and Adam moments by name, bit for bit (TrainRun::state).
+void expect_same_state(const TrainRun& got, const TrainRun& want) {
+  ASSERT_EQ(got.state.size(), want.state.size());
+  for (size_t i = 0; i < want.state.size(); ++i) {
+    const Tensor& a = got.state[i].second;
+    const Tensor& b = want.state[i].second;
+    ASSERT_EQ(got.state[i].first, want.state[i].first);
+    EXPECT_TRUE(a.nbytes() == b.nbytes() &&
+                std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
+        << want.state[i].first;
+  }
+}
+
 TEST(GpuPipeline, CombinedOverlapIsBitwiseTheSameAsInOrder) {
   const TrainRun on = train(CommOverlap::kOn, 3);
   const TrainRun off = train(CommOverlap::kOff, 3);
@@ -172,15 +194,7 @@ TEST(GpuPipeline, RebalancedExpertsTrainBitwiseAsExpertsThatStay) {
     EXPECT_EQ(moving.losses[i], staying.losses[i]) << "step " << i + 1;
     EXPECT_EQ(moving.norms[i], staying.norms[i]) << "step " << i + 1;
   }
-  ASSERT_EQ(moving.state.size(), staying.state.size());
-  for (size_t i = 0; i < moving.state.size(); ++i) {
-    const Tensor& a = moving.state[i].second;
-    const Tensor& b = staying.state[i].second;
-    ASSERT_EQ(moving.state[i].first, staying.state[i].first);
-    EXPECT_TRUE(a.nbytes() == b.nbytes() &&
-                std::memcmp(a.raw_data(), b.raw_data(), a.nbytes()) == 0)
-        << moving.state[i].first;
-  }
+  expect_same_state(moving, staying);
 }
 
 bool has_span_starting(const std::vector<Span>& spans, const std::string& stream,
@@ -254,6 +268,45 @@ TEST(GpuPipeline, GradientsReducedBesideTheBackwardAreBitwiseThoseAtTheEnd) {
                                                          "whole backward";
     }
     EXPECT_FALSE(has_span_starting(at_end.timeline, "reduce", "reduce "));
+  }
+}
+
+// Note [Distributed optimizer]: with two expert ranks the dense weights are replicated on both
+// GPUs, so the distributed optimizer splits their Adam moments over the two: the same losses,
+// master weights and (gathered) moments as the plain optimizer, bit for bit (two ranks: a + b),
+// the norms within rounding (Note [Norm from the parts]); with the all-to-all in order and
+// overlapped, the reduction beside the backward and after it, the weights gathered after the
+// update and beside the next forward. Its optimizer bytes are the plan's.
+TEST(GpuPipeline, DistributedOptimizerIsBitwiseThePlainOptimizer) {
+  for (const CommOverlap overlap : {CommOverlap::kOff, CommOverlap::kOn}) {
+    const TrainRun plain = train(overlap, 3);
+    for (const auto& [beside, gather] : {std::pair{true, false}, std::pair{true, true},
+                                         std::pair{false, false}, std::pair{false, true}}) {
+      SCOPED_TRACE(std::string("overlap ") + (overlap == CommOverlap::kOff ? "off" : "on") +
+                   (beside ? ", reduce beside" : ", reduce after") +
+                   (gather ? ", gather beside" : ", gather after"));
+      const TrainRun split = train(overlap, 3, false, 0, false, 1, beside, true, gather);
+      ASSERT_EQ(split.losses.size(), plain.losses.size());
+      for (size_t i = 0; i < plain.losses.size(); ++i) {
+        EXPECT_EQ(split.losses[i], plain.losses[i]) << "step " << i + 1;
+        EXPECT_NEAR(split.norms[i], plain.norms[i], 1e-6 * plain.norms[i]) << "step " << i + 1;
+      }
+      EXPECT_EQ(split.params, plain.params);
+      expect_same_state(split, plain);
+      EXPECT_EQ(has_span_starting(split.timeline, "compute", "gather 0 until "), gather);
+      schedule::PlanRequest req;
+      req.schedule_name = "combined-1f1b";
+      req.shape = {1, 1, 4};
+      req.inputs.model = small_moe();
+      req.inputs.micro_batch_size = 2;
+      req.inputs.expert_parallel_size = 2;
+      req.inputs.gpu = true;
+      req.inputs.activation_elem_bytes = 2;
+      req.inputs.distributed_optimizer = true;
+      req.inputs.cost.kind = schedule::CostModelKind::kUniform;
+      EXPECT_EQ(split.optimizer_bytes, schedule::make_plan(req).model.ranks[0].optimizer_bytes);
+      EXPECT_LT(split.optimizer_bytes, plain.optimizer_bytes);
+    }
   }
 }
 

@@ -5,7 +5,6 @@
 // skipped step; the error every rank must throw when one rank fails; the run whose experts
 // never move (gathered by name).
 #include <gtest/gtest.h>
-#include <stdlib.h>  // mkdtemp
 
 #include <cstring>
 #include <filesystem>
@@ -23,6 +22,7 @@
 #include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
+#include "shared_temp_dir.h"
 
 namespace tandem::runtime {
 namespace {
@@ -30,6 +30,7 @@ namespace {
 namespace fs = std::filesystem;
 using testing::g_world;
 using testing::RandomTokens;
+using testing::SharedTempDir;
 
 ModelConfig tiny_moe() {
   ModelConfig m;
@@ -307,28 +308,6 @@ TEST(CheckpointDist, GatheredStateRestoresIntoOneRank) {
   expect_same_tensors(again.optimizer, gathered.optimizer, "moments");
   EXPECT_EQ(again.trainer_state, gathered.trainer_state);
 }
-
-// A directory every rank can see, made by rank 0; removed by rank 0 at the end of the scope.
-class SharedTempDir {
- public:
-  SharedTempDir() {
-    std::string mine;
-    if (g_world->rank() == 0) {
-      std::string pattern = (fs::temp_directory_path() / "tandem_ckpt_dist_XXXXXX").string();
-      mine = ::mkdtemp(pattern.data());
-    }
-    path_ = g_world->all_gather_bytes(mine)[0];
-  }
-  ~SharedTempDir() {
-    g_world->barrier();
-    std::error_code ec;
-    if (g_world->rank() == 0) fs::remove_all(path_, ec);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
 
 // Rank 0 cannot replace `latest` (a directory has its name), after writing for longer than the
 // heartbeat: every rank throws rank 0's tandem::Error, with its message, instead of hanging.

@@ -115,6 +115,36 @@ TEST(CheckpointMpi, DeferredUpdateSavesAndResumesAsTheUpdateAtTheStepsEnd) {
   expect_same_files(deferred + "/full/iter_0000004", dir + "/plain/iter_0000004", kAllFiles);
 }
 
+// Note [Distributed optimizer]: with --use-distributed-optimizer (weights gathered beside the
+// next forward) on PP2 x EP2 (two data-parallel ranks a stage, the dense weights' moments split
+// over them), a stopped and resumed run is bitwise its uninterrupted self; that run's losses are
+// the plain optimizer's (groups of two ranks: one order of sums) and its norms within rounding
+// (Note [Norm from the parts]), and its files at iteration 4 are the plain optimizer's, byte for
+// byte. Resumed on PP2 x DP2 (the experts' moments now split too), with the distributed
+// optimizer, it follows the plain optimizer resumed there from the same files.
+TEST(CheckpointMpi, DistributedOptimizerSavesThePlainFilesAndResumesOnAnotherLayout) {
+  const std::string distributed = " --use-distributed-optimizer --overlap-param-gather";
+  check_exact_resume("resume_distopt", kPp2Ep2 + distributed);
+  const std::string first = ::testing::TempDir() + "/tandem_mpi_resume_distopt";
+  const std::string dir = temp_dir("distopt_plain");
+  Result r = run(tandem_on(4) + kModel + kPp2Ep2 + " --train-iters 4 --save " + dir +
+                 "/plain --log-json " + dir + "/plain.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_same_tail(first + "/full.jsonl", dir + "/plain.jsonl", 4, Norms::kRounding);
+  expect_same_files(first + "/full/iter_0000004", dir + "/plain/iter_0000004", kAllFiles);
+  const std::string other = " --pipeline-model-parallel-size 2 --train-iters 6";
+  for (const std::string& run_as : {std::string("plain"), std::string("distributed")}) {
+    r = run(tandem_on(4) + other + (run_as == "plain" ? "" : distributed) + " --load " + first +
+            "/full --save " + dir + "/" + run_as + "_resumed --addition-max-digits 2 --log-json " +
+            dir + "/" + run_as + "_resumed.jsonl");
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  expect_same_tail(dir + "/distributed_resumed.jsonl", dir + "/plain_resumed.jsonl", 2,
+                   Norms::kRounding);
+  expect_same_files(dir + "/distributed_resumed/iter_0000006", dir + "/plain_resumed/iter_0000006",
+                    kAllFiles);
+}
+
 TEST(CheckpointMpi, StopAndResumeIsBitwiseUnderDp2Pp2) {
   check_exact_resume("resume_dp2pp2", " --pipeline-model-parallel-size 2");
 }

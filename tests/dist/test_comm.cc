@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "comm/layout.h"
+#include "comm/self_communicator.h"
 #include "dist_env.h"
 
 namespace tandem::comm {
@@ -62,6 +63,30 @@ TEST(Comm, AllReduceSendRecvAllToAll) {
   const auto all = g_world->all_gather_bytes(std::string(static_cast<size_t>(r), 'x'));
   ASSERT_EQ(static_cast<int>(all.size()), n);
   for (int p = 0; p < n; ++p) EXPECT_EQ(all[p].size(), static_cast<size_t>(p));
+}
+
+// The distributed optimizer's two collectives (Note [Distributed optimizer] in
+// runtime/distributed_optimizer.cc), over the world and over a world of one process.
+TEST(Comm, ReduceScatterAndAllGather) {
+  const std::unique_ptr<Communicator> self = self_world();
+  for (Communicator* c : {g_world, self.get()}) {
+    const int r = c->rank(), n = c->size();
+    Tensor in = Tensor::empty({3 * n}, DType::kF32, MemCategory::kCommunication);
+    for (int k = 0; k < 3 * n; ++k) in.data<float>()[k] = 1000.0f * r + k;
+    Tensor out = Tensor::empty({3}, DType::kF32, MemCategory::kCommunication);
+    c->reduce_scatter_sum(out, in);
+    for (int i = 0; i < 3; ++i) {
+      EXPECT_EQ(out.data<float>()[i], 1000.0f * n * (n - 1) / 2 + n * (3.0f * r + i))
+          << c->name() << " element " << i;
+    }
+    Tensor mine = Tensor::empty({2}, DType::kF64, MemCategory::kCommunication);
+    for (int i = 0; i < 2; ++i) mine.data<double>()[i] = 10.0 * r + i;
+    Tensor all = Tensor::empty({2 * n}, DType::kF64, MemCategory::kCommunication);
+    c->all_gather(all, mine);
+    for (int k = 0; k < 2 * n; ++k) {
+      EXPECT_EQ(all.data<double>()[k], 10.0 * (k / 2) + k % 2) << c->name() << " element " << k;
+    }
+  }
 }
 
 TEST(Comm, SubgroupsFollowTheLayout) {

@@ -459,6 +459,22 @@ TEST(Simulator, StaticMemoryCountsParamsGradsAndAdamAndSplitsExpertsByEp) {
             m.static_bytes() + plan.sim.ranks[0].activation_peak_bytes);
 }
 
+// Note [Distributed optimizer in the plan]: by hand, the tiny model on one stage with EP 4 and 8
+// data-parallel ranks (2 expert-data-parallel ones): embedding 256 / 8, the layer's dense 240 / 8
+// and its experts 384 / 2, the head 264 / 8 rounded up; one data-parallel rank keeps them all.
+TEST(Simulator, DistributedOptimizerDividesTheMomentsByTheirGroups) {
+  PlanRequest req = table_request("1f1b", 1, 1);
+  req.inputs.data_parallel_size = 8;
+  req.inputs.distributed_optimizer = true;
+  const RankMemory m = make_plan(req).sim.ranks[0].static_memory;
+  EXPECT_EQ(m.optimizer_bytes, 8 * (32 + 30 + 192 + 33));
+  const int64_t params = stage_params(tiny(), 0, 1, true, true, 4);
+  EXPECT_EQ(m.param_bytes, 4 * params);  // the weights and gradients stay whole
+  EXPECT_EQ(m.grad_bytes, 4 * params);
+  req.inputs.data_parallel_size = 4;  // one expert-data-parallel rank: the experts are whole
+  EXPECT_EQ(make_plan(req).sim.ranks[0].static_memory.optimizer_bytes, 8 * (64 + 60 + 384 + 66));
+}
+
 TEST(Simulator, PlanInputErrorsNameTheOption) {
   auto error_of = [](auto mutate) {
     PlanRequest req;
