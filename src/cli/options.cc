@@ -603,7 +603,8 @@ nlohmann::json model_option_values(const ModelConfig& model) {
 
 bool defer_optimizer_by_default(const RunOptions& o) {
   const ParallelConfig& p = o.parallel;
-  return o.train.device == Device::kCUDA && o.model.is_moe() && p.expert_model_parallel_size > 1 &&
+  return o.train.device == Device::kCUDA && !o.train.use_distributed_optimizer &&
+         o.model.is_moe() && p.expert_model_parallel_size > 1 &&
          schedule_kind(p) == schedule::ScheduleKind::kCombined1f1b &&
          o.comm_overlap != runtime::CommOverlap::kOff;
 }
@@ -628,8 +629,9 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   // Note [Deferred update by default]: with expert parallelism on GPUs and the all-to-all on a
   // stream of its own, the update covers the first forward's all-to-all, which it otherwise
   // leaves exposed (bench/results/gpu_multi.md measures it); the values are bitwise the same
-  // either way. Elsewhere there is nothing for it to cover, so it stays off. A value given
-  // anywhere (command line, --config) wins.
+  // either way. Elsewhere there is nothing for it to cover, so it stays off, and with the
+  // distributed optimizer (which updates in its own pieces) too. A value given anywhere
+  // (command line, --config) wins.
   const auto defer = origins.find("defer-optimizer");
   if (defer == origins.end() || defer->second.source == Origin::Source::kDefault) {
     opts.train.defer_optimizer = defer_optimizer_by_default(opts);

@@ -288,6 +288,7 @@ void run_search(const CLI::App& plan, const RunOptions& o, const schedule::PlanR
       RunOptions run = o;
       run.parallel.expert_model_parallel_size = req.inputs.expert_parallel_size;
       run.parallel.schedule = req.schedule_name;
+      run.train.use_distributed_optimizer = req.inputs.distributed_optimizer;
       req.inputs.defer_optimizer = defer_optimizer_by_default(run);
     };
   }

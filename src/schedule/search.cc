@@ -253,6 +253,25 @@ SearchDimension recompute_dimension() {
   };
 }
 
+// --use-distributed-optimizer: the Adam moments split over the ranks that replicate each weight;
+// nothing to split without data parallelism.
+SearchDimension distributed_optimizer_dimension() {
+  return {
+      .option = "use-distributed-optimizer",
+      .column = "dist-opt",
+      .values =
+          [](const SearchSpace&, const PlanRequest& r) {
+            return resolved_data_parallel_size(r.inputs) > 1 ? Values{0, 1} : Values{0};
+          },
+      .check = [](const SearchSpace&, const PlanRequest&, int64_t) -> std::string { return ""; },
+      .apply = [](PlanRequest& r, int64_t v) { r.inputs.distributed_optimizer = v != 0; },
+      .read = [](const PlanRequest& r) -> int64_t {
+        return r.inputs.distributed_optimizer ? 1 : 0;
+      },
+      .label = on_off,
+  };
+}
+
 struct Enumeration {
   std::vector<std::vector<int64_t>> candidates;
   std::vector<SearchReject> rejects;
@@ -396,9 +415,11 @@ std::string no_candidate_message(const SearchSpace& space, std::vector<SearchRej
 
 const std::vector<SearchDimension>& search_dimensions() {
   static const std::vector<SearchDimension> dims = {
-      pipeline_dimension(),       data_parallel_dimension(),   expert_dimension(),
-      micro_batch_dimension(),    microbatches_dimension(),    schedule_dimension(),
-      virtual_stages_dimension(), paired_forwards_dimension(), recompute_dimension(),
+      pipeline_dimension(),       data_parallel_dimension(),
+      expert_dimension(),         micro_batch_dimension(),
+      microbatches_dimension(),   schedule_dimension(),
+      virtual_stages_dimension(), paired_forwards_dimension(),
+      recompute_dimension(),      distributed_optimizer_dimension(),
   };
   return dims;
 }

@@ -52,6 +52,7 @@ std::vector<std::string> options_of(const nlohmann::json& row) {
       std::to_string(get(row, "virtual-pipeline-model-parallel-size"))};
   if (row.at("pair-first-forwards") == "on") args.emplace_back("--pair-first-forwards");
   if (row.at("recompute-experts") == "on") args.emplace_back("--recompute-experts");
+  if (row.at("use-distributed-optimizer") == "on") args.emplace_back("--use-distributed-optimizer");
   return args;
 }
 
