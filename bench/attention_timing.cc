@@ -143,6 +143,13 @@ int main(int argc, char** argv) {
     bench_variants("b", {2, 2048, 16, 8, 64}, iters);
     bench_default({4, 1024, 16, 16, 128}, iters);  // D 128 (the other tensor-core path)
     bench_default({1, 4096, 32, 4, 128}, iters);   // shape (c)'s: Qwen3-MoE's heads
+    const std::vector<const char*> names128 = attn::attention_backward128_variant_names();
+    for (int i = 1; i < static_cast<int>(names128.size()); ++i) {  // D 128's other tilings
+      attn::select_attention_backward128_variant(i);
+      std::printf("  D 128 backward %d %s: ", i, names128[size_t(i)]);
+      bench_default({1, 4096, 32, 4, 128}, iters);
+    }
+    attn::select_attention_backward128_variant(-1);
     bench_default({1, 4096, 16, 16, 192, 128, 0.0722}, iters);  // shape (d)'s: MLA
     return 0;
   } catch (const std::exception& e) {

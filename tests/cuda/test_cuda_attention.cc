@@ -253,6 +253,23 @@ TEST(CudaAttentionVariants, EveryBackwardVariantMatchesCpuReference) {
   }
 }
 
+// Every tiling of D 128's deterministic backward against the CPU reference, with a key split
+// (the group of 4 over few blocks) and without one (MHA).
+TEST(CudaAttentionVariants, EveryD128BackwardTilingMatchesCpuReference) {
+  const std::vector<const char*> names = ops::cuda::attention_backward128_variant_names();
+  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+    ops::cuda::select_attention_backward128_variant(i);
+    for (const AttentionShape& s :
+         {AttentionShape{2, 77, 8, 2, 128}, AttentionShape{1, 300, 4, 4, 128}}) {
+      SCOPED_TRACE(std::string(names[size_t(i)]) + " seq " + std::to_string(s.seq));
+      check_backward(s, to_gpu_bf16, 73);
+    }
+  }
+  ops::cuda::select_attention_backward128_variant(-1);
+  EXPECT_THROW(ops::cuda::select_attention_backward128_variant(static_cast<int>(names.size())),
+               Error);
+}
+
 // The one-pass backward (variant 1, and D 128 whenever an atomic variant is picked): dk and dv
 // are bitwise reproducible (each key's block sums its queries in order); dq is summed by fp32
 // atomics in arrival order, so two runs agree only to rounding (the gradient tolerance). D 128's

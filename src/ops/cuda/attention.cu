@@ -237,7 +237,8 @@ constexpr Variant<ForwardLaunch> kForwardVariants[] = {
 };
 constexpr int kForwardVariantCount = int{std::size(kForwardVariants)};
 
-std::atomic<int> forward_override{-1}, backward_override{-1};  // -1: environment or default
+std::atomic<int> forward_override{-1}, backward_override{-1},
+    backward128_override{-1};  // -1: environment or default
 
 std::vector<const char*> forward_variant_names() {
   std::vector<const char*> names;
@@ -274,7 +275,24 @@ int backward_variant() {
   return from_env;
 }
 
+int backward128_variant() {
+  const int chosen = backward128_override.load(std::memory_order_relaxed);
+  if (chosen >= 0) return chosen;
+  static const int from_env = env_variant("TANDEM_ATTN_BWD128", backward128_variant_names());
+  return from_env;
+}
+
 }  // namespace
+
+std::vector<const char*> attention_backward128_variant_names() {
+  return backward128_variant_names();
+}
+void select_attention_backward128_variant(int variant) {
+  const int count = static_cast<int>(backward128_variant_names().size());
+  TANDEM_CHECK(variant >= -1 && variant < count, "select_attention_backward128_variant: ", variant,
+               " outside [-1, ", count, ")");
+  backward128_override.store(variant, std::memory_order_relaxed);
+}
 
 std::vector<const char*> attention_forward_variant_names() { return forward_variant_names(); }
 std::vector<const char*> attention_backward_variant_names() { return backward_variant_names(); }
@@ -325,7 +343,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                                      "attention_backward.delta", Device::kCUDA);
   if (fast_path(g, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
     // Note [Attention variants], Note [Deterministic attention backward].
-    launch_tensor_core_backward(backward_variant(), dq, dk, dv, dout, q, k, v, out, lse, delta, g);
+    launch_tensor_core_backward(backward_variant(), backward128_variant(), dq, dk, dv, dout, q, k,
+                                v, out, lse, delta, g);
     return;
   }
   generic_attention_backward(g, mptr(dq), mptr(dk), mptr(dv), delta.data<float>(), cptr(dout),

@@ -17,4 +17,9 @@ std::vector<const char*> attention_backward_variant_names();
 // tandem::Error for an index out of range.
 void select_attention_variants(int forward, int backward);
 
+// The D 128 deterministic backward's tilings, and the choice of one as above (TANDEM_ATTN_BWD128;
+// -1: back to the environment variable, else the default).
+std::vector<const char*> attention_backward128_variant_names();
+void select_attention_backward128_variant(int variant);
+
 }  // namespace tandem::ops::cuda

@@ -557,6 +557,21 @@ constexpr Variant<BackwardLaunch> kBackwardVariants[] = {
     {"deterministic_dq_w8_q128_k64", launch_backward_two_pass<64, 64, 4, 64, 2, 8, 1, 64, 1>},
 };
 
+// D 128's deterministic backward in a few tilings (Note [Attention variants]): dk/dv blocks of
+// 16 x warps keys walking query tiles of q rows, then dq blocks walking key tiles of k keys.
+// Index 0, the default and the fastest timed at shape (c) (bench/results/families.md): 64-key
+// dk/dv blocks walking 64-row query tiles, one block a multiprocessor, and dq blocks of 64 rows
+// walking 64-key tiles; 32-row query tiles at two blocks a multiprocessor (index 1, it spills 24
+// bytes) ran 5% slower.
+constexpr Variant<BackwardLaunch> kBackward128Variants[] = {
+    {"kv_w4_q64_m1+dq_w4_k64_m1", launch_backward_two_pass<128, 128, 4, 64, 1, 4, 1, 64, 1>},
+    {"kv_w4_q32_m2+dq_w4_k64_m1", launch_backward_two_pass<128, 128, 4, 32, 2, 4, 1, 64, 1>},
+    {"kv_w4_q32_m2+dq_w4_k32_m2", launch_backward_two_pass<128, 128, 4, 32, 2, 4, 1, 32, 2>},
+    {"kv_w4_q32_m2+dq_w8_k64_m1", launch_backward_two_pass<128, 128, 4, 32, 2, 8, 1, 64, 1>},
+    {"kv_w8_q32_m1+dq_w4_k64_m1", launch_backward_two_pass<128, 128, 8, 32, 1, 4, 1, 64, 1>},
+    {"kv_w4_q64_m1+dq_w4_k32_m2", launch_backward_two_pass<128, 128, 4, 64, 1, 4, 1, 32, 2>},
+};
+
 // Whether a variant is one of the two-pass (deterministic) forms: the name says so.
 constexpr bool is_deterministic(int variant) {
   return std::string_view(kBackwardVariants[variant].name).starts_with("deterministic");
@@ -571,13 +586,17 @@ std::vector<const char*> backward_variant_names() {
   return names;
 }
 
-void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                 const Tensor& dout, const Tensor& q, const Tensor& k,
-                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                 const Tensor& delta, const Geometry& g) {
-  // dk/dv: 64-key blocks walking query tiles of 64 rows (D 64) or 32 (D 128), two blocks per
-  // multiprocessor (D 128 spills 24 bytes, still faster than 16-row tiles without spills);
-  // dq: 64-row blocks walking 64-key tiles.
+std::vector<const char*> backward128_variant_names() {
+  std::vector<const char*> names;
+  for (const Variant<BackwardLaunch>& v : kBackward128Variants) names.push_back(v.name);
+  return names;
+}
+
+void launch_tensor_core_backward(int variant, int variant128, const Tensor& dq, const Tensor& dk,
+                                 const Tensor& dv, const Tensor& dout, const Tensor& q,
+                                 const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const Tensor& lse, const Tensor& delta, const Geometry& g) {
+  // D 128: the table above for a deterministic D 64 choice, else the one-pass form.
   // q/k 192 with v 128: the deterministic form, 32-row query tiles and dq blocks of 64 rows
   // walking 32-key tiles (its Q, dO fragments and dq accumulator take most registers).
   if (g.head_dim == 64) {
@@ -586,8 +605,7 @@ void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk
     launch_backward_two_pass<192, 128, 4, 32, 1, 4, 1, 32, 1>(dq, dk, dv, dout, q, k, v, out, lse,
                                                               delta, g);
   } else if (is_deterministic(variant)) {
-    launch_backward_two_pass<128, 128, 4, 32, 2, 4, 1, 64, 1>(dq, dk, dv, dout, q, k, v, out, lse,
-                                                              delta, g);
+    kBackward128Variants[variant128].launch(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
   } else {
     launch_backward_fused<128, 4, 32, 2>(dq, dk, dv, dout, q, k, v, out, lse, delta, g);
   }

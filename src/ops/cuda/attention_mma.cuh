@@ -259,7 +259,9 @@ inline unsigned tiles(int seq, int tile) { return static_cast<unsigned>((seq + t
 // benchmark run on the GPU can time them all (bench/attention_timing). Index 0 is the default;
 // TANDEM_ATTN_FWD / TANDEM_ATTN_BWD (read once per process) pick another, and
 // select_attention_variants (benchmarks, tests) overrides both. D 128 always takes its one
-// forward shape, and the backward form (deterministic or one-pass) the D 64 choice names.
+// forward shape, and the backward form (deterministic or one-pass) the D 64 choice names; its
+// deterministic backward has tilings of its own (TANDEM_ATTN_BWD128,
+// select_attention_backward128_variant).
 // Names: w<warps>_q<query rows>_k<keys>_m<blocks per SM (__launch_bounds__)>.
 using ForwardLaunch = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                const Tensor&, const Geometry&);
@@ -277,9 +279,11 @@ struct Variant {
 // entry, D 128 its deterministic form for a deterministic entry and its one-pass form otherwise,
 // q/k 192 with v 128 the deterministic form always.
 std::vector<const char*> backward_variant_names();
-void launch_tensor_core_backward(int variant, const Tensor& dq, const Tensor& dk, const Tensor& dv,
-                                 const Tensor& dout, const Tensor& q, const Tensor& k,
-                                 const Tensor& v, const Tensor& out, const Tensor& lse,
-                                 const Tensor& delta, const Geometry& g);
+// The D 128 deterministic backward's tilings (index 0 the default).
+std::vector<const char*> backward128_variant_names();
+void launch_tensor_core_backward(int variant, int variant128, const Tensor& dq, const Tensor& dk,
+                                 const Tensor& dv, const Tensor& dout, const Tensor& q,
+                                 const Tensor& k, const Tensor& v, const Tensor& out,
+                                 const Tensor& lse, const Tensor& delta, const Geometry& g);
 
 }  // namespace tandem::ops::cuda::attn
