@@ -124,14 +124,14 @@ std::vector<std::string> agree_with_heartbeat(comm::Communicator& world, double 
   }
 }
 
-// The bytes of the files in `dir` (what a save wrote).
-int64_t directory_bytes(const std::string& dir) {
-  int64_t bytes = 0;
+// The files in `dir` and their bytes (what a save wrote), as `w`'s.
+void count_directory(const std::string& dir, RankWrite& w) {
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    if (e.is_regular_file(ec)) bytes += static_cast<int64_t>(e.file_size(ec));
+    if (!e.is_regular_file(ec)) continue;
+    w.files += 1;
+    w.bytes += static_cast<int64_t>(e.file_size(ec));
   }
-  return bytes;
 }
 
 Json files_to_json(const std::vector<WrittenFile>& files) {
@@ -265,11 +265,10 @@ SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTraine
     const auto t0 = std::chrono::steady_clock::now();
     saved = save_checkpoint(root, trainer.iteration(), state, keep, max_shard_bytes);
     write.seconds = seconds_since(t0);
-    write.bytes = directory_bytes(saved.dir);
+    count_directory(saved.dir, write);
     return saved.dir;
   })[0];
   if (world.rank() == 0) {
-    write.files = 1;
     saved.writes = {write};
     saved.seconds = seconds_since(start);
   }
