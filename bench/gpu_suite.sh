@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -439,6 +439,20 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       timeout 500 ncu --clock-control none --metrics gpu__time_duration.sum --csv --log-file /tmp/$s.csv \
         $B/gpu_train_bench $SH --steps 1 --warmup-steps 1 > "$OUT/$s.bench" 2>&1; echo "ncu rc=$?"
       python3 devrun/kernel_summary.py /tmp/$s.csv > "$OUT/$s.txt" 2>&1; head -60 "$OUT/$s.txt" ;;
+    hf-par)
+      # As hf, on 2 CPU ranks (PP2) saving with --ckpt-fully-parallel-save: each rank writes its
+      # own shards, rank 0 the index; transformers loads that checkpoint with tandem's loss.
+      T=/tmp/hf-par; mkdir -p $T
+      for fx in tests/fixtures/hf/*/; do
+        name=$(basename $fx)
+        [[ $name =~ ${ONLY:-.} ]] || continue
+        timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 $B/tandem train --load $fx --train-iters 3 \
+          --micro-batch-size 1 --global-batch-size 2 --pipeline-model-parallel-size 2 --mock-data --lr 1e-3 \
+          --lr-warmup-iters 1 --max-shard-size 40KB --ckpt-fully-parallel-save --save $T/$name --quiet > $T/$name.train.log 2>&1 || tail -3 $T/$name.train.log
+        L=$($B/tandem generate --load $T/$name --eval-tokens $fx/tokens.txt | grep -o "loss: [0-9.e+-]*" | cut -d" " -f2)
+        timeout 300 python3 devrun/check_hf_load.py $T/$name $fx/tokens.txt $L --rtol 1e-5 > $T/$name.check 2>&1
+        echo "$name: rc=$? $(ls $T/$name/iter_0000003 | grep -c -- 'model-.*-of-') weight shards; $(tail -1 $T/$name.check)" | tee -a "$OUT/hf-par.txt"
+      done ;;
     attn-pick)
       # Every attention variant timed (attention_timing), then shapes (a) and (b) trained with
       # the fastest forward and backward variant of their shape (TANDEM_ATTN_FWD / _BWD).

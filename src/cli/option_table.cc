@@ -98,6 +98,10 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                Bound::kAny,
                {},
                "SIZE"});
+  s.push_back({"ckpt-fully-parallel-save", &o.ckpt_fully_parallel_save,
+               "under mpirun, every rank writes the tensors it owns into its own shards of the "
+               "checkpoint (weights and optimizer state, with indexes) instead of sending them to "
+               "rank 0 to write; --save must be on a file system every rank sees"});
   s.push_back({"keep-checkpoints", &o.keep_checkpoints,
                "newest iteration directories kept under --save; older ones are deleted after a "
                "new one is complete",

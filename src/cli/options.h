@@ -41,7 +41,9 @@ struct RunOptions {
   std::string save_dir;              // --save
   int64_t save_interval = 0;         // --save-interval (0: only at the end when --save is set)
   std::string load_dir;              // --load
-  int64_t keep_checkpoints = 2;      // --keep-checkpoints: iteration directories kept under --save
+  // --ckpt-fully-parallel-save: under mpirun every rank writes its own tensors' shards
+  bool ckpt_fully_parallel_save = false;
+  int64_t keep_checkpoints = 2;  // --keep-checkpoints: iteration directories kept under --save
   std::string max_shard_size = "5GB";  // --max-shard-size (parsed into max_shard_bytes)
   int64_t max_shard_bytes = 5'000'000'000;
   std::string log_json;        // --log-json FILE: one JSON object per iteration

@@ -1,6 +1,7 @@
 // --load / --save for `tandem train` over runtime/checkpoint_parallel.h.
 #include "cli/train_checkpoint.h"
 
+#include <cstdio>
 #include <iostream>
 
 #include "core/error.h"
@@ -119,6 +120,25 @@ void report_resume(const runtime::CheckpointState& st, int64_t iteration, int64_
                        std::cerr);
 }
 
+// What a save wrote: the whole save's bytes and seconds, then each writing rank's.
+void print_save_times(const runtime::SavedCheckpoint& saved, std::ostream& log) {
+  int64_t bytes = 0;
+  for (const runtime::RankWrite& w : saved.writes) bytes += w.bytes;
+  char line[256];
+  std::snprintf(line, sizeof line, "tandem train: saved %s: %.3f GB in %.2f s (%.3f GB/s)\n",
+                saved.dir.c_str(), static_cast<double>(bytes) / 1e9, saved.seconds,
+                saved.seconds > 0 ? static_cast<double>(bytes) / 1e9 / saved.seconds : 0.0);
+  log << line;
+  for (const runtime::RankWrite& w : saved.writes) {
+    std::snprintf(line, sizeof line,
+                  "tandem train:   rank %d wrote %lld files, %.3f GB in %.2f s (%.3f GB/s)\n",
+                  w.rank, static_cast<long long>(w.files), static_cast<double>(w.bytes) / 1e9,
+                  w.seconds, w.seconds > 0 ? static_cast<double>(w.bytes) / 1e9 / w.seconds : 0.0);
+    log << line;
+  }
+  log << std::flush;
+}
+
 }  // namespace
 
 int64_t resume_pipeline_from_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o,
@@ -143,12 +163,15 @@ bool should_save(const RunOptions& o, int64_t iteration) {
 
 void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o) {
   // Heartbeats well inside --comm-timeout (Note [Saving on rank 0]).
+  const auto save = o.ckpt_fully_parallel_save ? runtime::save_checkpoint_fully_parallel
+                                               : runtime::save_checkpoint_parallel;
   const runtime::SavedCheckpoint saved =
-      runtime::save_checkpoint_parallel(o.save_dir, trainer, describe_data(o), o.keep_checkpoints,
-                                        o.comm_timeout_s / 4, o.max_shard_bytes);
+      save(o.save_dir, trainer, describe_data(o), o.keep_checkpoints, o.comm_timeout_s / 4,
+           o.max_shard_bytes);
   for (const std::string& warning : saved.warnings) {
     std::cerr << "tandem: warning: " << warning << std::endl;
   }
+  if (trainer.groups().rank == 0 && !o.quiet) print_save_times(saved, std::cout);
 }
 
 }  // namespace tandem::cli

@@ -33,8 +33,11 @@ int64_t resume_pipeline_from_checkpoint(runtime::PipelineTrainer& trainer, const
 
 // Whether the step that ends at `iteration` is saved: every --save-interval, and the last one.
 bool should_save(const RunOptions& o, int64_t iteration);
-// Saves under --save, called by every rank: gathered to rank 0, which writes and prints the
-// retention warnings (runtime::save_checkpoint_parallel); a failed save stops every rank.
+// Saves under --save, called by every rank: gathered to rank 0, which writes
+// (runtime::save_checkpoint_parallel), or with --ckpt-fully-parallel-save every rank writing its
+// own tensors (runtime::save_checkpoint_fully_parallel); a failed save stops every rank. Rank 0
+// prints the retention warnings and, unless --quiet, the bytes and seconds of the save and of
+// each writing rank.
 void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o);
 
 }  // namespace tandem::cli

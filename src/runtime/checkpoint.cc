@@ -145,40 +145,43 @@ Json file_record(const std::string& path) {
 // model-0000k-of-0000n.safetensors, filled in the weights' order with a new shard when the next
 // tensor would pass the limit (a tensor larger than the limit is a shard of its own), and
 // model.safetensors.index.json, {"metadata": {"total_size": bytes}, "weight_map": {name: shard}}.
-// transformers and read_hf_weights read both forms; trainer_state.json records every file.
-std::vector<std::string> save_model_files(const io::AtomicDirWriter& writer,
-                                          const NamedTensors& model, int64_t max_shard_bytes) {
+// transformers and read_indexed read both forms; trainer_state.json records every file.
+std::vector<NamedTensors> split_shards(const NamedTensors& tensors, int64_t max_shard_bytes) {
   TANDEM_ASSERT(max_shard_bytes > 0, "max_shard_bytes ", max_shard_bytes);
-  std::vector<NamedTensors> shards(1);
-  int64_t in_shard = 0, total = 0;
-  for (const auto& [name, t] : model) {
+  std::vector<NamedTensors> shards;
+  int64_t in_shard = 0;
+  for (const auto& [name, t] : tensors) {
     const int64_t bytes = t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
-    if (in_shard > 0 && in_shard + bytes > max_shard_bytes) {
+    if (shards.empty() || (in_shard > 0 && in_shard + bytes > max_shard_bytes)) {
       shards.emplace_back();
       in_shard = 0;
     }
     shards.back().emplace_back(name, t);
     in_shard += bytes;
-    total += bytes;
   }
-  if (shards.size() == 1) {
-    io::save_safetensors(writer.file_path(kModelFile), model, {{"format", "pt"}});
-    return {kModelFile};
-  }
-  std::vector<std::string> files;
+  return shards;
+}
+
+std::string index_file_name(const std::string& kind) { return kind + ".safetensors.index.json"; }
+
+// "<kind>.safetensors.index.json" mapping every tensor of `files` to its file, as transformers
+// writes model.safetensors.index.json; returns its name.
+std::string write_index(const io::AtomicDirWriter& writer, const std::string& kind,
+                        const std::vector<WrittenFile>& files) {
+  int64_t total = 0;
+  for (const WrittenFile& f : files) total += f.tensor_bytes;
   nlohmann::ordered_json index;
   index["metadata"] = {{"total_size", total}};
   index["weight_map"] = nlohmann::ordered_json::object();
-  for (size_t k = 0; k < shards.size(); ++k) {
-    char file[64];
-    std::snprintf(file, sizeof file, "model-%05zu-of-%05zu.safetensors", k + 1, shards.size());
-    io::save_safetensors(writer.file_path(file), shards[k], {{"format", "pt"}});
-    for (const auto& item : shards[k]) index["weight_map"][item.first] = file;
-    files.emplace_back(file);
+  for (const WrittenFile& f : files) {
+    for (const std::string& name : f.tensors) {
+      TANDEM_ASSERT(!index["weight_map"].contains(name), name, " is in two ", kind, " files");
+      index["weight_map"][name] = f.file;
+    }
   }
-  io::write_file_atomic(writer.file_path(kModelIndexFile), index.dump(2) + "\n");
-  files.emplace_back(kModelIndexFile);
-  return files;
+  const std::string name = index_file_name(kind);
+  io::write_file_atomic(writer.file_path(name), index.dump(2) + "\n");
+  return name;
 }
 
 // Checks a kTandem trainer_state.json: format, version, position, configs and file records.
@@ -195,10 +198,12 @@ void validate_trainer_state(const Json& state, const std::string& path) {
   read_training_position(state, f.where());
   const JsonFields files(f.get("files"), f.where() + "'files': ");
   files.get(kConfigFile);
-  files.get(kOptimizerFile);
   const Json& all = f.get("files");
   TANDEM_CHECK(all.contains(kModelFile) || all.contains(kModelIndexFile), files.where(),
                "records neither ", kModelFile, " nor ", kModelIndexFile);
+  TANDEM_CHECK(all.contains(kOptimizerFile) || all.contains(index_file_name("optimizer")),
+               files.where(), "records neither ", kOptimizerFile, " nor ",
+               index_file_name("optimizer"));
   for (const auto& [name, value] : all.items()) {
     TANDEM_CHECK(
         !name.empty() && name.find('/') == std::string::npos && name != ".." && name != ".",
@@ -241,13 +246,16 @@ NamedTensors read_tensors(const std::string& path) {
   return out;
 }
 
-// An HF checkpoint's weights: model.safetensors, or the shards a model.safetensors.index.json
-// maps every weight to (each shard's tensors must be exactly the ones mapped to it).
-NamedTensors read_hf_weights(const std::string& dir) {
-  if (path_exists(dir + "/" + kModelFile)) return read_tensors(dir + "/" + kModelFile);
-  const std::string index_path = dir + "/" + kModelIndexFile;
-  TANDEM_CHECK(path_exists(index_path), "checkpoint ", dir, " has config.json but neither ",
-               kModelFile, " nor ", kModelIndexFile);
+// The tensors of one kind ("model" or "optimizer") in `dir`: "<kind>.safetensors", or the files
+// "<kind>.safetensors.index.json" maps every tensor to (each file's tensors must be exactly the
+// ones mapped to it). An HF checkpoint's weights are kind "model".
+NamedTensors read_indexed(const std::string& dir, const std::string& kind) {
+  const std::string single = dir + "/" + kind + ".safetensors";
+  if (path_exists(single)) return read_tensors(single);
+  const std::string index_name = index_file_name(kind);
+  const std::string index_path = dir + "/" + index_name;
+  TANDEM_CHECK(path_exists(index_path), "checkpoint ", dir, " has config.json but neither ", kind,
+               ".safetensors nor ", index_name);
   const Json index = read_json_file(index_path);
   const JsonFields f(index, "checkpoint file '" + index_path + "': ");
   const Json& map = f.get("weight_map");
@@ -265,11 +273,10 @@ NamedTensors read_hf_weights(const std::string& dir) {
   for (const auto& [shard, names] : by_file) {
     NamedTensors part = read_tensors(dir + "/" + shard);
     TANDEM_CHECK(part.size() == names.size(), "checkpoint file '", dir, "/", shard, "' holds ",
-                 part.size(), " tensors but ", kModelIndexFile, " maps ", names.size(), " to it");
+                 part.size(), " tensors but ", index_name, " maps ", names.size(), " to it");
     for (auto& item : part) {
       TANDEM_CHECK(names.count(item.first) == 1, "checkpoint file '", dir, "/", shard,
-                   "' holds tensor '", item.first, "', which ", kModelIndexFile,
-                   " does not map to it");
+                   "' holds tensor '", item.first, "', which ", index_name, " does not map to it");
       out.push_back(std::move(item));
     }
   }
@@ -483,50 +490,113 @@ TrainingPosition read_training_position(const Json& trainer_state, const std::st
   return p;
 }
 
-SavedCheckpoint save_checkpoint(const std::string& root_in, int64_t iteration,
-                                const CheckpointState& state, int64_t keep,
-                                int64_t max_shard_bytes) {
-  TANDEM_CHECK(keep >= 1, "--keep-checkpoints ", keep, " is invalid: keep at least 1");
-  TANDEM_ASSERT(state.kind == CheckpointKind::kTandem && state.trainer_state.is_object() &&
-                    state.trainer_state.value("iteration", int64_t{-1}) == iteration,
-                "save_checkpoint needs a trainer state of iteration ", iteration);
+int64_t count_shards(const NamedTensors& tensors, int64_t max_shard_bytes) {
+  return static_cast<int64_t>(split_shards(tensors, max_shard_bytes).size());
+}
+
+std::vector<WrittenFile> write_shards(const std::string& dir, const std::string& kind,
+                                      const NamedTensors& tensors, int64_t first, int64_t total,
+                                      int64_t max_shard_bytes) {
+  const std::vector<NamedTensors> shards = split_shards(tensors, max_shard_bytes);
+  TANDEM_ASSERT(first >= 0 && first + static_cast<int64_t>(shards.size()) <= total, kind,
+                " shards ", first, " + ", shards.size(), " of ", total);
+  std::vector<WrittenFile> out;
+  for (size_t i = 0; i < shards.size(); ++i) {
+    WrittenFile f;
+    if (total == 1) {
+      f.file = kind + ".safetensors";
+    } else {
+      char name[96];
+      std::snprintf(name, sizeof name, "%s-%05lld-of-%05lld.safetensors", kind.c_str(),
+                    static_cast<long long>(first + static_cast<int64_t>(i) + 1),
+                    static_cast<long long>(total));
+      f.file = name;
+    }
+    const std::string path = dir + "/" + f.file;
+    io::save_safetensors(path, shards[i], {{"format", "pt"}});
+    for (const auto& [name, t] : shards[i]) {
+      f.tensors.push_back(name);
+      f.tensor_bytes += t.numel() * static_cast<int64_t>(dtype_size(t.dtype()));
+    }
+    const Json record = file_record(path);
+    f.bytes = record["bytes"].get<int64_t>();
+    f.crc32c = record["crc32c"].get<std::string>();
+    out.push_back(std::move(f));
+  }
+  return out;
+}
+
+std::unique_ptr<io::AtomicDirWriter> open_checkpoint(const std::string& root_in,
+                                                     int64_t iteration) {
   const std::string root = strip_trailing_slashes(root_in);
   std::error_code ec;
   fs::create_directories(root, ec);
   TANDEM_CHECK(!ec && fs::is_directory(root, ec), "--save ", root,
                ": cannot create the directory (", ec.message(), ")");
   recover_save_root(root);
+  return std::make_unique<io::AtomicDirWriter>(root + "/" + iteration_dir_name(iteration));
+}
+
+SavedCheckpoint commit_checkpoint(io::AtomicDirWriter& writer, const std::string& root_in,
+                                  int64_t iteration, const ModelConfig& model,
+                                  const Json& trainer_state_in,
+                                  const std::vector<WrittenFile>& model_files,
+                                  const std::vector<WrittenFile>& optimizer_files, int64_t keep) {
+  const std::string root = strip_trailing_slashes(root_in);
   const std::string name = iteration_dir_name(iteration);
+  Json trainer_state = trainer_state_in;
+  trainer_state["format"] = kFormatName;
+  trainer_state["format_version"] = kCheckpointFormatVersion;
+  trainer_state["files"] = Json::object();
+  for (const std::vector<WrittenFile>* kind : {&model_files, &optimizer_files}) {
+    for (const WrittenFile& f : *kind) {
+      trainer_state["files"][f.file] = {{"bytes", f.bytes}, {"crc32c", f.crc32c}};
+    }
+  }
+  std::vector<std::string> written;  // files this process writes
+  save_stage(name, "config");
+  io::save_hf_config(writer.file_path(kConfigFile), model);
+  written.push_back(kConfigFile);
+  if (model_files.size() > 1) written.push_back(write_index(writer, "model", model_files));
+  if (optimizer_files.size() > 1) {
+    written.push_back(write_index(writer, "optimizer", optimizer_files));
+  }
+  save_stage(name, "trainer_state");
+  for (const std::string& file : written) {
+    trainer_state["files"][file] = file_record(writer.file_path(file));
+  }
+  io::write_file_atomic(writer.file_path(kStateFile), trainer_state.dump(2) + "\n");
+  save_stage(name, "commit");
+  writer.commit();
   SavedCheckpoint out;
   out.dir = root + "/" + name;
-  {
-    io::AtomicDirWriter writer(out.dir);
-    save_stage(name, "model");
-    std::vector<std::string> files = save_model_files(writer, state.model, max_shard_bytes);
-    save_stage(name, "config");
-    io::save_hf_config(writer.file_path(kConfigFile), state.model_config);
-    save_stage(name, "optimizer");
-    io::save_safetensors(writer.file_path(kOptimizerFile), state.optimizer, {{"format", "pt"}});
-    save_stage(name, "trainer_state");
-    Json trainer_state = state.trainer_state;
-    trainer_state["format"] = kFormatName;
-    trainer_state["format_version"] = kCheckpointFormatVersion;
-    files.push_back(kConfigFile);
-    files.push_back(kOptimizerFile);
-    trainer_state["files"] = Json::object();
-    for (const std::string& file : files) {
-      trainer_state["files"][file] = file_record(writer.file_path(file));
-    }
-    io::write_file_atomic(writer.file_path(kStateFile), trainer_state.dump(2) + "\n");
-    save_stage(name, "commit");
-    writer.commit();
-  }
   save_stage(name, "latest");
   io::write_file_atomic(root + "/" + kLatestFile, name + "\n");
   save_stage(name, "prune");
   apply_retention(root, iteration, keep, out);
   save_stage(name, "done");
   return out;
+}
+
+SavedCheckpoint save_checkpoint(const std::string& root, int64_t iteration,
+                                const CheckpointState& state, int64_t keep,
+                                int64_t max_shard_bytes) {
+  TANDEM_CHECK(keep >= 1, "--keep-checkpoints ", keep, " is invalid: keep at least 1");
+  TANDEM_ASSERT(state.kind == CheckpointKind::kTandem && state.trainer_state.is_object() &&
+                    state.trainer_state.value("iteration", int64_t{-1}) == iteration,
+                "save_checkpoint needs a trainer state of iteration ", iteration);
+  const std::unique_ptr<io::AtomicDirWriter> writer = open_checkpoint(root, iteration);
+  const std::string name = iteration_dir_name(iteration);
+  save_stage(name, "model");
+  const int64_t shards = count_shards(state.model, max_shard_bytes);
+  const std::vector<WrittenFile> model =
+      write_shards(writer->tmp_dir(), "model", state.model, 0, shards, max_shard_bytes);
+  save_stage(name, "optimizer");
+  // One rank writes the optimizer state as one file, whatever its size.
+  const std::vector<WrittenFile> optimizer =
+      write_shards(writer->tmp_dir(), "optimizer", state.optimizer, 0, 1, INT64_MAX);
+  return commit_checkpoint(*writer, root, iteration, state.model_config, state.trainer_state, model,
+                           optimizer, keep);
 }
 
 std::string resolve_checkpoint_dir(const std::string& dir_in) {
@@ -590,12 +660,12 @@ CheckpointState load_checkpoint(const std::string& dir) {
   st.model_config = info.model_config;
   st.trainer_state = info.trainer_state;
   if (st.kind == CheckpointKind::kHuggingFace) {
-    st.model = read_hf_weights(st.dir);
+    st.model = read_indexed(st.dir, "model");
     return st;
   }
   verify_recorded_files(st.dir, st.trainer_state);
-  st.model = read_hf_weights(st.dir);
-  st.optimizer = read_tensors(st.dir + "/" + kOptimizerFile);
+  st.model = read_indexed(st.dir, "model");
+  st.optimizer = read_indexed(st.dir, "optimizer");
   check_optimizer_tensors(st);
   return st;
 }
@@ -606,7 +676,11 @@ void save_model_checkpoint(const std::string& dir, const model::Parameters& para
   const fs::path parent = fs::path(final_dir).parent_path();
   if (!parent.empty()) fs::create_directories(parent);
   io::AtomicDirWriter writer(final_dir);
-  save_model_files(writer, model_tensors(params), max_shard_bytes);
+  const NamedTensors model = model_tensors(params);
+  const int64_t shards = count_shards(model, max_shard_bytes);
+  const std::vector<WrittenFile> files =
+      write_shards(writer.tmp_dir(), "model", model, 0, shards, max_shard_bytes);
+  if (files.size() > 1) write_index(writer, "model", files);
   io::save_hf_config(writer.file_path(kConfigFile), params.config());
   writer.commit();
 }

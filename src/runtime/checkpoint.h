@@ -9,6 +9,9 @@
 //                                              (Note [Sharded weights] in checkpoint.cc)
 //                       config.json            HF config (docs/model.md "Families")
 //                       optimizer.safetensors  "<weight name>.exp_avg", "<weight name>.exp_avg_sq"
+//                                              (a fully parallel save writes shards and an index
+//                                              as for the weights: optimizer-0000k-of-0000n...,
+//                                              optimizer.safetensors.index.json)
 //                       trainer_state.json     format + version, iteration, optimizer steps,
 //                                              samples consumed, seed, the model and train
 //                                              configs, the data (path, format, bytes), and the
@@ -39,6 +42,7 @@
 
 #include "core/config.h"
 #include "core/tensor.h"
+#include "io/atomic_dir.h"
 #include "model/parameters.h"
 #include "runtime/optimizer.h"
 
@@ -67,11 +71,21 @@ struct CheckpointState {
   nlohmann::json trainer_state;  // Note [Checkpoint layout]; null for kHuggingFace
 };
 
+// What one rank wrote of a checkpoint and how long it took.
+struct RankWrite {
+  int rank = 0;
+  int64_t files = 0;
+  int64_t bytes = 0;
+  double seconds = 0;
+};
+
 // What save_checkpoint did.
 struct SavedCheckpoint {
   std::string dir;                    // the iteration directory written
   std::vector<std::string> removed;   // older directories deleted by retention
   std::vector<std::string> warnings;  // a failed delete is reported here; the save stands
+  std::vector<RankWrite> writes;      // the ranks that wrote tensor files (multi-rank saves)
+  double seconds = 0;                 // the whole save, from the first rank's gather to `latest`
 };
 
 // "iter_0000042" (Megatron's directory names).
@@ -110,6 +124,42 @@ constexpr int64_t kDefaultMaxShardBytes = 5'000'000'000;
 SavedCheckpoint save_checkpoint(const std::string& root, int64_t iteration,
                                 const CheckpointState& state, int64_t keep,
                                 int64_t max_shard_bytes = kDefaultMaxShardBytes);
+
+// ---- One checkpoint written by several processes (Note [Fully parallel save] in
+// checkpoint_parallel.cc); save_checkpoint is these pieces in one process ----
+
+// A tensor file written into a checkpoint's staging directory.
+struct WrittenFile {
+  std::string file;                  // its name in the directory
+  int64_t bytes = 0;                 // the file's size
+  std::string crc32c;                // 8 hex digits
+  int64_t tensor_bytes = 0;          // its tensors' data (an index's total_size)
+  std::vector<std::string> tensors;  // the names it holds, in order
+};
+
+// How many files write_shards splits `tensors` into under max_shard_bytes (0 for none).
+int64_t count_shards(const NamedTensors& tensors, int64_t max_shard_bytes);
+
+// Writes `tensors` into `dir` as the shards first + 1 .. first + count_shards of `total`
+// (Note [Sharded weights] in checkpoint.cc), named "<kind>-0000k-of-0000n.safetensors", or
+// "<kind>.safetensors" when total is 1. `kind` is "model" or "optimizer".
+std::vector<WrittenFile> write_shards(const std::string& dir, const std::string& kind,
+                                      const NamedTensors& tensors, int64_t first, int64_t total,
+                                      int64_t max_shard_bytes);
+
+// Creates `root` if needed, removes what an interrupted save into it left
+// (Note [Checkpoint commit]) and opens the staging directory of `iteration`'s directory.
+std::unique_ptr<io::AtomicDirWriter> open_checkpoint(const std::string& root, int64_t iteration);
+
+// Finishes a checkpoint whose tensor files are in `writer`'s staging directory: the indexes
+// ("<kind>.safetensors.index.json", when a kind has several files), config.json and
+// trainer_state.json (`trainer_state` with format, version and every file's size and CRC-32C),
+// then commits the directory, points `latest` at it and keeps the newest `keep`.
+SavedCheckpoint commit_checkpoint(io::AtomicDirWriter& writer, const std::string& root,
+                                  int64_t iteration, const ModelConfig& model,
+                                  const nlohmann::json& trainer_state,
+                                  const std::vector<WrittenFile>& model_files,
+                                  const std::vector<WrittenFile>& optimizer_files, int64_t keep);
 
 // The directory that `dir` designates: a save root (with `latest`) resolves to the iteration
 // directory `latest` names; an iteration or HF directory resolves to itself. Throws

@@ -1,9 +1,12 @@
-// Multi-rank checkpoints: gathering the owned tensors to rank 0 by name, saving there with the
-// others waiting for the outcome, restoring every rank's chunks, and agreeing on errors.
+// Multi-rank checkpoints: gathering the owned tensors to rank 0 by name and saving there, or every
+// rank writing its own tensors into one directory; restoring every rank's chunks; agreeing on
+// errors.
 #include "runtime/checkpoint_parallel.h"
 
 #include <chrono>
+#include <cstdlib>
 #include <exception>
+#include <filesystem>
 #include <future>
 #include <map>
 #include <sstream>
@@ -12,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "io/atomic_dir.h"
 
 namespace tandem::runtime {
 namespace {
@@ -44,12 +48,12 @@ struct OwnedEntry {
   Tensor weight, exp_avg, exp_avg_sq;
 };
 
-// The entries this rank owns in a checkpoint, by weight name: dense tensors on data-parallel
-// rank 0, experts on expert-data-parallel rank 0 (they are equal on the other ranks of those
-// groups after every step).
-std::map<std::string, OwnedEntry> owned_entries(PipelineTrainer& trainer) {
+// The entries this rank owns in a checkpoint, by weight name in its stages' order: dense tensors
+// on data-parallel rank 0, experts on expert-data-parallel rank 0 (they are equal on the other
+// ranks of those groups after every step).
+std::vector<std::pair<std::string, OwnedEntry>> owned_entries(PipelineTrainer& trainer) {
   const Groups& g = trainer.groups();
-  std::map<std::string, OwnedEntry> owned;
+  std::vector<std::pair<std::string, OwnedEntry>> owned;
   for (const StageRuntime& s : trainer.stages()) {
     const NamedTensors weights = model_tensors(*s.params);  // in entry order, on the host
     // Note [Distributed optimizer]: a sharded optimizer's moments are made whole first (every
@@ -63,7 +67,8 @@ std::map<std::string, OwnedEntry> owned_entries(PipelineTrainer& trainer) {
       const model::ParamEntry& e = entries[i];
       const bool expert = e.shard == model::ParamShard::kExpert;
       if ((expert ? g.layout.edp_rank(g.rank) : g.layout.dp_rank(g.rank)) != 0) continue;
-      owned[e.name] = {weights[i].second, moments[2 * i].second, moments[2 * i + 1].second};
+      owned.push_back(
+          {e.name, {weights[i].second, moments[2 * i].second, moments[2 * i + 1].second}});
     }
   }
   return owned;
@@ -80,6 +85,83 @@ std::vector<std::string> split_lines(const std::string& text) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) out.push_back(line);
   return out;
+}
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// Note [Saving on rank 0]: the other ranks must not start the next step before the save is known
+// to have succeeded (a failed save stops the run on every rank, with the failing rank's message),
+// but a large save can take longer than --comm-timeout, which bounds every wait for another rank.
+// So each rank runs its part of a save on a helper thread (which touches files only: MPI stays on
+// this thread) and meanwhile the ranks exchange "still working" every heartbeat_s, each wait
+// bounded as usual, until every rank has its outcome. Returns every rank's result; when any
+// rank's `fn` threw, every rank throws the lowest such rank's error.
+std::vector<std::string> agree_with_heartbeat(comm::Communicator& world, double heartbeat_s,
+                                              const std::function<std::string()>& fn) {
+  std::future<std::string> pending = std::async(std::launch::async, fn);
+  const auto beat = std::chrono::duration<double>(heartbeat_s);
+  std::string mine;  // "D" + result, or "F" + describe_exception; empty while working
+  for (;;) {
+    if (mine.empty() && pending.wait_for(beat) == std::future_status::ready) {
+      try {
+        mine = "D" + pending.get();
+      } catch (...) {
+        mine = "F" + describe_exception(std::current_exception());
+      }
+    }
+    const std::vector<std::string> all = world.all_gather_bytes(mine.empty() ? "W" : mine);
+    bool working = false;
+    for (const std::string& o : all) working = working || o == "W";
+    if (working) continue;
+    std::vector<std::string> results;
+    for (const std::string& o : all) {
+      if (o[0] == 'F') throw_outcome(o.substr(1));
+      results.push_back(o.substr(1));
+    }
+    return results;
+  }
+}
+
+// The files in `dir` and their bytes (what a save wrote), as `w`'s.
+void count_directory(const std::string& dir, RankWrite& w) {
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    if (!e.is_regular_file(ec)) continue;
+    w.files += 1;
+    w.bytes += static_cast<int64_t>(e.file_size(ec));
+  }
+}
+
+Json files_to_json(const std::vector<WrittenFile>& files) {
+  Json out = Json::array();
+  for (const WrittenFile& f : files) {
+    out.push_back({{"file", f.file},
+                   {"bytes", f.bytes},
+                   {"crc32c", f.crc32c},
+                   {"tensor_bytes", f.tensor_bytes},
+                   {"tensors", f.tensors}});
+  }
+  return out;
+}
+
+std::vector<WrittenFile> files_from_json(const Json& j) {
+  std::vector<WrittenFile> out;
+  for (const Json& f : j) {
+    out.push_back({f["file"].get<std::string>(), f["bytes"].get<int64_t>(),
+                   f["crc32c"].get<std::string>(), f["tensor_bytes"].get<int64_t>(),
+                   f["tensors"].get<std::vector<std::string>>()});
+  }
+  return out;
+}
+
+// Test hook: with TANDEM_TEST_SAVE_FAIL_RANK=R, world rank R fails after writing its weights.
+void test_fail_rank(int rank) {
+  const char* fail = std::getenv("TANDEM_TEST_SAVE_FAIL_RANK");
+  if (fail != nullptr && std::atoi(fail) == rank) {
+    throw Error(detail::concat("tandem-test: rank ", rank, " failed to write its shards"));
+  }
 }
 
 }  // namespace
@@ -105,7 +187,8 @@ CheckpointState gather_checkpoint(PipelineTrainer& trainer, const Json& data) {
   Groups& g = trainer.groups();
   const ModelConfig& m = trainer.model_config();
   const DType dtype = trainer.stages().front().params->dtype();
-  const std::map<std::string, OwnedEntry> owned = owned_entries(trainer);
+  std::map<std::string, OwnedEntry> owned;
+  for (auto& [name, entry] : owned_entries(trainer)) owned.emplace(name, entry);
   std::unique_ptr<model::Parameters> whole;
   std::vector<std::string> mine;
   if (g.rank == 0) {
@@ -168,41 +251,114 @@ CheckpointState gather_checkpoint(PipelineTrainer& trainer, const Json& data) {
   return st;
 }
 
-// Note [Saving on rank 0]: the other ranks must not start the next step before the save is known
-// to have succeeded (a failed save stops the run on every rank, with rank 0's message), but a
-// large save can take longer than --comm-timeout, which bounds every wait for another rank. So
-// rank 0 writes on a helper thread (which touches files only: MPI stays on this thread) and
-// meanwhile sends "saving" every heartbeat_s; the others wait from one message to the next, each
-// wait bounded as usual, until the outcome arrives: "ok" + the directory, or the error.
 SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTrainer& trainer,
                                          const Json& data, int64_t keep, double heartbeat_s,
                                          int64_t max_shard_bytes) {
+  const auto start = std::chrono::steady_clock::now();
   comm::Communicator& world = *trainer.groups().world;
   const CheckpointState state = gather_checkpoint(trainer, data);
-  static const std::string kSaving = "saving";
-  if (world.rank() != 0) {
-    for (;;) {
-      const std::string outcome = world.all_gather_bytes("")[0];
-      if (outcome == kSaving) continue;
-      if (outcome.rfind("ok", 0) == 0) return SavedCheckpoint{outcome.substr(2), {}, {}};
-      throw_outcome(outcome);
-    }
-  }
-  std::future<SavedCheckpoint> pending = std::async(std::launch::async, [&] {
-    return save_checkpoint(root, trainer.iteration(), state, keep, max_shard_bytes);
-  });
-  const auto beat = std::chrono::duration<double>(heartbeat_s);
-  while (pending.wait_for(beat) != std::future_status::ready) world.all_gather_bytes(kSaving);
   SavedCheckpoint saved;
-  std::string outcome;
-  try {
-    saved = pending.get();
-    outcome = "ok" + saved.dir;
-  } catch (...) {
-    outcome = describe_exception(std::current_exception());
+  RankWrite write;
+  // See Note [Saving on rank 0].
+  saved.dir = agree_with_heartbeat(world, heartbeat_s, [&] {
+    if (world.rank() != 0) return std::string();
+    const auto t0 = std::chrono::steady_clock::now();
+    saved = save_checkpoint(root, trainer.iteration(), state, keep, max_shard_bytes);
+    write.seconds = seconds_since(t0);
+    count_directory(saved.dir, write);
+    return saved.dir;
+  })[0];
+  if (world.rank() == 0) {
+    saved.writes = {write};
+    saved.seconds = seconds_since(start);
   }
-  world.all_gather_bytes(outcome);
-  if (outcome.rfind("ok", 0) != 0) throw_outcome(outcome);
+  return saved;
+}
+
+// Note [Fully parallel save]: every rank writes the tensors it owns (owned_entries) into one
+// staging directory, which world rank 0 opens (open_checkpoint) and names to the others; it must
+// be on a file system every rank sees. The ranks first exchange how many weight and optimizer
+// files each will write, so the files get transformers' global names: rank r's weights are
+// model-0000k-of-0000n.safetensors for k after the lower ranks' (a layout with one owner writes
+// model.safetensors). Then each rank writes and reports its files (size, CRC-32C, tensor names)
+// and rank 0 writes the indexes, config.json and trainer_state.json and commits the directory as
+// one rank does (Note [Checkpoint commit]). Every phase ends with every rank's outcome
+// (agree_with_heartbeat), so a failure on any rank stops every rank with its message before
+// anything is committed, and rank 0's writer then removes the staging directory and whatever the
+// ranks wrote there. No rank holds more than its own tensors.
+SavedCheckpoint save_checkpoint_fully_parallel(const std::string& root, PipelineTrainer& trainer,
+                                               const Json& data, int64_t keep, double heartbeat_s,
+                                               int64_t max_shard_bytes) {
+  TANDEM_CHECK(keep >= 1, "--keep-checkpoints ", keep, " is invalid: keep at least 1");
+  const auto start = std::chrono::steady_clock::now();
+  comm::Communicator& world = *trainer.groups().world;
+  const int rank = world.rank();
+  NamedTensors model, optimizer;
+  for (const auto& [name, e] : owned_entries(trainer)) {
+    model.emplace_back(name, e.weight);
+    optimizer.emplace_back(name + ".exp_avg", e.exp_avg);
+    optimizer.emplace_back(name + ".exp_avg_sq", e.exp_avg_sq);
+  }
+  const int64_t iteration = trainer.iteration();
+  std::unique_ptr<io::AtomicDirWriter> writer;  // rank 0's; removes the staging dir on failure
+  const std::string staging = agree_with_heartbeat(world, heartbeat_s, [&] {
+    if (rank != 0) return std::string();
+    writer = open_checkpoint(root, iteration);
+    return writer->tmp_dir();
+  })[0];
+  // Global shard numbers: this rank's come after the lower ranks'.
+  const int64_t my_model = count_shards(model, max_shard_bytes);
+  const int64_t my_optimizer = count_shards(optimizer, max_shard_bytes);
+  const std::vector<std::string> counts =
+      world.all_gather_bytes(std::to_string(my_model) + " " + std::to_string(my_optimizer));
+  int64_t first_model = 0, first_optimizer = 0, total_model = 0, total_optimizer = 0;
+  for (int r = 0; r < static_cast<int>(counts.size()); ++r) {
+    std::istringstream in(counts[r]);
+    int64_t m = 0, o = 0;
+    in >> m >> o;
+    if (r < rank) first_model += m, first_optimizer += o;
+    total_model += m;
+    total_optimizer += o;
+  }
+  const std::vector<std::string> reports = agree_with_heartbeat(world, heartbeat_s, [&] {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::vector<WrittenFile> m =
+        write_shards(staging, "model", model, first_model, total_model, max_shard_bytes);
+    test_fail_rank(rank);
+    const std::vector<WrittenFile> o = write_shards(
+        staging, "optimizer", optimizer, first_optimizer, total_optimizer, max_shard_bytes);
+    return Json{{"model", files_to_json(m)},
+                {"optimizer", files_to_json(o)},
+                {"seconds", seconds_since(t0)}}
+        .dump();
+  });
+  SavedCheckpoint saved;
+  saved.dir = agree_with_heartbeat(world, heartbeat_s, [&] {
+    if (rank != 0) return std::string();
+    std::vector<WrittenFile> model_files, optimizer_files;
+    for (int r = 0; r < static_cast<int>(reports.size()); ++r) {
+      const Json report = Json::parse(reports[r]);
+      RankWrite w{r, 0, 0, report["seconds"].get<double>()};
+      for (const char* kind : {"model", "optimizer"}) {
+        for (WrittenFile& f : files_from_json(report[kind])) {
+          w.files += 1;
+          w.bytes += f.bytes;
+          (std::string(kind) == "model" ? model_files : optimizer_files).push_back(std::move(f));
+        }
+      }
+      if (w.files > 0) saved.writes.push_back(w);
+    }
+    const ModelConfig& m = trainer.model_config();
+    // Every stage's AdamW has taken the same steps; rank 0 always holds a stage.
+    const int64_t steps = trainer.stages().front().optimizer->steps();
+    const Json position = training_position_json(iteration, steps, m, trainer.train_config(), data);
+    const SavedCheckpoint done = commit_checkpoint(*writer, root, iteration, m, position,
+                                                   model_files, optimizer_files, keep);
+    saved.removed = done.removed;
+    saved.warnings = done.warnings;
+    return done.dir;
+  })[0];
+  if (rank == 0) saved.seconds = seconds_since(start);
   return saved;
 }
 

@@ -1,5 +1,6 @@
 // Checkpoints of a multi-rank run (PipelineTrainer): the same files one rank writes, gathered to
-// world rank 0 by name, and a restore in which every rank takes its chunks from a whole-model
+// world rank 0 by name, or every rank's own tensors written by that rank into one directory, and
+// a restore in which every rank takes its chunks from a whole-model
 // state, so a checkpoint moves freely between parallel layouts (Note [Checkpoint layout]).
 #pragma once
 
@@ -25,13 +26,26 @@ CheckpointState gather_checkpoint(PipelineTrainer& trainer, const nlohmann::json
 // save_checkpoint (Notes [Checkpoint layout], [Checkpoint commit]) while the others wait for the
 // outcome (Note [Saving on rank 0] in checkpoint_parallel.cc). When rank 0's save fails, every
 // rank throws its error with the same message (tandem::Error stays tandem::Error). Rank 0 gets
-// what save_checkpoint returned, the others the directory only. `heartbeat_s` must be well below
-// the communicators' timeout (--comm-timeout): rank 0 tells the others it is still writing that
-// often, so a save may take longer than the timeout.
+// what save_checkpoint returned (and its write time in `writes`), the others the directory only.
+// `heartbeat_s` must be well below the communicators' timeout (--comm-timeout): rank 0 tells the
+// others it is still writing that often, so a save may take longer than the timeout.
 SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTrainer& trainer,
                                          const nlohmann::json& data, int64_t keep,
                                          double heartbeat_s,
                                          int64_t max_shard_bytes = kDefaultMaxShardBytes);
+
+// The same checkpoint (the same tensors, configs and trainer state) with every rank writing the
+// tensors it owns into its own shards of one directory, world rank 0 the indexes and
+// trainer_state.json, committed as one rank commits (Note [Fully parallel save] in
+// checkpoint_parallel.cc). Every rank must call it; a failure on any rank fails every rank with
+// the lowest failing rank's message and commits nothing. Rank 0 gets the directory, retention's
+// results, each writing rank's files, bytes and seconds (`writes`) and the whole save's seconds;
+// the others the directory only. Test hook: with TANDEM_TEST_SAVE_FAIL_RANK=R in the environment,
+// world rank R fails after writing its weight shards.
+SavedCheckpoint save_checkpoint_fully_parallel(const std::string& root, PipelineTrainer& trainer,
+                                               const nlohmann::json& data, int64_t keep,
+                                               double heartbeat_s,
+                                               int64_t max_shard_bytes = kDefaultMaxShardBytes);
 
 // Restores this rank's stages from a whole-model `state` (restore_chunks: weights, Adam moments
 // and steps, or weights only from a Hugging Face state) and sets the trainer's iteration, which

@@ -6,10 +6,14 @@
 // never move (gathered by name).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <iostream>
 #include <limits>
+#include <map>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <tuple>
@@ -17,6 +21,8 @@
 
 #include "common/random_tokens.h"
 #include "dist_env.h"
+#include "io/atomic_dir.h"
+#include "io/safetensors.h"
 #include "model/tiny.h"
 #include "runtime/checkpoint_parallel.h"
 #include "runtime/reference_trainer.h"
@@ -94,6 +100,36 @@ std::vector<Layout> layouts_of_this_world() {
   return out;
 }
 
+// The layout's schedule (1F1B, interleaved with virtual stages) of 4 micro-batches, or none when
+// it does not support the layout.
+std::optional<schedule::Schedule> schedule_of(const Layout& l) {
+  const schedule::ScheduleKind kind =
+      l.v == 1 ? schedule::ScheduleKind::k1f1b : schedule::ScheduleKind::kInterleaved1f1b;
+  const schedule::ScheduleShape shape{l.pp, l.v, 4};
+  try {
+    schedule::check_supported(kind, shape);
+  } catch (const Error&) {
+    return std::nullopt;
+  }
+  schedule::Schedule sched = schedule::generate_schedule(kind, shape);
+  schedule::validate_schedule(sched);
+  return sched;
+}
+
+// PP2 x EP2 where the world size allows (else 1 for either), under 1F1B with 4 micro-batches.
+struct SmallLayout {
+  int pp, ep;
+  TrainConfig train;
+  schedule::Schedule sched;
+};
+
+SmallLayout small_layout() {
+  const int world = g_world->size();
+  const int pp = world % 2 == 0 ? 2 : 1, ep = (world / pp) % 2 == 0 ? 2 : 1;
+  return {pp, ep, train_for(world / pp),
+          schedule::generate_schedule(schedule::ScheduleKind::k1f1b, {pp, 1, 4})};
+}
+
 // A checkpoint of the one-rank trainer (computed on every rank) restored into every layout of
 // this world size and gathered back to rank 0: the same tensors, bytes, order and trainer state.
 // So a checkpoint moves between layouts (1 rank -> PP x EP, and back) without a bit changing.
@@ -104,24 +140,16 @@ TEST(CheckpointDist, AnyLayoutRestoresAndGathersTheOneRankStateBitwise) {
   for (const Layout& l : layouts_of_this_world()) {
     const int dp = g_world->size() / l.pp;
     const TrainConfig t = train_for(dp);
-    const schedule::ScheduleKind kind =
-        l.v == 1 ? schedule::ScheduleKind::k1f1b : schedule::ScheduleKind::kInterleaved1f1b;
-    const schedule::ScheduleShape shape{l.pp, l.v, 4};
-    try {
-      schedule::check_supported(kind, shape);
-    } catch (const Error&) {
-      continue;
-    }
+    const std::optional<schedule::Schedule> sched = schedule_of(l);
+    if (!sched) continue;
     RandomTokens tokens(m.vocab_size);
     ReferenceTrainer one(m, t, tokens);
     one.step();
     one.step();
     const CheckpointState want = trainer_checkpoint(one, data);
 
-    const schedule::Schedule sched = schedule::generate_schedule(kind, shape);
-    schedule::validate_schedule(sched);
     Groups groups = Groups::make(world_copy(), l.pp, l.ep);
-    PipelineTrainer trainer(m, t, sched, groups, tokens);
+    PipelineTrainer trainer(m, t, *sched, groups, tokens);
     run_agreeing(*groups.world, [&] { EXPECT_EQ(restore_pipeline(trainer, want), 2); });
     for (const StageRuntime& s : trainer.stages()) EXPECT_EQ(s.optimizer->steps(), 2);
     const CheckpointState got = gather_checkpoint(trainer, data);
@@ -286,20 +314,16 @@ TEST(CheckpointDist, DeferredUpdateTrainsBitwiseAsTheUpdateAtTheStepsEnd) {
 TEST(CheckpointDist, GatheredStateRestoresIntoOneRank) {
   const ModelConfig m = tiny_moe();
   const nlohmann::json data = {{"format", "test"}};
-  const int world = g_world->size();
-  const int pp = world % 2 == 0 ? 2 : 1, ep = (world / pp) % 2 == 0 ? 2 : 1;
-  const TrainConfig t = train_for(world / pp);
-  const schedule::Schedule sched =
-      schedule::generate_schedule(schedule::ScheduleKind::k1f1b, {pp, 1, 4});
+  const SmallLayout l = small_layout();
   RandomTokens tokens(m.vocab_size);
-  Groups groups = Groups::make(world_copy(), pp, ep);
-  PipelineTrainer trainer(m, t, sched, groups, tokens);
+  Groups groups = Groups::make(world_copy(), l.pp, l.ep);
+  PipelineTrainer trainer(m, l.train, l.sched, groups, tokens);
   trainer.step();
   trainer.step();
   trainer.step();
   const CheckpointState gathered = gather_checkpoint(trainer, data);
   if (groups.rank != 0) return;
-  ReferenceTrainer one(m, t, tokens);
+  ReferenceTrainer one(m, l.train, tokens);
   restore_trainer(one, gathered);
   EXPECT_EQ(one.iteration(), 3);
   EXPECT_EQ(one.optimizer().steps(), 3);
@@ -344,6 +368,127 @@ TEST(CheckpointDist, FailedSaveOnRankZeroFailsEveryRankWithItsMessage) {
   EXPECT_EQ(saved.dir, good.path() + "/iter_0000001");
   if (groups.rank == 0) {
     EXPECT_TRUE(fs::is_regular_file(saved.dir + "/trainer_state.json"));
+  }
+}
+
+// A checkpoint's tensors by name, in its files' order sorted by name (shard boundaries aside).
+NamedTensors by_name(NamedTensors tensors) {
+  std::sort(tensors.begin(), tensors.end(),
+            [](const auto& a, const auto& b) { return a.first < b.first; });
+  return tensors;
+}
+
+// Each tensor of `kind` ("model", "optimizer") in `dir` is in exactly one file, and the index
+// maps it to that file: the names the index maps are the names `want` holds, each once.
+void expect_indexed_once(const std::string& dir, const std::string& kind, const NamedTensors& want,
+                         const std::string& what) {
+  const nlohmann::json index =
+      nlohmann::json::parse(io::read_file(dir + "/" + kind + ".safetensors.index.json"));
+  std::map<std::string, int> seen;  // name -> files holding it
+  for (const auto& e : fs::directory_iterator(dir)) {
+    const std::string file = e.path().filename().string();
+    if (file.rfind(kind + "-", 0) != 0) continue;
+    for (const io::SafetensorsEntry& t : io::read_safetensors_header(e.path().string()).tensors) {
+      ++seen[t.name];
+      EXPECT_EQ(index["weight_map"].value(t.name, std::string()), file) << what << ": " << t.name;
+    }
+  }
+  EXPECT_EQ(index["weight_map"].size(), want.size()) << what;
+  EXPECT_EQ(seen.size(), want.size()) << what;
+  for (const auto& [name, t] : want) EXPECT_EQ(seen[name], 1) << what << ": " << name;
+  int64_t total = 0;
+  for (const auto& [name, t] : want) total += t.nbytes();
+  EXPECT_EQ(index["metadata"]["total_size"], total) << what;
+}
+
+// Note [Fully parallel save]: every layout of the world (with the distributed optimizer and
+// without), saved by every rank into its own shards (small ones, so ranks write several) and by
+// rank 0 alone: loaded back, the two hold the same tensors, byte for byte by name, and the same
+// trainer state; both indexes map every name once; rank 0 has every writing rank's figures.
+TEST(CheckpointDist, FullyParallelSaveHoldsTheRankZeroSavesTensors) {
+  const ModelConfig m = tiny_moe();
+  const nlohmann::json data = {{"format", "test"}};
+  int checked = 0;
+  for (const Layout& l : layouts_of_this_world()) {
+    for (const bool distributed : {false, true}) {
+      const int dp = g_world->size() / l.pp;
+      TrainConfig t = train_for(dp);
+      t.use_distributed_optimizer = distributed;
+      const std::optional<schedule::Schedule> sched = schedule_of(l);
+      if (!sched) continue;
+      RandomTokens tokens(m.vocab_size);
+      Groups groups = Groups::make(world_copy(), l.pp, l.ep);
+      PipelineTrainer trainer(m, t, *sched, groups, tokens);
+      trainer.step();
+      trainer.step();
+      SharedTempDir dir;
+      const SavedCheckpoint one =
+          save_checkpoint_parallel(dir.path() + "/rank0", trainer, data, 1, 1.0);
+      const SavedCheckpoint all =
+          save_checkpoint_fully_parallel(dir.path() + "/all", trainer, data, 1, 1.0, 2000);
+      EXPECT_EQ(all.dir, dir.path() + "/all/iter_0000002");
+      std::ostringstream what;
+      what << "pp" << l.pp << " ep" << l.ep << " dp" << dp << " v" << l.v
+           << (distributed ? " distributed" : "");
+      if (groups.rank == 0) {
+        const CheckpointState want = load_checkpoint(one.dir);
+        const CheckpointState got = load_checkpoint(all.dir);
+        expect_same_tensors(by_name(got.model), by_name(want.model), what.str() + " weights");
+        expect_same_tensors(by_name(got.optimizer), by_name(want.optimizer),
+                            what.str() + " moments");
+        nlohmann::json got_state = got.trainer_state, want_state = want.trainer_state;
+        got_state.erase("files");
+        want_state.erase("files");
+        EXPECT_EQ(got_state, want_state) << what.str();
+        expect_indexed_once(all.dir, "model", want.model, what.str());
+        expect_indexed_once(all.dir, "optimizer", want.optimizer, what.str());
+        int64_t bytes = 0;
+        for (const RankWrite& w : all.writes) bytes += w.files > 0 ? w.bytes : 0;
+        EXPECT_GE(all.writes.size(), static_cast<size_t>(l.pp)) << what.str();
+        EXPECT_GT(bytes, 0) << what.str();
+        std::cout << "  checked " << what.str() << "\n";
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 0);
+}
+
+// A rank that fails while writing its shards (the test hook, on the last rank) fails every
+// rank's save with its message; the staging directory and every rank's files in it are removed,
+// and `latest` still names the previous checkpoint, which still loads.
+TEST(CheckpointDist, FailedWriteOnAnyRankFailsEveryRankAndCommitsNothing) {
+  const ModelConfig m = tiny_moe();
+  const SmallLayout l = small_layout();
+  RandomTokens tokens(m.vocab_size);
+  Groups groups = Groups::make(world_copy(), l.pp, l.ep);
+  PipelineTrainer trainer(m, l.train, l.sched, groups, tokens);
+  trainer.step();
+  SharedTempDir dir;
+  save_checkpoint_fully_parallel(dir.path(), trainer, {}, 2, 0.001, 2000);
+  trainer.step();
+  const std::string failing = std::to_string(g_world->size() - 1);
+  ::setenv("TANDEM_TEST_SAVE_FAIL_RANK", failing.c_str(), 1);
+  std::string message;
+  try {
+    save_checkpoint_fully_parallel(dir.path(), trainer, {}, 2, 0.001, 2000);
+  } catch (const Error& e) {
+    message = e.what();
+  }
+  ::unsetenv("TANDEM_TEST_SAVE_FAIL_RANK");
+  EXPECT_NE(message.find("rank " + failing + " failed to write its shards"), std::string::npos)
+      << message;
+  const std::vector<std::string> all = g_world->all_gather_bytes(message);
+  for (const std::string& m_r : all) EXPECT_EQ(m_r, all[0]);
+  if (groups.rank == 0) {
+    std::vector<std::string> names;
+    for (const auto& e : fs::directory_iterator(dir.path())) {
+      names.push_back(e.path().filename().string());
+    }
+    std::sort(names.begin(), names.end());
+    EXPECT_EQ(names, (std::vector<std::string>{"iter_0000001", "latest"}));
+    EXPECT_EQ(io::read_file(dir.path() + "/latest"), "iter_0000001\n");
+    EXPECT_EQ(load_checkpoint(dir.path()).trainer_state["iteration"], 1);
   }
 }
 

@@ -149,6 +149,62 @@ TEST(CheckpointMpi, StopAndResumeIsBitwiseUnderDp2Pp2) {
   check_exact_resume("resume_dp2pp2", " --pipeline-model-parallel-size 2");
 }
 
+// Note [Fully parallel save]: PP2 x EP2 with the distributed optimizer, every rank writing its
+// own shards (small ones: several a rank). Stopped and resumed, it is bitwise the uninterrupted
+// run; its checkpoint and the one rank 0 writes alone for the same run resume on one rank to the
+// same losses, norms and files, bit for bit, and on PP2 x DP2 to the same losses and norms.
+TEST(CheckpointMpi, FullyParallelSaveResumesOnOtherLayoutsAsTheRankZeroSave) {
+  const std::string dir = temp_dir("fully_parallel");
+  const std::string layout = kPp2Ep2 + " --use-distributed-optimizer";
+  const std::string parallel = " --ckpt-fully-parallel-save --max-shard-size 20KB";
+  Result r = run(tandem_on(4) + kModel + layout + parallel + " --train-iters 4 --save " + dir +
+                 "/full --log-json " + dir + "/full.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(tandem_on(4) + kModel + layout + parallel + " --train-iters 2 --save " + dir + "/ck");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_TRUE(fs::is_regular_file(dir + "/ck/iter_0000002/model.safetensors.index.json"));
+  EXPECT_TRUE(fs::is_regular_file(dir + "/ck/iter_0000002/optimizer.safetensors.index.json"));
+  EXPECT_FALSE(fs::exists(dir + "/ck/iter_0000002/model.safetensors"));
+  r = run(tandem_on(4) + layout + parallel + " --load " + dir + "/ck --train-iters 4 --save " +
+          dir + "/ck --addition-max-digits 2 --log-json " + dir + "/resumed.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  expect_same_tail(dir + "/resumed.jsonl", dir + "/full.jsonl", 2);
+  r = run(tandem_on(4) + kModel + layout + " --train-iters 2 --save " + dir + "/rank0");
+  ASSERT_EQ(r.code, 0) << r.output;
+
+  const std::string resume = " --train-iters 4 --addition-max-digits 2 --quiet";
+  for (const std::string& from : {std::string("ck"), std::string("rank0")}) {
+    r = run(tandem_on(1) + " --load " + dir + "/" + from + "/iter_0000002 --save " + dir + "/" +
+            from + "_one" + resume + " --log-json " + dir + "/" + from + "_one.jsonl");
+    ASSERT_EQ(r.code, 0) << r.output;
+    r = run(tandem_on(4) + " --pipeline-model-parallel-size 2" + (from == "ck" ? parallel : "") +
+            " --load " + dir + "/" + from + "/iter_0000002 --save " + dir + "/" + from + "_dp2" +
+            resume + " --log-json " + dir + "/" + from + "_dp2.jsonl");
+    ASSERT_EQ(r.code, 0) << r.output;
+  }
+  expect_same_tail(dir + "/ck_one.jsonl", dir + "/rank0_one.jsonl", 2);
+  expect_same_files(dir + "/ck_one/iter_0000004", dir + "/rank0_one/iter_0000004", kAllFiles);
+  expect_same_tail(dir + "/ck_dp2.jsonl", dir + "/rank0_dp2.jsonl", 2);
+}
+
+// A fully parallel save that fails on rank 1 (the test hook, after it wrote its weights) stops
+// the run with exit code 2 and that rank's message, and leaves nothing under --save: no
+// iteration directory, no `latest`, no staging directory.
+TEST(CheckpointMpi, FullyParallelSaveFailingOnOneRankStopsTheRunAndCommitsNothing) {
+  const std::string dir = temp_dir("fully_parallel_fault");
+  const Result r =
+      run("TANDEM_TEST_SAVE_FAIL_RANK=1 " + kMpirun + " -x TANDEM_TEST_SAVE_FAIL_RANK -np 2 " +
+          TANDEM_BIN + " train" + kModel +
+          " --pipeline-model-parallel-size 2 --train-iters 1 --ckpt-fully-parallel-save"
+          " --save " +
+          dir + "/ck");
+  EXPECT_EQ(r.code, 2) << r.output;
+  EXPECT_NE(r.output.find("tandem-test: rank 1 failed to write its shards"), std::string::npos)
+      << r.output;
+  EXPECT_TRUE(fs::is_directory(dir + "/ck"));
+  EXPECT_TRUE(fs::is_empty(dir + "/ck"));
+}
+
 // A checkpoint moves between layouts. With clipping off a pipeline-only layout is bitwise the
 // one-rank run, so: PP2's checkpoint is byte for byte one rank's; 1 rank -> PP2 and PP2 -> 1
 // rank continue bitwise as the uninterrupted one-rank run; 1 rank -> PP2 x EP2 on 4 ranks
