@@ -124,6 +124,7 @@ void add_plan_options(CLI::App& sub, PlanOptions& p) {
                  "does, and plans the gradient all-reduce over them (with --overlap-grad-reduce "
                  "beside the backward) (default: --expert-model-parallel-size)")
       ->check(decimal_number(FieldBound::kPositive, false))
+      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
       ->option_text("N");
   sub.add_option("--matrix-flops", p.device.matrix_flops_per_s,
                  "the device's matrix rate, flop/s (default: 7.9e14, about one H200 in bf16)")

@@ -47,6 +47,7 @@ std::vector<BadInput> number_cases() {
       on("plan", {"memory limit past 2^63", {"--memory-limit", "1e300"}, {"1e300", "below 9e18"}}),
       on("plan",
          {"data-parallel size as hex", {"--data-parallel-size", "0x2"}, {"0x2", "decimal"}}),
+      on("plan", {"data-parallel size 0", {"--data-parallel-size", "0"}, {"0", "range 1 to"}}),
       on("eval",
          {"timeout nan", {"--load", "ck", "--comm-timeout", "nan"}, {"--comm-timeout nan"}}),
       {"timeout inf", {"--comm-timeout", "inf"}, {"--comm-timeout inf", "finite"}},
