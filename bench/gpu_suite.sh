@@ -179,11 +179,10 @@ for k,v in json.load(open('/tmp/c_$v.nodes.json'))['nodes'].items(): print('  no
       echo "tandem shape (d) rc=$? ($(( $(date +%s) - t0 )) s) $(summary /tmp/d.jsonl)" | tee -a "$OUT/d.txt"; tail -3 /tmp/d.log
       cp /tmp/d.nodes.json "$OUT/d_nodes.json" 2>/dev/null
       python3 - /tmp/d.jsonl /tmp/d.nodes.json <<'PY' 2>&1 | tee -a "$OUT/d.txt"
-import argparse, json, statistics, sys, time, torch
+import json, statistics, sys
 sys.path.insert(0, "devrun")
-from hf_peer import flops_per_token, matmul_tflops, H200_DENSE_BF16_TFLOPS
-a = argparse.Namespace(hidden_size=2048, num_attention_heads=16, q_lora_rank=0, kv_lora_rank=512, qk_nope_head_dim=128, qk_rope_head_dim=64, v_head_dim=128, n_routed_experts=64, moe_intermediate_size=1408, num_experts_per_tok=6, n_shared_experts=2, intermediate_size=11264, num_hidden_layers=4, first_k_dense_replace=1, vocab_size=163840, seq_length=4096)
-fpt = flops_per_token(a); peak = matmul_tflops()
+from hf_peer import flops_per_token, matmul_tflops, parse_args, H200_DENSE_BF16_TFLOPS
+fpt = flops_per_token(parse_args([])); peak = matmul_tflops()
 tps = statistics.median(json.loads(l)["tokens_per_s"] for l in list(open(sys.argv[1]))[3:])
 print("tandem shape (d): %.0f tokens/s, %.3f GFLOP/token, %.0f TFLOP/s; MFU %.1f%% of the measured bf16 rate (%.0f TFLOP/s), %.1f%% of the datasheet's %.0f" % (tps, fpt / 1e9, fpt * tps / 1e12, 100 * fpt * tps / 1e12 / peak, peak, 100 * fpt * tps / 1e12 / H200_DENSE_BF16_TFLOPS, H200_DENSE_BF16_TFLOPS))
 for k, v in json.load(open(sys.argv[2]))["nodes"].items(): print("  node", k, " ".join("%s %.3f ms" % (p, t * 1e3) for p, t in v.items() if isinstance(t, (int, float))))

@@ -54,7 +54,8 @@ def matmul_tflops():
     return 20 * 2 * 8192 ** 3 / (time.time() - t) / 1e12
 
 
-def main():
+def parse_args(argv=None):
+    """The options; parse_args([]) is shape (d) itself (bench/gpu_suite.sh reads it for tandem's MFU)."""
     ap = argparse.ArgumentParser()
     arg = ap.add_argument
     arg("--num-hidden-layers", type=int, default=4)
@@ -80,7 +81,11 @@ def main():
     arg("--warmup-steps", type=int, default=3)
     arg("--compile", action="store_true")
     arg("--experts-implementation", default="grouped_mm")
-    a = ap.parse_args()
+    return ap.parse_args(argv)
+
+
+def main():
+    a = parse_args()
 
     import torch
     from transformers import DeepseekV3Config, DeepseekV3ForCausalLM

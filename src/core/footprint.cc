@@ -123,11 +123,14 @@ int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab) {
   return std::max<int64_t>(1, (n + blocks - 1) / blocks);
 }
 
+bool attention_tensor_core_dims(int64_t head_dim, int64_t v_dim) {
+  return (head_dim == 64 && v_dim == 64) || (head_dim == 128 && v_dim == 128) ||
+         (head_dim == 192 && v_dim == 128);
+}
+
 int64_t attention_key_split(int64_t batch, int64_t seq, int64_t kv_heads, int64_t group,
                             int64_t head_dim, int64_t v_dim) {
-  const bool tensor_cores = (head_dim == 64 && v_dim == 64) || (head_dim == 128 && v_dim == 128) ||
-                            (head_dim == 192 && v_dim == 128);
-  if (!tensor_cores || group <= 1) return 1;
+  if (!attention_tensor_core_dims(head_dim, v_dim) || group <= 1) return 1;
   const int64_t blocks = batch * kv_heads * ((seq + 63) / 64);
   for (int64_t split = 1; split < group; ++split) {
     if (group % split == 0 && blocks * split >= kAttentionSplitBlocks) return split;

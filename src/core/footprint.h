@@ -102,6 +102,9 @@ int64_t lm_head_block_rows(int64_t n, int64_t padded_vocab);
 // (128, 128), (192, 128)). The workspace is an op temporary the planner counts
 // (node_workspace_bytes).
 constexpr int64_t kAttentionSplitBlocks = 1024;
+// Whether the GPU attention runs q/k heads of head_dim with v heads of v_dim on the tensor cores
+// ((64, 64), (128, 128), (192, 128)); other widths take the generic kernels.
+bool attention_tensor_core_dims(int64_t head_dim, int64_t v_dim);
 int64_t attention_key_split(int64_t batch, int64_t seq, int64_t kv_heads, int64_t group,
                             int64_t head_dim, int64_t v_dim);
 

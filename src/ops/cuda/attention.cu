@@ -22,6 +22,7 @@
 #include <string>
 #include <string_view>
 
+#include "core/footprint.h"
 #include "ops/cuda/attention.h"
 #include "ops/cuda/attention_mma.cuh"
 #include "ops/cuda/cuda_ops.h"
@@ -204,12 +205,10 @@ Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const
                   .scale_log2 = static_cast<float>(kLog2e * s.softmax_scale())};
 }
 
-// The tensor-core kernels need (D, Dv) in {(64, 64), (128, 128), (192, 128)} and 16-byte aligned
-// rows (cp.async, bf16x2 stores).
+// The tensor-core kernels need their head dims (attention_tensor_core_dims, which the planner
+// reads too) and 16-byte aligned rows (cp.async, bf16x2 stores).
 bool fast_path(const Geometry& g, std::initializer_list<const Tensor*> tensors) {
-  const bool dims = (g.head_dim == 64 && g.v_dim == 64) || (g.head_dim == 128 && g.v_dim == 128) ||
-                    (g.head_dim == 192 && g.v_dim == 128);
-  if (!dims) return false;
+  if (!attention_tensor_core_dims(g.head_dim, g.v_dim)) return false;
   for (const Tensor* t : tensors) {
     if (reinterpret_cast<uintptr_t>(t->raw_data()) % 16 != 0) return false;
   }

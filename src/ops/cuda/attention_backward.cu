@@ -220,24 +220,6 @@ __device__ __forceinline__ void dq_atomic_step(float* dq_acc, const bf16* s_ds, 
   }
 }
 
-// The f32 C fragments of one 16-row warp tile (rows row0 + g, row0 + g + 8 of a [seq, D] slice)
-// times `mul`, skipping rows at or past seq: a key split's partial dk or dv.
-template <int D>
-__device__ __forceinline__ void store_rows_f32(float* base, int64_t stride, int row0, int seq,
-                                               const float (&c)[D / 8][4], float mul, int lane) {
-#pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = row0 + (lane >> 2) + 8 * r;
-    if (row >= seq) continue;
-    float* dst = base + int64_t{row} * stride + 2 * (lane & 3);
-#pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      *reinterpret_cast<float2*>(dst + dn * 8) =
-          make_float2(c[dn][2 * r] * mul, c[dn][2 * r + 1] * mul);
-    }
-  }
-}
-
 // out[i] = bf16(the sum over parts p, in order, of part[p * n + i]): a key split's dk or dv.
 __global__ void __launch_bounds__(256)
     attention_split_sum_kernel(bf16* __restrict__ out, const float* __restrict__ part, int64_t n,
@@ -337,10 +319,10 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     return;
   }
   const int64_t rows = int64_t{g.batch} * g.seq;
-  store_rows_f32<D>(dk_part + part * rows * g.kv_stride + k_off, g.kv_stride, key0, g.seq,
-                    dk_acc[0], g.scale, lane);
-  store_rows_f32<DV>(dv_part + part * rows * g.v_stride + v_off, g.v_stride, key0, g.seq, dv_acc[0],
-                     1.f, lane);
+  store_rows<D>(dk_part + part * rows * g.kv_stride + k_off, g.kv_stride, key0, g.seq, dk_acc[0],
+                g.scale, lane);
+  store_rows<DV>(dv_part + part * rows * g.v_stride + v_off, g.v_stride, key0, g.seq, dv_acc[0],
+                 1.f, lane);
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -173,21 +173,28 @@ __device__ __forceinline__ void load_tile(bf16* tile, const bf16* base, int64_t 
   }
 }
 
+// Two adjacent elements of an output row: bf16 (the op's outputs) or f32 (a key split's partial
+// dk, dv: Note [Attention key split] in core/footprint.h).
+__device__ __forceinline__ void store_pair(bf16* p, float x, float y) {
+  *reinterpret_cast<__nv_bfloat162*>(p) = __floats2bfloat162_rn(x, y);
+}
+__device__ __forceinline__ void store_pair(float* p, float x, float y) {
+  *reinterpret_cast<float2*>(p) = make_float2(x, y);
+}
+
 // Stores the C fragments of one 16-row warp tile (rows row0 + g, row0 + g + 8 of a [seq, D] slice)
-// as bf16 times `mul`, skipping rows at or past seq.
-template <int D>
-__device__ __forceinline__ void store_rows(bf16* base, int64_t stride, int row0, int seq,
+// as bf16 or f32 (T) times `mul`, skipping rows at or past seq.
+template <int D, typename T>
+__device__ __forceinline__ void store_rows(T* base, int64_t stride, int row0, int seq,
                                            const float (&c)[D / 8][4], float mul, int lane) {
 #pragma unroll
   for (int r = 0; r < 2; ++r) {
     const int row = row0 + (lane >> 2) + 8 * r;
     if (row >= seq) continue;
-    bf16* dst = base + int64_t{row} * stride + 2 * (lane & 3);
+    T* dst = base + int64_t{row} * stride + 2 * (lane & 3);
 #pragma unroll
-    for (int dn = 0; dn < D / 8; ++dn) {
-      *reinterpret_cast<__nv_bfloat162*>(dst + dn * 8) =
-          __floats2bfloat162_rn(c[dn][2 * r] * mul, c[dn][2 * r + 1] * mul);
-    }
+    for (int dn = 0; dn < D / 8; ++dn)
+      store_pair(dst + dn * 8, c[dn][2 * r] * mul, c[dn][2 * r + 1] * mul);
   }
 }
 
