@@ -135,6 +135,9 @@ m=st.median(r); p,q,b=sys.argv[3:6]
 e=lambda x: '%+.1f%%' % (100*(float(x)/m-1)) if x!='-' else '-'
 print('%-15s %9s %9d %9d %7s %12s %7s %12s %7s %8s' % (sys.argv[2], p, m, max(r), e(p), q, e(q), b, e(b), sys.argv[6]))" $T/r.jsonl "$name" "$planned" "$prop" "$bare" "$o" 2>&1 | tee -a "$OUT/transfer.txt"
       done
+      # Node times measured at micro-batch 8 too, to set beside the scaled ones node by node.
+      timeout 150 $B/tandem train --device cuda $MODEL_B --num-layers 8 --micro-batch-size 8 --global-batch-size 64 $steps --log-json $T/cal8.jsonl --node-times-out "$OUT/transfer_nodes_mb8.json" > $T/cal8.log 2>&1
+      echo "node times at micro-batch 8: rc=$? $(summary $T/cal8.jsonl)" | tee -a "$OUT/transfer.txt"
       [ -s $T/plan.err ] && head -5 $T/plan.err ;;
     c)
       # Shape (c) on one GPU, tandem beside the peer (torch_peer.py with --kv-channels and
@@ -439,14 +442,17 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
         $B/gpu_train_bench $SH --steps 1 --warmup-steps 1 > "$OUT/$s.bench" 2>&1; echo "ncu rc=$?"
       python3 devrun/kernel_summary.py /tmp/$s.csv > "$OUT/$s.txt" 2>&1; head -60 "$OUT/$s.txt" ;;
     hf-par)
-      # As hf, on 2 CPU ranks (PP2) saving with --ckpt-fully-parallel-save: each rank writes its
-      # own shards, rank 0 the index; transformers loads that checkpoint with tandem's loss.
+      # As hf, on 2 CPU ranks saving with --ckpt-fully-parallel-save: each rank writes its own
+      # shards, rank 0 the index; transformers loads that checkpoint with tandem's loss. PP2 where
+      # the layers divide in two, else EP2 x DP2 (the three-layer MoE fixtures).
       T=/tmp/hf-par; mkdir -p $T
       for fx in tests/fixtures/hf/*/; do
         name=$(basename $fx)
         [[ $name =~ ${ONLY:-.} ]] || continue
+        layout="--pipeline-model-parallel-size 2"
+        [ $(python3 -c "import json;print(json.load(open('$fx/config.json'))['num_hidden_layers'] % 2)") = 1 ] && layout="--expert-model-parallel-size 2"
         timeout 120 mpirun --allow-run-as-root --oversubscribe -np 2 $B/tandem train --load $fx --train-iters 3 \
-          --micro-batch-size 1 --global-batch-size 2 --pipeline-model-parallel-size 2 --mock-data --lr 1e-3 \
+          --micro-batch-size 1 --global-batch-size 2 $layout --mock-data --lr 1e-3 \
           --lr-warmup-iters 1 --max-shard-size 40KB --ckpt-fully-parallel-save --save $T/$name --quiet > $T/$name.train.log 2>&1 || tail -3 $T/$name.train.log
         L=$($B/tandem generate --load $T/$name --eval-tokens $fx/tokens.txt | grep -o "loss: [0-9.e+-]*" | cut -d" " -f2)
         timeout 300 python3 devrun/check_hf_load.py $T/$name $fx/tokens.txt $L --rtol 1e-5 > $T/$name.check 2>&1
