@@ -11,6 +11,7 @@
 #include "core/allocator.h"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/footprint.h"
 #if TANDEM_WITH_CUDA
 #include "core/cuda/context.h"
 #endif
@@ -25,6 +26,8 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   in.gpu = o.train.device == Device::kCUDA;
   in.activation_elem_bytes = in.gpu ? 2 : 4;
   in.recompute_experts = o.train.recompute_experts;
+  // Note [Offload in the plan]; refuses (exit 2) what the model has not before anything runs.
+  in.offload_kinds = parse_offload_kinds(o.train.offload_activations, o.model);
   in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
   in.data_parallel_size = dp;                    // Note [Gradient reduction in the plan]
   in.overlap_grad_reduce = o.train.overlap_grad_reduce;
@@ -62,6 +65,13 @@ void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
     rec.planned_peak_bytes.push_back(r.peak_bytes);
     rec.planned_activation_peak_bytes.push_back(r.activation_peak_bytes);
   }
+  if (plan.inputs.offload_kinds != 0) {
+    rec.planned_offload_host_peak_bytes.clear();
+    for (const int32_t p : pipeline_rank_of_world_rank) {
+      rec.planned_offload_host_peak_bytes.push_back(
+          plan.sim.ranks.at(static_cast<size_t>(p)).offload_host_peak_bytes);
+    }
+  }
 }
 
 void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipeline_rank,
@@ -79,16 +89,18 @@ void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipe
 }
 
 std::string planned_memory_line(const schedule::Plan& plan) {
-  std::string peaks, acts;
+  std::string peaks, acts, host;
   for (const schedule::RankResult& r : plan.sim.ranks) {
     peaks += (peaks.empty() ? "" : ", ") + format_bytes(r.peak_bytes);
     acts += (acts.empty() ? "" : ", ") + format_bytes(r.activation_peak_bytes);
+    host += (host.empty() ? "" : ", ") + format_bytes(r.offload_host_peak_bytes);
   }
   const bool many = plan.sim.ranks.size() > 1;
   return detail::concat("memory as planned (tandem plan",
                         plan.inputs.expert_parallel_size > 1 ? ", balanced routing" : "",
                         "): peak ", peaks, many ? " per pipeline rank" : "", ", of it activations ",
                         acts,
+                        plan.inputs.offload_kinds != 0 ? ", offloaded to the host " + host : "",
                         plan.inputs.gpu ? "" : " (on the CPU the ops' temporaries come on top)");
 }
 

@@ -241,6 +241,12 @@ std::string to_json_line(const IterationRecord& r) {
     j["planned_peak_bytes"] = per_rank(r.planned_peak_bytes);
     j["planned_activation_peak_bytes"] = per_rank(r.planned_activation_peak_bytes);
   }
+  if (!r.offload_host_peak_bytes.empty()) {
+    j["offload_host_peak_bytes"] = per_rank(r.offload_host_peak_bytes);
+  }
+  if (!r.planned_offload_host_peak_bytes.empty()) {
+    j["planned_offload_host_peak_bytes"] = per_rank(r.planned_offload_host_peak_bytes);
+  }
   if (!r.note.empty()) j["note"] = r.note;
   if (r.valid_loss) {
     j["valid_loss"] = number(*r.valid_loss);

@@ -39,6 +39,9 @@ struct IterationRecord {
   // The same two peaks as `tandem plan` predicted them before the first step, per rank (empty:
   // not planned; plan_training_run in plan_command.h).
   std::vector<int64_t> planned_peak_bytes, planned_activation_peak_bytes;
+  // --offload-activations: the host bytes holding offloaded activations at their peak, measured
+  // and planned, per rank (empty: no offload).
+  std::vector<int64_t> offload_host_peak_bytes, planned_offload_host_peak_bytes;
   // Multi-rank only (negative: not measured): seconds rank 0's all-to-all tasks ran during the
   // step, and of those the seconds its compute stream stood waiting for them (exposed).
   double comm_seconds = -1;

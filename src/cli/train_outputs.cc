@@ -165,19 +165,25 @@ void gather_comm_seconds(IterationRecord& rec, runtime::PipelineTrainer& trainer
 
 // Every rank's memory into the record.
 void gather_memory(IterationRecord& rec, const runtime::StepResult& r, comm::Communicator& world) {
-  Tensor mine = Tensor::empty({3}, DType::kI64, MemCategory::kOther, "mem");
+  constexpr int kFields = 4;
+  Tensor mine = Tensor::empty({kFields}, DType::kI64, MemCategory::kOther, "mem");
   mine.data<int64_t>()[0] = r.memory.total_in_use;
   mine.data<int64_t>()[1] = r.memory.total_peak;
   mine.data<int64_t>()[2] = r.activation_peak;
-  Tensor all = Tensor::empty({3 * world.size()}, DType::kI64, MemCategory::kOther, "mem.all");
+  mine.data<int64_t>()[3] = r.offload_host_peak;
+  Tensor all = Tensor::empty({kFields * world.size()}, DType::kI64, MemCategory::kOther, "mem.all");
   world.all_gather(all, mine);
+  const bool offload = !rec.offload_host_peak_bytes.empty();  // set by gather_record
   rec.mem_in_use_bytes.clear();
   rec.mem_peak_bytes.clear();
   rec.activation_peak_bytes.clear();
+  rec.offload_host_peak_bytes.clear();
   for (int p = 0; p < world.size(); ++p) {
-    rec.mem_in_use_bytes.push_back(all.data<int64_t>()[3 * p]);
-    rec.mem_peak_bytes.push_back(all.data<int64_t>()[3 * p + 1]);
-    rec.activation_peak_bytes.push_back(all.data<int64_t>()[3 * p + 2]);
+    const int64_t* v = all.data<int64_t>() + kFields * p;
+    rec.mem_in_use_bytes.push_back(v[0]);
+    rec.mem_peak_bytes.push_back(v[1]);
+    rec.activation_peak_bytes.push_back(v[2]);
+    if (offload) rec.offload_host_peak_bytes.push_back(v[3]);
   }
 }
 
@@ -218,6 +224,7 @@ IterationRecord gather_record(const RunOptions& o, const runtime::StepResult& r,
   IterationRecord rec = to_record(r);
   gather_comm_seconds(rec, trainer, world);
   expert_rows_spread(rec, trainer);
+  if (!o.train.offload_activations.empty()) rec.offload_host_peak_bytes = {r.offload_host_peak};
   gather_memory(rec, r, world);
   if (const auto& moved = trainer.last_rebalance()) {
     rec.note = rebalance_note(*moved, o.model.num_layers);

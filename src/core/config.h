@@ -225,6 +225,10 @@ struct TrainConfig {
   // --recompute-experts: the experts keep only their input rows from forward to backward and
   // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).
   bool recompute_experts = false;
+  // --offload-activations: the node kinds whose saved tensors wait in host memory between a
+  // layer's forward and its backward, comma-separated (Note [Activation offload] in
+  // runtime/activation_offload.h; parse_offload_kinds in core/footprint.h); empty: none.
+  std::string offload_activations;
   // --moe-router-force-load-balancing (benchmarks only, as Megatron-LM's flag of that name): each
   // token goes to k experts picked round-robin, every expert receives the same rows, so the
   // expert ranks' work is equal and the all-to-all waits for no straggler. The router still

@@ -33,6 +33,14 @@ struct DeviceBackend {
   uint64_t (*start_read)(const void* src, size_t bytes) = nullptr;
   void (*finish_read)(uint64_t ticket, void* dst, size_t bytes) = nullptr;
   void (*drop_read)(uint64_t ticket) = nullptr;
+  // Page-locked host memory, which the device copies to and from while it computes (activation
+  // offload, runtime/activation_offload.h); host_alloc throws tandem::Error when none is left.
+  void* (*host_alloc)(size_t bytes) = nullptr;
+  void (*host_free)(void* ptr) = nullptr;
+  // Copies `bytes` bytes between device memory and page-locked host memory on the current
+  // stream and returns at once (the stream's later work, and its events, follow the copy).
+  void (*copy_async)(void* dst, Device dst_device, const void* src, Device src_device,
+                     size_t bytes) = nullptr;
 };
 
 // The allocator of `device` (the CPU allocator or the registered device's).

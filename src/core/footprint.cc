@@ -4,8 +4,57 @@
 #include "core/footprint.h"
 
 #include <algorithm>
+#include <string>
+
+#include "core/error.h"
 
 namespace tandem {
+
+const std::vector<OffloadKind>& offload_kinds() {
+  static const std::vector<OffloadKind> kinds = {{NodeKind::kAttention, "attention"},
+                                                 {NodeKind::kExperts, "experts"},
+                                                 {NodeKind::kSharedExpert, "shared-expert"},
+                                                 {NodeKind::kCombine, "combine"},
+                                                 {NodeKind::kMlp, "mlp"}};
+  return kinds;
+}
+
+uint32_t parse_offload_kinds(std::string_view text, const ModelConfig& cfg) {
+  std::string valid;
+  for (const OffloadKind& k : offload_kinds())
+    valid += std::string(valid.empty() ? "" : ", ") + k.name;
+  bool dense = false;
+  for (int64_t l = 0; l < cfg.num_layers; ++l) dense = dense || !cfg.is_moe_layer(l);
+  uint32_t kinds = 0;
+  size_t begin = 0;
+  while (begin <= text.size() && !text.empty()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string_view name = text.substr(begin, end - begin);
+    const OffloadKind* found = nullptr;
+    for (const OffloadKind& k : offload_kinds()) {
+      if (name == k.name) found = &k;
+    }
+    TANDEM_CHECK(found != nullptr, "--offload-activations ", text, ": '", name,
+                 "' is not a node whose activations can be offloaded; give a comma-separated "
+                 "list of ",
+                 valid);
+    const bool present = found->kind == NodeKind::kExperts || found->kind == NodeKind::kCombine
+                             ? cfg.is_moe()
+                         : found->kind == NodeKind::kSharedExpert ? cfg.has_shared_expert()
+                         : found->kind == NodeKind::kMlp          ? dense
+                                                                  : true;
+    TANDEM_CHECK(
+        present, "--offload-activations ", text, ": this model has no ", name, " node (",
+        found->kind == NodeKind::kMlp ? "every layer is a MoE layer" : "",
+        found->kind == NodeKind::kSharedExpert ? "no --moe-shared-expert-intermediate-size" : "",
+        found->kind == NodeKind::kExperts || found->kind == NodeKind::kCombine ? "--num-experts 0"
+                                                                               : "",
+        "), so nothing would be offloaded");
+    kinds |= 1u << static_cast<unsigned>(found->kind);
+    begin = end + 1;
+  }
+  return kinds;
+}
 
 std::string_view node_kind_name(NodeKind kind) {
   switch (kind) {

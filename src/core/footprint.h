@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <string_view>
+#include <vector>
 
 #include "core/config.h"
 
@@ -24,6 +25,22 @@ enum class NodeKind : uint8_t {
 };
 constexpr int kNumNodeKinds = 8;
 std::string_view node_kind_name(NodeKind kind);
+
+// Note [Activation offload] (runtime/activation_offload.h): the node kinds whose saved tensors
+// --offload-activations may keep in host memory, by the names it takes.
+struct OffloadKind {
+  NodeKind kind;
+  const char* name;
+};
+const std::vector<OffloadKind>& offload_kinds();
+// The kinds `text` names (comma-separated, e.g. "attention,experts"; empty: none) as bits
+// 1 << NodeKind. Throws tandem::Error naming a name that is not a kind, or a kind `cfg` does not
+// have (experts without experts, mlp without a dense layer, shared-expert without a shared
+// expert): offloading nothing there would leave the memory the user asked to save.
+uint32_t parse_offload_kinds(std::string_view text, const ModelConfig& cfg);
+inline bool offloads(uint32_t kinds, NodeKind kind) {
+  return (kinds & (1u << static_cast<unsigned>(kind))) != 0;
+}
 
 struct FootprintShape {
   int64_t tokens = 0;       // N: tokens of one micro-batch on this rank (micro_batch * seq)

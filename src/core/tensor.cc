@@ -32,13 +32,29 @@ StorageImpl::~StorageImpl() { release(); }
 
 void StorageImpl::release() {
   if (released_) return;
-  allocator_->deallocate(data_, bytes_, category_, tag_);
+  if (!evicted_) allocator_->deallocate(data_, bytes_, category_, tag_);
   data_ = nullptr;
   released_ = true;
+  evicted_ = false;
+}
+
+void StorageImpl::evict() {
+  TANDEM_ASSERT(!released_ && !evicted_, "evict of storage '", tag_, "': already ",
+                released_ ? "released" : "evicted");
+  allocator_->deallocate(data_, bytes_, category_, tag_);
+  data_ = nullptr;
+  evicted_ = true;
+}
+
+void StorageImpl::readmit() {
+  TANDEM_ASSERT(evicted_, "readmit of storage '", tag_, "', which is not evicted");
+  data_ = allocator_->allocate(bytes_, category_, tag_);
+  evicted_ = false;
 }
 
 void StorageImpl::set_category(MemCategory category) {
   if (released_ || category == category_) return;
+  TANDEM_ASSERT(!evicted_, "category change of evicted storage '", tag_, "'");
   allocator_->move_category(bytes_, category_, category);
   category_ = category;
 }
@@ -78,6 +94,9 @@ void Tensor::check_live(DType want) const {
   TANDEM_ASSERT(storage_ != nullptr, "access to an undefined tensor");
   TANDEM_CHECK(!storage_->released(), "tensor '", storage_->tag(),
                "' was read after its storage was released (shape ", shape_str(shape_), ")");
+  TANDEM_CHECK(!storage_->evicted(), "tensor '", storage_->tag(),
+               "' was read while offloaded to the host (shape ", shape_str(shape_),
+               "; Note [Offloaded storage] in core/tensor.h)");
   TANDEM_ASSERT(want == dtype_, "tensor '", storage_->tag(), "' is ", dtype_name(dtype_),
                 ", accessed as ", dtype_name(want));
 }

@@ -37,6 +37,13 @@ class StorageImpl {
   const std::string& tag() const { return tag_; }
   // Returns the bytes to the allocator now (Note [Early release]).
   void release();
+  // Note [Offloaded storage]: evict() returns the bytes to the allocator while a copy elsewhere
+  // (pinned host memory, runtime/activation_offload.h) holds the contents; readmit() takes as
+  // many bytes again, on the calling thread's current stream, for that copy to come back into.
+  // Views stay valid throughout; a touch in between throws tandem::Error.
+  void evict();
+  void readmit();
+  bool evicted() const { return evicted_; }
   // Counts this storage under another category from now on (Note [Hand-over] in tensor.h).
   void set_category(MemCategory category);
 
@@ -46,6 +53,7 @@ class StorageImpl {
   int64_t bytes_;
   MemCategory category_;
   bool released_ = false;
+  bool evicted_ = false;
   std::string tag_;
 };
 using Storage = std::shared_ptr<StorageImpl>;
@@ -64,6 +72,7 @@ class Tensor {
 
   bool defined() const { return storage_ != nullptr; }
   bool released() const { return storage_ && storage_->released(); }
+  bool evicted() const { return storage_ && storage_->evicted(); }
   DType dtype() const { return dtype_; }
   Device device() const { return storage_ ? storage_->device() : Device::kCPU; }
   MemCategory category() const { return storage_->category(); }

@@ -141,7 +141,7 @@ int64_t live_bytes(const std::vector<const Tensor*>& tensors) {
   std::unordered_set<const StorageImpl*> seen;
   int64_t bytes = 0;
   for (const Tensor* t : tensors) {
-    if (!t->defined() || t->released()) continue;
+    if (!t->defined() || t->released() || t->evicted()) continue;  // not in device memory
     if (seen.insert(t->storage().get()).second) bytes += t->storage()->bytes();
   }
   return bytes;

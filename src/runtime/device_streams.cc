@@ -71,7 +71,7 @@ class DeviceStreams final : public Streams {
   }
 
   DeviceStream fwd_ = nullptr, bwd_ = nullptr, comm_ = nullptr, comm2_ = nullptr,
-               compute2_ = nullptr, reduce_ = nullptr;
+               compute2_ = nullptr, reduce_ = nullptr, copy_out_ = nullptr, copy_in_ = nullptr;
   std::vector<DeviceEvent> plain_, timed_;  // event pools, reused every step
   size_t plain_used_ = 0, timed_used_ = 0;
   DeviceEvent step_zero_ = nullptr;
@@ -95,11 +95,13 @@ DeviceStreams::DeviceStreams() {
   TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&comm2_, cudaStreamNonBlocking, greatest));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&compute2_, cudaStreamNonBlocking, least));
   TANDEM_CUDA_CHECK(cudaStreamCreateWithPriority(&reduce_, cudaStreamNonBlocking, least));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_out_, cudaStreamNonBlocking));
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&copy_in_, cudaStreamNonBlocking));
   step_zero_ = new_event(true);
 }
 
 DeviceStreams::~DeviceStreams() {
-  for (DeviceStream s : {fwd_, bwd_, comm_, comm2_, compute2_, reduce_}) {
+  for (DeviceStream s : {fwd_, bwd_, comm_, comm2_, compute2_, reduce_, copy_out_, copy_in_}) {
     (void)cudaStreamSynchronize(s);
     (void)cudaStreamDestroy(s);
   }
@@ -124,6 +126,10 @@ DeviceStream DeviceStreams::stream_of(StreamId s) const {
       return bwd_;
     case StreamId::kReduce:
       return reduce_;
+    case StreamId::kOffloadOut:
+      return copy_out_;
+    case StreamId::kOffloadIn:
+      return copy_in_;
   }
   return cuda::current_stream();
 }
@@ -147,7 +153,7 @@ void DeviceStreams::run(StreamId id, SpanInfo span, std::function<void()> work) 
 
 // Note [Nodes on the communication stream] (combined.cc).
 void DeviceStreams::record_use(const Tensor& t, StreamId s) {
-  if (t.defined() && !t.released() && t.device() == Device::kCUDA) {
+  if (t.defined() && !t.released() && !t.evicted() && t.device() == Device::kCUDA) {
     cuda::record_stream(t, stream_of(s));
   }
 }
@@ -160,7 +166,9 @@ void DeviceStreams::host_span(std::string name, HostTime begin, HostTime end) {
 void DeviceStreams::wait(StreamId to_id, const StreamEvent& e, StreamId from_id,
                          const std::string& what) {
   const DeviceStream to = stream_of(to_id), from = stream_of(from_id);
-  if (!is_compute(to) || (from != comm_ && from != comm2_)) {
+  // A compute stream's wait for an all-to-all or for offloaded activations coming back is
+  // measured (the trace's "wait" spans); other waits are not.
+  if (!is_compute(to) || (from != comm_ && from != comm2_ && from != copy_in_)) {
     TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e.device, 0));
     return;
   }

@@ -94,7 +94,12 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     stages_.push_back(std::move(st));
   }
   rebalancer_ = std::make_unique<ExpertRebalancer>(model_, train_, groups);  // checks the layout
-  executor_ = std::make_unique<StreamExecutor>(*streams_, *deferred_, *reducer_, groups, overlap);
+  if (!train_.offload_activations.empty()) {  // Note [Activation offload]
+    offload_ = std::make_unique<ActivationOffload>(
+        *streams_, parse_offload_kinds(train_.offload_activations, model_), train_.device);
+  }
+  executor_ = std::make_unique<StreamExecutor>(*streams_, *deferred_, *reducer_, groups, overlap,
+                                               offload_.get());
 }
 
 PipelineTrainer::~PipelineTrainer() = default;
@@ -182,7 +187,7 @@ NodeWork PipelineTrainer::prepare(const Action& a, int64_t iteration) {
   } else if (a.kind != ActionKind::kBackwardWeight) {
     state = &prepare_backward(a.stage, a.microbatch);
   }
-  return {a, &s, state, context(s)};
+  return {a, &s, state, context(s), offload_ != nullptr};
 }
 
 void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
@@ -402,6 +407,7 @@ StepResult PipelineTrainer::step() {
   DeviceScope on(train_.device);
   Allocator& alloc = allocator_for(train_.device);
   alloc.reset_peaks();
+  if (offload_) offload_->reset_peak();
   const auto start = std::chrono::steady_clock::now();
   // A deferred update zeroes the gradients it reads (Note [Deferred update] in optimizer.cc).
   for (StageRuntime& s : stages_) {
@@ -427,6 +433,11 @@ StepResult PipelineTrainer::step() {
   if (streams_->issues_ahead()) measure_on_device(r.seconds);
   r.memory = alloc.stats();
   r.activation_peak = r.memory.peak_of(MemCategory::kActivation);
+  if (offload_) {
+    TANDEM_ASSERT(offload_->layers_out() == 0, offload_->layers_out(),
+                  " layers' activations still offloaded after the step");
+    r.offload_host_peak = offload_->host_peak();
+  }
   return r;
 }
 
@@ -492,6 +503,7 @@ StepResult PipelineTrainer::evaluate_batch(const std::vector<Action>& actions, i
     } else {
       NodeWork w = prepare(a, batch);
       w.context.grads = nullptr;  // Note [Loss gradient in the forward]: none formed
+      w.offload = false;          // no backward to keep anything for
       executor_->run(w);
       keep_losses(w);
       // A stage before this one on the same rank handed its output over in prepare().

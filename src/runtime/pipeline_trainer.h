@@ -127,6 +127,8 @@ class PipelineTrainer {
   double comm_exposed_waiting_seconds() const { return meter_.comm_exposed_waiting_seconds(); }
   const schedule::NodeTimesTable& measured_node_times() const { return meter_.node_times(); }
   double measured_forward_backward_seconds() const { return meter_.forward_backward_seconds(); }
+  // Note [Activation offload]: null without --offload-activations.
+  ActivationOffload* offload() { return offload_.get(); }
 
   // Rows this rank's experts received in the last step for each (micro-batch, global layer) of
   // its own stages, -1 for the other layers; empty for a dense model. Note [Measured routing]
@@ -192,6 +194,7 @@ class PipelineTrainer {
   std::unique_ptr<DeferredUpdate> deferred_;
   std::unique_ptr<GradReducer> reducer_;
   std::unique_ptr<ExpertRebalancer> rebalancer_;
+  std::unique_ptr<ActivationOffload> offload_;  // null without --offload-activations
   std::unique_ptr<StreamExecutor> executor_;
   StepMeter meter_;
   // The step's sends in flight, and each finished forward's loss (last stage) and layers' aux

@@ -28,6 +28,9 @@ struct StepResult {
   double seconds = 0;
   MemoryStats memory;           // at the end of the step, with the step's peaks
   int64_t activation_peak = 0;  // peak bytes of kActivation during the step
+  // Peak host bytes holding offloaded activations (Note [Activation offload] in
+  // activation_offload.h); 0 without --offload-activations.
+  int64_t offload_host_peak = 0;
 };
 
 // Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.

@@ -13,12 +13,46 @@ namespace tandem::runtime {
 using schedule::ActionKind;
 
 StreamExecutor::StreamExecutor(Streams& streams, DeferredUpdate& deferred, GradReducer& reducer,
-                               Groups& groups, CommOverlap overlap)
+                               Groups& groups, CommOverlap overlap, ActivationOffload* offload)
     : streams_(&streams),
       deferred_(&deferred),
       reducer_(&reducer),
       groups_(&groups),
-      overlap_(overlap) {}
+      overlap_(overlap),
+      offload_(offload) {}
+
+namespace {
+// Whether node i is its layer's last in forward order (the first of its backward).
+bool ends_layer(const std::vector<model::NodeRef>& nodes, size_t i) {
+  return nodes[i].layer >= 0 && (i + 1 == nodes.size() || nodes[i + 1].layer != nodes[i].layer);
+}
+}  // namespace
+
+void StreamExecutor::offload_after(const NodeWork& w, size_t i, const Chain& chain) {
+  if (offload_ == nullptr || !w.offload || w.action.kind != ActionKind::kForward) return;
+  const std::vector<model::NodeRef>& nodes = w.stage->chunk->nodes();
+  if (!ends_layer(nodes, i)) return;
+  offload_->send_out(w.state->layers[static_cast<size_t>(nodes[i].layer)], chain.done,
+                     chain.stream);
+}
+
+void StreamExecutor::reload_before(const NodeWork& w, size_t i, StreamId stream, int half) {
+  const ActionKind kind = w.action.kind;
+  if (offload_ == nullptr || !w.offload ||
+      (kind != ActionKind::kBackward && kind != ActionKind::kBackwardInput)) {
+    return;
+  }
+  const std::vector<model::NodeRef>& nodes = w.stage->chunk->nodes();
+  std::vector<model::LayerActs>& layers = w.state->layers;
+  const StreamId alloc = compute_stream(half);
+  if (nodes[i].kind == NodeKind::kLoss && !layers.empty()) {
+    offload_->bring_back(layers.back(), alloc);
+  } else if (ends_layer(nodes, i)) {
+    const auto l = static_cast<size_t>(nodes[i].layer);
+    offload_->wait_back(layers[l], stream, alloc);
+    if (l > 0) offload_->bring_back(layers[l - 1], alloc);
+  }
+}
 
 bool StreamExecutor::overlaps() const {
   return overlap_ != CommOverlap::kOff && groups_->layout.ep > 1;
@@ -80,6 +114,7 @@ void StreamExecutor::issue_node(const NodeWork& w, size_t i, bool overlap, Chain
   // reads, on its compute stream before it (and before its wait for the chain).
   if (!on_comm) deferred_->before_node(s, i, kind == ActionKind::kForward, half);
   if (chain.stream != stream) streams_->wait(stream, chain.done, chain.stream, name);
+  reload_before(w, i, stream, half);
   // A weight gradient is work of its own where the host issues ahead: it may go off the chain
   // (Note [Weight gradients off the chain] in combined.cc), and the node times keep it apart. On
   // the CPU a node's backward is one piece of work, one span.
@@ -108,6 +143,7 @@ void StreamExecutor::issue_node(const NodeWork& w, size_t i, bool overlap, Chain
   };
   if (apart && !off_chain) issue_weights();
   chain = {stream, streams_->mark(stream)};
+  offload_after(w, i, chain);
   if (off_chain) issue_weights();
   streams_->host_span(name, host_begin, std::chrono::steady_clock::now());
 }

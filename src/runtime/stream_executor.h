@@ -8,6 +8,7 @@
 #include <string>
 
 #include "model/chunk.h"
+#include "runtime/activation_offload.h"
 #include "runtime/comm_overlap.h"
 #include "runtime/deferred_update.h"
 #include "runtime/grad_reduce.h"
@@ -25,12 +26,16 @@ struct NodeWork {
   StageRuntime* stage;
   model::MicroBatchState* state;
   model::NodeContext context;
+  // Whether the layers' chosen saved tensors go to the host between forward and backward (Note
+  // [Activation offload] in activation_offload.h): training steps with --offload-activations.
+  bool offload = false;
 };
 
 class StreamExecutor {
  public:
+  // offload: null without --offload-activations.
   StreamExecutor(Streams& streams, DeferredUpdate& deferred, GradReducer& reducer, Groups& groups,
-                 CommOverlap overlap);
+                 CommOverlap overlap, ActivationOffload* offload = nullptr);
 
   // A plain compute action's nodes, in the chunk's order (backward: from its last node).
   void run(const NodeWork& w);
@@ -60,6 +65,10 @@ class StreamExecutor {
   void prepare_node(const NodeWork& w, size_t i, Chain& chain, int half = 0);
   // Note [Nodes on the communication stream] (combined.cc).
   void record_on_comm(const model::LayerActs& layer, int half);
+  // Note [Activation offload]: a forward's layer goes out after its last node; a backward's
+  // layer is waited for at its first node (in backward order), which brings the next one back.
+  void offload_after(const NodeWork& w, size_t i, const Chain& chain);
+  void reload_before(const NodeWork& w, size_t i, StreamId stream, int half);
   // The compute stream waits for the chain's last node (measured when that was an all-to-all).
   void join(const Chain& chain, const std::string& what);
   // The unpaired first forward with its all-to-all on the communication stream and the
@@ -74,6 +83,7 @@ class StreamExecutor {
   GradReducer* reducer_;
   Groups* groups_;
   CommOverlap overlap_;
+  ActivationOffload* offload_;
 };
 
 }  // namespace tandem::runtime

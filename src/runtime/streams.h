@@ -51,7 +51,12 @@ enum class StreamId : uint8_t {
   kComm2,
   kPipelineForward,
   kPipelineBackward,
-  kReduce
+  kReduce,
+  // Note [Activation offload] (activation_offload.h): copies of saved activations to the host
+  // and back, each direction on a stream of its own (the GPU's two copy engines); on the CPU
+  // they run in order on the compute stream.
+  kOffloadOut,
+  kOffloadIn
 };
 inline StreamId compute_stream(int half) { return half ? StreamId::kCompute2 : StreamId::kCompute; }
 inline StreamId comm_stream(int half) { return half ? StreamId::kComm2 : StreamId::kComm; }

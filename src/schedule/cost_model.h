@@ -41,6 +41,9 @@ struct DeviceDesc {
   double link_bytes_per_s = 350e9;     // effective per-GPU link bandwidth (all-to-all and P2P)
   double link_latency_s = 5e-6;        // per message
   int64_t weight_elem_bytes = 2;       // bytes per weight element read by the matrix products
+  // Page-locked host memory to the device or back, each direction (PCIe Gen5 x16 in practice):
+  // offloaded activations' copies (Note [Offload in the plan] in simulator_state.cc).
+  double host_copy_bytes_per_s = 50e9;
 };
 
 // The work of one node's forward for one micro-batch on one rank.

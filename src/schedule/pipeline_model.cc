@@ -160,6 +160,7 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.saved_bytes = node_saved_bytes(kind, in.model, s);
   node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
   node.workspace = node_workspace_bytes(kind, in.model, s);  // balanced routing's rows
+  node.offloaded = layer >= 0 && offloads(in.offload_kinds, kind);
   if (in.cost.kind != CostModelKind::kUniform) {
     node.times = balanced_times(kind, in, s);
     // Note [Slowest expert rank] (routing_file.h): the experts at this rank's pace, and the
@@ -303,6 +304,7 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   pm.expert_parallel_size = in.expert_parallel_size;
   pm.data_parallel_size = resolved_data_parallel_size(in);
   pm.overlap_grad_reduce = in.overlap_grad_reduce;
+  pm.host_copy_bytes_per_s = in.cost.device.host_copy_bytes_per_s;
   // Note [Deferred update in the plan]: AdamW reads weight, gradient and two moments (f32) and
   // writes weight and moments, and on the GPU the bf16 copy: 28 or 30 bytes a weight at the
   // memory bandwidth. That is a lower bound; a node-times file's measured seconds per weight

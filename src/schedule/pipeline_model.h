@@ -30,6 +30,9 @@ struct StageNode {
   // received rows; empty: saved_bytes and weight_saved_bytes hold for every micro-batch.
   std::vector<int64_t> saved_bytes_by_mb, weight_saved_bytes_by_mb;
   NodePhaseTimes times;
+  // Its saved tensors wait in host memory between the layer's forward and backward
+  // (PlanInputs::offload_kinds; Note [Offload in the plan] in simulator_state.cc).
+  bool offloaded = false;
   // Weights this node is the stage's first node to read (embedding; a layer's attention side
   // with its router; its experts or mlp; the final norm and LM head): what a deferred update
   // must have written before the node runs (Note [Deferred update in the plan] in simulator.cc).
@@ -133,6 +136,8 @@ struct PlanInputs {
   // LM head, and a bf16 copy of every weight besides the f32 masters.
   bool gpu = false;
   bool recompute_experts = false;  // TrainConfig::recompute_experts
+  // TrainConfig::offload_activations as parse_offload_kinds' bits (core/footprint.h); 0: none.
+  uint32_t offload_kinds = 0;
   CostModel cost;
   RoutingCounts routing;  // measured rows per experts node; empty: balanced (N k)
   // Per global layer, this rank's experts' pace and its wait for the expert group's slowest
@@ -167,6 +172,7 @@ struct PipelineModel {
   // Note [The step's end in the plan] (simulator.cc): seconds per weight of the work after the
   // forward-backward and the all-reduce, the gradient norm's read and (not deferred) the update.
   double step_end_s_per_param = 0;
+  double host_copy_bytes_per_s = 50e9;  // DeviceDesc::host_copy_bytes_per_s
 };
 
 // PlanInputs::data_parallel_size, 0 (the default) read as the expert-parallel size. Throws

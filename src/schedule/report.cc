@@ -109,6 +109,13 @@ std::string format_plan_table(const Plan& plan) {
         format_bytes(r.workspace_peak_bytes).c_str(), format_bytes(r.peak_bytes).c_str());
     out << line;
   }
+  if (plan.inputs.offload_kinds != 0) {  // Note [Offload in the plan]
+    out << "offloaded activations in host memory at their peak:";
+    for (const RankResult& r : plan.sim.ranks) {
+      out << " rank " << r.rank << " " << format_bytes(r.offload_host_peak_bytes);
+    }
+    out << "\n";
+  }
   bool waits = false;
   for (const RankResult& r : plan.sim.ranks) waits = waits || r.exposed_alltoall_waiting_s > 0;
   if (waits) {
@@ -174,6 +181,7 @@ nlohmann::json plan_summary_json(const Plan& plan) {
                      {"in_flight_peak_bytes", r.in_flight_peak_bytes},
                      {"workspace_peak_bytes", r.workspace_peak_bytes},
                      {"peak_bytes", r.peak_bytes},
+                     {"offload_host_peak_bytes", r.offload_host_peak_bytes},
                      {"peak_time_s", r.peak_time_s},
                      {"peak_live_microbatches", r.peak_live_microbatches}});
   }

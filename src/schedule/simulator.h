@@ -74,6 +74,8 @@ struct RankResult {
   int64_t in_flight_peak_bytes = 0;
   int64_t workspace_peak_bytes = 0;  // op temporaries (Note [Node workspace]), at their peak
   int64_t peak_bytes = 0;            // static + activations + in flight + workspace, at its peak
+  // Host bytes holding offloaded activations, at their peak (Note [Offload in the plan]).
+  int64_t offload_host_peak_bytes = 0;
   double peak_time_s = 0;
   std::array<int64_t, kNumNodeKinds> activation_at_peak_by_node{};  // at peak_time_s
   int32_t peak_live_microbatches = 0;  // (stage, micro-batch) pairs between forward end and

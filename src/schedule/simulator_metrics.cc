@@ -70,6 +70,19 @@ void memory_curve(RankState& st, RankResult& out) {
   }
 }
 
+// Note [Offload in the plan]: the host bytes' peak (events of one time in simulated order, as
+// memory_curve's).
+int64_t host_peak(std::vector<std::pair<double, int64_t>>& host) {
+  std::stable_sort(host.begin(), host.end(),
+                   [](const auto& a, const auto& b) { return a.first < b.first; });
+  int64_t now = 0, peak = 0;
+  for (const auto& [t, d] : host) {
+    now += d;
+    peak = std::max(peak, now);
+  }
+  return peak;
+}
+
 int32_t peak_live(std::vector<std::pair<double, int>>& live) {
   std::sort(live.begin(), live.end());  // at a tie, -1 before +1
   int32_t now = 0, peak = 0;
@@ -143,6 +156,7 @@ SimResult summarize(SimState& sim) {
     out.grad_reduce_tail_s = std::max(0.0, st.free[2] - out.end_s);
     memory_curve(st, out);
     out.peak_live_microbatches = peak_live(st.live);
+    out.offload_host_peak_bytes = host_peak(st.host);
     out.spans = std::move(st.spans);
     res.step_time_s = std::max(res.step_time_s, out.end_s);
     res.step_with_reduce_s = std::max({res.step_with_reduce_s, out.end_s, st.free[2]});

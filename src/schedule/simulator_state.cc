@@ -48,6 +48,63 @@ void SimState::update(int32_t rank, int32_t stage, int64_t upto, Span proto) {
   done = upto;
 }
 
+// Note [Offload in the plan]: the runtime's rule (Note [Activation offload] in
+// runtime/activation_offload.h) at the same nodes. A layer's offloaded nodes' saved bytes leave
+// the device when its last forward node ends and occupy the host; its copy to the host takes
+// the copy-out engine for bytes / DeviceDesc::host_copy_bytes_per_s from then (it delays no
+// compute: the freed block is reused after it, which the plan does not model). They come back
+// (device bytes again, host bytes gone) when the backward of the layer above begins (the loss
+// node's, for the stage's top layer), their copy on the copy-in engine once that engine is free
+// and the copy out has ended; the layer's first backward node starts after that copy.
+namespace {
+int64_t offloaded_bytes(const Stage& stage, int32_t layer, int32_t mb) {
+  int64_t bytes = 0;
+  for (int32_t k = stage.layer_node[layer]; k < stage.layer_node[layer + 1]; ++k) {
+    if (stage.nodes[k].offloaded) bytes += stage.nodes[k].saved(mb);
+  }
+  return bytes;
+}
+}  // namespace
+
+void SimState::send_out(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t) {
+  const int64_t bytes = offloaded_bytes(stage, layer, mb);
+  if (bytes == 0) return;
+  for (int32_t k = stage.layer_node[layer]; k < stage.layer_node[layer + 1]; ++k) {
+    const StageNode& n = stage.nodes[k];
+    if (n.offloaded) memory(rank, t, -n.saved(mb), MemKind::kActivation, n.kind);
+  }
+  RankState& st = ranks[rank];
+  st.host.emplace_back(t, bytes);
+  double& engine = st.copy_free[0];
+  engine = std::max(engine, t) + static_cast<double>(bytes) / model.host_copy_bytes_per_s;
+  offloaded[{stage.index, mb, layer}] = {engine, -1};
+}
+
+void SimState::bring_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t) {
+  auto it = offloaded.find({stage.index, mb, layer});
+  if (it == offloaded.end() || it->second.in_done >= 0) return;
+  const int64_t bytes = offloaded_bytes(stage, layer, mb);
+  for (int32_t k = stage.layer_node[layer]; k < stage.layer_node[layer + 1]; ++k) {
+    const StageNode& n = stage.nodes[k];
+    if (n.offloaded) memory(rank, t, n.saved(mb), MemKind::kActivation, n.kind);
+  }
+  RankState& st = ranks[rank];
+  st.host.emplace_back(t, -bytes);
+  double& engine = st.copy_free[1];
+  engine = std::max({engine, t, it->second.out_done}) +
+           static_cast<double>(bytes) / model.host_copy_bytes_per_s;
+  it->second.in_done = engine;
+}
+
+double SimState::wait_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t) {
+  auto it = offloaded.find({stage.index, mb, layer});
+  if (it == offloaded.end()) return t;
+  bring_back(rank, stage, mb, layer, t);
+  const double done = it->second.in_done;
+  offloaded.erase(it);
+  return std::max(t, done);
+}
+
 namespace {
 
 Span reduce_span(int32_t index, const Stage& stage, const GradUnit& u, int32_t mb) {
@@ -177,6 +234,21 @@ void HalfRun::node(int32_t k) {
                 SimState::node_span(index_, half_, n, Phase::kForward));
   }
   const bool has_input = forward ? stage_.index > 0 : stage_.index + 1 < sim_.schedule.num_stages;
+  // Note [Offload in the plan]: the node's layer among the stage's, and whether the node ends it
+  // (its last in forward order, its first in backward order).
+  const int32_t layer = n.layer >= 0 ? n.layer - stage_.first_layer : -1;
+  const bool ends_layer = layer >= 0 && k + 1 == stage_.layer_node[layer + 1];
+  const int32_t mb = half_.microbatch;
+  // The readmissions run on the compute stream (after its earlier work: a weight gradient
+  // issued beside the chain too), the copy-back waits on the node's own.
+  if (!forward && n.kind == NodeKind::kLoss && stage_.num_layers > 0) {
+    sim_.bring_back(rank_, stage_, mb, stage_.num_layers - 1,
+                    sim_.start_time(rank_, Stream::kCompute, ready_));
+  } else if (!forward && ends_layer) {
+    const double t = sim_.start_time(rank_, Stream::kCompute, ready_);
+    ready_ = std::max(ready_, sim_.wait_back(rank_, stage_, mb, layer, t));
+    if (layer > 0) sim_.bring_back(rank_, stage_, mb, layer - 1, t);
+  }
   const double start = sim_.start_time(rank_, n.stream, ready_);
   double end = 0;
   if (forward) {
@@ -188,6 +260,7 @@ void HalfRun::node(int32_t k) {
     sim_.memory(rank_, start, n.workspace.forward, MemKind::kWorkspace);
     sim_.memory(rank_, end, n.saved(half_.microbatch), MemKind::kActivation, n.kind);
     sim_.memory(rank_, end, -n.workspace.forward, MemKind::kWorkspace);
+    if (ends_layer) sim_.send_out(rank_, stage_, mb, layer, end);
     last_ = std::max(last_, end);
   } else {
     Span span = SimState::node_span(index_, half_, n, Phase::kBackwardInput);
@@ -207,7 +280,6 @@ void HalfRun::node(int32_t k) {
       sim_.memory(rank_, w_start, n.workspace.backward_weight, MemKind::kWorkspace);
       sim_.memory(rank_, release, -n.workspace.backward_weight, MemKind::kWorkspace);
     }
-    const int32_t mb = half_.microbatch;
     if (!node_has_weights(n.kind)) {
       sim_.memory(rank_, release, -n.saved(mb), MemKind::kActivation, n.kind);
     } else {

@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <array>
+#include <map>
+#include <tuple>
 #include <vector>
 
 #include "schedule/simulator.h"
@@ -27,6 +29,10 @@ struct Interval {
 
 struct RankState {
   std::array<double, 3> free{0, 0, 0};  // when each stream (compute, comm, reduce) is next free
+  // Note [Offload in the plan]: when the copy engines (to the host, from it) are next free, and
+  // the host bytes of offloaded activations over time.
+  std::array<double, 2> copy_free{0, 0};
+  std::vector<std::pair<double, int64_t>> host;
   std::vector<Span> spans;
   std::vector<MemEvent> mem;
   std::vector<std::pair<double, int>> live;  // (time, +1 / -1) per (stage, micro-batch)
@@ -54,6 +60,17 @@ struct SimState {
   // Note [Gradient reduction in the plan] (simulator.cc): per stage and unit, the weight
   // gradients still to come this step (Stage::grad_units' weighted nodes x micro-batches).
   std::vector<std::vector<int64_t>> unit_pending;
+
+  // Note [Offload in the plan]: per (stage, micro-batch, layer of the stage) sent out, when its
+  // copy to the host ends and (once brought back) when its copy back ends.
+  struct Offloaded {
+    double out_done = 0, in_done = -1;
+  };
+  std::map<std::tuple<int32_t, int32_t, int32_t>, Offloaded> offloaded;
+  void send_out(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
+  void bring_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
+  // Brings the layer back at t if not yet; returns when its copy back ends (t if none).
+  double wait_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
 
   size_t cell(int32_t stage, int32_t mb) const {
     return static_cast<size_t>(stage) * schedule.num_microbatches + mb;

@@ -55,6 +55,35 @@ TEST(Tensor, ReleaseStorageFreesAllViewsAndTouchingThrows) {
   EXPECT_EQ(a.stats().total_in_use, base);
 }
 
+// Note [Offloaded storage]: evicted bytes go back to the allocator, every view throws with the
+// tensor's name until readmit() takes as many bytes again under the same category; releasing
+// an evicted storage frees nothing twice.
+TEST(Tensor, EvictedStorageHoldsNoBytesAndThrowsUntilReadmitted) {
+  Allocator& a = cpu_allocator();
+  const int64_t base = a.stats().in_use_of(MemCategory::kActivation);
+  Tensor x = Tensor::zeros({4, 4}, DType::kF32, MemCategory::kActivation, "attn.q");
+  Tensor view = x.narrow_rows(2, 2);
+  x.storage()->evict();
+  EXPECT_TRUE(view.evicted());
+  EXPECT_EQ(a.stats().in_use_of(MemCategory::kActivation), base);
+  try {
+    view.data<float>();
+    FAIL();
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("attn.q"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("offloaded"), std::string::npos) << e.what();
+  }
+  x.storage()->readmit();
+  EXPECT_FALSE(view.evicted());
+  EXPECT_EQ(a.stats().in_use_of(MemCategory::kActivation), base + 64);
+  view.data<float>()[0] = 1;
+  EXPECT_EQ(x.data<float>()[8], 1);
+  x.storage()->evict();
+  release_storage({&x});
+  EXPECT_TRUE(view.released());
+  EXPECT_EQ(a.stats().in_use_of(MemCategory::kActivation), base);
+}
+
 TEST(Tensor, ReleaseSkipsUndefinedTensors) {
   Tensor empty;
   release_storage({&empty});

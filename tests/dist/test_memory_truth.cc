@@ -10,7 +10,9 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cstring>
 #include <iostream>
+#include <string>
 
 #include "common/random_tokens.h"
 #include "core/rng.h"
@@ -82,7 +84,11 @@ void expect_plan_reads_the_weights_nodes_read(const schedule::Plan& plan,
 // of them expert-parallel) and compares this rank's measured activation peak with the plan's
 // for its pipeline rank.
 // recompute: TrainConfig::recompute_experts on both sides (Note [Recomputed experts]).
-Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recompute = false) {
+// offload: TrainConfig::offload_activations on both sides (Note [Activation offload]); then the
+// host bytes' peak is the plan's too, and the loss and every gradient are bitwise those of the
+// same step without offload.
+Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recompute = false,
+                     const std::string& offload = {}) {
   Checked checked;
   for (const char* name :
        {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "combined-1f1b", "dualpipev"}) {
@@ -91,6 +97,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       t.micro_batch_size = 1;
       t.global_batch_size = 4 * pp * dp;
       t.recompute_experts = recompute;
+      t.offload_activations = offload;
       schedule::PlanRequest req;
       req.schedule_name = name;
       req.shape = {pp, v, static_cast<int32_t>(4 * pp), pair};
@@ -98,6 +105,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       req.inputs.micro_batch_size = 1;
       req.inputs.expert_parallel_size = ep;
       req.inputs.recompute_experts = recompute;
+      req.inputs.offload_kinds = parse_offload_kinds(offload, m);
       req.inputs.cost.kind = schedule::CostModelKind::kUniform;
       schedule::Plan plan;
       try {
@@ -113,9 +121,26 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       expect_plan_reads_the_weights_nodes_read(plan, trainer);
       cpu_allocator().reset_peaks();  // the peaks of this step only
       const int64_t base = cpu_allocator().stats().in_use_of(MemCategory::kActivation);
-      trainer.forward_backward(0);
+      const StepResult r = trainer.forward_backward(0);
       const int64_t measured = cpu_allocator().stats().peak_of(MemCategory::kActivation) - base;
       const int32_t pp_rank = groups.layout.pp_rank(g_world->rank());
+      if (!offload.empty()) {
+        EXPECT_NE(trainer.offload(), nullptr);
+        if (trainer.offload() == nullptr) continue;
+        EXPECT_EQ(trainer.offload()->layers_out(), 0u);
+        TrainConfig plain = t;
+        plain.offload_activations.clear();
+        PipelineTrainer reference(m, plain, plan.schedule, groups, data, DType::kF32,
+                                  CommOverlap::kOff);
+        const StepResult want = reference.forward_backward(0);
+        EXPECT_EQ(r.loss, want.loss) << name << " v" << v << " rank " << g_world->rank();
+        for (size_t s = 0; s < trainer.stages().size(); ++s) {
+          const Tensor& got = trainer.stages()[s].params->flat_grads();
+          const Tensor& ref = reference.stages()[s].params->flat_grads();
+          EXPECT_EQ(0, std::memcmp(got.data<float>(), ref.data<float>(), got.nbytes()))
+              << name << " v" << v << " stage " << trainer.stages()[s].stage;
+        }
+      }
       if (ep > 1) {  // plan again with what this rank's pipeline's experts received
         checked.balanced_misses += plan.sim.ranks[pp_rank].activation_peak_bytes != measured;
         req.inputs.routing = measured_routing(trainer, groups, m, checked);
@@ -125,6 +150,11 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       EXPECT_EQ(measured, planned)
           << name << (pair ? " paired first forwards" : "") << " v" << v << " pp" << pp << " dp"
           << dp << " ep" << ep << " rank " << g_world->rank();
+      if (!offload.empty()) {
+        EXPECT_EQ(trainer.offload()->host_peak(), plan.sim.ranks[pp_rank].offload_host_peak_bytes)
+            << name << " v" << v << " rank " << g_world->rank();
+        EXPECT_GT(trainer.offload()->host_peak(), 0) << name;
+      }
       ++checked.schedules;
     }
   }
@@ -163,6 +193,22 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithRecomputedExperts) {
   int checked = check_layout(m, g_world->size(), 1, 1, /*recompute=*/true).schedules;
   if (g_world->size() % 2 == 0) {
     checked += check_layout(m, 1, g_world->size(), 2, /*recompute=*/true).schedules;
+  }
+  EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
+}
+
+// Offloaded activations (every offloadable node of the layers, a gated shared expert among
+// them): the device's activation peak and the host's peak as planned, for every schedule, and
+// the step's loss and gradients those of the same step without offload; one and two expert
+// ranks.
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithOffload) {
+  ModelConfig m = truth_model();
+  m.moe_shared_expert_intermediate_size = 6;
+  m.moe_shared_expert_gate = true;
+  const std::string all = "attention,experts,shared-expert,combine";
+  int checked = check_layout(m, g_world->size(), 1, 1, false, all).schedules;
+  if (g_world->size() % 2 == 0) {
+    checked += check_layout(m, 1, g_world->size(), 2, false, "experts,combine").schedules;
   }
   EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
 }

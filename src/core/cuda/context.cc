@@ -149,6 +149,31 @@ void drop_read_hook(uint64_t ticket) {
   pool_landed_drops();
 }
 
+void* host_alloc_hook(size_t bytes) {
+  void* p = nullptr;
+  const cudaError_t status = cudaMallocHost(&p, bytes);
+  if (status != cudaSuccess) {
+    (void)cudaGetLastError();
+    TANDEM_CHECK(false, "cannot page-lock ", bytes,
+                 " bytes of host memory for offloaded "
+                 "activations (",
+                 cudaGetErrorString(status),
+                 "): offload fewer nodes "
+                 "(--offload-activations) or free host memory");
+  }
+  return p;
+}
+
+void host_free_hook(void* ptr) { (void)cudaFreeHost(ptr); }
+
+void copy_async_hook(void* dst, Device dst_device, const void* src, Device src_device,
+                     size_t bytes) {
+  const cudaMemcpyKind kind = dst_device == Device::kCPU   ? cudaMemcpyDeviceToHost
+                              : src_device == Device::kCPU ? cudaMemcpyHostToDevice
+                                                           : cudaMemcpyDeviceToDevice;
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, kind, current_stream()));
+}
+
 }  // namespace
 
 int device_count() {
@@ -182,6 +207,9 @@ void initialize(int device_index) {
   backend.start_read = start_read_hook;
   backend.finish_read = finish_read_hook;
   backend.drop_read = drop_read_hook;
+  backend.host_alloc = host_alloc_hook;
+  backend.host_free = host_free_hook;
+  backend.copy_async = copy_async_hook;
   register_device_backend(Device::kCUDA, backend);
 }
 
