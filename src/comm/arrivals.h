@@ -1,5 +1,5 @@
 // Which ranks of a group have entered its collectives, for the message of a collective that
-// times out (Note [Who did not arrive]); used by the MPI communicator.
+// times out (Note [Who did not arrive]); used by the MPI and the NCCL communicators.
 //
 // Note [Who did not arrive]: when a collective times out, the message names the ranks that never
 // reached it, not only the group. Each rank, as it enters a collective, sends every other rank of
@@ -8,7 +8,10 @@
 // in order, so a peer's count is the number of the group's collectives it has entered. On a
 // timeout the rank receives what has arrived and names each peer whose count is below its own:
 // that peer has stopped, hangs, or is still in an earlier operation. The cost is size - 1 empty
-// sends and a probe per collective (MPI sends them eagerly: the sender never waits).
+// sends and a probe per collective (MPI sends them eagerly: the sender never waits). An NCCL
+// group announces on a duplicate of the MPI group it was built from; there a rank enters a
+// collective when it enqueues it, so a healthy peer whose host already waits for the GPU at an
+// earlier point is named too ("still in an earlier operation").
 #pragma once
 
 #include <cstdint>
