@@ -1,11 +1,6 @@
 // MPI backend: nonblocking MPI calls polled against a deadline (Note [Bounded waits]).
 #include "comm/mpi_communicator.h"
 
-// The C API only: the deprecated C++ bindings do not compile cleanly with -Werror.
-#define OMPI_SKIP_MPICXX 1
-#define MPICH_SKIP_MPICXX 1
-#include <mpi.h>
-
 #include <algorithm>
 #include <chrono>
 #include <climits>
@@ -13,25 +8,12 @@
 #include <thread>
 #include <vector>
 
+#include "comm/arrivals.h"
+#include "comm/mpi_check.h"
 #include "core/error.h"
 
 namespace tandem::comm {
 namespace {
-
-// MPI's text for a failed call's return code.
-std::string mpi_error_text(int rc) {
-  char msg[MPI_MAX_ERROR_STRING];
-  int len = 0;
-  MPI_Error_string(rc, msg, &len);
-  return std::string(msg, len);
-}
-// Throws tandem::InternalError naming the call and MPI's text unless it returned MPI_SUCCESS.
-#define TANDEM_MPI_CHECK(call)                                                                \
-  do {                                                                                        \
-    const int tandem_mpi_rc_ = (call);                                                        \
-    if (tandem_mpi_rc_ != MPI_SUCCESS)                                                        \
-      TANDEM_INTERNAL_ERROR("MPI call ", #call, " failed: ", mpi_error_text(tandem_mpi_rc_)); \
-  } while (false)
 
 MPI_Datatype mpi_type(DType t) {
   switch (t) {
@@ -54,14 +36,6 @@ int as_count(int64_t n, const char* what) {
   return static_cast<int>(n);
 }
 
-// Note [Who did not arrive]: when a collective times out, the message names the ranks that never
-// reached it, not only the group. Each rank, as it enters a collective, sends every other rank of
-// the group an empty message on a duplicate of the group's communicator (so it matches nothing
-// else), and counts the ones it receives from each peer; MPI keeps one sender's messages in
-// order, so a peer's count is the number of the group's collectives it has entered. On a
-// timeout the rank receives what has arrived and names each peer whose count is below its own:
-// that peer has stopped, hangs, or is still in an earlier operation. The cost is size - 1 empty
-// sends and a probe per collective (MPI sends them eagerly: the sender never waits).
 enum class WaitKind : uint8_t { kPointToPoint, kCollective, kSetUp };
 
 class MpiCommunicator final : public Communicator {
@@ -70,17 +44,11 @@ class MpiCommunicator final : public Communicator {
       : comm_(comm), name_(std::move(name)), timeout_s_(timeout_s) {
     TANDEM_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
     TANDEM_MPI_CHECK(MPI_Comm_size(comm_, &size_));
-    arrived_.assign(static_cast<size_t>(size_), 0);
-    world_ranks_ = world_ranks_of(comm_, size_);
-    MPI_Request req;  // a collective too: bounded like the others (Note [Bounded waits])
-    TANDEM_MPI_CHECK(MPI_Comm_idup(comm_, &arrivals_, &req));
-    wait(req, "set-up of", -1, WaitKind::kSetUp);
+    TANDEM_MPI_CHECK(MPI_Comm_rank(MPI_COMM_WORLD, &world_rank_));
+    board_ = new_board();
   }
   ~MpiCommunicator() override {
-    if (arrivals_ != MPI_COMM_NULL) {
-      receive_arrivals();
-      MPI_Comm_free(&arrivals_);
-    }
+    board_.reset();
     if (comm_ != MPI_COMM_WORLD && comm_ != MPI_COMM_NULL) MPI_Comm_free(&comm_);
   }
 
@@ -125,7 +93,7 @@ class MpiCommunicator final : public Communicator {
     static float dummy = 0;  // MPI wants a valid pointer even for zero-sized buffers
     void* sbuf = in.numel() ? in.raw_data() : &dummy;
     void* rbuf = out.numel() ? out.raw_data() : &dummy;
-    arrive();
+    board_->arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ialltoallv(sbuf, sc.data(), sd.data(), mpi_type(in.dtype()), rbuf,
                                     rc.data(), rd.data(), mpi_type(in.dtype()), comm_, &req));
@@ -133,7 +101,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void all_reduce_sum(const Tensor& t) override {
-    arrive();
+    board_->arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Iallreduce(MPI_IN_PLACE, t.raw_data(), as_count(t.numel(), "all_reduce"),
                                     mpi_type(t.dtype()), MPI_SUM, comm_, &req));
@@ -142,7 +110,7 @@ class MpiCommunicator final : public Communicator {
 
   void reduce_scatter_sum(const Tensor& out, const Tensor& in) override {
     TANDEM_ASSERT(out.numel() * size_ == in.numel());
-    arrive();
+    board_->arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ireduce_scatter_block(in.raw_data(), out.raw_data(),
                                                as_count(out.numel(), "reduce_scatter"),
@@ -152,7 +120,7 @@ class MpiCommunicator final : public Communicator {
 
   void all_gather(const Tensor& out, const Tensor& in) override {
     TANDEM_ASSERT(out.numel() == in.numel() * size_);
-    arrive();
+    board_->arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Iallgather(
         in.raw_data(), as_count(in.numel(), "all_gather"), mpi_type(in.dtype()), out.raw_data(),
@@ -161,7 +129,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void broadcast(const Tensor& t, int root) override {
-    arrive();
+    board_->arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ibcast(t.raw_data(), as_count(t.numel(), "broadcast"), mpi_type(t.dtype()),
                                 root, comm_, &req));
@@ -169,7 +137,7 @@ class MpiCommunicator final : public Communicator {
   }
 
   void barrier() override {
-    arrive();
+    board_->arrive();
     MPI_Request req;
     TANDEM_MPI_CHECK(MPI_Ibarrier(comm_, &req));
     wait(req, "barrier in", -1, WaitKind::kCollective);
@@ -179,24 +147,18 @@ class MpiCommunicator final : public Communicator {
   std::unique_ptr<Communicator> subgroup(const std::vector<int>& ranks,
                                          const std::string& name) override;
 
+  // A board of Note [Who did not arrive] on a new duplicate of this communicator (collective).
+  std::unique_ptr<ArrivalBoard> new_board();
+
  private:
   friend class MpiPendingSend;
   void wait(MPI_Request& req, const char* op, int peer, WaitKind kind = WaitKind::kPointToPoint);
-  // Note [Who did not arrive]: announces this rank's next collective; counts peers' arrivals.
-  void arrive();
-  void receive_arrivals();
-  // "rank 2 (world rank 5)" for each peer that has not entered this rank's latest collective.
-  std::string missing_ranks();
-  static std::vector<int> world_ranks_of(MPI_Comm comm, int size);
 
   MPI_Comm comm_;
-  MPI_Comm arrivals_ = MPI_COMM_NULL;
   std::string name_;
   double timeout_s_;
-  int rank_ = 0, size_ = 1;
-  int64_t entered_ = 0;           // collectives this rank has entered
-  std::vector<int64_t> arrived_;  // of each peer: collectives it has announced to this rank
-  std::vector<int> world_ranks_;  // of each group rank
+  int rank_ = 0, size_ = 1, world_rank_ = 0;
+  std::unique_ptr<ArrivalBoard> board_;  // Note [Who did not arrive]
 };
 
 class MpiPendingSend final : public PendingSend {
@@ -231,54 +193,12 @@ std::unique_ptr<PendingSend> MpiCommunicator::isend(const Tensor& t, int peer, i
   return pending;
 }
 
-std::vector<int> MpiCommunicator::world_ranks_of(MPI_Comm comm, int size) {
-  MPI_Group group, world;
-  TANDEM_MPI_CHECK(MPI_Comm_group(comm, &group));
-  TANDEM_MPI_CHECK(MPI_Comm_group(MPI_COMM_WORLD, &world));
-  std::vector<int> mine(static_cast<size_t>(size)), theirs(static_cast<size_t>(size));
-  for (int r = 0; r < size; ++r) mine[r] = r;
-  TANDEM_MPI_CHECK(MPI_Group_translate_ranks(group, size, mine.data(), world, theirs.data()));
-  MPI_Group_free(&group);
-  MPI_Group_free(&world);
-  return theirs;
-}
-
-constexpr int kArrivalTag = 1;
-
-void MpiCommunicator::arrive() {
-  static char empty = 0;  // an empty message reads nothing from its buffer
-  receive_arrivals();
-  ++entered_;
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_) continue;
-    MPI_Request req;
-    TANDEM_MPI_CHECK(MPI_Isend(&empty, 0, MPI_CHAR, p, kArrivalTag, arrivals_, &req));
-    TANDEM_MPI_CHECK(MPI_Request_free(&req));  // completes on its own; nothing to keep alive
-  }
-}
-
-void MpiCommunicator::receive_arrivals() {
-  for (;;) {
-    int pending = 0;
-    MPI_Status status;
-    TANDEM_MPI_CHECK(MPI_Iprobe(MPI_ANY_SOURCE, kArrivalTag, arrivals_, &pending, &status));
-    if (!pending) return;
-    char empty = 0;
-    TANDEM_MPI_CHECK(MPI_Recv(&empty, 0, MPI_CHAR, status.MPI_SOURCE, kArrivalTag, arrivals_,
-                              MPI_STATUS_IGNORE));
-    ++arrived_[static_cast<size_t>(status.MPI_SOURCE)];
-  }
-}
-
-std::string MpiCommunicator::missing_ranks() {
-  receive_arrivals();
-  std::string missing;
-  for (int p = 0; p < size_; ++p) {
-    if (p == rank_ || arrived_[static_cast<size_t>(p)] >= entered_) continue;
-    missing += detail::concat(missing.empty() ? "" : ", ", "rank ", p, " (world rank ",
-                              world_ranks_[static_cast<size_t>(p)], ")");
-  }
-  return missing;
+std::unique_ptr<ArrivalBoard> MpiCommunicator::new_board() {
+  MPI_Comm announcements;
+  MPI_Request req;  // a collective too: bounded like the others (Note [Bounded waits])
+  TANDEM_MPI_CHECK(MPI_Comm_idup(comm_, &announcements, &req));
+  wait(req, "set-up of", -1, WaitKind::kSetUp);
+  return std::make_unique<ArrivalBoard>(announcements);
 }
 
 void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer, WaitKind kind) {
@@ -291,22 +211,20 @@ void MpiCommunicator::wait(MPI_Request& req, const char* op, int peer, WaitKind 
     if (done) return;
     const double waited = std::chrono::duration<double>(Clock::now() - start).count();
     if (waited > timeout_s_) {
-      const std::string head = detail::concat(
-          "rank ", rank_, " (world rank ", world_ranks_[static_cast<size_t>(rank_)], ") of group '",
-          name_, "': ", op, " ", peer >= 0 ? "rank " + std::to_string(peer) : "the group",
-          " did not complete within ", timeout_s_, " s (--comm-timeout)");
+      const std::string head =
+          detail::concat("rank ", rank_, " (world rank ", world_rank_, ") of group '", name_,
+                         "': ", op, " ", peer >= 0 ? "rank " + std::to_string(peer) : "the group",
+                         " did not complete within ", timeout_s_, " s (--comm-timeout)");
       if (kind != WaitKind::kCollective) {
         throw Error(detail::concat(head, "; ", peer >= 0 ? "that rank" : "a rank of the group",
                                    " has probably died, hung or diverged, or was started with a "
                                    "different configuration"));
       }
-      // Note [Who did not arrive].
-      const std::string missing = missing_ranks();
+      const std::string absent = board_->not_arrived();  // Note [Who did not arrive]
       throw Error(detail::concat(
           head, "; ",
-          missing.empty()
-              ? "every rank of the group entered it, so one stopped inside it"
-              : "not arrived: " + missing + " (stopped, hung, or still in an earlier operation)"));
+          absent.empty() ? "every rank of the group entered it, so one stopped inside it"
+                         : absent));
     }
     std::this_thread::sleep_for(pause);
     pause = std::min(pause * 2, std::chrono::microseconds(500));
@@ -326,7 +244,7 @@ std::vector<std::string> MpiCommunicator::all_gather_bytes(const std::string& mi
     total += counts[p];
   }
   std::string all(static_cast<size_t>(std::max(total, 1)), '\0');
-  arrive();
+  board_->arrive();
   MPI_Request req;
   TANDEM_MPI_CHECK(MPI_Iallgatherv(mine.data(), counts[rank_], MPI_CHAR, all.data(), counts.data(),
                                    displs.data(), MPI_CHAR, comm_, &req));
@@ -388,6 +306,11 @@ void mpi_abort(int code) {
 
 std::unique_ptr<Communicator> mpi_world(double timeout_s) {
   return std::make_unique<MpiCommunicator>(MPI_COMM_WORLD, "world", timeout_s);
+}
+
+std::unique_ptr<ArrivalBoard> arrival_board(Communicator& group) {
+  auto* mpi = dynamic_cast<MpiCommunicator*>(&group);
+  return mpi != nullptr ? mpi->new_board() : nullptr;
 }
 
 }  // namespace tandem::comm

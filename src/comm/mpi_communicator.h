@@ -11,6 +11,8 @@
 
 namespace tandem::comm {
 
+class ArrivalBoard;  // comm/arrivals.h
+
 // Starts MPI if this process was launched by mpirun (or always, if `force`); a no-op after the
 // first call. Returns true when MPI is running.
 bool mpi_initialize(int* argc, char*** argv);
@@ -26,5 +28,11 @@ void mpi_finalize();
 
 // The world communicator; `timeout_s` bounds every wait (Note [Bounded waits]).
 std::unique_ptr<Communicator> mpi_world(double timeout_s);
+
+// For another backend's collectives over the ranks of `group` (Note [Who did not arrive] in
+// comm/arrivals.h): a board on a new duplicate of its MPI communicator, collective over the
+// group and bounded like its waits. Null when `group` is not an MPI communicator (a run without
+// mpirun, over self_world()).
+std::unique_ptr<ArrivalBoard> arrival_board(Communicator& group);
 
 }  // namespace tandem::comm

@@ -12,6 +12,8 @@
 #include <numeric>
 #include <thread>
 
+#include "comm/arrivals.h"
+#include "comm/mpi_communicator.h"
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_allocator.h"
@@ -171,6 +173,7 @@ void NcclCommunicator::initialize() {
   TANDEM_CHECK(timeout_s_ > 0, "NCCL group '", name_, "': the timeout must be positive, not ",
                timeout_s_, " s");
   (void)cuda::current_stream();  // throws unless CUDA is initialised; selects our GPU here
+  board_ = arrival_board(*mpi_);
 
   static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0);
   constexpr int64_t kIdWords = sizeof(ncclUniqueId) / sizeof(int64_t);
@@ -223,8 +226,14 @@ void NcclCommunicator::initialize() {
     (void)ncclCommAbort(comm_);
     comm_ = nullptr;
     abort_reason_ = "a wait for the GPU ran past its limit";
+    std::string absent;
+    try {
+      absent = not_arrived();
+    } catch (const std::exception&) {  // hooks must not throw; the message only lacks the names
+    }
     return detail::concat("NCCL group '", name_, "' (rank ", rank_, " of ", size_,
-                          ", last operation enqueued: ", last_op_, ")");
+                          ", last operation enqueued: ", last_op_,
+                          absent.empty() ? "" : "; " + absent, ")");
   });
 }
 
@@ -281,17 +290,22 @@ void NcclCommunicator::watch(const std::string& op, double limit_s,
     if (state == ncclSuccess && (!ready || ready())) return;
     const double waited = seconds_since(start);
     if (waited > limit_s) {
-      fail(op,
-           detail::concat("did not complete within ", limit_s, " s (waited ", waited,
-                          " s; --comm-timeout). Another rank has probably died, diverged or was "
-                          "started with a different configuration"));
+      const std::string absent = not_arrived();
+      fail(op, detail::concat("did not complete within ", limit_s, " s (waited ", waited,
+                              " s; --comm-timeout); ",
+                              absent.empty() ? "another rank has probably died, diverged or was "
+                                               "started with a different configuration"
+                                             : absent));
     }
     backoff.pause();
   }
 }
 
 void NcclCommunicator::fail(const std::string& op, const std::string& why) {
-  std::string what = detail::concat("rank ", rank_, " of NCCL group '", name_, "': ", op, " ", why);
+  const std::string world =
+      board_ ? detail::concat(" (world rank ", board_->world_rank(rank_), ")") : "";
+  std::string what =
+      detail::concat("rank ", rank_, world, " of NCCL group '", name_, "': ", op, " ", why);
   if (comm_ != nullptr) {
     const ncclResult_t aborted = ncclCommAbort(comm_);  // its kernels exit; it is freed
     comm_ = nullptr;
@@ -303,6 +317,12 @@ void NcclCommunicator::fail(const std::string& op, const std::string& why) {
   abort_reason_ = what;
   throw Error(what);
 }
+
+void NcclCommunicator::arrive() {
+  if (board_) board_->arrive();
+}
+
+std::string NcclCommunicator::not_arrived() { return board_ ? board_->not_arrived() : ""; }
 
 void NcclCommunicator::check_tensor(const Tensor& t, const char* op, const char* arg) const {
   TANDEM_CHECK(t.defined(), "NCCL group '", name_, "': ", op, ": `", arg,
@@ -416,6 +436,7 @@ void NcclCommunicator::all_to_all_v(const Tensor& out, const std::vector<int64_t
   // Every argument is checked: from here on only NCCL can fail, and a failed group is dropped.
   char* sbuf = in.numel() > 0 ? static_cast<char*>(in.raw_data()) : nullptr;
   char* rbuf = out.numel() > 0 ? static_cast<char*>(out.raw_data()) : nullptr;
+  arrive();
   NcclGroup group;
   for (int p = 0; p < size_; ++p) {
     // Zero rows: the peer has zero rows for us too, so neither side posts anything.
@@ -439,6 +460,7 @@ void NcclCommunicator::all_reduce_sum(const Tensor& t) {
   check_tensor(t, "all_reduce_sum", "t");
   if (t.numel() == 0) return;
   const cudaStream_t stream = stream_using({&t});
+  arrive();
   TANDEM_NCCL_CHECK(ncclAllReduce(t.raw_data(), t.raw_data(), count_of(t), nccl_type(t.dtype()),
                                   ncclSum, comm_, stream));
   settle("all-reduce");
@@ -454,6 +476,7 @@ void NcclCommunicator::reduce_scatter_sum(const Tensor& out, const Tensor& in) {
                " x the ", out.numel(), " elements of `out` ", shape_str(out.shape()));
   if (out.numel() == 0) return;
   const cudaStream_t stream = stream_using({&out, &in});
+  arrive();
   TANDEM_NCCL_CHECK(ncclReduceScatter(in.raw_data(), out.raw_data(), count_of(out),
                                       nccl_type(in.dtype()), ncclSum, comm_, stream));
   settle("reduce-scatter");
@@ -469,6 +492,7 @@ void NcclCommunicator::all_gather(const Tensor& out, const Tensor& in) {
                " elements of `in` ", shape_str(in.shape()));
   if (in.numel() == 0) return;
   const cudaStream_t stream = stream_using({&out, &in});
+  arrive();
   TANDEM_NCCL_CHECK(ncclAllGather(in.raw_data(), out.raw_data(), count_of(in),
                                   nccl_type(in.dtype()), comm_, stream));
   settle("all-gather");
@@ -481,6 +505,7 @@ void NcclCommunicator::broadcast(const Tensor& t, int root) {
                " is not a rank of this group of ", size_, " (valid: 0..", size_ - 1, ")");
   if (t.numel() == 0) return;
   const cudaStream_t stream = stream_using({&t});
+  arrive();
   TANDEM_NCCL_CHECK(ncclBroadcast(t.raw_data(), t.raw_data(), count_of(t), nccl_type(t.dtype()),
                                   root, comm_, stream));
   settle(detail::concat("broadcast from rank ", root));
@@ -491,6 +516,7 @@ void NcclCommunicator::barrier() {
   const cudaStream_t stream = cuda::current_stream();
   Tensor flag =
       Tensor::zeros({1}, DType::kI32, MemCategory::kCommunication, "nccl.barrier", Device::kCUDA);
+  arrive();
   TANDEM_NCCL_CHECK(
       ncclAllReduce(flag.raw_data(), flag.raw_data(), 1, ncclInt32, ncclSum, comm_, stream));
   settle("barrier");

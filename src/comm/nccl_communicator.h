@@ -18,7 +18,8 @@
 // The blocking calls, and the enqueueing itself (NCCL may connect to a peer first), poll
 // cudaStreamQuery / cudaEventQuery and ncclCommGetAsyncError until the deadline. On a timeout or
 // an asynchronous NCCL error the communicator is aborted (ncclCommAbort makes its kernels exit)
-// and tandem::Error names the rank, the group, the operation and the time waited; every later
+// and tandem::Error names the rank, the group, the operation, the time waited and the peers that
+// have not enqueued this rank's latest collective (Note [Who did not arrive]); every later
 // call on that communicator throws. Creating a communicator waits at least kNcclInitTimeoutS,
 // because NCCL's first initialisation probes the machine's topology.
 //
@@ -45,6 +46,8 @@
 struct ncclComm;  // nccl.h's communicator; the header stays out of the includers' way
 
 namespace tandem::comm {
+
+class ArrivalBoard;  // comm/arrivals.h
 
 // The least time creating an NCCL communicator may take before it counts as hung (seconds).
 inline constexpr double kNcclInitTimeoutS = 60.0;
@@ -113,6 +116,11 @@ class NcclCommunicator final : public Communicator {
   // on an NCCL error or a timeout, aborts the communicator and throws (fail()).
   void watch(const std::string& op, double limit_s, const std::function<bool()>& ready);
   [[noreturn]] void fail(const std::string& op, const std::string& why);
+  // Announces the collective this rank is about to enqueue (Note [Who did not arrive]).
+  void arrive();
+  // The peers that have not enqueued every collective this rank has ("not arrived: ..."), or
+  // "" when none has fallen behind or the group has no board.
+  std::string not_arrived();
 
   std::unique_ptr<Communicator> owned_mpi_;  // null when the MPI group belongs to the caller
   Communicator* mpi_;
@@ -125,6 +133,9 @@ class NcclCommunicator final : public Communicator {
   // Aborts this communicator when a host wait for the GPU runs past its limit
   // (Note [Bounded waits on the GPU] in core/cuda/wait.h); 0 until registered.
   int abort_hook_ = 0;
+  // On a duplicate of the MPI group's communicator (Note [Who did not arrive]); null over a
+  // group that is not MPI's (one process without mpirun).
+  std::unique_ptr<ArrivalBoard> board_;
 };
 
 // "NCCL 2.28.9 (built with 2.28.9)": the library loaded and the header compiled against.

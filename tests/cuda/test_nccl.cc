@@ -112,6 +112,15 @@ Tensor on_host(const Tensor& dev, NcclCommunicator& nccl) {
   return dev.to(Device::kCPU);
 }
 
+// Waits up to 30 s for an aborted communicator's kernels to leave `stream`; true once they have.
+bool stream_drains(cudaStream_t stream) {
+  const auto start = Clock::now();
+  while (cudaStreamQuery(stream) == cudaErrorNotReady && seconds_since(start) < 30) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  return cudaStreamQuery(stream) == cudaSuccess;
+}
+
 NcclCommunicator& nccl_of(const std::unique_ptr<Communicator>& c) {
   auto* nccl = dynamic_cast<NcclCommunicator*>(c.get());
   TANDEM_ASSERT(nccl != nullptr, "subgroup of an NCCL communicator is not an NCCL communicator");
@@ -485,18 +494,56 @@ TEST(Nccl, UnmatchedSendTimesOutNamingTheOperationAndGroup) {
     EXPECT_LT(took, 2 * kTimeout + kSlack) << message;  // enqueueing and waiting, each bounded
     EXPECT_TRUE(group->aborted());
     EXPECT_THROW(group->barrier(), Error);  // at once: the group is gone
-    // The aborted send kernel has left the stream.
-    const auto drain = Clock::now();
-    while (cudaStreamQuery(g.stream) == cudaErrorNotReady && seconds_since(drain) < 30) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
-    EXPECT_EQ(cudaStreamQuery(g.stream), cudaSuccess) << "the aborted send still runs";
+    EXPECT_TRUE(stream_drains(g.stream)) << "the aborted send still runs";
   }
   g.mpi->barrier();  // rank 1 waits here, its receive never posted
   group.reset();     // rank 1 finalizes an idle communicator (bounded too)
   g.mpi->barrier();
   EXPECT_FALSE(g.nccl->aborted());
   check_all_reduce(*g.mpi, *g.nccl, DType::kF32, "world all_reduce_sum after the timeout");
+}
+
+// Note [Who did not arrive]: the last world rank never enqueues the group's second all-reduce.
+// The others' bounded wait throws within the timeout and a little, naming it by group rank (the
+// group lists the world in reverse: it is rank 0) and world rank, and aborts the group's
+// communicator. Then every rank meets on MPI.
+TEST(Nccl, RankMissingFromACollectiveIsNamed) {
+  cuda::StreamScope on_comm(g.stream);
+  constexpr double kTimeout = 5, kSlack = 15;
+  const int r = g.mpi->rank(), n = g.mpi->size();
+  std::vector<int> reversed(n);
+  for (int i = 0; i < n; ++i) reversed[i] = n - 1 - i;
+  auto group =
+      std::make_unique<NcclCommunicator>(g.mpi->subgroup(reversed, "arrivals-test"), kTimeout);
+  // A first all-reduce on every rank connects them, so the wait below is on a running kernel.
+  const Tensor sum = gpu_zeros({16}, DType::kF32);
+  group->all_reduce_sum(sum);
+  group->synchronize();
+  g.mpi->barrier();
+  if (r != n - 1) {
+    std::string message;
+    const auto start = Clock::now();
+    try {
+      group->all_reduce_sum(sum);
+      group->synchronize();
+    } catch (const Error& e) {
+      message = e.what();
+    }
+    const double took = seconds_since(start);
+    EXPECT_NE(message.find(concat("not arrived: rank 0 (world rank ", n - 1, ") (stopped")),
+              std::string::npos)
+        << message;
+    const std::string me = concat("rank ", n - 1 - r, " (world rank ", r, ")");
+    EXPECT_NE(message.find(me + " of NCCL group 'arrivals-test'"), std::string::npos) << message;
+    EXPECT_GE(took, kTimeout) << message;
+    EXPECT_LT(took, 2 * kTimeout + kSlack) << message;  // enqueueing and waiting, each bounded
+    EXPECT_TRUE(group->aborted());
+    EXPECT_TRUE(stream_drains(g.stream)) << "the aborted all-reduce still runs";
+  }
+  g.mpi->barrier();  // the last rank waits here
+  group.reset();
+  g.mpi->barrier();
+  EXPECT_FALSE(g.nccl->aborted());
 }
 
 // Ranks other than 0 print only their failures, each line with its rank.
