@@ -18,7 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <iterator>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -234,16 +234,7 @@ constexpr Variant<ForwardLaunch> kForwardVariants[] = {
     {"w4_q64_k128_m2", launch_forward<64, 64, 4, 1, 128, 2>},
     {"w8_q128_k32_m2", launch_forward<64, 64, 8, 1, 32, 2>},
 };
-constexpr int kForwardVariantCount = int{std::size(kForwardVariants)};
-
-std::atomic<int> forward_override{-1}, backward_override{-1},
-    backward128_override{-1};  // -1: environment or default
-
-std::vector<const char*> forward_variant_names() {
-  std::vector<const char*> names;
-  for (const Variant<ForwardLaunch>& v : kForwardVariants) names.push_back(v.name);
-  return names;
-}
+std::vector<const char*> forward_variant_names() { return variant_names(kForwardVariants); }
 
 // The variant in environment variable `name`, by index or by name (unset or empty: 0).
 int env_variant(const char* name, const std::vector<const char*>& names) {
@@ -261,25 +252,42 @@ int env_variant(const char* name, const std::vector<const char*>& names) {
                listed, " (Note [Attention variants])");
   return static_cast<int>(index);
 }
-int forward_variant() {
-  const int chosen = forward_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_FWD", forward_variant_names());
-  return from_env;
-}
-int backward_variant() {
-  const int chosen = backward_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_BWD", backward_variant_names());
-  return from_env;
-}
 
-int backward128_variant() {
-  const int chosen = backward128_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_BWD128", backward128_variant_names());
-  return from_env;
-}
+// Which entry of one variant table the kernels take: the index a select_* call stored, else (-1)
+// the one environment variable `env` names (read once per process), else 0.
+class VariantChoice {
+ public:
+  constexpr VariantChoice(const char* env, std::vector<const char*> (*names)())
+      : env_(env), names_(names) {}
+
+  int index() {
+    const int chosen = chosen_.load(std::memory_order_relaxed);
+    if (chosen >= 0) return chosen;
+    std::call_once(env_read_, [this] { from_env_ = env_variant(env_, names_()); });
+    return from_env_;
+  }
+  // Throws tandem::Error naming `op` for an index outside [-1, table size).
+  void check(const char* op, int variant) const {
+    const int count = static_cast<int>(names_().size());
+    TANDEM_CHECK(variant >= -1 && variant < count, op, ": ", variant, " outside [-1, ", count,
+                 ") (", env_, "'s table)");
+  }
+  void select(const char* op, int variant) {
+    check(op, variant);
+    chosen_.store(variant, std::memory_order_relaxed);
+  }
+
+ private:
+  const char* env_;
+  std::vector<const char*> (*names_)();
+  std::atomic<int> chosen_{-1};
+  std::once_flag env_read_;
+  int from_env_ = 0;
+};
+
+constinit VariantChoice forward_choice("TANDEM_ATTN_FWD", forward_variant_names);
+constinit VariantChoice backward_choice("TANDEM_ATTN_BWD", backward_variant_names);
+constinit VariantChoice backward128_choice("TANDEM_ATTN_BWD128", backward128_variant_names);
 
 }  // namespace
 
@@ -287,22 +295,17 @@ std::vector<const char*> attention_backward128_variant_names() {
   return backward128_variant_names();
 }
 void select_attention_backward128_variant(int variant) {
-  const int count = static_cast<int>(backward128_variant_names().size());
-  TANDEM_CHECK(variant >= -1 && variant < count, "select_attention_backward128_variant: ", variant,
-               " outside [-1, ", count, ")");
-  backward128_override.store(variant, std::memory_order_relaxed);
+  backward128_choice.select("select_attention_backward128_variant", variant);
 }
 
 std::vector<const char*> attention_forward_variant_names() { return forward_variant_names(); }
 std::vector<const char*> attention_backward_variant_names() { return backward_variant_names(); }
 void select_attention_variants(int forward, int backward) {
-  const int kBackwardVariantCount = static_cast<int>(backward_variant_names().size());
-  TANDEM_CHECK(forward >= -1 && forward < kForwardVariantCount && backward >= -1 &&
-                   backward < kBackwardVariantCount,
-               "select_attention_variants: forward ", forward, " / backward ", backward,
-               " outside [-1, ", kForwardVariantCount, ") / [-1, ", kBackwardVariantCount, ")");
-  forward_override.store(forward, std::memory_order_relaxed);
-  backward_override.store(backward, std::memory_order_relaxed);
+  const char* op = "select_attention_variants";
+  forward_choice.check(op, forward);  // both checked before either is stored
+  backward_choice.check(op, backward);
+  forward_choice.select(op, forward);
+  backward_choice.select(op, backward);
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
@@ -316,7 +319,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     // 64-row blocks, bench/attention_timing.cc); D 128 (and q/k 192 with v 128): 64 rows and
     // 64-key tiles. (Note [Attention variants]: index 0 of the D 64 table.)
     if (g.head_dim == 64)
-      kForwardVariants[forward_variant()].launch(out, lse, q, k, v, g);
+      kForwardVariants[forward_choice.index()].launch(out, lse, q, k, v, g);
     else if (g.head_dim == 128)
       launch_forward<128, 128, 4, 1, 64, 1>(out, lse, q, k, v, g);
     else
@@ -342,8 +345,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                                      "attention_backward.delta", Device::kCUDA);
   if (fast_path(g, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
     // Note [Attention variants], Note [Deterministic attention backward].
-    launch_tensor_core_backward(backward_variant(), backward128_variant(), dq, dk, dv, dout, q, k,
-                                v, out, lse, delta, g);
+    launch_tensor_core_backward(backward_choice.index(), backward128_choice.index(), dq, dk, dv,
+                                dout, q, k, v, out, lse, delta, g);
     return;
   }
   generic_attention_backward(g, mptr(dq), mptr(dk), mptr(dv), delta.data<float>(), cptr(dout),

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -280,6 +281,12 @@ struct Variant {
   const char* name;
   Launch launch;
 };
+template <typename Launch, size_t N>
+std::vector<const char*> variant_names(const Variant<Launch> (&table)[N]) {
+  std::vector<const char*> names;
+  for (const Variant<Launch>& v : table) names.push_back(v.name);
+  return names;
+}
 
 // attention_backward.cu: the backward table's names (index 0, the default, is the two-pass
 // form), and the tensor-core backward (fast_path's head dims) of `variant`: D 64 the table's
