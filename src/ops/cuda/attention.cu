@@ -234,7 +234,24 @@ constexpr Variant<ForwardLaunch> kForwardVariants[] = {
     {"w4_q64_k128_m2", launch_forward<64, 64, 4, 1, 128, 2>},
     {"w8_q128_k32_m2", launch_forward<64, 64, 8, 1, 32, 2>},
 };
+// D 128, and q/k 192 with v 128 (D the q/k head dim): one table for both. Index 0, the default:
+// 64 query rows by 64-key tiles (243 registers at D 128; at D 192 it spills 88 bytes). Registers at
+// D 128 / 192 (ptxas, sm_90a), in order: 243 / 255, 219 / 255 (spills 20 bytes at 192), 197 / 229,
+// 186 / 209, 156 / 181. Left out because they spill at D 128: two m16 tiles a warp (MT 2: Q
+// fragments and the o accumulator alone take 192 registers; 16 to 92 bytes with 16- or 32-key
+// tiles) and 128-key tiles (304 bytes).
+template <int D>
+constexpr Variant<ForwardLaunch> kForward128Variants[] = {
+    {"w4_q64_k64_m1", launch_forward<D, 128, 4, 1, 64, 1>},
+    {"w8_q128_k64_m1", launch_forward<D, 128, 8, 1, 64, 1>},
+    {"w4_q64_k32_m1", launch_forward<D, 128, 4, 1, 32, 1>},
+    {"w8_q128_k32_m1", launch_forward<D, 128, 8, 1, 32, 1>},
+    {"w4_q64_k16_m1", launch_forward<D, 128, 4, 1, 16, 1>},
+};
 std::vector<const char*> forward_variant_names() { return variant_names(kForwardVariants); }
+std::vector<const char*> forward128_variant_names() {
+  return variant_names(kForward128Variants<128>);
+}
 
 // The variant in environment variable `name`, by index or by name (unset or empty: 0).
 int env_variant(const char* name, const std::vector<const char*>& names) {
@@ -287,9 +304,15 @@ class VariantChoice {
 
 constinit VariantChoice forward_choice("TANDEM_ATTN_FWD", forward_variant_names);
 constinit VariantChoice backward_choice("TANDEM_ATTN_BWD", backward_variant_names);
+constinit VariantChoice forward128_choice("TANDEM_ATTN_FWD128", forward128_variant_names);
 constinit VariantChoice backward128_choice("TANDEM_ATTN_BWD128", backward128_variant_names);
 
 }  // namespace
+
+std::vector<const char*> attention_forward128_variant_names() { return forward128_variant_names(); }
+void select_attention_forward128_variant(int variant) {
+  forward128_choice.select("select_attention_forward128_variant", variant);
+}
 
 std::vector<const char*> attention_backward128_variant_names() {
   return backward128_variant_names();
@@ -317,13 +340,13 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     // D 64: 128 query rows per block (two m16 tiles per warp share each K/V fragment) and
     // 64-key tiles, two blocks per multiprocessor (246 registers; faster than 32-key tiles and
     // 64-row blocks, bench/attention_timing.cc); D 128 (and q/k 192 with v 128): 64 rows and
-    // 64-key tiles. (Note [Attention variants]: index 0 of the D 64 table.)
+    // 64-key tiles. (Note [Attention variants]: index 0 of each table.)
     if (g.head_dim == 64)
       kForwardVariants[forward_choice.index()].launch(out, lse, q, k, v, g);
     else if (g.head_dim == 128)
-      launch_forward<128, 128, 4, 1, 64, 1>(out, lse, q, k, v, g);
+      kForward128Variants<128>[forward128_choice.index()].launch(out, lse, q, k, v, g);
     else
-      launch_forward<192, 128, 4, 1, 64, 1>(out, lse, q, k, v, g);
+      kForward128Variants<192>[forward128_choice.index()].launch(out, lse, q, k, v, g);
     return;
   }
   generic_attention_forward(g, mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v));
