@@ -1,9 +1,10 @@
 // Times the GPU flash attention (ops::attention_forward / backward on CUDA tensors) with CUDA
 // events: every D 64 tile variant (Note [Attention variants] in src/ops/cuda/attention_mma.cuh) on
-// the two benchmark shapes, each checked against variant 0, then the default D 128 path and
-// multi-head latent attention's q/k 192 with v 128 at shapes (c) and (d); prints
-// TFLOP/s. Causal FLOPs: forward 2*b*h*s*s*(D+Dv)/2 (the two products over the lower triangle),
-// backward 2.5x that. Standalone (no Google Benchmark): `attention_timing [iterations]`.
+// the two benchmark shapes, each checked against variant 0, then D 128 at shape (c) and multi-head
+// latent attention's q/k 192 with v 128 at shape (d), the defaults and each other tiling of D
+// 128's forward (both shapes) and deterministic backward (shape (c)); prints TFLOP/s. Causal FLOPs:
+// forward 2*b*h*s*s*(D+Dv)/2 (the two products over the lower triangle), backward 2.5x that.
+// Standalone (no Google Benchmark): `attention_timing [iterations]`.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -113,7 +114,8 @@ void bench_variants(const char* label, const AttentionShape& s, int iters) {
   attn::select_attention_variants(-1, -1);
 }
 
-// The default kernels only (D 128 and q/k 192 with v 128 have no variants).
+// The forward and backward of one shape, in the variants chosen now (by default index 0 of each
+// table).
 void bench_default(const AttentionShape& s, int iters) {
   const Problem p = make_problem(s);
   const double fwd_ms = time_ms(iters, [&] { forward(p); });
@@ -126,6 +128,18 @@ void bench_default(const AttentionShape& s, int iters) {
       static_cast<long long>(s.heads), static_cast<long long>(s.kv_heads),
       static_cast<long long>(s.head_dim), static_cast<long long>(s.v_dim()), fwd_ms,
       fwd_flops / (fwd_ms * 1e9), bwd_ms, bwd_flops / (bwd_ms * 1e9));
+}
+
+// bench_default at shape `s` under every entry but the default of one D 128 table (`select` picks
+// one by index; the default's line is the one printed before), then back to the default.
+void bench_d128_variants(const char* table, const std::vector<const char*>& names,
+                         void (*select)(int), const AttentionShape& s, int iters) {
+  for (int i = 1; i < static_cast<int>(names.size()); ++i) {
+    select(i);
+    std::printf("  %s %d %s: ", table, i, names[size_t(i)]);
+    bench_default(s, iters);
+  }
+  select(-1);
 }
 
 }  // namespace
@@ -142,15 +156,17 @@ int main(int argc, char** argv) {
     bench_variants("a", {8, 1024, 12, 12, 64}, iters);
     bench_variants("b", {2, 2048, 16, 8, 64}, iters);
     bench_default({4, 1024, 16, 16, 128}, iters);  // D 128 (the other tensor-core path)
-    bench_default({1, 4096, 32, 4, 128}, iters);   // shape (c)'s: Qwen3-MoE's heads
-    const std::vector<const char*> names128 = attn::attention_backward128_variant_names();
-    for (int i = 1; i < static_cast<int>(names128.size()); ++i) {  // D 128's other tilings
-      attn::select_attention_backward128_variant(i);
-      std::printf("  D 128 backward %d %s: ", i, names128[size_t(i)]);
-      bench_default({1, 4096, 32, 4, 128}, iters);
-    }
-    attn::select_attention_backward128_variant(-1);
-    bench_default({1, 4096, 16, 16, 192, 128, 0.0722}, iters);  // shape (d)'s: MLA
+    const AttentionShape c{1, 4096, 32, 4, 128};   // shape (c)'s: Qwen3-MoE's heads
+    const AttentionShape d{1, 4096, 16, 16, 192, 128, 0.0722};  // shape (d)'s: MLA
+    const std::vector<const char*> fwd128 = attn::attention_forward128_variant_names();
+    bench_default(c, iters);
+    bench_d128_variants("D 128 forward", fwd128, attn::select_attention_forward128_variant, c,
+                        iters);
+    bench_d128_variants("D 128 backward", attn::attention_backward128_variant_names(),
+                        attn::select_attention_backward128_variant, c, iters);
+    bench_default(d, iters);
+    bench_d128_variants("D 192/128 forward", fwd128, attn::select_attention_forward128_variant, d,
+                        iters);
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "attention_timing: %s\n", e.what());

@@ -3,8 +3,8 @@
 // (D 64 and 128, 16-byte aligned tensors) and the generic path (D 8, 16, 32, 40, 256, and D 64
 // through misaligned views), seq not a multiple of any tile, batch 2, GQA and MHA. Also: the
 // default backward is bitwise reproducible (the one-pass variants' dq, summed by atomics, to
-// rounding), and bad arguments throw tandem::Error. Every D 64 tile variant is checked the same
-// way.
+// rounding), and bad arguments throw tandem::Error. Every D 64 tile variant, and every D 128
+// forward and deterministic backward tiling, is checked the same way.
 //
 // Tolerances, |gpu - ref| <= atol + rtol |ref| elementwise:
 //   out (bf16): rtol 1.6e-2 for the output's own bf16 rounding (gpu_test.h); atol 2^-8 because the
@@ -21,6 +21,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <initializer_list>
 #include <string>
 #include <tuple>
 #include <vector>
@@ -253,21 +254,42 @@ TEST(CudaAttentionVariants, EveryBackwardVariantMatchesCpuReference) {
   }
 }
 
+// check(shape) under every entry of one D 128 table (`select` picks one by index), then back to
+// the default; the index past the table throws.
+template <typename Check>
+void for_each_d128_variant(const std::vector<const char*>& names, void (*select)(int),
+                           std::initializer_list<AttentionShape> shapes, Check check) {
+  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
+    select(i);
+    for (const AttentionShape& s : shapes) {
+      SCOPED_TRACE(std::string(names[size_t(i)]) + " D " + std::to_string(s.head_dim) + " seq " +
+                   std::to_string(s.seq));
+      check(s);
+    }
+  }
+  select(-1);
+  EXPECT_THROW(select(static_cast<int>(names.size())), Error);
+}
+
+// Every tiling of D 128's forward against the CPU reference: seq ending mid-tile of every tile
+// size (77, 130, 300), one key (1), GQA with a group of 4 and MHA, and q/k 192 with v 128 (the same
+// table) with the model's own scale.
+TEST(CudaAttentionVariants, EveryD128ForwardTilingMatchesCpuReference) {
+  for_each_d128_variant(ops::cuda::attention_forward128_variant_names(),
+                        ops::cuda::select_attention_forward128_variant,
+                        {AttentionShape{2, 77, 8, 2, 128}, AttentionShape{1, 300, 4, 4, 128},
+                         AttentionShape{1, 1, 2, 1, 128}, AttentionShape{2, 130, 4, 1, 192, 128},
+                         AttentionShape{1, 300, 4, 2, 192, 128, kMlaScale}},
+                        [](const AttentionShape& s) { check_forward(s, to_gpu_bf16, 63); });
+}
+
 // Every tiling of D 128's deterministic backward against the CPU reference, with a key split
 // (the group of 4 over few blocks) and without one (MHA).
 TEST(CudaAttentionVariants, EveryD128BackwardTilingMatchesCpuReference) {
-  const std::vector<const char*> names = ops::cuda::attention_backward128_variant_names();
-  for (int i = 0; i < static_cast<int>(names.size()); ++i) {
-    ops::cuda::select_attention_backward128_variant(i);
-    for (const AttentionShape& s :
-         {AttentionShape{2, 77, 8, 2, 128}, AttentionShape{1, 300, 4, 4, 128}}) {
-      SCOPED_TRACE(std::string(names[size_t(i)]) + " seq " + std::to_string(s.seq));
-      check_backward(s, to_gpu_bf16, 73);
-    }
-  }
-  ops::cuda::select_attention_backward128_variant(-1);
-  EXPECT_THROW(ops::cuda::select_attention_backward128_variant(static_cast<int>(names.size())),
-               Error);
+  for_each_d128_variant(ops::cuda::attention_backward128_variant_names(),
+                        ops::cuda::select_attention_backward128_variant,
+                        {AttentionShape{2, 77, 8, 2, 128}, AttentionShape{1, 300, 4, 4, 128}},
+                        [](const AttentionShape& s) { check_backward(s, to_gpu_bf16, 73); });
 }
 
 // The one-pass backward (variant 1, and D 128 whenever an atomic variant is picked): dk and dv

@@ -18,7 +18,7 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdlib>
-#include <iterator>
+#include <mutex>
 #include <string>
 #include <string_view>
 
@@ -234,15 +234,23 @@ constexpr Variant<ForwardLaunch> kForwardVariants[] = {
     {"w4_q64_k128_m2", launch_forward<64, 64, 4, 1, 128, 2>},
     {"w8_q128_k32_m2", launch_forward<64, 64, 8, 1, 32, 2>},
 };
-constexpr int kForwardVariantCount = int{std::size(kForwardVariants)};
-
-std::atomic<int> forward_override{-1}, backward_override{-1},
-    backward128_override{-1};  // -1: environment or default
-
-std::vector<const char*> forward_variant_names() {
-  std::vector<const char*> names;
-  for (const Variant<ForwardLaunch>& v : kForwardVariants) names.push_back(v.name);
-  return names;
+// D 128, and q/k 192 with v 128 (D the q/k head dim): one table for both. Index 0, the default:
+// 64 query rows by 64-key tiles (243 registers at D 128; at D 192 it spills 88 bytes). Registers at
+// D 128 / 192 (ptxas, sm_90a), in order: 243 / 255, 219 / 255 (spills 20 bytes at 192), 197 / 229,
+// 186 / 209, 156 / 181. Left out because they spill at D 128: two m16 tiles a warp (MT 2: Q
+// fragments and the o accumulator alone take 192 registers; 16 to 92 bytes with 16- or 32-key
+// tiles) and 128-key tiles (304 bytes).
+template <int D>
+constexpr Variant<ForwardLaunch> kForward128Variants[] = {
+    {"w4_q64_k64_m1", launch_forward<D, 128, 4, 1, 64, 1>},
+    {"w8_q128_k64_m1", launch_forward<D, 128, 8, 1, 64, 1>},
+    {"w4_q64_k32_m1", launch_forward<D, 128, 4, 1, 32, 1>},
+    {"w8_q128_k32_m1", launch_forward<D, 128, 8, 1, 32, 1>},
+    {"w4_q64_k16_m1", launch_forward<D, 128, 4, 1, 16, 1>},
+};
+std::vector<const char*> forward_variant_names() { return variant_names(kForwardVariants); }
+std::vector<const char*> forward128_variant_names() {
+  return variant_names(kForward128Variants<128>);
 }
 
 // The variant in environment variable `name`, by index or by name (unset or empty: 0).
@@ -261,48 +269,66 @@ int env_variant(const char* name, const std::vector<const char*>& names) {
                listed, " (Note [Attention variants])");
   return static_cast<int>(index);
 }
-int forward_variant() {
-  const int chosen = forward_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_FWD", forward_variant_names());
-  return from_env;
-}
-int backward_variant() {
-  const int chosen = backward_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_BWD", backward_variant_names());
-  return from_env;
-}
 
-int backward128_variant() {
-  const int chosen = backward128_override.load(std::memory_order_relaxed);
-  if (chosen >= 0) return chosen;
-  static const int from_env = env_variant("TANDEM_ATTN_BWD128", backward128_variant_names());
-  return from_env;
-}
+// Which entry of one variant table the kernels take: the index a select_* call stored, else (-1)
+// the one environment variable `env` names (read once per process), else 0.
+class VariantChoice {
+ public:
+  constexpr VariantChoice(const char* env, std::vector<const char*> (*names)())
+      : env_(env), names_(names) {}
+
+  int index() {
+    const int chosen = chosen_.load(std::memory_order_relaxed);
+    if (chosen >= 0) return chosen;
+    std::call_once(env_read_, [this] { from_env_ = env_variant(env_, names_()); });
+    return from_env_;
+  }
+  // Throws tandem::Error naming `op` for an index outside [-1, table size).
+  void check(const char* op, int variant) const {
+    const int count = static_cast<int>(names_().size());
+    TANDEM_CHECK(variant >= -1 && variant < count, op, ": ", variant, " outside [-1, ", count,
+                 ") (", env_, "'s table)");
+  }
+  void select(const char* op, int variant) {
+    check(op, variant);
+    chosen_.store(variant, std::memory_order_relaxed);
+  }
+
+ private:
+  const char* env_;
+  std::vector<const char*> (*names_)();
+  std::atomic<int> chosen_{-1};
+  std::once_flag env_read_;
+  int from_env_ = 0;
+};
+
+constinit VariantChoice forward_choice("TANDEM_ATTN_FWD", forward_variant_names);
+constinit VariantChoice backward_choice("TANDEM_ATTN_BWD", backward_variant_names);
+constinit VariantChoice forward128_choice("TANDEM_ATTN_FWD128", forward128_variant_names);
+constinit VariantChoice backward128_choice("TANDEM_ATTN_BWD128", backward128_variant_names);
 
 }  // namespace
+
+std::vector<const char*> attention_forward128_variant_names() { return forward128_variant_names(); }
+void select_attention_forward128_variant(int variant) {
+  forward128_choice.select("select_attention_forward128_variant", variant);
+}
 
 std::vector<const char*> attention_backward128_variant_names() {
   return backward128_variant_names();
 }
 void select_attention_backward128_variant(int variant) {
-  const int count = static_cast<int>(backward128_variant_names().size());
-  TANDEM_CHECK(variant >= -1 && variant < count, "select_attention_backward128_variant: ", variant,
-               " outside [-1, ", count, ")");
-  backward128_override.store(variant, std::memory_order_relaxed);
+  backward128_choice.select("select_attention_backward128_variant", variant);
 }
 
 std::vector<const char*> attention_forward_variant_names() { return forward_variant_names(); }
 std::vector<const char*> attention_backward_variant_names() { return backward_variant_names(); }
 void select_attention_variants(int forward, int backward) {
-  const int kBackwardVariantCount = static_cast<int>(backward_variant_names().size());
-  TANDEM_CHECK(forward >= -1 && forward < kForwardVariantCount && backward >= -1 &&
-                   backward < kBackwardVariantCount,
-               "select_attention_variants: forward ", forward, " / backward ", backward,
-               " outside [-1, ", kForwardVariantCount, ") / [-1, ", kBackwardVariantCount, ")");
-  forward_override.store(forward, std::memory_order_relaxed);
-  backward_override.store(backward, std::memory_order_relaxed);
+  const char* op = "select_attention_variants";
+  forward_choice.check(op, forward);  // both checked before either is stored
+  backward_choice.check(op, backward);
+  forward_choice.select(op, forward);
+  backward_choice.select(op, backward);
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
@@ -314,13 +340,13 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     // D 64: 128 query rows per block (two m16 tiles per warp share each K/V fragment) and
     // 64-key tiles, two blocks per multiprocessor (246 registers; faster than 32-key tiles and
     // 64-row blocks, bench/attention_timing.cc); D 128 (and q/k 192 with v 128): 64 rows and
-    // 64-key tiles. (Note [Attention variants]: index 0 of the D 64 table.)
+    // 64-key tiles. (Note [Attention variants]: index 0 of each table.)
     if (g.head_dim == 64)
-      kForwardVariants[forward_variant()].launch(out, lse, q, k, v, g);
+      kForwardVariants[forward_choice.index()].launch(out, lse, q, k, v, g);
     else if (g.head_dim == 128)
-      launch_forward<128, 128, 4, 1, 64, 1>(out, lse, q, k, v, g);
+      kForward128Variants<128>[forward128_choice.index()].launch(out, lse, q, k, v, g);
     else
-      launch_forward<192, 128, 4, 1, 64, 1>(out, lse, q, k, v, g);
+      kForward128Variants<192>[forward128_choice.index()].launch(out, lse, q, k, v, g);
     return;
   }
   generic_attention_forward(g, mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v));
@@ -342,8 +368,8 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
                                      "attention_backward.delta", Device::kCUDA);
   if (fast_path(g, {&dq, &dk, &dv, &dout, &q, &k, &v, &out})) {
     // Note [Attention variants], Note [Deterministic attention backward].
-    launch_tensor_core_backward(backward_variant(), backward128_variant(), dq, dk, dv, dout, q, k,
-                                v, out, lse, delta, g);
+    launch_tensor_core_backward(backward_choice.index(), backward128_choice.index(), dq, dk, dv,
+                                dout, q, k, v, out, lse, delta, g);
     return;
   }
   generic_attention_backward(g, mptr(dq), mptr(dk), mptr(dv), delta.data<float>(), cptr(dout),

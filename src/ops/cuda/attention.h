@@ -17,6 +17,11 @@ std::vector<const char*> attention_backward_variant_names();
 // tandem::Error for an index out of range.
 void select_attention_variants(int forward, int backward);
 
+// The D 128 forward's tilings (q/k 192 with v 128 takes the same table), and the choice of one as
+// above (TANDEM_ATTN_FWD128; -1: back to the environment variable, else the default).
+std::vector<const char*> attention_forward128_variant_names();
+void select_attention_forward128_variant(int variant);
+
 // The D 128 deterministic backward's tilings, and the choice of one as above (TANDEM_ATTN_BWD128;
 // -1: back to the environment variable, else the default).
 std::vector<const char*> attention_backward128_variant_names();

@@ -562,17 +562,8 @@ static_assert(is_deterministic(0), "the default backward (index 0) is the determ
 
 }  // namespace
 
-std::vector<const char*> backward_variant_names() {
-  std::vector<const char*> names;
-  for (const Variant<BackwardLaunch>& v : kBackwardVariants) names.push_back(v.name);
-  return names;
-}
-
-std::vector<const char*> backward128_variant_names() {
-  std::vector<const char*> names;
-  for (const Variant<BackwardLaunch>& v : kBackward128Variants) names.push_back(v.name);
-  return names;
-}
+std::vector<const char*> backward_variant_names() { return variant_names(kBackwardVariants); }
+std::vector<const char*> backward128_variant_names() { return variant_names(kBackward128Variants); }
 
 void launch_tensor_core_backward(int variant, int variant128, const Tensor& dq, const Tensor& dk,
                                  const Tensor& dv, const Tensor& dout, const Tensor& q,

@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cstddef>
 #include <cstdint>
 #include <vector>
 
@@ -265,10 +266,10 @@ inline unsigned tiles(int seq, int tile) { return static_cast<unsigned>((seq + t
 // Note [Attention variants]: the D 64 tensor-core kernels come in a few tile shapes, so that one
 // benchmark run on the GPU can time them all (bench/attention_timing). Index 0 is the default;
 // TANDEM_ATTN_FWD / TANDEM_ATTN_BWD (read once per process) pick another, and
-// select_attention_variants (benchmarks, tests) overrides both. D 128 always takes its one
-// forward shape, and the backward form (deterministic or one-pass) the D 64 choice names; its
-// deterministic backward has tilings of its own (TANDEM_ATTN_BWD128,
-// select_attention_backward128_variant).
+// select_attention_variants (benchmarks, tests) overrides both. D 128 (and q/k 192 with v 128)
+// has a forward table of its own (TANDEM_ATTN_FWD128, select_attention_forward128_variant), and
+// takes the backward form (deterministic or one-pass) the D 64 choice names; its deterministic
+// backward has tilings of its own (TANDEM_ATTN_BWD128, select_attention_backward128_variant).
 // Names: w<warps>_q<query rows>_k<keys>_m<blocks per SM (__launch_bounds__)>.
 using ForwardLaunch = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                const Tensor&, const Geometry&);
@@ -280,6 +281,12 @@ struct Variant {
   const char* name;
   Launch launch;
 };
+template <typename Launch, size_t N>
+std::vector<const char*> variant_names(const Variant<Launch> (&table)[N]) {
+  std::vector<const char*> names;
+  for (const Variant<Launch>& v : table) names.push_back(v.name);
+  return names;
+}
 
 // attention_backward.cu: the backward table's names (index 0, the default, is the two-pass
 // form), and the tensor-core backward (fast_path's head dims) of `variant`: D 64 the table's
