@@ -156,7 +156,11 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   StageNode node;
   node.kind = kind;
   node.layer = layer;
-  node.stream = node_is_communication(kind) ? Stream::kComm : Stream::kCompute;
+  // Without expert parallelism dispatch and combine are a local permutation and weighted sum,
+  // which the runtime issues on the compute stream in order with the rest: its executor
+  // (runtime/stream_executor.cc) moves only an all-to-all to the communication stream.
+  node.stream =
+      node_is_communication(kind) && in.expert_parallel_size > 1 ? Stream::kComm : Stream::kCompute;
   node.saved_bytes = node_saved_bytes(kind, in.model, s);
   node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
   node.workspace = node_workspace_bytes(kind, in.model, s);  // balanced routing's rows
@@ -214,12 +218,13 @@ void add_grad_units(Stage& st, const PlanInputs& in) {
 }
 
 // Uniform costs: an action costs 1 per half, spread evenly over the stage's compute nodes.
+// The all-to-all nodes cost nothing, on whichever stream they run.
 void spread_uniform(Stage& stage) {
   int compute = 0;
-  for (const StageNode& n : stage.nodes) compute += n.stream == Stream::kCompute ? 1 : 0;
+  for (const StageNode& n : stage.nodes) compute += node_is_communication(n.kind) ? 0 : 1;
   for (StageNode& n : stage.nodes) {
-    const double share = n.stream == Stream::kCompute ? 1.0 / compute : 0.0;
-    n.times = {share, share, n.stream == Stream::kCompute ? share : 0.0};
+    const double share = node_is_communication(n.kind) ? 0.0 : 1.0 / compute;
+    n.times = {share, share, share};
   }
 }
 
