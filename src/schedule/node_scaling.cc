@@ -21,9 +21,11 @@
 //
 // (o_p = min(o, t) would make such a phase all fixed: it would not grow with the rows.) With one
 // node, or all of one work, o is 0: plain proportion. A file's "node_overhead_s" replaces the
-// fitted o (s is then the slope through it; 0: plain proportion). The all-to-all nodes scale by
-// their bytes; measured without expert parallelism (no bytes: a hand-over and the local permutation
-// or weighted sum) they scale by the tokens, and planned with it add the link model's time.
+// fitted o (s is then the slope through it; 0: plain proportion). The GPU's idle time between
+// nodes is not in these times (Note [Gaps between nodes] in pipeline_model.cc). The
+// all-to-all nodes scale by their bytes; measured without expert parallelism (no bytes: a
+// hand-over and the local permutation or weighted sum) they scale by the tokens, and planned
+// with it add the link model's time.
 //
 // What transfers: the rows a node sees (micro-batch size, sequence length, top-k, expert
 // parallelism), how many nodes there are (layers, which layers are MoE), and settings that do

@@ -152,6 +152,25 @@ NodePhaseTimes balanced_times(NodeKind kind, const PlanInputs& in, const Footpri
   return t;
 }
 
+// Note [Gaps between nodes]: a node-times file's times are the GPU's spans of each node phase;
+// between two of them the GPU idles while the host is still issuing the next one (its launches,
+// the allocator, the host's reads of routing counts). `tandem train --node-times-out` measures
+// that as "node_gap_s" (runtime/device_streams.cc): the mean, over every two node phases issued
+// one after the other on a compute stream within one action with no wait for another stream
+// between them, of the time from the first's end to the second's start. A plan adds it to each
+// phase of a node on the compute stream (each of them follows such a gap, bar an action's first)
+// and keeps it at every shape: it is the host's time, not the node's work. A larger micro-batch
+// gives the GPU longer nodes, behind which the host may get ahead, so there it is an upper bound,
+// and at a smaller one a lower bound. A file without it (written by hand, or by a run that did
+// not measure it) plans no gaps.
+void add_node_gap(NodePhaseTimes& t, const PlanInputs& in) {
+  if (in.cost.kind != CostModelKind::kNodeTimes || !in.cost.table.node_gap_s) return;
+  const double gap = *in.cost.table.node_gap_s;
+  for (double* phase : {&t.forward_s, &t.backward_input_s, &t.backward_weight_s}) {
+    if (*phase > 0) *phase += gap;  // a phase of no time issues nothing
+  }
+}
+
 StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
   StageNode node;
   node.kind = kind;
@@ -183,6 +202,7 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
         node.times.backward_input_s += node.wait.backward_input_s;
       }
     }
+    if (node.stream == Stream::kCompute) add_node_gap(node.times, in);
   }
   if (kind == NodeKind::kExperts && !in.routing.empty()) {  // Note [Measured routing]
     for (int32_t mb = 0; mb < in.routing.num_microbatches; ++mb) {

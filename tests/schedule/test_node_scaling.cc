@@ -268,3 +268,47 @@ TEST(NodeScaling, TheFileMaySetTheFixedPart) {
 
 }  // namespace
 }  // namespace tandem::schedule
+
+namespace tandem::schedule {
+namespace {
+
+// Note [Gaps between nodes]: the file's node_gap_s comes before every phase of a node on the
+// compute stream, at the measured shape and at another. With one expert rank every node runs
+// there: per micro-batch the embedding's forward and weight gradient (it has no input-gradient
+// phase), 10 phases a layer (attention 3, dispatch 2, experts 3, combine 2) and the loss's 3,
+// so a 1F1B step on one rank grows by gap x 25 x micro-batches.
+TEST(NodeScaling, TheGapBetweenNodesComesBeforeEveryComputePhase) {
+  constexpr double kGap = 5e-6;
+  const PlanInputs at = inputs(model_b(), 2);
+  for (int64_t micro_batch : {2, 4}) {
+    PlanRequest req;
+    req.schedule_name = "1f1b";
+    req.inputs = inputs(model_b(), micro_batch);
+    req.inputs.cost.table = measured_table(at);
+    req.shape = {1, 1, 3};
+    PlanRequest gapped = req;
+    gapped.inputs.cost.table.node_gap_s = kGap;
+    const Plan without = make_plan(req), with = make_plan(gapped);
+    EXPECT_NEAR(with.sim.step_time_s - without.sim.step_time_s, kGap * 25 * 3, 1e-12)
+        << "micro-batch " << micro_batch;
+  }
+}
+
+TEST(NodeScaling, TheGapIsReadFromTheFile) {
+  const nlohmann::json file = {{"nodes", {{"attention", {{"forward", 1e-3}}}}},
+                               {"node_gap_s", 4e-6}};
+  EXPECT_EQ(parse_node_times(file.dump(), "f.json").node_gap_s, 4e-6);
+  EXPECT_FALSE(parse_node_times(R"({"nodes": {}})", "f.json").node_gap_s.has_value());
+  for (const char* bad :
+       {R"({"nodes": {}, "node_gap_s": -1e-6})", R"({"nodes": {}, "node_gap_s": "4us"})"}) {
+    try {
+      parse_node_times(bad, "f.json");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("f.json: node_gap_s"), std::string::npos) << e.what();
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::schedule
