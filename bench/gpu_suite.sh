@@ -108,10 +108,11 @@ for s in $SUITE; do
       # times measured once, at micro-batch 2, by one process without mpirun; `tandem plan` from
       # that one file at micro-batch 1, 4, 8 and at 6, 12, 16 layers, each beside a short
       # measured run (8 micro-batches a step; tokens/s the median of the steps after the third,
-      # "best" the fastest step). Beside the plan (the fixed part of a node fitted from the file),
-      # two others from the same file: "proportional" (node_overhead_s 0: every node in proportion
-      # to its work) and "as measured" (without measured_at: the times as they are, the planner
-      # before the scaling).
+      # "best" the fastest step). Beside the plan (the fixed part of a node fitted from the file,
+      # "o us", and the GPU's idle time before each node phase as measured, "gap us", after
+      # Note [Gaps between nodes] in src/schedule/pipeline_model.cc), two others from the same
+      # file: "proportional" (node_overhead_s 0: every node in proportion to its work) and "as
+      # measured" (without measured_at: the times as they are, the planner before the scaling).
       T=/tmp/transfer; rm -rf $T; mkdir -p $T
       MODEL_B=$(echo "$SHAPE_B" | sed 's/--num-layers 8 //; s/ --micro-batch-size.*//')
       steps="--mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet"
@@ -122,18 +123,18 @@ for s in $SUITE; do
 import json,sys
 j=json.load(open(sys.argv[1])); j['node_overhead_s']=0; json.dump(j,open(sys.argv[2],'w'))
 del j['node_overhead_s'], j['measured_at']; json.dump(j,open(sys.argv[3],'w'))" $T/nodes.json $T/prop.json $T/bare.json
-      tps() { $B/tandem plan --device cuda $1 --node-times $2 --json 2>> $T/plan.err | python3 -c "import json,sys;j=json.load(sys.stdin);print(round(j['tokens_per_s']), round(1e6*j.get('node_overhead_s',0),1))" 2>/dev/null || echo "- -"; }
-      printf '%-15s %9s %9s %9s %7s %12s %7s %12s %7s %8s\n' "micro-batch, L" planned measured best error proportional error "as measured" error "o us" | tee -a "$OUT/transfer.txt"
+      tps() { $B/tandem plan --device cuda $1 --node-times $2 --json 2>> $T/plan.err | python3 -c "import json,sys;j=json.load(sys.stdin);print(round(j['tokens_per_s']), round(1e6*j.get('node_overhead_s',0),1), round(1e6*j.get('node_gap_s',0),2))" 2>/dev/null || echo "- - -"; }
+      printf '%-15s %9s %9s %9s %7s %12s %7s %12s %7s %8s %8s\n' "micro-batch, L" planned measured best error proportional error "as measured" error "o us" "gap us" | tee -a "$OUT/transfer.txt"
       for row in "2 8" "1 8" "4 8" "8 8" "2 6" "2 12" "2 16"; do
         set -- $row; run="$MODEL_B --num-layers $2 --micro-batch-size $1 --global-batch-size $((8 * $1))"; name="$1, $2"
-        read planned o < <(tps "$run" $T/nodes.json); read prop _ < <(tps "$run" $T/prop.json); read bare _ < <(tps "$run" $T/bare.json)
+        read planned o gap < <(tps "$run" $T/nodes.json); read prop _ _ < <(tps "$run" $T/prop.json); read bare _ _ < <(tps "$run" $T/bare.json)
         timeout 150 $B/tandem train --device cuda $run $steps --log-json $T/r.jsonl > $T/r.log 2>&1 || tail -3 $T/r.log
         python3 -c "
 import json,statistics as st,sys
 r=[json.loads(l)['tokens_per_s'] for l in open(sys.argv[1])][3:]
 m=st.median(r); p,q,b=sys.argv[3:6]
 e=lambda x: '%+.1f%%' % (100*(float(x)/m-1)) if x!='-' else '-'
-print('%-15s %9s %9d %9d %7s %12s %7s %12s %7s %8s' % (sys.argv[2], p, m, max(r), e(p), q, e(q), b, e(b), sys.argv[6]))" $T/r.jsonl "$name" "$planned" "$prop" "$bare" "$o" 2>&1 | tee -a "$OUT/transfer.txt"
+print('%-15s %9s %9d %9d %7s %12s %7s %12s %7s %8s %8s' % (sys.argv[2], p, m, max(r), e(p), q, e(q), b, e(b), sys.argv[6], sys.argv[7]))" $T/r.jsonl "$name" "$planned" "$prop" "$bare" "$o" "$gap" 2>&1 | tee -a "$OUT/transfer.txt"
       done
       # Node times measured at micro-batch 8 too, to set beside the scaled ones node by node.
       timeout 150 $B/tandem train --device cuda $MODEL_B --num-layers 8 --micro-batch-size 8 --global-batch-size 64 $steps --log-json $T/cal8.jsonl --node-times-out "$OUT/transfer_nodes_mb8.json" > $T/cal8.log 2>&1

@@ -41,10 +41,10 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
                       comm::Communicator& world, const RunOptions& o) {
   const bool recompute_experts = o.train.recompute_experts;
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
-  // The nodes', then (each with 1 when measured) the deferred update's seconds per weight and
-  // the gradient all-reduce's bus bandwidth.
+  // The nodes', then (each with 1 when measured) the deferred update's seconds per weight, the
+  // gradient all-reduce's bus bandwidth and the GPU's idle seconds before a node phase.
   Tensor mine =
-      Tensor::zeros({kNumNodeKinds * kValues + 4}, DType::kF64, MemCategory::kOther, "node_times");
+      Tensor::zeros({kNumNodeKinds * kValues + 6}, DType::kF64, MemCategory::kOther, "node_times");
   if (const auto& u = trainer.measured_node_times().update_s_per_weight) {
     mine.data<double>()[kNumNodeKinds * kValues] = *u;
     mine.data<double>()[kNumNodeKinds * kValues + 1] = 1;
@@ -52,6 +52,10 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   if (const auto& b = trainer.measured_node_times().grad_reduce_bus_bytes_per_s) {
     mine.data<double>()[kNumNodeKinds * kValues + 2] = *b;
     mine.data<double>()[kNumNodeKinds * kValues + 3] = 1;
+  }
+  if (const auto& g = trainer.measured_node_times().node_gap_s) {
+    mine.data<double>()[kNumNodeKinds * kValues + 4] = *g;
+    mine.data<double>()[kNumNodeKinds * kValues + 5] = 1;
   }
   // Note [The step's end in the plan]: the least of the ranks' rates, the rank that waited
   // least for the others' forward-backward (a pipeline's ranks end theirs at different times).
@@ -84,6 +88,7 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   if (u[1] > 0) out["update_per_weight"] = u[0] / u[1];  // Note [Deferred update in the plan]
   // Note [Gradient reduction in the plan] (schedule/simulator.cc)
   if (u[3] > 0) out["grad_reduce_bus_bytes_per_s"] = u[2] / u[3];
+  if (u[5] > 0) out["node_gap_s"] = u[4] / u[5];  // Note [Gaps between nodes] (pipeline_model.cc)
   // Note [The step's end in the plan]: with the choice it was measured under.
   double least = -1;
   for (int p = 0; p < world.size(); ++p) {

@@ -50,7 +50,7 @@ class DeviceStreams final : public Streams {
 
   bool issues_ahead() const override { return true; }
   void begin_step(HostTime zero) override;
-  void begin_action(const schedule::Action&) override {}
+  void begin_action(const schedule::Action&) override { ++action_; }
   void end_action(const schedule::Action&) override {}
   void run(StreamId s, SpanInfo span, std::function<void()> work) override;
   StreamEvent mark(StreamId s) override { return {nullptr, plain_mark(stream_of(s))}; }
@@ -66,8 +66,8 @@ class DeviceStreams final : public Streams {
   bool is_compute(DeviceStream s) const { return s == cuda::current_stream() || s == compute2_; }
   DeviceEvent plain_mark(DeviceStream s) { return record_from(plain_, plain_used_, false, s); }
   DeviceEvent timed_mark(DeviceStream s) { return record_from(timed_, timed_used_, true, s); }
-  void end(DeviceStream s, DeviceEvent begin, SpanInfo info) {
-    pending_.push_back({begin, timed_mark(s), std::move(info)});
+  void end(DeviceStream s, DeviceEvent begin, SpanInfo info, bool after_wait = false) {
+    pending_.push_back({begin, timed_mark(s), std::move(info), action_, after_wait});
   }
 
   DeviceStream fwd_ = nullptr, bwd_ = nullptr, comm_ = nullptr, comm2_ = nullptr,
@@ -78,8 +78,13 @@ class DeviceStreams final : public Streams {
   struct Pending {
     DeviceEvent begin, end;
     SpanInfo info;
+    int64_t action = 0;       // the action it was issued in (begin_action's count)
+    bool after_wait = false;  // issued after its stream was told to wait for another
   };
   std::vector<Pending> pending_;
+  int64_t action_ = 0;
+  std::vector<DeviceStream> waited_;  // streams told to wait since their last span
+  struct NodeGaps;
   HostTime host_zero_;
   std::vector<Span> host_spans_;
 };
@@ -138,6 +143,7 @@ void DeviceStreams::begin_step(HostTime zero) {
   // The last step's events have all completed (the trainer synchronized after it).
   plain_used_ = timed_used_ = 0;
   pending_.clear();
+  waited_.clear();
   host_spans_.clear();
   host_zero_ = zero;
   TANDEM_CUDA_CHECK(cudaEventRecord(step_zero_, cuda::current_stream()));
@@ -146,9 +152,12 @@ void DeviceStreams::begin_step(HostTime zero) {
 void DeviceStreams::run(StreamId id, SpanInfo span, std::function<void()> work) {
   const DeviceStream s = stream_of(id);
   cuda::StreamScope on(s);
+  const auto waited = std::find(waited_.begin(), waited_.end(), s);
+  const bool after_wait = waited != waited_.end();
+  if (after_wait) waited_.erase(waited);
   const DeviceEvent begin = timed_mark(s);
   work();
-  end(s, begin, std::move(span));
+  end(s, begin, std::move(span), after_wait);
 }
 
 // Note [Nodes on the communication stream] (combined.cc).
@@ -170,6 +179,10 @@ void DeviceStreams::wait(StreamId to_id, const StreamEvent& e, StreamId from_id,
   // measured (the trace's "wait" spans); other waits are not.
   if (!is_compute(to) || (from != comm_ && from != comm2_ && from != copy_in_)) {
     TANDEM_CUDA_CHECK(cudaStreamWaitEvent(to, e.device, 0));
+    // Note [Gaps between nodes]: the next span on `to` may start late for this wait.
+    if (to != from && std::find(waited_.begin(), waited_.end(), to) == waited_.end()) {
+      waited_.push_back(to);
+    }
     return;
   }
   const DeviceEvent before = timed_mark(to);
@@ -179,6 +192,31 @@ void DeviceStreams::wait(StreamId to_id, const StreamEvent& e, StreamId from_id,
   info.name = "wait " + what;
   end(to, before, std::move(info));
 }
+
+// Note [Gaps between nodes] (schedule/pipeline_model.cc): on each compute stream, the time from
+// a node phase's end to the next's start, where the next was issued right after it in the same
+// action with no wait for another stream (nor other work) between them.
+struct DeviceStreams::NodeGaps {
+  struct Last {
+    int64_t action = -1;  // -1: no node phase last
+    double end = 0;
+  };
+  std::array<Last, 2> last;  // compute, compute2
+  double seconds = 0;
+  int64_t count = 0;
+
+  void add(const Pending& p, double begin, double end) {
+    const bool first = p.info.track == "compute";
+    if (!first && p.info.track != "compute2") return;
+    Last& l = last[first ? 0 : 1];
+    const bool node = p.info.kind >= 0;
+    if (node && !p.after_wait && l.action == p.action) {
+      seconds += std::max(0.0, begin - l.end);
+      ++count;
+    }
+    l = node ? Last{p.action, end} : Last{};
+  }
+};
 
 StepTimes DeviceStreams::times() const {
   StepTimes out;
@@ -191,8 +229,10 @@ StepTimes DeviceStreams::times() const {
   int64_t update_weights = 0;
   std::array<std::array<double, 3>, kNumNodeKinds> sum{};
   std::array<std::array<int64_t, 3>, kNumNodeKinds> count{};
+  NodeGaps gaps;
   for (const Pending& p : pending_) {
     const double b = seconds(p.begin), e = seconds(p.end);
+    gaps.add(p, b, e);
     out.spans.push_back({p.info.track, p.info.name, b, e});
     double& end = p.info.track == "reduce" ? out.reduce_end_s : out.end_s;
     end = std::max(end, e);
@@ -232,6 +272,7 @@ StepTimes DeviceStreams::times() const {
     out.node_times.update_s_per_weight = update_s / static_cast<double>(update_weights);
   }
   if (reduce_s > 0) out.node_times.grad_reduce_bus_bytes_per_s = reduce_bus_bytes / reduce_s;
+  if (gaps.count > 0) out.node_times.node_gap_s = gaps.seconds / static_cast<double>(gaps.count);
   return out;
 }
 

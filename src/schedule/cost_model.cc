@@ -190,11 +190,11 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
     TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts" ||
                      key == "update_per_weight" || key == "grad_reduce_bus_bytes_per_s" ||
                      key == "step_end_per_weight" || key == "defer_optimizer" ||
-                     key == "measured_at" || key == "node_overhead_s",
+                     key == "measured_at" || key == "node_overhead_s" || key == "node_gap_s",
                  source, ": unknown key \"", key,
                  "\"; valid keys are nodes, p2p, recompute_experts, update_per_weight, "
                  "grad_reduce_bus_bytes_per_s, step_end_per_weight, defer_optimizer, "
-                 "measured_at and node_overhead_s");
+                 "measured_at, node_overhead_s and node_gap_s");
   }
   for (const char* key : {"recompute_experts", "defer_optimizer"}) {
     if (!j.contains(key)) continue;
@@ -238,6 +238,14 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
                  "measured_at, got ",
                  v.dump());
     table.node_overhead_s = v.get<double>();
+  }
+  if (j.contains("node_gap_s")) {  // Note [Gaps between nodes] (pipeline_model.cc)
+    const nlohmann::json& v = j["node_gap_s"];
+    TANDEM_CHECK(v.is_number() && v.get<double>() >= 0, source,
+                 ": node_gap_s: expected the seconds the GPU idles before a node phase (>= 0), "
+                 "got ",
+                 v.dump());
+    table.node_gap_s = v.get<double>();
   }
   if (j.contains("p2p")) {
     TANDEM_CHECK(j["p2p"].is_number() && j["p2p"].get<double>() >= 0, source,

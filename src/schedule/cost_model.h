@@ -110,6 +110,9 @@ struct NodeTimesTable {
   std::optional<MeasuredShape> measured_at;
   // The fixed seconds of a node at another shape, instead of the fit (node_scaling.h).
   std::optional<double> node_overhead_s;
+  // The GPU's mean idle seconds before a node phase while the host issues it; empty: no gaps.
+  // Note [Gaps between nodes] in pipeline_model.cc.
+  std::optional<double> node_gap_s;
 };
 // Parses the node-times JSON (docs/schedules.md); throws tandem::Error naming `source` and key.
 NodeTimesTable parse_node_times(std::string_view json_text, std::string_view source);

@@ -3,18 +3,26 @@
 // Note [Node times at another shape]: a node-times file written by `tandem train
 // --node-times-out` records the shape it was measured at ("measured_at": the model options, the
 // micro-batch size, the expert-parallel size, the activation element size). A plan of another
-// shape takes each node's time as a fixed part plus a part proportional to its work:
+// shape takes each node phase's time as a fixed part plus a part proportional to its work:
 //
-//   t(shape) = o + (t_measured - o) * w(shape) / w(measured)
+//   t(shape) = o_p + (t_measured - o_p) * w(shape) / w(measured)
 //
 // w is the node's roofline time (node_forward_work against the device: max(FLOPs / matrix rate,
 // bytes / memory bandwidth)), so a matrix-bound node scales by its FLOPs, a memory-bound one
-// (embed) by its bytes, and attention's quadratic term (tokens x sequence) by itself. o, the
-// fixed seconds of a node (kernel launches, the host's waits), is fitted from the file alone: a
+// (embed) by its bytes, and attention's quadratic term (tokens x sequence) by itself. The fixed
+// seconds (kernel launches and tails, the host's waits) come from the file alone: a
 // least-squares line t = o + s w through every compute node's phases at the measured shape
-// (nodes of small work show the fixed part, those of large work the slope), o at least 0 and
-// at most the node's own time. With one node, or all of one work, o is 0: plain proportion. A
-// file's "node_overhead_s" replaces the fit (0: plain proportion). The
+// (nodes of small work show the fixed part, those of large work the slope), o at least 0. One
+// line does not fit every node: a phase below it (attention's weight gradient, the embedding's
+// one kernel) has less fixed time than o, not less work than its FLOPs or bytes, so each phase
+// keeps its work at the line's rate at least and the line's fixed part at most:
+//
+//   o_p = clamp(t_measured - s w(measured), 0, min(o, t_measured))
+//
+// (o_p = min(o, t) would make such a phase all fixed: it would not grow with the rows.) With one
+// node, or all of one work, o is 0: plain proportion. A file's "node_overhead_s" replaces the
+// fitted o (s is then the slope through it; 0: plain proportion). The GPU's idle time between
+// nodes is not in these times (Note [Gaps between nodes] in pipeline_model.cc). The
 // all-to-all nodes scale by their bytes; measured without expert parallelism (no bytes: a
 // hand-over and the local permutation or weighted sum) they scale by the tokens, and planned
 // with it add the link model's time.
@@ -158,8 +166,7 @@ void check_transferable(const MeasuredShape& at, const ModelConfig& model,
                "-byte ones (--device cuda plans 2, cpu 4, unless --activation-bytes says)", why);
 }
 
-double node_overhead_s(const CostModel& cost, const FootprintShape& planned) {
-  if (cost.table.node_overhead_s) return *cost.table.node_overhead_s;  // the file says
+NodeLine node_line(const CostModel& cost, const FootprintShape& planned) {
   const MeasuredShape& at = cost.table.measured_at.value();
   const FootprintShape s0 = measured_shape(at, planned);
   double n = 0, sum_w = 0, sum_t = 0, sum_ww = 0, sum_wt = 0;
@@ -175,11 +182,21 @@ double node_overhead_s(const CostModel& cost, const FootprintShape& planned) {
       n += 1, sum_w += w, sum_t += time, sum_ww += w * w, sum_wt += w * time;
     }
   }
+  if (sum_ww <= 0) return {};
+  // Through a given fixed part, the least-squares slope of what is left.
+  const auto slope_after = [&](double fixed) {
+    return NodeLine{fixed, std::max(0.0, (sum_wt - fixed * sum_w) / sum_ww)};
+  };
+  if (cost.table.node_overhead_s) return slope_after(*cost.table.node_overhead_s);  // the file's
   const double var = n * sum_ww - sum_w * sum_w;
-  if (n < 2 || var <= 1e-12 * n * sum_ww) return 0;  // one work: plain proportion
+  if (n < 2 || var <= 1e-12 * n * sum_ww) return slope_after(0);  // one work: plain proportion
   const double slope = (n * sum_wt - sum_w * sum_t) / var;
-  if (slope <= 0) return 0;
-  return std::max(0.0, (sum_t - slope * sum_w) / n);
+  if (slope <= 0) return slope_after(0);
+  return slope_after(std::max(0.0, (sum_t - slope * sum_w) / n));
+}
+
+double node_overhead_s(const CostModel& cost, const FootprintShape& planned) {
+  return node_line(cost, planned).fixed_s;
 }
 
 NodePhaseTimes scaled_node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,
@@ -210,11 +227,12 @@ NodePhaseTimes scaled_node_times(const CostModel& cost, NodeKind kind, const Mod
   const double w0 = work_s(cost.device, kind, at.model, s0, at.expert_parallel_size);
   const double w1 = work_s(cost.device, kind, cfg, shape, ep);
   if (w0 <= 0) return out;
-  const double overhead = node_overhead_s(cost, shape);
+  const NodeLine line = node_line(cost, shape);
   for (int p = 0; p < 3; ++p) {
     double& t = phase(out, p);
     if (t <= 0) continue;
-    const double o = std::min(overhead, t);
+    // Its work at the line's rate at least; the line's fixed part at most.
+    const double o = std::clamp(t - line.slope * w0, 0.0, std::min(line.fixed_s, t));
     t = o + (t - o) * w1 / w0;
   }
   return out;

@@ -28,9 +28,16 @@ void check_transferable(const MeasuredShape& at, const ModelConfig& model,
 NodePhaseTimes scaled_node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,
                                  const FootprintShape& shape, int64_t ep);
 
-// The fixed seconds of a node (the fit's intercept, at least 0; the file's node_overhead_s when
-// it has one): what a node costs beyond its work. `planned` gives the layout flags (fused LM head,
-// MoE layer).
+// The line t = fixed_s + slope * work through the file's compute node phases at the measured
+// shape: fixed_s the fit's intercept (at least 0; the file's node_overhead_s when it has one),
+// slope the seconds a roofline second of work takes (the least-squares slope through that fixed
+// part, at least 0). `planned` gives the layout flags (fused LM head, MoE layer).
+struct NodeLine {
+  double fixed_s = 0;
+  double slope = 0;
+};
+NodeLine node_line(const CostModel& cost, const FootprintShape& planned);
+// node_line's fixed_s: what a node costs beyond its work.
 double node_overhead_s(const CostModel& cost, const FootprintShape& planned);
 
 }  // namespace tandem::schedule

@@ -152,11 +152,34 @@ NodePhaseTimes balanced_times(NodeKind kind, const PlanInputs& in, const Footpri
   return t;
 }
 
+// Note [Gaps between nodes]: a node-times file's times are the GPU's spans of each node phase;
+// between two of them the GPU idles while the host is still issuing the next one (its launches,
+// the allocator, the host's reads of routing counts). `tandem train --node-times-out` measures
+// that as "node_gap_s" (runtime/device_streams.cc): the mean, over every two node phases issued
+// one after the other on a compute stream within one action with no wait for another stream
+// between them, of the time from the first's end to the second's start. A plan adds it to each
+// phase of a node on the compute stream (each of them follows such a gap, bar an action's first)
+// and keeps it at every shape: it is the host's time, not the node's work. A larger micro-batch
+// gives the GPU longer nodes, behind which the host may get ahead, so there it is an upper bound,
+// and at a smaller one a lower bound. A file without it (written by hand, or by a run that did
+// not measure it) plans no gaps.
+void add_node_gap(NodePhaseTimes& t, const PlanInputs& in) {
+  if (in.cost.kind != CostModelKind::kNodeTimes || !in.cost.table.node_gap_s) return;
+  const double gap = *in.cost.table.node_gap_s;
+  for (double* phase : {&t.forward_s, &t.backward_input_s, &t.backward_weight_s}) {
+    if (*phase > 0) *phase += gap;  // a phase of no time issues nothing
+  }
+}
+
 StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
   StageNode node;
   node.kind = kind;
   node.layer = layer;
-  node.stream = node_is_communication(kind) ? Stream::kComm : Stream::kCompute;
+  // Without expert parallelism dispatch and combine are a local permutation and weighted sum,
+  // which the runtime issues on the compute stream in order with the rest: its executor
+  // (runtime/stream_executor.cc) moves only an all-to-all to the communication stream.
+  node.stream =
+      node_is_communication(kind) && in.expert_parallel_size > 1 ? Stream::kComm : Stream::kCompute;
   node.saved_bytes = node_saved_bytes(kind, in.model, s);
   node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
   node.workspace = node_workspace_bytes(kind, in.model, s);  // balanced routing's rows
@@ -180,6 +203,7 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
         node.times.backward_input_s += node.wait.backward_input_s;
       }
     }
+    if (node.stream == Stream::kCompute) add_node_gap(node.times, in);
   }
   if (kind == NodeKind::kExperts && !in.routing.empty()) {  // Note [Measured routing]
     for (int32_t mb = 0; mb < in.routing.num_microbatches; ++mb) {
@@ -215,12 +239,13 @@ void add_grad_units(Stage& st, const PlanInputs& in) {
 }
 
 // Uniform costs: an action costs 1 per half, spread evenly over the stage's compute nodes.
+// The all-to-all nodes cost nothing, on whichever stream they run.
 void spread_uniform(Stage& stage) {
   int compute = 0;
-  for (const StageNode& n : stage.nodes) compute += n.stream == Stream::kCompute ? 1 : 0;
+  for (const StageNode& n : stage.nodes) compute += node_is_communication(n.kind) ? 0 : 1;
   for (StageNode& n : stage.nodes) {
-    const double share = n.stream == Stream::kCompute ? 1.0 / compute : 0.0;
-    n.times = {share, share, n.stream == Stream::kCompute ? share : 0.0};
+    const double share = node_is_communication(n.kind) ? 0.0 : 1.0 / compute;
+    n.times = {share, share, share};
   }
 }
 

@@ -159,6 +159,10 @@ nlohmann::json plan_summary_json(const Plan& plan) {
   if (plan.inputs.cost.kind == CostModelKind::kNodeTimes && plan.inputs.cost.table.measured_at) {
     j["node_overhead_s"] = node_overhead_s(plan.inputs.cost, plan.model.shape);
   }
+  // Note [Gaps between nodes] (pipeline_model.cc): what the plan added before each node phase.
+  if (plan.inputs.cost.kind == CostModelKind::kNodeTimes && plan.inputs.cost.table.node_gap_s) {
+    j["node_gap_s"] = *plan.inputs.cost.table.node_gap_s;
+  }
   nlohmann::json ranks = nlohmann::json::array();
   for (const RankResult& r : plan.sim.ranks) {
     ranks.push_back({{"rank", r.rank},

@@ -4,6 +4,8 @@
 //  - Each rank issues its actions in list order to two streams, compute and comm, that run
 //    in order (like CUDA streams); the host never blocks. A node starts when its stream is free
 //    and the node it reads from has ended (one dependency per data edge, across streams).
+//    Dispatch and combine run on comm with EP > 1; with one expert rank they are a local
+//    permutation and weighted sum on compute, as the runtime issues them.
 //  - F runs the stage's nodes in order, B/I in reverse (a node's I, then its W when the
 //    backward is full); W runs the weight halves. FB interleaves a forward layer with a backward
 //    layer per docs/design.md's combined 1F1B order (kPairMoe / kPairDense below), so all-to-all

@@ -235,12 +235,15 @@ TEST(Simulator, OneFOneBExposesEveryAllToAllThatHasNothingToHideBehind) {
   EXPECT_NEAR(r.exposed_comm_s, 6, kEps);
   EXPECT_NEAR(r.exposed_alltoall_s, 6, kEps);
   EXPECT_NEAR(r.exposed_alltoall_waiting_s, 0, kEps);  // balanced routing: nobody waits
-  // With one expert rank, dispatch and combine permute rows in place: the same times, no
-  // all-to-all (as the runtime counts it).
+  // With one expert rank, dispatch and combine permute rows in place on the compute stream, in
+  // order with the rest (as the runtime issues them): no all-to-all, and nothing hides behind
+  // the experts' W, so the step is every node's time, 2 x 19.
   PlanRequest one = table_request("1f1b", 1, 2);
   one.inputs.expert_parallel_size = 1;
   const Plan local = make_plan(one);
-  EXPECT_NEAR(local.sim.step_time_s, 36, kEps);
+  EXPECT_NEAR(local.sim.step_time_s, 38, kEps);
+  EXPECT_NEAR(local.sim.ranks[0].compute_busy_s, 38, kEps);
+  EXPECT_NEAR(local.sim.ranks[0].comm_busy_s, 0, kEps);
   EXPECT_NEAR(local.sim.ranks[0].exposed_alltoall_s, 0, kEps);
 }
 

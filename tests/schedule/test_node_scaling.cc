@@ -50,8 +50,9 @@ FootprintShape shape_of(const PlanInputs& in) {
   return s;
 }
 
-// The synthetic device's table at `in`'s shape: every compute node's phases o + s * work.
-NodeTimesTable synthetic_table(const PlanInputs& in) {
+// The synthetic device's table at `in`'s shape: every compute node's phases o + s * work, the
+// embedding's with `embed_overhead` as its fixed part.
+NodeTimesTable synthetic_table(const PlanInputs& in, double embed_overhead = kOverhead) {
   const DeviceDesc d;
   const FootprintShape s = shape_of(in);
   NodeTimesTable t;
@@ -61,8 +62,9 @@ NodeTimesTable synthetic_table(const PlanInputs& in) {
     const double work =
         std::max(w.flops / d.matrix_flops_per_s, w.memory_bytes / d.memory_bytes_per_s);
     // The all-to-all nodes without expert parallelism: local work on the rows.
+    const double fixed = kind == NodeKind::kEmbed ? embed_overhead : kOverhead;
     const double time = node_is_communication(kind) ? 3e-6 * static_cast<double>(s.tokens) / 4096
-                                                    : kOverhead + kSlope * work;
+                                                    : fixed + kSlope * work;
     NodePhaseTimes p{time, kind == NodeKind::kEmbed ? 0.0 : time,
                      node_has_weights(kind) ? time : 0.0};
     t.nodes[static_cast<size_t>(kind)] = p;
@@ -71,8 +73,8 @@ NodeTimesTable synthetic_table(const PlanInputs& in) {
 }
 
 // The table of `at` with the shape it was measured at.
-NodeTimesTable measured_table(const PlanInputs& at) {
-  NodeTimesTable t = synthetic_table(at);
+NodeTimesTable measured_table(const PlanInputs& at, double embed_overhead = kOverhead) {
+  NodeTimesTable t = synthetic_table(at, embed_overhead);
   MeasuredShape m;
   m.model = at.model;
   m.micro_batch_size = at.micro_batch_size;
@@ -134,6 +136,24 @@ TEST(NodeScaling, AScaledPlanIsTheDirectPlan) {
   // Without the file's shape the times are taken as they are: the plan is off by the work.
   req.inputs.cost.table.measured_at.reset();
   EXPECT_LT(make_plan(req).sim.step_time_s, 0.8 * want.sim.step_time_s);
+}
+
+// A node of less fixed time than the line's (the embedding: one kernel, o / 20 here, below the
+// line at its small work) still grows with its work: planned at micro-batch 8 from micro-batch
+// 2, its phases are the synthetic device's own there, not its measured times taken as all fixed.
+TEST(NodeScaling, APhaseBelowTheLineGrowsWithItsWork) {
+  constexpr double kEmbedOverhead = kOverhead / 20;
+  PlanInputs at = inputs(model_b(), 2);
+  PlanInputs plan = inputs(model_b(), 8);
+  plan.cost.table = measured_table(at, kEmbedOverhead);
+  const NodePhaseTimes measured = *plan.cost.table.nodes[static_cast<size_t>(NodeKind::kEmbed)];
+  ASSERT_LT(measured.forward_s, node_overhead_s(plan.cost, shape_of(plan)));  // below the line
+  const NodePhaseTimes want =
+      *synthetic_table(plan, kEmbedOverhead).nodes[static_cast<size_t>(NodeKind::kEmbed)];
+  const NodePhaseTimes got = node_times(plan.cost, NodeKind::kEmbed, plan.model, shape_of(plan), 1);
+  EXPECT_NEAR(got.forward_s, want.forward_s, 0.05 * want.forward_s);
+  EXPECT_NEAR(got.backward_weight_s, want.backward_weight_s, 0.05 * want.backward_weight_s);
+  EXPECT_GT(got.forward_s, 2 * measured.forward_s);
 }
 
 // At the measured shape the file's times are used as they are.
@@ -244,6 +264,50 @@ TEST(NodeScaling, TheFileMaySetTheFixedPart) {
   nlohmann::json bad = file;
   bad.erase("measured_at");
   EXPECT_THROW(parse_node_times(bad.dump(), "f.json"), Error);
+}
+
+}  // namespace
+}  // namespace tandem::schedule
+
+namespace tandem::schedule {
+namespace {
+
+// Note [Gaps between nodes]: the file's node_gap_s comes before every phase of a node on the
+// compute stream, at the measured shape and at another. With one expert rank every node runs
+// there: per micro-batch the embedding's forward and weight gradient (it has no input-gradient
+// phase), 10 phases a layer (attention 3, dispatch 2, experts 3, combine 2) and the loss's 3,
+// so a 1F1B step on one rank grows by gap x 25 x micro-batches.
+TEST(NodeScaling, TheGapBetweenNodesComesBeforeEveryComputePhase) {
+  constexpr double kGap = 5e-6;
+  const PlanInputs at = inputs(model_b(), 2);
+  for (int64_t micro_batch : {2, 4}) {
+    PlanRequest req;
+    req.schedule_name = "1f1b";
+    req.inputs = inputs(model_b(), micro_batch);
+    req.inputs.cost.table = measured_table(at);
+    req.shape = {1, 1, 3};
+    PlanRequest gapped = req;
+    gapped.inputs.cost.table.node_gap_s = kGap;
+    const Plan without = make_plan(req), with = make_plan(gapped);
+    EXPECT_NEAR(with.sim.step_time_s - without.sim.step_time_s, kGap * 25 * 3, 1e-12)
+        << "micro-batch " << micro_batch;
+  }
+}
+
+TEST(NodeScaling, TheGapIsReadFromTheFile) {
+  const nlohmann::json file = {{"nodes", {{"attention", {{"forward", 1e-3}}}}},
+                               {"node_gap_s", 4e-6}};
+  EXPECT_EQ(parse_node_times(file.dump(), "f.json").node_gap_s, 4e-6);
+  EXPECT_FALSE(parse_node_times(R"({"nodes": {}})", "f.json").node_gap_s.has_value());
+  for (const char* bad :
+       {R"({"nodes": {}, "node_gap_s": -1e-6})", R"({"nodes": {}, "node_gap_s": "4us"})"}) {
+    try {
+      parse_node_times(bad, "f.json");
+      ADD_FAILURE() << bad << " was accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("f.json: node_gap_s"), std::string::npos) << e.what();
+    }
+  }
 }
 
 }  // namespace
