@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d, offload),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -170,6 +170,48 @@ for k,v in json.load(open('/tmp/c_$v.nodes.json'))['nodes'].items(): print('  no
       [ "${PEERS:-1}" = 0 ] && continue
       PSH="${SHAPE_C/--micro-batch-size 1/--micro-batch-size 1 --num-microbatches 8}"
       timeout 500 python3 devrun/torch_peer.py --mode single --compile $PSH --steps 6 --warmup-steps 3 2> /tmp/peer_c.err | grep RESULT | tee -a "$OUT/c.txt"; tail -2 /tmp/peer_c.err ;;
+    offload)
+      # Note [Activation offload] on one GPU: shape (c)'s widths at sequence 4096, micro-batch
+      # $OFF_MB (default 8; global batch two micro-batches). For each of no offload and
+      # --offload-activations $OFF_KINDS, the most layers whose planned peak fits $OFF_LIMIT_GIB
+      # GiB (OFF_LIMIT_GIB, default 130), trained $STEPS steps: measured against planned peaks (device,
+      # activations, host), tokens/s. Then the plain run's layers with offload: the peak drop
+      # against the plan's, the step time, and the last step's trace (the copies' overlap).
+      T=/tmp/offload; rm -rf $T; mkdir -p $T
+      mb=${OFF_MB:-8}; kinds=${OFF_KINDS:-attention,experts,combine}; limit=${OFF_LIMIT_GIB:-130}
+      BASE=$(echo "$SHAPE_C" | sed 's/--num-layers 4 //; s/--micro-batch-size 1//')
+      run_of() { echo "$BASE --num-layers $1 --micro-batch-size $mb --global-batch-size $((2 * mb)) $2"; }
+      fits() { $B/tandem plan --device cuda $(run_of $1 "$2") --mock-data --json 2>/dev/null | python3 -c "import json,sys;r=json.load(sys.stdin)['ranks'][0];print('yes' if r['peak_bytes'] <= $limit * 2**30 else '')" 2>/dev/null; }
+      most() { local L=2 best=0; while [ $L -le 40 ]; do [ -n "$(fits $L "$1")" ] && best=$L || break; L=$((L + 1)); done; echo $best; }
+      report() { python3 -c "
+import json,statistics as st,sys
+r=[json.loads(l) for l in open(sys.argv[1])][1:]
+g=lambda k: (lambda v: v[0] if isinstance(v, list) else v)(r[-1].get(k, 0))
+print(sys.argv[2], 'tokens/s', round(st.median(x['tokens_per_s'] for x in r)), 'peak GiB measured/planned %.3f/%.3f' % (g('mem_peak_bytes')/2**30, g('planned_peak_bytes')/2**30), 'activations GiB %.3f/%.3f' % (g('activation_peak_bytes')/2**30, g('planned_activation_peak_bytes')/2**30), 'host GiB %.3f/%.3f' % (g('offload_host_peak_bytes')/2**30, g('planned_offload_host_peak_bytes')/2**30), 'equal' if g('activation_peak_bytes')==g('planned_activation_peak_bytes') and g('offload_host_peak_bytes')==g('planned_offload_host_peak_bytes') else 'DIFFER')" "$@" 2>&1; }
+      Lp=$(most ""); Lo=$(most "--offload-activations $kinds")
+      echo "micro-batch $mb, limit $limit GiB: most layers planned to fit: $Lp without offload, $Lo with --offload-activations $kinds" | tee -a "$OUT/offload.txt"
+      echo "plan of $Lo layers without offload: peak $($B/tandem plan --device cuda $(run_of $Lo "") --mock-data --json 2>/dev/null | python3 -c "import json,sys;print(round(json.load(sys.stdin)['ranks'][0]['peak_bytes']/2**30,2),'GiB')")" | tee -a "$OUT/offload.txt"
+      steps="--mock-data --train-iters ${STEPS:-4} --log-interval 1 --quiet --moe-router-force-load-balancing"
+      for row in "$Lp|" "$Lo|--offload-activations $kinds" "$Lp|--offload-activations $kinds"; do
+        L=${row%%|*}; opt=${row#*|}; name="layers $L ${opt:-no offload}"
+        tr=""; [ "$L" = "$Lp" ] && [ -n "$opt" ] && tr="--trace $T/trace.json"
+        timeout 400 $B/tandem train --device cuda $(run_of $L "$opt") $steps --log-json $T/r.jsonl $tr > $T/r.log 2>&1 || tail -3 $T/r.log
+        report $T/r.jsonl "$name:" | tee -a "$OUT/offload.txt"
+        [ "$L" = "$Lp" ] && cp $T/r.jsonl "$T/losses_${opt:+offload}.jsonl"
+      done
+      python3 -c "
+import json,sys
+a,b=[[json.loads(l)['loss'] for l in open(f)] for f in sys.argv[1:3]]
+print('losses of $Lp layers without / with offload:', a, b, 'bitwise equal' if a==b else 'DIFFER')" $T/losses_.jsonl $T/losses_offload.jsonl 2>&1 | tee -a "$OUT/offload.txt"
+      [ -f $T/trace.json ] && python3 - $T/trace.json <<'PY' | tee -a "$OUT/offload.txt"
+import json, sys
+ev = [e for e in json.load(open(sys.argv[1])).get("traceEvents", []) if e.get("ph") == "X"]
+def spans(prefix): return [e for e in ev if e.get("name", "").startswith(prefix)]
+out, back, waits = spans("offload "), spans("reload "), spans("wait reload")
+ms = lambda v: sum(e["dur"] for e in v) / 1e3
+print("last step's trace: %d copies out (%.1f ms), %d copies back (%.1f ms), %d waits for a copy back (%.1f ms)" % (len(out), ms(out), len(back), ms(back), len(waits), ms(waits)))
+PY
+      ;;
     d)
       # Shape (d): Moonlight-like DeepSeek-V3 layers (multi-head latent attention, 64 experts of
       # width 1408 top-6 with two shared, the sigmoid router with its expert bias, the first layer

@@ -158,10 +158,13 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "keep the tensors these nodes save for their backward in the host's memory from "
                "the end of a layer's forward until one layer before its backward, copied on "
                "streams of their own beside the compute (less device memory, the same results): "
-               "a comma-separated list of attention, experts, shared-expert, combine, mlp",
+               "a comma-separated list of attention, experts, shared-expert, combine, mlp "
+               "(docs/memory.md)",
                Bound::kAny,
                {},
-               "KINDS"});
+               "KINDS",
+               InFile::kAllowed,
+               "none"});
   s.push_back({"moe-router-force-load-balancing", &o.train.moe_router_force_balance,
                "MoE, for benchmarks only: route each token to k experts round-robin so every "
                "expert (and expert rank) gets the same rows; the router still weights them"});

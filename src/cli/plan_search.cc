@@ -134,7 +134,7 @@ std::string over_line(const SearchRow& r, int64_t limit) {
       schedule::layout_label(r.choice), ": ", r.simulated ? "" : "at least ",
       format_bytes(r.peak_bytes), " on rank ", r.peak_rank, " > ", format_bytes(limit),
       " (weights, gradients and optimizer state ", format_bytes(r.static_bytes));
-  if (!r.simulated) return head + " and one micro-batch's activations)";
+  if (!r.simulated) return head + " and what one micro-batch's activations keep on the device)";
   return detail::concat(head, "; the lowest of its variants: ", variant_label(r.choice), ")");
 }
 

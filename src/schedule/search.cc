@@ -272,6 +272,44 @@ SearchDimension distributed_optimizer_dimension() {
   };
 }
 
+// --offload-activations: off, or every node kind the model has whose saved tensors can wait in
+// host memory (Note [Offload in the plan] in simulator_state.cc); a list the user gives is its
+// one value.
+uint32_t all_offload_kinds(const ModelConfig& m) {
+  uint32_t kinds = 0;
+  for (const OffloadKind& k : offload_kinds()) {
+    try {
+      kinds |= parse_offload_kinds(k.name, m);
+    } catch (const Error&) {  // a kind this model has not
+    }
+  }
+  return kinds;
+}
+
+std::string offload_label(int64_t v) {
+  std::string out;
+  for (const OffloadKind& k : offload_kinds()) {
+    if (offloads(static_cast<uint32_t>(v), k.kind))
+      out += (out.empty() ? "" : ",") + std::string(k.name);
+  }
+  return out.empty() ? "off" : out;
+}
+
+SearchDimension offload_dimension() {
+  return {
+      .option = "offload-activations",
+      .column = "offload",
+      .values =
+          [](const SearchSpace&, const PlanRequest& r) {
+            return Values{0, static_cast<int64_t>(all_offload_kinds(r.inputs.model))};
+          },
+      .check = [](const SearchSpace&, const PlanRequest&, int64_t) -> std::string { return ""; },
+      .apply = [](PlanRequest& r, int64_t v) { r.inputs.offload_kinds = static_cast<uint32_t>(v); },
+      .read = [](const PlanRequest& r) -> int64_t { return r.inputs.offload_kinds; },
+      .label = offload_label,
+  };
+}
+
 struct Enumeration {
   std::vector<std::vector<int64_t>> candidates;
   std::vector<SearchReject> rejects;
@@ -308,8 +346,10 @@ void bound_peak(const PipelineModel& pm, SearchRow& row) {
   for (size_t r = 0; r < pm.ranks.size(); ++r) {
     int64_t act = -1;
     for (const Stage& st : pm.stages) {
-      if (st.rank == static_cast<int32_t>(r) && (act < 0 || st.activation_bytes < act))
-        act = st.activation_bytes;
+      // Offloaded nodes' bytes may all be in host memory then (Note [Offload in the plan]).
+      int64_t held = st.activation_bytes;
+      for (const StageNode& n : st.nodes) held -= n.offloaded ? n.saved_bytes : 0;
+      if (st.rank == static_cast<int32_t>(r) && (act < 0 || held < act)) act = held;
     }
     const int64_t bound = pm.ranks[r].static_bytes() + std::max<int64_t>(act, 0);
     if (bound > row.peak_bytes) {
@@ -420,6 +460,7 @@ const std::vector<SearchDimension>& search_dimensions() {
       microbatches_dimension(),   schedule_dimension(),
       virtual_stages_dimension(), paired_forwards_dimension(),
       recompute_dimension(),      distributed_optimizer_dimension(),
+      offload_dimension(),
   };
   return dims;
 }

@@ -98,7 +98,7 @@ void SimState::bring_back(int32_t rank, const Stage& stage, int32_t mb, int32_t 
 
 double SimState::wait_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t) {
   auto it = offloaded.find({stage.index, mb, layer});
-  if (it == offloaded.end()) return t;
+  if (it == offloaded.end()) return -1;
   bring_back(rank, stage, mb, layer, t);
   const double done = it->second.in_done;
   offloaded.erase(it);
@@ -246,7 +246,9 @@ void HalfRun::node(int32_t k) {
                     sim_.start_time(rank_, Stream::kCompute, ready_));
   } else if (!forward && ends_layer) {
     const double t = sim_.start_time(rank_, Stream::kCompute, ready_);
-    ready_ = std::max(ready_, sim_.wait_back(rank_, stage_, mb, layer, t));
+    if (const double back = sim_.wait_back(rank_, stage_, mb, layer, t); back >= 0) {
+      ready_ = std::max(ready_, back);
+    }
     if (layer > 0) sim_.bring_back(rank_, stage_, mb, layer - 1, t);
   }
   const double start = sim_.start_time(rank_, n.stream, ready_);

@@ -69,7 +69,8 @@ struct SimState {
   std::map<std::tuple<int32_t, int32_t, int32_t>, Offloaded> offloaded;
   void send_out(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
   void bring_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
-  // Brings the layer back at t if not yet; returns when its copy back ends (t if none).
+  // Brings the layer back at t if not yet; returns when its copy back ends (-1: nothing of the
+  // layer is out).
   double wait_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
 
   size_t cell(int32_t stage, int32_t mb) const {

@@ -53,6 +53,10 @@ std::vector<std::string> options_of(const nlohmann::json& row) {
   if (row.at("pair-first-forwards") == "on") args.emplace_back("--pair-first-forwards");
   if (row.at("recompute-experts") == "on") args.emplace_back("--recompute-experts");
   if (row.at("use-distributed-optimizer") == "on") args.emplace_back("--use-distributed-optimizer");
+  if (row.at("offload-activations") != "off") {
+    args.emplace_back("--offload-activations");
+    args.emplace_back(row.at("offload-activations").get<std::string>());
+  }
   return args;
 }
 

@@ -39,14 +39,15 @@ PlanRequest base_request() {
 }
 
 // A candidate by its settings: PP, DP, EP, mbs, M, schedule, V, paired forwards, recompute,
-// the distributed optimizer.
-using Key =
-    std::tuple<int32_t, int64_t, int64_t, int64_t, int32_t, std::string, int32_t, bool, bool, bool>;
+// the distributed optimizer, the offloaded node kinds.
+using Key = std::tuple<int32_t, int64_t, int64_t, int64_t, int32_t, std::string, int32_t, bool,
+                       bool, bool, uint32_t>;
 Key key_of(const PlanRequest& r) {
-  return {r.shape.pipeline_size,         r.inputs.data_parallel_size, r.inputs.expert_parallel_size,
-          r.inputs.micro_batch_size,     r.shape.num_microbatches,    r.schedule_name,
-          r.shape.virtual_stages,        r.shape.pair_first_forwards, r.inputs.recompute_experts,
-          r.inputs.distributed_optimizer};
+  return {
+      r.shape.pipeline_size,          r.inputs.data_parallel_size, r.inputs.expert_parallel_size,
+      r.inputs.micro_batch_size,      r.shape.num_microbatches,    r.schedule_name,
+      r.shape.virtual_stages,         r.shape.pair_first_forwards, r.inputs.recompute_experts,
+      r.inputs.distributed_optimizer, r.inputs.offload_kinds};
 }
 
 struct Planned {
@@ -77,20 +78,23 @@ std::map<Key, Planned> brute_force(const PlanRequest& base) {
             for (bool pair : {false, true}) {
               for (int split : {0, 1}) {
                 for (bool recompute : {false, true}) {
-                  if (split == 1 && dp == 1) continue;  // nothing to split
-                  PlanRequest r = base;
-                  r.inputs.distributed_optimizer = split == 1;
-                  r.schedule_name = std::string(schedule_kind_name(static_cast<ScheduleKind>(k)));
-                  r.shape = {pp, v, mb, pair};
-                  r.inputs.data_parallel_size = dp;
-                  r.inputs.expert_parallel_size = ep;
-                  r.inputs.micro_batch_size = mbs;
-                  r.inputs.recompute_experts = recompute;
-                  try {
-                    const Plan p = make_plan(r);
-                    out[key_of(r)] = {highest_peak(p), planned_tokens_per_s(p).value_or(0)};
-                  } catch (const Error&) {
-                    // not a schedule of this shape, or layers that do not split: no candidate
+                  for (const char* offload : {"", "attention,experts,combine"}) {
+                    if (split == 1 && dp == 1) continue;  // nothing to split
+                    PlanRequest r = base;
+                    r.inputs.offload_kinds = parse_offload_kinds(offload, m);
+                    r.inputs.distributed_optimizer = split == 1;
+                    r.schedule_name = std::string(schedule_kind_name(static_cast<ScheduleKind>(k)));
+                    r.shape = {pp, v, mb, pair};
+                    r.inputs.data_parallel_size = dp;
+                    r.inputs.expert_parallel_size = ep;
+                    r.inputs.micro_batch_size = mbs;
+                    r.inputs.recompute_experts = recompute;
+                    try {
+                      const Plan p = make_plan(r);
+                      out[key_of(r)] = {highest_peak(p), planned_tokens_per_s(p).value_or(0)};
+                    } catch (const Error&) {
+                      // not a schedule of this shape, or layers that do not split: no candidate
+                    }
                   }
                 }
               }
