@@ -68,7 +68,7 @@ for s in $SUITE; do
       for t in test_cuda_memory test_cuda_hf; do
         [ -x $B/$t ] && { timeout 300 $B/$t > /tmp/$t.log 2>&1; echo "$t rc=$?"; }
       done
-      grep -E "^(layer|dense|MoE|Qwen|DeepSeek|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
+      grep -E "^(layer|dense|MoE|Qwen|DeepSeek|offload|[a-z0-9_]+: transformers)" /tmp/test_cuda_*.log | tee "$OUT/tests_figures.txt"
       grep -E "FAILED|PASSED" /tmp/test_cuda_*.log | tail -20
       grep -h -B2 -A12 "Failure$" /tmp/test_cuda_*.log | head -80 ;;
     tok)
