@@ -45,6 +45,24 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "EP, ranks the experts are spread over; divides num-experts", Bound::kPositive});
   s.push_back({"virtual-pipeline-model-parallel-size", &p.virtual_pipeline_model_parallel_size,
                "model chunks per pipeline rank (>= 2 for interleaved-1f1b)", Bound::kPositive});
+  s.push_back({"decoder-first-pipeline-num-layers",
+               &o.train.first_stage_layers,
+               "layers of the first pipeline stage (the first model chunk with virtual stages); "
+               "the stages between the first and the last share the rest evenly, for a layer "
+               "count that does not split evenly (docs/parallel.md)",
+               Bound::kNonNegative,
+               {},
+               "N",
+               InFile::kAllowed,
+               "an even share"});
+  s.push_back({"decoder-last-pipeline-num-layers",
+               &o.train.last_stage_layers,
+               "layers of the last pipeline stage (the last model chunk with virtual stages)",
+               Bound::kNonNegative,
+               {},
+               "N",
+               InFile::kAllowed,
+               "an even share"});
   s.push_back({"schedule", &p.schedule, "pipeline schedule", Bound::kAny, kSchedules});
   s.push_back({"pair-first-forwards", &p.pair_first_forwards,
                "combined-1f1b with one pipeline stage (expert parallelism): run the first two "

@@ -581,6 +581,41 @@ void ModelConfig::validate_moe_options() const {
                " makes every layer dense: give at least one MoE layer, or use --num-experts 0");
 }
 
+std::vector<int64_t> stage_layer_counts(int64_t layers, int64_t stages, int64_t first,
+                                        int64_t last) {
+  const char* kFirst = "--decoder-first-pipeline-num-layers";
+  const char* kLast = "--decoder-last-pipeline-num-layers";
+  TANDEM_CHECK(first >= 0 && last >= 0, first < 0 ? kFirst : kLast, " ", first < 0 ? first : last,
+               " is invalid: give a layer count >= 1, or 0 for an even share");
+  TANDEM_CHECK(stages >= 1 && layers >= stages, "--num-layers ", layers, " is fewer than the ",
+               stages,
+               " pipeline stages (pipeline size x virtual stages): every stage needs a "
+               "layer");
+  if (first == 0 && last == 0) {
+    TANDEM_CHECK(layers % stages == 0, "--num-layers ", layers, " does not divide into ", stages,
+                 " pipeline stages (pipeline size x virtual stages): use a multiple of ", stages,
+                 ", or give the first or last stage its own count with ", kFirst, " / ", kLast);
+    return std::vector<int64_t>(static_cast<size_t>(stages), layers / stages);
+  }
+  TANDEM_CHECK(stages >= 2, first ? kFirst : kLast, " ", first ? first : last,
+               " sets one pipeline stage's layers, but there is one stage: give "
+               "--pipeline-model-parallel-size >= 2 or leave it out");
+  const int64_t fixed = (first > 0) + (last > 0);
+  const int64_t rest = layers - first - last, between = stages - fixed;
+  const std::string given =
+      detail::concat(first ? kFirst : "", first ? " " : "", first ? std::to_string(first) : "",
+                     first && last ? " and " : "", last ? kLast : "", last ? " " : "",
+                     last ? std::to_string(last) : "");
+  TANDEM_CHECK(between == 0 ? rest == 0 : rest >= between && rest % between == 0, given, " leave ",
+               rest, " of --num-layers ", layers, " to ", between, " other stage(s) of ", stages,
+               between == 0 ? ": with two stages the two counts must add up to the layers"
+                            : ": they must share them evenly, at least one layer each");
+  std::vector<int64_t> counts(static_cast<size_t>(stages), between > 0 ? rest / between : 0);
+  if (first > 0) counts.front() = first;
+  if (last > 0) counts.back() = last;
+  return counts;
+}
+
 void TrainConfig::validate(int64_t data_parallel_size) const {
   TANDEM_CHECK(micro_batch_size >= 1, "--micro-batch-size ", micro_batch_size,
                " is invalid: need at least 1");

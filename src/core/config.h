@@ -225,6 +225,11 @@ struct TrainConfig {
   // --recompute-experts: the experts keep only their input rows from forward to backward and
   // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).
   bool recompute_experts = false;
+  // --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers (Megatron-LM's
+  // names): the layers of the first and of the last pipeline stage (0: an even share); the other
+  // stages share the rest evenly (stage_layer_counts below).
+  int64_t first_stage_layers = 0;
+  int64_t last_stage_layers = 0;
   // --offload-activations: the node kinds whose saved tensors wait in host memory between a
   // layer's forward and its backward, comma-separated (Note [Activation offload] in
   // runtime/activation_offload.h; parse_offload_kinds in core/footprint.h); empty: none.
@@ -265,6 +270,17 @@ struct TrainConfig {
   }
   void validate(int64_t data_parallel_size = 1) const;
 };
+
+// Note [Uneven stages]: the layers of each of `stages` pipeline stages (the schedule's stages,
+// pipeline size x virtual stages, in stage order), for the trainer and the planner alike. With
+// first and last 0, layers / stages each (they must divide). A nonzero `first` gives stage 0
+// that many, a nonzero `last` the last stage that many, and the stages between share the rest
+// evenly (they must divide it; with two stages and both given, first + last must be the layers).
+// Every stage holds at least one layer. Throws tandem::Error naming the options and what is
+// valid. A model whose layer count has no even split over the stages (DeepSeek-V3's 61) trains
+// on a pipeline this way, as with Megatron-LM's options of the same names.
+std::vector<int64_t> stage_layer_counts(int64_t layers, int64_t stages, int64_t first = 0,
+                                        int64_t last = 0);
 
 struct ParallelConfig {
   int64_t pipeline_model_parallel_size = 1;

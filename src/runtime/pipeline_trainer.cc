@@ -20,14 +20,15 @@ using schedule::Action;
 using schedule::ActionKind;
 
 model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_stages,
-                            const comm::ParallelLayout& layout, int rank) {
-  TANDEM_CHECK(m.num_layers % num_stages == 0, "--num-layers ", m.num_layers,
-               " does not divide into ", num_stages,
-               " pipeline stages (pipeline size x virtual stages): use a multiple of ", num_stages);
-  const int64_t per = m.num_layers / num_stages;
+                            const comm::ParallelLayout& layout, int rank, int64_t first_layers,
+                            int64_t last_layers) {
+  // Note [Uneven stages] in core/config.h: the planner splits the layers the same way.
+  const std::vector<int64_t> counts =
+      stage_layer_counts(m.num_layers, num_stages, first_layers, last_layers);
   model::ChunkSpec s;
-  s.layer_begin = stage * per;
-  s.layer_end = s.layer_begin + per;
+  s.layer_begin = 0;
+  for (int32_t i = 0; i < stage; ++i) s.layer_begin += counts[static_cast<size_t>(i)];
+  s.layer_end = s.layer_begin + counts[static_cast<size_t>(stage)];
   s.has_embed = stage == 0;
   s.has_head = stage == num_stages - 1;
   if (m.is_moe()) {
@@ -78,7 +79,10 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     StageRuntime st;
     st.stage = s;
     st.params = std::make_unique<model::Parameters>(
-        model_, stage_spec(model_, s, sched.num_stages, L, groups.rank), dtype, train_.device);
+        model_,
+        stage_spec(model_, s, sched.num_stages, L, groups.rank, train_.first_stage_layers,
+                   train_.last_stage_layers),
+        dtype, train_.device);
     st.params->initialize(train_.seed);
     st.chunk = std::make_unique<model::ModelChunk>(*st.params);
     if (train_.use_distributed_optimizer) {  // Note [Distributed optimizer]

@@ -38,9 +38,11 @@
 
 namespace tandem::runtime {
 
-// Which part of the model a pipeline stage holds; throws when the layers do not divide evenly.
+// Which part of the model a pipeline stage holds: its layers by stage_layer_counts (core/config.h,
+// with TrainConfig's first and last stage counts); throws when they do not split.
 model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_stages,
-                            const comm::ParallelLayout& layout, int rank);
+                            const comm::ParallelLayout& layout, int rank, int64_t first_layers = 0,
+                            int64_t last_layers = 0);
 
 // What PipelineTrainer::evaluate measured: the mean over its batches of each batch's losses,
 // which are the global batch's means over micro-batches as a step's are (StepResult).

@@ -124,10 +124,9 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
                " is fewer than the schedule's ", sch.num_stages, " stages (", sch.num_ranks,
                " ranks x ", sch.num_stages / std::max(sch.num_ranks, 1),
                " stages each): every stage needs at least one layer");
-  // The same split as the pipeline trainer (runtime/pipeline_trainer.cc), so plan and run agree.
-  TANDEM_CHECK(cfg.num_layers % sch.num_stages == 0, "--num-layers ", cfg.num_layers,
-               " does not divide into the schedule's ", sch.num_stages,
-               " stages: use a multiple of ", sch.num_stages);
+  // The same split as the pipeline trainer (Note [Uneven stages] in core/config.h).
+  (void)stage_layer_counts(cfg.num_layers, sch.num_stages, in.first_stage_layers,
+                           in.last_stage_layers);
   check_routing(sch, in);
   // Note [Node times at another shape] (node_scaling.cc).
   if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.measured_at) {
@@ -352,10 +351,11 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
             : kFp32 / in.cost.device.memory_bytes_per_s + (in.defer_optimizer ? 0.0 : update);
   }
   const int32_t stages = sch.num_stages;
-  const auto layers = static_cast<int32_t>(in.model.num_layers);
+  const std::vector<int64_t> counts =
+      stage_layer_counts(in.model.num_layers, stages, in.first_stage_layers, in.last_stage_layers);
   int32_t next_layer = 0;
   for (int32_t st = 0; st < stages; ++st) {
-    const int32_t count = layers / stages;
+    const auto count = static_cast<int32_t>(counts[static_cast<size_t>(st)]);
     pm.stages.push_back(build_stage(st, stages, next_layer, count, in, pm.shape));
     pm.stages.back().rank = sch.stage_rank[st];
     next_layer += count;

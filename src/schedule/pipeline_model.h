@@ -136,6 +136,10 @@ struct PlanInputs {
   // LM head, and a bf16 copy of every weight besides the f32 masters.
   bool gpu = false;
   bool recompute_experts = false;  // TrainConfig::recompute_experts
+  // TrainConfig::first_stage_layers / last_stage_layers (Note [Uneven stages] in
+  // core/config.h); 0: an even share.
+  int64_t first_stage_layers = 0;
+  int64_t last_stage_layers = 0;
   // TrainConfig::offload_activations as parse_offload_kinds' bits (core/footprint.h); 0: none.
   uint32_t offload_kinds = 0;
   CostModel cost;
@@ -179,8 +183,8 @@ struct PipelineModel {
 // tandem::Error naming it when it is not a multiple of the expert-parallel size.
 int64_t resolved_data_parallel_size(const PlanInputs& in);
 
-// Layers split evenly over stages, L / S each (as the pipeline trainer does). Throws
-// tandem::Error if S does not divide L or EP does not divide the experts.
+// Layers split over stages by stage_layer_counts (core/config.h), as the pipeline trainer splits
+// them. Throws tandem::Error if they do not split or EP does not divide the experts.
 PipelineModel build_pipeline_model(const Schedule& schedule, const PlanInputs& in);
 
 // Note [Distributed optimizer in the plan]: the weights of a stage whose Adam moments one rank

@@ -63,6 +63,18 @@ std::string unsupported(const PlanRequest& r, const ScheduleShape& shape) {
   return "";
 }
 
+// Whether the request's layers split into `stages` stages (Note [Uneven stages] in
+// core/config.h: evenly, or as its first and last stage counts ask).
+bool layers_split(const PlanRequest& r, int64_t stages) {
+  try {
+    (void)stage_layer_counts(num_layers(r), stages, r.inputs.first_stage_layers,
+                             r.inputs.last_stage_layers);
+  } catch (const Error&) {
+    return false;
+  }
+  return true;
+}
+
 SearchDimension pipeline_dimension() {
   return {
       .option = "pipeline-model-parallel-size",
@@ -72,9 +84,13 @@ SearchDimension pipeline_dimension() {
       .check = [](const SearchSpace& s, const PlanRequest& r, int64_t pp) -> std::string {
         if (pp < 1 || s.world_size % pp != 0)
           return detail::concat("not a divisor of the ", s.world_size, " ranks");
-        if (num_layers(r) % pp != 0)
-          return detail::concat("the ", num_layers(r),
-                                " layers do not split evenly into that many stages");
+        if (!layers_split(r, pp)) {
+          return detail::concat("the ", num_layers(r), " layers do not split ",
+                                r.inputs.first_stage_layers || r.inputs.last_stage_layers
+                                    ? "as the first and last stage counts ask"
+                                    : "evenly",
+                                " into that many stages");
+        }
         return "";
       },
       .apply = [](PlanRequest& r, int64_t pp) { r.shape.pipeline_size = static_cast<int32_t>(pp); },
@@ -203,8 +219,8 @@ SearchDimension virtual_stages_dimension() {
             return Values{1, 2, 3, 4};
           },
       .check = [](const SearchSpace&, const PlanRequest& r, int64_t v) -> std::string {
-        if (v < 1 || num_layers(r) % (r.shape.pipeline_size * v) != 0)
-          return detail::concat("PP x V does not divide the ", num_layers(r), " layers");
+        if (v < 1 || !layers_split(r, r.shape.pipeline_size * v))
+          return detail::concat("the ", num_layers(r), " layers do not split into PP x V stages");
         ScheduleShape shape = r.shape;
         shape.virtual_stages = static_cast<int32_t>(v);
         return unsupported(r, shape);

@@ -64,3 +64,37 @@ TEST(Footprint, DenseLayerHasNoRoutingState) {
 
 }  // namespace
 }  // namespace tandem
+
+namespace tandem {
+namespace {
+
+// Note [Uneven stages]: even by default; a first or last count of its own with the rest shared
+// evenly; and each way it cannot split refused, naming the options.
+TEST(StageLayerCounts, EvenOrFirstAndLastOfTheirOwn) {
+  using V = std::vector<int64_t>;
+  EXPECT_EQ(stage_layer_counts(8, 4), (V{2, 2, 2, 2}));
+  EXPECT_EQ(stage_layer_counts(61, 4, 16), (V{16, 15, 15, 15}));
+  EXPECT_EQ(stage_layer_counts(61, 8, 0, 5), (V{8, 8, 8, 8, 8, 8, 8, 5}));
+  EXPECT_EQ(stage_layer_counts(61, 4, 1, 0), (V{1, 20, 20, 20}));
+  EXPECT_EQ(stage_layer_counts(61, 5, 13, 12), (V{13, 12, 12, 12, 12}));
+  EXPECT_EQ(stage_layer_counts(7, 2, 3, 4), (V{3, 4}));
+  auto refused = [](int64_t layers, int64_t stages, int64_t first, int64_t last,
+                    const std::string& says) {
+    try {
+      stage_layer_counts(layers, stages, first, last);
+      ADD_FAILURE() << layers << " layers, " << stages << " stages, " << first << ", " << last;
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(says), std::string::npos) << e.what();
+    }
+  };
+  refused(61, 4, 0, 0, "--decoder-first-pipeline-num-layers");  // the hint
+  refused(61, 4, 2, 0, "leave 59 of --num-layers 61 to 3 other stage(s)");
+  refused(7, 2, 3, 3, "add up to the layers");
+  refused(8, 1, 2, 0, "there is one stage");
+  refused(8, 4, 6, 1, "at least one layer each");
+  refused(3, 4, 0, 0, "every stage needs a layer");
+  refused(8, 2, -1, 0, "--decoder-first-pipeline-num-layers -1 is invalid");
+}
+
+}  // namespace
+}  // namespace tandem

@@ -92,6 +92,7 @@ struct Case {
   int pp, ep, v;
   schedule::ScheduleKind kind;
   bool pair_first_forwards = false;
+  int64_t first = 0, last = 0;  // Note [Uneven stages]: the first and last stage's layers
 };
 
 // Runs one case on every rank; returns false (and says why) when the schedule does not support
@@ -102,6 +103,8 @@ bool run_case(const Case& c, int dp) {
   t.micro_batch_size = 1;
   const int32_t mb_per_rank = 4 * c.pp;
   t.global_batch_size = mb_per_rank * dp;
+  t.first_stage_layers = c.first;
+  t.last_stage_layers = c.last;
   const std::optional<schedule::Schedule> sched =
       testing::layout_schedule({c.pp, c.ep, c.v, c.kind, c.pair_first_forwards}, mb_per_rank);
   if (!sched) return false;
@@ -119,7 +122,8 @@ bool run_case(const Case& c, int dp) {
   std::ostringstream what;
   what << model_name(c.model) << " " << schedule::schedule_kind_name(c.kind) << " pp" << c.pp
        << " ep" << c.ep << " dp" << dp << " v" << c.v
-       << (c.pair_first_forwards ? " paired first forwards" : "") << " on rank " << g_world->rank();
+       << (c.pair_first_forwards ? " paired first forwards" : "") << " layers first " << c.first
+       << " last " << c.last << " on rank " << g_world->rank();
   const bool exact = c.ep == 1 && dp == 1;
   EXPECT_NEAR(got.loss, want.loss, 1e-12 * std::abs(want.loss)) << what.str();
   if (exact) {
@@ -251,6 +255,28 @@ void run_overlap_against_end(bool moe) {
 TEST(Equivalence, GradientsReducedBesideTheBackwardAreThoseReducedAtTheEnd) {
   run_overlap_against_end(false);
   run_overlap_against_end(true);
+}
+
+// Note [Uneven stages]: a first or last stage of its own layer count, the rest shared evenly,
+// on DeepSeek-V3's model (its first layer dense): loss and every gradient the one rank's, bitwise
+// without expert or data parallelism.
+TEST(Equivalence, UnevenStagesAreTheOneRank) {
+  using schedule::ScheduleKind;
+  const int world = g_world->size();
+  std::vector<std::pair<Case, int>> cases;  // (case, dp)
+  if (world == 2) {
+    cases.push_back({{Model::kDeepseekV3, 2, 1, 1, ScheduleKind::k1f1b, false, 3, 0}, 1});
+    cases.push_back({{Model::kDeepseekV3, 2, 1, 1, ScheduleKind::kZbH1, false, 0, 2}, 1});
+    cases.push_back({{Model::kDeepseekV3, 2, 1, 2, ScheduleKind::kDualPipeV, false, 1, 1}, 1});
+  } else if (world == 4) {
+    cases.push_back({{Model::kDeepseekV3, 4, 1, 1, ScheduleKind::k1f1b, false, 1, 1}, 1});
+    cases.push_back({{Model::kDeepseekV3, 2, 2, 1, ScheduleKind::kCombined1f1b, false, 1, 0}, 2});
+  } else if (world == 8) {
+    cases.push_back({{Model::kDeepseekV3, 4, 1, 1, ScheduleKind::k1f1b, false, 1, 3}, 2});
+  } else {
+    GTEST_SKIP() << "uneven stages need a pipeline: 2, 4 or 8 ranks";
+  }
+  for (const auto& [c, dp] : cases) EXPECT_TRUE(run_case(c, dp));
 }
 
 TEST(Equivalence, DenseEverySchedule) { run_matrix(Model::kDense); }

@@ -88,7 +88,7 @@ void expect_plan_reads_the_weights_nodes_read(const schedule::Plan& plan,
 // host bytes' peak is the plan's too, and the loss and every gradient are bitwise those of the
 // same step without offload.
 Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recompute = false,
-                     const std::string& offload = {}) {
+                     const std::string& offload = {}, int64_t first_layers = 0) {
   Checked checked;
   for (const char* name :
        {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "combined-1f1b", "dualpipev"}) {
@@ -98,6 +98,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       t.global_batch_size = 4 * pp * dp;
       t.recompute_experts = recompute;
       t.offload_activations = offload;
+      t.first_stage_layers = first_layers;
       schedule::PlanRequest req;
       req.schedule_name = name;
       req.shape = {pp, v, static_cast<int32_t>(4 * pp), pair};
@@ -106,6 +107,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       req.inputs.expert_parallel_size = ep;
       req.inputs.recompute_experts = recompute;
       req.inputs.offload_kinds = parse_offload_kinds(offload, m);
+      req.inputs.first_stage_layers = first_layers;
       req.inputs.cost.kind = schedule::CostModelKind::kUniform;
       schedule::Plan plan;
       try {
@@ -211,6 +213,15 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithOffload) {
     checked += check_layout(m, 1, g_world->size(), 2, false, "experts,combine").schedules;
   }
   EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
+}
+
+// Note [Uneven stages]: the first stage one layer, the others the rest evenly (where that
+// splits), for every schedule on every pipeline size of this world.
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithUnevenStages) {
+  if (g_world->size() < 2) GTEST_SKIP() << "uneven stages need a pipeline";
+  const ModelConfig m = truth_model();
+  const int checked = check_layout(m, g_world->size(), 1, 1, false, {}, 1).schedules;
+  EXPECT_GE(checked, 3);
 }
 
 // DeepSeek-V3's model (multi-head latent attention with its latents, values of their own width,

@@ -497,7 +497,7 @@ TEST(Simulator, PlanInputErrorsNameTheOption) {
             std::string::npos);
   EXPECT_NE(error_of([](PlanRequest& r) {
               r.inputs.model.num_layers = 6;
-            }).find("--num-layers 6 does not divide into the schedule's 4 stages"),
+            }).find("--num-layers 6 does not divide into 4 pipeline stages"),
             std::string::npos);
   EXPECT_NE(error_of([](PlanRequest& r) {
               r.inputs.expert_parallel_size = 3;
