@@ -169,7 +169,9 @@ void gather_comm_seconds(IterationRecord& rec, runtime::PipelineTrainer& trainer
 }
 
 // Every rank's memory into the record.
-void gather_memory(IterationRecord& rec, const runtime::StepResult& r, comm::Communicator& world) {
+// offload: the run offloads activations (its host peak goes into the record too).
+void gather_memory(IterationRecord& rec, const runtime::StepResult& r, comm::Communicator& world,
+                   bool offload) {
   constexpr int kFields = 4;
   Tensor mine = Tensor::empty({kFields}, DType::kI64, MemCategory::kOther, "mem");
   mine.data<int64_t>()[0] = r.memory.total_in_use;
@@ -178,7 +180,6 @@ void gather_memory(IterationRecord& rec, const runtime::StepResult& r, comm::Com
   mine.data<int64_t>()[3] = r.offload_host_peak;
   Tensor all = Tensor::empty({kFields * world.size()}, DType::kI64, MemCategory::kOther, "mem.all");
   world.all_gather(all, mine);
-  const bool offload = !rec.offload_host_peak_bytes.empty();  // set by gather_record
   rec.mem_in_use_bytes.clear();
   rec.mem_peak_bytes.clear();
   rec.activation_peak_bytes.clear();
@@ -229,8 +230,7 @@ IterationRecord gather_record(const RunOptions& o, const runtime::StepResult& r,
   IterationRecord rec = to_record(r);
   gather_comm_seconds(rec, trainer, world);
   expert_rows_spread(rec, trainer);
-  if (!o.train.offload_activations.empty()) rec.offload_host_peak_bytes = {r.offload_host_peak};
-  gather_memory(rec, r, world);
+  gather_memory(rec, r, world, !o.train.offload_activations.empty());
   if (const auto& moved = trainer.last_rebalance()) {
     rec.note = rebalance_note(*moved, o.model.num_layers);
   }

@@ -19,12 +19,27 @@ const std::vector<OffloadKind>& offload_kinds() {
   return kinds;
 }
 
+const char* offload_kind_absent(NodeKind kind, const ModelConfig& cfg) {
+  switch (kind) {
+    case NodeKind::kExperts:
+    case NodeKind::kCombine:
+      return cfg.is_moe() ? nullptr : "--num-experts 0";
+    case NodeKind::kSharedExpert:
+      return cfg.has_shared_expert() ? nullptr : "no --moe-shared-expert-intermediate-size";
+    case NodeKind::kMlp:
+      for (int64_t l = 0; l < cfg.num_layers; ++l) {
+        if (!cfg.is_moe_layer(l)) return nullptr;
+      }
+      return "every layer is a MoE layer";
+    default:
+      return nullptr;
+  }
+}
+
 uint32_t parse_offload_kinds(std::string_view text, const ModelConfig& cfg) {
   std::string valid;
   for (const OffloadKind& k : offload_kinds())
     valid += std::string(valid.empty() ? "" : ", ") + k.name;
-  bool dense = false;
-  for (int64_t l = 0; l < cfg.num_layers; ++l) dense = dense || !cfg.is_moe_layer(l);
   uint32_t kinds = 0;
   size_t begin = 0;
   while (begin <= text.size() && !text.empty()) {
@@ -38,18 +53,9 @@ uint32_t parse_offload_kinds(std::string_view text, const ModelConfig& cfg) {
                  "' is not a node whose activations can be offloaded; give a comma-separated "
                  "list of ",
                  valid);
-    const bool present = found->kind == NodeKind::kExperts || found->kind == NodeKind::kCombine
-                             ? cfg.is_moe()
-                         : found->kind == NodeKind::kSharedExpert ? cfg.has_shared_expert()
-                         : found->kind == NodeKind::kMlp          ? dense
-                                                                  : true;
-    TANDEM_CHECK(
-        present, "--offload-activations ", text, ": this model has no ", name, " node (",
-        found->kind == NodeKind::kMlp ? "every layer is a MoE layer" : "",
-        found->kind == NodeKind::kSharedExpert ? "no --moe-shared-expert-intermediate-size" : "",
-        found->kind == NodeKind::kExperts || found->kind == NodeKind::kCombine ? "--num-experts 0"
-                                                                               : "",
-        "), so nothing would be offloaded");
+    const char* absent = offload_kind_absent(found->kind, cfg);
+    TANDEM_CHECK(absent == nullptr, "--offload-activations ", text, ": this model has no ", name,
+                 " node (", absent, "), so nothing would be offloaded");
     kinds |= 1u << static_cast<unsigned>(found->kind);
     begin = end + 1;
   }

@@ -38,6 +38,8 @@ const std::vector<OffloadKind>& offload_kinds();
 // have (experts without experts, mlp without a dense layer, shared-expert without a shared
 // expert): offloading nothing there would leave the memory the user asked to save.
 uint32_t parse_offload_kinds(std::string_view text, const ModelConfig& cfg);
+// Why `cfg` has no node of that offloadable kind ("--num-experts 0", ...); null when it has one.
+const char* offload_kind_absent(NodeKind kind, const ModelConfig& cfg);
 inline bool offloads(uint32_t kinds, NodeKind kind) {
   return (kinds & (1u << static_cast<unsigned>(kind))) != 0;
 }

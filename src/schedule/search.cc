@@ -294,10 +294,7 @@ SearchDimension distributed_optimizer_dimension() {
 uint32_t all_offload_kinds(const ModelConfig& m) {
   uint32_t kinds = 0;
   for (const OffloadKind& k : offload_kinds()) {
-    try {
-      kinds |= parse_offload_kinds(k.name, m);
-    } catch (const Error&) {  // a kind this model has not
-    }
+    if (offload_kind_absent(k.kind, m) == nullptr) kinds |= 1u << static_cast<unsigned>(k.kind);
   }
   return kinds;
 }

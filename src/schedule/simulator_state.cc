@@ -56,23 +56,24 @@ void SimState::update(int32_t rank, int32_t stage, int64_t upto, Span proto) {
 // (device bytes again, host bytes gone) when the backward of the layer above begins (the loss
 // node's, for the stage's top layer), their copy on the copy-in engine once that engine is free
 // and the copy out has ended; the layer's first backward node starts after that copy.
-namespace {
-int64_t offloaded_bytes(const Stage& stage, int32_t layer, int32_t mb) {
+
+// The saved bytes of the layer's offloaded nodes leaving (sign -1) or coming back (+1) to the
+// device at t, node by node; returns their sum.
+int64_t SimState::move_offloaded(int32_t rank, const Stage& stage, int32_t mb, int32_t layer,
+                                 double t, int sign) {
   int64_t bytes = 0;
   for (int32_t k = stage.layer_node[layer]; k < stage.layer_node[layer + 1]; ++k) {
-    if (stage.nodes[k].offloaded) bytes += stage.nodes[k].saved(mb);
+    const StageNode& n = stage.nodes[k];
+    if (!n.offloaded) continue;
+    memory(rank, t, sign * n.saved(mb), MemKind::kActivation, n.kind);
+    bytes += n.saved(mb);
   }
   return bytes;
 }
-}  // namespace
 
 void SimState::send_out(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t) {
-  const int64_t bytes = offloaded_bytes(stage, layer, mb);
+  const int64_t bytes = move_offloaded(rank, stage, mb, layer, t, -1);
   if (bytes == 0) return;
-  for (int32_t k = stage.layer_node[layer]; k < stage.layer_node[layer + 1]; ++k) {
-    const StageNode& n = stage.nodes[k];
-    if (n.offloaded) memory(rank, t, -n.saved(mb), MemKind::kActivation, n.kind);
-  }
   RankState& st = ranks[rank];
   st.host.emplace_back(t, bytes);
   double& engine = st.copy_free[0];
@@ -83,11 +84,7 @@ void SimState::send_out(int32_t rank, const Stage& stage, int32_t mb, int32_t la
 void SimState::bring_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t) {
   auto it = offloaded.find({stage.index, mb, layer});
   if (it == offloaded.end() || it->second.in_done >= 0) return;
-  const int64_t bytes = offloaded_bytes(stage, layer, mb);
-  for (int32_t k = stage.layer_node[layer]; k < stage.layer_node[layer + 1]; ++k) {
-    const StageNode& n = stage.nodes[k];
-    if (n.offloaded) memory(rank, t, n.saved(mb), MemKind::kActivation, n.kind);
-  }
+  const int64_t bytes = move_offloaded(rank, stage, mb, layer, t, +1);
   RankState& st = ranks[rank];
   st.host.emplace_back(t, -bytes);
   double& engine = st.copy_free[1];

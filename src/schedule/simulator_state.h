@@ -67,6 +67,8 @@ struct SimState {
     double out_done = 0, in_done = -1;
   };
   std::map<std::tuple<int32_t, int32_t, int32_t>, Offloaded> offloaded;
+  int64_t move_offloaded(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t,
+                         int sign);
   void send_out(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
   void bring_back(int32_t rank, const Stage& stage, int32_t mb, int32_t layer, double t);
   // Brings the layer back at t if not yet; returns when its copy back ends (-1: nothing of the
