@@ -635,17 +635,22 @@ void router_counts(const Tensor& counts, const Tensor& topk_idx) {
   launch_counts(counts.data<int32_t>(), topk_idx.data<int32_t>(), topk_idx.numel(), e);
 }
 
-// The chunks' column sums added up in a fixed order and weighted by the counts, in one thread:
-// the host loop that did this before, operation for operation with no fused multiply-add, so
-// the value is the same bit for bit. nk = n * k.
-__global__ void aux_loss_sum_kernel(double* out, const double* partial, const int32_t* counts,
-                                    int64_t e, int64_t chunks, double nd, double nk) {
-  double s = 0;
-  for (int64_t c = 0; c < e; ++c) {
+// The chunks' column sums added up in a fixed order and weighted by the counts: thread c of
+// one block forms column c's term (its chunks added in order), and thread 0 adds the terms in
+// column order: the host loop that did this before, operation for operation with no fused
+// multiply-add, so the value is the same bit for bit. nk = n * k; `terms` holds e doubles.
+__global__ void __launch_bounds__(kThreads)
+    aux_loss_sum_kernel(double* out, double* terms, const double* partial, const int32_t* counts,
+                        int64_t e, int64_t chunks, double nd, double nk) {
+  for (int64_t c = threadIdx.x; c < e; c += blockDim.x) {
     double col = 0;
     for (int64_t b = 0; b < chunks; ++b) col = __dadd_rn(col, partial[b * e + c]);
-    s = __dadd_rn(s, __dmul_rn(__ddiv_rn(static_cast<double>(counts[c]), nk), __ddiv_rn(col, nd)));
+    terms[c] = __dmul_rn(__ddiv_rn(static_cast<double>(counts[c]), nk), __ddiv_rn(col, nd));
   }
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  double s = 0;
+  for (int64_t c = 0; c < e; ++c) s = __dadd_rn(s, terms[c]);
   *out = s;
 }
 
@@ -666,6 +671,7 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
   const int64_t chunks = (n + chunk_rows - 1) / chunk_rows;
   Scratch scratch(op);
   double* partial = scratch.take<double>(chunks * e);
+  double* terms = scratch.take<double>(e);
   column_sums_kernel<<<dim3(static_cast<unsigned>((e + 31) / 32), static_cast<unsigned>(chunks)),
                        dim3(32, 8), 0, stream()>>>(partial, probs.data<float>(), n,
                                                    static_cast<int>(e), chunk_rows);
@@ -673,8 +679,9 @@ PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, i
   const Tensor sum =
       Tensor::empty({1}, DType::kF64, MemCategory::kOther, "router_aux_loss.sum", Device::kCUDA);
   const double nd = static_cast<double>(n);
-  aux_loss_sum_kernel<<<1, 1, 0, stream()>>>(sum.data<double>(), partial, counts.data<int32_t>(), e,
-                                             chunks, nd, nd * static_cast<double>(k));
+  aux_loss_sum_kernel<<<1, kThreads, 0, stream()>>>(sum.data<double>(), terms, partial,
+                                                    counts.data<int32_t>(), e, chunks, nd,
+                                                    nd * static_cast<double>(k));
   TANDEM_CUDA_CHECK_LAUNCH();
   return PendingScalar(HostRead(sum), coeff * static_cast<double>(e));
 }
