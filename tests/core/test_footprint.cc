@@ -1,5 +1,5 @@
 // Node workspace and the fused LM head's blocks (core/footprint.h). Oracles: the block rule
-// worked out by hand (384 MiB of bf16 logits, at most 8192 rows, blocks as even as possible) and
+// worked out by hand (1.25 GiB of bf16 logits, at most 8192 rows, blocks as even as possible) and
 // the work tensors of src/model/*.cc summed by hand for one shape.
 #include <gtest/gtest.h>
 
@@ -11,13 +11,16 @@ namespace {
 constexpr int64_t kMiB = int64_t{1} << 20;
 
 TEST(LmHeadBlocks, RowsFollowTheBudget) {
-  // 384 MiB / (50304 * 2) = 4002 rows at most: 8192 rows need 3 blocks of 2731, 32768 rows 9
-  // blocks of 3641.
-  EXPECT_EQ(lm_head_block_rows(8192, 50304), 2731);
-  EXPECT_EQ(lm_head_block_rows(32768, 50304), 3641);
-  // 384 MiB / (32000 * 2) = 6291 rows at most: 4096 rows in one block, 8192 in 2 of 4096.
-  EXPECT_EQ(lm_head_block_rows(4096, 32000), 4096);
-  EXPECT_EQ(lm_head_block_rows(8192, 32000), 4096);
+  // 1280 MiB / (50304 * 2) = 13340 rows, so the row cap of 8192 decides: 8192 rows in one
+  // block, 32768 in 4 blocks of 8192, 10000 in 2 of 5000.
+  EXPECT_EQ(lm_head_block_rows(8192, 50304), 8192);
+  EXPECT_EQ(lm_head_block_rows(32768, 50304), 8192);
+  EXPECT_EQ(lm_head_block_rows(10000, 50304), 5000);
+  // 1280 MiB / (151936 * 2) = 4416 rows at most (Qwen3's vocabulary): 4096 rows in one block,
+  // 8192 in 2 of 4096, 5000 in 2 of 2500.
+  EXPECT_EQ(lm_head_block_rows(4096, 151936), 4096);
+  EXPECT_EQ(lm_head_block_rows(8192, 151936), 4096);
+  EXPECT_EQ(lm_head_block_rows(5000, 151936), 2500);
   // A small vocabulary hits the row cap: 100000 rows in 13 blocks of 7693.
   EXPECT_EQ(lm_head_block_rows(100000, 8), 7693);
   EXPECT_EQ(lm_head_block_rows(100, 32000), 100);  // one block

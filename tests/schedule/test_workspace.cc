@@ -102,7 +102,7 @@ TEST(Workspace, GpuPeakAddsTemporariesAndLeavesActivationsExact) {
 TEST(Workspace, LastRankOf1f1bPeaksInTheLossForward) {
   // 1f1b's last rank holds one micro-batch, all of it at the end of the loss forward (its peak
   // without workspace), when the loss's bf16 logits block is live too: 4096 rows of V = 32000 go
-  // in one block (384 MiB budget: 6291 rows at most).
+  // in one block (1.25 GiB budget: 20971 rows, at most 8192).
   const WithAndWithout b = simulate_both(measured_request("1f1b", true));
   const int64_t block = int64_t{4096} * 32000 * 2;
   EXPECT_GE(b.with.ranks[1].peak_bytes - b.without.ranks[1].peak_bytes, block);
