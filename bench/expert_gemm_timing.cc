@@ -2,11 +2,14 @@
 // H) with CUDA events, the way the experts node runs them and the ways it could: one product per
 // expert in order on one stream; one per expert on lanes (Note [Lanes] in src/ops/ops.h, what
 // the node does); on lanes with each lane given about the same rows, an expert's rows cut where
-// a lane fills up; one cuBLAS grouped call for all experts (cublasGemmGroupedBatchedEx); and one
-// product over every row with a single expert's weights (the rate of one large product: an
-// upper bound). Rows per expert even (EP2's 4 experts or one GPU's 8 at 1,024 rows) and uneven
-// (a busier rank's). Each variant's output is checked against the in-order products.
-// Standalone (no Google Benchmark): `expert_gemm_timing [iterations]`.
+// a lane fills up; one cuBLAS grouped call for all experts (cublasGemmGroupedBatchedEx); one
+// batched call (cublasGemmBatchedEx) of n rows an expert, for n the largest count (reading past
+// an expert's rows, into padding), the mean, the smallest and the smallest rounded down to 64
+// and 32 (timing only); the grouped op as the experts node calls it (Note [Batched bulk of the
+// experts' products]); and one product over every row with a single expert's weights (the rate
+// of one large product: an upper bound). Rows per expert even (EP2's 4 experts or one GPU's 8 at
+// 1,024 rows) and uneven (a busier rank's). Each variant's output is checked against the in-order
+// products. Standalone (no Google Benchmark): `expert_gemm_timing [iterations]`.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -222,6 +225,59 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   report("cuBLAS grouped", grouped, max_rel_diff(grouped_y, ref));
   TANDEM_CUDA_CHECK(cudaFree(ptrs));
 
+  // Batched (one shape for every expert, cublasGemmBatchedEx): n rows each, read from the
+  // expert's first row on (past its rows into the next expert's: the extra output rows are
+  // padding in an output of experts x n rows); n the largest count (every row covered) and the
+  // mean (an upper bound). Timing only.
+  int64_t least = rows[0];
+  for (int64_t r : rows) least = std::min(least, r);
+  for (const int64_t variant :
+       {int64_t{-1}, int64_t{-2}, least, least / 64 * 64, least / 32 * 32}) {
+    const bool pad_to_max = variant == -1;
+    int64_t nb = 0;
+    for (int64_t r : rows) nb = pad_to_max ? std::max(nb, r) : nb + r;
+    if (variant == -2) nb /= experts;
+    if (variant >= 0) nb = variant;
+    if (nb <= 0) continue;
+    const Tensor xp = random_gpu({total + nb, in}, 2);
+    const Tensor yp = Tensor::zeros({experts * nb, out_dim}, DType::kBF16, MemCategory::kOther,
+                                    "yp", Device::kCUDA);
+    std::vector<const void*> bp;
+    for (size_t e = 0; e < count; ++e) bp.push_back(a_host[e]);
+    for (size_t e = 0; e < count; ++e) bp.push_back(xp.narrow_rows(begin[e], nb).raw_data());
+    for (size_t e = 0; e < count; ++e)
+      bp.push_back(yp.narrow_rows(static_cast<int64_t>(e) * nb, nb).raw_data());
+    void** bptrs = nullptr;
+    TANDEM_CUDA_CHECK(cudaMalloc(&bptrs, 3 * count * sizeof(void*)));
+    TANDEM_CUDA_CHECK(
+        cudaMemcpy(bptrs, bp.data(), bp.size() * sizeof(void*), cudaMemcpyHostToDevice));
+    const float one_f = 1.0f, zero_f = 0.0f;
+    const double batched = time_ms(
+        iters,
+        [&] {
+          CUBLAS_OK(cublasGemmBatchedEx(
+              blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out_dim), int(nb), int(in), &one_f,
+              reinterpret_cast<const void* const*>(bptrs), CUDA_R_16BF, int(in),
+              reinterpret_cast<const void* const*>(bptrs + count), CUDA_R_16BF, int(in), &zero_f,
+              bptrs + 2 * count, CUDA_R_16BF, int(out_dim), int(experts), CUBLAS_COMPUTE_32F,
+              CUBLAS_GEMM_DEFAULT));
+        },
+        kWarmup);
+    // Its own rate: experts x n rows in the time, padding or not.
+    std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  (experts x %lld rows)\n",
+                ("batched, n = " + std::to_string(nb)).c_str(), batched,
+                2.0 * double(experts * nb) * double(in) * double(out_dim) / (batched * 1e9),
+                static_cast<long long>(nb));
+    TANDEM_CUDA_CHECK(cudaFree(bptrs));
+  }
+
+  {
+    std::vector<int32_t> rows32(rows.begin(), rows.end());
+    const Tensor op_y = out();
+    const double op_ms = time_ms(
+        iters, [&] { tandem::ops::grouped_linear_forward(op_y, x, w, rows32); }, kWarmup);
+    report("grouped op (bulk + rest)", op_ms, max_rel_diff(op_y, ref));
+  }
   const double single = time_ms(
       iters, [&] { tandem::ops::linear_forward(one_y, x, w[0]); }, kWarmup);
   report("one product, all rows", single, -1);

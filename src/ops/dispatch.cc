@@ -88,7 +88,7 @@ bool grouped_expert_phase(ExpertPhase phase, int64_t rows, int64_t experts) {
     return bits;
   }();
   if (phases >= 0) return (phases & static_cast<int>(phase)) != 0;
-  return phase == ExpertPhase::kForward && rows < kGroupedRowsBelow * experts;
+  return rows < kGroupedRowsBelow * experts;
 }
 
 void Lanes::join() {

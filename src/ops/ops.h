@@ -153,20 +153,23 @@ class Lanes {
 };
 
 // Note [Grouped expert products]: an experts node's products (one per local expert, each over
-// that expert's rows) run either as one piece each on Lanes or, on the GPU, as one cuBLAS grouped
-// call (cublasGemmGroupedBatchedEx, each expert its own group) per product: one launch instead of
-// one per expert. Which is faster depends on the experts' rows (bench/results/families.md):
-// with a few hundred rows an expert (128 experts, top-8, 4,096 tokens: 256 on average) each
-// product alone fills a fraction of the GPU and the host's launches pace the node, and the
-// grouped forward ran 1.14 ms a layer against 1.97 on lanes; at 384 (64 experts of width 1,408,
-// top-6) lanes won, 1.30 ms against 1.76, and with a thousand or more (8 experts, top-2)
-// cuBLAS's grouped kernels ran at half the lanes' rate. So by default the forward's products
-// are grouped when the node's experts have fewer than kGroupedRowsBelow rows each on average
-// (between the two measured sides), and on lanes otherwise. The input-gradient products stay on
-// lanes (grouped they were slower at 256 rows too), and so do the weight gradients: they add into
-// f32 gradients, and the grouped call takes no f32 output for bf16 operands. TANDEM_EXPERT_GROUPED
-// overrides the choice: a comma list of forward, input (grouped whatever the rows), or none. Values
-// are the same products' up to the kernels' summation order.
+// that expert's rows) run either as one piece each on Lanes or, on the GPU, as one call for all
+// experts per product: the experts' first rows, as many for each as most of them have, in one
+// batched call of one shape, the rest in one cuBLAS grouped call
+// (Note [Batched bulk of the experts' products] in ops/cuda/grouped_linear.cc). Which is faster
+// depends on the experts' rows (bench/results/families.md): with a few hundred rows an expert
+// (128 experts, top-8, 4,096 tokens: 256 on average) each product alone fills a fraction of the
+// GPU and the host's launches pace the node; the grouped forward ran 1.14 ms a layer against
+// 1.97 on lanes, and with the batched bulk the input-gradient products ran 0.90 ms against 0.93
+// on lanes. At 384
+// rows (64 experts of width 1,408, top-6) lanes won the forward, 1.30 ms against 1.76 grouped,
+// and with a thousand or more (8 experts, top-2) cuBLAS's grouped kernels ran at half the lanes'
+// rate. So by default the forward's and the input gradient's products are grouped when the
+// node's experts have fewer than kGroupedRowsBelow rows each on average (between the two
+// measured sides), and on lanes otherwise. The weight gradients stay on lanes: they add into f32
+// gradients, and the grouped call takes no f32 output for bf16 operands. TANDEM_EXPERT_GROUPED
+// overrides the choice: a comma list of forward, input (grouped whatever the rows), or none.
+// Values are the same products' up to the kernels' summation order.
 enum class ExpertPhase { kForward = 1, kInput = 2 };
 inline constexpr int64_t kGroupedRowsBelow = 320;
 // Whether `phase` of an experts node with `rows` rows over `experts` local experts runs grouped;

@@ -235,43 +235,56 @@ TEST(CudaLinear, ForwardResidualMatchesCpuExactlyOnIntegers) {
 
 // Note [Grouped expert products]: the grouped calls against the CPU's block-by-block products,
 // bit for bit on small integer operands (every summation order is exact), with experts without
-// rows and blocks of odd sizes; an f32 output is refused by name.
+// rows and blocks of odd sizes; an f32 output is refused by name. The row counts exercise Note
+// [Batched bulk of the experts' products] (grouped_linear.cc): {5, 0, 17, 3, 1} batches one
+// expert's 17 rows and groups the rest; {40, 0, 37, 45, 3, 41} batches the first 37 rows of four
+// experts and groups their remaining 3, 8 and 4 rows with the expert of 3.
 TEST(CudaLinear, GroupedExpertProductsMatchCpuExactlyOnIntegers) {
-  const std::vector<int32_t> rows = {5, 0, 17, 3, 1};
-  const int64_t total = 26, in = 24, out = 40;
+  const int64_t in = 24, out = 40;
   std::vector<Tensor> w_host, w_gpu;
-  for (size_t e = 0; e < rows.size(); ++e) {
+  for (size_t e = 0; e < 6; ++e) {
     w_host.push_back(integers_host({out, in}, 30 + e, 2));
     w_gpu.push_back(to_gpu(w_host.back(), DType::kBF16));
   }
-  const Tensor x = integers_host({total, in}, 21, 2), dy = integers_host({total, out}, 22, 2);
   const auto equal = [](const Tensor& got_gpu, const Tensor& want, const std::string& what) {
     const Tensor got = to_host_f32(got_gpu);
     ASSERT_EQ(got.shape(), want.shape()) << what;
     for (int64_t i = 0; i < want.numel(); ++i)
       ASSERT_EQ(got.data<float>()[i], want.data<float>()[i]) << what << " element " << i;
   };
-  {
+  for (const std::vector<int32_t>& counts :
+       {std::vector<int32_t>{5, 0, 17, 3, 1}, std::vector<int32_t>{40, 0, 37, 45, 3, 41}}) {
+    int64_t rows_total = 0;
+    for (const int32_t r : counts) rows_total += r;
+    const std::vector<Tensor> wh(w_host.begin(), w_host.begin() + counts.size());
+    const std::vector<Tensor> wg(w_gpu.begin(), w_gpu.begin() + counts.size());
+    const Tensor x = integers_host({rows_total, in}, 21, 2);
+    const Tensor dy = integers_host({rows_total, out}, 22, 2);
     const DType dt = DType::kBF16;  // the grouped call's only output dtype
-    const Tensor y_ref = host_f32({total, out}), dx_ref = host_f32({total, in});
-    ops::grouped_linear_forward(y_ref, x, w_host, rows);
-    ops::grouped_linear_backward_input(dx_ref, dy, w_host, rows);
-    const Tensor y = to_gpu(integers_host({total, out}, 23, 5), dt);  // overwritten
-    const Tensor dx = to_gpu(integers_host({total, in}, 24, 5), dt);
-    ops::grouped_linear_forward(y, to_gpu(x, DType::kBF16), w_gpu, rows);
-    ops::grouped_linear_backward_input(dx, to_gpu(dy, DType::kBF16), w_gpu, rows);
-    equal(y, y_ref, std::string("forward ") + std::string(dtype_name(dt)));
-    equal(dx, dx_ref, std::string("input gradient ") + std::string(dtype_name(dt)));
+    const Tensor y_ref = host_f32({rows_total, out}), dx_ref = host_f32({rows_total, in});
+    ops::grouped_linear_forward(y_ref, x, wh, counts);
+    ops::grouped_linear_backward_input(dx_ref, dy, wh, counts);
+    const Tensor y = to_gpu(integers_host({rows_total, out}, 23, 5), dt);  // overwritten
+    const Tensor dx = to_gpu(integers_host({rows_total, in}, 24, 5), dt);
+    ops::grouped_linear_forward(y, to_gpu(x, DType::kBF16), wg, counts);
+    ops::grouped_linear_backward_input(dx, to_gpu(dy, DType::kBF16), wg, counts);
+    const std::string rows_named = std::to_string(rows_total) + " rows";
+    equal(y, y_ref, "forward, " + rows_named);
+    equal(dx, dx_ref, "input gradient, " + rows_named);
   }
+  const std::vector<int32_t> rows = {5, 0, 17, 3, 1};
+  const int64_t total = 26;
+  const std::vector<Tensor> w5(w_gpu.begin(), w_gpu.begin() + 5);
+  const Tensor x = integers_host({total, in}, 21, 2);
   const std::vector<int32_t> short_rows = {5, 0, 17, 3, 0};
   const std::string err = error_of([&] {
     ops::grouped_linear_forward(to_gpu(host_f32({total, out}), DType::kBF16),
-                                to_gpu(x, DType::kBF16), w_gpu, short_rows);
+                                to_gpu(x, DType::kBF16), w5, short_rows);
   });
   EXPECT_NE(err.find("sum to 25"), std::string::npos) << err;
   const std::string f32 = error_of([&] {
     ops::grouped_linear_forward(to_gpu(host_f32({total, out}), DType::kF32),
-                                to_gpu(x, DType::kBF16), w_gpu, rows);
+                                to_gpu(x, DType::kBF16), w5, rows);
   });
   EXPECT_NE(f32.find("'y'"), std::string::npos) << f32;
 }

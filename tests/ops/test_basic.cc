@@ -349,8 +349,8 @@ TEST(AdamW, FlatRejectsBadRangesAndCopy) {
 }
 
 // Note [Grouped expert products]: without TANDEM_EXPERT_GROUPED (ctest sets none), the forward
-// is grouped for small experts only, and the input gradients never.
-TEST(GroupedExpertProducts, ForwardOnlyAndOnlyForExpertsOfFewRows) {
+// and the input gradients are grouped for small experts only.
+TEST(GroupedExpertProducts, OnlyForExpertsOfFewRows) {
   ASSERT_EQ(std::getenv("TANDEM_EXPERT_GROUPED"), nullptr);
   using ops::ExpertPhase;
   EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 32768, 128));  // 256 rows each
@@ -358,7 +358,8 @@ TEST(GroupedExpertProducts, ForwardOnlyAndOnlyForExpertsOfFewRows) {
   EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 320 * 4, 4));
   EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 4096 * 6, 64));  // 384 rows each
   EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 8192, 8));       // 1,024 rows each
-  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kInput, 32768, 128));
+  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kInput, 32768, 128));
+  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kInput, 4096 * 6, 64));
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // An experts node's products as cuBLAS grouped calls (Note [Grouped expert products] in ops.h):
-// row block e of the operands with expert e's weight, every expert with rows one group of one
-// problem, one cublasGemmGroupedBatchedEx a product. bf16 operands and outputs, fp32 accumulation
+// row block e of the operands with expert e's weight. The experts' first rows, as many for each
+// as most of them have, go to one batched call of one shape, the rest to one grouped call
+// (Note [Batched bulk of the experts' products]). bf16 operands and outputs, fp32 accumulation
 // (cuBLAS's grouped call takes no f32 output for bf16 operands).
 #include <cublas_v2.h>
 
@@ -27,69 +28,125 @@ cublasHandle_t blas_handle() {
   return handle;
 }
 
-// The problems of one grouped call, column-major as cuBLAS sees them (gemm.cc's mapping: a
-// row-major [r, c] matrix is the column-major [c, r] one with the same leading dimension).
-struct Grouped {
-  std::vector<cublasOperation_t> ta, tb;
-  std::vector<int> m, n, k, lda, ldb, ldc, one;
-  std::vector<float> alpha, beta;
-  std::vector<const void*> a, b;
-  std::vector<void*> c;
+// Note [Batched bulk of the experts' products]: cuBLAS's grouped call runs its problems (one per
+// expert, sizes differing by the rows) on kernels slower than the ones it picks for many
+// problems of one shape (cublasGemmBatchedEx): at shape (c)'s 128 experts of about 256 rows the
+// grouped forward reached about a third of the matrix rate (bench/results/families.md). So the
+// rows are split in two calls: a common count n, chosen to cover the most rows (n times the
+// experts with at least n rows), of the first rows of every expert with at least n, in one
+// batched call; each expert's remaining rows (all of them for experts with fewer than n) in one
+// grouped call. Every output row is one problem's column either way, formed from the same row
+// and weight; only the kernel, so the summation order, depends on the split.
 
-  void add(cublasOperation_t op_a, cublasOperation_t op_b, int64_t rows_m, int64_t cols_n,
-           int64_t inner, const void* pa, int64_t la, const void* pb, int64_t lb, void* pc,
-           int64_t lc) {
-    ta.push_back(op_a);
-    tb.push_back(op_b);
-    m.push_back(static_cast<int>(rows_m));
-    n.push_back(static_cast<int>(cols_n));
-    k.push_back(static_cast<int>(inner));
-    lda.push_back(static_cast<int>(la));
-    ldb.push_back(static_cast<int>(lb));
-    ldc.push_back(static_cast<int>(lc));
-    one.push_back(1);
-    alpha.push_back(1.0f);
-    beta.push_back(0.0f);
-    a.push_back(pa);
-    b.push_back(pb);
-    c.push_back(pc);
+// The products of one grouped-products op, column-major as cuBLAS sees them (gemm.cc's mapping:
+// a row-major [r, c] matrix is the column-major [c, r] one with the same leading dimension):
+// every problem is op_a(A_e) [m, k] times op_b(B_e) [k, cols_e] into C_e [m, cols_e], one shape
+// but for the columns (an expert's rows), A the expert's weight.
+struct Products {
+  cublasOperation_t ta, tb;
+  int64_t m, k, lda, ldb, ldc;
+  std::vector<const char*> a, b;
+  std::vector<char*> c;
+  std::vector<int64_t> cols;
+
+  void add(const void* pa, const void* pb, void* pc, int64_t n) {
+    a.push_back(static_cast<const char*>(pa));
+    b.push_back(static_cast<const char*>(pb));
+    c.push_back(static_cast<char*>(pc));
+    cols.push_back(n);
+  }
+
+  // The common count of Note [Batched bulk of the experts' products]: the n maximizing n times
+  // the problems with at least n columns (0 when no problem has any).
+  int64_t bulk_cols() const {
+    int64_t best = 0, covered = 0;
+    for (int64_t n : cols) {
+      int64_t with = 0;
+      for (int64_t other : cols) with += other >= n ? 1 : 0;
+      if (n * with > covered || (n * with == covered && n > best)) {
+        covered = n * with;
+        best = n;
+      }
+    }
+    return best;
   }
 
   // The pointer arrays go to the device through the op scratch (Note [Op scratch]); the copy
-  // is ordered on the stream before the call that reads them. cuBLAS's grouped kernels load
-  // 16-byte vectors from every group's matrices once the first group's allow it, so a call with
-  // any matrix off a 16-byte boundary (a weight after a parameter of odd length in the flat
-  // buffer, say) runs its problems one cublasGemmEx each instead.
+  // is ordered on the stream before the call that reads them. cuBLAS's grouped and batched
+  // kernels load 16-byte vectors from every problem's matrices once the first one's allow it,
+  // so with any matrix off a 16-byte boundary (a weight after a parameter of odd length in the
+  // flat buffer, say) the problems run one cublasGemmEx each instead.
   void run(const char* op) const {
     const size_t count = a.size();
     if (count == 0) return;
     const cublasHandle_t h = blas_handle();
     TANDEM_CUBLAS_CHECK(cublasSetStream(h, stream()));
+    const float one = 1.0f, zero = 0.0f;
     bool aligned = true;
     for (size_t i = 0; i < count; ++i)
       aligned = aligned && aligned16(a[i]) && aligned16(b[i]) && aligned16(c[i]);
     if (!aligned) {
       for (size_t i = 0; i < count; ++i) {
-        TANDEM_CUBLAS_CHECK(cublasGemmEx(h, ta[i], tb[i], m[i], n[i], k[i], &alpha[i], a[i],
-                                         CUDA_R_16BF, lda[i], b[i], CUDA_R_16BF, ldb[i], &beta[i],
-                                         c[i], CUDA_R_16BF, ldc[i], CUBLAS_COMPUTE_32F,
-                                         CUBLAS_GEMM_DEFAULT));
+        TANDEM_CUBLAS_CHECK(
+            cublasGemmEx(h, ta, tb, static_cast<int>(m), static_cast<int>(cols[i]),
+                         static_cast<int>(k), &one, a[i], CUDA_R_16BF, static_cast<int>(lda), b[i],
+                         CUDA_R_16BF, static_cast<int>(ldb), &zero, c[i], CUDA_R_16BF,
+                         static_cast<int>(ldc), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
       }
       return;
     }
+    const int64_t bulk = bulk_cols();
+    // B_e's and C_e's column j starts j leading dimensions of bf16 on.
+    const int64_t b_step = bulk * ldb * 2, c_step = bulk * ldc * 2;
+    std::vector<const void*> bulk_ptrs[3], rest_ptrs[3];
+    std::vector<int> rest_cols;
+    for (size_t i = 0; i < count; ++i) {
+      int64_t first = 0;
+      if (bulk > 0 && cols[i] >= bulk) {
+        bulk_ptrs[0].push_back(a[i]);
+        bulk_ptrs[1].push_back(b[i]);
+        bulk_ptrs[2].push_back(c[i]);
+        first = bulk;
+      }
+      if (cols[i] > first) {
+        rest_ptrs[0].push_back(a[i]);
+        rest_ptrs[1].push_back(first ? b[i] + b_step : b[i]);
+        rest_ptrs[2].push_back(first ? c[i] + c_step : c[i]);
+        rest_cols.push_back(static_cast<int>(cols[i] - first));
+      }
+    }
+    const size_t batched = bulk_ptrs[0].size(), grouped = rest_ptrs[0].size();
     Scratch scratch(op);
-    void** ptrs = scratch.take<void*>(static_cast<int64_t>(3 * count));
-    std::vector<const void*> all(a);
-    all.insert(all.end(), b.begin(), b.end());
-    all.insert(all.end(), c.begin(), c.end());
+    void** ptrs = scratch.take<void*>(static_cast<int64_t>(3 * (batched + grouped)));
+    std::vector<const void*> all;
+    for (const auto* part : {bulk_ptrs, rest_ptrs})
+      for (int j = 0; j < 3; ++j) all.insert(all.end(), part[j].begin(), part[j].end());
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(ptrs, all.data(), all.size() * sizeof(void*),
                                       cudaMemcpyHostToDevice, stream()));
+    const auto arrays = [](void** base, size_t n, int j) {
+      return reinterpret_cast<const void* const*>(base + j * n);
+    };
+    if (batched > 0) {
+      TANDEM_CUBLAS_CHECK(cublasGemmBatchedEx(
+          h, ta, tb, static_cast<int>(m), static_cast<int>(bulk), static_cast<int>(k), &one,
+          arrays(ptrs, batched, 0), CUDA_R_16BF, static_cast<int>(lda), arrays(ptrs, batched, 1),
+          CUDA_R_16BF, static_cast<int>(ldb), &zero, ptrs + 2 * batched, CUDA_R_16BF,
+          static_cast<int>(ldc), static_cast<int>(batched), CUBLAS_COMPUTE_32F,
+          CUBLAS_GEMM_DEFAULT));
+    }
+    if (grouped == 0) return;
+    void** rest = ptrs + 3 * batched;
+    const auto same = [grouped](auto v) { return std::vector<decltype(v)>(grouped, v); };
+    const std::vector<cublasOperation_t> tas = same(ta), tbs = same(tb);
+    const std::vector<int> ms = same(static_cast<int>(m)), ks = same(static_cast<int>(k)),
+                           ldas = same(static_cast<int>(lda)), ldbs = same(static_cast<int>(ldb)),
+                           ldcs = same(static_cast<int>(ldc)), ones = same(1);
+    const std::vector<float> alphas = same(1.0f), betas = same(0.0f);
     TANDEM_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
-        h, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-        reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
-        reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(), beta.data(),
-        ptrs + 2 * count, CUDA_R_16BF, ldc.data(), static_cast<int>(count), one.data(),
-        CUBLAS_COMPUTE_32F));
+        h, tas.data(), tbs.data(), ms.data(), rest_cols.data(), ks.data(), alphas.data(),
+        arrays(rest, grouped, 0), CUDA_R_16BF, ldas.data(), arrays(rest, grouped, 1), CUDA_R_16BF,
+        ldbs.data(), betas.data(), rest + 2 * grouped, CUDA_R_16BF, ldcs.data(),
+        static_cast<int>(grouped), ones.data(), CUBLAS_COMPUTE_32F));
   }
 };
 
@@ -115,14 +172,14 @@ void grouped_linear_forward(const Tensor& y, const Tensor& x, const std::vector<
   expect_cuda(op, "x", x, {DType::kBF16}, {total, in});
   expect_cuda(op, "y", y, {DType::kBF16}, {total, out});
   const std::vector<int64_t> starts = block_starts(op, rows, total, w, out, in);
-  Grouped g;
   // y_e^T [out, r] = W_e (column-major [in, out], transposed) x_e^T (column-major [in, r]).
+  Products p{CUBLAS_OP_T, CUBLAS_OP_N, out, in, in, in, out, {}, {}, {}, {}};
   for (size_t e = 0; e < rows.size(); ++e) {
     if (rows[e] == 0) continue;
-    g.add(CUBLAS_OP_T, CUBLAS_OP_N, out, rows[e], in, w[e].raw_data(), in, row_bytes(x, starts[e]),
-          in, const_cast<char*>(row_bytes(y, starts[e])), out);
+    p.add(w[e].raw_data(), row_bytes(x, starts[e]), const_cast<char*>(row_bytes(y, starts[e])),
+          rows[e]);
   }
-  g.run(op);
+  p.run(op);
 }
 
 void grouped_linear_backward_input(const Tensor& dx, const Tensor& dy, const std::vector<Tensor>& w,
@@ -134,14 +191,14 @@ void grouped_linear_backward_input(const Tensor& dx, const Tensor& dy, const std
   expect_cuda(op, "dy", dy, {DType::kBF16}, {total, out});
   expect_cuda(op, "dx", dx, {DType::kBF16}, {total, in});
   const std::vector<int64_t> starts = block_starts(op, rows, total, w, out, in);
-  Grouped g;
   // dx_e^T [in, r] = W_e (column-major [in, out]) dy_e^T (column-major [out, r]).
+  Products p{CUBLAS_OP_N, CUBLAS_OP_N, in, out, in, out, in, {}, {}, {}, {}};
   for (size_t e = 0; e < rows.size(); ++e) {
     if (rows[e] == 0) continue;
-    g.add(CUBLAS_OP_N, CUBLAS_OP_N, in, rows[e], out, w[e].raw_data(), in, row_bytes(dy, starts[e]),
-          out, const_cast<char*>(row_bytes(dx, starts[e])), in);
+    p.add(w[e].raw_data(), row_bytes(dy, starts[e]), const_cast<char*>(row_bytes(dx, starts[e])),
+          rows[e]);
   }
-  g.run(op);
+  p.run(op);
 }
 
 }  // namespace tandem::ops::cuda
