@@ -148,12 +148,21 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
 
 void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
   ExpertsSaved& s = a.experts;
+  // Note [Expert gradients written first] (model/parameters.h): the step's first pass writes.
+  const bool first = g.experts_grad_fresh != nullptr && *g.experts_grad_fresh;
+  if (first) *g.experts_grad_fresh = false;
+  const ops::Accumulate acc = first ? ops::Accumulate::kOverwrite : ops::Accumulate::kAdd;
   for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
     ops::linear_backward_weight(g.e_down[e], s.d_y.narrow_rows(begin, rows),
-                                s.act.narrow_rows(begin, rows));
+                                s.act.narrow_rows(begin, rows), acc);
     ops::linear_backward_weight(g.e_gate_up[e], s.d_gate_up.narrow_rows(begin, rows),
-                                s.x_in.narrow_rows(begin, rows));
+                                s.x_in.narrow_rows(begin, rows), acc);
   });
+  for (size_t e = 0; first && e < s.rows_host.size(); ++e) {
+    if (s.rows_host[e] > 0) continue;
+    g.e_down[e].zero_();
+    g.e_gate_up[e].zero_();
+  }
   release_storage({&s.x_in, &s.act, &s.rows_per_expert});
   s = ExpertsSaved{};
 }

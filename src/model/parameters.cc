@@ -62,6 +62,32 @@ void Parameters::build_views() {
   }
   weights_ = make_views(flat_params_);
   grads_ = make_views(flat_grads_);
+  // Note [Expert gradients written first]: the flat ranges outside the local experts' entries
+  // (one run of them a MoE layer), and a flag for each MoE layer with local experts.
+  std::vector<std::pair<int64_t, int64_t>> experts;
+  for (const ParamEntry& en : entries_) {
+    if (en.shard != ParamShard::kExpert) continue;
+    const int64_t end = en.offset + shape_numel(en.shape);
+    if (!experts.empty() && experts.back().second == en.offset) {
+      experts.back().second = end;
+    } else {
+      experts.emplace_back(en.offset, end);
+    }
+  }
+  std::sort(experts.begin(), experts.end());
+  non_expert_ranges_.clear();
+  int64_t at = 0;
+  for (const auto& [begin, end] : experts) {
+    if (begin > at) non_expert_ranges_.emplace_back(at, begin);
+    at = std::max(at, end);
+  }
+  if (total_ > at) non_expert_ranges_.emplace_back(at, total_);
+  experts_fresh_ =
+      std::shared_ptr<bool[]>(new bool[static_cast<size_t>(std::max<int64_t>(layers, 1))]());
+  for (int64_t l = 0; l < layers; ++l) {
+    LayerWeights& g = grads_.layers[static_cast<size_t>(l)];
+    if (!g.e_gate_up.empty()) g.experts_grad_fresh = &experts_fresh_[static_cast<size_t>(l)];
+  }
   for (int64_t l = 0; l < layers && flat_load_.defined(); ++l) {
     LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     if (w.moe()) w.expert_load = flat_load_.narrow_rows(l, 1).reshape({e});
@@ -369,6 +395,19 @@ void Parameters::initialize(uint64_t seed) {
   zero_grads();
 }
 
-void Parameters::zero_grads() { flat_grads_.zero_(); }
+void Parameters::zero_grads() {
+  flat_grads_.zero_();
+  for (LayerWeights& g : grads_.layers) {
+    if (g.experts_grad_fresh != nullptr) *g.experts_grad_fresh = false;
+  }
+}
+
+void Parameters::zero_grads_for_backward() {
+  for (const auto& [begin, end] : non_expert_ranges_)
+    flat_grads_.narrow_rows(begin, end - begin).zero_();
+  for (LayerWeights& g : grads_.layers) {
+    if (g.experts_grad_fresh != nullptr) *g.experts_grad_fresh = true;
+  }
+}
 
 }  // namespace tandem::model

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/config.h"
@@ -63,6 +65,11 @@ struct LayerWeights {
   // MoE layers, local experts (the chunk's places, in order): gate over up, [2Fe, H], and down,
   // [H, Fe] (Fe: ModelConfig::expert_ffn_size()).
   std::vector<Tensor> e_gate_up, e_down;
+  // In the gradients' views of MoE layers with local experts only: set by
+  // Parameters::zero_grads_for_backward while the experts' gradients hold the last step's values,
+  // cleared by the layer's first weight-gradient pass, which writes them instead of adding
+  // (Note [Expert gradients written first]). Null elsewhere.
+  bool* experts_grad_fresh = nullptr;
   // MoE with a shared expert: gate over up, [2Fs, H], and down, [H, Fs]; its gate [1, H] with
   // --moe-shared-expert-gate. Undefined otherwise.
   Tensor shared_gate_up, shared_down, shared_gate;
@@ -123,6 +130,17 @@ class Parameters {
   // Copies every master weight from `other` (same entries; any device); refreshes the copy.
   void copy_weights_from(const Parameters& other);
   void zero_grads();
+  // Note [Expert gradients written first]: a step's gradients start at zero and every node's
+  // weight-gradient pass adds to them. The local experts' gradients are most of a fine-grained
+  // model's (2.4 of 3.1 billion at shape (c)), and adding to zeros costs a pass that writes them
+  // (zeroing) and one that reads the zeros (the first micro-batch's products, which add into
+  // the f32 gradients). So before a training backward the trainers call this instead of
+  // zero_grads: it zeroes every gradient but the local experts', and marks each MoE layer's
+  // experts fresh (LayerWeights::experts_grad_fresh); the layer's first weight-gradient pass of
+  // the step then overwrites them (an expert without rows in that micro-batch is zeroed), and
+  // later passes add. The values are those of adding to zeros (x + 0 = x). Until that first pass
+  // the experts' gradients hold the previous step's values: only a backward may follow.
+  void zero_grads_for_backward();
   // Lays the experts out as `p` says (Note [Expert placement]): renames the local experts'
   // entries and views (their offsets stay, as every expert has the same shapes). Only the names
   // change: moving the values (and the optimizer's) to their new places is the caller's job.
@@ -145,6 +163,10 @@ class Parameters {
   Tensor flat_load_;     // the MoE layers' expert_load, [chunk layers, E] f32; undefined without
   Tensor expert_slots_;  // [chunk layers, E] i32, on the device; undefined when contiguous
   ModelWeights weights_, grads_, compute_;
+  // zero_grads_for_backward's ranges of the flat gradient buffer (all but the local experts')
+  // and its flags, one per chunk layer.
+  std::vector<std::pair<int64_t, int64_t>> non_expert_ranges_;
+  std::shared_ptr<bool[]> experts_fresh_;
 };
 
 }  // namespace tandem::model

@@ -62,7 +62,7 @@ StepResult ReferenceTrainer::step() {
   Allocator& alloc = allocator_for(train_.device);
   alloc.reset_peaks();
   const auto start = std::chrono::steady_clock::now();
-  params_->zero_grads();
+  params_->zero_grads_for_backward();  // Note [Expert gradients written first]
   StepResult r = forward_backward(iteration_);
   const int64_t this_iteration = iteration_ + 1;
   if (after_backward_) after_backward_(*params_, this_iteration);

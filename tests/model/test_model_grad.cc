@@ -305,5 +305,47 @@ TEST(Parameters, PlacementChangesNoResultBitwise) {
   EXPECT_EQ(contiguous, placed);
 }
 
+// Note [Expert gradients written first]: zero_grads_for_backward leaves the experts' gradients
+// as they were (here garbage, NaN among it) and the first weight-gradient pass of each MoE layer
+// writes them; after two micro-batches (the second adding) every gradient is bitwise the one
+// accumulated from zero_grads' zeros. The first micro-batch of one token routes to 2 of 8
+// experts, so experts without rows are zeroed by that first pass; dense and MoE layers mixed
+// (Qwen3-MoE options with a dense first layer).
+TEST(Parameters, ExpertGradientsWrittenFirstEqualAddedToZeros) {
+  ModelConfig cfg = testing::tiny_qwen3_config();
+  cfg.num_experts = 8;
+  const auto run = [&](bool written_first) {
+    Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
+    params.initialize(5);
+    for (int64_t i = 0; i < params.numel(); ++i) params.flat_params().data<double>()[i] *= 10.0;
+    double* g = params.flat_grads().data<double>();
+    for (int64_t i = 0; i < params.numel(); ++i) g[i] = i % 7 == 0 ? std::nan("") : 3.0 + i;
+    if (written_first) {
+      params.zero_grads_for_backward();
+    } else {
+      params.zero_grads();
+    }
+    ModelChunk chunk(params);
+    for (const int64_t tokens : {int64_t{1}, cfg.seq_length}) {
+      const Tensor ids = testing::random_ids(tokens, cfg.vocab_size, 10 + tokens);
+      const Tensor targets = testing::random_ids(tokens, cfg.vocab_size, 20 + tokens);
+      MicroBatchState mb;
+      mb.ids = ids;
+      mb.targets = targets;
+      NodeContext c = chunk.context(1, 1.0);
+      c.seq = tokens;
+      chunk.forward(mb, c);
+      chunk.backward(mb, c);
+    }
+    return std::vector<double>(g, g + params.numel());
+  };
+  const std::vector<double> want = run(false), got = run(true);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    ASSERT_FALSE(std::isnan(want[i])) << "element " << i;
+    ASSERT_EQ(got[i], want[i]) << "element " << i;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::model
