@@ -7,9 +7,10 @@
 // an expert's rows, into padding), the mean, the smallest and the smallest rounded down to 64
 // and 32 (timing only); the grouped op as the experts node calls it
 // (Note [Batched bulk of the experts' products]); and one product over every row with a single
-// expert's weights (the rate of one large product: an upper bound). Rows per expert even (EP2's 4 experts or one GPU's 8 at
-// 1,024 rows) and uneven (a busier rank's). Each variant's output is checked against the in-order
-// products. Standalone (no Google Benchmark): `expert_gemm_timing [iterations]`.
+// expert's weights (the rate of one large product: an upper bound). Rows per expert even (EP2's 4
+// experts or one GPU's 8 at 1,024 rows) and uneven (a busier rank's). Each variant's output is
+// checked against the in-order products. Standalone (no Google Benchmark): `expert_gemm_timing
+// [iterations]`.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
