@@ -16,14 +16,15 @@ namespace tandem::schedule {
 // Note [Search dimensions]
 // The search space is a list of dimensions (search_dimensions()), each one choice of the run:
 // PP, DP, EP, the micro-batch size, the micro-batches, the schedule, its stages per rank, the
-// paired first forwards, recomputation. They are chosen in that order; each dimension offers
-// values given the earlier choices (DP is world / PP; EP a divisor of DP) and says why a value
-// is not possible there (EP must divide the experts, PP x V the layers). A value the user fixed
-// (the option given on the command line) is the dimension's only value. Every path through the
-// list is a candidate. Adding a choice to the search (another optimizer layout, activation
-// offload) is one entry in the list: its values, the check, how it sets the PlanRequest and
-// reads it back (a value the user gave), its label; the lower bound below reads the pipeline
-// model's static bytes, so a choice that changes them prunes as the others do.
+// last stage's layers (Note [Searched last stage]), the paired first forwards, recomputation. They
+// are chosen in that order; each dimension offers values given the earlier choices (DP is world /
+// PP; EP a divisor of DP) and says why a value is not possible there (EP must divide the experts,
+// PP x V the layers). A value the user fixed (the option given on the command line) is the
+// dimension's only value. Every path through the list is a candidate. Adding a choice to the search
+// (another optimizer layout, activation offload) is one entry in the list: its values, the check,
+// how it sets the PlanRequest and reads it back (a value the user gave), its label; the lower bound
+// below reads the pipeline model's static bytes, so a choice that changes them prunes as the others
+// do.
 //
 // Each candidate is planned as `tandem plan` would plan it, in two steps, so that the search
 // stays cheap on hundreds of ranks:
@@ -63,16 +64,54 @@ std::string unsupported(const PlanRequest& r, const ScheduleShape& shape) {
   return "";
 }
 
-// Whether the request's layers split into `stages` stages (Note [Uneven stages] in
-// core/config.h: evenly, or as its first and last stage counts ask).
-bool layers_split(const PlanRequest& r, int64_t stages) {
+// Whether `layers` split into `stages` stages with these first and last stage counts
+// (Note [Uneven stages] in core/config.h: 0 is "as the rest").
+bool splits(int64_t layers, int64_t stages, int64_t first, int64_t last) {
   try {
-    (void)stage_layer_counts(num_layers(r), stages, r.inputs.first_stage_layers,
-                             r.inputs.last_stage_layers);
+    (void)stage_layer_counts(layers, stages, first, last);
   } catch (const Error&) {
     return false;
   }
   return true;
+}
+
+constexpr const char* kLastStageOption = "decoder-last-pipeline-num-layers";
+
+// Note [Searched last stage]: where the user gives neither the first nor the last stage's layer
+// count, the search gives stage counts the layers do not divide a shorter last stage, as
+// Megatron-LM's --decoder-last-pipeline-num-layers does (DeepSeek-V3's 61 layers on 8 stages: 8
+// each and 5 last). The one count searched is the most even: every other stage holds
+// ceil(layers / stages) and the last the rest, when that leaves it at least one layer; 0 where
+// the layers divide evenly.
+bool last_stage_searched(const SearchSpace& s, const PlanRequest& r) {
+  return s.fixed.count(kLastStageOption) == 0 && r.inputs.first_stage_layers == 0;
+}
+
+// The searched last stage's layers for `stages` stages (0: even), or -1 when there is none.
+int64_t searched_last_stage(int64_t layers, int64_t stages) {
+  if (stages <= 1 || layers % stages == 0) return 0;
+  const int64_t each = (layers + stages - 1) / stages, last = layers - (stages - 1) * each;
+  return last >= 1 ? last : -1;
+}
+
+// Whether the request's layers split into `stages` stages: as its first and last stage counts
+// ask, or, where the search chooses the last stage's, with the count it would choose.
+bool layers_split(const SearchSpace& s, const PlanRequest& r, int64_t stages) {
+  if (last_stage_searched(s, r)) return searched_last_stage(num_layers(r), stages) >= 0;
+  return splits(num_layers(r), stages, r.inputs.first_stage_layers, r.inputs.last_stage_layers);
+}
+
+// Why the request's layers do not split into `what` ("that many stages"): how they were asked to.
+std::string no_split(const SearchSpace& s, const PlanRequest& r, const char* what) {
+  if (last_stage_searched(s, r)) {
+    return detail::concat("the ", num_layers(r), " layers do not split into ", what,
+                          ", evenly or with a shorter last stage");
+  }
+  return detail::concat("the ", num_layers(r), " layers do not split ",
+                        r.inputs.first_stage_layers || r.inputs.last_stage_layers
+                            ? "as the first and last stage counts ask"
+                            : "evenly",
+                        " into ", what);
 }
 
 SearchDimension pipeline_dimension() {
@@ -84,13 +123,7 @@ SearchDimension pipeline_dimension() {
       .check = [](const SearchSpace& s, const PlanRequest& r, int64_t pp) -> std::string {
         if (pp < 1 || s.world_size % pp != 0)
           return detail::concat("not a divisor of the ", s.world_size, " ranks");
-        if (!layers_split(r, pp)) {
-          return detail::concat("the ", num_layers(r), " layers do not split ",
-                                r.inputs.first_stage_layers || r.inputs.last_stage_layers
-                                    ? "as the first and last stage counts ask"
-                                    : "evenly",
-                                " into that many stages");
-        }
+        if (!layers_split(s, r, pp)) return no_split(s, r, "that many stages");
         return "";
       },
       .apply = [](PlanRequest& r, int64_t pp) { r.shape.pipeline_size = static_cast<int32_t>(pp); },
@@ -218,9 +251,9 @@ SearchDimension virtual_stages_dimension() {
           [](const SearchSpace&, const PlanRequest&) {
             return Values{1, 2, 3, 4};
           },
-      .check = [](const SearchSpace&, const PlanRequest& r, int64_t v) -> std::string {
-        if (v < 1 || !layers_split(r, r.shape.pipeline_size * v))
-          return detail::concat("the ", num_layers(r), " layers do not split into PP x V stages");
+      .check = [](const SearchSpace& s, const PlanRequest& r, int64_t v) -> std::string {
+        if (v < 1 || !layers_split(s, r, r.shape.pipeline_size * v))
+          return no_split(s, r, "PP x V stages");
         ScheduleShape shape = r.shape;
         shape.virtual_stages = static_cast<int32_t>(v);
         return unsupported(r, shape);
@@ -228,6 +261,31 @@ SearchDimension virtual_stages_dimension() {
       .apply = [](PlanRequest& r, int64_t v) { r.shape.virtual_stages = static_cast<int32_t>(v); },
       .read = [](const PlanRequest& r) -> int64_t { return r.shape.virtual_stages; },
       .label = number,
+  };
+}
+
+// Note [Searched last stage]: the last stage's layers for the PP x V stages chosen; a count the
+// user gives is its one value, and with a first stage count given it stays as given.
+SearchDimension last_stage_dimension() {
+  return {
+      .option = kLastStageOption,
+      .column = "last",
+      .values =
+          [](const SearchSpace& s, const PlanRequest& r) {
+            if (!last_stage_searched(s, r)) return Values{r.inputs.last_stage_layers};
+            return Values{searched_last_stage(
+                num_layers(r), int64_t{r.shape.pipeline_size} * r.shape.virtual_stages)};
+          },
+      .check = [](const SearchSpace&, const PlanRequest& r, int64_t last) -> std::string {
+        const int64_t stages = int64_t{r.shape.pipeline_size} * r.shape.virtual_stages;
+        if (last < 0 || !splits(num_layers(r), stages, r.inputs.first_stage_layers, last))
+          return detail::concat("the ", num_layers(r), " layers do not split into ", stages,
+                                " stages with a last stage of ", last);
+        return "";
+      },
+      .apply = [](PlanRequest& r, int64_t last) { r.inputs.last_stage_layers = last; },
+      .read = [](const PlanRequest& r) -> int64_t { return r.inputs.last_stage_layers; },
+      .label = [](int64_t last) { return last == 0 ? std::string("-") : number(last); },
   };
 }
 
@@ -468,11 +526,17 @@ std::string no_candidate_message(const SearchSpace& space, std::vector<SearchRej
 
 const std::vector<SearchDimension>& search_dimensions() {
   static const std::vector<SearchDimension> dims = {
-      pipeline_dimension(),       data_parallel_dimension(),
-      expert_dimension(),         micro_batch_dimension(),
-      microbatches_dimension(),   schedule_dimension(),
-      virtual_stages_dimension(), paired_forwards_dimension(),
-      recompute_dimension(),      distributed_optimizer_dimension(),
+      pipeline_dimension(),
+      data_parallel_dimension(),
+      expert_dimension(),
+      micro_batch_dimension(),
+      microbatches_dimension(),
+      schedule_dimension(),
+      virtual_stages_dimension(),
+      last_stage_dimension(),
+      paired_forwards_dimension(),
+      recompute_dimension(),
+      distributed_optimizer_dimension(),
       offload_dimension(),
   };
   return dims;

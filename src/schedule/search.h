@@ -35,8 +35,8 @@ struct SearchDimension {
 };
 
 // The dimensions, in the order they are chosen (a later one's values may depend on an earlier
-// one's choice): PP, DP, EP, micro-batch size, micro-batches, schedule, V, paired first
-// forwards, recomputation, the distributed optimizer, activation offload.
+// one's choice): PP, DP, EP, micro-batch size, micro-batches, schedule, V, the last stage's
+// layers, paired first forwards, recomputation, the distributed optimizer, activation offload.
 const std::vector<SearchDimension>& search_dimensions();
 // The index of the dimension standing for `option`, or -1.
 int search_dimension_index(const std::string& option);

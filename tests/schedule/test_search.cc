@@ -234,7 +234,9 @@ TEST(LayoutSearch, NamesTheValuesNoLayoutTakes) {
     }
     if (r.dimension == pp && r.prefix.back() == 8) {
       pp8 = true;
-      EXPECT_EQ(r.why, "the 4 layers do not split evenly into that many stages");
+      EXPECT_EQ(r.why,
+                "the 4 layers do not split into that many stages, evenly or with a shorter last "
+                "stage");
     }
   }
   EXPECT_TRUE(ep16);
@@ -242,6 +244,52 @@ TEST(LayoutSearch, NamesTheValuesNoLayoutTakes) {
   for (const SearchRow& row : res.fits) {
     const PlanRequest r = search_request(base, space, row.choice);
     EXPECT_EQ(r.shape.pipeline_size * r.inputs.data_parallel_size, 16);
+  }
+}
+
+// Note [Searched last stage]: 7 layers on 8 ranks. Without the user's counts every stage count
+// the layers do not divide gets the most even shorter last stage (2 stages: 4 and 3; 4 stages: 2,
+// 2, 2 and 1), 8 stages none (named why); every row's split is one the trainer takes. A last
+// stage count the user gives is every row's.
+TEST(LayoutSearch, GivesAShorterLastStageWhereTheLayersDoNotDivide) {
+  PlanRequest base = base_request();
+  base.inputs.model.num_layers = 7;
+  SearchSpace space = space_with(int64_t{1} << 40);
+  const int pp = search_dimension_index("pipeline-model-parallel-size");
+  const int last = search_dimension_index("decoder-last-pipeline-num-layers");
+  ASSERT_GE(last, 0);
+  const SearchResult res = search_layouts(base, space);
+  std::map<int64_t, int64_t> last_by_stages;
+  for (const SearchRow& row : res.fits) {
+    const PlanRequest r = search_request(base, space, row.choice);
+    const int64_t stages = int64_t{r.shape.pipeline_size} * r.shape.virtual_stages;
+    EXPECT_NO_THROW((void)stage_layer_counts(7, stages, 0, r.inputs.last_stage_layers));
+    EXPECT_EQ(row.choice[static_cast<size_t>(last)], r.inputs.last_stage_layers);
+    last_by_stages[stages] = r.inputs.last_stage_layers;
+  }
+  EXPECT_EQ(last_by_stages.at(1), 0);  // one stage: all 7
+  EXPECT_EQ(last_by_stages.at(2), 3);
+  EXPECT_EQ(last_by_stages.at(4), 1);
+  EXPECT_EQ(last_by_stages.count(8), 0u);
+  bool pp8 = false;
+  for (const SearchReject& r : res.rejects) {
+    if (r.dimension != pp || r.prefix.back() != 8) continue;
+    pp8 = true;
+    EXPECT_EQ(r.why,
+              "the 7 layers do not split into that many stages, evenly or with a shorter last "
+              "stage");
+  }
+  EXPECT_TRUE(pp8);
+
+  base.inputs.last_stage_layers = 1;
+  space.fixed["decoder-last-pipeline-num-layers"] = 1;
+  const SearchResult given = search_layouts(base, space);
+  ASSERT_FALSE(given.fits.empty());
+  for (const SearchRow& row : given.fits) {
+    const PlanRequest r = search_request(base, space, row.choice);
+    EXPECT_EQ(r.inputs.last_stage_layers, 1);
+    EXPECT_NO_THROW(
+        (void)stage_layer_counts(7, int64_t{r.shape.pipeline_size} * r.shape.virtual_stages, 0, 1));
   }
 }
 
