@@ -5,6 +5,7 @@
 // (cuBLAS's grouped call takes no f32 output for bf16 operands).
 #include <cublas_v2.h>
 
+#include <cstdint>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -33,7 +34,8 @@ cublasHandle_t blas_handle() {
 // problems of one shape (cublasGemmBatchedEx): at shape (c)'s 128 experts of about 256 rows the
 // grouped forward reached about a third of the matrix rate (bench/results/families.md). So the
 // rows are split in two calls: a common count n, chosen to cover the most rows (n times the
-// experts with at least n rows), of the first rows of every expert with at least n, in one
+// experts with at least n rows; rounded down where a remainder would start off a 16-byte
+// boundary), of the first rows of every expert with at least n, in one
 // batched call; each expert's remaining rows (all of them for experts with fewer than n) in one
 // grouped call. Every output row is one problem's column either way, formed from the same row
 // and weight; only the kernel, so the summation order, depends on the split.
@@ -95,9 +97,12 @@ struct Products {
       }
       return;
     }
-    const int64_t bulk = bulk_cols();
-    // B_e's and C_e's column j starts j leading dimensions of bf16 on.
-    const int64_t b_step = bulk * ldb * 2, c_step = bulk * ldc * 2;
+    // The remainders start `bulk` columns on, at B_e + bulk ldb and C_e + bulk ldc bf16: a count
+    // that keeps them on 16-byte boundaries (as the check above found the problems' own).
+    int64_t bulk = bulk_cols();
+    while (bulk > 0 && ((bulk * ldb) % 8 != 0 || (bulk * ldc) % 8 != 0)) --bulk;
+    const auto bf16_bytes = static_cast<int64_t>(sizeof(uint16_t));
+    const int64_t b_step = bulk * ldb * bf16_bytes, c_step = bulk * ldc * bf16_bytes;
     std::vector<const void*> bulk_ptrs[3], rest_ptrs[3];
     std::vector<int> rest_cols;
     for (size_t i = 0; i < count; ++i) {
