@@ -228,8 +228,9 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
 
   // Batched (one shape for every expert, cublasGemmBatchedEx): n rows each, read from the
   // expert's first row on (past its rows into the next expert's: the extra output rows are
-  // padding in an output of experts x n rows); n the largest count (every row covered) and the
-  // mean (an upper bound). Timing only.
+  // padding in an output of experts x n rows); n the largest count (every row covered), the
+  // mean, the smallest and the smallest rounded down to 64 and 32 (the op's batched bulk is one
+  // of these). Timing only.
   int64_t least = rows[0];
   for (int64_t r : rows) least = std::min(least, r);
   for (const int64_t variant :

@@ -63,23 +63,14 @@ void Parameters::build_views() {
   weights_ = make_views(flat_params_);
   grads_ = make_views(flat_grads_);
   // Note [Expert gradients written first]: the flat ranges outside the local experts' entries
-  // (one run of them a MoE layer), and a flag for each MoE layer with local experts.
-  std::vector<std::pair<int64_t, int64_t>> experts;
+  // (one run of them a MoE layer; the entries lie in offset order, add() appends), and a flag
+  // for each MoE layer with local experts.
+  non_expert_ranges_.clear();
+  int64_t at = 0;  // the end of the last expert entry seen
   for (const ParamEntry& en : entries_) {
     if (en.shard != ParamShard::kExpert) continue;
-    const int64_t end = en.offset + shape_numel(en.shape);
-    if (!experts.empty() && experts.back().second == en.offset) {
-      experts.back().second = end;
-    } else {
-      experts.emplace_back(en.offset, end);
-    }
-  }
-  std::sort(experts.begin(), experts.end());
-  non_expert_ranges_.clear();
-  int64_t at = 0;
-  for (const auto& [begin, end] : experts) {
-    if (begin > at) non_expert_ranges_.emplace_back(at, begin);
-    at = std::max(at, end);
+    if (en.offset > at) non_expert_ranges_.emplace_back(at, en.offset);
+    at = en.offset + shape_numel(en.shape);
   }
   if (total_ > at) non_expert_ranges_.emplace_back(at, total_);
   experts_fresh_ =

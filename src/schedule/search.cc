@@ -97,8 +97,9 @@ int64_t searched_last_stage(int64_t layers, int64_t stages) {
 // Whether the request's layers split into `stages` stages: as its first and last stage counts
 // ask, or, where the search chooses the last stage's, with the count it would choose.
 bool layers_split(const SearchSpace& s, const PlanRequest& r, int64_t stages) {
-  if (last_stage_searched(s, r)) return searched_last_stage(num_layers(r), stages) >= 0;
-  return splits(num_layers(r), stages, r.inputs.first_stage_layers, r.inputs.last_stage_layers);
+  const int64_t last = last_stage_searched(s, r) ? searched_last_stage(num_layers(r), stages)
+                                                 : r.inputs.last_stage_layers;
+  return last >= 0 && splits(num_layers(r), stages, r.inputs.first_stage_layers, last);
 }
 
 // Why the request's layers do not split into `what` ("that many stages"): how they were asked to.

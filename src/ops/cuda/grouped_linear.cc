@@ -5,7 +5,9 @@
 // (cuBLAS's grouped call takes no f32 output for bf16 operands).
 #include <cublas_v2.h>
 
+#include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <vector>
 
 #include "core/cuda/check.h"
@@ -60,13 +62,17 @@ struct Products {
 
   // The common count of Note [Batched bulk of the experts' products]: the n maximizing n times
   // the problems with at least n columns (0 when no problem has any).
+  // With the counts in descending order the i-th is n for at least i + 1 problems (exactly, at
+  // its last repeat); the first n of the largest cover wins a tie. The host issues this node
+  // with the GPU idle (Note [Routing counts on the host]), so no quadratic pass over the experts.
   int64_t bulk_cols() const {
+    std::vector<int64_t> desc(cols);
+    std::sort(desc.begin(), desc.end(), std::greater<>());
     int64_t best = 0, covered = 0;
-    for (int64_t n : cols) {
-      int64_t with = 0;
-      for (int64_t other : cols) with += other >= n ? 1 : 0;
-      if (n * with > covered || (n * with == covered && n > best)) {
-        covered = n * with;
+    for (size_t i = 0; i < desc.size(); ++i) {
+      const int64_t n = desc[i], cover = n * static_cast<int64_t>(i + 1);
+      if (cover > covered) {
+        covered = cover;
         best = n;
       }
     }
