@@ -4,7 +4,9 @@
 
 #include <cuda_runtime.h>
 
+#include <chrono>
 #include <cstdint>
+#include <thread>
 
 #include "core/cuda/check.h"
 #include "core/cuda/context.h"
@@ -44,6 +46,30 @@ double time_ms(int iters, Fn fn, int warmup = 3) {
   TANDEM_CUDA_CHECK(cudaEventDestroy(start));
   TANDEM_CUDA_CHECK(cudaEventDestroy(stop));
   return ms / iters;
+}
+
+// Host milliseconds per call of `fn` with the stream held back (a host function on it sleeps
+// long enough for every call to be issued), so that the host's issuing is timed and not the
+// GPU's running: what paces the GPU where it has nothing queued. A call that waits for the
+// stream shows as the hold's length.
+template <typename Fn>
+double host_issue_ms(int iters, Fn fn, int hold_ms = 300) {
+  fn();  // first-call set-up (cuBLAS heuristics, scratch) is not the steady state
+  cudaStream_t stream = cuda::current_stream();
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  static int hold = 0;
+  hold = hold_ms;
+  TANDEM_CUDA_CHECK(cudaLaunchHostFunc(
+      stream,
+      [](void* ms) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(*static_cast<int*>(ms)));
+      },
+      &hold));
+  const auto begin = std::chrono::steady_clock::now();
+  for (int i = 0; i < iters; ++i) fn();
+  const auto end = std::chrono::steady_clock::now();
+  TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
+  return std::chrono::duration<double, std::milli>(end - begin).count() / iters;
 }
 
 // `t` (bf16 or f32, on the GPU) as a host f32 tensor.

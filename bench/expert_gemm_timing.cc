@@ -38,6 +38,7 @@ using tandem::MemCategory;
 using tandem::Shape;
 using tandem::Tensor;
 using tandem::bench::host_f32;
+using tandem::bench::host_issue_ms;
 using tandem::bench::random_gpu;
 using tandem::bench::time_ms;
 
@@ -110,6 +111,11 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
     std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  max rel diff %.2e\n", how, ms, flops / (ms * 1e9),
                 diff);
   };
+  // The host's time to issue one call (Note in cuda_timing.h's host_issue_ms): where it
+  // exceeds the GPU's, a node issued with the GPU idle runs at the host's pace.
+  auto host_report = [&](const char* how, double ms) {
+    std::printf("  %-30s %8.3f ms on the host to issue\n", how, ms);
+  };
   std::printf("%s, [R, %lld] @ [%lld, %lld]^T: %lld experts, rows", name,
               static_cast<long long>(in), static_cast<long long>(out_dim),
               static_cast<long long>(in), static_cast<long long>(experts));
@@ -125,6 +131,13 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
       },
       kWarmup);
   report("per expert, in order", in_order, 0);
+  // At most 5 calls: 128 launches each would otherwise fill the stream's queue, which the
+  // host then waits on.
+  host_report("per expert, in order", host_issue_ms(std::min(iters, 5), [&] {
+                for (int64_t e = 0; e < experts; ++e)
+                  tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
+                                              x.narrow_rows(begin[e], rows[e]), w[e]);
+              }));
 
   const double lanes = time_ms(
       iters,
@@ -224,6 +237,14 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
       },
       kWarmup);
   report("cuBLAS grouped", grouped, max_rel_diff(grouped_y, ref));
+  host_report("cuBLAS grouped", host_issue_ms(iters, [&] {
+                CUBLAS_OK(cublasGemmGroupedBatchedEx(
+                    blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+                    reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
+                    reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(),
+                    beta.data(), ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts),
+                    one.data(), CUBLAS_COMPUTE_32F));
+              }));
   TANDEM_CUDA_CHECK(cudaFree(ptrs));
 
   // Batched (one shape for every expert, cublasGemmBatchedEx): n rows each, read from the
@@ -265,6 +286,14 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
               CUBLAS_GEMM_DEFAULT));
         },
         kWarmup);
+    host_report(("batched, n = " + std::to_string(nb)).c_str(), host_issue_ms(iters, [&] {
+                  CUBLAS_OK(cublasGemmBatchedEx(
+                      blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out_dim), int(nb), int(in), &one_f,
+                      reinterpret_cast<const void* const*>(bptrs), CUDA_R_16BF, int(in),
+                      reinterpret_cast<const void* const*>(bptrs + count), CUDA_R_16BF, int(in),
+                      &zero_f, bptrs + 2 * count, CUDA_R_16BF, int(out_dim), int(experts),
+                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+                }));
     // Its own rate: experts x n rows in the time, padding or not.
     std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  (experts x %lld rows)\n",
                 ("batched, n = " + std::to_string(nb)).c_str(), batched,
@@ -279,10 +308,56 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
     const double op_ms = time_ms(
         iters, [&] { tandem::ops::grouped_linear_forward(op_y, x, w, rows32); }, kWarmup);
     report("grouped op (bulk + rest)", op_ms, max_rel_diff(op_y, ref));
+    host_report("grouped op (bulk + rest)", host_issue_ms(iters, [&] {
+                  tandem::ops::grouped_linear_forward(op_y, x, w, rows32);
+                }));
   }
   const double single = time_ms(
       iters, [&] { tandem::ops::linear_forward(one_y, x, w[0]); }, kWarmup);
   report("one product, all rows", single, -1);
+}
+
+// Rows per expert as a uniform router deals `total` rows to `experts` (draw `seed`).
+std::vector<int64_t> uniform_rows(int64_t experts, int64_t total, uint64_t seed) {
+  std::vector<int64_t> rows(static_cast<size_t>(experts), 0);
+  uint64_t state = seed;
+  for (int64_t i = 0; i < total; ++i) {
+    state = state * 6364136223846793005ull + 1442695040888963407ull;
+    const double u = static_cast<double>(state >> 11) / 9007199254740992.0;
+    rows[static_cast<size_t>(static_cast<double>(experts) * u)] += 1;
+  }
+  return rows;
+}
+
+// The grouped op as training calls it: every call with rows per expert it has not seen before
+// (each micro-batch and layer routes afresh), then the same counts again. The host's time to
+// issue a call with new counts is what the GPU waits for when the experts' node starts with
+// nothing queued (Note [Routing counts on the host] in src/model/nodes.h).
+void bench_varying_counts(const char* name, int64_t experts, int64_t total, int64_t in,
+                          int64_t out_dim, int iters) {
+  const Tensor x = random_gpu({total, in}, 1);
+  std::vector<Tensor> w;
+  for (int64_t e = 0; e < experts; ++e) w.push_back(random_gpu({out_dim, in}, 10 + e));
+  const Tensor y =
+      Tensor::zeros({total, out_dim}, DType::kBF16, MemCategory::kOther, "y", Device::kCUDA);
+  static uint64_t next_seed = 1000;  // fresh counts for every call of every case
+  std::vector<std::vector<int32_t>> sets;
+  for (int i = 0; i < iters + 1; ++i) {
+    const std::vector<int64_t> r = uniform_rows(experts, total, next_seed++);
+    sets.emplace_back(r.begin(), r.end());
+  }
+  size_t at = 0;
+  auto call = [&] { tandem::ops::grouped_linear_forward(y, x, w, sets[at++ % sets.size()]); };
+  const double fresh = host_issue_ms(iters, call);  // its first call (set 0) is the warm-up
+  at = 0;
+  const double again = host_issue_ms(iters, call);
+  at = 0;
+  const double gpu = time_ms(iters, call, 0);
+  std::printf(
+      "%s, [R, %lld] @ [%lld, %lld]^T, counts new each call: host %.3f ms to issue "
+      "(the same counts again: %.3f ms), GPU %.3f ms a call\n",
+      name, static_cast<long long>(in), static_cast<long long>(out_dim), static_cast<long long>(in),
+      fresh, again, gpu);
 }
 
 }  // namespace
@@ -313,6 +388,8 @@ int main(int argc, char** argv) {
         bench_case(name, rows, 2816, 1024, iters, blas);      // down
       }
     }
+    bench_varying_counts("shape (c), uniform", 128, 32768, 2048, 2 * 768, iters);
+    bench_varying_counts("shape (c), uniform", 128, 32768, 768, 2048, iters);
     // Shape (c): 128 experts of width 768, 32,768 routed rows (4,096 tokens, top-8), rows per
     // expert as a uniform router deals them (a fixed draw) and as a skewed one.
     for (const bool skewed : {false, true}) {

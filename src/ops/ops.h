@@ -161,17 +161,17 @@ class Lanes {
 // (128 experts, top-8, 4,096 tokens: 256 on average) each product alone fills a fraction of the
 // GPU and the host's launches pace the node; the grouped forward ran 1.14 ms a layer against
 // 1.97 on lanes, and with the batched bulk the input-gradient products ran 0.90 ms against 0.93
-// on lanes. At 384
-// rows (64 experts of width 1,408, top-6) lanes won the forward, 1.30 ms against 1.76 grouped,
-// and with a thousand or more (8 experts, top-2) cuBLAS's grouped kernels ran at half the lanes'
-// rate. So by default the forward's and the input gradient's products are grouped when the
-// node's experts have fewer than kGroupedRowsBelow rows each on average (between the two
-// measured sides), and on lanes otherwise. The weight gradients stay on lanes: they add into f32
-// gradients, and the grouped call takes no f32 output for bf16 operands. TANDEM_EXPERT_GROUPED
-// overrides the choice: a comma list of forward, input (grouped whatever the rows), or none.
-// Values are the same products' up to the kernels' summation order.
+// on lanes. At 384 rows (64 experts of width 1,408, top-6) grouped products made the whole
+// step 1.3% faster than lanes, and with a thousand or more (8 experts, top-2) cuBLAS's grouped
+// kernels, before the batched bulk, ran at half the lanes' rate. So by default the forward's and
+// the input gradient's products are grouped when the node's experts have fewer than
+// kGroupedRowsBelow rows each on average (between the measured sides), and on lanes otherwise. The
+// weight gradients stay on lanes: they add into f32 gradients, and the grouped call takes no f32
+// output for bf16 operands. TANDEM_EXPERT_GROUPED overrides the choice: a comma list of forward,
+// input (grouped whatever the rows), or none. Values are the same products' up to the kernels'
+// summation order.
 enum class ExpertPhase { kForward = 1, kInput = 2 };
-inline constexpr int64_t kGroupedRowsBelow = 320;
+inline constexpr int64_t kGroupedRowsBelow = 512;
 // Whether `phase` of an experts node with `rows` rows over `experts` local experts runs grouped;
 // the override is read once; throws tandem::Error naming a bad value.
 bool grouped_expert_phase(ExpertPhase phase, int64_t rows, int64_t experts);

@@ -353,13 +353,14 @@ TEST(AdamW, FlatRejectsBadRangesAndCopy) {
 TEST(GroupedExpertProducts, OnlyForExpertsOfFewRows) {
   ASSERT_EQ(std::getenv("TANDEM_EXPERT_GROUPED"), nullptr);
   using ops::ExpertPhase;
-  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 32768, 128));  // 256 rows each
-  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 319 * 4, 4));
-  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 320 * 4, 4));
-  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 4096 * 6, 64));  // 384 rows each
-  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 8192, 8));       // 1,024 rows each
+  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 32768, 128));    // 256 rows each
+  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 4096 * 6, 64));  // 384 rows each
+  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 511 * 4, 4));
+  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 512 * 4, 4));
+  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 8192, 8));  // 1,024 rows each
   EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kInput, 32768, 128));
-  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kInput, 4096 * 6, 64));
+  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kInput, 4096 * 6, 64));
+  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kInput, 8192, 8));
 }
 
 }  // namespace

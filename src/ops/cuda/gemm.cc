@@ -34,8 +34,9 @@ namespace {
 // refilled (in-flight users keep their plan alive).
 // Note [Algorithm buckets]: expert row counts change every step, and a heuristic query costs
 // tens of microseconds, thousands of them a step for a MoE model. So the algorithm is chosen
-// once per bucket of the varying sizes (m and k rounded up to a power of two, at least 64) and
-// reused for every exact shape in the bucket; a new exact shape then costs only its layouts.
+// once per bucket of the varying sizes (m and k, and a gemm_batched's batch count, rounded up to
+// a power of two, at least 64) and reused for every exact shape in the bucket; a new exact shape
+// then costs only its layouts.
 // Should cuBLASLt reject a bucket's algorithm for some exact shape, that shape gets its own
 // heuristic query and the product is retried (gemm() below).
 constexpr size_t kMaxPlans = 4096;
@@ -59,6 +60,7 @@ struct GemmKey {
   int64_t m, n, k, lda, ldb, ldc;
   bool reads_c;
   uint32_t align_a, align_b, align_c;
+  int64_t batch = 0;  // > 0: that many products through pointer arrays (gemm_batched)
   auto operator<=>(const GemmKey&) const = default;
 };
 
@@ -100,6 +102,7 @@ GemmKey bucket_key(const GemmKey& key) {
   GemmKey b = key;
   b.m = bucket_size(key.m);
   b.k = bucket_size(key.k);
+  if (key.batch > 0) b.batch = bucket_size(key.batch);
   b.lda = b.ldb = b.ldc = 0;
   return b;
 }
@@ -123,6 +126,12 @@ void set_pref(cublasLtMatmulPreference_t pref, cublasLtMatmulPreferenceAttribute
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceSetAttribute(pref, attr, &value, sizeof(value)));
 }
 
+// The workspace a product's kernels may use: the stream's, past the pointer arrays for a
+// gemm_batched (kPointerArrayBytes in gemm.h).
+size_t workspace_bytes(const GemmKey& key) {
+  return tandem::cuda::cublaslt_workspace_bytes() - (key.batch > 0 ? kPointerArrayBytes : 0);
+}
+
 // The heuristic's candidates for `plan` under `key`'s alignment, best first (at most `count`);
 // throws when none fits.
 std::vector<cublasLtMatmulAlgo_t> candidate_algos(GemmPlan& plan, const GemmKey& key, int count) {
@@ -130,8 +139,7 @@ std::vector<cublasLtMatmulAlgo_t> candidate_algos(GemmPlan& plan, const GemmKey&
   TANDEM_CUBLAS_CHECK(cublasLtMatmulPreferenceCreate(&pref));
   std::unique_ptr<cublasLtMatmulPreferenceOpaque_t, decltype(&cublasLtMatmulPreferenceDestroy)>
       guard(pref, &cublasLtMatmulPreferenceDestroy);
-  set_pref<uint64_t>(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES,
-                     tandem::cuda::cublaslt_workspace_bytes());
+  set_pref<uint64_t>(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, workspace_bytes(key));
   // A split-k reduction "in place" or "in the output type" would round partial sums to bf16.
   if (key.c_dtype == DType::kBF16) {
     set_pref<uint32_t>(pref, CUBLASLT_MATMUL_PREF_REDUCTION_SCHEME_MASK,
@@ -247,6 +255,16 @@ std::shared_ptr<const GemmPlan> make_plan(const GemmKey& key, bool exact, const 
                                                  u(ta ? key.k : key.m), key.lda));
   TANDEM_CUBLAS_CHECK(
       cublasLtMatrixLayoutCreate(&plan->c, cuda_dtype(key.c_dtype), u(key.n), u(key.m), key.ldc));
+  if (key.batch > 0) {  // gemm_batched: each operand an array of pointers
+    const auto count = static_cast<int32_t>(key.batch);
+    const auto mode = static_cast<uint32_t>(CUBLASLT_BATCH_MODE_POINTER_ARRAY);
+    for (cublasLtMatrixLayout_t layout : {plan->first, plan->second, plan->c}) {
+      TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_BATCH_COUNT, &count, sizeof(count)));
+      TANDEM_CUBLAS_CHECK(cublasLtMatrixLayoutSetAttribute(
+          layout, CUBLASLT_MATRIX_LAYOUT_BATCH_MODE, &mode, sizeof(mode)));
+    }
+  }
   PlanCache& cache = plan_cache();
   if (!exact) {
     std::lock_guard lock(cache.mutex);
@@ -282,6 +300,29 @@ std::shared_ptr<const GemmPlan> find_plan(const GemmKey& key, const TuneCall* ca
   if (cache.plans.size() >= kMaxPlans) cache.plans.clear();
   cache.plans[key] = plan;
   return plan;
+}
+
+// Runs the product of `key` on the current stream (for a gemm_batched, a, b, c_in and c are
+// pointer arrays), its plan found or built; a bucket's algorithm that cuBLASLt rejects for this
+// exact shape is replaced by one queried for it (Note [Algorithm buckets]).
+void run_product(const GemmKey& key, const TuneCall* call, float alpha, const void* a,
+                 const void* b, float beta, const void* c_in, void* c) {
+  const cudaStream_t stream = tandem::cuda::current_stream();
+  // A gemm_batched's kernels work past its caller's pointer arrays (kPointerArrayBytes).
+  char* workspace = static_cast<char*>(tandem::cuda::cublaslt_workspace(stream)) +
+                    (key.batch > 0 ? kPointerArrayBytes : 0);
+  std::shared_ptr<const GemmPlan> plan = find_plan(key, call);
+  const auto run = [&] {
+    return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan->op, &alpha, b, plan->first, a,
+                          plan->second, &beta, c_in, plan->c, c, plan->c, &plan->algo, workspace,
+                          workspace_bytes(key), stream);
+  };
+  cublasStatus_t status = run();
+  if (status != CUBLAS_STATUS_SUCCESS && plan->from_bucket) {
+    plan = find_plan(key, nullptr, /*exact=*/true);
+    status = run();
+  }
+  TANDEM_CUBLAS_CHECK(status);
 }
 
 }  // namespace
@@ -329,19 +370,19 @@ void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float a
                     .align_b = alignment_of(b),
                     .align_c = std::min(alignment_of(c), alignment_of(c_in))};
   const TuneCall call{a, b, c_in, alpha, beta};
-  std::shared_ptr<const GemmPlan> plan = find_plan(key, &call);
-  const auto run = [&] {
-    return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan->op, &alpha, b, plan->first, a,
-                          plan->second, &beta, c_in, plan->c, c, plan->c, &plan->algo,
-                          tandem::cuda::cublaslt_workspace(stream),
-                          tandem::cuda::cublaslt_workspace_bytes(), stream);
-  };
-  cublasStatus_t status = run();
-  if (status != CUBLAS_STATUS_SUCCESS && plan->from_bucket) {
-    plan = find_plan(key, nullptr, /*exact=*/true);  // Note [Algorithm buckets]
-    status = run();
-  }
-  TANDEM_CUBLAS_CHECK(status);
+  run_product(key, &call, alpha, a, b, beta, c_in, c);
+}
+
+void gemm_batched(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
+                  const void* const* a, int64_t lda, const void* const* b, int64_t ldb, void** c,
+                  int64_t ldc, int64_t batch) {
+  TANDEM_CHECK(m > 0 && n > 0 && k > 0 && batch > 0, "gemm_batched: sizes m=", m, " n=", n,
+               " k=", k, " batch=", batch, " must be positive");
+  // bf16 C not read; every matrix 16-byte aligned (the caller's promise, gemm.h).
+  GemmKey key{DType::kBF16, trans_a, trans_b, m, n, k, lda, ldb, ldc, false, 16, 16, 16};
+  key.batch = batch;
+  // No tuning: its trial runs would need pointer arrays of scratch outputs.
+  run_product(key, nullptr, 1.0f, a, b, 0.0f, c, c);
 }
 
 namespace {

@@ -4,6 +4,7 @@
 // map look-up. Private to src/ops/cuda.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 
 #include "core/dtype.h"
@@ -24,6 +25,20 @@ enum class Trans : uint8_t { kNo, kYes };
 void gemm(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k, float alpha, const void* a,
           int64_t lda, const void* b, int64_t ldb, float beta, void* c, DType c_dtype, int64_t ldc,
           const void* c_in = nullptr);
+
+// The front of the stream's cuBLASLt workspace that gemm_batched leaves alone, for its
+// caller's pointer arrays (the op scratch, Note [Op scratch] in scratch.h).
+constexpr size_t kPointerArrayBytes = size_t{64} << 10;
+
+// C_i[m, n] = op(A_i)[m, k] @ op(B_i)[k, n] for i < batch, row-major as gemm(), bf16 C, no C
+// read (beta 0): cuBLASLt's pointer-array batch mode. a, b and c are device arrays of `batch`
+// pointers (each array on a 16-byte boundary), every matrix on a 16-byte boundary. cuBLASLt
+// works in the stream's workspace past its first kPointerArrayBytes. The plan is cached per
+// shape and batch, the algorithm per bucket of them (Note [Algorithm buckets] in gemm.cc), so a
+// call with sizes not met before costs the host its layouts, not a heuristic query.
+void gemm_batched(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
+                  const void* const* a, int64_t lda, const void* const* b, int64_t ldb, void** c,
+                  int64_t ldc, int64_t batch);
 
 // Rate of a bf16 [m, k] @ [k, n] product with a bf16 result on this GPU, in TFLOP/s (2mnk flops
 // per product): `iters` products timed with CUDA events on the current stream after a warm-up.

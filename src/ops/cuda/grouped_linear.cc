@@ -13,6 +13,7 @@
 #include "core/cuda/check.h"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/gemm.h"
 #include "ops/cuda/scratch.h"
 #include "ops/row_blocks.h"
 
@@ -41,6 +42,15 @@ cublasHandle_t blas_handle() {
 // batched call; each expert's remaining rows (all of them for experts with fewer than n) in one
 // grouped call. Every output row is one problem's column either way, formed from the same row
 // and weight; only the kernel, so the summation order, depends on the split.
+// The batched call goes through cuBLASLt's pointer-array mode (gemm_batched in gemm.h), whose
+// algorithm we choose once per bucket of row counts and experts: cuBLAS's own batched call
+// (cublasGemmBatchedEx) ran a heuristic query for every shape it had not met, and the row
+// counts are new every micro-batch and layer, and such a call also waited for the stream.
+// Issued behind 300 ms of held-back work, 20 calls with new counts took the host 15.6 ms each
+// (the whole hold), against 0.05 ms through gemm_batched (`expert_gemm_timing`, "counts new
+// each call"; bench/results/families.md). The experts' node is issued right after the host
+// reads the routing counts, with the GPU idle (Note [Routing counts on the host] in
+// model/nodes.h), so the host's time here was the GPU's.
 
 // The products of one grouped-products op, column-major as cuBLAS sees them (gemm.cc's mapping:
 // a row-major [r, c] matrix is the column-major [c, r] one with the same leading dimension):
@@ -127,26 +137,43 @@ struct Products {
       }
     }
     const size_t batched = bulk_ptrs[0].size(), grouped = rest_ptrs[0].size();
+    // Six arrays, each on a 256-byte boundary, in the front of the stream's workspace that
+    // gemm_batched leaves to its caller (kPointerArrayBytes).
+    const auto padded = [](size_t n) { return (n + 31) / 32 * 32; };
+    const size_t stride[2] = {padded(batched), padded(grouped)};
+    const size_t slots = 3 * (stride[0] + stride[1]);
+    TANDEM_CHECK(slots * sizeof(void*) <= kPointerArrayBytes, op, ": ", count,
+                 " experts' pointer arrays exceed the ", kPointerArrayBytes,
+                 " bytes the workspace keeps for them");
     Scratch scratch(op);
-    void** ptrs = scratch.take<void*>(static_cast<int64_t>(3 * (batched + grouped)));
-    std::vector<const void*> all;
-    for (const auto* part : {bulk_ptrs, rest_ptrs})
-      for (int j = 0; j < 3; ++j) all.insert(all.end(), part[j].begin(), part[j].end());
+    void** ptrs = scratch.take<void*>(static_cast<int64_t>(slots));
+    std::vector<const void*> all(slots, nullptr);
+    for (int part = 0; part < 2; ++part) {
+      const std::vector<const void*>* arrays_of = part == 0 ? bulk_ptrs : rest_ptrs;
+      for (int j = 0; j < 3; ++j) {
+        std::copy(
+            arrays_of[j].begin(), arrays_of[j].end(),
+            all.begin() + static_cast<std::ptrdiff_t>(part * 3 * stride[0] + j * stride[part]));
+      }
+    }
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(ptrs, all.data(), all.size() * sizeof(void*),
                                       cudaMemcpyHostToDevice, stream()));
     const auto arrays = [](void** base, size_t n, int j) {
       return reinterpret_cast<const void* const*>(base + j * n);
     };
     if (batched > 0) {
-      TANDEM_CUBLAS_CHECK(cublasGemmBatchedEx(
-          h, ta, tb, static_cast<int>(m), static_cast<int>(bulk), static_cast<int>(k), &one,
-          arrays(ptrs, batched, 0), CUDA_R_16BF, static_cast<int>(lda), arrays(ptrs, batched, 1),
-          CUDA_R_16BF, static_cast<int>(ldb), &zero, ptrs + 2 * batched, CUDA_R_16BF,
-          static_cast<int>(ldc), static_cast<int>(batched), CUBLAS_COMPUTE_32F,
-          CUBLAS_GEMM_DEFAULT));
+      // gemm_batched is row-major (gemm.h): the column-major C_e [m, n] = op(A_e) op(B_e) is the
+      // row-major C_e^T [n, m] = op(B_e)^T op(A_e)^T, so its A is our B (the rows) and its B
+      // our A (the weight), each with its transpose.
+      const auto row_major = [](cublasOperation_t t) {
+        return t == CUBLAS_OP_T ? Trans::kYes : Trans::kNo;
+      };
+      gemm_batched(row_major(tb), row_major(ta), bulk, m, k, arrays(ptrs, stride[0], 1), ldb,
+                   arrays(ptrs, stride[0], 0), lda, ptrs + 2 * stride[0], ldc,
+                   static_cast<int64_t>(batched));
     }
     if (grouped == 0) return;
-    void** rest = ptrs + 3 * batched;
+    void** rest = ptrs + 3 * stride[0];
     const auto same = [grouped](auto v) { return std::vector<decltype(v)>(grouped, v); };
     const std::vector<cublasOperation_t> tas = same(ta), tbs = same(tb);
     const std::vector<int> ms = same(static_cast<int>(m)), ks = same(static_cast<int>(k)),
@@ -155,8 +182,8 @@ struct Products {
     const std::vector<float> alphas = same(1.0f), betas = same(0.0f);
     TANDEM_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(
         h, tas.data(), tbs.data(), ms.data(), rest_cols.data(), ks.data(), alphas.data(),
-        arrays(rest, grouped, 0), CUDA_R_16BF, ldas.data(), arrays(rest, grouped, 1), CUDA_R_16BF,
-        ldbs.data(), betas.data(), rest + 2 * grouped, CUDA_R_16BF, ldcs.data(),
+        arrays(rest, stride[1], 0), CUDA_R_16BF, ldas.data(), arrays(rest, stride[1], 1),
+        CUDA_R_16BF, ldbs.data(), betas.data(), rest + 2 * stride[1], CUDA_R_16BF, ldcs.data(),
         static_cast<int>(grouped), ones.data(), CUBLAS_COMPUTE_32F));
   }
 };
