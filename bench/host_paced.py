@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 """The host's issuing time beside the GPU's time per node kind, from a `tandem train --trace`
-file of a GPU run (docs/parallel.md, "Measured timeline").
+file of a GPU run (docs/parallel.md, "Measured timeline and exposed all-to-all").
 
 The trace's compute thread holds each node's GPU span (between events the host records as it
 starts and ends issuing the node), its host thread the host's issuing of the node. Per node kind
