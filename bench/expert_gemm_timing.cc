@@ -9,8 +9,10 @@
 // (Note [Batched bulk of the experts' products]); and one product over every row with a single
 // expert's weights (the rate of one large product: an upper bound). Rows per expert even (EP2's 4
 // experts or one GPU's 8 at 1,024 rows) and uneven (a busier rank's). Each variant's output is
-// checked against the in-order products. Standalone (no Google Benchmark): `expert_gemm_timing
-// [iterations]`.
+// checked against the in-order products. Beside the GPU's time, the host's time to issue the
+// in-order products, the grouped and batched calls and the op (host_issue_ms in cuda_timing.h),
+// and, at shape (c), the op's host time when every call brings row counts it has not met (as
+// training does). Standalone (no Google Benchmark): `expert_gemm_timing [iterations] [c]`.
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 

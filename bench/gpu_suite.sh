@@ -526,7 +526,8 @@ PY
         env $pick timeout 300 $B/gpu_train_bench $SH --steps 10 --warmup-steps 3 2> "$OUT/bench_$sh.pick.err" | tee -a "$OUT/results.jsonl"
       done ;;
     expert-gemm)
-      # The experts' products per expert, on lanes, rows balanced, cuBLAS grouped, as one
+      # The experts' products per expert, on lanes, rows balanced, cuBLAS grouped, as one, each
+      # with the host's time to issue it, and the grouped op with new row counts each call
       # (bench/expert_gemm_timing.cc; stage bench/expert_gemm_timing).
       timeout 200 $B/expert_gemm_timing 50 ${EXPERT_GEMM_CASES:-} > "$OUT/expert_gemm.txt" 2>&1; echo "expert_gemm_timing rc=$?"; cat "$OUT/expert_gemm.txt" ;;
     attn)
