@@ -38,7 +38,7 @@ namespace {
 // a power of two, at least 64) and reused for every exact shape in the bucket; a new exact shape
 // then costs only its layouts.
 // Should cuBLASLt reject a bucket's algorithm for some exact shape, that shape gets its own
-// heuristic query and the product is retried (gemm() below).
+// heuristic query and the product is retried (run_product below).
 constexpr size_t kMaxPlans = 4096;
 
 // Note [Tuned algorithms]: cuBLASLt's heuristic ranks its candidates by a model of the GPU, and
