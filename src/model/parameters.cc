@@ -394,8 +394,18 @@ void Parameters::zero_grads() {
 }
 
 void Parameters::zero_grads_for_backward() {
-  for (const auto& [begin, end] : non_expert_ranges_)
-    flat_grads_.narrow_rows(begin, end - begin).zero_();
+  zero_grads_outside_experts(0, total_);
+  mark_experts_fresh();
+}
+
+void Parameters::zero_grads_outside_experts(int64_t begin, int64_t end) {
+  for (const auto& [b, e] : non_expert_ranges_) {
+    const int64_t from = std::max(b, begin), to = std::min(e, end);
+    if (from < to) flat_grads_.narrow_rows(from, to - from).zero_();
+  }
+}
+
+void Parameters::mark_experts_fresh() {
   for (LayerWeights& g : grads_.layers) {
     if (g.experts_grad_fresh != nullptr) *g.experts_grad_fresh = true;
   }

@@ -140,7 +140,16 @@ class Parameters {
   // the step then overwrites them (an expert without rows in that micro-batch is zeroed), and
   // later passes add. The values are those of adding to zeros (x + 0 = x). Until that first pass
   // the experts' gradients hold the previous step's values: only a backward may follow.
+  // A deferred update (Note [Deferred update] in runtime/optimizer.cc) zeroes the gradients as
+  // it reads them, piece by piece during the next step's forward: it zeroes all but the local
+  // experts' (zero_grads_outside_experts), and the trainer marks the experts fresh at that
+  // step's start (mark_experts_fresh). Each layer's piece runs before the layer's first forward
+  // of the step, so before its first weight-gradient pass.
   void zero_grads_for_backward();
+  // The gradients in the flat range [begin, end) but for the local experts', zeroed.
+  void zero_grads_outside_experts(int64_t begin, int64_t end);
+  // Each MoE layer's experts fresh: its next weight-gradient pass writes their gradients.
+  void mark_experts_fresh();
   // Lays the experts out as `p` says (Note [Expert placement]): renames the local experts'
   // entries and views (their offsets stay, as every expert has the same shapes). Only the names
   // change: moving the values (and the optimizer's) to their new places is the caller's job.

@@ -116,8 +116,10 @@ void AdamW::step(double lr, double grad_scale) {
 // next step's first forward reads them, so that forward's expert all-to-all runs beside the
 // update of the layers after it (Note [The update beside the first forward] in
 // runtime/deferred_update.cc). Each piece zeroes the gradients it read, as the next step's
-// zero_grads would have done, so a step never adds to a gradient an update has yet to read.
-// step() runs the same pass in one piece.
+// zero_grads would have done, so a step never adds to a gradient an update has yet to read; but
+// for the local experts', whose first weight-gradient pass of the step writes them
+// (Note [Expert gradients written first] in model/parameters.h: the trainer marks them fresh
+// where a step starts with an update pending). step() runs the same pass in one piece.
 void AdamW::defer_step(double lr, double grad_scale) { start_step("defer_step", lr, grad_scale); }
 
 void AdamW::update_until(int64_t end) {
@@ -125,7 +127,7 @@ void AdamW::update_until(int64_t end) {
   if (end <= done_) return;
   const int64_t begin = done_;
   update_range(end);
-  params_->flat_grads().narrow_rows(begin, end - begin).zero_();
+  params_->zero_grads_outside_experts(begin, end);
 }
 
 double grad_sum_squares(const model::Parameters& params) {

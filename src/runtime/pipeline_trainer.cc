@@ -413,11 +413,15 @@ StepResult PipelineTrainer::step() {
   alloc.reset_peaks();
   if (offload_) offload_->reset_peak();
   const auto start = std::chrono::steady_clock::now();
-  // A deferred update zeroes the gradients it reads (Note [Deferred update] in optimizer.cc);
-  // otherwise the experts' are left for their first weight-gradient pass to write
-  // (Note [Expert gradients written first] in model/parameters.h).
+  // The experts' gradients are left for their first weight-gradient pass to write
+  // (Note [Expert gradients written first] in model/parameters.h); the rest are zeroed here, or
+  // by a deferred update as it reads them (Note [Deferred update] in optimizer.cc).
   for (StageRuntime& s : stages_) {
-    if (!s.optimizer->update_pending()) s.params->zero_grads_for_backward();
+    if (s.optimizer->update_pending()) {
+      s.params->mark_experts_fresh();
+    } else {
+      s.params->zero_grads_for_backward();
+    }
   }
   StepResult r = forward_backward(iteration_);
   const int64_t this_iteration = iteration_ + 1;

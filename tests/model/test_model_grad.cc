@@ -347,5 +347,30 @@ TEST(Parameters, ExpertGradientsWrittenFirstEqualAddedToZeros) {
   }
 }
 
+// A deferred update's pieces zero the gradients but for the local experts'
+// (Note [Deferred update] in runtime/optimizer.cc): zero_grads_outside_experts over pieces that
+// cut through entries zeroes exactly the elements of the range outside every expert entry.
+TEST(Parameters, ZeroGradsOutsideExpertsZeroesExactlyTheRestOfTheRange) {
+  ModelConfig cfg = testing::tiny_qwen3_config();
+  cfg.num_experts = 8;
+  Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
+  const int64_t n = params.numel();
+  std::vector<bool> expert(static_cast<size_t>(n), false);
+  for (const ParamEntry& e : params.entries()) {
+    if (e.shard != ParamShard::kExpert) continue;
+    for (int64_t i = e.offset; i < e.offset + shape_numel(e.shape); ++i) expert[size_t(i)] = true;
+  }
+  ASSERT_GT(std::count(expert.begin(), expert.end(), true), 0);
+  double* g = params.flat_grads().data<double>();
+  std::fill(g, g + n, 1.0);
+  const int64_t from = n / 5, to = n - n / 7;  // a range that starts and ends inside entries
+  for (int64_t at = from; at < to; at += 997)
+    params.zero_grads_outside_experts(at, std::min(at + 997, to));
+  for (int64_t i = 0; i < n; ++i) {
+    const bool zeroed = i >= from && i < to && !expert[size_t(i)];
+    ASSERT_EQ(g[i], zeroed ? 0.0 : 1.0) << "element " << i;
+  }
+}
+
 }  // namespace
 }  // namespace tandem::model
