@@ -12,7 +12,9 @@ namespace tandem::ops::cuda {
 
 // Note [Op scratch]: an op that needs temporary device memory borrows the current stream's
 // cuBLASLt workspace (core/cuda/context.h). Ops are serial per stream, so nothing else touches it
-// between this op's launches, and nothing is allocated (or counted against the memory plan).
+// between this op's launches, and nothing is allocated (or counted against the memory plan). An
+// op that also runs matrix products while its scratch is live keeps the scratch within the first
+// kPointerArrayBytes and calls gemm_batched, whose kernels work past them (ops/cuda/gemm.h).
 //
 // One Scratch per op call: take() hands out consecutive 256-byte-aligned pieces and throws
 // tandem::Error (naming `op`) when the workspace is too small.
