@@ -66,9 +66,9 @@ struct LayerWeights {
   // [H, Fe] (Fe: ModelConfig::expert_ffn_size()).
   std::vector<Tensor> e_gate_up, e_down;
   // In the gradients' views of MoE layers with local experts only: set by
-  // Parameters::zero_grads_for_backward while the experts' gradients hold the last step's values,
-  // cleared by the layer's first weight-gradient pass, which writes them instead of adding
-  // (Note [Expert gradients written first]). Null elsewhere.
+  // Parameters::mark_experts_fresh (zero_grads_for_backward calls it) while the experts'
+  // gradients hold the last step's values, cleared by the layer's first weight-gradient pass,
+  // which writes them instead of adding (Note [Expert gradients written first]). Null elsewhere.
   bool* experts_grad_fresh = nullptr;
   // MoE with a shared expert: gate over up, [2Fs, H], and down, [H, Fs]; its gate [1, H] with
   // --moe-shared-expert-gate. Undefined otherwise.

@@ -137,25 +137,22 @@ struct Products {
       }
     }
     const size_t batched = bulk_ptrs[0].size(), grouped = rest_ptrs[0].size();
-    // Six arrays, each on a 256-byte boundary, in the front of the stream's workspace that
-    // gemm_batched leaves to its caller (kPointerArrayBytes).
+    // Six arrays, each on a 256-byte boundary (padded to 32 pointers), in the front of the
+    // stream's workspace that gemm_batched leaves to its caller (kPointerArrayBytes).
     const auto padded = [](size_t n) { return (n + 31) / 32 * 32; };
     const size_t stride[2] = {padded(batched), padded(grouped)};
-    const size_t slots = 3 * (stride[0] + stride[1]);
-    TANDEM_CHECK(slots * sizeof(void*) <= kPointerArrayBytes, op, ": ", count,
+    std::vector<const void*> all;
+    for (const auto* part : {bulk_ptrs, rest_ptrs}) {
+      for (int j = 0; j < 3; ++j) {
+        all.insert(all.end(), part[j].begin(), part[j].end());
+        all.resize(padded(all.size()), nullptr);
+      }
+    }
+    TANDEM_CHECK(all.size() * sizeof(void*) <= kPointerArrayBytes, op, ": ", count,
                  " experts' pointer arrays exceed the ", kPointerArrayBytes,
                  " bytes the workspace keeps for them");
     Scratch scratch(op);
-    void** ptrs = scratch.take<void*>(static_cast<int64_t>(slots));
-    std::vector<const void*> all(slots, nullptr);
-    for (int part = 0; part < 2; ++part) {
-      const std::vector<const void*>* arrays_of = part == 0 ? bulk_ptrs : rest_ptrs;
-      for (int j = 0; j < 3; ++j) {
-        std::copy(
-            arrays_of[j].begin(), arrays_of[j].end(),
-            all.begin() + static_cast<std::ptrdiff_t>(part * 3 * stride[0] + j * stride[part]));
-      }
-    }
+    void** ptrs = scratch.take<void*>(static_cast<int64_t>(all.size()));
     TANDEM_CUDA_CHECK(cudaMemcpyAsync(ptrs, all.data(), all.size() * sizeof(void*),
                                       cudaMemcpyHostToDevice, stream()));
     const auto arrays = [](void** base, size_t n, int j) {
