@@ -57,8 +57,7 @@ double host_issue_ms(int iters, Fn fn, int hold_ms = 300) {
   fn();  // first-call set-up (cuBLAS heuristics, scratch) is not the steady state
   cudaStream_t stream = cuda::current_stream();
   TANDEM_CUDA_CHECK(cudaStreamSynchronize(stream));
-  static int hold = 0;
-  hold = hold_ms;
+  int hold = hold_ms;  // read by the host function, which has run once the stream is synchronized
   TANDEM_CUDA_CHECK(cudaLaunchHostFunc(
       stream,
       [](void* ms) {

@@ -124,22 +124,15 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   for (int64_t r : rows) std::printf(" %lld", static_cast<long long>(r));
   std::printf(" (%lld)\n", static_cast<long long>(total));
 
-  const double in_order = time_ms(
-      iters,
-      [&] {
-        for (int64_t e = 0; e < experts; ++e)
-          tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
-                                      x.narrow_rows(begin[e], rows[e]), w[e]);
-      },
-      kWarmup);
-  report("per expert, in order", in_order, 0);
+  const auto in_order_call = [&] {
+    for (int64_t e = 0; e < experts; ++e)
+      tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
+                                  x.narrow_rows(begin[e], rows[e]), w[e]);
+  };
+  report("per expert, in order", time_ms(iters, in_order_call, kWarmup), 0);
   // At most 5 calls: 128 launches each would otherwise fill the stream's queue, which the
   // host then waits on.
-  host_report("per expert, in order", host_issue_ms(std::min(iters, 5), [&] {
-                for (int64_t e = 0; e < experts; ++e)
-                  tandem::ops::linear_forward(ref.narrow_rows(begin[e], rows[e]),
-                                              x.narrow_rows(begin[e], rows[e]), w[e]);
-              }));
+  host_report("per expert, in order", host_issue_ms(std::min(iters, 5), in_order_call));
 
   const double lanes = time_ms(
       iters,
@@ -227,26 +220,15 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   TANDEM_CUDA_CHECK(
       cudaMemcpy(ptrs, all.data(), all.size() * sizeof(void*), cudaMemcpyHostToDevice));
   CUBLAS_OK(cublasSetStream(blas, tandem::cuda::current_stream()));
-  const double grouped = time_ms(
-      iters,
-      [&] {
-        CUBLAS_OK(cublasGemmGroupedBatchedEx(
-            blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-            reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
-            reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(),
-            beta.data(), ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts), one.data(),
-            CUBLAS_COMPUTE_32F));
-      },
-      kWarmup);
-  report("cuBLAS grouped", grouped, max_rel_diff(grouped_y, ref));
-  host_report("cuBLAS grouped", host_issue_ms(iters, [&] {
-                CUBLAS_OK(cublasGemmGroupedBatchedEx(
-                    blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
-                    reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
-                    reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(),
-                    beta.data(), ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts),
-                    one.data(), CUBLAS_COMPUTE_32F));
-              }));
+  const auto grouped_call = [&] {
+    CUBLAS_OK(cublasGemmGroupedBatchedEx(
+        blas, ta.data(), tb.data(), m.data(), n.data(), k.data(), alpha.data(),
+        reinterpret_cast<const void* const*>(ptrs), CUDA_R_16BF, lda.data(),
+        reinterpret_cast<const void* const*>(ptrs + count), CUDA_R_16BF, ldb.data(), beta.data(),
+        ptrs + 2 * count, CUDA_R_16BF, ldc.data(), int(experts), one.data(), CUBLAS_COMPUTE_32F));
+  };
+  report("cuBLAS grouped", time_ms(iters, grouped_call, kWarmup), max_rel_diff(grouped_y, ref));
+  host_report("cuBLAS grouped", host_issue_ms(iters, grouped_call));
   TANDEM_CUDA_CHECK(cudaFree(ptrs));
 
   // Batched (one shape for every expert, cublasGemmBatchedEx): n rows each, read from the
@@ -277,28 +259,19 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
     TANDEM_CUDA_CHECK(
         cudaMemcpy(bptrs, bp.data(), bp.size() * sizeof(void*), cudaMemcpyHostToDevice));
     const float one_f = 1.0f, zero_f = 0.0f;
-    const double batched = time_ms(
-        iters,
-        [&] {
-          CUBLAS_OK(cublasGemmBatchedEx(
-              blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out_dim), int(nb), int(in), &one_f,
-              reinterpret_cast<const void* const*>(bptrs), CUDA_R_16BF, int(in),
-              reinterpret_cast<const void* const*>(bptrs + count), CUDA_R_16BF, int(in), &zero_f,
-              bptrs + 2 * count, CUDA_R_16BF, int(out_dim), int(experts), CUBLAS_COMPUTE_32F,
-              CUBLAS_GEMM_DEFAULT));
-        },
-        kWarmup);
-    host_report(("batched, n = " + std::to_string(nb)).c_str(), host_issue_ms(iters, [&] {
-                  CUBLAS_OK(cublasGemmBatchedEx(
-                      blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out_dim), int(nb), int(in), &one_f,
-                      reinterpret_cast<const void* const*>(bptrs), CUDA_R_16BF, int(in),
-                      reinterpret_cast<const void* const*>(bptrs + count), CUDA_R_16BF, int(in),
-                      &zero_f, bptrs + 2 * count, CUDA_R_16BF, int(out_dim), int(experts),
-                      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
-                }));
+    const auto batched_call = [&] {
+      CUBLAS_OK(
+          cublasGemmBatchedEx(blas, CUBLAS_OP_T, CUBLAS_OP_N, int(out_dim), int(nb), int(in),
+                              &one_f, reinterpret_cast<const void* const*>(bptrs), CUDA_R_16BF,
+                              int(in), reinterpret_cast<const void* const*>(bptrs + count),
+                              CUDA_R_16BF, int(in), &zero_f, bptrs + 2 * count, CUDA_R_16BF,
+                              int(out_dim), int(experts), CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+    };
+    const double batched = time_ms(iters, batched_call, kWarmup);
+    const std::string label = "batched, n = " + std::to_string(nb);
+    host_report(label.c_str(), host_issue_ms(iters, batched_call));
     // Its own rate: experts x n rows in the time, padding or not.
-    std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  (experts x %lld rows)\n",
-                ("batched, n = " + std::to_string(nb)).c_str(), batched,
+    std::printf("  %-30s %8.3f ms %7.1f TFLOP/s  (experts x %lld rows)\n", label.c_str(), batched,
                 2.0 * double(experts * nb) * double(in) * double(out_dim) / (batched * 1e9),
                 static_cast<long long>(nb));
     TANDEM_CUDA_CHECK(cudaFree(bptrs));
@@ -307,26 +280,24 @@ void bench_case(const char* name, const std::vector<int64_t>& rows, int64_t in, 
   {
     std::vector<int32_t> rows32(rows.begin(), rows.end());
     const Tensor op_y = out();
-    const double op_ms = time_ms(
-        iters, [&] { tandem::ops::grouped_linear_forward(op_y, x, w, rows32); }, kWarmup);
-    report("grouped op (bulk + rest)", op_ms, max_rel_diff(op_y, ref));
-    host_report("grouped op (bulk + rest)", host_issue_ms(iters, [&] {
-                  tandem::ops::grouped_linear_forward(op_y, x, w, rows32);
-                }));
+    const auto op_call = [&] { tandem::ops::grouped_linear_forward(op_y, x, w, rows32); };
+    report("grouped op (bulk + rest)", time_ms(iters, op_call, kWarmup), max_rel_diff(op_y, ref));
+    host_report("grouped op (bulk + rest)", host_issue_ms(iters, op_call));
   }
   const double single = time_ms(
       iters, [&] { tandem::ops::linear_forward(one_y, x, w[0]); }, kWarmup);
   report("one product, all rows", single, -1);
 }
 
-// Rows per expert as a uniform router deals `total` rows to `experts` (draw `seed`).
-std::vector<int64_t> uniform_rows(int64_t experts, int64_t total, uint64_t seed) {
+// Rows per expert as a router deals `total` rows to `experts` (draw `seed`): uniformly, or
+// skewed towards the first experts (u^2).
+std::vector<int64_t> routed_rows(int64_t experts, int64_t total, uint64_t seed, bool skewed) {
   std::vector<int64_t> rows(static_cast<size_t>(experts), 0);
   uint64_t state = seed;
   for (int64_t i = 0; i < total; ++i) {
     state = state * 6364136223846793005ull + 1442695040888963407ull;
     const double u = static_cast<double>(state >> 11) / 9007199254740992.0;
-    rows[static_cast<size_t>(static_cast<double>(experts) * u)] += 1;
+    rows[static_cast<size_t>(static_cast<double>(experts) * (skewed ? u * u : u))] += 1;
   }
   return rows;
 }
@@ -345,7 +316,7 @@ void bench_varying_counts(const char* name, int64_t experts, int64_t total, int6
   static uint64_t next_seed = 1000;  // fresh counts for every call of every case
   std::vector<std::vector<int32_t>> sets;
   for (int i = 0; i < iters + 1; ++i) {
-    const std::vector<int64_t> r = uniform_rows(experts, total, next_seed++);
+    const std::vector<int64_t> r = routed_rows(experts, total, next_seed++, false);
     sets.emplace_back(r.begin(), r.end());
   }
   size_t at = 0;
@@ -395,13 +366,7 @@ int main(int argc, char** argv) {
     // Shape (c): 128 experts of width 768, 32,768 routed rows (4,096 tokens, top-8), rows per
     // expert as a uniform router deals them (a fixed draw) and as a skewed one.
     for (const bool skewed : {false, true}) {
-      std::vector<int64_t> rows(128, 0);
-      uint64_t state = 12345;
-      for (int64_t i = 0; i < 32768; ++i) {
-        state = state * 6364136223846793005ull + 1442695040888963407ull;
-        const double u = static_cast<double>(state >> 11) / 9007199254740992.0;
-        rows[static_cast<size_t>(skewed ? 128 * u * u : 128 * u)] += 1;
-      }
+      const std::vector<int64_t> rows = routed_rows(128, 32768, 12345, skewed);
       const char* name = skewed ? "shape (c), skewed" : "shape (c), uniform";
       bench_case(name, rows, 2048, 2 * 768, iters, blas);  // gate and up
       bench_case(name, rows, 768, 2048, iters, blas);      // down
