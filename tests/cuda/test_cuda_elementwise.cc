@@ -630,14 +630,16 @@ TEST(CudaRouter, BackwardSelectedAndAuxTerms) {
 }
 
 // DeepSeek-V3's sigmoid router against the CPU's: the same choice (with an expert bias, with
-// groups: 8 groups of 4 of 32 experts, 3 kept; 256 experts, 8 groups, 4 kept, k 8, as V3), the
-// weights normalised and not, scaled; the backward in f32 and bf16; the load tally.
+// groups: 8 groups of 4 of 32 experts, 3 kept; 256 experts, 8 groups, 4 kept, k 8, as V3; 64
+// groups of 2, the most the GPU takes; 64 experts top-6 without groups over rows of several
+// blocks, as shape (d)), the weights normalised and not, scaled; the backward in f32 and bf16;
+// the load tally.
 TEST(CudaRouter, SigmoidWithBiasGroupsAndScaling) {
   struct Case {
     int64_t n, e, k, groups, group_topk;
   };
-  for (const Case& c :
-       {Case{37, 32, 4, 8, 3}, Case{19, 256, 8, 8, 4}, Case{5, 7, 2, 0, 0}, Case{0, 8, 2, 2, 1}}) {
+  for (const Case& c : {Case{37, 32, 4, 8, 3}, Case{19, 256, 8, 8, 4}, Case{23, 128, 6, 64, 10},
+                        Case{300, 64, 6, 0, 0}, Case{5, 7, 2, 0, 0}, Case{0, 8, 2, 2, 1}}) {
     for (ops::RouterScore score :
          {ops::RouterScore::kSigmoid, ops::RouterScore::kSigmoidNormalized}) {
       ops::RouterSpec spec(score);

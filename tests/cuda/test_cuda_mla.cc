@@ -41,11 +41,11 @@ Tensor host_empty(const Shape& shape) {
 }
 
 // V3's widths (128 + 64, v 128) with rotate_half and interleaved pairs, with and without YaRN;
-// small odd ones; one row.
-constexpr MlaCase kCases[] = {{2, 37, 4, 128, 64, 128, true, true},
-                              {1, 70, 3, 128, 64, 128, false, false},
-                              {2, 9, 5, 6, 4, 10, true, false},
-                              {1, 1, 2, 16, 8, 8, false, true}};
+// more heads than a block has warps (shape (d)'s 16; 11 of odd widths); small odd ones; one row.
+constexpr MlaCase kCases[] = {
+    {2, 37, 4, 128, 64, 128, true, true},   {1, 70, 3, 128, 64, 128, false, false},
+    {1, 33, 16, 128, 64, 128, true, false}, {1, 5, 11, 6, 4, 10, false, true},
+    {2, 9, 5, 6, 4, 10, true, false},       {1, 1, 2, 16, 8, 8, false, true}};
 
 std::string name(const MlaCase& c, const char* what, bool in_place) {
   return std::string(what) + " heads " + std::to_string(c.heads) + " dn " + std::to_string(c.dn) +

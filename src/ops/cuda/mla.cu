@@ -34,10 +34,17 @@ struct MlaArgs {
   double inv_freq[kMaxRopeDim / 2];  // rope_inv_freq(rope, dr), as the CPU
 };
 
-// Column j < dr of the rotation of one head's RoPE part x (f32 or bf16, in shared memory) at
-// position pos; sign 1: the forward, -1: the transpose.
+// The row's cos and sin for each of the dr / 2 frequencies (rope_cos_sin of pos times the
+// CPU's inverse frequency), into shared memory once for every head of q and k.
+__device__ __forceinline__ void stage_cos_sin(float2* cs, int64_t pos, const MlaArgs& a) {
+  for (int i = static_cast<int>(threadIdx.x); i < a.dr / 2; i += kThreads)
+    cs[i] = rope_cos_sin(static_cast<double>(pos) * a.inv_freq[i]);
+}
+
+// Column j < dr of the rotation of one head's RoPE part x (f32 or bf16, in shared memory) by the
+// row's staged cos and sin; sign 1: the forward, -1: the transpose.
 template <typename T>
-__device__ __forceinline__ float rotated(const T* x, int j, int64_t pos, float sign,
+__device__ __forceinline__ float rotated(const T* x, int j, const float2* cos_sin, float sign,
                                          const MlaArgs& a) {
   const int half = a.dr / 2;
   int i;
@@ -51,49 +58,56 @@ __device__ __forceinline__ float rotated(const T* x, int j, int64_t pos, float s
     const bool pairs = a.interleaved;  // the forward reads (2i, 2i + 1)
     u1 = load1(x + (pairs ? 2 * i : i)), u2 = load1(x + (pairs ? 2 * i + 1 : i + half));
   }
-  const float2 cs = rope_cos_sin(static_cast<double>(pos) * a.inv_freq[i]);
+  const float2 cs = cos_sin[i];
   const float c = cs.x * a.factor, s = sign * cs.y * a.factor;
   return first ? u1 * c - u2 * s : u2 * c + u1 * s;
 }
 
 // One row: q = q_in with its RoPE parts rotated, k = [kv's nope part | rope(k_rope)] per head,
-// v = kv's v part per head. Shared memory: the q_in row, then the k_rope row.
+// v = kv's v part per head. Shared memory: the q_in row, then the k_rope row. A warp writes a
+// head's columns at a time (no division per column).
 __global__ void __launch_bounds__(kThreads)
     mla_forward_kernel(bf16* q, bf16* k, bf16* v, const bf16* q_in, const bf16* kv,
                        const bf16* k_rope, const __grid_constant__ MlaArgs a) {
   extern __shared__ bf16 row[];
-  const int qk = a.dn + a.dr, kvw = a.heads * (a.dn + a.dv), qw = a.heads * qk;
+  __shared__ float2 s_cs[kMaxRopeDim / 2];
+  const int qk = a.dn + a.dr, kvh = a.dn + a.dv, qw = a.heads * qk;
   const int64_t r = blockIdx.x, pos = r % a.seq;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   bf16* s_kr = row + qw;
   for (int c = threadIdx.x; c < qw; c += kThreads) row[c] = q_in[r * qw + c];
   for (int c = threadIdx.x; c < a.dr; c += kThreads) s_kr[c] = k_rope[r * a.dr + c];
+  stage_cos_sin(s_cs, pos, a);
   __syncthreads();
-  for (int c = threadIdx.x; c < qw; c += kThreads) {
-    const int h = c / qk, j = c % qk;
-    const bf16* kvh = kv + r * kvw + h * (a.dn + a.dv);
-    if (j < a.dn) {
-      q[r * qw + c] = row[c];
-      k[r * qw + c] = kvh[j];
-    } else {
-      store1(q + r * qw + c, rotated(row + h * qk + a.dn, j - a.dn, pos, 1.f, a));
-      store1(k + r * qw + c, rotated(s_kr, j - a.dn, pos, 1.f, a));
+  bf16* q_row = q + r * qw;
+  bf16* k_row = k + r * qw;
+  bf16* v_row = v + r * a.heads * a.dv;
+  for (int h = warp; h < a.heads; h += kThreads / 32) {
+    const bf16* q_head = row + h * qk;
+    const bf16* kv_head = kv + r * a.heads * kvh + h * kvh;
+    for (int j = lane; j < a.dn; j += 32) {
+      q_row[h * qk + j] = q_head[j];
+      k_row[h * qk + j] = kv_head[j];
     }
-  }
-  for (int c = threadIdx.x; c < a.heads * a.dv; c += kThreads) {
-    const int h = c / a.dv, j = c % a.dv;
-    v[r * a.heads * a.dv + c] = kv[r * kvw + h * (a.dn + a.dv) + a.dn + j];
+    for (int j = lane; j < a.dr; j += 32) {
+      store1(q_row + h * qk + a.dn + j, rotated(q_head + a.dn, j, s_cs, 1.f, a));
+      store1(k_row + h * qk + a.dn + j, rotated(s_kr, j, s_cs, 1.f, a));
+    }
+    for (int j = lane; j < a.dv; j += 32) v_row[h * a.dv + j] = kv_head[a.dn + j];
   }
 }
 
 // One row of the transpose: d_q_in = dq with its RoPE parts rotated back, d_kv = (dk's nope part |
 // dv) per head, d_k_rope = the rotation back of the heads' dk RoPE parts summed in head order.
-// Shared memory: the dq row, then the f32 sum.
+// Shared memory: the dq row, then the f32 sum. A warp writes a head's columns at a time.
 __global__ void __launch_bounds__(kThreads)
     mla_backward_kernel(bf16* d_q_in, bf16* d_kv, bf16* d_k_rope, const bf16* dq, const bf16* dk,
                         const bf16* dv, const __grid_constant__ MlaArgs a) {
   extern __shared__ bf16 row[];
-  const int qk = a.dn + a.dr, kvw = a.heads * (a.dn + a.dv), qw = a.heads * qk;
+  __shared__ float2 s_cs[kMaxRopeDim / 2];
+  const int qk = a.dn + a.dr, kvh = a.dn + a.dv, qw = a.heads * qk;
   const int64_t r = blockIdx.x, pos = r % a.seq;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   float* s_sum = reinterpret_cast<float*>(row + ((qw + 1) / 2) * 2);
   for (int c = threadIdx.x; c < qw; c += kThreads) row[c] = dq[r * qw + c];
   for (int c = threadIdx.x; c < a.dr; c += kThreads) {
@@ -101,21 +115,24 @@ __global__ void __launch_bounds__(kThreads)
     for (int h = 0; h < a.heads; ++h) sum += __bfloat162float(dk[r * qw + h * qk + a.dn + c]);
     s_sum[c] = sum;
   }
+  stage_cos_sin(s_cs, pos, a);
   __syncthreads();
-  for (int c = threadIdx.x; c < qw; c += kThreads) {
-    const int h = c / qk, j = c % qk;
-    if (j < a.dn)
-      d_q_in[r * qw + c] = row[c];
-    else
-      store1(d_q_in + r * qw + c, rotated(row + h * qk + a.dn, j - a.dn, pos, -1.f, a));
-  }
-  for (int c = threadIdx.x; c < kvw; c += kThreads) {
-    const int h = c / (a.dn + a.dv), j = c % (a.dn + a.dv);
-    d_kv[r * kvw + c] =
-        j < a.dn ? dk[r * qw + h * qk + j] : dv[r * a.heads * a.dv + h * a.dv + j - a.dn];
+  bf16* dq_row = d_q_in + r * qw;
+  bf16* dkv_row = d_kv + r * a.heads * kvh;
+  for (int h = warp; h < a.heads; h += kThreads / 32) {
+    const bf16* dq_head = row + h * qk;
+    const bf16* dk_head = dk + r * qw + h * qk;
+    const bf16* dv_head = dv + r * a.heads * a.dv + h * a.dv;
+    for (int j = lane; j < a.dn; j += 32) {
+      dq_row[h * qk + j] = dq_head[j];
+      dkv_row[h * kvh + j] = dk_head[j];
+    }
+    for (int j = lane; j < a.dr; j += 32)
+      store1(dq_row + h * qk + a.dn + j, rotated(dq_head + a.dn, j, s_cs, -1.f, a));
+    for (int j = lane; j < a.dv; j += 32) dkv_row[h * kvh + a.dn + j] = dv_head[j];
   }
   for (int c = threadIdx.x; c < a.dr; c += kThreads)
-    store1(d_k_rope + r * a.dr + c, rotated(s_sum, c, pos, -1.f, a));
+    store1(d_k_rope + r * a.dr + c, rotated(s_sum, c, s_cs, -1.f, a));
 }
 
 // Checks the tensors of one call (bf16 on the GPU, the shapes of ops.h) and returns its arguments

@@ -90,6 +90,19 @@ __device__ __forceinline__ bool beats(float v, int i, float bv, int bi) {
   return i < bi;
 }
 
+// The warp's best (v, i) under `beats`, lane 0's in every lane (the same unless NaNs make the
+// order partial).
+__device__ __forceinline__ void warp_best(float& bv, int& bi) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+    const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+    if (beats(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  bv = __shfl_sync(0xffffffffu, bv, 0);
+  bi = __shfl_sync(0xffffffffu, bi, 0);
+}
+
 // One warp per row: probs = softmax(logits row); the top k in descending order (a warp arg-max
 // per pick; lane j keeps pick j), then their weights: their softmax (of_all false) or their
 // probs (of_all, RouterScore::kSoftmaxOfAll).
@@ -119,15 +132,7 @@ __global__ void __launch_bounds__(kThreads)
       const int c = lane + 32 * m;
       if (c < e && !((taken >> m) & 1u) && beats(lr[c], c, bv, bi)) bv = lr[c], bi = c;
     }
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) {
-      const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-      const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-      if (beats(ov, oi, bv, bi)) bv = ov, bi = oi;
-    }
-    // Lane 0's winner for all (the same in every lane unless NaNs make the order partial).
-    bv = __shfl_sync(0xffffffffu, bv, 0);
-    bi = __shfl_sync(0xffffffffu, bi, 0);
+    warp_best(bv, bi);
     if ((bi & 31) == lane) taken |= uint64_t{1} << (bi >> 5);
     if (lane == j) pick_v = bv, pick_i = bi;
   }
@@ -140,11 +145,14 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// DeepSeek-V3's router, one thread per row (RouterSpec; the CPU's order and ties): p =
+// DeepSeek-V3's router, one warp per row (RouterSpec; the CPU's order and ties): p =
 // sigmoid(logits); the choice reads p + bias, the groups' values are the sums of their two best,
 // the group_topk best groups are kept and the other experts read as 0; the top k of that; the
 // weights are p at the chosen, divided by their sum + 1e-20 when `normalize`, times scaling.
-// kMaxSigmoidGroups groups at most (a 64-bit mask); the taken experts in kMaxExperts bits.
+// Lane l holds experts l + 32 m and groups l + 32 m (each group's two best found by its lane in
+// the CPU's order); each pick is a warp arg-max under `beats` (a total order without NaNs, so the
+// serial scan's winner), lane j keeps pick j, and the sum of the picked p is added in pick order
+// as the CPU does. kMaxSigmoidGroups groups at most (a 64-bit mask).
 constexpr int kMaxSigmoidGroups = 64;
 
 __device__ __forceinline__ float sigmoid_choice(const float* p, const float* bias, uint64_t kept,
@@ -157,79 +165,96 @@ __global__ void __launch_bounds__(kThreads)
     sigmoid_router_kernel(int32_t* topk_idx, float* topk_w, float* probs, const float* logits,
                           const float* bias, int64_t n, int e, int k, int groups, int group_topk,
                           float scaling, bool normalize) {
-  const int64_t row = global_thread();
+  const int64_t row = warp_row();
+  const int lane = threadIdx.x & 31;
   if (row >= n) return;
   const float* lr = logits + row * e;
   float* p = probs + row * e;
-  for (int c = 0; c < e; ++c) p[c] = 1.0f / (1.0f + expf(-lr[c]));
+  for (int c = lane; c < e; c += 32) p[c] = 1.0f / (1.0f + expf(-lr[c]));
+  __syncwarp();  // every lane reads the others' p below
   const int size = groups > 0 ? e / groups : e;
   uint64_t kept = groups > 0 ? 0 : 1;  // bit g: group g's experts may be chosen
   if (groups > 0) {
+    float score[kMaxSigmoidGroups / 32];
+#pragma unroll
+    for (int m = 0; m < kMaxSigmoidGroups / 32; ++m) {
+      const int g = lane + 32 * m;
+      float best = -INFINITY, second = -INFINITY;
+      for (int c = g * size; g < groups && c < (g + 1) * size; ++c) {
+        const float x = p[c] + (bias != nullptr ? bias[c] : 0.0f);
+        if (x > best) {
+          second = best;
+          best = x;
+        } else if (x > second) {
+          second = x;
+        }
+      }
+      score[m] = best + second;
+    }
     for (int pick = 0; pick < group_topk; ++pick) {
       float bv = 0;
       int bi = -1;
-      for (int g = 0; g < groups; ++g) {
-        if ((kept >> g) & 1u) continue;
-        float best = -INFINITY, second = -INFINITY;
-        for (int c = g * size; c < (g + 1) * size; ++c) {
-          const float x = p[c] + (bias != nullptr ? bias[c] : 0.0f);
-          if (x > best) {
-            second = best;
-            best = x;
-          } else if (x > second) {
-            second = x;
-          }
-        }
-        if (beats(best + second, g, bv, bi)) bv = best + second, bi = g;
+#pragma unroll
+      for (int m = 0; m < kMaxSigmoidGroups / 32; ++m) {
+        const int g = lane + 32 * m;
+        if (g < groups && !((kept >> g) & 1u) && beats(score[m], g, bv, bi)) bv = score[m], bi = g;
       }
+      warp_best(bv, bi);
       kept |= uint64_t{1} << bi;
     }
   }
-  uint64_t taken[kMaxExperts / 64] = {};
+  uint64_t taken = 0;  // bit m: expert lane + 32 m already picked
   float sum = 1e-20f;
+  int pick_i = 0;
   for (int j = 0; j < k; ++j) {
     float bv = 0;
     int bi = -1;
-    for (int c = 0; c < e; ++c) {
-      if ((taken[c >> 6] >> (c & 63)) & 1u) continue;
+    for (int c = lane, m = 0; c < e; c += 32, ++m) {
+      if ((taken >> m) & 1u) continue;
       const float x = sigmoid_choice(p, bias, kept, size, c);
       if (beats(x, c, bv, bi)) bv = x, bi = c;
     }
-    taken[bi >> 6] |= uint64_t{1} << (bi & 63);
-    topk_idx[row * k + j] = bi;
+    warp_best(bv, bi);
+    if ((bi & 31) == lane) taken |= uint64_t{1} << (bi >> 5);
+    if (lane == j) pick_i = bi;
     sum += p[bi];
   }
-  for (int j = 0; j < k; ++j) {
-    const float pj = p[topk_idx[row * k + j]];
-    topk_w[row * k + j] = scaling * (normalize ? pj / sum : pj);
+  if (lane < k) {
+    const float pj = p[pick_i];
+    topk_idx[row * k + lane] = pick_i;
+    topk_w[row * k + lane] = scaling * (normalize ? pj / sum : pj);
   }
 }
 
-// Its backward, one thread per row: ds_j = scaling (dw_j / S - sum_i dw_i p_i / S^2) (scaling
-// dw_j when not normalised) at the chosen experts, dlogit = ds p (1 - p); 0 elsewhere.
+// Its backward, one warp per row: ds_j = scaling (dw_j / S - sum_i dw_i p_i / S^2) (scaling
+// dw_j when not normalised) at the chosen experts, dlogit = ds p (1 - p); 0 elsewhere. S and the
+// dot are summed in pick order (lane 0's serial loop, as the CPU's); lane j writes pick j after
+// the row's zeros.
 template <typename TD>
 __global__ void __launch_bounds__(kThreads)
     sigmoid_router_backward_kernel(TD* dlogits, const float* dtopk_w, const int32_t* topk_idx,
                                    const float* probs, int64_t n, int e, int k, float scaling,
                                    bool normalize) {
-  const int64_t row = global_thread();
+  const int64_t row = warp_row();
+  const int lane = threadIdx.x & 31;
   if (row >= n) return;
   TD* dl = dlogits + row * e;
   const float* p = probs + row * e;
   const int32_t* idx = topk_idx + row * k;
   const float* dw = dtopk_w + row * k;
-  for (int c = 0; c < e; ++c) dl[c] = static_cast<TD>(0.0f);
+  for (int c = lane; c < e; c += 32) dl[c] = static_cast<TD>(0.0f);
   float sum = 1e-20f, dot = 0;
   for (int j = 0; j < k; ++j) {
     if (idx[j] < 0 || idx[j] >= e) continue;
     sum += p[idx[j]];
     dot += dw[j] * p[idx[j]];
   }
-  for (int j = 0; j < k; ++j) {
-    if (idx[j] < 0 || idx[j] >= e) continue;
-    const float pj = p[idx[j]];
-    const float ds = normalize ? scaling * (dw[j] / sum - dot / (sum * sum)) : scaling * dw[j];
-    dl[idx[j]] = static_cast<TD>(ds * pj * (1.0f - pj));
+  __syncwarp();  // the zeros before the picks' values
+  if (lane < k && idx[lane] >= 0 && idx[lane] < e) {
+    const float pj = p[idx[lane]];
+    const float ds =
+        normalize ? scaling * (dw[lane] / sum - dot / (sum * sum)) : scaling * dw[lane];
+    dl[idx[lane]] = static_cast<TD>(ds * pj * (1.0f - pj));
   }
 }
 
@@ -575,7 +600,7 @@ void router_load_add(const Tensor& load, const Tensor& counts) {
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
-// DeepSeek-V3's router (sigmoid_router_kernel): one thread per row.
+// DeepSeek-V3's router (sigmoid_router_kernel): one warp per row.
 static void sigmoid_router_forward(const char* op, const Tensor& topk_idx, const Tensor& topk_w,
                                    const Tensor& probs, const Tensor& logits,
                                    const RouterSpec& spec, const Tensor& bias) {
@@ -589,8 +614,7 @@ static void sigmoid_router_forward(const char* op, const Tensor& topk_idx, const
                  " experts and k = ", k, " (the GPU takes at most ", kMaxSigmoidGroups, " groups)");
   }
   if (n == 0) return;
-  sigmoid_router_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads), kThreads, 0,
-                          stream()>>>(
+  sigmoid_router_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
       topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(),
       bias.defined() ? bias.data<float>() : nullptr, n, static_cast<int>(e), static_cast<int>(k),
       static_cast<int>(spec.groups), static_cast<int>(spec.group_topk),
@@ -707,8 +731,7 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
   if (n == 0) return;
   if (spec.sigmoid()) {
     auto launch = [&](auto* pd) {
-      sigmoid_router_backward_kernel<<<static_cast<unsigned>((n + kThreads - 1) / kThreads),
-                                       kThreads, 0, stream()>>>(
+      sigmoid_router_backward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
           pd, dtopk_w.data<float>(), topk_idx.data<int32_t>(), probs.data<float>(), n,
           static_cast<int>(e), static_cast<int>(k), static_cast<float>(spec.scaling),
           score == RouterScore::kSigmoidNormalized);
