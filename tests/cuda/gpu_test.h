@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/cuda/check.h"
 #include "core/rng.h"
@@ -101,5 +102,29 @@ inline void expect_close(const Tensor& got, const Tensor& want, Tolerance tol,
                       << ", reference " << (worst >= 0 ? w[worst] : 0) << " (rtol " << tol.rtol
                       << ", atol " << tol.atol << ")";
 }
+
+// Zeros on the host, f32 unless said.
+inline Tensor host(const Shape& shape, DType dt = DType::kF32) {
+  return Tensor::zeros(shape, dt, MemCategory::kOther, "host", Device::kCPU);
+}
+
+// Uniform ids in [0, limit) from `seed` (repeats likely when limit is small).
+inline Tensor random_ids(const Shape& shape, int64_t limit, uint64_t seed) {
+  Tensor t = host(shape, DType::kI32);
+  for (int64_t i = 0; i < t.numel(); ++i) {
+    t.data<int32_t>()[i] =
+        static_cast<int32_t>(splitmix64(seed * 1000003 + uint64_t(i)) % uint64_t(limit));
+  }
+  return t;
+}
+
+// The values of an i32 tensor, on the host or the GPU.
+inline std::vector<int32_t> ints(const Tensor& t) {
+  Tensor h = t.device() == Device::kCPU ? t : t.to(Device::kCPU);
+  const int32_t* p = h.data<int32_t>();
+  return std::vector<int32_t>(p, p + h.numel());
+}
+
+inline std::string name(DType dt) { return std::string(dtype_name(dt)); }
 
 }  // namespace tandem::testing_gpu
