@@ -138,6 +138,9 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
     if (ranks > 1) line += " (max of " + std::to_string(ranks) + " ranks)";
   }
   line += exposed_alltoall(r);
+  if (r.expert_load_max_over_mean >= 0) {
+    line += " | expert load max/mean " + format_fixed(r.expert_load_max_over_mean, 2);
+  }
   if (r.valid_loss) {
     line += " | valid loss " + format_fixed(*r.valid_loss, 4) + " | valid ppl " +
             format_fixed(std::exp(*r.valid_loss), 3);
@@ -252,6 +255,9 @@ std::string to_json_line(const IterationRecord& r) {
     j["valid_loss"] = number(*r.valid_loss);
     j["valid_ppl"] = number(std::exp(*r.valid_loss));
   }
+  if (r.expert_load_max_over_mean >= 0) {
+    j["expert_load_max_over_mean"] = number(r.expert_load_max_over_mean);
+  }
   if (r.expert_rows_step >= 0) {
     j["expert_rows_max_over_mean"] = {
         {"step", number(r.expert_rows_step)},
@@ -296,6 +302,9 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationR
     double exposed = 0;
     for (size_t p = 0; p < busy.size(); ++p) exposed = std::max(exposed, exposed_at(r, p));
     out.emplace_back("alltoall/exposed_s", exposed);
+  }
+  if (r.expert_load_max_over_mean >= 0) {
+    out.emplace_back("moe/expert_load_max_over_mean", r.expert_load_max_over_mean);
   }
   if (r.valid_loss) {
     out.emplace_back("valid/loss", *r.valid_loss);

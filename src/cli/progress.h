@@ -60,6 +60,9 @@ struct IterationRecord {
   // rank's routed rows over the group's mean, over the step and per micro-batch and layer
   // (median and largest; schedule::expert_rows_spread).
   double expert_rows_step = -1, expert_rows_microbatch_median = -1, expert_rows_microbatch_max = -1;
+  // With --moe-router-enable-expert-bias (negative: none): the step's most loaded expert's rows
+  // over the mean, the largest over rank 0's MoE layers (runtime::StepResult's).
+  double expert_load_max_over_mean = -1;
   // After a validation at this step (Note [Validation data] in cli/validation.h): the mean LM
   // loss of its batches; its perplexity is exp of it. Empty: no validation at this step.
   std::optional<double> valid_loss;
@@ -147,13 +150,14 @@ std::string format_summary(const std::vector<IterationRecord>& steps);
 std::string format_bar(const IterationRecord& record, int64_t total_iters, double eta_seconds);
 // One JSON object (no newline) with the keys iter, skipped (true or false), loss, lm_loss,
 // aux_loss, lr, grad_norm, step_seconds, tokens_per_s, mem_in_use_bytes, mem_peak_bytes,
-// activation_peak_bytes, and valid_loss and valid_ppl after a validation. Non-finite numbers
-// become null.
+// activation_peak_bytes, expert_load_max_over_mean with an expert bias, and valid_loss and
+// valid_ppl after a validation. Non-finite numbers become null.
 std::string to_json_line(const IterationRecord& record);
 // The step's scalars for TensorBoard, by tag: train/loss, train/lm_loss, train/aux_loss,
 // train/lr, train/grad_norm, train/tokens_per_s; memory/in_use_bytes and memory/peak_bytes (the
 // largest over ranks); with an all-to-all, alltoall/busy_s and alltoall/exposed_s (the largest
-// over ranks); after a validation, valid/loss and valid/ppl.
+// over ranks); with an expert bias, moe/expert_load_max_over_mean; after a validation,
+// valid/loss and valid/ppl.
 std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationRecord& record);
 
 }  // namespace tandem::cli

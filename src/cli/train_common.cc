@@ -130,6 +130,7 @@ IterationRecord to_record(const runtime::StepResult& r) {
   rec.mem_in_use_bytes = {r.memory.total_in_use};
   rec.mem_peak_bytes = {r.memory.total_peak};
   rec.activation_peak_bytes = {r.activation_peak};
+  rec.expert_load_max_over_mean = r.expert_load_max_over_mean;
   return rec;
 }
 

@@ -1,6 +1,7 @@
 // The expert bias's update after each step (Note [Expert bias] in expert_bias.h).
 #include "runtime/expert_bias.h"
 
+#include <algorithm>
 #include <vector>
 
 namespace tandem::runtime {
@@ -20,12 +21,23 @@ void move_bias(T* bias, const float* load, int64_t e, double rate) {
   }
 }
 
+// The most loaded expert's rows over the mean of one layer's tally (0 for a layer that routed
+// nothing).
+double max_over_mean(const float* load, int64_t e) {
+  double sum = 0, most = 0;
+  for (int64_t x = 0; x < e; ++x) {
+    sum += load[x];
+    most = std::max(most, static_cast<double>(load[x]));
+  }
+  return sum > 0 ? most * static_cast<double>(e) / sum : 0.0;
+}
+
 }  // namespace
 
-void update_expert_bias(model::Parameters& params, double rate, comm::Communicator* dp,
-                        bool apply) {
+double update_expert_bias(model::Parameters& params, double rate, comm::Communicator* dp,
+                          bool apply) {
   const Tensor& load = params.expert_load();
-  if (!load.defined()) return;
+  if (!load.defined()) return -1;
   if (dp != nullptr && dp->size() > 1) dp->all_reduce_sum(load);
   const int64_t e = params.config().num_experts;
   const std::vector<model::LayerWeights>& layers = params.weights().layers;
@@ -33,11 +45,14 @@ void update_expert_bias(model::Parameters& params, double rate, comm::Communicat
   // back: the update is the CPU's arithmetic on either device.
   const bool host = load.device() == Device::kCPU;
   const Tensor host_load = host ? load : load.to(Device::kCPU);
-  for (size_t l = 0; l < layers.size() && apply; ++l) {
+  double balance = -1;
+  for (size_t l = 0; l < layers.size(); ++l) {
     const Tensor& bias = layers[l].expert_bias;
     if (!bias.defined()) continue;
-    const Tensor b = host ? bias : bias.to(Device::kCPU);
     const float* pl = host_load.data<float>() + static_cast<int64_t>(l) * e;
+    balance = std::max(balance, max_over_mean(pl, e));
+    if (!apply) continue;
+    const Tensor b = host ? bias : bias.to(Device::kCPU);
     if (b.dtype() == DType::kF64) {
       move_bias(b.data<double>(), pl, e, rate);
     } else {
@@ -46,6 +61,7 @@ void update_expert_bias(model::Parameters& params, double rate, comm::Communicat
     if (!host) bias.copy_from(b);
   }
   load.zero_();
+  return balance;
 }
 
 }  // namespace tandem::runtime

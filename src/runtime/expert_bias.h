@@ -21,8 +21,10 @@
 namespace tandem::runtime {
 
 // After a step: sums the step's tallies over `dp` (null: one rank holds all the data), updates
-// every MoE layer's bias of `params` by `rate` when `apply`, and zeroes the tallies. Nothing
-// without --moe-router-enable-expert-bias.
-void update_expert_bias(model::Parameters& params, double rate, comm::Communicator* dp, bool apply);
+// every MoE layer's bias of `params` by `rate` when `apply`, and zeroes the tallies. Returns the
+// step's balance: the most loaded expert's rows over the mean, the largest over the layers of
+// `params` (-1 without tallies: nothing is done without --moe-router-enable-expert-bias).
+double update_expert_bias(model::Parameters& params, double rate, comm::Communicator* dp,
+                          bool apply);
 
 }  // namespace tandem::runtime

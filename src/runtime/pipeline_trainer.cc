@@ -435,7 +435,10 @@ StepResult PipelineTrainer::step() {
   r.lr = learning_rate(train_, iteration_);
   apply_update(r, finite);
   for (StageRuntime& s : stages_) {  // Note [Expert bias]
-    update_expert_bias(*s.params, model_.moe_router_bias_update_rate, groups_->dp.get(), finite);
+    r.expert_load_max_over_mean =
+        std::max(r.expert_load_max_over_mean,
+                 update_expert_bias(*s.params, model_.moe_router_bias_update_rate,
+                                    groups_->dp.get(), finite));
   }
   rebalancer_->after_step(iteration_, stages_, *deferred_);  // part of the step's time
   synchronize_device(train_.device);

@@ -84,7 +84,8 @@ StepResult ReferenceTrainer::step() {
     params_->zero_grads();
     r.status = StepStatus::kSkipped;
   }
-  update_expert_bias(*params_, model_.moe_router_bias_update_rate, nullptr, finite);
+  r.expert_load_max_over_mean =
+      update_expert_bias(*params_, model_.moe_router_bias_update_rate, nullptr, finite);
   synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.memory = alloc.stats();

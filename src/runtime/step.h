@@ -31,6 +31,9 @@ struct StepResult {
   // Peak host bytes holding offloaded activations (Note [Activation offload] in
   // activation_offload.h); 0 without --offload-activations.
   int64_t offload_host_peak = 0;
+  // With --moe-router-enable-expert-bias (Note [Expert bias] in expert_bias.h): the step's most
+  // loaded expert's rows over the mean, the largest over this rank's MoE layers (-1: none here).
+  double expert_load_max_over_mean = -1;
 };
 
 // Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.

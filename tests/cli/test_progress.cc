@@ -289,6 +289,25 @@ TEST(Progress, ValidationLossInTheLogLineAndTheJson) {
   EXPECT_EQ(std::count(lines.begin(), lines.end(), '\n'), 1) << lines;
 }
 
+// With an expert bias (Note [Expert bias]): the step's most loaded expert over the mean in the
+// log line, the JSON line and TensorBoard's scalars; nothing of it without one.
+TEST(Progress, ExpertLoadBalanceWithAnExpertBias) {
+  IterationRecord r = record(3, {1});
+  EXPECT_EQ(format_log_line(r, 10).find("expert load"), std::string::npos);
+  EXPECT_FALSE(nlohmann::json::parse(to_json_line(r)).contains("expert_load_max_over_mean"));
+  const size_t plain = tensorboard_scalars(r).size();
+  r.expert_load_max_over_mean = 1.375;
+  EXPECT_NE(format_log_line(r, 10).find(" | expert load max/mean 1.38"), std::string::npos)
+      << format_log_line(r, 10);
+  EXPECT_EQ(nlohmann::json::parse(to_json_line(r))["expert_load_max_over_mean"].get<double>(),
+            1.375);
+  const auto scalars = tensorboard_scalars(r);
+  ASSERT_EQ(scalars.size(), plain + 1);
+  EXPECT_NE(std::find(scalars.begin(), scalars.end(),
+                      std::pair<std::string, double>{"moe/expert_load_max_over_mean", 1.375}),
+            scalars.end());
+}
+
 // The reporter's event file: made by open() only, every step's scalars at its step, flushed
 // with each log line so that TensorBoard reads a run as it goes. Oracle: the independent reader
 // of tests/common/tfevents_reader.h.

@@ -94,7 +94,7 @@ std::vector<double> run(ReferenceTrainer& t, int steps) {
   const double rate = t.params().config().moe_router_bias_update_rate;
   for (int s = 0; s < steps; ++s) {
     const std::vector<std::vector<float>> before = biases(t);
-    t.step();
+    const StepResult step = t.step();
     const std::vector<std::vector<float>> after = biases(t);
     double worst = 0;
     for (size_t layer = 0; layer < load.size(); ++layer) {
@@ -108,6 +108,8 @@ std::vector<double> run(ReferenceTrainer& t, int steps) {
             << "step " << s + 1 << " layer " << layer << " expert " << e;
       }
     }
+    // The step's own figure (the log's expert_load_max_over_mean) is the same worst layer.
+    EXPECT_NEAR(step.expert_load_max_over_mean, worst, 1e-12 * worst) << "step " << s + 1;
     ratio.push_back(worst);
   }
   return ratio;
