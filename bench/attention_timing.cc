@@ -4,7 +4,11 @@
 // latent attention's q/k 192 with v 128 at shape (d), the defaults and each other tiling of D
 // 128's forward (both shapes) and deterministic backward (shape (c)); prints TFLOP/s. Causal FLOPs:
 // forward 2*b*h*s*s*(D+Dv)/2 (the two products over the lower triangle), backward 2.5x that.
-// Standalone (no Google Benchmark): `attention_timing [iterations]`.
+// With `overlap`: memory-bound work issued on a second stream beside shape (d)'s attention, against
+// the same work after it (whether the GPU runs them side by side: the experts' weight gradients,
+// 64 experts of 384 rows, beside the backward; AdamW over 138 million weights beside two
+// backwards and beside four forwards). Standalone (no Google Benchmark): `attention_timing
+// [iterations] [overlap]`.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -12,9 +16,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <exception>
+#include <functional>
 #include <iterator>
+#include <string>
 #include <vector>
 
+#include "core/cuda/check.h"
 #include "core/cuda/context.h"
 #include "core/tensor.h"
 #include "cuda_timing.h"
@@ -142,13 +149,111 @@ void bench_d128_variants(const char* table, const std::vector<const char*>& name
   select(-1);
 }
 
+// The `overlap` mode (see the top of the file): each pair serial on one stream, then the second
+// of it issued on another stream beside the first (joined at the end).
+void bench_overlap(int iters) {
+  const AttentionShape d{1, 4096, 16, 16, 192, 128, 0.0722};
+  const Problem p = make_problem(d);
+  forward(p);
+  const int64_t experts = 64, rows = 384, total = experts * rows, h = 2048, f = 1408;
+  const Tensor x = random_gpu({total, h}, 11), act = random_gpu({total, f}, 12);
+  const Tensor dy = random_gpu({total, h}, 13), dgu = random_gpu({total, 2 * f}, 14);
+  std::vector<Tensor> g_gu, g_down;
+  for (int64_t e = 0; e < experts; ++e) {
+    g_gu.push_back(Tensor::zeros({2 * f, h}, DType::kF32, MemCategory::kOther, "g", Device::kCUDA));
+    g_down.push_back(Tensor::zeros({h, f}, DType::kF32, MemCategory::kOther, "g", Device::kCUDA));
+  }
+  const auto wgrad = [&] {
+    tandem::ops::Lanes l(x);
+    for (int64_t e = 0; e < experts; ++e) {
+      l.run(e, [&, e] {
+        tandem::ops::linear_backward_weight(g_down[e], dy.narrow_rows(e * rows, rows),
+                                            act.narrow_rows(e * rows, rows));
+        tandem::ops::linear_backward_weight(g_gu[e], dgu.narrow_rows(e * rows, rows),
+                                            x.narrow_rows(e * rows, rows));
+      });
+    }
+    l.join();
+  };
+  const int64_t nw = 553000000 / 4;  // a quarter of one shape (d) MoE layer's expert weights
+  const auto f32 = [](int64_t n, const char* t) {
+    return Tensor::zeros({n}, DType::kF32, MemCategory::kOther, t, Device::kCUDA);
+  };
+  const Tensor pw = f32(nw, "p"), m = f32(nw, "m"), v = f32(nw, "v"), g = f32(nw, "g");
+  const Tensor pb = Tensor::zeros({nw}, DType::kBF16, MemCategory::kOther, "pb", Device::kCUDA);
+  const auto adam = [&] {
+    tandem::ops::adamw_step_flat(pw, m, v, pb, g, {}, 1.0, {1e-3, 0.9, 0.95, 1e-8, 0.1, 1});
+  };
+  cudaStream_t side = nullptr;
+  TANDEM_CUDA_CHECK(cudaStreamCreateWithFlags(&side, cudaStreamNonBlocking));
+  cudaEvent_t fork = nullptr, done = nullptr;
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&fork, cudaEventDisableTiming));
+  TANDEM_CUDA_CHECK(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  const auto beside = [&](const std::function<void()>& main_fn,
+                          const std::function<void()>& side_fn) {
+    const cudaStream_t cur = tandem::cuda::current_stream();
+    TANDEM_CUDA_CHECK(cudaEventRecord(fork, cur));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(side, fork, 0));
+    {
+      tandem::cuda::StreamScope on(side);
+      side_fn();
+    }
+    main_fn();
+    TANDEM_CUDA_CHECK(cudaEventRecord(done, side));
+    TANDEM_CUDA_CHECK(cudaStreamWaitEvent(cur, done, 0));
+  };
+  const auto bwd = [&] { backward(p); };
+  const auto bwd2 = [&] {
+    backward(p);
+    backward(p);
+  };
+  const double a = time_ms(iters, bwd), w = time_ms(iters, wgrad), ad = time_ms(iters, adam);
+  std::printf("overlap: attention backward %.3f ms, expert wgrad %.3f ms, adamw(%lld) %.3f ms\n", a,
+              w, static_cast<long long>(nw), ad);
+  std::printf("  attn bwd then wgrad serial %.3f | beside %.3f\n",
+              time_ms(iters,
+                      [&] {
+                        bwd();
+                        wgrad();
+                      }),
+              time_ms(iters, [&] { beside(bwd, wgrad); }));
+  std::printf("  2 attn bwd then adamw serial %.3f | beside %.3f\n",
+              time_ms(iters,
+                      [&] {
+                        bwd2();
+                        adam();
+                      }),
+              time_ms(iters, [&] { beside(bwd2, adam); }));
+  const auto fwd3 = [&] {
+    forward(p);
+    forward(p);
+    forward(p);
+    forward(p);
+  };
+  std::printf("  4 attn fwd %.3f, then adamw serial %.3f | beside %.3f\n", time_ms(iters, fwd3),
+              time_ms(iters,
+                      [&] {
+                        fwd3();
+                        adam();
+                      }),
+              time_ms(iters, [&] { beside(fwd3, adam); }));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(fork));
+  TANDEM_CUDA_CHECK(cudaEventDestroy(done));
+  TANDEM_CUDA_CHECK(cudaStreamDestroy(side));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
+    if (argc > 2 && std::string(argv[2]) == "overlap") {
+      tandem::cuda::initialize(0);
+      bench_overlap(iters);
+      return 0;
+    }
     if (iters < 1) {
-      std::fprintf(stderr, "usage: attention_timing [iterations >= 1]\n");
+      std::fprintf(stderr, "usage: attention_timing [iterations >= 1] [overlap]\n");
       return 2;
     }
     tandem::cuda::initialize(0);
