@@ -150,15 +150,13 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- embedding ----
 
-constexpr int kRowsPerBlock = kThreads / 32;  // one warp per row
-
 // out[r, :] = table[ids[r], :] for every valid id; the lowest row holding an id outside [0, v)
 // goes to *bad_row (which starts above every row), and that row is left unwritten.
 template <typename TT>
 __global__ void __launch_bounds__(kThreads)
     embedding_forward_kernel(bf16* out, int* bad_row, const int32_t* ids, const TT* table,
                              int64_t n, int64_t v, int64_t h, bool vec) {
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = warp_row();
   const int lane = threadIdx.x & 31;
   if (row >= n) return;
   const int64_t id = ids[row];
@@ -197,7 +195,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     embedding_backward_kernel(float* dtable, const bf16* dout, const int32_t* keys,
                               const int32_t* tokens, int64_t n, int64_t v, int64_t h, bool vec) {
-  const int64_t i = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t i = warp_row();
   const int lane = threadIdx.x & 31;
   if (i >= n) return;
   const int32_t key = keys[i];
@@ -424,7 +422,7 @@ void embedding_forward(const Tensor& out, const Tensor& ids, const Tensor& table
   Scratch scratch(op);
   int* bad_row = scratch.take<int>(1);
   TANDEM_CUDA_CHECK(cudaMemsetAsync(bad_row, 0x7f, sizeof(int), stream()));
-  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  const unsigned blocks = row_blocks(n, kThreads);
   dispatch_act(table.dtype(), [&](auto tt) {
     using TT = typename decltype(tt)::type;
     embedding_forward_kernel<TT><<<blocks, kThreads, 0, stream()>>>(
@@ -475,7 +473,7 @@ void embedding_backward(const Tensor& dtable, const Tensor& dout, const Tensor& 
                                                     tokens, static_cast<int>(n), 0, end_bit,
                                                     stream()));
   const bool vec = h % kVec == 0 && aligned16(dtable.raw_data()) && aligned16(dout.raw_data());
-  const unsigned blocks = static_cast<unsigned>((n + kRowsPerBlock - 1) / kRowsPerBlock);
+  const unsigned blocks = row_blocks(n, kThreads);
   embedding_backward_kernel<<<blocks, kThreads, 0, stream()>>>(
       dtable.data<float>(), static_cast<const bf16*>(dout.raw_data()), keys, tokens, n, v, h, vec);
   TANDEM_CUDA_CHECK_LAUNCH();

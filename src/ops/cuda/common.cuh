@@ -100,6 +100,12 @@ __device__ __forceinline__ int64_t global_thread() {
 }
 __device__ __forceinline__ int64_t grid_threads() { return int64_t{gridDim.x} * blockDim.x; }
 
+// Warp-per-row kernels: this warp's row, each block holding blockDim.x / 32 rows (row_blocks in
+// common.h launches enough blocks).
+__device__ __forceinline__ int64_t warp_row() {
+  return int64_t{blockIdx.x} * (blockDim.x >> 5) + (threadIdx.x >> 5);
+}
+
 // The sum over the warp, returned to every lane (the same bits in each: the xor butterfly is
 // symmetric).
 template <typename T>

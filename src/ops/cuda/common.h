@@ -34,4 +34,11 @@ inline unsigned blocks_for(int64_t n, int threads = 256) {
   return static_cast<unsigned>(b < 1 ? 1 : (b > cap ? cap : b));
 }
 
+// Blocks of `threads` threads for a warp-per-row kernel over `rows` rows (warp_row in
+// common.cuh): one warp a row.
+inline unsigned row_blocks(int64_t rows, int threads) {
+  const int64_t per_block = threads / 32;
+  return static_cast<unsigned>((rows + per_block - 1) / per_block);
+}
+
 }  // namespace tandem::ops::cuda

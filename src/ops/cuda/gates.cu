@@ -18,8 +18,7 @@ namespace {
 using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;  // row kernels: one warp per row
-constexpr int64_t kChunkRows = 256;           // rows a bias-gradient block sums
+constexpr int64_t kChunkRows = 256;  // rows a bias-gradient block sums
 
 // y[r, c] += b[c].
 template <typename TB>
@@ -66,7 +65,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     sigmoid_gate_forward_kernel(bf16* y, float* gate, const bf16* z, const float* logit, int64_t m,
                                 int64_t h) {
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = warp_row();
   const int lane = threadIdx.x & 31;
   if (row >= m) return;
   const float g = 1.0f / (1.0f + expf(-logit[row]));
@@ -79,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
 __global__ void __launch_bounds__(kThreads)
     sigmoid_gate_backward_kernel(bf16* dz, bf16* dlogit, const bf16* dy, const bf16* z,
                                  const float* gate, int64_t m, int64_t h) {
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = warp_row();
   const int lane = threadIdx.x & 31;
   if (row >= m) return;
   const float g = gate[row];
@@ -89,10 +88,6 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
   for (int64_t c = lane; c < h; c += 32) store1(dz + row * h + c, load1(dy + row * h + c) * g);
   if (lane == 0) store1(dlogit + row, dot * g * (1 - g));
-}
-
-unsigned row_blocks(int64_t rows) {
-  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
 }
 
 }  // namespace
@@ -143,7 +138,7 @@ void sigmoid_gate_forward(const Tensor& y, const Tensor& gate, const Tensor& z,
   expect_cuda(op, "gate", gate, {DType::kF32}, {m});
   expect_cuda(op, "logit", logit, {DType::kF32}, {m});
   if (m == 0) return;
-  sigmoid_gate_forward_kernel<<<row_blocks(m), kThreads, 0, stream()>>>(
+  sigmoid_gate_forward_kernel<<<row_blocks(m, kThreads), kThreads, 0, stream()>>>(
       static_cast<bf16*>(y.raw_data()), gate.data<float>(), static_cast<const bf16*>(z.raw_data()),
       logit.data<float>(), m, h);
   TANDEM_CUDA_CHECK_LAUNCH();
@@ -159,7 +154,7 @@ void sigmoid_gate_backward(const Tensor& dz, const Tensor& dlogit, const Tensor&
   expect_cuda(op, "dlogit", dlogit, {DType::kBF16}, {m});
   expect_cuda(op, "gate", gate, {DType::kF32}, {m});
   if (m == 0) return;
-  sigmoid_gate_backward_kernel<<<row_blocks(m), kThreads, 0, stream()>>>(
+  sigmoid_gate_backward_kernel<<<row_blocks(m, kThreads), kThreads, 0, stream()>>>(
       static_cast<bf16*>(dz.raw_data()), static_cast<bf16*>(dlogit.raw_data()),
       static_cast<const bf16*>(dy.raw_data()), static_cast<const bf16*>(z.raw_data()),
       gate.data<float>(), m, h);

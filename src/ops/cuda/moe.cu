@@ -326,7 +326,7 @@ void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int
   const SlotDims d = check_permute(op, "x", x, "out", out, perm, k);
   if (d.count == 0 || d.h == 0) return;
   const bool vec = vec_rows(d.h, {&out, &x});
-  permute_forward_kernel<<<row_blocks(d.count), kThreads, 0, stream()>>>(
+  permute_forward_kernel<<<row_blocks(d.count, kThreads), kThreads, 0, stream()>>>(
       static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(x.raw_data()),
       perm.data<int32_t>(), d.count, k, d.h, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
@@ -340,7 +340,7 @@ void permute_backward(const Tensor& dx, const Tensor& dout, const Tensor& perm, 
   Scratch scratch(op);
   const int32_t* inv = inverse_perm(scratch, perm, d.count);
   const bool vec = vec_rows(d.h, {&dx, &dout});
-  permute_backward_kernel<<<row_blocks(d.n), kThreads, 0, stream()>>>(
+  permute_backward_kernel<<<row_blocks(d.n, kThreads), kThreads, 0, stream()>>>(
       static_cast<bf16*>(dx.raw_data()), static_cast<const bf16*>(dout.raw_data()), inv, d.n, k,
       d.h, acc == Accumulate::kAdd, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
@@ -388,7 +388,7 @@ void combine_forward(const Tensor& out, const Tensor& y, const Tensor& perm, con
   Scratch scratch(op);
   const int32_t* inv = inverse_perm(scratch, perm, count);
   const bool vec = vec_rows(h, {&out, &y});
-  combine_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+  combine_forward_kernel<<<row_blocks(n, kThreads), kThreads, 0, stream()>>>(
       static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(y.raw_data()), inv,
       topk_w.data<float>(), n, k, h, vec);
   TANDEM_CUDA_CHECK_LAUNCH();
@@ -404,7 +404,7 @@ void combine_backward(const Tensor& dy, const Tensor& dtopk_w, const Tensor& dou
   expect_cuda(op, "perm", perm, {DType::kI32}, {count});
   if (count == 0) return;
   const bool vec = vec_rows(h, {&dy, &dout, &y});
-  combine_backward_kernel<<<row_blocks(count), kThreads, 0, stream()>>>(
+  combine_backward_kernel<<<row_blocks(count, kThreads), kThreads, 0, stream()>>>(
       static_cast<bf16*>(dy.raw_data()), dtopk_w.data<float>(),
       static_cast<const bf16*>(dout.raw_data()), static_cast<const bf16*>(y.raw_data()),
       perm.data<int32_t>(), topk_w.data<float>(), count, k, h, vec);

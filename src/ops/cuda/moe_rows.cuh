@@ -1,6 +1,7 @@
 // The CUDA MoE ops' shared pieces (router.cu: the routers; moe.cu: the token permutation and
-// combine): row kernels take one warp per row, and the per-expert counts are an integer
-// histogram (its order does not matter). Included by those two files only; each gets its own copy
+// combine): the block size of their kernels (row kernels take one warp per row: warp_row and
+// row_blocks in common.cuh and common.h), and the per-expert counts, an integer histogram (its
+// order does not matter). Included by those two files only; each gets its own copy
 // (an unnamed namespace).
 #pragma once
 
@@ -16,15 +17,6 @@ namespace tandem::ops::cuda {
 namespace {
 
 constexpr int kThreads = 256;
-constexpr int kRowsPerBlock = kThreads / 32;  // row kernels: one warp per row
-
-__device__ __forceinline__ int64_t warp_row() {
-  return int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
-}
-
-inline unsigned row_blocks(int64_t rows) {
-  return static_cast<unsigned>((rows + kRowsPerBlock - 1) / kRowsPerBlock);
-}
 
 // counts[id] += occurrences of each id in [0, e) (counts zeroed by the caller). Integer adds:
 // the order does not matter.

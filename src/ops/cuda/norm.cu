@@ -505,7 +505,7 @@ struct BackwardLaunch {
     // Warp per row: one wave. Block per row: several rows a block, the partials small next to dx.
     const int64_t wanted = warp_rows
                                ? resident_blocks(kernel, threads, static_cast<size_t>(shared_bytes),
-                                                 (n + kRowsPerBlock - 1) / kRowsPerBlock)
+                                                 row_blocks(n, threads))
                                : std::min((n + 3) / 4, std::min(32, 2048 / threads) * sms);
     const int64_t fit = static_cast<int64_t>(tandem::cuda::cublaslt_workspace_bytes()) /
                         (h * int64_t{sizeof(float)});
@@ -535,8 +535,8 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
   if (n == 0) return;
   const bool vec = h % kVec == 0 && aligned16(y.raw_data()) && aligned16(x.raw_data()) &&
                    aligned16(g.raw_data());
-  const int64_t lane_groups = (h / kVec + 31) / 32;  // groups of 8 per lane
-  const int64_t row_blocks = (n + kRowsPerBlock - 1) / kRowsPerBlock;
+  const int64_t lane_groups = (h / kVec + 31) / 32;     // groups of 8 per lane
+  const int64_t warp_blocks = row_blocks(n, kThreads);  // a warp a row
   auto* py = static_cast<bf16*>(y.raw_data());
   auto* pr = rstd.data<float>();
   const auto* px = static_cast<const bf16*>(x.raw_data());
@@ -547,7 +547,7 @@ void rmsnorm_forward(const Tensor& y, const Tensor& rstd, const Tensor& x, const
     // A block per 8 rows, or (warp kernels) one wave of blocks striding over them.
     auto launch = [&](auto kernel, bool one_wave) {
       const int64_t blocks =
-          one_wave ? resident_blocks(kernel, kThreads, 0, row_blocks) : row_blocks;
+          one_wave ? resident_blocks(kernel, kThreads, 0, warp_blocks) : warp_blocks;
       kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream()>>>(py, pr, px, pg, n, h, e);
       TANDEM_CUDA_CHECK_LAUNCH();
     };

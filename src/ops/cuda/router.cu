@@ -315,7 +315,7 @@ static void sigmoid_router_forward(const char* op, const Tensor& topk_idx, const
                  " experts and k = ", k, " (the GPU takes at most ", kMaxSigmoidGroups, " groups)");
   }
   if (n == 0) return;
-  sigmoid_router_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+  sigmoid_router_kernel<<<row_blocks(n, kThreads), kThreads, 0, stream()>>>(
       topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(),
       bias.defined() ? bias.data<float>() : nullptr, n, static_cast<int>(e), static_cast<int>(k),
       static_cast<int>(spec.groups), static_cast<int>(spec.group_topk),
@@ -343,7 +343,7 @@ void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& 
     return;
   }
   if (n == 0) return;
-  router_forward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+  router_forward_kernel<<<row_blocks(n, kThreads), kThreads, 0, stream()>>>(
       topk_idx.data<int32_t>(), topk_w.data<float>(), probs.data<float>(), logits.data<float>(), n,
       static_cast<int>(e), static_cast<int>(k), score == RouterScore::kSoftmaxOfAll);
   TANDEM_CUDA_CHECK_LAUNCH();
@@ -432,7 +432,7 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
   if (n == 0) return;
   if (spec.sigmoid()) {
     auto launch = [&](auto* pd) {
-      sigmoid_router_backward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+      sigmoid_router_backward_kernel<<<row_blocks(n, kThreads), kThreads, 0, stream()>>>(
           pd, dtopk_w.data<float>(), topk_idx.data<int32_t>(), probs.data<float>(), n,
           static_cast<int>(e), static_cast<int>(k), static_cast<float>(spec.scaling),
           score == RouterScore::kSigmoidNormalized);
@@ -447,7 +447,7 @@ void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor&
   const double nd = static_cast<double>(n);
   const double cscale = coeff * static_cast<double>(e) / (nd * static_cast<double>(k)) / nd;
   auto launch = [&](auto* pd) {
-    router_backward_kernel<<<row_blocks(n), kThreads, 0, stream()>>>(
+    router_backward_kernel<<<row_blocks(n, kThreads), kThreads, 0, stream()>>>(
         pd, dtopk_w.data<float>(), topk_idx.data<int32_t>(), topk_w.data<float>(),
         probs.data<float>(), counts.data<int32_t>(), n, static_cast<int>(e), static_cast<int>(k),
         cscale, aux_scale, score == RouterScore::kSoftmaxOfAll);
