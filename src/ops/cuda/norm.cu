@@ -20,7 +20,8 @@ using bf16 = __nv_bfloat16;
 
 constexpr int kThreads = 256;
 constexpr int kVec = 8;  // elements of a vector: 16 bytes of bf16, two float4 of f32 (common.cuh)
-constexpr int kRowsPerBlock = kThreads / 32;  // warp-per-row kernels: rows a block holds
+constexpr int kRowsPerBlock = kThreads / 32;  // warp-per-row kernels: rows a block holds (their
+                                              // stride and the dx kernel's shared dg rows)
 constexpr int kMaxWarpCache = 4;  // warp-per-row kernels: up to 32 * 8 * 4 = 1024 columns
 
 // ---- rmsnorm forward: one warp per row ----
@@ -36,7 +37,7 @@ __global__ void __launch_bounds__(kThreads)
                                 int64_t h, float eps) {
   const int lane = threadIdx.x & 31;
   const int64_t groups = h / kVec, stride = int64_t{gridDim.x} * kRowsPerBlock;
-  int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  int64_t row = warp_row();
   if (row >= n) return;  // no barriers below
   // Lane l holds groups of 8 l + 32 m (m < kCache), which cover the row.
   auto load_row = [&](int64_t r, uint4(&raw)[kCache]) {
@@ -92,7 +93,7 @@ template <typename TG, int kCache>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_forward_vec_kernel(bf16* y, float* rstd, const bf16* x, const TG* g, int64_t n,
                                int64_t h, float eps) {
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = warp_row();
   const int lane = threadIdx.x & 31;
   if (row >= n) return;
   const int64_t groups = h / kVec;
@@ -155,7 +156,7 @@ template <typename TG>
 __global__ void __launch_bounds__(kThreads)
     rmsnorm_forward_scalar_kernel(bf16* y, float* rstd, const bf16* x, const TG* g, int64_t n,
                                   int64_t h, float eps) {
-  const int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + (threadIdx.x >> 5);
+  const int64_t row = warp_row();
   const int lane = threadIdx.x & 31;
   if (row >= n) return;
   const bf16* xr = x + row * h;
@@ -234,7 +235,7 @@ __global__ void __launch_bounds__(kThreads, 2)
       }
     }
   };
-  int64_t row = int64_t{blockIdx.x} * kRowsPerBlock + warp;
+  int64_t row = warp_row();
   BackwardRow<kCache> cur, next;
   if (row < a.n) load_row(row, cur);
   for (int64_t c = threadIdx.x; c < groups; c += blockDim.x) {
