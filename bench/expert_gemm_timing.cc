@@ -333,13 +333,152 @@ void bench_varying_counts(const char* name, int64_t experts, int64_t total, int6
       fresh, again, gpu);
 }
 
+// Shape (d)'s experts' weight gradients (64 experts, H 2048, F 1408, top-6 of 4,096 tokens:
+// 24,576 rows a micro-batch, about 384 an expert) over a global batch of 8 micro-batches: one
+// product per expert and micro-batch added into the f32 gradients (the W node), against the rows
+// of `merge` micro-batches gathered expert-major (copy_row_blocks) and summed in one product per
+// expert (K `merge` times as long, so the f32 gradient is read and written `merge` times less).
+void bench_wgrad_merge(int iters) {
+  constexpr int64_t kExperts = 64, kH = 2048, kF = 1408, kRows = 24576, kMicro = 8;
+  struct Micro {
+    std::vector<int64_t> rows, begin;
+    Tensor x, act, dy, dgu;
+  };
+  std::vector<Micro> mbs(kMicro);
+  for (int64_t j = 0; j < kMicro; ++j) {
+    Micro& m = mbs[j];
+    m.rows = routed_rows(kExperts, kRows, 777 + j, false);
+    int64_t at = 0;
+    for (int64_t r : m.rows) {
+      m.begin.push_back(at);
+      at += r;
+    }
+    m.x = random_gpu({kRows, kH}, 100 + 4 * j);
+    m.act = random_gpu({kRows, kF}, 101 + 4 * j);
+    m.dy = random_gpu({kRows, kH}, 102 + 4 * j);
+    m.dgu = random_gpu({kRows, 2 * kF}, 103 + 4 * j);
+  }
+  auto grads = [&] {
+    std::vector<Tensor> g;
+    for (int64_t e = 0; e < kExperts; ++e) {
+      g.push_back(Tensor::zeros({kH, kF}, DType::kF32, MemCategory::kOther, "gd", Device::kCUDA));
+      g.push_back(
+          Tensor::zeros({2 * kF, kH}, DType::kF32, MemCategory::kOther, "ggu", Device::kCUDA));
+    }
+    return g;
+  };
+  // Expert e's products over rows [begin, begin + rows) of (dy, act, dgu, x).
+  auto products = [&](std::vector<Tensor>& g, const Tensor& dy, const Tensor& act,
+                      const Tensor& dgu, const Tensor& x, const std::vector<int64_t>& rows,
+                      const std::vector<int64_t>& begin, tandem::ops::Accumulate acc) {
+    tandem::ops::Lanes l(x);
+    for (int64_t e = 0; e < kExperts; ++e) {
+      if (rows[e] == 0) continue;
+      l.run(e, [&, e] {
+        tandem::ops::linear_backward_weight(g[2 * e], dy.narrow_rows(begin[e], rows[e]),
+                                            act.narrow_rows(begin[e], rows[e]), acc);
+        tandem::ops::linear_backward_weight(g[2 * e + 1], dgu.narrow_rows(begin[e], rows[e]),
+                                            x.narrow_rows(begin[e], rows[e]), acc);
+      });
+    }
+    l.join();
+  };
+  const double flops = 2.0 * double(kRows * kMicro) * double(kH) * double(3 * kF);
+  std::vector<Tensor> ref = grads();
+  const double per_micro = time_ms(
+      iters,
+      [&] {
+        for (int64_t j = 0; j < kMicro; ++j) {
+          products(ref, mbs[j].dy, mbs[j].act, mbs[j].dgu, mbs[j].x, mbs[j].rows, mbs[j].begin,
+                   j == 0 ? tandem::ops::Accumulate::kOverwrite : tandem::ops::Accumulate::kAdd);
+        }
+      },
+      1);
+  std::printf("shape (d) experts' weight gradients, 8 micro-batches of %lld rows:\n",
+              static_cast<long long>(kRows));
+  std::printf("  %-34s %8.3f ms %7.1f TFLOP/s\n", "per micro-batch (the W node)", per_micro,
+              flops / (per_micro * 1e9));
+  for (const int64_t merge : {2, 4, 8}) {
+    auto scratch = [&](int64_t width) {
+      return Tensor::empty({kRows * merge, width}, DType::kBF16, MemCategory::kOther, "m",
+                           Device::kCUDA);
+    };
+    const Tensor x = scratch(kH), act = scratch(kF), dy = scratch(kH), dgu = scratch(2 * kF);
+    std::vector<Tensor> g = grads();
+    // Per group: each micro-batch's expert blocks placed after the group's earlier ones.
+    struct Group {
+      std::vector<int64_t> rows, begin;
+      std::vector<std::vector<tandem::ops::RowBlock>> blocks;  // per micro-batch of the group
+    };
+    std::vector<Group> groups;
+    for (int64_t j0 = 0; j0 < kMicro; j0 += merge) {
+      Group grp;
+      grp.rows.assign(kExperts, 0);
+      for (int64_t j = j0; j < j0 + merge; ++j)
+        for (int64_t e = 0; e < kExperts; ++e) grp.rows[e] += mbs[j].rows[e];
+      int64_t at = 0;
+      for (int64_t r : grp.rows) {
+        grp.begin.push_back(at);
+        at += r;
+      }
+      std::vector<int64_t> fill = grp.begin;
+      for (int64_t j = j0; j < j0 + merge; ++j) {
+        std::vector<tandem::ops::RowBlock> b;
+        for (int64_t e = 0; e < kExperts; ++e) {
+          if (mbs[j].rows[e] == 0) continue;
+          b.push_back({mbs[j].begin[e], fill[e], mbs[j].rows[e]});
+          fill[e] += mbs[j].rows[e];
+        }
+        grp.blocks.push_back(std::move(b));
+      }
+      groups.push_back(std::move(grp));
+    }
+    double gather_ms = 0;
+    auto gather = [&](const Group& grp, int64_t j0) {
+      for (int64_t i = 0; i < merge; ++i) {
+        const Micro& m = mbs[j0 + i];
+        tandem::ops::copy_row_blocks(x, m.x, grp.blocks[i]);
+        tandem::ops::copy_row_blocks(act, m.act, grp.blocks[i]);
+        tandem::ops::copy_row_blocks(dy, m.dy, grp.blocks[i]);
+        tandem::ops::copy_row_blocks(dgu, m.dgu, grp.blocks[i]);
+      }
+    };
+    gather_ms = time_ms(
+        iters,
+        [&] {
+          for (size_t q = 0; q < groups.size(); ++q) gather(groups[q], int64_t(q) * merge);
+        },
+        1);
+    const double total = time_ms(
+        iters,
+        [&] {
+          for (size_t q = 0; q < groups.size(); ++q) {
+            gather(groups[q], int64_t(q) * merge);
+            products(g, dy, act, dgu, x, groups[q].rows, groups[q].begin,
+                     q == 0 ? tandem::ops::Accumulate::kOverwrite : tandem::ops::Accumulate::kAdd);
+          }
+        },
+        1);
+    double diff = 0;
+    for (int64_t e : {0, 31, 63})
+      for (int k = 0; k < 2; ++k)
+        diff = std::fmax(diff, max_rel_diff(g[2 * e + k], ref[2 * e + k]));
+    char how[64];
+    std::snprintf(how, sizeof how, "merged by %lld (gather %.3f ms)", static_cast<long long>(merge),
+                  gather_ms);
+    std::printf("  %-34s %8.3f ms %7.1f TFLOP/s  max rel diff %.2e\n", how, total,
+                flops / (total * 1e9), diff);
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const int iters = argc > 1 ? std::atoi(argv[1]) : 50;
     if (iters < 1) {
-      std::fprintf(stderr, "usage: expert_gemm_timing [iterations >= 1] [c: shape (c) only]\n");
+      std::fprintf(stderr,
+                   "usage: expert_gemm_timing [iterations >= 1] [c: shape (c) only | wgrad]\n");
       return 2;
     }
     tandem::cuda::initialize(0);
@@ -355,6 +494,11 @@ int main(int argc, char** argv) {
         {"one GPU, even", std::vector<int64_t>(8, 1024)},
         {"one GPU, uneven", {1600, 700, 1350, 1266, 900, 1100, 300, 976}}};
     const bool only_c = argc > 2 && std::string(argv[2]) == "c";
+    if (argc > 2 && std::string(argv[2]) == "wgrad") {
+      bench_wgrad_merge(iters);
+      CUBLAS_OK(cublasDestroy(blas));
+      return 0;
+    }
     if (!only_c) {
       for (const auto& [name, rows] : cases) {
         bench_case(name, rows, 1024, 2 * 2816, iters, blas);  // gate and up

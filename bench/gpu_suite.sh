@@ -220,11 +220,15 @@ PY
       # the chip's measured bf16 matrix rate and the datasheet's 989 TFLOP/s; then the planner's
       # prediction from this run's node times for EP2 combined 1F1B on two GPUs.
       SHAPE_D="--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --multi-latent-attention --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --rotary-interleaved --num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 --ffn-hidden-size 11264 --moe-layer-freq [0,1,1,1] --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.446 --moe-aux-loss-coeff 0 --vocab-size 163840 --seq-length 4096 --micro-batch-size 1"
+      # Twice: each micro-batch's own expert weight gradients, then the step's 8 in one product
+      # per expert (--moe-wgrad-merge 8, Note [Merged expert weight gradients]); the EP2 plan
+      # from the first run's node times (its combined 1F1B runs each micro-batch's own).
+      for merge in ${D_MERGES:-1 8}; do
       t0=$(date +%s)
-      timeout 300 $B/tandem train --device cuda $SHAPE_D --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/d.jsonl --node-times-out /tmp/d.nodes.json > /tmp/d.log 2>&1
-      echo "tandem shape (d) rc=$? ($(( $(date +%s) - t0 )) s) $(summary /tmp/d.jsonl)" | tee -a "$OUT/d.txt"; tail -3 /tmp/d.log
-      cp /tmp/d.nodes.json "$OUT/d_nodes.json" 2>/dev/null
-      python3 - /tmp/d.jsonl /tmp/d.nodes.json <<'PY' 2>&1 | tee -a "$OUT/d.txt"
+      timeout 300 $B/tandem train --device cuda $SHAPE_D --moe-wgrad-merge $merge --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/d$merge.jsonl --node-times-out /tmp/d$merge.nodes.json > /tmp/d.log 2>&1
+      echo "tandem shape (d) --moe-wgrad-merge $merge rc=$? ($(( $(date +%s) - t0 )) s) $(summary /tmp/d$merge.jsonl)" | tee -a "$OUT/d.txt"; tail -3 /tmp/d.log
+      cp /tmp/d$merge.nodes.json "$OUT/d${merge}_nodes.json" 2>/dev/null
+      python3 - /tmp/d$merge.jsonl /tmp/d$merge.nodes.json <<'PY' 2>&1 | tee -a "$OUT/d.txt"
 import json, statistics, sys
 sys.path.insert(0, "devrun")
 from hf_peer import flops_per_token, matmul_tflops, parse_args, H200_DENSE_BF16_TFLOPS
@@ -233,10 +237,13 @@ tps = statistics.median(json.loads(l)["tokens_per_s"] for l in list(open(sys.arg
 print("tandem shape (d): %.0f tokens/s, %.3f GFLOP/token, %.0f TFLOP/s; MFU %.1f%% of the measured bf16 rate (%.0f TFLOP/s), %.1f%% of the datasheet's %.0f" % (tps, fpt / 1e9, fpt * tps / 1e12, 100 * fpt * tps / 1e12 / peak, peak, 100 * fpt * tps / 1e12 / H200_DENSE_BF16_TFLOPS, H200_DENSE_BF16_TFLOPS))
 for k, v in json.load(open(sys.argv[2]))["nodes"].items(): print("  node", k, " ".join("%s %.3f ms" % (p, t * 1e3) for p, t in v.items() if isinstance(t, (int, float))))
 PY
-      for lay in "--global-batch-size 8" "--global-batch-size 16 --data-parallel-size 2 --expert-model-parallel-size 2 --schedule combined-1f1b"; do
-        echo "plan from this run's node times: $lay" | tee -a "$OUT/d.txt"
-        $B/tandem plan --device cuda $SHAPE_D $lay --node-times /tmp/d.nodes.json 2>&1 | tail -4 | tee -a "$OUT/d.txt"
+      echo "plan from this run's node times: --global-batch-size 8 --moe-wgrad-merge $merge" | tee -a "$OUT/d.txt"
+      $B/tandem plan --device cuda $SHAPE_D --moe-wgrad-merge $merge --global-batch-size 8 --node-times /tmp/d$merge.nodes.json 2>&1 | tail -4 | tee -a "$OUT/d.txt"
       done
+      first=$(echo ${D_MERGES:-1 8} | cut -d' ' -f1)
+      lay="--global-batch-size 16 --data-parallel-size 2 --expert-model-parallel-size 2 --schedule combined-1f1b"
+      echo "plan from the --moe-wgrad-merge $first run's node times: $lay" | tee -a "$OUT/d.txt"
+      $B/tandem plan --device cuda $SHAPE_D $lay --node-times /tmp/d$first.nodes.json 2>&1 | tail -4 | tee -a "$OUT/d.txt"
       [ "${PEERS:-1}" = 0 ] && continue
       timeout 500 python3 devrun/hf_peer.py --compile --steps ${PEER_STEPS:-5} --warmup-steps 3 2> /tmp/peer_d.err | grep -E "RESULT|warm-up" | tee -a "$OUT/d.txt"; tail -3 /tmp/peer_d.err ;;
     fault)

@@ -171,6 +171,12 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "MoE: the experts keep only their input rows for the backward and form gate, up "
                "and the SwiGLU again there (less activation memory, one more pass of the gate "
                "and up products)"});
+  s.push_back({"moe-wgrad-merge", &o.train.moe_wgrad_merge,
+               "MoE: sum the experts' weight gradients of this many micro-batches in one product "
+               "per expert (their rows gathered expert-major; the f32 gradients read and written "
+               "once per N micro-batches instead of every one; the tensors of the waiting "
+               "micro-batches stay until then: docs/memory.md); 1: each micro-batch's own",
+               Bound::kPositive});
   s.push_back({"offload-activations",
                &o.train.offload_activations,
                "keep the tensors these nodes save for their backward in the host's memory from "

@@ -473,6 +473,16 @@ void check_combinations(const RunOptions& o) {
   TANDEM_CHECK(o.comm_overlap != runtime::CommOverlap::kSplit || o.train.device == Device::kCUDA,
                "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it "
                "needs --device cuda (it is cpu), or use on");
+  TANDEM_CHECK(o.train.moe_wgrad_merge == 1 || o.comm_overlap != runtime::CommOverlap::kSplit ||
+                   p.expert_model_parallel_size == 1,
+               "--moe-wgrad-merge ", o.train.moe_wgrad_merge,
+               " with --comm-overlap split: the "
+               "second half of a pair runs on a compute stream of its own; use --comm-overlap on "
+               "or off, or --moe-wgrad-merge 1");
+  TANDEM_CHECK(o.train.moe_wgrad_merge == 1 || o.model.is_moe(), "--moe-wgrad-merge ",
+               o.train.moe_wgrad_merge,
+               " merges the experts' weight gradients; the model has no "
+               "experts (--num-experts 0): leave it at 1");
   TANDEM_CHECK(schedule_kind(p) != schedule::ScheduleKind::kInterleaved1f1b ||
                    p.virtual_pipeline_model_parallel_size >= 2,
                "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "

@@ -26,6 +26,7 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   in.gpu = o.train.device == Device::kCUDA;
   in.activation_elem_bytes = in.gpu ? 2 : 4;
   in.recompute_experts = o.train.recompute_experts;
+  in.moe_wgrad_merge = o.train.moe_wgrad_merge;
   in.first_stage_layers = o.train.first_stage_layers;  // Note [Uneven stages] in core/config.h
   in.last_stage_layers = o.train.last_stage_layers;
   // Note [Offload in the plan]; refuses (exit 2) what the model has not before anything runs.

@@ -83,7 +83,9 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
         {"backward_input", v[1] / v[3]},
         {"backward_weight", v[2] / v[3]}};
   }
-  nlohmann::json out = {{"nodes", nodes}, {"recompute_experts", recompute_experts}};
+  nlohmann::json out = {{"nodes", nodes},
+                        {"recompute_experts", recompute_experts},
+                        {"moe_wgrad_merge", o.train.moe_wgrad_merge}};
   const double* u = mine.data<double>() + kNumNodeKinds * kValues;
   if (u[1] > 0) out["update_per_weight"] = u[0] / u[1];  // Note [Deferred update in the plan]
   // Note [Gradient reduction in the plan] (schedule/simulator.cc)

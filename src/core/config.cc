@@ -657,6 +657,8 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
   TANDEM_CHECK(clip_grad >= 0, "--clip-grad ", clip_grad,
                " is invalid: it must be >= 0 (0 turns clipping off)");
   TANDEM_CHECK(log_interval >= 1, "--log-interval ", log_interval, " is invalid: need at least 1");
+  TANDEM_CHECK(moe_wgrad_merge >= 1, "--moe-wgrad-merge ", moe_wgrad_merge,
+               " is invalid: need at least 1 (micro-batches per expert weight-gradient product)");
   TANDEM_CHECK(!overlap_param_gather || use_distributed_optimizer,
                "--overlap-param-gather gathers the weights the distributed optimizer updated: it "
                "needs --use-distributed-optimizer");

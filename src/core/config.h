@@ -225,6 +225,10 @@ struct TrainConfig {
   // --recompute-experts: the experts keep only their input rows from forward to backward and
   // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).
   bool recompute_experts = false;
+  // --moe-wgrad-merge: the experts' weight gradients of this many micro-batches summed in one
+  // product per expert (Note [Merged expert weight gradients] in model/nodes.h); 1: each
+  // micro-batch's own products.
+  int64_t moe_wgrad_merge = 1;
   // --decoder-first-pipeline-num-layers / --decoder-last-pipeline-num-layers (Megatron-LM's
   // names): the layers of the first and of the last pipeline stage (0: an even share); the other
   // stages share the rest evenly (stage_layer_counts below).

@@ -343,4 +343,12 @@ NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg, const 
   return {};
 }
 
+ExpertMergeBytes expert_merge_bytes(const ModelConfig& cfg, const FootprintShape& s) {
+  const int64_t r = s.expert_rows, h = cfg.hidden_size, f = cfg.expert_ffn_size();
+  ExpertMergeBytes b;
+  b.waiting = r * (h + 2 * f) * s.elem_bytes;
+  b.gathered = s.fused_lm_head ? r * (2 * h + 3 * f) * s.elem_bytes : 0;
+  return b;
+}
+
 }  // namespace tandem

@@ -185,4 +185,16 @@ struct NodeWorkspace {
 NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg,
                                    const FootprintShape& shape);
 
+// Note [Merged expert weight gradients] (model/nodes.h): with --moe-wgrad-merge above 1, what an
+// experts node's micro-batch holds beyond node_weight_saved_bytes while its weight gradient
+// waits for the rest of its group: d_y [R,H] and d_gate_up [R,2F], activations from the end of
+// its weight-gradient pass until the group's products ran (`waiting`); and its part of the
+// buffers that pass gathers the group's rows into: x_in, d_y [R,H], act [R,F], d_gate_up [R,2F]
+// (`gathered`, workspace: GPU layout only, as node_workspace_bytes' figures).
+struct ExpertMergeBytes {
+  int64_t waiting = 0;
+  int64_t gathered = 0;
+};
+ExpertMergeBytes expert_merge_bytes(const ModelConfig& cfg, const FootprintShape& shape);
+
 }  // namespace tandem

@@ -136,7 +136,7 @@ void ModelChunk::backward_weights_node(size_t i, MicroBatchState& mb, const Node
       attention_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
       return;
     case NodeKind::kExperts:
-      experts_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);
+      experts_backward_weights(mb.layers[node.layer], g.layers[node.layer], c, node.layer);
       return;
     case NodeKind::kMlp:
       mlp_backward_weights(mb.layers[node.layer], g.layers[node.layer], c);

@@ -146,25 +146,114 @@ void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c)
   if (c.recompute_experts) adopt_as_activation(s.act);
 }
 
-void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
-  ExpertsSaved& s = a.experts;
-  // Note [Expert gradients written first] (model/parameters.h): the step's first pass writes.
+// The weight gradients of rows_host's experts from d_y, act, d_gate_up and x_in (rows of each
+// expert one block after another), written by the step's first pass of the layer and added by
+// later ones (Note [Expert gradients written first] in model/parameters.h).
+static void expert_weight_products(const LayerWeights& g, const std::vector<int32_t>& rows_host,
+                                   const Tensor& d_y, const Tensor& act, const Tensor& d_gate_up,
+                                   const Tensor& x_in) {
   const bool first = g.experts_grad_fresh != nullptr && *g.experts_grad_fresh;
   if (first) *g.experts_grad_fresh = false;
   const ops::Accumulate acc = first ? ops::Accumulate::kOverwrite : ops::Accumulate::kAdd;
-  for_each_expert_in_lanes(s.x_in, s.rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
-    ops::linear_backward_weight(g.e_down[e], s.d_y.narrow_rows(begin, rows),
-                                s.act.narrow_rows(begin, rows), acc);
-    ops::linear_backward_weight(g.e_gate_up[e], s.d_gate_up.narrow_rows(begin, rows),
-                                s.x_in.narrow_rows(begin, rows), acc);
+  for_each_expert_in_lanes(x_in, rows_host, [&](int64_t e, int64_t begin, int64_t rows) {
+    ops::linear_backward_weight(g.e_down[e], d_y.narrow_rows(begin, rows),
+                                act.narrow_rows(begin, rows), acc);
+    ops::linear_backward_weight(g.e_gate_up[e], d_gate_up.narrow_rows(begin, rows),
+                                x_in.narrow_rows(begin, rows), acc);
   });
-  for (size_t e = 0; first && e < s.rows_host.size(); ++e) {
-    if (s.rows_host[e] > 0) continue;
+  for (size_t e = 0; first && e < rows_host.size(); ++e) {
+    if (rows_host[e] > 0) continue;
     g.e_down[e].zero_();
     g.e_gate_up[e].zero_();
   }
-  release_storage({&s.x_in, &s.act, &s.rows_per_expert});
+}
+
+void MergedExpertGrads::begin_step(int64_t layers, int64_t step_microbatches) {
+  TANDEM_ASSERT(idle(), "a micro-batch's expert weight gradient still waits from the last step");
+  microbatches = step_microbatches;
+  waiting.assign(static_cast<size_t>(layers), {});
+  passes.assign(static_cast<size_t>(layers), 0);
+}
+
+bool MergedExpertGrads::idle() const {
+  for (const std::vector<ExpertsSaved>& w : waiting) {
+    if (!w.empty()) return false;
+  }
+  return true;
+}
+
+// Note [Merged expert weight gradients]: the waiting micro-batches' rows gathered expert-major
+// (expert e's rows of each, in the order they came), then one product per expert.
+static void merged_expert_products(std::vector<ExpertsSaved>& group, const LayerWeights& g,
+                                   const NodeContext& c) {
+  const size_t experts = group.front().rows_host.size();
+  std::vector<int32_t> rows(experts, 0);
+  for (const ExpertsSaved& s : group) {
+    for (size_t e = 0; e < experts; ++e) rows[e] += s.rows_host[e];
+  }
+  int64_t total = 0;
+  std::vector<int64_t> begin(experts);
+  for (size_t e = 0; e < experts; ++e) {
+    begin[e] = total;
+    total += rows[e];
+  }
+  const int64_t f = c.cfg.expert_ffn_size(), h = c.cfg.hidden_size;
+  const Tensor x_in = work_tensor({total, h}, c.dtype, "experts.merged_x_in");
+  const Tensor act = work_tensor({total, f}, c.dtype, "experts.merged_act");
+  const Tensor d_y = work_tensor({total, h}, c.dtype, "experts.merged_d_y");
+  const Tensor d_gate_up = work_tensor({total, 2 * f}, c.dtype, "experts.merged_d_gate_up");
+  std::vector<int64_t> fill = begin;
+  for (ExpertsSaved& s : group) {
+    std::vector<ops::RowBlock> blocks;
+    int64_t from = 0;
+    for (size_t e = 0; e < experts; ++e) {
+      const int64_t n = s.rows_host[e];
+      if (n > 0) blocks.push_back({from, fill[e], n});
+      from += n;
+      fill[e] += n;
+    }
+    if (!blocks.empty()) {
+      ops::copy_row_blocks(x_in, s.x_in, blocks);
+      ops::copy_row_blocks(act, s.act, blocks);
+      ops::copy_row_blocks(d_y, s.d_y, blocks);
+      ops::copy_row_blocks(d_gate_up, s.d_gate_up, blocks);
+    }
+    release_storage({&s.x_in, &s.act, &s.rows_per_expert, &s.d_y, &s.d_gate_up});
+  }
+  group.clear();
+  expert_weight_products(g, rows, d_y, act, d_gate_up, x_in);
+}
+
+void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c,
+                              int64_t layer) {
+  ExpertsSaved& s = a.experts;
+  MergedExpertGrads* m = c.merged_expert_grads;
+  if (m == nullptr || m->merge <= 1) {
+    expert_weight_products(g, s.rows_host, s.d_y, s.act, s.d_gate_up, s.x_in);
+    release_storage({&s.x_in, &s.act, &s.rows_per_expert});
+    s = ExpertsSaved{};
+    return;
+  }
+  const auto l = static_cast<size_t>(layer);
+  TANDEM_ASSERT(l < m->waiting.size() && m->passes[l] < m->microbatches, "layer ", layer,
+                "'s expert weight gradient passes exceed the step's ", m->microbatches,
+                " micro-batches");
+  std::vector<ExpertsSaved>& group = m->waiting[l];
+  const bool last =
+      ++m->passes[l] == m->microbatches || static_cast<int64_t>(group.size()) + 1 == m->merge;
+  if (group.empty() && last) {  // a group of one: its own products
+    expert_weight_products(g, s.rows_host, s.d_y, s.act, s.d_gate_up, s.x_in);
+    release_storage({&s.x_in, &s.act, &s.rows_per_expert});
+    s = ExpertsSaved{};
+    return;
+  }
+  if (!last) {  // Note [Hand-over]: what waits is the planner's activation memory
+    adopt_as_activation(s.d_y);
+    adopt_as_activation(s.d_gate_up);
+  }
+  group.push_back(std::move(s));
   s = ExpertsSaved{};
+  if (last) merged_expert_products(group, g, c);
 }
 
 // The shared expert: y = (silu(n2 Wg) * n2 Wu) Wd, scaled by sigmoid(n2 . w) when gated, over

@@ -29,6 +29,8 @@ class Communicator;
 namespace tandem::model {
 
 // Shape and scaling of one micro-batch's pass through a node.
+struct MergedExpertGrads;  // below
+
 struct NodeContext {
   const ModelConfig& cfg;
   int64_t batch;      // sequences in the micro-batch
@@ -48,6 +50,9 @@ struct NodeContext {
   bool recompute_experts = false;
   // Round-robin routing for benchmarks (TrainConfig::moe_router_force_balance).
   bool force_balanced_routing = false;
+  // The trainer's merge of the experts' weight gradients over micro-batches
+  // (Note [Merged expert weight gradients]); null: each micro-batch's own products.
+  MergedExpertGrads* merged_expert_grads = nullptr;
   int64_t tokens() const { return batch * seq; }
   // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
   // activations are bf16 (docs/cuda.md "Numerics on the GPU").
@@ -74,6 +79,26 @@ struct ExpertsSaved {
   Tensor x_in, gate_up, act, rows_per_expert;  // gate_up: [R, 2F], rows (gate | up)
   std::vector<int32_t> rows_host;  // rows_per_expert read once (a GPU copy waits for the stream)
   Tensor d_y, d_gate_up;           // kept for backward_weights
+};
+
+// Note [Merged expert weight gradients]: an experts node's weight gradient sums, per expert, a
+// product over the rows the expert received: K = its rows, about N k / E (384 at shape (d)),
+// short beside the [F, H] f32 gradient each product reads and writes. So with merge m > 1 the
+// node's weight-gradient pass of a micro-batch only sets its tensors aside (x_in, act,
+// rows_per_expert, d_y, d_gate_up; d_y and d_gate_up become activations), and the pass that
+// makes m waiting (or the step's last pass of the layer) gathers the rows of all of them
+// expert-major into one buffer each (copy_row_blocks) and runs one product per expert over
+// them: the f32 gradients are read and written once per m micro-batches. The values differ
+// from m = 1 only in rounding (one f32 sum instead of m). The tensors set aside stay until that
+// pass: the activation memory the planner counts (docs/memory.md).
+struct MergedExpertGrads {
+  int64_t merge = 1;         // micro-batches per product (TrainConfig::moe_wgrad_merge)
+  int64_t microbatches = 0;  // weight-gradient passes of each layer in a step
+  std::vector<std::vector<ExpertsSaved>> waiting;  // per layer of the chunk
+  std::vector<int64_t> passes;                     // per layer: this step's passes so far
+  // Starts a step of `microbatches` passes over `layers` layers; nothing may be waiting.
+  void begin_step(int64_t layers, int64_t microbatches);
+  bool idle() const;  // no micro-batch waiting
 };
 
 struct CombineSaved {
@@ -164,7 +189,9 @@ void combine_backward(LayerActs& a, const NodeContext& c);
 // ---- experts (grouped SwiGLU over the rows each local expert receives) ----
 void experts_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
 void experts_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c);
-void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c);
+// layer: the chunk's index of the layer (Note [Merged expert weight gradients]).
+void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext& c,
+                              int64_t layer);
 
 // ---- shared expert (MoE layers with one: a SwiGLU over every token, gated or not; its output
 // goes to combine, which adds it to the layer's output) ----

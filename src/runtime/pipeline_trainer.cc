@@ -73,6 +73,14 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                sched.num_microbatches, " micro-batches but the batch sizes give ", num_mb_,
                " per data-parallel rank");
   loss_scale_ = 1.0 / static_cast<double>(num_mb_ * L.dp());
+  // Note [Merged expert weight gradients] (model/nodes.h): a group's products read the tensors
+  // of its earlier micro-batches on the compute stream of its last; every weight gradient runs
+  // on the one compute stream but under kSplit, where a pair's second half has its own.
+  TANDEM_CHECK(train_.moe_wgrad_merge == 1 || L.ep == 1 || overlap != CommOverlap::kSplit,
+               "--moe-wgrad-merge ", train_.moe_wgrad_merge,
+               " with --comm-overlap split: the "
+               "second half of a pair runs on a compute stream of its own; use --comm-overlap on "
+               "or off, or --moe-wgrad-merge 1");
   deferred_ = std::make_unique<DeferredUpdate>(*streams_);
   reducer_ = std::make_unique<GradReducer>(model_, train_, groups, *streams_);
   for (int32_t s : sched.stages_of_rank(L.pp_rank(groups.rank))) {
@@ -94,6 +102,10 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
       st.optimizer = std::make_unique<AdamW>(*st.params, train_);
     }
     st.weight_ends = node_weight_ends(*st.params, st.chunk->nodes());
+    if (train_.moe_wgrad_merge > 1 && model_.is_moe()) {
+      st.merged_expert_grads = std::make_unique<model::MergedExpertGrads>();
+      st.merged_expert_grads->merge = train_.moe_wgrad_merge;
+    }
     reducer_->add_stage(st);
     stages_.push_back(std::move(st));
   }
@@ -128,6 +140,7 @@ model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
   c.ep = groups_->layout.ep > 1 ? &groups_->ep_data() : nullptr;
   c.recompute_experts = train_.recompute_experts;
   c.force_balanced_routing = train_.moe_router_force_balance;
+  c.merged_expert_grads = s.merged_expert_grads.get();
   return c;
 }
 
@@ -315,6 +328,10 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   streams_->begin_step(meter_.step_start());
   for (StageRuntime& s : stages_) {
     s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
+    if (s.merged_expert_grads) {
+      const model::ChunkSpec& spec = s.params->spec();
+      s.merged_expert_grads->begin_step(spec.layer_end - spec.layer_begin, num_mb_);
+    }
   }
   if (model_.is_moe()) {
     routing_ = schedule::RoutingCounts(static_cast<int32_t>(num_mb_),
@@ -328,6 +345,10 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
     drop_delivered_sends();
   }
   wait_for_sends();
+  for (const StageRuntime& s : stages_) {
+    TANDEM_ASSERT(!s.merged_expert_grads || s.merged_expert_grads->idle(), "stage ", s.stage,
+                  ": an expert weight gradient still waits at the step's end");
+  }
   // Before the gradients are reduced and the optimizer reads them: a loss whose targets were
   // bad throws here.
   Tensor aux;

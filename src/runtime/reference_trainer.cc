@@ -33,6 +33,13 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
       chunk_->context(train_.micro_batch_size, 1.0 / static_cast<double>(num_mb));
   ctx.recompute_experts = train_.recompute_experts;
   ctx.force_balanced_routing = train_.moe_router_force_balance;
+  // Note [Merged expert weight gradients] (model/nodes.h).
+  model::MergedExpertGrads merged;
+  if (train_.moe_wgrad_merge > 1 && model_.is_moe()) {
+    merged.merge = train_.moe_wgrad_merge;
+    merged.begin_step(model_.num_layers, num_mb);
+    ctx.merged_expert_grads = &merged;
+  }
   StepResult r;
   // Each micro-batch's losses, summed in order at the end (Note [Reads to the host ahead of use]):
   // the host does not wait for the GPU between micro-batches.
@@ -48,6 +55,7 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
     lm_losses.push_back(state.pending_lm_loss);
     aux_losses.push_back(std::move(state.aux_losses));
   }
+  TANDEM_ASSERT(merged.idle(), "an expert weight gradient still waits at the step's end");
   for (int64_t mb = 0; mb < num_mb; ++mb) {
     r.lm_loss += lm_losses[mb].get() / static_cast<double>(num_mb);
     r.aux_loss += model::sum_aux_losses(aux_losses[mb]) / static_cast<double>(num_mb);

@@ -25,6 +25,9 @@ struct StageRuntime {
   // Per node of chunk->nodes(): the end of the flat weights it and the nodes before it read
   // (node_weight_ends in deferred_update.h).
   std::vector<int64_t> weight_ends;
+  // --moe-wgrad-merge above 1 on a MoE chunk: the experts' weight gradients waiting for their
+  // group (Note [Merged expert weight gradients] in model/nodes.h); null otherwise.
+  std::unique_ptr<model::MergedExpertGrads> merged_expert_grads;
 };
 
 }  // namespace tandem::runtime

@@ -190,11 +190,18 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
     TANDEM_CHECK(key == "nodes" || key == "p2p" || key == "recompute_experts" ||
                      key == "update_per_weight" || key == "grad_reduce_bus_bytes_per_s" ||
                      key == "step_end_per_weight" || key == "defer_optimizer" ||
-                     key == "measured_at" || key == "node_overhead_s" || key == "node_gap_s",
+                     key == "measured_at" || key == "node_overhead_s" || key == "node_gap_s" ||
+                     key == "moe_wgrad_merge",
                  source, ": unknown key \"", key,
-                 "\"; valid keys are nodes, p2p, recompute_experts, update_per_weight, "
-                 "grad_reduce_bus_bytes_per_s, step_end_per_weight, defer_optimizer, "
-                 "measured_at, node_overhead_s and node_gap_s");
+                 "\"; valid keys are nodes, p2p, recompute_experts, moe_wgrad_merge, "
+                 "update_per_weight, grad_reduce_bus_bytes_per_s, step_end_per_weight, "
+                 "defer_optimizer, measured_at, node_overhead_s and node_gap_s");
+  }
+  if (j.contains("moe_wgrad_merge")) {
+    const nlohmann::json& m = j["moe_wgrad_merge"];
+    TANDEM_CHECK(m.is_number_integer() && m.get<int64_t>() >= 1, source,
+                 ": moe_wgrad_merge: expected an integer >= 1, got ", m.dump());
+    table.moe_wgrad_merge = m.get<int64_t>();
   }
   for (const char* key : {"recompute_experts", "defer_optimizer"}) {
     if (!j.contains(key)) continue;

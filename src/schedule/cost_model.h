@@ -93,6 +93,10 @@ struct NodeTimesTable {
   // The times were measured with --recompute-experts: the experts' input-gradient half already
   // includes forming gate, up and act again (Note [Recompute in the plan] in pipeline_model.cc).
   bool recompute_experts = false;
+  // The --moe-wgrad-merge the times were measured with (the experts' weight-gradient time is the
+  // mean of its passes; Note [Merged expert weight gradients in the plan] in
+  // simulator_state.cc); empty: not recorded (1).
+  std::optional<int64_t> moe_wgrad_merge;
   // Seconds the deferred optimizer update took per weight (--defer-optimizer runs; Note
   // [Deferred update in the plan] in simulator.cc); empty: the roofline's estimate.
   std::optional<double> update_s_per_weight;

@@ -116,6 +116,8 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
     TANDEM_CHECK(in.expert_parallel_size == 1, "--expert-model-parallel-size ",
                  in.expert_parallel_size, " needs experts: the model is dense (--num-experts 0)");
   }
+  TANDEM_CHECK(in.moe_wgrad_merge >= 1, "--moe-wgrad-merge ", in.moe_wgrad_merge,
+               " is invalid: need at least 1 (micro-batches per expert weight-gradient product)");
   (void)resolved_data_parallel_size(in);  // checks it
   TANDEM_CHECK(in.activation_elem_bytes == 2 || in.activation_elem_bytes == 4 ||
                    in.activation_elem_bytes == 8,
@@ -128,6 +130,18 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
   (void)stage_layer_counts(cfg.num_layers, sch.num_stages, in.first_stage_layers,
                            in.last_stage_layers);
   check_routing(sch, in);
+  // The experts' weight-gradient time of a node-times file is the mean of its passes under the
+  // merge it was measured with (Note [Merged expert weight gradients in the plan]).
+  if (in.cost.kind == CostModelKind::kNodeTimes && cfg.is_moe()) {
+    const int64_t measured = in.cost.table.moe_wgrad_merge.value_or(1);
+    TANDEM_CHECK(measured == in.moe_wgrad_merge,
+                 "--node-times: the times were measured with "
+                 "--moe-wgrad-merge ",
+                 measured, " but the plan has --moe-wgrad-merge ", in.moe_wgrad_merge,
+                 ": the experts' weight gradients take another time; plan with "
+                 "--moe-wgrad-merge ",
+                 measured, " or measure with ", in.moe_wgrad_merge);
+  }
   // Note [Node times at another shape] (node_scaling.cc).
   if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.measured_at) {
     check_transferable(*in.cost.table.measured_at, cfg, in.activation_elem_bytes);
@@ -182,6 +196,9 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.saved_bytes = node_saved_bytes(kind, in.model, s);
   node.weight_saved_bytes = node_weight_saved_bytes(kind, in.model, s);
   node.workspace = node_workspace_bytes(kind, in.model, s);  // balanced routing's rows
+  if (kind == NodeKind::kExperts && in.moe_wgrad_merge > 1) {
+    node.merge = expert_merge_bytes(in.model, s);
+  }
   node.offloaded = layer >= 0 && offloads(in.offload_kinds, kind);
   if (in.cost.kind != CostModelKind::kUniform) {
     node.times = balanced_times(kind, in, s);
@@ -210,6 +227,8 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
       measured.expert_rows = in.routing.at(mb, layer);
       node.saved_bytes_by_mb.push_back(node_saved_bytes(kind, in.model, measured));
       node.weight_saved_bytes_by_mb.push_back(node_weight_saved_bytes(kind, in.model, measured));
+      if (in.moe_wgrad_merge > 1)
+        node.merge_by_mb.push_back(expert_merge_bytes(in.model, measured));
     }
   }
   return node;
@@ -326,6 +345,7 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   pm.shape = rank_shape(in);
   pm.cost_kind = in.cost.kind;
   pm.expert_parallel_size = in.expert_parallel_size;
+  pm.moe_wgrad_merge = in.moe_wgrad_merge;
   pm.data_parallel_size = resolved_data_parallel_size(in);
   pm.overlap_grad_reduce = in.overlap_grad_reduce;
   pm.host_copy_bytes_per_s = in.cost.device.host_copy_bytes_per_s;

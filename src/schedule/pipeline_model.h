@@ -29,6 +29,10 @@ struct StageNode {
   // Measured routing (experts nodes only): the two figures for each micro-batch, from its
   // received rows; empty: saved_bytes and weight_saved_bytes hold for every micro-batch.
   std::vector<int64_t> saved_bytes_by_mb, weight_saved_bytes_by_mb;
+  // Experts nodes under --moe-wgrad-merge above 1 (Note [Merged expert weight gradients] in
+  // model/nodes.h): expert_merge_bytes, likewise per micro-batch with measured routing.
+  ExpertMergeBytes merge;
+  std::vector<ExpertMergeBytes> merge_by_mb;
   NodePhaseTimes times;
   // Its saved tensors wait in host memory between the layer's forward and backward
   // (PlanInputs::offload_kinds; Note [Offload in the plan] in simulator_state.cc).
@@ -46,6 +50,9 @@ struct StageNode {
   }
   int64_t weight_saved(int32_t mb) const {
     return weight_saved_bytes_by_mb.empty() ? weight_saved_bytes : weight_saved_bytes_by_mb[mb];
+  }
+  const ExpertMergeBytes& merge_bytes(int32_t mb) const {
+    return merge_by_mb.empty() ? merge : merge_by_mb[mb];
   }
 };
 
@@ -136,6 +143,9 @@ struct PlanInputs {
   // LM head, and a bf16 copy of every weight besides the f32 masters.
   bool gpu = false;
   bool recompute_experts = false;  // TrainConfig::recompute_experts
+  // TrainConfig::moe_wgrad_merge (Note [Merged expert weight gradients in the plan] in
+  // simulator_state.cc).
+  int64_t moe_wgrad_merge = 1;
   // TrainConfig::first_stage_layers / last_stage_layers (Note [Uneven stages] in
   // core/config.h); 0: an even share.
   int64_t first_stage_layers = 0;
@@ -166,6 +176,7 @@ struct PipelineModel {
   FootprintShape shape;  // one micro-batch on one rank
   CostModelKind cost_kind = CostModelKind::kRoofline;
   int64_t expert_parallel_size = 1;  // with 1, dispatch and combine are no all-to-all
+  int64_t moe_wgrad_merge = 1;       // PlanInputs::moe_wgrad_merge
   // Note [Deferred update in the plan] (simulator.cc): each stage's first forward updates the
   // weights it reads, at update_s_per_param seconds a weight (0: not deferred, or uniform costs).
   bool defer_optimizer = false;

@@ -223,9 +223,10 @@ void SimState::run_weight(int32_t r, int32_t index, const Action& a) {
     const double start = start_time(r, Stream::kCompute, ready);
     last = issue(r, Stream::kCompute, ready, n.times.backward_weight_s,
                  node_span(index, a, n, Phase::kBackwardWeight));
-    memory(r, start, n.workspace.backward_weight, MemKind::kWorkspace);
-    memory(r, last, -n.workspace.backward_weight, MemKind::kWorkspace);
-    memory(r, last, -n.weight_saved(a.microbatch), MemKind::kActivation, n.kind);
+    const WeightMemory wm = weight_memory(a.stage, k, n, a.microbatch);
+    memory(r, start, wm.workspace, MemKind::kWorkspace);
+    memory(r, last, -wm.workspace, MemKind::kWorkspace);
+    memory(r, last, wm.activation, MemKind::kActivation, n.kind);
     weight_done(r, index, a, k, last);
   }
   ranks[r].live.push_back({last, -1});

@@ -161,6 +161,36 @@ double SimState::issue(int32_t rank, Stream stream, double ready, double duratio
   return end;
 }
 
+// Note [Merged expert weight gradients in the plan]: with --moe-wgrad-merge m > 1 an experts
+// node's weight-gradient pass, as the runtime's (Note [Merged expert weight gradients] in
+// model/nodes.h), either sets its micro-batch aside (its node_weight_saved_bytes stay, and d_y
+// and d_gate_up, its workspace until then, become activations: expert_merge_bytes' `waiting`)
+// or, as the m-th waiting or the step's last pass of the node, runs the products of the whole
+// group over buffers gathered from all of it (its workspace adds each one's `gathered`) and
+// frees what every one of them held. A group of one runs its own products as without merging.
+// The passes come in the order the rank simulates its actions, the runtime's order. Each pass
+// keeps the node's weight-gradient time: a node-times file measured with the merge holds the
+// mean over a group's passes.
+SimState::WeightMemory SimState::weight_memory(int32_t stage, int32_t k, const StageNode& n,
+                                               int32_t mb) {
+  WeightMemory wm{n.workspace.backward_weight, -n.weight_saved(mb)};
+  if (n.kind != NodeKind::kExperts || model.moe_wgrad_merge <= 1) return wm;
+  MergeGroup& g = merges[{stage, k}];
+  const ExpertMergeBytes& b = n.merge_bytes(mb);
+  ++g.passes;
+  ++g.waiting;
+  g.gathered += b.gathered;
+  if (g.passes < schedule.num_microbatches && g.waiting < model.moe_wgrad_merge) {
+    wm.activation = b.waiting;  // x_in, act and the counts stay; d_y and d_gate_up join them
+    g.held += n.weight_saved(mb) + b.waiting;
+    return wm;
+  }
+  if (g.waiting > 1) wm.workspace += g.gathered;
+  wm.activation -= g.held;
+  g = MergeGroup{.waiting = 0, .passes = g.passes, .held = 0, .gathered = 0};
+  return wm;
+}
+
 void SimState::memory(int32_t rank, double time, int64_t delta, MemKind kind, NodeKind node) {
   if (delta != 0) ranks[rank].mem.push_back({time, delta, kind, node});
 }
@@ -271,13 +301,15 @@ void HalfRun::node(int32_t k) {
     sim_.memory(rank_, start, ws, MemKind::kWorkspace);
     sim_.memory(rank_, end, -ws, MemKind::kWorkspace);
     double release = end;
+    SimState::WeightMemory wm;
     if (half_.kind == ActionKind::kBackward && node_has_weights(n.kind)) {
       const double w_start = sim_.start_time(rank_, Stream::kCompute, end);
       release = sim_.issue(rank_, Stream::kCompute, end, n.times.backward_weight_s,
                            SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
       sim_.weight_done(rank_, index_, half_, k, release);
-      sim_.memory(rank_, w_start, n.workspace.backward_weight, MemKind::kWorkspace);
-      sim_.memory(rank_, release, -n.workspace.backward_weight, MemKind::kWorkspace);
+      wm = sim_.weight_memory(half_.stage, k, n, mb);
+      sim_.memory(rank_, w_start, wm.workspace, MemKind::kWorkspace);
+      sim_.memory(rank_, release, -wm.workspace, MemKind::kWorkspace);
     }
     if (!node_has_weights(n.kind)) {
       sim_.memory(rank_, release, -n.saved(mb), MemKind::kActivation, n.kind);
@@ -287,7 +319,7 @@ void HalfRun::node(int32_t k) {
       // difference may be negative: recomputed experts keep an act they formed in the backward.
       sim_.memory(rank_, end, -(n.saved(mb) - n.weight_saved(mb)), MemKind::kActivation, n.kind);
       if (half_.kind == ActionKind::kBackward) {
-        sim_.memory(rank_, release, -n.weight_saved(mb), MemKind::kActivation, n.kind);
+        sim_.memory(rank_, release, wm.activation, MemKind::kActivation, n.kind);
       }
     }
     last_ = std::max(last_, release);

@@ -96,6 +96,19 @@ struct SimState {
   void weight_done(int32_t rank, int32_t index, const Action& a, int32_t node, double t);
   // Without the overlap: every rank's units all-reduced after its forward-backward.
   void reduce_at_end();
+  // Note [Merged expert weight gradients in the plan] (simulator_state.cc): per (stage, node),
+  // the micro-batches whose experts' weight gradient waits, the activation bytes they hold and
+  // their part of the gathered buffers, and the node's weight-gradient passes this step.
+  struct MergeGroup {
+    int64_t waiting = 0, passes = 0, held = 0, gathered = 0;
+  };
+  std::map<std::pair<int32_t, int32_t>, MergeGroup> merges;
+  // The memory of node k's weight-gradient phase of micro-batch mb: its workspace while it
+  // runs, and the change in activation bytes when it ends.
+  struct WeightMemory {
+    int64_t workspace = 0, activation = 0;
+  };
+  WeightMemory weight_memory(int32_t stage, int32_t k, const StageNode& n, int32_t mb);
 
   bool advance(int32_t rank);  // false when blocked on a RECV
   void run_single(int32_t rank, int32_t index, const Action& a);

@@ -96,6 +96,7 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
   req.inputs.micro_batch_size = t.micro_batch_size;
   req.inputs.gpu = true;
   req.inputs.activation_elem_bytes = 2;
+  req.inputs.moe_wgrad_merge = t.moe_wgrad_merge;
   const schedule::Plan plan = schedule::make_plan(req);
   return {plan.sim.ranks[0].activation_peak_bytes, plan.sim.ranks[0].peak_bytes};
 }
@@ -123,6 +124,51 @@ TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
           static_cast<long long>(want.total));
       EXPECT_EQ(got.activation, want.activation);
       EXPECT_EQ(got.total, want.total);
+    }
+  }
+}
+
+// Note [Merged expert weight gradients] on the GPU: the experts' weight gradients of 2 or 3 of
+// the 3 micro-batches in one product per expert (2: a group of two, then one of one): the
+// waiting micro-batches' tensors (activations) and the gathered buffers (the pass's workspace)
+// are the plan's to the byte, and the second step's loss is the unmerged run's but for the
+// gradients' summation order (its weights took one update from them).
+TEST(CudaMemory, MergedExpertGradientsAsPlannedToTheByte) {
+  ::setenv("TANDEM_GEMM_TUNE", "0", 1);
+  const std::pair<const char*, ModelConfig> models[] = {{"MoE", model(true)},
+                                                        {"DeepSeek-V3", model_deepseek_v3()}};
+  for (const auto& [name, m] : models) {
+    for (const int64_t mbs : {1, 2}) {
+      TrainConfig plain;
+      plain.device = Device::kCUDA;
+      plain.micro_batch_size = mbs;
+      plain.global_batch_size = 3 * mbs;
+      const testing::RandomTokens tokens(m.vocab_size);
+      runtime::ReferenceTrainer base(m, plain, tokens);
+      base.step();
+      const double want_loss = base.step().loss;
+      const Peaks unmerged = measured(m, plain);
+      for (const int64_t merge : {2, 3}) {
+        SCOPED_TRACE(std::string(name) + ", micro-batch " + std::to_string(mbs) + ", merge " +
+                     std::to_string(merge));
+        TrainConfig t = plain;
+        t.moe_wgrad_merge = merge;
+        runtime::ReferenceTrainer trainer(m, t, tokens);
+        trainer.step();
+        const runtime::StepResult r = trainer.step();
+        const Peaks got{r.activation_peak, r.memory.total_peak}, want = planned(m, t);
+        std::printf(
+            "%s micro-batch %lld merge %lld: activations %lld / %lld, peak %lld / %lld "
+            "(measured / planned), loss %.6f / %.6f (merged / not)\n",
+            name, static_cast<long long>(mbs), static_cast<long long>(merge),
+            static_cast<long long>(got.activation), static_cast<long long>(want.activation),
+            static_cast<long long>(got.total), static_cast<long long>(want.total), r.loss,
+            want_loss);
+        EXPECT_EQ(got.activation, want.activation);
+        EXPECT_EQ(got.total, want.total);
+        EXPECT_GT(got.activation, unmerged.activation);
+        EXPECT_NEAR(r.loss, want_loss, 1e-3 * want_loss);
+      }
     }
   }
 }

@@ -3,6 +3,8 @@
 // loss falling on a learnable task, and a saved-then-loaded checkpoint giving the same logits.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 
 #include "common/random_tokens.h"
@@ -75,6 +77,39 @@ TEST(Trainer, RecomputedExpertsAreBitwiseTheStoredRunWithLessMemory) {
   ASSERT_EQ(pa.numel(), pb.numel());
   for (int64_t i = 0; i < pa.numel(); ++i) {
     ASSERT_EQ(pa.data<float>()[i], pb.data<float>()[i]) << "weight " << i;
+  }
+}
+
+// Note [Merged expert weight gradients]: the experts' weight gradients of 2 or 3 of 4
+// micro-batches summed in one product per expert (3: a group of three, then one of one) are
+// those of each micro-batch's own products but for the summation order (fp64, 1e-12 relative);
+// a second run is bitwise the first, and the waiting micro-batches raise the activation peak.
+TEST(Trainer, MergedExpertWeightGradientsAreTheSameSums) {
+  RandomTokens data(32);
+  TrainConfig base = small_train();
+  base.micro_batch_size = 1;  // four micro-batches
+  for (const int64_t merge : {2, 3}) {
+    TrainConfig merged = base;
+    merged.moe_wgrad_merge = merge;
+    ReferenceTrainer a(small_model(true), base, data, DType::kF64);
+    ReferenceTrainer b(small_model(true), merged, data, DType::kF64);
+    ReferenceTrainer c(small_model(true), merged, data, DType::kF64);
+    for (int i = 0; i < 3; ++i) {
+      const StepResult ra = a.step(), rb = b.step(), rc = c.step();
+      EXPECT_NEAR(ra.loss, rb.loss, 1e-12 * std::fabs(ra.loss)) << "merge " << merge;
+      EXPECT_NEAR(ra.grad_norm, rb.grad_norm, 1e-12 * ra.grad_norm) << "merge " << merge;
+      EXPECT_EQ(rb.loss, rc.loss) << "merge " << merge << " step " << i + 1;
+      EXPECT_EQ(rb.grad_norm, rc.grad_norm) << "merge " << merge << " step " << i + 1;
+      EXPECT_GT(rb.activation_peak, ra.activation_peak) << "merge " << merge;
+    }
+    const Tensor& pa = a.params().flat_params();
+    const Tensor& pb = b.params().flat_params();
+    double diff = 0;
+    for (int64_t i = 0; i < pa.numel(); ++i) {
+      diff = std::max(diff, std::fabs(pa.data<double>()[i] - pb.data<double>()[i]));
+    }
+    EXPECT_LT(diff, 1e-12) << "merge " << merge;
+    EXPECT_GT(diff, 0) << "merge " << merge << ": the sums are formed in another order";
   }
 }
 

@@ -132,6 +132,11 @@ TEST(CostModel, NodeTimesFile) {
   EXPECT_NE(error_of(R"({"nodes": {}, "recompute_experts": 1})")
                 .find("recompute_experts: expected true or false, got 1"),
             std::string::npos);
+  EXPECT_FALSE(t.moe_wgrad_merge.has_value());
+  EXPECT_EQ(parse_node_times(R"({"nodes": {}, "moe_wgrad_merge": 8})", "t").moe_wgrad_merge, 8);
+  EXPECT_NE(error_of(R"({"nodes": {}, "moe_wgrad_merge": 0})")
+                .find("moe_wgrad_merge: expected an integer >= 1, got 0"),
+            std::string::npos);
 }
 
 // A plan of `schedule` on p ranks (a layer each) and m micro-batches, costed by kTable.
@@ -177,6 +182,25 @@ TEST(Simulator, IntervalUnionAndUncoveredTime) {
       uncovered_time(merge_intervals({{6, 8}, {0, 4}}), merge_intervals({{3, 7}, {1, 2}})), 3.0);
   EXPECT_DOUBLE_EQ(uncovered_time({{0, 4}}, {}), 4.0);
   EXPECT_DOUBLE_EQ(uncovered_time({{1, 2}}, {{0, 5}}), 0.0);
+}
+
+// A node-times file holds the experts' weight-gradient time under the merge it was measured
+// with (Note [Merged expert weight gradients in the plan]): a plan with another merge is
+// refused, naming both; the same merge plans.
+TEST(Simulator, NodeTimesOfAnotherWeightGradientMergeAreRefused) {
+  PlanRequest req = table_request("1f1b", 1, 4);
+  req.inputs.cost.table.moe_wgrad_merge = 4;
+  try {
+    make_plan(req);
+    ADD_FAILURE() << "a plan with merge 1 from times measured with 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("measured with --moe-wgrad-merge 4 but the plan has "
+                                         "--moe-wgrad-merge 1"),
+              std::string::npos)
+        << e.what();
+  }
+  req.inputs.moe_wgrad_merge = 4;
+  EXPECT_GT(make_plan(req).sim.ranks[0].activation_peak_bytes, 0);
 }
 
 TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
