@@ -241,15 +241,19 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithOffload) {
 
 // Note [Merged expert weight gradients]: the experts' weight gradients of three micro-batches
 // in one product (four micro-batches a pipeline rank: a group of three, then one of one), the
-// three waiting as activations until then: still exact, for every schedule, and the loss and
-// gradients those of the step without the merge; one expert rank, and two (groups of two).
+// three waiting as activations until then: still exact, for every schedule (with offloaded and
+// with recomputed experts too), and the loss and gradients those of the step without the
+// merge; one expert rank, and two (groups of two).
 TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithMergedExpertGrads) {
   const ModelConfig m = truth_model();
   int checked = check_layout(m, g_world->size(), 1, 1, false, {}, 0, /*merge=*/3).schedules;
+  // with the experts' saved tensors offloaded between forward and backward, and recomputed
+  checked += check_layout(m, g_world->size(), 1, 1, false, "experts,combine", 0, 3).schedules;
+  checked += check_layout(m, g_world->size(), 1, 1, true, {}, 0, 3).schedules;
   if (g_world->size() % 2 == 0) {
     checked += check_layout(m, 1, g_world->size(), 2, false, {}, 0, /*merge=*/2).schedules;
   }
-  EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
+  EXPECT_GE(checked, g_world->size() == 1 ? 15 : 18);
 }
 
 // Note [Uneven stages]: the first stage one layer, the others the rest evenly (where that
