@@ -221,9 +221,10 @@ void SimState::run_weight(int32_t r, int32_t index, const Action& a) {
     const StageNode& n = stage.nodes[k];
     if (!node_has_weights(n.kind)) continue;
     const double start = start_time(r, Stream::kCompute, ready);
-    last = issue(r, Stream::kCompute, ready, n.times.backward_weight_s,
+    const WeightPass wm = weight_pass(a.stage, k, n, a.microbatch);
+    last = issue(r, Stream::kCompute, ready,
+                 n.times.backward_weight_s * static_cast<double>(wm.products_of),
                  node_span(index, a, n, Phase::kBackwardWeight));
-    const WeightMemory wm = weight_memory(a.stage, k, n, a.microbatch);
     memory(r, start, wm.workspace, MemKind::kWorkspace);
     memory(r, last, -wm.workspace, MemKind::kWorkspace);
     memory(r, last, wm.activation, MemKind::kActivation, n.kind);

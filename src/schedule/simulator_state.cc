@@ -168,12 +168,13 @@ double SimState::issue(int32_t rank, Stream stream, double ready, double duratio
 // or, as the m-th waiting or the step's last pass of the node, runs the products of the whole
 // group over buffers gathered from all of it (its workspace adds each one's `gathered`) and
 // frees what every one of them held. A group of one runs its own products as without merging.
-// The passes come in the order the rank simulates its actions, the runtime's order. Each pass
-// keeps the node's weight-gradient time: a node-times file measured with the merge holds the
-// mean over a group's passes.
-SimState::WeightMemory SimState::weight_memory(int32_t stage, int32_t k, const StageNode& n,
-                                               int32_t mb) {
-  WeightMemory wm{n.workspace.backward_weight, -n.weight_saved(mb)};
+// The passes come in the order the rank simulates its actions, the runtime's order. The node's
+// weight-gradient time is a micro-batch's (a node-times file measured with the merge holds the
+// mean over every pass, those that set their micro-batch aside included): a pass that sets its
+// micro-batch aside takes none, the group's last that time for each micro-batch of the group.
+SimState::WeightPass SimState::weight_pass(int32_t stage, int32_t k, const StageNode& n,
+                                           int32_t mb) {
+  WeightPass wm{1, n.workspace.backward_weight, -n.weight_saved(mb)};
   if (n.kind != NodeKind::kExperts || model.moe_wgrad_merge <= 1) return wm;
   MergeGroup& g = merges[{stage, k}];
   const ExpertMergeBytes& b = n.merge_bytes(mb);
@@ -181,10 +182,12 @@ SimState::WeightMemory SimState::weight_memory(int32_t stage, int32_t k, const S
   ++g.waiting;
   g.gathered += b.gathered;
   if (g.passes < schedule.num_microbatches && g.waiting < model.moe_wgrad_merge) {
+    wm.products_of = 0;
     wm.activation = b.waiting;  // x_in, act and the counts stay; d_y and d_gate_up join them
     g.held += n.weight_saved(mb) + b.waiting;
     return wm;
   }
+  wm.products_of = g.waiting;
   if (g.waiting > 1) wm.workspace += g.gathered;
   wm.activation -= g.held;
   g = MergeGroup{.waiting = 0, .passes = g.passes, .held = 0, .gathered = 0};
@@ -301,13 +304,14 @@ void HalfRun::node(int32_t k) {
     sim_.memory(rank_, start, ws, MemKind::kWorkspace);
     sim_.memory(rank_, end, -ws, MemKind::kWorkspace);
     double release = end;
-    SimState::WeightMemory wm;
+    SimState::WeightPass wm;
     if (half_.kind == ActionKind::kBackward && node_has_weights(n.kind)) {
       const double w_start = sim_.start_time(rank_, Stream::kCompute, end);
-      release = sim_.issue(rank_, Stream::kCompute, end, n.times.backward_weight_s,
+      wm = sim_.weight_pass(half_.stage, k, n, mb);
+      release = sim_.issue(rank_, Stream::kCompute, end,
+                           n.times.backward_weight_s * static_cast<double>(wm.products_of),
                            SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
       sim_.weight_done(rank_, index_, half_, k, release);
-      wm = sim_.weight_memory(half_.stage, k, n, mb);
       sim_.memory(rank_, w_start, wm.workspace, MemKind::kWorkspace);
       sim_.memory(rank_, release, -wm.workspace, MemKind::kWorkspace);
     }

@@ -103,12 +103,13 @@ struct SimState {
     int64_t waiting = 0, passes = 0, held = 0, gathered = 0;
   };
   std::map<std::pair<int32_t, int32_t>, MergeGroup> merges;
-  // The memory of node k's weight-gradient phase of micro-batch mb: its workspace while it
-  // runs, and the change in activation bytes when it ends.
-  struct WeightMemory {
-    int64_t workspace = 0, activation = 0;
+  // Node k's weight-gradient pass of micro-batch mb: the micro-batches whose products it runs
+  // (1 without merging; 0 when it sets its own aside), its workspace while it runs, and the
+  // change in activation bytes when it ends.
+  struct WeightPass {
+    int64_t products_of = 1, workspace = 0, activation = 0;
   };
-  WeightMemory weight_memory(int32_t stage, int32_t k, const StageNode& n, int32_t mb);
+  WeightPass weight_pass(int32_t stage, int32_t k, const StageNode& n, int32_t mb);
 
   bool advance(int32_t rank);  // false when blocked on a RECV
   void run_single(int32_t rank, int32_t index, const Action& a);

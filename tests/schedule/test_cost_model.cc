@@ -203,6 +203,28 @@ TEST(Simulator, NodeTimesOfAnotherWeightGradientMergeAreRefused) {
   EXPECT_GT(make_plan(req).sim.ranks[0].activation_peak_bytes, 0);
 }
 
+// Note [Merged expert weight gradients in the plan]: the table's experts' weight-gradient time
+// is a micro-batch's; merged by 3 over 4 micro-batches, the passes that set their micro-batch
+// aside take none, the third the group's three, the fourth (a group of one) its own; the step's
+// total is unchanged.
+TEST(Simulator, MergedExpertWeightGradientPassesTakeTheirGroupsTime) {
+  PlanRequest req = table_request("1f1b", 1, 4);
+  req.inputs.cost.table.moe_wgrad_merge = 3;
+  req.inputs.moe_wgrad_merge = 3;
+  const Plan plan = make_plan(req);
+  const double each = experts_node(plan).times.backward_weight_s;
+  std::vector<double> passes;
+  for (const Span& s : plan.sim.ranks[0].spans) {
+    if (s.kind == SpanKind::kNode && s.node == NodeKind::kExperts &&
+        s.phase == Phase::kBackwardWeight) {
+      passes.push_back(s.end - s.start);
+    }
+  }
+  ASSERT_EQ(passes.size(), 2u);  // the passes of no time leave no span
+  EXPECT_NEAR(passes[0], 3 * each, kEps);
+  EXPECT_NEAR(passes[1], each, kEps);
+}
+
 TEST(Simulator, RecomputedExpertsCostTwoThirdsOfTheirForwardUnlessMeasuredSo) {
   auto experts_input_half = [](bool recompute, bool measured_with) {
     PlanRequest req = table_request("1f1b", 1, 2);
