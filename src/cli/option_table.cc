@@ -142,8 +142,9 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "FILE"});
   s.push_back({"node-times-out",
                &o.node_times_out,
-               "write the last step's measured time of each node kind (GPU runs, CUDA events; "
-               "every rank's mean) as the JSON that `tandem plan --node-times` reads (default: "
+               "write each node kind's measured time (GPU runs, CUDA events; its median over the "
+               "steps after the first, every rank's mean) as the JSON that `tandem plan "
+               "--node-times` reads (default: "
                "none)",
                Bound::kAny,
                {},

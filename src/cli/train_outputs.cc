@@ -43,28 +43,29 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
   constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
   // The nodes', then (each with 1 when measured) the deferred update's seconds per weight, the
   // gradient all-reduce's bus bandwidth and the GPU's idle seconds before a node phase.
+  const schedule::NodeTimesTable table = trainer.measured_node_times();
   Tensor mine =
       Tensor::zeros({kNumNodeKinds * kValues + 6}, DType::kF64, MemCategory::kOther, "node_times");
-  if (const auto& u = trainer.measured_node_times().update_s_per_weight) {
+  if (const auto& u = table.update_s_per_weight) {
     mine.data<double>()[kNumNodeKinds * kValues] = *u;
     mine.data<double>()[kNumNodeKinds * kValues + 1] = 1;
   }
-  if (const auto& b = trainer.measured_node_times().grad_reduce_bus_bytes_per_s) {
+  if (const auto& b = table.grad_reduce_bus_bytes_per_s) {
     mine.data<double>()[kNumNodeKinds * kValues + 2] = *b;
     mine.data<double>()[kNumNodeKinds * kValues + 3] = 1;
   }
-  if (const auto& g = trainer.measured_node_times().node_gap_s) {
+  if (const auto& g = table.node_gap_s) {
     mine.data<double>()[kNumNodeKinds * kValues + 4] = *g;
     mine.data<double>()[kNumNodeKinds * kValues + 5] = 1;
   }
   // Note [The step's end in the plan]: the least of the ranks' rates, the rank that waited
   // least for the others' forward-backward (a pipeline's ranks end theirs at different times).
   Tensor end_rate = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "step_end");
-  end_rate.data<double>()[0] = trainer.measured_node_times().step_end_s_per_weight.value_or(-1);
+  end_rate.data<double>()[0] = table.step_end_s_per_weight.value_or(-1);
   Tensor end_rates = Tensor::empty({world.size()}, DType::kF64, MemCategory::kOther, "step_ends");
   world.all_gather(end_rates, end_rate);
   for (int k = 0; k < kNumNodeKinds; ++k) {
-    const auto& t = trainer.measured_node_times().nodes[k];
+    const auto& t = table.nodes[k];
     if (!t) continue;
     double* v = mine.data<double>() + k * kValues;
     v[0] = t->forward_s;
@@ -98,7 +99,7 @@ void write_node_times(const std::string& path, const runtime::PipelineTrainer& t
     if (e > 0 && (least < 0 || e < least)) least = e;
   }
   if (least > 0) out["step_end_per_weight"] = least;
-  out["defer_optimizer"] = trainer.measured_node_times().defer_optimizer;
+  out["defer_optimizer"] = table.defer_optimizer;
   // Note [Node times at another shape] (schedule/node_scaling.cc): where they were measured.
   schedule::MeasuredShape at;
   at.model = o.model;

@@ -288,6 +288,9 @@ NodeWorkspace ffn_workspace(NodeKind kind, const ModelConfig& cfg, const Footpri
     w.backward_input += 3 * rows * f * es;  // formed again: gate, up, and act until adopted
   }
   w.backward_weight = w.incoming_grad + 2 * rows * f * es;
+  if (experts) {  // d_out, d_topk_w, d_expert_in
+    w.handed = s.tokens * h * es + s.tokens * cfg.moe_router_topk * s.stat_size() + rows * h * es;
+  }
   return w;
 }
 

@@ -147,6 +147,9 @@ struct NodeWorkspace {
   // Of backward_input, the gradient the node is handed (the pipeline message when the node is
   // the first of its stage's backward, which the planner counts as in flight instead).
   int64_t incoming_grad = 0;
+  // Of backward_input, what outlives the I for later nodes and so is held through a W that
+  // follows it in the same action (a full B): experts only, see below.
+  int64_t handed = 0;
 };
 
 //  embed:     F out [N,H] (handed to layer 0); W d_out [N,H] (the gradient it scatters)
@@ -181,7 +184,10 @@ struct NodeWorkspace {
 //  loss:      F (gradients formed in the forward) the logits block [block rows, padded V]
 //               bf16, nf [N,H], targets i32 [N], lse [N] stat, row losses [N] f32
 //             I d_x [N,H]
-// The layer's gradient passed on by a full B's I (d_x, d_expert_in) is not counted during its W.
+// What a full B's I passes on is held through its W: for experts d_out [N,H], d_topk_w [N,k]
+// stat and d_expert_in [R,H] (`handed`), whose W can be the step's peak when it runs a merged
+// group's products (Note [Merged expert weight gradients]); for the other nodes (d_x, d_n2
+// [N,H]) it is not counted, their W holding far less than their I.
 NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg,
                                    const FootprintShape& shape);
 

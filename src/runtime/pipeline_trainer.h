@@ -127,7 +127,7 @@ class PipelineTrainer {
   double comm_busy_seconds() const { return meter_.comm_busy_seconds(); }
   double comm_exposed_seconds() const { return meter_.comm_exposed_seconds(); }
   double comm_exposed_waiting_seconds() const { return meter_.comm_exposed_waiting_seconds(); }
-  const schedule::NodeTimesTable& measured_node_times() const { return meter_.node_times(); }
+  schedule::NodeTimesTable measured_node_times() const { return meter_.node_times(); }
   double measured_forward_backward_seconds() const { return meter_.forward_backward_seconds(); }
   // Note [Activation offload]: null without --offload-activations.
   ActivationOffload* offload() { return offload_.get(); }

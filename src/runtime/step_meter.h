@@ -1,10 +1,13 @@
 // Step measurement: the last step's timeline on this rank, its all-to-all seconds (busy,
 // exposed, and exposed waiting for a later expert rank) and, on the GPU, the node times and
-// rates the planner's --node-times reads (schedule::NodeTimesTable).
+// rates the planner's --node-times reads (schedule::NodeTimesTable;
+// Note [Node times over steps] in step_meter.cc).
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <vector>
 
 #include "comm/communicator.h"
@@ -37,7 +40,9 @@ class StepMeter {
   double comm_busy_seconds() const { return busy_s_; }
   double comm_exposed_seconds() const { return exposed_s_; }
   double comm_exposed_waiting_seconds() const { return waiting_s_; }  // < 0: not measured
-  const schedule::NodeTimesTable& node_times() const { return node_times_; }
+  // The last step's rates with each node phase's median over the steps
+  // (Note [Node times over steps]).
+  schedule::NodeTimesTable node_times() const;
   double forward_backward_seconds() const { return fb_s_; }
 
  private:
@@ -45,6 +50,11 @@ class StepMeter {
   std::vector<Span> spans_;
   double busy_s_ = 0, exposed_s_ = 0, waiting_s_ = -1, fb_s_ = 0;
   schedule::NodeTimesTable node_times_;
+  // The node times of the steps after the first, the last kNodeSteps of them
+  // (Note [Node times over steps]).
+  static constexpr size_t kNodeSteps = 64;
+  int64_t steps_ = 0;
+  std::vector<std::array<std::optional<schedule::NodePhaseTimes>, kNumNodeKinds>> node_steps_;
 };
 
 }  // namespace tandem::runtime

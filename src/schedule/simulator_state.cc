@@ -303,29 +303,29 @@ void HalfRun::node(int32_t k) {
         n.workspace.backward_input - (done_ == 0 && has_input ? n.workspace.incoming_grad : 0);
     sim_.memory(rank_, start, ws, MemKind::kWorkspace);
     sim_.memory(rank_, end, -ws, MemKind::kWorkspace);
+    const bool weights = node_has_weights(n.kind);
+    // What only the input gradient needed goes when it ends (before a W's workspace comes), the
+    // rest with the weight gradient (here for a full B, at its W action for an I), as the nodes
+    // release them. The difference may be negative: recomputed experts keep an act they formed
+    // in the backward.
+    if (weights) {
+      sim_.memory(rank_, end, -(n.saved(mb) - n.weight_saved(mb)), MemKind::kActivation, n.kind);
+    }
     double release = end;
-    SimState::WeightPass wm;
-    if (half_.kind == ActionKind::kBackward && node_has_weights(n.kind)) {
+    if (half_.kind == ActionKind::kBackward && weights) {
       const double w_start = sim_.start_time(rank_, Stream::kCompute, end);
-      wm = sim_.weight_pass(half_.stage, k, n, mb);
+      const SimState::WeightPass wm = sim_.weight_pass(half_.stage, k, n, mb);
       release = sim_.issue(rank_, Stream::kCompute, end,
                            n.times.backward_weight_s * static_cast<double>(wm.products_of),
                            SimState::node_span(index_, half_, n, Phase::kBackwardWeight));
       sim_.weight_done(rank_, index_, half_, k, release);
-      sim_.memory(rank_, w_start, wm.workspace, MemKind::kWorkspace);
-      sim_.memory(rank_, release, -wm.workspace, MemKind::kWorkspace);
+      // Note [Node workspace]: what the I passed on is still held.
+      const int64_t held = wm.workspace + n.workspace.handed;
+      sim_.memory(rank_, w_start, held, MemKind::kWorkspace);
+      sim_.memory(rank_, release, -held, MemKind::kWorkspace);
+      sim_.memory(rank_, release, wm.activation, MemKind::kActivation, n.kind);
     }
-    if (!node_has_weights(n.kind)) {
-      sim_.memory(rank_, release, -n.saved(mb), MemKind::kActivation, n.kind);
-    } else {
-      // What only the input gradient needed goes when it ends, the rest with the weight
-      // gradient (here for a full B, at its W action for an I), as the nodes release them. The
-      // difference may be negative: recomputed experts keep an act they formed in the backward.
-      sim_.memory(rank_, end, -(n.saved(mb) - n.weight_saved(mb)), MemKind::kActivation, n.kind);
-      if (half_.kind == ActionKind::kBackward) {
-        sim_.memory(rank_, release, wm.activation, MemKind::kActivation, n.kind);
-      }
-    }
+    if (!weights) sim_.memory(rank_, release, -n.saved(mb), MemKind::kActivation, n.kind);
     last_ = std::max(last_, release);
   }
   // The received (or handed-over) tensor becomes the first node's own; its buffer goes.

@@ -1,12 +1,14 @@
 // Node workspace in the simulator (Note [Node workspace] in core/footprint.h). Oracles: the same
 // schedule simulated with every node's workspace zeroed (activation and in-flight peaks must not
 // move, the peak may rise by at most the workspace peak), the loss's bf16 logits block worked
-// out by hand, every phase's temporaries held at least once, and the allocator peaks measured on
-// 2 H200s for one shape.
+// out by hand, every phase's temporaries held at least once, the allocator peaks measured on 2
+// H200s for one shape, and on one H200 for merged expert weight gradients.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
+#include <string>
 
 #include "schedule/planner.h"
 #include "schedule/simulator.h"
@@ -118,6 +120,73 @@ TEST(Workspace, MeasuredPeaksWithinTwoPercent) {
     const double planned = static_cast<double>(plan.sim.ranks[r].peak_bytes) / kGiB;
     EXPECT_LT(std::abs(planned - measured[r]) / measured[r], 0.02)
         << "rank " << r << " planned " << planned << " GiB";
+  }
+}
+
+// The models of tests/cuda/test_cuda_memory.cc: 2 layers of hidden 128, 4 heads, 4 experts top-2,
+// sequence 64; the DeepSeek-V3-like one with multi-head latent attention (q rank 96, kv rank 64,
+// q/k heads 128 + 64, v 128), the sigmoid router in 2 groups, experts and a shared expert of
+// width 96, its first layer dense.
+ModelConfig cuda_memory_model(bool deepseek_v3) {
+  ModelConfig m{.vocab_size = 512,
+                .hidden_size = 128,
+                .num_layers = 2,
+                .num_attention_heads = 4,
+                .num_query_groups = 2,
+                .ffn_hidden_size = 256,
+                .num_experts = 4,
+                .moe_router_topk = 2,
+                .seq_length = 64};
+  if (!deepseek_v3) return m;
+  m.num_query_groups = m.num_attention_heads;
+  m.multi_latent_attention = true;
+  m.q_lora_rank = 96;
+  m.kv_lora_rank = 64;
+  m.qk_head_dim = 128;
+  m.qk_pos_emb_head_dim = 64;
+  m.v_head_dim = 128;
+  m.rotary_interleaved = true;
+  m.moe_ffn_hidden_size = 96;
+  m.moe_shared_expert_intermediate_size = 96;
+  m.moe_router_score_function = "sigmoid";
+  m.moe_router_enable_expert_bias = true;
+  m.moe_router_num_groups = 2;
+  m.moe_router_group_topk = 1;
+  m.moe_router_topk_scaling_factor = 2.5;
+  m.moe_aux_loss_coeff = 0;
+  m.moe_layer_freq = "[0,1]";
+  return m;
+}
+
+TEST(Workspace, MergedExpertGradientPeaksAsMeasured) {
+  // The allocator's peaks of test_cuda_memory's reference trainer (3 micro-batches, 1f1b) on one
+  // H200, with the experts' weight gradients merged by 1, 2 and 3
+  // (Note [Merged expert weight gradients] in model/nodes.h). Merged, the peak is the group's
+  // last pass: the I's gate_up gone, what it passed on (d_out, d_topk_w, d_expert_in) still
+  // held beside the gathered rows.
+  struct Case {
+    bool deepseek_v3;
+    int64_t micro_batch;
+    std::array<int64_t, 3> peak;  // merge 1, 2, 3
+  };
+  const Case cases[] = {{false, 1, {19322944, 20174944, 20961408}},
+                        {false, 2, {20331328, 22035296, 23608192}},
+                        {true, 1, {17450232, 17589512, 17773864}},
+                        {true, 2, {19022328, 19300872, 19669544}}};
+  for (const Case& c : cases) {
+    for (int32_t merge = 1; merge <= 3; ++merge) {
+      SCOPED_TRACE(std::string(c.deepseek_v3 ? "DeepSeek-V3" : "MoE") + ", micro-batch " +
+                   std::to_string(c.micro_batch) + ", merge " + std::to_string(merge));
+      PlanRequest req;
+      req.schedule_name = "1f1b";
+      req.shape = {1, 1, 3};
+      req.inputs.model = cuda_memory_model(c.deepseek_v3);
+      req.inputs.micro_batch_size = c.micro_batch;
+      req.inputs.gpu = true;
+      req.inputs.activation_elem_bytes = 2;
+      req.inputs.moe_wgrad_merge = merge;
+      EXPECT_EQ(make_plan(req).sim.ranks[0].peak_bytes, c.peak[static_cast<size_t>(merge - 1)]);
+    }
   }
 }
 
