@@ -221,8 +221,8 @@ PY
       # prediction from this run's node times for EP2 combined 1F1B on two GPUs.
       SHAPE_D="--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --multi-latent-attention --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --rotary-interleaved --num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 --ffn-hidden-size 11264 --moe-layer-freq [0,1,1,1] --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.446 --moe-aux-loss-coeff 0 --vocab-size 163840 --seq-length 4096 --micro-batch-size 1"
       # Twice: each micro-batch's own expert weight gradients, then the step's 8 in one product
-      # per expert (--moe-wgrad-merge 8, Note [Merged expert weight gradients]); the EP2 plan
-      # from the first run's node times (its combined 1F1B runs each micro-batch's own).
+      # per expert (--moe-wgrad-merge 8, Note [Merged expert weight gradients]); the EP2 plans
+      # from each run's node times.
       for merge in ${D_MERGES:-1 8}; do
       t0=$(date +%s)
       timeout 300 $B/tandem train --device cuda $SHAPE_D --moe-wgrad-merge $merge --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/d$merge.jsonl --node-times-out /tmp/d$merge.nodes.json > /tmp/d.log 2>&1
@@ -240,10 +240,11 @@ PY
       echo "plan from this run's node times: --global-batch-size 8 --moe-wgrad-merge $merge" | tee -a "$OUT/d.txt"
       $B/tandem plan --device cuda $SHAPE_D --moe-wgrad-merge $merge --global-batch-size 8 --node-times /tmp/d$merge.nodes.json 2>&1 | tail -4 | tee -a "$OUT/d.txt"
       done
-      first=$(echo ${D_MERGES:-1 8} | cut -d' ' -f1)
       lay="--global-batch-size 16 --data-parallel-size 2 --expert-model-parallel-size 2 --schedule combined-1f1b"
-      echo "plan from the --moe-wgrad-merge $first run's node times: $lay" | tee -a "$OUT/d.txt"
-      $B/tandem plan --device cuda $SHAPE_D $lay --node-times /tmp/d$first.nodes.json 2>&1 | tail -4 | tee -a "$OUT/d.txt"
+      for merge in ${D_MERGES:-1 8}; do
+      echo "plan from the --moe-wgrad-merge $merge run's node times: $lay --moe-wgrad-merge $merge" | tee -a "$OUT/d.txt"
+      $B/tandem plan --device cuda $SHAPE_D $lay --moe-wgrad-merge $merge --node-times /tmp/d$merge.nodes.json 2>&1 | tail -4 | tee -a "$OUT/d.txt"
+      done
       [ "${PEERS:-1}" = 0 ] && continue
       timeout 500 python3 devrun/hf_peer.py --compile --steps ${PEER_STEPS:-5} --warmup-steps 3 2> /tmp/peer_d.err | grep -E "RESULT|warm-up" | tee -a "$OUT/d.txt"; tail -3 /tmp/peer_d.err ;;
     fault)
