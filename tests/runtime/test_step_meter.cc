@@ -25,13 +25,13 @@ TEST(StepMeter, NodeTimesAreMediansOverTheStepsAfterTheFirst) {
   m.record(step(3, 2));
   m.record(step(5, 3));
   EXPECT_EQ(m.node_times().nodes[experts]->backward_weight_s, 4);  // the first left out
-  m.record(step(40, 4));                                          // a later step tunes one
+  m.record(step(40, 4));                                           // a later step tunes one
   const schedule::NodeTimesTable t = m.node_times();
   EXPECT_EQ(t.nodes[experts]->backward_weight_s, 5);
   EXPECT_EQ(t.nodes[experts]->forward_s, 1);
   EXPECT_EQ(t.nodes[experts]->backward_input_s, 2);
   EXPECT_FALSE(t.nodes[static_cast<size_t>(NodeKind::kAttention)]);  // never measured
-  EXPECT_EQ(t.step_end_s_per_weight, 4);  // the last step's
+  EXPECT_EQ(t.step_end_s_per_weight, 4);                             // the last step's
 }
 
 TEST(StepMeter, NodeTimesKeepTheLastStepsOnly) {
@@ -39,7 +39,7 @@ TEST(StepMeter, NodeTimesKeepTheLastStepsOnly) {
   StepMeter m;
   m.record(step(1, 1));
   for (int i = 0; i < 200; ++i) m.record(step(i < 150 ? 100 : 7, 1));  // the last 50 at 7
-  EXPECT_EQ(m.node_times().nodes[experts]->backward_weight_s, 7);   // 50 of the last 64
+  EXPECT_EQ(m.node_times().nodes[experts]->backward_weight_s, 7);      // 50 of the last 64
 }
 
 }  // namespace
