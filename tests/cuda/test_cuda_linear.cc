@@ -308,6 +308,34 @@ TEST(CudaGemm, MeasuresAPlausibleMatrixRate) {
   EXPECT_LT(tflops, 1e4);
 }
 
+// The tuner's comparison (Note [Tuned algorithms] in ops/cuda/gemm.cc): the differing words of
+// two device buffers, counted on the host over the same words; a second call adds to the count.
+TEST(CudaGemm, CountsDifferingWordsAsTheHostDoes) {
+  const int64_t words = 1'000'003;
+  Tensor a = Tensor::empty({words}, DType::kI32, MemCategory::kOther, "a", Device::kCPU);
+  Tensor b = Tensor::empty({words}, DType::kI32, MemCategory::kOther, "b", Device::kCPU);
+  uint32_t want = 0;
+  for (int64_t i = 0; i < words; ++i) {
+    const uint64_t r = splitmix64(uint64_t(i) + 17);
+    a.data<int32_t>()[i] = static_cast<int32_t>(r);
+    // About one word in 500 differs, in any bit (the sign's too).
+    const bool flip = r % 500 == 0;
+    b.data<int32_t>()[i] = static_cast<int32_t>(r ^ (flip ? uint64_t{1} << (r >> 59) : 0));
+    want += a.data<int32_t>()[i] != b.data<int32_t>()[i] ? 1 : 0;
+  }
+  ASSERT_GT(want, 1000u);
+  const Tensor da = a.to(Device::kCUDA), db = b.to(Device::kCUDA);
+  const Tensor count = Tensor::zeros({1}, DType::kI32, MemCategory::kOther, "count", Device::kCUDA);
+  auto* c = static_cast<uint32_t*>(count.raw_data());
+  ops::cuda::count_differing_words(da.raw_data(), db.raw_data(), words, c);
+  EXPECT_EQ(static_cast<uint32_t>(count.to(Device::kCPU).data<int32_t>()[0]), want);
+  ops::cuda::count_differing_words(da.raw_data(), da.raw_data(), words, c);  // none differ
+  ops::cuda::count_differing_words(db.raw_data(), da.raw_data(), words - 1, c);
+  const bool last_differs = a.data<int32_t>()[words - 1] != b.data<int32_t>()[words - 1];
+  EXPECT_EQ(static_cast<uint32_t>(count.to(Device::kCPU).data<int32_t>()[0]),
+            2 * want - (last_differs ? 1 : 0));
+}
+
 // ---- cross-entropy ----
 
 TEST(CudaCrossEntropy, ForwardMatchesCpu) {

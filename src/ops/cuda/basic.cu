@@ -12,6 +12,7 @@
 #include "ops/cuda/common.cuh"
 #include "ops/cuda/common.h"
 #include "ops/cuda/cuda_ops.h"
+#include "ops/cuda/gemm.h"
 #include "ops/cuda/scratch.h"
 
 namespace tandem::ops::cuda {
@@ -513,6 +514,28 @@ void swiglu_backward(const Tensor& d_gate_up, const Tensor& dout, const Tensor& 
   swiglu_backward_kernel<<<elementwise_blocks(n, vec ? n / kVec : 0), kThreads, 0, stream()>>>(
       static_cast<bf16*>(d_gate_up.raw_data()), static_cast<const bf16*>(dout.raw_data()),
       static_cast<const bf16*>(gate_up.raw_data()), m, f, vec);
+  TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+namespace {
+
+__global__ void count_differing_words_kernel(const uint32_t* a, const uint32_t* b, int64_t words,
+                                             uint32_t* count) {
+  uint32_t differing = 0;
+  for (int64_t i = blockIdx.x * int64_t{blockDim.x} + threadIdx.x; i < words;
+       i += int64_t{gridDim.x} * blockDim.x) {
+    differing += a[i] != b[i] ? 1u : 0u;
+  }
+  differing = __reduce_add_sync(0xffffffffu, differing);
+  if ((threadIdx.x & 31) == 0 && differing > 0) atomicAdd(count, differing);
+}
+
+}  // namespace
+
+void count_differing_words(const void* a, const void* b, int64_t words, uint32_t* count) {
+  if (words == 0) return;
+  count_differing_words_kernel<<<blocks_for(words), kThreads, 0, stream()>>>(
+      static_cast<const uint32_t*>(a), static_cast<const uint32_t*>(b), words, count);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 

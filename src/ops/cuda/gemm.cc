@@ -8,7 +8,6 @@
 #include <algorithm>
 #include <compare>
 #include <cstdlib>
-#include <cstring>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -49,7 +48,10 @@ constexpr size_t kMaxPlans = 4096;
 // bit for bit the first choice's may win: a run's numbers do not depend on timing noise, and
 // every layout and schedule still reproduces the single-rank run exactly. Outputs above
 // kTuneMaxBytes (the LM head's logits block) keep the first choice (the scratch would cost
-// memory), as do products when TANDEM_GEMM_TUNE=0.
+// memory), as do products when TANDEM_GEMM_TUNE=0. The outputs are compared on the GPU and the
+// host waits once for all the candidates, so a tuning costs about its candidates' runs, not a
+// copy of every candidate's output to the host and a wait for each: a later step that meets a
+// new bucket (an expert's rows past a power of two) pays little for it.
 constexpr int kTuneCandidates = 8;
 constexpr int kTuneRuns = 3;
 constexpr int64_t kTuneMaxBytes = int64_t{160} << 20;
@@ -195,6 +197,11 @@ cublasLtMatmulAlgo_t tune(const GemmPlan& plan, const GemmKey& key,
                                          "gemm.tune.reference", Device::kCUDA);
   const Tensor trial =
       Tensor::zeros({words}, DType::kI32, MemCategory::kOther, "gemm.tune.trial", Device::kCUDA);
+  const auto n = static_cast<int64_t>(algos.size());
+  // Each candidate's count of words differing from the first choice's output, compared on the
+  // GPU: the host copies n counts, not n outputs, and waits once for all the candidates.
+  const Tensor differing =
+      Tensor::zeros({n}, DType::kI32, MemCategory::kOther, "gemm.tune.differing", Device::kCUDA);
   auto run = [&](const cublasLtMatmulAlgo_t& algo, const Tensor& d) {
     return cublasLtMatmul(tandem::cuda::cublaslt_handle(), plan.op, &call.alpha, call.b, plan.first,
                           call.a, plan.second, &call.beta, call.c, plan.c, d.raw_data(), plan.c,
@@ -202,33 +209,36 @@ cublasLtMatmulAlgo_t tune(const GemmPlan& plan, const GemmKey& key,
                           tandem::cuda::cublaslt_workspace_bytes(), stream);
   };
   if (run(algos.front(), reference) != CUBLAS_STATUS_SUCCESS) return algos.front();
-  std::vector<int32_t> want(static_cast<size_t>(words)), got(static_cast<size_t>(words));
-  TANDEM_CUDA_CHECK(cudaMemcpyAsync(want.data(), reference.raw_data(), static_cast<size_t>(bytes),
+  std::vector<cudaEvent_t> marks(static_cast<size_t>(2 * n), nullptr);
+  for (cudaEvent_t& e : marks) TANDEM_CUDA_CHECK(cudaEventCreate(&e));
+  std::vector<bool> ran(static_cast<size_t>(n), false);
+  for (int64_t i = 0; i < n; ++i) {
+    const cublasLtMatmulAlgo_t& algo = algos[static_cast<size_t>(i)];
+    if (run(algo, trial) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up, and the output to compare
+    count_differing_words(reference.raw_data(), trial.raw_data(), words,
+                          static_cast<uint32_t*>(differing.raw_data()) + i);
+    TANDEM_CUDA_CHECK(cudaEventRecord(marks[static_cast<size_t>(2 * i)], stream));
+    for (int r = 0; r < kTuneRuns; ++r) (void)run(algo, trial);
+    TANDEM_CUDA_CHECK(cudaEventRecord(marks[static_cast<size_t>(2 * i + 1)], stream));
+    ran[static_cast<size_t>(i)] = true;
+  }
+  std::vector<uint32_t> counts(static_cast<size_t>(n));
+  TANDEM_CUDA_CHECK(cudaMemcpyAsync(counts.data(), differing.raw_data(), counts.size() * 4,
                                     cudaMemcpyDeviceToHost, stream));
-  tandem::cuda::wait_stream(stream, "a product's reference output (tuning its algorithm)");
-  cudaEvent_t start = nullptr, stop = nullptr;
-  TANDEM_CUDA_CHECK(cudaEventCreate(&start));
-  TANDEM_CUDA_CHECK(cudaEventCreate(&stop));
+  tandem::cuda::wait_stream(stream, "the candidates' trial runs (tuning a product's algorithm)");
   cublasLtMatmulAlgo_t best = algos.front();
   float best_ms = -1;
-  for (const cublasLtMatmulAlgo_t& algo : algos) {
-    if (run(algo, trial) != CUBLAS_STATUS_SUCCESS) continue;  // warm-up, and the output to compare
-    TANDEM_CUDA_CHECK(cudaMemcpyAsync(got.data(), trial.raw_data(), static_cast<size_t>(bytes),
-                                      cudaMemcpyDeviceToHost, stream));
-    TANDEM_CUDA_CHECK(cudaEventRecord(start, stream));
-    for (int i = 0; i < kTuneRuns; ++i) (void)run(algo, trial);
-    TANDEM_CUDA_CHECK(cudaEventRecord(stop, stream));
-    tandem::cuda::wait_event(stop, "a product's trial runs (tuning its algorithm)");
+  for (int64_t i = 0; i < n; ++i) {
+    const auto u = static_cast<size_t>(i);
+    if (!ran[u] || counts[u] != 0) continue;
     float ms = 0;
-    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
-    if (std::memcmp(want.data(), got.data(), static_cast<size_t>(bytes)) != 0) continue;
+    TANDEM_CUDA_CHECK(cudaEventElapsedTime(&ms, marks[2 * u], marks[2 * u + 1]));
     if (best_ms < 0 || ms < best_ms) {
       best_ms = ms;
-      best = algo;
+      best = algos[u];
     }
   }
-  (void)cudaEventDestroy(start);
-  (void)cudaEventDestroy(stop);
+  for (cudaEvent_t e : marks) (void)cudaEventDestroy(e);
   return best;
 }
 

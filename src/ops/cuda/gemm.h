@@ -40,6 +40,11 @@ void gemm_batched(Trans trans_a, Trans trans_b, int64_t m, int64_t n, int64_t k,
                   const void* const* a, int64_t lda, const void* const* b, int64_t ldb, void** c,
                   int64_t ldc, int64_t batch);
 
+// Adds to count[0] (a device u32) the number of 32-bit words at which the device buffers a and
+// b (`words` each) differ, on the current stream: how the tuner compares a candidate's output
+// with the first choice's without copying either to the host (Note [Tuned algorithms]).
+void count_differing_words(const void* a, const void* b, int64_t words, uint32_t* count);
+
 // Rate of a bf16 [m, k] @ [k, n] product with a bf16 result on this GPU, in TFLOP/s (2mnk flops
 // per product): `iters` products timed with CUDA events on the current stream after a warm-up.
 // Allocates its operands (counted as other memory) and synchronises the current stream.
