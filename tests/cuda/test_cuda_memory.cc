@@ -30,24 +30,10 @@ struct Peaks {
   int64_t activation = 0, total = 0;
 };
 
-ModelConfig model(bool moe) {
-  ModelConfig m;
-  m.vocab_size = 512;
-  m.hidden_size = 128;
-  m.num_layers = 2;
-  m.num_attention_heads = 4;
-  m.num_query_groups = 2;
-  m.ffn_hidden_size = 256;
-  m.num_experts = moe ? 4 : 0;
-  m.moe_router_topk = moe ? 2 : 1;
-  m.seq_length = 64;
-  return m;
-}
-
 // Qwen3-MoE's options (q/k norms, head dim 64, narrower experts, pre-softmax routing, a dense
 // first layer) and Qwen2-MoE's (q/k/v biases, a gated shared expert) on the MoE model.
 ModelConfig model_qwen3() {
-  ModelConfig m = model(true);
+  ModelConfig m = testing::memory_config(true);
   m.qk_layernorm = true;
   m.kv_channels = 64;
   m.moe_ffn_hidden_size = 96;
@@ -56,27 +42,12 @@ ModelConfig model_qwen3() {
   return m;
 }
 ModelConfig model_qwen2() {
-  ModelConfig m = model(true);
+  ModelConfig m = testing::memory_config(true);
   m.add_qkv_bias = true;
   m.moe_ffn_hidden_size = 96;
   m.moe_shared_expert_intermediate_size = 192;
   m.moe_shared_expert_gate = true;
   m.moe_router_pre_softmax = true;
-  return m;
-}
-
-// DeepSeek-V3's (tests/model/tiny.h: the sigmoid router with groups, scaling and the expert
-// bias, interleaved RoPE, q through its low rank, a shared expert) at its head widths (q/k 128 +
-// 64, v 128: the tensor-core attention), the first layer dense.
-ModelConfig model_deepseek_v3() {
-  ModelConfig m = testing::with_deepseek_v3_options(model(true), 96);
-  m.kv_lora_rank = 64;
-  m.qk_head_dim = 128;
-  m.qk_pos_emb_head_dim = 64;
-  m.v_head_dim = 128;
-  m.moe_ffn_hidden_size = 96;
-  m.moe_shared_expert_intermediate_size = 96;
-  m.moe_layer_freq = "[0,1]";
   return m;
 }
 
@@ -103,11 +74,12 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
 
 TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
   ::setenv("TANDEM_GEMM_TUNE", "0", 1);  // before the first product reads it
-  const std::pair<const char*, ModelConfig> models[] = {{"dense", model(false)},
-                                                        {"MoE", model(true)},
-                                                        {"Qwen3-MoE", model_qwen3()},
-                                                        {"Qwen2-MoE", model_qwen2()},
-                                                        {"DeepSeek-V3", model_deepseek_v3()}};
+  const std::pair<const char*, ModelConfig> models[] = {
+      {"dense", testing::memory_config(false)},
+      {"MoE", testing::memory_config(true)},
+      {"Qwen3-MoE", model_qwen3()},
+      {"Qwen2-MoE", model_qwen2()},
+      {"DeepSeek-V3", testing::memory_deepseek_v3_config()}};
   for (const auto& [name, m] : models) {
     for (const int64_t mbs : {1, 2, 4}) {
       SCOPED_TRACE(std::string(name) + ", micro-batch " + std::to_string(mbs));
@@ -135,8 +107,8 @@ TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
 // gradients' summation order (its weights took one update from them).
 TEST(CudaMemory, MergedExpertGradientsAsPlannedToTheByte) {
   ::setenv("TANDEM_GEMM_TUNE", "0", 1);
-  const std::pair<const char*, ModelConfig> models[] = {{"MoE", model(true)},
-                                                        {"DeepSeek-V3", model_deepseek_v3()}};
+  const std::pair<const char*, ModelConfig> models[] = {
+      {"MoE", testing::memory_config(true)}, {"DeepSeek-V3", testing::memory_deepseek_v3_config()}};
   for (const auto& [name, m] : models) {
     for (const int64_t mbs : {1, 2}) {
       TrainConfig plain;

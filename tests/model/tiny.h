@@ -82,6 +82,38 @@ inline ModelConfig tiny_deepseek_v3_config(int64_t q_lora_rank = 5) {
   return with_deepseek_v3_options(c, q_lora_rank);
 }
 
+// The memory tests' models (tests/cuda/test_cuda_memory.cc measures them on the GPU,
+// tests/schedule/test_workspace.cc holds the plan to those figures): 2 layers of hidden 128, 4
+// heads in 2 groups, 4 experts top-2 (MoE) or an MLP of 256, sequence 64.
+inline ModelConfig memory_config(bool moe) {
+  ModelConfig c;
+  c.vocab_size = 512;
+  c.hidden_size = 128;
+  c.num_layers = 2;
+  c.num_attention_heads = 4;
+  c.num_query_groups = 2;
+  c.ffn_hidden_size = 256;
+  c.num_experts = moe ? 4 : 0;
+  c.moe_router_topk = moe ? 2 : 1;
+  c.seq_length = 64;
+  return c;
+}
+
+// DeepSeek-V3's options on the MoE one at its head widths (q/k 128 + 64, v 128: the GPU's
+// tensor-core attention), q through a latent of 96, kv's of 64, experts and a shared expert of
+// width 96, the first layer dense.
+inline ModelConfig memory_deepseek_v3_config() {
+  ModelConfig c = with_deepseek_v3_options(memory_config(true), 96);
+  c.kv_lora_rank = 64;
+  c.qk_head_dim = 128;
+  c.qk_pos_emb_head_dim = 64;
+  c.v_head_dim = 128;
+  c.moe_ffn_hidden_size = 96;
+  c.moe_shared_expert_intermediate_size = 96;
+  c.moe_layer_freq = "[0,1]";
+  return c;
+}
+
 // Random token ids in [0, vocab), [n] i32, from stream `key`.
 inline Tensor random_ids(int64_t n, int64_t vocab, uint64_t key) {
   Tensor t = Tensor::empty({n}, DType::kI32, MemCategory::kOther, "ids");

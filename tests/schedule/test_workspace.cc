@@ -10,6 +10,7 @@
 #include <cmath>
 #include <string>
 
+#include "model/tiny.h"
 #include "schedule/planner.h"
 #include "schedule/simulator.h"
 
@@ -123,44 +124,9 @@ TEST(Workspace, MeasuredPeaksWithinTwoPercent) {
   }
 }
 
-// The models of tests/cuda/test_cuda_memory.cc: 2 layers of hidden 128, 4 heads, 4 experts top-2,
-// sequence 64; the DeepSeek-V3-like one with multi-head latent attention (q rank 96, kv rank 64,
-// q/k heads 128 + 64, v 128), the sigmoid router in 2 groups, experts and a shared expert of
-// width 96, its first layer dense.
-ModelConfig cuda_memory_model(bool deepseek_v3) {
-  ModelConfig m{.vocab_size = 512,
-                .hidden_size = 128,
-                .num_layers = 2,
-                .num_attention_heads = 4,
-                .num_query_groups = 2,
-                .ffn_hidden_size = 256,
-                .num_experts = 4,
-                .moe_router_topk = 2,
-                .seq_length = 64};
-  if (!deepseek_v3) return m;
-  m.num_query_groups = m.num_attention_heads;
-  m.multi_latent_attention = true;
-  m.q_lora_rank = 96;
-  m.kv_lora_rank = 64;
-  m.qk_head_dim = 128;
-  m.qk_pos_emb_head_dim = 64;
-  m.v_head_dim = 128;
-  m.rotary_interleaved = true;
-  m.moe_ffn_hidden_size = 96;
-  m.moe_shared_expert_intermediate_size = 96;
-  m.moe_router_score_function = "sigmoid";
-  m.moe_router_enable_expert_bias = true;
-  m.moe_router_num_groups = 2;
-  m.moe_router_group_topk = 1;
-  m.moe_router_topk_scaling_factor = 2.5;
-  m.moe_aux_loss_coeff = 0;
-  m.moe_layer_freq = "[0,1]";
-  return m;
-}
-
 TEST(Workspace, MergedExpertGradientPeaksAsMeasured) {
-  // The allocator's peaks of test_cuda_memory's reference trainer (3 micro-batches, 1f1b) on one
-  // H200, with the experts' weight gradients merged by 1, 2 and 3
+  // The allocator's peaks of test_cuda_memory's reference trainer (3 micro-batches, 1f1b; its
+  // models in model/tiny.h) on one H200, with the experts' weight gradients merged by 1, 2 and 3
   // (Note [Merged expert weight gradients] in model/nodes.h). Merged, the peak is the group's
   // last pass: the I's gate_up gone, what it passed on (d_out, d_topk_w, d_expert_in) still
   // held beside the gathered rows.
@@ -180,7 +146,8 @@ TEST(Workspace, MergedExpertGradientPeaksAsMeasured) {
       PlanRequest req;
       req.schedule_name = "1f1b";
       req.shape = {1, 1, 3};
-      req.inputs.model = cuda_memory_model(c.deepseek_v3);
+      req.inputs.model =
+          c.deepseek_v3 ? testing::memory_deepseek_v3_config() : testing::memory_config(true);
       req.inputs.micro_batch_size = c.micro_batch;
       req.inputs.gpu = true;
       req.inputs.activation_elem_bytes = 2;
