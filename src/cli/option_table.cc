@@ -144,8 +144,7 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                &o.node_times_out,
                "write each node kind's measured time (GPU runs, CUDA events; its median over the "
                "steps after the first, every rank's mean) as the JSON that `tandem plan "
-               "--node-times` reads (default: "
-               "none)",
+               "--node-times` reads (default: none)",
                Bound::kAny,
                {},
                "FILE"});
