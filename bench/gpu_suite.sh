@@ -158,7 +158,7 @@ torch.cuda.synchronize();print('bf16 matmul 8192^3 TFLOP/s', round(20*2*8192**3/
         L=4; [[ $v =~ -lanes([0-9]+)$ ]] && L=${BASH_REMATCH[1]}
         GR=""; [[ $v =~ -grouped=([a-z,]+)$ ]] && GR=${BASH_REMATCH[1]}
         t0=$(date +%s)
-        TANDEM_EXPERT_GROUPED=$GR TANDEM_EXPERT_LANES=$L timeout 300 $B/tandem train --device cuda $SH --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/c_$v.jsonl --node-times-out /tmp/c_$v.nodes.json > /tmp/c_$v.log 2>&1
+        timeout 300 $B/tandem train --expert-lanes $L ${GR:+--expert-grouped $GR} --device cuda $SH --global-batch-size 8 --mock-data --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/c_$v.jsonl --node-times-out /tmp/c_$v.nodes.json > /tmp/c_$v.log 2>&1
         echo "tandem $v rc=$? ($(( $(date +%s) - t0 )) s) $(summary /tmp/c_$v.jsonl)" | tee -a "$OUT/c.txt"; tail -2 /tmp/c_$v.log
         python3 -c "
 import json;n=json.load(open('/tmp/c_$v.nodes.json'))['nodes']['experts']
@@ -421,16 +421,14 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
         done 2>&1 | tee -a "$OUT/defer.txt"
       done ;;
     lanes)
-      # Note [Lanes]: the experts' products on 1, 2, 4 and 8 lanes (TANDEM_EXPERT_LANES), one GPU
+      # Note [Lanes]: the experts' products on 1, 2, 4 and 8 lanes (--expert-lanes), one GPU
       # and EP2 combined 1F1B on shape (b), random tokens.
       SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/lanes; mkdir -p $T
       for n in ${LANES:-1 2 4 8}; do
-        export TANDEM_EXPERT_LANES=$n MPI_EXTRA="-x TANDEM_EXPERT_LANES"
-        echo "TANDEM_EXPERT_LANES=$n" | tee -a "$OUT/lanes.txt"
-        tandem_runs "$SB" 2 150 $T lanes.txt "one-gpu --global-batch-size 16" \
+        echo "--expert-lanes $n" | tee -a "$OUT/lanes.txt"
+        tandem_runs "$SB --expert-lanes $n" 2 150 $T lanes.txt "one-gpu --global-batch-size 16" \
           "ep2-combined --expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32"
-      done
-      unset TANDEM_EXPERT_LANES MPI_EXTRA ;;
+      done ;;
     repeat)
       # Shape (b) on random tokens, EP2 combined 1F1B twice and paired once, one GPU twice: are
       # the losses the same bit for bit (deterministic kernels, Note [Paired forwards])?
@@ -511,7 +509,8 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       done ;;
     attn-pick)
       # Every attention variant timed (attention_timing), then shapes (a) and (b) trained with
-      # the fastest forward and backward variant of their shape (TANDEM_ATTN_FWD / _BWD).
+      # the fastest forward and backward variant of their shape (--attention-forward-variant,
+      # --attention-backward-variant).
       timeout 200 $B/attention_timing 20 > "$OUT/attn.log" 2>&1; echo "attention_timing rc=$?"; cat "$OUT/attn.log"
       for sh in a b; do
         pick=$(python3 - "$OUT/attn.log" $sh <<'PY'
@@ -526,12 +525,12 @@ for line in open(sys.argv[1]):
         diffs = [float(x) for x in re.findall(r"[\d.]+e[+-]\d+", m.group(5))]
         if all(d < 5e-2 for d in diffs) and float(m.group(4)) > best.get(m.group(1), (0, -1))[1]:
             best[m.group(1)] = (m.group(2), float(m.group(4)))
-print("TANDEM_ATTN_FWD=%s TANDEM_ATTN_BWD=%s" % (best.get("fwd", ("0",))[0], best.get("bwd", ("0",))[0]))
+print("--attention-forward-variant %s --attention-backward-variant %s" % (best.get("fwd", ("0",))[0], best.get("bwd", ("0",))[0]))
 PY
 )
         echo "shape ($sh) picks $pick"
         [ $sh = a ] && SH="$SHAPE_A" || SH="$SHAPE_B"
-        env $pick timeout 300 $B/gpu_train_bench $SH --steps 10 --warmup-steps 3 2> "$OUT/bench_$sh.pick.err" | tee -a "$OUT/results.jsonl"
+        timeout 300 $B/gpu_train_bench $SH $pick --steps 10 --warmup-steps 3 2> "$OUT/bench_$sh.pick.err" | tee -a "$OUT/results.jsonl"
       done ;;
     expert-gemm)
       # The experts' products per expert, on lanes, rows balanced, cuBLAS grouped, as one, each

@@ -10,9 +10,11 @@
 #include <iostream>
 #include <nlohmann/json.hpp>
 
+#include "cli/options.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_allocator.h"
 #include "core/device.h"
+#include "core/setting_tables.h"
 #include "data/dataset.h"
 #include "data/random.h"
 #include "ops/cuda/gemm.h"
@@ -73,8 +75,11 @@ int main(int argc, char** argv) {
   app.add_option("--num-microbatches", num_microbatches);
   app.add_option("--steps", steps);
   app.add_option("--warmup-steps", warmup);
+  Tuning tuned;  // Note [Performance settings] in core/tuning.h
+  cli::add_settings(app, tuning_settings(tuned));
   CLI11_PARSE(app, argc, argv);
   try {
+    set_tuning(tuned);
     if (app.count("--num-query-groups") == 0) m.num_query_groups = m.num_attention_heads;
     t.global_batch_size = t.micro_batch_size * num_microbatches;
     t.train_iters = warmup + steps;

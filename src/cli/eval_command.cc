@@ -72,7 +72,7 @@ void run_eval(const CLI::App& app, RunOptions& o) {
   const std::unique_ptr<data::Dataset> valid =
       make_validation_dataset(o, WholeDataPath::kEvaluated);
   runtime::PipelineTrainer trainer(o.model, o.train, run.sched, *run.groups, *valid, DType::kF32,
-                                   o.comm_overlap);
+                                   o.parallel.comm_overlap);
   runtime::run_agreeing(*run.groups->world, [&] {
     runtime::restore_pipeline(trainer, runtime::load_checkpoint(o.load_dir));
   });

@@ -14,22 +14,21 @@
 #include "cli/commands.h"
 #include "comm/mpi_communicator.h"
 #include "core/error.h"
+#include "core/test_faults.h"
 
 namespace {
 
-// Test hook: TANDEM_TEST_ERROR=internal (or =user) makes the program fail that way before it
-// reads its command line; with ",rank=R" only on world rank R under mpirun, while the others
-// go on and wait for it (tests/cli/test_exit_codes.cc, tests/dist/test_tandem_mpi.cc).
+// Note [Test faults] (core/test_faults.h): TANDEM_TEST_ERROR makes the program fail before it
+// reads its command line (tests/cli/test_exit_codes.cc, tests/dist/test_tandem_mpi.cc).
 void fail_if_a_test_asks() {
-  const char* spec = std::getenv("TANDEM_TEST_ERROR");
-  if (spec == nullptr || *spec == '\0') return;
-  const std::string kind(spec, std::strcspn(spec, ","));
-  if (const char* rank = std::strstr(spec, ",rank=")) {
+  const tandem::TestFaults f = tandem::test_faults();
+  if (f.error.empty()) return;
+  if (f.error_rank >= 0) {
     const char* mine = std::getenv("OMPI_COMM_WORLD_RANK");
-    if (mine == nullptr || std::atoi(mine) != std::atoi(rank + 6)) return;
+    if (mine == nullptr || std::atoi(mine) != f.error_rank) return;
   }
-  if (kind == "internal") TANDEM_INTERNAL_ERROR("TANDEM_TEST_ERROR=", spec, " asks for this");
-  TANDEM_CHECK(kind != "user", "TANDEM_TEST_ERROR=", spec, " asks for this");
+  if (f.error == "internal") TANDEM_INTERNAL_ERROR("TANDEM_TEST_ERROR=", f.error, " asks for this");
+  TANDEM_CHECK(f.error != "user", "TANDEM_TEST_ERROR=", f.error, " asks for this");
 }
 
 int run(int argc, char** argv) {
@@ -42,9 +41,7 @@ int run(int argc, char** argv) {
   tandem::cli::register_generate_command(app);
   tandem::cli::register_eval_command(app);
   tandem::cli::register_convert_command(app);
-#ifdef TANDEM_HAVE_PLAN
   tandem::cli::register_plan_command(app);
-#endif
   try {
     app.parse(argc, argv);
   } catch (const CLI::CallForHelp& e) {

@@ -1,5 +1,6 @@
-// The run options shared by `tandem train`, `plan` and `generate`: Megatron-LM's names on the
-// command line, the same keys in a TOML file given with --config; the command line wins.
+// The run options shared by `tandem train`, `eval` and `plan`: Megatron-LM's names on the command
+// line, the same keys in a TOML file given with --config; the command line wins. Each is a row of
+// one table (Note [Every setting declared once] in core/settings.h).
 #pragma once
 
 #include <cstdint>
@@ -13,13 +14,14 @@
 #include "cli/cli_fwd.h"
 #include "core/config.h"
 #include "core/enum_names.h"
-#include "runtime/comm_overlap.h"
+#include "core/settings.h"
+#include "core/tuning.h"
 #include "schedule/generators.h"
 
 namespace tandem::cli {
 
 // Note [String options of an enumeration]: --nan-policy, --device and --comm-overlap are stored
-// as their enums (train.non_finite_policy, train.device, comm_overlap). --schedule and
+// as their enums (train.non_finite_policy, train.device, parallel.comm_overlap). --schedule and
 // --data-format stay strings whose valid values are their enum's table
 // (schedule::kScheduleKindNames, data::kDatasetFormatNames): ParallelConfig lives in core, below
 // the schedule's enum, and the data set is opened by its format's name; code that branches on
@@ -28,7 +30,7 @@ struct RunOptions {
   ModelConfig model;
   TrainConfig train;
   ParallelConfig parallel;
-  int64_t num_microbatches = 0;      // for `plan`: 0 derives it from the batch sizes
+  Tuning tuning;                     // Note [Performance settings] in core/tuning.h
   std::string config_file;           // --config FILE.toml
   std::string data_path;             // --data-path; empty: the built-in addition task
   std::string data_format = "auto";  // auto | megatron | tokens | text
@@ -46,14 +48,12 @@ struct RunOptions {
   int64_t keep_checkpoints = 2;  // --keep-checkpoints: iteration directories kept under --save
   std::string max_shard_size = "5GB";  // --max-shard-size (parsed into max_shard_bytes)
   int64_t max_shard_bytes = 5'000'000'000;
-  std::string log_json;        // --log-json FILE: one JSON object per iteration
-  std::string trace_path;      // --trace FILE.json: the measured timeline
-  std::string node_times_out;  // --node-times-out FILE.json: measured node times (GPU)
-  std::string routing_out;     // --routing-out FILE.json: the last step's routing tables
-  runtime::CommOverlap comm_overlap = runtime::CommOverlap::kOn;  // --comm-overlap
+  std::string log_json;             // --log-json FILE: one JSON object per iteration
+  std::string trace_path;           // --trace FILE.json: the measured timeline
+  std::string node_times_out;       // --node-times-out FILE.json: measured node times (GPU)
+  std::string routing_out;          // --routing-out FILE.json: the last step's routing tables
   bool quiet = false;               // --quiet: no progress bar, no log lines
   int64_t addition_max_digits = 3;  // --addition-max-digits: the built-in task's operand digits
-  double comm_timeout_s = 120;      // --comm-timeout: bound on every wait for another rank
 };
 
 // An option whose value is one of `names`, handed to `store` once parsed; any other value is a
@@ -79,8 +79,11 @@ CLI::Option* add_enum_option(
 // The run's schedule (a name of the table: finalize_run_options has checked it).
 schedule::ScheduleKind schedule_kind(const ParallelConfig& p);
 
-// Registers every run option on `app`, bound into `opts`, with its default (the model's:
-// docs/model.md "Hyper-parameters").
+// Registers each setting of `table` on `app` as --name, in --help's section of its kind, with its
+// default; a repeated option takes its last value (Note [Repeated options] in options.cc).
+void add_settings(CLI::App& app, const Settings& table);
+// add_settings of every run setting (cli/option_table.h's run_settings), bound into `opts`, with
+// its default (the model's: docs/model.md "Hyper-parameters").
 void add_run_options(CLI::App& app, RunOptions& opts);
 
 // After app.parse(): fills in what the --config file sets and the command line did not, then
@@ -93,17 +96,24 @@ void add_run_options(CLI::App& app, RunOptions& opts);
 // option that neither the command line nor the config file gives takes the checkpoint's value;
 // a given one wins over a "defaults" value, and must equal a "fixed" one (otherwise an error
 // names the option and both values). (`tandem train` passes cli::checkpoint_option_values.)
+// `own`: the command's settings beside the run's (`plan`'s), read from the command line and the
+// config file the same way.
 using CheckpointOptionsReader = std::function<nlohmann::json(const std::string& load_dir)>;
 void finalize_run_options(const CLI::App& app, RunOptions& opts,
-                          const CheckpointOptionsReader& read_checkpoint = {});
+                          const CheckpointOptionsReader& read_checkpoint = {}, Settings own = {});
+
+// The checks across settings, in one place: the model's and training's own (validate), the
+// layout's rules (validate_layout in core/config.h), the data options' and the performance
+// settings'. Throws tandem::Error naming the options and values.
+void validate_run_options(const RunOptions& o);
 
 // Note [Deferred update by default] (options.cc): --defer-optimizer's value when no option or
 // file sets it, for these options' device, model, expert-parallel size, schedule and overlap.
 bool defer_optimizer_by_default(const RunOptions& o);
 
-// Every option's value as "name=value" lines, in the table's order, but for the per-process
-// outputs (--log-json, --trace, --node-times-out, --routing-out, --quiet, --config): what every
-// rank of a run must agree on (cli/train_common.cc's check).
+// Every option's value as "name=value" lines, in the table's order, but for the settings of
+// Scope::kProcess (--log-json, --trace, --quiet, ...): what every rank of a run must agree on
+// (cli/train_common.cc's check).
 std::string canonical_options(const RunOptions& opts);
 
 // CLI11 checks for a subcommand's own numeric options, by the run options' rules: a float must be

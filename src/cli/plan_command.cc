@@ -15,6 +15,7 @@
 
 #include "cli/options.h"
 #include "cli/path_checks.h"
+#include "cli/plan_options.h"
 #include "cli/plan_search.h"
 #include "cli/planned_run.h"
 #include "cli/progress.h"
@@ -27,125 +28,6 @@
 
 namespace tandem::cli {
 namespace {
-
-enum class OutputFormat : uint8_t { kTable, kJson };
-
-struct PlanOptions {
-  std::string schedule_file;
-  schedule::CostModelKind cost_model = schedule::CostModelKind::kRoofline;
-  std::string node_times;
-  std::string routing;   // --routing FILE (tandem train --routing-out)
-  int routing_rank = 0;  // --routing-rank: whose pipeline's table
-  std::string svg;
-  std::string write_schedule;
-  std::string measured_trace;  // --measured-trace FILE (tandem train --trace)
-  OutputFormat format = OutputFormat::kTable;
-  bool compare_schedules = false;
-  double memory_limit = 0;  // --memory-limit: bytes a rank may hold; 0: none
-  int64_t activation_bytes = 4;
-  int64_t data_parallel_size = 0;  // 0: --expert-model-parallel-size
-  schedule::DeviceDesc device;
-  SearchOptions search;
-};
-
-// "80GiB", "7.5GiB", "141e9", "512MB" -> bytes as a number (CLI11 transform); "" when valid.
-std::string size_in_bytes(std::string& text) {
-  const std::optional<double> bytes = parse_size(text);
-  if (!bytes || *bytes >= 9e18)
-    return "'" + text + "' is not a size below 9e18 bytes: use " + kSizeForms;
-  text = std::to_string(*bytes);
-  return "";
-}
-
-void add_plan_options(CLI::App& sub, PlanOptions& p) {
-  sub.add_option("--schedule-file", p.schedule_file,
-                 "plan your own schedule: one line per rank, `rank 0: 0F0 0F1 0SEND_F0 ...` "
-                 "(docs/schedules.md); replaces --schedule (default: none)")
-      ->check(CLI::ExistingFile)
-      ->option_text("FILE");
-  add_enum_option(sub, "--cost-model", p.cost_model,
-                  "roofline (FLOPs and bytes against the device below) or uniform (F 1, B 2, "
-                  "I and W 1 each, communication 0: for checking against theory) (default: "
-                  "roofline)",
-                  schedule::kCostModelOptionNames);
-  sub.add_option("--node-times", p.node_times,
-                 "per-node times in seconds from a JSON file (docs/schedules.md) instead of the "
-                 "roofline; a file of `tandem train --node-times-out` says the shape it was "
-                 "measured at, and a plan of another micro-batch size, sequence length, layer "
-                 "count or expert-parallel size scales each node by its work (docs/planning.md) "
-                 "(default: none)")
-      ->check(CLI::ExistingFile)
-      ->option_text("FILE");
-  sub.add_option("--routing", p.routing,
-                 "the rows each experts node received in a measured step, from `tandem train "
-                 "--routing-out` (docs/parallel.md): plans that step's expert-parallel memory "
-                 "instead of balanced routing's (default: none)")
-      ->check(CLI::ExistingFile)
-      ->option_text("FILE");
-  sub.add_option("--routing-rank", p.routing_rank,
-                 "with --routing: the world rank whose pipeline is planned (default: 0)")
-      ->check(decimal_number(FieldBound::kNonNegative, false))
-      ->option_text("RANK");
-  sub.add_option("--svg", p.svg,
-                 "write a Gantt chart with each rank's memory curve to FILE.svg (default: none)")
-      ->option_text("FILE");
-  sub.add_option("--measured-trace", p.measured_trace,
-                 "a measured step (`tandem train --trace FILE`) to set beside the plan: each "
-                 "rank's forward-backward planned and measured, and with --trace one chart with "
-                 "each measured rank under its planned one (default: none)")
-      ->check(CLI::ExistingFile)
-      ->option_text("FILE");
-  sub.add_option("--write-schedule", p.write_schedule,
-                 "write the (validated) schedule in the text format to FILE, to edit and plan "
-                 "again with --schedule-file (default: none)")
-      ->option_text("FILE");
-  sub.add_flag_callback(
-      "--json", [&p] { p.format = OutputFormat::kJson; },
-      "print a JSON summary instead of the table");
-  sub.add_option("--memory-limit", p.memory_limit,
-                 "the memory a rank may hold (e.g. 80GiB, 141e9): says which ranks' planned "
-                 "peaks go over it, and with --compare-schedules which schedules fit "
-                 "(default: none)")
-      ->transform(CLI::Validator(size_in_bytes, "SIZE"))
-      ->option_text("SIZE");
-  sub.add_flag("--compare-schedules", p.compare_schedules,
-               "plan every built-in schedule on this layout and model, one line each (step, "
-               "whole step, tokens/s, bubble, exposed all-to-all, highest peak), instead of one "
-               "schedule's table");
-  sub.add_option("--activation-bytes", p.activation_bytes,
-                 "bytes per activation element (2 bf16, 4 f32, 8 f64) (default: 4; 2 with "
-                 "--device cuda, which also plans f32 statistics, the fused LM head and the "
-                 "weights' bf16 copy)")
-      ->check(CLI::IsMember({2, 4, 8}))
-      ->option_text("2|4|8");
-  sub.add_option("--data-parallel-size", p.data_parallel_size,
-                 "ranks per pipeline stage, as `mpirun -np` / PP gives `tandem train` (expert "
-                 "ranks included): divides --global-batch-size into micro-batches as training "
-                 "does, and plans the gradient all-reduce over them (with --overlap-grad-reduce "
-                 "beside the backward) (default: --expert-model-parallel-size)")
-      ->check(decimal_number(FieldBound::kPositive, false))
-      ->check(CLI::Range(int64_t{1}, int64_t{1} << 30))
-      ->option_text("N");
-  sub.add_option("--matrix-flops", p.device.matrix_flops_per_s,
-                 "the device's matrix rate, flop/s (default: 7.9e14, about one H200 in bf16)")
-      ->check(finite_number(FieldBound::kPositive))
-      ->option_text("FLOP/S");
-  sub.add_option("--memory-bandwidth", p.device.memory_bytes_per_s,
-                 "the device's memory bandwidth, bytes/s (default: 4.3e12)")
-      ->check(finite_number(FieldBound::kPositive))
-      ->option_text("BYTES/S");
-  sub.add_option("--link-bandwidth", p.device.link_bytes_per_s,
-                 "per-GPU link bandwidth of all-to-all, pipeline messages and (unless the node "
-                 "times measured it) the gradient all-reduce's bus, bytes/s (default: 3.5e11, "
-                 "NVLink)")
-      ->check(finite_number(FieldBound::kPositive))
-      ->option_text("BYTES/S");
-  sub.add_option("--link-latency", p.device.link_latency_s,
-                 "latency of one message, seconds (default: 5e-6)")
-      ->check(finite_number(FieldBound::kNonNegative))
-      ->option_text("SECONDS");
-  add_search_options(sub, p.search);
-}
 
 schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, const PlanOptions& p) {
   schedule::PlanRequest req;
@@ -161,8 +43,8 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   // As `tandem train` under mpirun: micro-batches per data-parallel rank (a schedule file fixes
   // them itself).
   const int64_t dp = schedule::resolved_data_parallel_size(in);
-  if (o.num_microbatches == 0 && p.schedule_file.empty()) o.train.validate(dp);
-  const int64_t m = o.num_microbatches > 0 ? o.num_microbatches : o.train.num_microbatches(dp);
+  if (p.num_microbatches == 0 && p.schedule_file.empty()) o.train.validate(dp);
+  const int64_t m = p.num_microbatches > 0 ? p.num_microbatches : o.train.num_microbatches(dp);
   req.shape = {static_cast<int32_t>(o.parallel.pipeline_model_parallel_size),
                static_cast<int32_t>(v), static_cast<int32_t>(m), o.parallel.pair_first_forwards};
   // --device cuda plans the GPU trainer: bf16 activations unless --activation-bytes says else.
@@ -170,25 +52,21 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
   in.cost.device = p.device;
   in.cost.kind = p.cost_model;
   if (!p.node_times.empty()) {
-    TANDEM_CHECK(app.count("--cost-model") == 0, "--node-times ", p.node_times,
-                 " replaces the cost model: drop --cost-model ",
-                 schedule::cost_model_name(p.cost_model));
     in.cost.kind = schedule::CostModelKind::kNodeTimes;
     in.cost.table = schedule::load_node_times(p.node_times);
   }
-  TANDEM_CHECK(!p.routing.empty() || app.count("--routing-rank") == 0, "--routing-rank ",
-               p.routing_rank, " needs --routing FILE");
   if (!p.routing.empty()) {
     const std::map<int, schedule::RoutingCounts> all = schedule::load_routing_tables(p.routing);
-    in.routing = schedule::routing_table_of(all, p.routing_rank, p.routing);
+    const int rank = static_cast<int>(p.routing_rank);
+    in.routing = schedule::routing_table_of(all, rank, p.routing);
     if (in.expert_parallel_size > 1) {  // Note [Slowest expert rank] in schedule/routing_file.h
       const comm::ParallelLayout layout = comm::ParallelLayout::make(
           static_cast<int>(all.size()), static_cast<int>(o.parallel.pipeline_model_parallel_size),
           static_cast<int>(in.expert_parallel_size));
       std::vector<schedule::RoutingCounts> group;
       size_t me = 0;
-      for (int r : layout.ep_group(p.routing_rank)) {
-        if (r == p.routing_rank) me = group.size();
+      for (int r : layout.ep_group(rank)) {
+        if (r == rank) me = group.size();
         group.push_back(schedule::routing_table_of(all, r, p.routing));
       }
       in.expert_pace = schedule::expert_pace(group, me);
@@ -198,8 +76,8 @@ schedule::PlanRequest make_request(const CLI::App& app, const RunOptions& o, con
 }
 
 // A schedule file fixes PP, the stages and the micro-batches; explicit options must agree.
-void check_file_agrees(const CLI::App& app, const RunOptions& o, const schedule::Schedule& s,
-                       const std::string& path) {
+void check_file_agrees(const CLI::App& app, const RunOptions& o, const PlanOptions& p,
+                       const schedule::Schedule& s, const std::string& path) {
   const ParallelConfig& par = o.parallel;
   TANDEM_CHECK(app.count("--pipeline-model-parallel-size") == 0 ||
                    par.pipeline_model_parallel_size == s.num_ranks,
@@ -211,8 +89,8 @@ void check_file_agrees(const CLI::App& app, const RunOptions& o, const schedule:
                "--virtual-pipeline-model-parallel-size ", par.virtual_pipeline_model_parallel_size,
                " disagrees with --schedule-file ", path, ", which has ", s.num_stages,
                " stages on ", s.num_ranks, " ranks");
-  TANDEM_CHECK(app.count("--num-microbatches") == 0 || o.num_microbatches == s.num_microbatches,
-               "--num-microbatches ", o.num_microbatches, " disagrees with --schedule-file ", path,
+  TANDEM_CHECK(app.count("--num-microbatches") == 0 || p.num_microbatches == s.num_microbatches,
+               "--num-microbatches ", p.num_microbatches, " disagrees with --schedule-file ", path,
                ", which has ", s.num_microbatches, " micro-batches");
 }
 
@@ -259,8 +137,7 @@ int32_t virtual_stages_for(schedule::ScheduleKind kind, int32_t v) {
 }
 
 // --compare-schedules: every built-in schedule on the request's layout, model and costs.
-void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
-                       int64_t memory_limit) {
+void compare_schedules(const schedule::PlanRequest& base, bool json, int64_t memory_limit) {
   nlohmann::json rows = nlohmann::json::array();
   const schedule::CostModelKind cm = base.inputs.cost.kind;
   const char* unit = cm == schedule::CostModelKind::kUniform ? "u" : "ms";
@@ -308,7 +185,7 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
     }
     rows.push_back(std::move(row));
   }
-  if (format == OutputFormat::kJson) {
+  if (json) {
     std::cout << nlohmann::json{{"schedules", rows}}.dump(2) << std::endl;
     return;
   }
@@ -323,9 +200,25 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
             << text.str() << std::flush;
 }
 
-void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
-  finalize_run_options(app, o);
+// --memory-limit's size in bytes (0 when not given); the plan's own checks.
+void finalize_plan_options(const CLI::App& app, PlanOptions& p) {
+  if (!p.memory_limit_text.empty()) {
+    const std::optional<double> bytes = parse_size(p.memory_limit_text);
+    TANDEM_CHECK(bytes && *bytes >= 1 && *bytes < 9e18, "--memory-limit ", p.memory_limit_text,
+                 " is not a size of at least one byte below 9e18: use ", kSizeForms);
+    p.memory_limit = *bytes;
+  }
+  TANDEM_CHECK(p.node_times.empty() || app.count("--cost-model") == 0, "--node-times ",
+               p.node_times, " replaces the cost model: drop --cost-model ",
+               schedule::cost_model_name(p.cost_model));
+  TANDEM_CHECK(!p.routing.empty() || app.count("--routing-rank") == 0, "--routing-rank ",
+               p.routing_rank, " needs --routing FILE");
   check_search_options(app, p.search, p.memory_limit);
+}
+
+void run_plan(const CLI::App& app, RunOptions& o, PlanOptions& p) {
+  finalize_run_options(app, o, {}, plan_settings(p));
+  finalize_plan_options(app, p);
   // Note [Outputs that are inputs]: every output checked before any is written.
   check_outputs(
       {{"--config", o.config_file},
@@ -336,8 +229,7 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
       {{"--trace", o.trace_path}, {"--svg", p.svg}, {"--write-schedule", p.write_schedule}});
   const schedule::PlanRequest req = make_request(app, o, p);
   if (p.search.search) {
-    run_search(app, o, req, p.search, static_cast<int64_t>(p.memory_limit),
-               p.format == OutputFormat::kJson);
+    run_search(app, o, req, p.search, static_cast<int64_t>(p.memory_limit), p.json);
     return;
   }
   if (p.compare_schedules) {
@@ -346,12 +238,12 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
                  "--compare-schedules plans every built-in schedule: leave out --schedule-file, "
                  "--svg, --write-schedule, --trace and --measured-trace (they take one "
                  "schedule)");
-    compare_schedules(req, p.format, static_cast<int64_t>(p.memory_limit));
+    compare_schedules(req, p.json, static_cast<int64_t>(p.memory_limit));
     return;
   }
   schedule::Plan plan;
   plan.schedule = schedule::plan_schedule(req);
-  if (!p.schedule_file.empty()) check_file_agrees(app, o, plan.schedule, p.schedule_file);
+  if (!p.schedule_file.empty()) check_file_agrees(app, o, p, plan.schedule, p.schedule_file);
   plan.inputs = req.inputs;
   plan.model = schedule::build_pipeline_model(plan.schedule, req.inputs);
   plan.sim = schedule::simulate(plan.schedule, plan.model);
@@ -376,7 +268,7 @@ void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
     }
   }
   if (!p.svg.empty()) schedule::write_svg(plan, p.svg);
-  if (p.format == OutputFormat::kJson) {
+  if (p.json) {
     nlohmann::json j = schedule::plan_summary_json(plan);
     for (nlohmann::json& r : j["ranks"]) {
       const auto it = measured_ends.find(r["rank"].get<int>());
@@ -407,7 +299,7 @@ void register_plan_command(CLI::App& app) {
   auto opts = std::make_shared<RunOptions>();
   auto plan = std::make_shared<PlanOptions>();
   add_run_options(*sub, *opts);
-  add_plan_options(*sub, *plan);
+  add_settings(*sub, plan_settings(*plan));
   sub->callback([sub, opts, plan] { run_plan(*sub, *opts, *plan); });
 }
 

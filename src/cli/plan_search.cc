@@ -235,23 +235,6 @@ void print_json(const SearchResult& res, const schedule::SearchSpace& space) {
 
 }  // namespace
 
-void add_search_options(CLI::App& plan, SearchOptions& s) {
-  plan.add_flag("--search", s.search,
-                "plan every layout of the model on --world-size ranks (pipeline, data and "
-                "expert parallel sizes, micro-batch size, schedule, stages per rank, "
-                "recomputation; the options you give stay fixed) and list those whose every "
-                "rank fits --memory-limit, highest planned tokens/s first, then why the rest "
-                "do not (docs/planning.md)");
-  plan.add_option("--world-size", s.world_size,
-                  "with --search: the ranks (GPUs) to lay out, as `mpirun -np` would start them")
-      ->check(decimal_number(FieldBound::kPositive, false))
-      ->option_text("N");
-  plan.add_option("--search-top", s.top,
-                  "with --search: the fitting layouts the table prints; 0: all (default: 10)")
-      ->check(decimal_number(FieldBound::kNonNegative, false))
-      ->option_text("N");
-}
-
 void check_search_options(const CLI::App& plan, const SearchOptions& s, double memory_limit) {
   if (!s.search) {
     for (const char* name : {"--world-size", "--search-top"}) {

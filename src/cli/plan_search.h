@@ -5,20 +5,12 @@
 #include <cstdint>
 
 #include "cli/cli_fwd.h"
+#include "cli/plan_options.h"
 #include "schedule/planner.h"
 
 namespace tandem::cli {
 
 struct RunOptions;
-
-struct SearchOptions {
-  bool search = false;     // --search
-  int64_t world_size = 0;  // --world-size: ranks (GPUs) to lay out; 0: not given
-  int64_t top = 10;        // --search-top: fitting rows printed; 0: all
-};
-
-// Registers --search, --world-size and --search-top on `plan`.
-void add_search_options(CLI::App& plan, SearchOptions& s);
 
 // Before anything is read: with --search, refuses the plan options that take one schedule or
 // one run (--schedule-file, --svg, --routing, ...) and requires --world-size and --memory-limit;

@@ -5,6 +5,7 @@
 #include <iostream>
 
 #include "core/error.h"
+#include "core/setting_tables.h"
 #include "data/file_dataset.h"
 #include "data/mapped_file.h"
 #include "io/hf_config.h"
@@ -56,22 +57,15 @@ nlohmann::json checkpoint_option_values(const std::string& load_dir) {
     fixed.erase("seq-length");
     return {{"fixed", fixed}, {"defaults", unwritten}};
   }
-  const runtime::TrainingPosition pos =
+  // The training settings a checkpoint keeps (their Saved column, core/setting_tables.cc): the
+  // optimizer and schedule settings, so that `--load DIR --train-iters N` alone continues the run
+  // exactly; the length of the run and the log interval stay the command line's.
+  runtime::TrainingPosition pos =
       runtime::read_training_position(info.trainer_state, "checkpoint " + info.dir + ": ");
-  fixed["seed"] = pos.train.seed;
-  fixed["global-batch-size"] = pos.train.global_batch_size;
-  // The optimizer and schedule settings, so that `--load DIR --train-iters N` alone continues the
-  // run exactly; the log interval and the length of the run stay the command line's.
-  nlohmann::json defaults;
-  const nlohmann::json train = runtime::config_to_json(pos.train);
-  for (const auto& [key, value] : train.items()) {
-    if (key == "train_iters" || key == "log_interval" || key == "seed" ||
-        key == "global_batch_size") {
-      continue;
-    }
-    std::string option = key;
-    for (char& c : option) c = c == '_' ? '-' : c;
-    defaults[option] = value;
+  nlohmann::json defaults = nlohmann::json::object();
+  for (const Setting& s : train_settings(pos.train)) {
+    if (s.saved == Saved::kFixed) fixed[s.name] = setting_to_json(s);
+    if (s.saved == Saved::kDefault) defaults[s.name] = setting_to_json(s);
   }
   for (const auto& [key, value] : unwritten.items()) defaults[key] = value;
   return {{"fixed", fixed}, {"defaults", defaults}};
@@ -166,7 +160,7 @@ void save_pipeline_checkpoint(runtime::PipelineTrainer& trainer, const RunOption
   const auto save = o.ckpt_fully_parallel_save ? runtime::save_checkpoint_fully_parallel
                                                : runtime::save_checkpoint_parallel;
   const runtime::SavedCheckpoint saved =
-      save(o.save_dir, trainer, describe_data(o), o.keep_checkpoints, o.comm_timeout_s / 4,
+      save(o.save_dir, trainer, describe_data(o), o.keep_checkpoints, o.parallel.comm_timeout_s / 4,
            o.max_shard_bytes);
   for (const std::string& warning : saved.warnings) {
     std::cerr << "tandem: warning: " << warning << std::endl;

@@ -85,8 +85,8 @@ void print_validation(const RunOptions& o, const data::Dataset& valid) {
 
 // The steps from `start` to --train-iters: progress, validations (with `valid`), checkpoints
 // and, after the last, the files asked for.
-void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, const TestFaults& faults,
-               int64_t start, const std::optional<schedule::Plan>& plan, ProgressReporter& reporter,
+void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, int64_t start,
+               const std::optional<schedule::Plan>& plan, ProgressReporter& reporter,
                const data::Dataset* valid) {
   const runtime::Groups& groups = trainer.groups();
   std::vector<int32_t> pipeline_rank;  // of each world rank
@@ -94,7 +94,7 @@ void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, const Tes
   Allocator& alloc = allocator_for(o.train.device);
   reporter.open();
   for (int64_t it = start; it < o.train.train_iters; ++it) {
-    faults.before_step(groups.rank, it + 1);
+    test_faults_before_step(groups.rank, it + 1);
     const bool last = it + 1 == o.train.train_iters;
     if (last && !o.trace_path.empty()) alloc.set_trace(true);  // the last step's timeline
     const runtime::StepResult r = trainer.step();
@@ -126,9 +126,8 @@ void run_train(const CLI::App& app, RunOptions& o) {
   std::unique_ptr<data::Dataset> valid =
       o.eval_iters > 0 ? make_validation_dataset(o, WholeDataPath::kRefused) : nullptr;
   runtime::PipelineTrainer trainer(o.model, o.train, run.sched, groups, *data, DType::kF32,
-                                   o.comm_overlap);
-  const TestFaults faults;
-  faults.install(trainer);
+                                   o.parallel.comm_overlap);
+  install_test_faults(trainer);
   const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);
   if (valid) check_first_validation_batch(*valid, o);
@@ -155,7 +154,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
         L.world > 1 ? "tandem train: rank " + std::to_string(groups.rank) + ": " : "tandem train: ";
     warn_if_planned_memory_exceeds_gpu(*plan, L.pp_rank(groups.rank), o.train.device, prefix);
   }
-  run_steps(o, trainer, faults, start, plan, reporter, valid.get());
+  run_steps(o, trainer, start, plan, reporter, valid.get());
   if (lead && !o.save_dir.empty() && !o.quiet) {
     std::cout << "saved checkpoints to " << o.save_dir
               << " (latest: " << runtime::iteration_dir_name(trainer.iteration()) << ")"

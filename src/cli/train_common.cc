@@ -13,6 +13,8 @@
 #include "comm/mpi_communicator.h"
 #include "comm/self_communicator.h"
 #include "core/device.h"
+#include "core/test_faults.h"
+#include "core/tuning.h"
 #if TANDEM_WITH_CUDA
 #include "core/cuda/context.h"
 #include "core/cuda/wait.h"
@@ -43,6 +45,7 @@ void check_supported(const RunOptions& o) {
 }
 
 void open_device(const RunOptions& o) {
+  set_tuning(o.tuning);  // Note [Performance settings] in core/tuning.h
   if (o.train.device == Device::kCPU) return;
 #if TANDEM_WITH_CUDA
   const int gpus = cuda::device_count();
@@ -54,8 +57,7 @@ void open_device(const RunOptions& o) {
                " but this machine has ", gpus, "; start at most ", gpus, " ranks per machine");
   cuda::initialize(local);
   // Note [Bounded waits on the GPU]: under mpirun a wait for the GPU may wait for a peer.
-  if (comm::launched_by_mpirun()) cuda::set_wait_limit(o.comm_timeout_s);
-  (void)ops::Lanes::count();  // a bad TANDEM_EXPERT_LANES stops the run here, not mid-step
+  if (comm::launched_by_mpirun()) cuda::set_wait_limit(o.parallel.comm_timeout_s);
 #else
   TANDEM_CHECK(false, "--device ", enum_name(o.train.device),
                " is not available in this build: valid is cpu (built without CUDA)");
@@ -72,7 +74,7 @@ std::string device_text(Device device) {
 }
 
 std::unique_ptr<comm::Communicator> make_world(const RunOptions& o) {
-  if (comm::launched_by_mpirun()) return comm::mpi_world(o.comm_timeout_s);
+  if (comm::launched_by_mpirun()) return comm::mpi_world(o.parallel.comm_timeout_s);
   return comm::self_world();
 }
 
@@ -82,7 +84,7 @@ RunLayout make_layout(std::unique_ptr<comm::Communicator> world, RunOptions& o) 
   out.groups = std::make_unique<runtime::Groups>(runtime::Groups::make(
       std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
       static_cast<int>(p.expert_model_parallel_size), o.train.device,
-      /*second_expert_group=*/o.comm_overlap == runtime::CommOverlap::kSplit, o.comm_timeout_s));
+      /*second_expert_group=*/p.comm_overlap == CommOverlap::kSplit, p.comm_timeout_s));
   const comm::ParallelLayout& L = out.groups->layout;
   o.train.validate(L.dp());
   out.shape = {static_cast<int32_t>(L.pp),
@@ -160,35 +162,21 @@ void poison_gradient(const Tensor& g) {
 
 }  // namespace
 
-TestFaults::TestFaults() {
-  if (const char* spec = std::getenv("TANDEM_FAULT")) {
-    int r = -1;
-    long long it = -1;
-    char mode[16] = {0};
-    if (std::sscanf(spec, "rank=%d,iter=%lld,mode=%15s", &r, &it, mode) == 3) {
-      rank_ = r;
-      iteration_ = static_cast<int64_t>(it);
-      mode_ = mode;
-    }
-  }
-  if (const char* poison = std::getenv("TANDEM_TEST_POISON_GRAD_ITER")) {
-    poison_iteration_ = std::atoll(poison);
-  }
-}
-
-void TestFaults::install(runtime::PipelineTrainer& trainer) const {
-  const bool mine = mode_ == "nan" && rank_ == trainer.groups().rank;
-  if (!mine && poison_iteration_ < 0) return;
-  const int64_t at = mine ? iteration_ : poison_iteration_;
+void install_test_faults(runtime::PipelineTrainer& trainer) {
+  const TestFaults f = test_faults();
+  const bool mine = f.fault_mode == "nan" && f.fault_rank == trainer.groups().rank;
+  if (!mine && f.poison_grad_iteration < 0) return;
+  const int64_t at = mine ? f.fault_iteration : f.poison_grad_iteration;
   trainer.set_after_backward_hook([at](std::vector<runtime::StageRuntime>& stages, int64_t it) {
     if (it == at) poison_gradient(stages.front().params->flat_grads());
   });
 }
 
-void TestFaults::before_step(int rank, int64_t iteration) const {
-  if (rank_ != rank || iteration_ != iteration) return;
-  if (mode_ == "exit") std::_Exit(9);
-  if (mode_ != "hang") return;
+void test_faults_before_step(int rank, int64_t iteration) {
+  const TestFaults f = test_faults();
+  if (f.fault_rank != rank || f.fault_iteration != iteration) return;
+  if (f.fault_mode == "exit") std::_Exit(9);
+  if (f.fault_mode != "hang") return;
   for (;;) std::this_thread::sleep_for(std::chrono::seconds(60));
 }
 

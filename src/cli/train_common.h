@@ -46,25 +46,16 @@ IterationRecord to_record(const runtime::StepResult& r);
 // that differs and both values.
 void check_same_config(comm::Communicator& world, const RunOptions& o);
 
-// Test-only fault injection from the environment, for the tests of the real program:
+// The training loop's test faults (Note [Test faults] in core/test_faults.h):
 //   TANDEM_FAULT="rank=R,iter=I,mode=exit|hang|nan": rank R dies or hangs before step I, so
 //     tests can show that the other ranks stop with an error instead of hanging; or (nan) the
 //     first gradient element of rank R's first stage becomes NaN after step I's gradient
 //     reduction, a copy the other ranks do not see (Note [Non-finite steps on several ranks] in
 //     runtime/grad_reduce.cc);
 //   TANDEM_TEST_POISON_GRAD_ITER=I: that NaN on every rank at step I.
-class TestFaults {
- public:
-  TestFaults();  // reads the environment
-  // The NaN faults, as the trainer's after-backward hook.
-  void install(runtime::PipelineTrainer& trainer) const;
-  // The exit and hang faults, before step `iteration` (1-based) of world rank `rank`.
-  void before_step(int rank, int64_t iteration) const;
-
- private:
-  int rank_ = -1;
-  int64_t iteration_ = -1, poison_iteration_ = -1;
-  std::string mode_;
-};
+// The NaN faults, as the trainer's after-backward hook.
+void install_test_faults(runtime::PipelineTrainer& trainer);
+// The exit and hang faults, before step `iteration` (1-based) of world rank `rank`.
+void test_faults_before_step(int rank, int64_t iteration);
 
 }  // namespace tandem::cli

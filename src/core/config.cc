@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numbers>
+#include <optional>
 #include <utility>
 
 #include "core/error.h"
@@ -672,6 +673,82 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
                rebalance_experts,
                " do not combine: moving an expert would move its Adam moments, which the "
                "distributed optimizer splits over other ranks; use --rebalance-experts 0");
+}
+
+void check_expert_split(const ModelConfig& m, int64_t ep) {
+  if (m.is_moe()) {
+    TANDEM_CHECK(m.num_experts % ep == 0, "--expert-model-parallel-size ", ep,
+                 " does not divide --num-experts ", m.num_experts,
+                 ": choose a divisor of the number of experts");
+  } else {
+    TANDEM_CHECK(ep == 1, "--expert-model-parallel-size ", ep,
+                 " needs experts, but --num-experts is 0 (a dense model): use 1");
+  }
+}
+
+void check_comm_overlap(const TrainConfig& t, int64_t ep, CommOverlap overlap) {
+  TANDEM_CHECK(overlap != CommOverlap::kSplit || t.device == Device::kCUDA,
+               "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it "
+               "needs --device cuda (it is cpu), or use on");
+  // Note [Merged expert weight gradients] (model/nodes.h): a group's products read the tensors
+  // of its earlier micro-batches on the compute stream of its last; every weight gradient runs
+  // on the one compute stream but under kSplit, where a pair's second half has its own.
+  TANDEM_CHECK(t.moe_wgrad_merge == 1 || overlap != CommOverlap::kSplit || ep == 1,
+               "--moe-wgrad-merge ", t.moe_wgrad_merge,
+               " with --comm-overlap split: the second half of a pair runs on a compute stream of "
+               "its own; use --comm-overlap on or off, or --moe-wgrad-merge 1");
+}
+
+void validate_layout(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p) {
+  m.validate();
+  t.validate(1);  // the data-parallel size is checked against the layout at the start
+  // Note [Sizes that fit]: a micro-batch's tokens index rows too.
+  TANDEM_CHECK(t.micro_batch_size <= kMaxDimension / m.seq_length, "--micro-batch-size ",
+               t.micro_batch_size, " x --seq-length ", m.seq_length,
+               " tokens a micro-batch is too many: at most 2^31 - 1");
+  const std::optional<ScheduleKind> kind = parse_enum<ScheduleKind>(p.schedule);
+  TANDEM_CHECK(kind.has_value(), "--schedule ", p.schedule,
+               " is invalid: it must be one of: ", enum_choices<ScheduleKind>());
+  check_expert_split(m, p.expert_model_parallel_size);
+  const int64_t chunks = p.pipeline_model_parallel_size * p.virtual_pipeline_model_parallel_size;
+  TANDEM_CHECK(m.num_layers >= chunks, "--num-layers ", m.num_layers, " is fewer than the ", chunks,
+               " model chunks (--pipeline-model-parallel-size x "
+               "--virtual-pipeline-model-parallel-size): each chunk needs at least one layer");
+  TANDEM_CHECK(!p.pair_first_forwards ||
+                   (*kind == ScheduleKind::kCombined1f1b && p.pipeline_model_parallel_size == 1 &&
+                    p.virtual_pipeline_model_parallel_size == 1),
+               "--pair-first-forwards pairs the first two forwards of combined-1f1b with one "
+               "stage; it needs --schedule combined-1f1b (it is ",
+               p.schedule, "), --pipeline-model-parallel-size 1 (it is ",
+               p.pipeline_model_parallel_size,
+               ") and --virtual-pipeline-model-parallel-size 1 (it is ",
+               p.virtual_pipeline_model_parallel_size, ")");
+  TANDEM_CHECK(t.rebalance_experts == 0 || (m.is_moe() && p.expert_model_parallel_size > 1),
+               "--rebalance-experts ", t.rebalance_experts,
+               " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
+               m.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
+               p.expert_model_parallel_size, "), or 0 (never)");
+  // DeepSeek-V3's sequence-wise aux loss runs on the CPU only (docs/model.md "DeepSeek-V3
+  // routing").
+  TANDEM_CHECK(t.device == Device::kCPU || m.moe_router_load_balancing_type != "seq_aux_loss" ||
+                   m.moe_aux_loss_coeff == 0,
+               "--moe-router-load-balancing-type seq_aux_loss with --moe-aux-loss-coeff ",
+               m.moe_aux_loss_coeff,
+               " is not implemented on the GPU: use --device cpu, or --moe-aux-loss-coeff 0 (the "
+               "expert bias balances without it)");
+  TANDEM_CHECK(!t.moe_router_force_balance || !m.sigmoid_router(),
+               "--moe-router-force-load-balancing forces the choice through the router's logits, "
+               "which a sigmoid router (--moe-router-score-function sigmoid) saturates: leave it "
+               "out");
+  check_comm_overlap(t, p.expert_model_parallel_size, p.comm_overlap);
+  TANDEM_CHECK(t.moe_wgrad_merge == 1 || m.is_moe(), "--moe-wgrad-merge ", t.moe_wgrad_merge,
+               " merges the experts' weight gradients; the model has no experts (--num-experts "
+               "0): leave it at 1");
+  TANDEM_CHECK(
+      *kind != ScheduleKind::kInterleaved1f1b || p.virtual_pipeline_model_parallel_size >= 2,
+      "--schedule interleaved-1f1b needs --virtual-pipeline-model-parallel-size >= 2 "
+      "(it is ",
+      p.virtual_pipeline_model_parallel_size, ")");
 }
 
 }  // namespace tandem

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <iterator>
 #include <span>
 #include <string>
 #include <variant>
@@ -11,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "core/enum_names.h"
+#include "core/settings.h"
 
 namespace tandem {
 
@@ -186,7 +188,6 @@ ModelFamily family_of(const ModelConfig& m);
 // '-', the key of a checkpoint's JSON; its hf_key the key of a Hugging Face config.json. The
 // command line (train and plan alike), the config file, checkpoints, config.json, the node-times
 // file's measured_at and the cross-rank agreement check all walk this table.
-enum class FieldBound : uint8_t { kAny, kNonNegative, kPositive };
 struct ModelField {
   const char* name;
   std::variant<int64_t ModelConfig::*, double ModelConfig::*, bool ModelConfig::*,
@@ -286,12 +287,63 @@ struct TrainConfig {
 std::vector<int64_t> stage_layer_counts(int64_t layers, int64_t stages, int64_t first = 0,
                                         int64_t last = 0);
 
+enum class ScheduleKind : uint8_t {
+  kGpipe,
+  k1f1b,
+  kInterleaved1f1b,
+  kCombined1f1b,
+  kZbH1,
+  kDualPipeV,
+};
+constexpr int kNumScheduleKinds = 6;
+// --schedule's names, the pipeline schedules of src/schedule/generators.h
+// (Note [One name table per enumeration] in core/enum_names.h).
+inline constexpr EnumName<ScheduleKind> kScheduleKindNames[] = {
+    {ScheduleKind::kGpipe, "gpipe"},
+    {ScheduleKind::k1f1b, "1f1b"},
+    {ScheduleKind::kInterleaved1f1b, "interleaved-1f1b"},
+    {ScheduleKind::kCombined1f1b, "combined-1f1b"},
+    {ScheduleKind::kZbH1, "zb-h1"},
+    {ScheduleKind::kDualPipeV, "dualpipev"},
+};
+static_assert(std::size(kScheduleKindNames) == kNumScheduleKinds);
+constexpr std::span<const EnumName<ScheduleKind>> enum_names(ScheduleKind) {
+  return kScheduleKindNames;
+}
+
+// --comm-overlap: where a combined action's all-to-all runs (runtime/stream_executor.h issues
+// it). Whether combined forward-backward actions run their all-to-all nodes on a communication
+// stream of their own (a worker thread on the CPU, a high-priority CUDA stream on the GPU) or
+// everything in order on the compute stream. kSplit (GPU only): as kOn, and the two halves of a
+// pair each get a compute and a communication stream of their own (Note [A stream pair per half]
+// in runtime/combined.cc).
+enum class CommOverlap : uint8_t { kOff, kOn, kSplit };
+inline constexpr EnumName<CommOverlap> kCommOverlapNames[] = {
+    {CommOverlap::kOn, "on"}, {CommOverlap::kOff, "off"}, {CommOverlap::kSplit, "split"}};
+constexpr std::span<const EnumName<CommOverlap>> enum_names(CommOverlap) {
+  return kCommOverlapNames;
+}
+
 struct ParallelConfig {
   int64_t pipeline_model_parallel_size = 1;
   int64_t expert_model_parallel_size = 1;
   int64_t virtual_pipeline_model_parallel_size = 1;
-  std::string schedule = "1f1b";
+  std::string schedule = "1f1b";     // a name of kScheduleKindNames
   bool pair_first_forwards = false;  // combined-1f1b, one stage: (0F0;0F1) first
+  CommOverlap comm_overlap = CommOverlap::kOn;
+  double comm_timeout_s = 120;  // --comm-timeout: the bound on every wait for another rank
 };
+
+// Note [Layout rules]: the rules the model's, training's and parallel settings keep across one
+// another, each written once. The command line applies all of them (validate_layout, from
+// cli::validate_run_options); the trainer and the planner, which tests and benchmarks build
+// without the command line, apply the ones their inputs carry (the check_* below). Each throws
+// tandem::Error naming the options and values.
+void validate_layout(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p);
+// The experts split evenly over `ep` expert-parallel ranks (a dense model only over one).
+void check_expert_split(const ModelConfig& m, int64_t ep);
+// --comm-overlap's rules: split needs GPUs, and --moe-wgrad-merge needs one compute stream a
+// micro-batch pair under expert parallelism.
+void check_comm_overlap(const TrainConfig& t, int64_t ep, CommOverlap overlap);
 
 }  // namespace tandem

@@ -1,12 +1,12 @@
 // The device dispatch of ops.h: each op runs on the device of its first tensor (the backend
 // checks that the others are there too). Written out from op_decls.inc, one function per op.
 #include <cmath>
-#include <cstdlib>
-#include <string_view>
+#include <string>
 
 #include "ops/cpu/cpu_ops.h"
 #include "ops/ops.h"
 #if TANDEM_WITH_CUDA
+#include "ops/cuda/attention.h"
 #include "ops/cuda/cuda_ops.h"
 #endif
 
@@ -35,18 +35,7 @@ Lanes::~Lanes() {
   }
 }
 
-int Lanes::count() {
-  static const int lanes = [] {
-    const char* text = std::getenv("TANDEM_EXPERT_LANES");
-    if (text == nullptr || *text == '\0') return 4;
-    char* end = nullptr;
-    const long n = std::strtol(text, &end, 10);
-    TANDEM_CHECK(*end == '\0' && n >= 1 && n <= kMaxLanes, "TANDEM_EXPERT_LANES=", text,
-                 " is not a number of lanes in [1, ", kMaxLanes, "] (Note [Lanes] in ops.h)");
-    return static_cast<int>(n);
-  }();
-  return lanes;
-}
+int Lanes::count() { return static_cast<int>(tuning().expert_lanes); }
 
 void Lanes::run(int64_t piece, const std::function<void()>& fn) {
   const int lane = cuda_ ? static_cast<int>(piece % count()) : 0;
@@ -65,30 +54,16 @@ void Lanes::run(int64_t piece, const std::function<void()>& fn) {
 }
 
 bool grouped_expert_phase(ExpertPhase phase, int64_t rows, int64_t experts) {
-  // Note [Grouped expert products]. -1: no override.
-  static const int phases = [] {
-    const char* text = std::getenv("TANDEM_EXPERT_GROUPED");
-    if (text == nullptr || *text == '\0') return -1;
-    int bits = 0;
-    std::string_view rest(text);
-    while (!rest.empty()) {
-      const size_t comma = rest.find(',');
-      const std::string_view name = rest.substr(0, comma);
-      rest = comma == std::string_view::npos ? std::string_view() : rest.substr(comma + 1);
-      if (name == "forward") {
-        bits |= static_cast<int>(ExpertPhase::kForward);
-      } else if (name == "input") {
-        bits |= static_cast<int>(ExpertPhase::kInput);
-      } else {
-        TANDEM_CHECK(name == "none", "TANDEM_EXPERT_GROUPED=", text,
-                     " is not a comma list of forward, input or none (Note [Grouped "
-                     "expert products] in ops.h)");
-      }
-    }
-    return bits;
-  }();
-  if (phases >= 0) return (phases & static_cast<int>(phase)) != 0;
-  return rows < kGroupedRowsBelow * experts;
+  // Note [Grouped expert products].
+  const std::string& chosen = tuning().expert_grouped;
+  if (chosen == "auto") return rows < kGroupedRowsBelow * experts;
+  return chosen.find(phase == ExpertPhase::kForward ? "forward" : "input") != std::string::npos;
+}
+
+void check_tuning([[maybe_unused]] const Tuning& t) {
+#if TANDEM_WITH_CUDA
+  cuda::check_attention_variants(t);
+#endif
 }
 
 void Lanes::join() {

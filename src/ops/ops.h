@@ -16,6 +16,7 @@
 #include "core/config.h"
 #include "core/host_read.h"
 #include "core/tensor.h"
+#include "core/tuning.h"
 #include "ops/row_blocks.h"
 
 namespace tandem::ops {
@@ -133,9 +134,9 @@ class PendingScalar {
 // pieces run in order.
 class Lanes {
  public:
-  static constexpr int kMaxLanes = 8;
-  // TANDEM_EXPERT_LANES (1..kMaxLanes; 1: every piece on the current stream), else 4. Read once;
-  // throws tandem::Error naming a bad value.
+  static constexpr int kMaxLanes = static_cast<int>(kMaxExpertLanes);
+  // --expert-lanes (Note [Performance settings] in core/tuning.h; 1: every piece on the current
+  // stream).
   static int count();
   // On `on`'s device.
   explicit Lanes(const Tensor& on);
@@ -167,14 +168,18 @@ class Lanes {
 // the input gradient's products are grouped when the node's experts have fewer than
 // kGroupedRowsBelow rows each on average (between the measured sides), and on lanes otherwise. The
 // weight gradients stay on lanes: they add into f32 gradients, and the grouped call takes no f32
-// output for bf16 operands. TANDEM_EXPERT_GROUPED overrides the choice: a comma list of forward,
-// input (grouped whatever the rows), or none. Values are the same products' up to the kernels'
-// summation order.
+// output for bf16 operands. --expert-grouped overrides the choice (Note [Performance settings]
+// in core/tuning.h): forward, input or forward,input (grouped whatever the rows), or none. Values
+// are the same products' up to the kernels' summation order.
 enum class ExpertPhase { kForward = 1, kInput = 2 };
 inline constexpr int64_t kGroupedRowsBelow = 512;
 // Whether `phase` of an experts node with `rows` rows over `experts` local experts runs grouped;
-// the override is read once; throws tandem::Error naming a bad value.
+// --expert-grouped's override, if any, decides.
 bool grouped_expert_phase(ExpertPhase phase, int64_t rows, int64_t experts);
+
+// Throws tandem::Error naming a performance setting of `t` that no kernel has (an
+// --attention-*-variant outside its table); a build without CUDA has no such kernel and takes any.
+void check_tuning(const Tuning& t);
 
 // sum_squares_start's value, waited for.
 inline double sum_squares(const Tensor& x) { return sum_squares_start(x).get(); }

@@ -22,6 +22,8 @@
 #include <variant>
 
 #include "core/error.h"
+#include "core/setting_tables.h"
+#include "core/test_faults.h"
 #include "io/atomic_dir.h"
 #include "io/checksum.h"
 #include "io/hf_config.h"
@@ -66,15 +68,14 @@ int64_t parse_iteration_name(const std::string& name) {
   return value;
 }
 
-// Test hook of save_checkpoint (see checkpoint.h): announce the stage, then wait.
+// Test hook of save_checkpoint (Note [Test faults]): announce the stage, then wait.
 void save_stage(const std::string& name, const char* stage) {
-  const char* delay = std::getenv("TANDEM_TEST_SAVE_DELAY_MS");
-  if (delay == nullptr) return;
+  const TestFaults f = test_faults();
+  if (f.save_delay_ms < 0) return;
   std::fprintf(stderr, "tandem-test: save %s stage %s\n", name.c_str(), stage);
   std::fflush(stderr);
-  const char* only = std::getenv("TANDEM_TEST_SAVE_DELAY_STAGE");
-  if (only != nullptr && std::strcmp(only, stage) != 0) return;
-  std::this_thread::sleep_for(std::chrono::milliseconds(std::atoll(delay)));
+  if (!f.save_delay_stage.empty() && f.save_delay_stage != stage) return;
+  std::this_thread::sleep_for(std::chrono::milliseconds(f.save_delay_ms));
 }
 
 // Typed, required access to the keys of one JSON object; errors name `where` and the key.
@@ -393,22 +394,15 @@ Json config_to_json(const ModelConfig& m) {
   return j;
 }
 
+// The training settings a checkpoint keeps (Saved other than kNo in train_settings,
+// Note [Every setting declared once] in core/settings.h), by their JSON keys.
 Json config_to_json(const TrainConfig& t) {
-  return {{"micro_batch_size", t.micro_batch_size},
-          {"global_batch_size", t.global_batch_size},
-          {"train_iters", t.train_iters},
-          {"lr", t.lr},
-          {"min_lr", t.min_lr},
-          {"lr_warmup_iters", t.lr_warmup_iters},
-          {"lr_decay_iters", t.lr_decay_iters},
-          {"weight_decay", t.weight_decay},
-          {"adam_beta1", t.adam_beta1},
-          {"adam_beta2", t.adam_beta2},
-          {"adam_eps", t.adam_eps},
-          {"clip_grad", t.clip_grad},
-          {"seed", t.seed},
-          {"log_interval", t.log_interval},
-          {"nan_policy", std::string(enum_name(t.non_finite_policy))}};
+  TrainConfig copy = t;
+  Json j = Json::object();
+  for (const Setting& s : train_settings(copy)) {
+    if (s.saved != Saved::kNo) j[setting_json_key(s.name)] = setting_to_json(s);
+  }
+  return j;
 }
 
 ModelConfig model_config_from_json(const Json& j, const std::string& where) {
@@ -442,25 +436,14 @@ ModelConfig model_config_from_json(const Json& j, const std::string& where) {
 TrainConfig train_config_from_json(const Json& j, const std::string& where) {
   const JsonFields f(j, where);
   TrainConfig t;
-  t.micro_batch_size = f.integer("micro_batch_size");
-  t.global_batch_size = f.integer("global_batch_size");
-  t.train_iters = f.integer("train_iters");
-  t.lr = f.number("lr");
-  t.min_lr = f.number("min_lr");
-  t.lr_warmup_iters = f.integer("lr_warmup_iters");
-  t.lr_decay_iters = f.integer("lr_decay_iters");
-  t.weight_decay = f.number("weight_decay");
-  t.adam_beta1 = f.number("adam_beta1");
-  t.adam_beta2 = f.number("adam_beta2");
-  t.adam_eps = f.number("adam_eps");
-  t.clip_grad = f.number("clip_grad");
-  t.seed = f.unsigned_integer("seed");
-  t.log_interval = f.integer("log_interval");
-  const std::string policy = f.string("nan_policy");
-  const std::optional<NonFinitePolicy> parsed = parse_enum<NonFinitePolicy>(policy);
-  TANDEM_CHECK(parsed.has_value(), where, "key 'nan_policy' is \"", policy, "\"; valid: \"",
-               enum_choices<NonFinitePolicy>("\", \""), "\"");
-  t.non_finite_policy = *parsed;
+  for (const Setting& s : train_settings(t)) {
+    const std::string key = setting_json_key(s.name);
+    if (s.saved == Saved::kNo || (!s.in_every_checkpoint && !j.contains(key))) continue;
+    const std::optional<SettingValue> v = setting_from_json(s, f.get(key));
+    TANDEM_CHECK(v.has_value() && value_problem(s, *v).empty(), where, "key '", key, "' is ",
+                 j[key].dump(), "; expected ", valid_text(s));
+    store_setting(s, *v);
+  }
   try {
     t.validate();
   } catch (const Error& e) {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/test_faults.h"
 #include "io/atomic_dir.h"
 
 namespace tandem::runtime {
@@ -156,10 +157,10 @@ std::vector<WrittenFile> files_from_json(const Json& j) {
   return out;
 }
 
-// Test hook: with TANDEM_TEST_SAVE_FAIL_RANK=R, world rank R fails after writing its weights.
+// Test hook (Note [Test faults]): TANDEM_TEST_SAVE_FAIL_RANK=R, world rank R fails after
+// writing its weights.
 void test_fail_rank(int rank) {
-  const char* fail = std::getenv("TANDEM_TEST_SAVE_FAIL_RANK");
-  if (fail != nullptr && std::atoi(fail) == rank) {
+  if (test_faults().save_fail_rank == rank) {
     throw Error(detail::concat("tandem-test: rank ", rank, " failed to write its shards"));
   }
 }

@@ -31,9 +31,8 @@ model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_sta
   s.layer_end = s.layer_begin + counts[static_cast<size_t>(stage)];
   s.has_embed = stage == 0;
   s.has_head = stage == num_stages - 1;
+  check_expert_split(m, layout.ep);  // Note [Layout rules] in core/config.h
   if (m.is_moe()) {
-    TANDEM_CHECK(m.num_experts % layout.ep == 0, "--num-experts ", m.num_experts,
-                 " is not a multiple of --expert-model-parallel-size ", layout.ep);
     const int64_t el = m.num_experts / layout.ep;
     s.expert_begin = layout.ep_rank(rank) * el;
     s.expert_end = s.expert_begin + el;
@@ -47,7 +46,6 @@ namespace {
 // overlap is off.
 std::unique_ptr<Streams> make_streams(Device device, CommOverlap overlap) {
   if (device != Device::kCPU) return make_device_streams();
-  TANDEM_CHECK(overlap != CommOverlap::kSplit, "--comm-overlap split runs on GPUs (--device cuda)");
   return std::make_unique<CpuStreams>(overlap != CommOverlap::kOff);
 }
 
@@ -58,6 +56,7 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                                  const data::Dataset& data, DType dtype, CommOverlap overlap)
     : model_(m), train_(t), sched_(sched), groups_(&groups), data_(&data) {
   DeviceScope on(train_.device);
+  check_comm_overlap(train_, groups.layout.ep, overlap);  // Note [Layout rules] in core/config.h
   streams_ = make_streams(train_.device, overlap);
   TANDEM_CHECK(!streams_->issues_ahead() || overlap != CommOverlap::kSplit ||
                    groups.layout.ep == 1 || groups.ep2_dev != nullptr,
@@ -73,14 +72,6 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                sched.num_microbatches, " micro-batches but the batch sizes give ", num_mb_,
                " per data-parallel rank");
   loss_scale_ = 1.0 / static_cast<double>(num_mb_ * L.dp());
-  // Note [Merged expert weight gradients] (model/nodes.h): a group's products read the tensors
-  // of its earlier micro-batches on the compute stream of its last; every weight gradient runs
-  // on the one compute stream but under kSplit, where a pair's second half has its own.
-  TANDEM_CHECK(train_.moe_wgrad_merge == 1 || L.ep == 1 || overlap != CommOverlap::kSplit,
-               "--moe-wgrad-merge ", train_.moe_wgrad_merge,
-               " with --comm-overlap split: the "
-               "second half of a pair runs on a compute stream of its own; use --comm-overlap on "
-               "or off, or --moe-wgrad-merge 1");
   deferred_ = std::make_unique<DeferredUpdate>(*streams_);
   reducer_ = std::make_unique<GradReducer>(model_, train_, groups, *streams_);
   for (int32_t s : sched.stages_of_rank(L.pp_rank(groups.rank))) {

@@ -8,33 +8,16 @@
 #include <string>
 #include <string_view>
 
+#include "core/config.h"
 #include "core/enum_names.h"
 #include "schedule/action.h"
 
 namespace tandem::schedule {
 
-enum class ScheduleKind : uint8_t {
-  kGpipe,
-  k1f1b,
-  kInterleaved1f1b,
-  kCombined1f1b,
-  kZbH1,
-  kDualPipeV,
-};
-constexpr int kNumScheduleKinds = 6;
-// --schedule's names (Note [One name table per enumeration] in core/enum_names.h).
-inline constexpr EnumName<ScheduleKind> kScheduleKindNames[] = {
-    {ScheduleKind::kGpipe, "gpipe"},
-    {ScheduleKind::k1f1b, "1f1b"},
-    {ScheduleKind::kInterleaved1f1b, "interleaved-1f1b"},
-    {ScheduleKind::kCombined1f1b, "combined-1f1b"},
-    {ScheduleKind::kZbH1, "zb-h1"},
-    {ScheduleKind::kDualPipeV, "dualpipev"},
-};
-static_assert(std::size(kScheduleKindNames) == kNumScheduleKinds);
-constexpr std::span<const EnumName<ScheduleKind>> enum_names(ScheduleKind) {
-  return kScheduleKindNames;
-}
+// The pipeline schedules (core/config.h, where --schedule's setting is declared).
+using tandem::kNumScheduleKinds;
+using tandem::kScheduleKindNames;
+using tandem::ScheduleKind;
 
 // "gpipe", "1f1b", "interleaved-1f1b", "combined-1f1b", "zb-h1", "dualpipev".
 std::string_view schedule_kind_name(ScheduleKind kind);

@@ -108,14 +108,7 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
                " is invalid: need at least 1");
   TANDEM_CHECK(in.expert_parallel_size >= 1, "--expert-model-parallel-size ",
                in.expert_parallel_size, " is invalid: need at least 1");
-  if (cfg.is_moe()) {
-    TANDEM_CHECK(cfg.num_experts % in.expert_parallel_size == 0, "--expert-model-parallel-size ",
-                 in.expert_parallel_size, " does not divide --num-experts ", cfg.num_experts,
-                 ": choose a divisor of the expert count");
-  } else {
-    TANDEM_CHECK(in.expert_parallel_size == 1, "--expert-model-parallel-size ",
-                 in.expert_parallel_size, " needs experts: the model is dense (--num-experts 0)");
-  }
+  check_expert_split(cfg, in.expert_parallel_size);  // Note [Layout rules] in core/config.h
   TANDEM_CHECK(in.moe_wgrad_merge >= 1, "--moe-wgrad-merge ", in.moe_wgrad_merge,
                " is invalid: need at least 1 (micro-batches per expert weight-gradient product)");
   (void)resolved_data_parallel_size(in);  // checks it

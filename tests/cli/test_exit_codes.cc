@@ -36,7 +36,7 @@ int main_cc_line_of(const std::string& text) {
 TEST(ExitCodes, AnInternalErrorExitsOneNamingFileAndLine) {
   const RunResult r = run_with("internal", {"train", "--train-iters", "1"});
   EXPECT_EQ(r.exit_code, 1) << r.err;
-  const int line = main_cc_line_of("if (kind == \"internal\") TANDEM_INTERNAL_ERROR(");
+  const int line = main_cc_line_of("if (f.error == \"internal\") TANDEM_INTERNAL_ERROR(");
   ASSERT_GT(line, 0);
   const std::string expected =
       "tandem: internal error at src/cli/main.cc:" + std::to_string(line) + ": ";

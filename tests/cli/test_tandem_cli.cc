@@ -418,7 +418,7 @@ TEST(TandemProgram, PlanChecksAMemoryLimit) {
   EXPECT_GT(over, 0);  // 1f1b itself goes over
   const RunResult bad = run({"--memory-limit", "lots"});
   EXPECT_EQ(bad.exit_code, 2);
-  EXPECT_NE(bad.err.find("'lots' is not a size"), std::string::npos) << bad.err;
+  EXPECT_NE(bad.err.find("--memory-limit lots is not a size"), std::string::npos) << bad.err;
 }
 
 }  // namespace

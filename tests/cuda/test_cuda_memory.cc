@@ -3,7 +3,7 @@
 // whole peak (static + activations + in flight + the nodes' op temporaries; the allocator counts
 // the bytes asked for) equal to the plan's to the byte. Oracle:
 // schedule::make_plan for 1f1b on one stage (what one process runs), which never sees the
-// allocator; both use core/footprint.h. GEMM tuning is off (TANDEM_GEMM_TUNE=0): a step that
+// allocator; both use core/footprint.h. GEMM tuning is off (--gemm-tune=false): a step that
 // first meets a new bucket of some expert's rows tunes it and holds the candidates' outputs for
 // a moment, one-time buffers the plan leaves out by design (Note [Tuned algorithms] in
 // src/ops/cuda/gemm.cc; docs/planning.md), and which step that is depends on the routing. The
@@ -18,6 +18,7 @@
 #include "comm/self_communicator.h"
 #include "common/random_tokens.h"
 #include "core/device.h"
+#include "core/tuning.h"
 #include "model/tiny.h"
 #include "runtime/pipeline_trainer.h"
 #include "runtime/reference_trainer.h"
@@ -25,6 +26,13 @@
 
 namespace tandem {
 namespace {
+
+// Note [Performance settings] in core/tuning.h: before the first product is tuned.
+void without_gemm_tuning() {
+  Tuning t = tuning();
+  t.gemm_tune = false;
+  set_tuning(t);
+}
 
 struct Peaks {
   int64_t activation = 0, total = 0;
@@ -73,7 +81,7 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
 }
 
 TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
-  ::setenv("TANDEM_GEMM_TUNE", "0", 1);  // before the first product reads it
+  without_gemm_tuning();
   const std::pair<const char*, ModelConfig> models[] = {
       {"dense", testing::memory_config(false)},
       {"MoE", testing::memory_config(true)},
@@ -106,7 +114,7 @@ TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
 // are the plan's to the byte, and the second step's loss is the unmerged run's but for the
 // gradients' summation order (its weights took one update from them).
 TEST(CudaMemory, MergedExpertGradientsAsPlannedToTheByte) {
-  ::setenv("TANDEM_GEMM_TUNE", "0", 1);
+  without_gemm_tuning();
   const std::pair<const char*, ModelConfig> models[] = {
       {"MoE", testing::memory_config(true)}, {"DeepSeek-V3", testing::memory_deepseek_v3_config()}};
   for (const auto& [name, m] : models) {
@@ -154,7 +162,7 @@ TEST(CudaMemory, MergedExpertGradientsAsPlannedToTheByte) {
 // activation peak is lower than without offload, and the losses and gradients of two steps are
 // bitwise those without offload.
 TEST(CudaMemory, OffloadedActivationsAsPlannedAndTheSameSteps) {
-  ::setenv("TANDEM_GEMM_TUNE", "0", 1);
+  without_gemm_tuning();
   const ModelConfig m = model_qwen2();
   const testing::RandomTokens tokens(m.vocab_size);
   struct Run {

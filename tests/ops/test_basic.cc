@@ -63,24 +63,24 @@ TEST(Lanes, CpuPiecesRunInOrderAndErrorsPropagate) {
       Error);
 }
 
-// TANDEM_EXPERT_LANES: a bad value is refused naming it (and the range); a good one is kept.
-// (Read once per process: the first call that does not throw fixes it. Nothing on the CPU reads
-// it before this test.)
-TEST(Lanes, CountFromTheEnvironment) {
-  ::setenv("TANDEM_EXPERT_LANES", "9", 1);
+// --expert-lanes (Note [Performance settings] in core/tuning.h): a bad value is refused naming it
+// and the range, and leaves the setting as it was; a good one is what Lanes takes.
+TEST(Lanes, CountFromThePerformanceSettings) {
+  const Tuning before = tuning();
+  Tuning t;
+  t.expert_lanes = 9;
   try {
-    (void)Lanes::count();
+    set_tuning(t);
     FAIL() << "expected an error";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("TANDEM_EXPERT_LANES=9"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("[1, 8]"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("--expert-lanes 9"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("between 1 and 8"), std::string::npos) << e.what();
   }
-  ::setenv("TANDEM_EXPERT_LANES", "2x", 1);
-  EXPECT_THROW((void)Lanes::count(), Error);
-  ::setenv("TANDEM_EXPERT_LANES", "2", 1);
+  EXPECT_EQ(Lanes::count(), before.expert_lanes);
+  t.expert_lanes = 2;
+  set_tuning(t);
   EXPECT_EQ(Lanes::count(), 2);
-  ::unsetenv("TANDEM_EXPERT_LANES");
-  EXPECT_EQ(Lanes::count(), 2);  // read once
+  set_tuning(before);
 }
 
 TEST(Embedding, ForwardCopiesRowsAndBackwardMatchesFiniteDifferences) {
@@ -348,10 +348,10 @@ TEST(AdamW, FlatRejectsBadRangesAndCopy) {
       Error);
 }
 
-// Note [Grouped expert products]: without TANDEM_EXPERT_GROUPED (ctest sets none), the forward
-// and the input gradients are grouped for small experts only.
+// Note [Grouped expert products]: with --expert-grouped auto (the default), the forward and the
+// input gradients are grouped for small experts only; a named phase is grouped whatever the rows.
 TEST(GroupedExpertProducts, OnlyForExpertsOfFewRows) {
-  ASSERT_EQ(std::getenv("TANDEM_EXPERT_GROUPED"), nullptr);
+  ASSERT_EQ(tuning().expert_grouped, "auto");
   using ops::ExpertPhase;
   EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 32768, 128));    // 256 rows each
   EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 4096 * 6, 64));  // 384 rows each
@@ -361,6 +361,18 @@ TEST(GroupedExpertProducts, OnlyForExpertsOfFewRows) {
   EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kInput, 32768, 128));
   EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kInput, 4096 * 6, 64));
   EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kInput, 8192, 8));
+  const Tuning before = tuning();
+  Tuning t;
+  t.expert_grouped = "input";
+  set_tuning(t);
+  EXPECT_FALSE(ops::grouped_expert_phase(ExpertPhase::kForward, 32768, 128));
+  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kInput, 8192, 8));
+  t.expert_grouped = "forward,input";
+  set_tuning(t);
+  EXPECT_TRUE(ops::grouped_expert_phase(ExpertPhase::kForward, 8192, 8));
+  t.expert_grouped = "sometimes";
+  EXPECT_THROW(set_tuning(t), Error);
+  set_tuning(before);
 }
 
 }  // namespace

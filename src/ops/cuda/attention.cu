@@ -253,41 +253,50 @@ std::vector<const char*> forward128_variant_names() {
   return variant_names(kForward128Variants<128>);
 }
 
-// The variant in environment variable `name`, by index or by name (unset or empty: 0).
-int env_variant(const char* name, const std::vector<const char*>& names) {
-  const char* text = std::getenv(name);
-  if (text == nullptr || *text == '\0') return 0;
+// The variant `text` names, by index or by name ("": 0), for the --attention-*-variant option
+// `option` (Note [Performance settings] in core/tuning.h).
+int named_variant(const char* option, const std::string& text,
+                  const std::vector<const char*>& names) {
+  if (text.empty()) return 0;
   for (size_t i = 0; i < names.size(); ++i) {
-    if (std::string_view(text) == names[i]) return static_cast<int>(i);
+    if (text == names[i]) return static_cast<int>(i);
   }
   char* end = nullptr;
-  const long index = std::strtol(text, &end, 10);
+  const long index = std::strtol(text.c_str(), &end, 10);
   std::string listed;
   for (const char* n : names) listed += std::string(listed.empty() ? "" : ", ") + n;
-  TANDEM_CHECK(*end == '\0' && index >= 0 && index < static_cast<long>(names.size()), name, "=",
+  TANDEM_CHECK(*end == '\0' && index >= 0 && index < static_cast<long>(names.size()), option, " ",
                text, " is not a variant: give an index in [0, ", names.size(), ") or one of ",
                listed, " (Note [Attention variants])");
   return static_cast<int>(index);
 }
 
 // Which entry of one variant table the kernels take: the index a select_* call stored, else (-1)
-// the one environment variable `env` names (read once per process), else 0.
+// the one the performance setting `Tuning::*setting` names, else 0.
+using TuningText = std::string Tuning::*;
+
 class VariantChoice {
  public:
-  constexpr VariantChoice(const char* env, std::vector<const char*> (*names)())
-      : env_(env), names_(names) {}
+  constexpr VariantChoice(const char* option, TuningText setting,
+                          std::vector<const char*> (*names)())
+      : option_(option), setting_(setting), names_(names) {}
 
   int index() {
     const int chosen = chosen_.load(std::memory_order_relaxed);
     if (chosen >= 0) return chosen;
-    std::call_once(env_read_, [this] { from_env_ = env_variant(env_, names_()); });
-    return from_env_;
+    // Parsed again only after set_tuning (ops run on one host thread at a time per process).
+    const uint64_t generation = tuning_generation() + 1;
+    if (parsed_at_.load(std::memory_order_acquire) != generation) {
+      from_setting_ = named_variant(option_, tuning().*setting_, names_());
+      parsed_at_.store(generation, std::memory_order_release);
+    }
+    return from_setting_;
   }
   // Throws tandem::Error naming `op` for an index outside [-1, table size).
   void check(const char* op, int variant) const {
     const int count = static_cast<int>(names_().size());
     TANDEM_CHECK(variant >= -1 && variant < count, op, ": ", variant, " outside [-1, ", count,
-                 ") (", env_, "'s table)");
+                 ") (", option_, "'s table)");
   }
   void select(const char* op, int variant) {
     check(op, variant);
@@ -295,17 +304,23 @@ class VariantChoice {
   }
 
  private:
-  const char* env_;
+  const char* option_;
+  TuningText setting_;
   std::vector<const char*> (*names_)();
   std::atomic<int> chosen_{-1};
-  std::once_flag env_read_;
-  int from_env_ = 0;
+  std::atomic<uint64_t> parsed_at_{0};  // tuning_generation() + 1 of from_setting_; 0: never
+  int from_setting_ = 0;
 };
 
-constinit VariantChoice forward_choice("TANDEM_ATTN_FWD", forward_variant_names);
-constinit VariantChoice backward_choice("TANDEM_ATTN_BWD", backward_variant_names);
-constinit VariantChoice forward128_choice("TANDEM_ATTN_FWD128", forward128_variant_names);
-constinit VariantChoice backward128_choice("TANDEM_ATTN_BWD128", backward128_variant_names);
+constinit VariantChoice forward_choice("--attention-forward-variant", &Tuning::attention_forward,
+                                       forward_variant_names);
+constinit VariantChoice backward_choice("--attention-backward-variant", &Tuning::attention_backward,
+                                        backward_variant_names);
+constinit VariantChoice forward128_choice("--attention-forward128-variant",
+                                          &Tuning::attention_forward128, forward128_variant_names);
+constinit VariantChoice backward128_choice("--attention-backward128-variant",
+                                           &Tuning::attention_backward128,
+                                           backward128_variant_names);
 
 }  // namespace
 
@@ -329,6 +344,15 @@ void select_attention_variants(int forward, int backward) {
   backward_choice.check(op, backward);
   forward_choice.select(op, forward);
   backward_choice.select(op, backward);
+}
+
+void check_attention_variants(const Tuning& t) {
+  named_variant("--attention-forward-variant", t.attention_forward, forward_variant_names());
+  named_variant("--attention-backward-variant", t.attention_backward, backward_variant_names());
+  named_variant("--attention-forward128-variant", t.attention_forward128,
+                forward128_variant_names());
+  named_variant("--attention-backward128-variant", t.attention_backward128,
+                backward128_variant_names());
 }
 
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,

@@ -337,7 +337,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 // is one warp's, summed in key order: the same bits on every run. It recomputes S and forms dP a
 // second time (the fused kernel forms both per key tile already), so it costs a few percent more
 // time (bench/results/gpu_single.md), and it needs no f32 dq workspace. It is the default;
-// TANDEM_ATTN_BWD=w4_q64_k64_m2 (or another variant) takes the one-pass form
+// --attention-backward-variant w4_q64_k64_m2 (or another variant) takes the one-pass form
 // (Note [Attention variants]).
 // ---------------------------------------------------------------------------------------------
 

@@ -265,11 +265,12 @@ inline unsigned tiles(int seq, int tile) { return static_cast<unsigned>((seq + t
 
 // Note [Attention variants]: the D 64 tensor-core kernels come in a few tile shapes, so that one
 // benchmark run on the GPU can time them all (bench/attention_timing). Index 0 is the default;
-// TANDEM_ATTN_FWD / TANDEM_ATTN_BWD (read once per process) pick another, and
-// select_attention_variants (benchmarks, tests) overrides both. D 128 (and q/k 192 with v 128)
-// has a forward table of its own (TANDEM_ATTN_FWD128, select_attention_forward128_variant), and
-// takes the backward form (deterministic or one-pass) the D 64 choice names; its deterministic
-// backward has tilings of its own (TANDEM_ATTN_BWD128, select_attention_backward128_variant).
+// --attention-forward-variant / --attention-backward-variant (Note [Performance settings] in
+// core/tuning.h) pick another, and select_attention_variants (benchmarks, tests) overrides both.
+// D 128 (and q/k 192 with v 128) has a forward table of its own (--attention-forward128-variant,
+// select_attention_forward128_variant), and takes the backward form (deterministic or one-pass)
+// the D 64 choice names; its deterministic backward has tilings of its own
+// (--attention-backward128-variant, select_attention_backward128_variant).
 // Names: w<warps>_q<query rows>_k<keys>_m<blocks per SM (__launch_bounds__)>.
 using ForwardLaunch = void (*)(const Tensor&, const Tensor&, const Tensor&, const Tensor&,
                                const Tensor&, const Geometry&);

@@ -18,6 +18,7 @@
 #include "core/cuda/context.h"
 #include "core/cuda/wait.h"
 #include "core/tensor.h"
+#include "core/tuning.h"
 
 namespace tandem::ops::cuda {
 
@@ -48,7 +49,7 @@ constexpr size_t kMaxPlans = 4096;
 // bit for bit the first choice's may win: a run's numbers do not depend on timing noise, and
 // every layout and schedule still reproduces the single-rank run exactly. Outputs above
 // kTuneMaxBytes (the LM head's logits block) keep the first choice (the scratch would cost
-// memory), as do products when TANDEM_GEMM_TUNE=0. The outputs are compared on the GPU and the
+// memory), as do products with --gemm-tune=false. The outputs are compared on the GPU and the
 // host waits once for all the candidates, so a tuning costs about its candidates' runs, not a
 // copy of every candidate's output to the host and a wait for each: a later step that meets a
 // new bucket (an expert's rows past a power of two) pays little for it.
@@ -176,13 +177,7 @@ struct TuneCall {
   float alpha, beta;
 };
 
-bool tuning_enabled() {
-  static const bool on = [] {
-    const char* v = std::getenv("TANDEM_GEMM_TUNE");
-    return v == nullptr || std::string_view(v) != "0";
-  }();
-  return on;
-}
+bool tuning_enabled() { return tuning().gemm_tune; }  // --gemm-tune
 
 // Runs every candidate on the call's operands into scratch outputs and keeps the fastest of
 // those whose output equals the first candidate's bit for bit (Note [Tuned algorithms]).

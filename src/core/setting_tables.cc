@@ -1,0 +1,285 @@
+// The model's, training's, parallel and performance settings, one row each
+// (Note [Every setting declared once] in core/settings.h). Megatron-LM's names mean what they mean
+// there.
+#include "core/setting_tables.h"
+
+#include <variant>
+
+namespace tandem {
+namespace {
+
+constexpr FieldBound kPositive = FieldBound::kPositive;
+constexpr FieldBound kNonNegative = FieldBound::kNonNegative;
+
+}  // namespace
+
+Settings model_settings(ModelConfig& m) {
+  Settings rows;
+  for (const ModelField& f : model_fields()) {
+    std::visit(
+        [&](auto member) {
+          rows.push_back({.name = f.name,
+                          .ref = &(m.*member),
+                          .help = f.help,
+                          .bound = f.bound,
+                          .saved = Saved::kFixed,
+                          .in_every_checkpoint = f.in_every_checkpoint});
+        },
+        f.member);
+  }
+  return in_group(SettingGroup::kModel, std::move(rows));
+}
+
+Settings train_settings(TrainConfig& t) {
+  return in_group(
+      SettingGroup::kTraining,
+      {
+          {.name = "micro-batch-size",
+           .ref = &t.micro_batch_size,
+           .help = "samples per micro-batch",
+           .bound = kPositive,
+           .saved = Saved::kDefault},
+          {.name = "global-batch-size",
+           .ref = &t.global_batch_size,
+           .help = "samples per optimizer step; a multiple of micro-batch-size",
+           .bound = kPositive,
+           .saved = Saved::kFixed},
+          {.name = "train-iters",
+           .ref = &t.train_iters,
+           .help = "optimizer steps to run",
+           .bound = kPositive,
+           .saved = Saved::kRecorded},
+          {.name = "lr",
+           .ref = &t.lr,
+           .help = "peak learning rate, reached after the warm-up",
+           .bound = kPositive,
+           .saved = Saved::kDefault},
+          {.name = "min-lr",
+           .ref = &t.min_lr,
+           .help = "learning rate at the end of the cosine decay",
+           .bound = kNonNegative,
+           .saved = Saved::kDefault},
+          {.name = "lr-warmup-iters",
+           .ref = &t.lr_warmup_iters,
+           .help = "steps of linear learning-rate warm-up",
+           .bound = kNonNegative,
+           .saved = Saved::kDefault},
+          {.name = "lr-decay-iters",
+           .ref = &t.lr_decay_iters,
+           .help = "steps of cosine decay; 0 decays over train-iters",
+           .bound = kNonNegative,
+           .saved = Saved::kDefault},
+          {.name = "weight-decay",
+           .ref = &t.weight_decay,
+           .help = "AdamW weight decay on matrices",
+           .bound = kNonNegative,
+           .saved = Saved::kDefault},
+          {.name = "adam-beta1",
+           .ref = &t.adam_beta1,
+           .help = "AdamW beta1, in [0, 1)",
+           .bound = kNonNegative,
+           .saved = Saved::kDefault},
+          {.name = "adam-beta2",
+           .ref = &t.adam_beta2,
+           .help = "AdamW beta2, in [0, 1)",
+           .bound = kNonNegative,
+           .saved = Saved::kDefault},
+          {.name = "adam-eps",
+           .ref = &t.adam_eps,
+           .help = "AdamW epsilon",
+           .bound = kPositive,
+           .saved = Saved::kDefault},
+          {.name = "clip-grad",
+           .ref = &t.clip_grad,
+           .help = "clip the global gradient norm to this; 0 turns it off",
+           .bound = kNonNegative,
+           .saved = Saved::kDefault},
+          {.name = "seed",
+           .ref = &t.seed,
+           .help = "seed of initialisation and data order",
+           .bound = kNonNegative,
+           .saved = Saved::kFixed},
+          {.name = "log-interval",
+           .ref = &t.log_interval,
+           .help = "steps between log lines",
+           .bound = kPositive,
+           .saved = Saved::kRecorded},
+          {.name = "nan-policy",
+           .ref = enum_ref(&t.non_finite_policy),
+           .help = "when the loss or gradients are NaN or Inf: stop with an error naming the "
+                   "iteration, or skip that step's update",
+           .saved = Saved::kDefault},
+          {.name = "device",
+           .ref = enum_ref(&t.device),
+           .help = "where to train: cpu (OpenBLAS, f32) or cuda (one GPU per process, bf16 "
+                   "activations, f32 master weights; needs a binary built with CUDA)"},
+          {.name = "recompute-experts",
+           .ref = &t.recompute_experts,
+           .help = "MoE: the experts keep only their input rows for the backward and form gate, "
+                   "up and the SwiGLU again there (less activation memory, one more pass of the "
+                   "gate and up products)"},
+          {.name = "moe-wgrad-merge",
+           .ref = &t.moe_wgrad_merge,
+           .help = "MoE: sum the experts' weight gradients of this many micro-batches in one "
+                   "product per expert (their rows gathered expert-major; the f32 gradients "
+                   "read and written once per N micro-batches instead of every one; the tensors "
+                   "of the waiting micro-batches stay until then: docs/memory.md); 1: each "
+                   "micro-batch's own",
+           .bound = kPositive},
+          {.name = "offload-activations",
+           .ref = &t.offload_activations,
+           .help = "keep the tensors these nodes save for their backward in the host's memory "
+                   "from the end of a layer's forward until one layer before its backward, "
+                   "copied on streams of their own beside the compute (less device memory, the "
+                   "same results): a comma-separated list of attention, experts, shared-expert, "
+                   "combine, mlp (docs/memory.md)",
+           .metavar = "KINDS",
+           .default_text = "none"},
+          {.name = "moe-router-force-load-balancing",
+           .ref = &t.moe_router_force_balance,
+           .help = "MoE, for benchmarks only: route each token to k experts round-robin so every "
+                   "expert (and expert rank) gets the same rows; the router still weights them"},
+      });
+}
+
+Settings parallel_settings(ParallelConfig& p, TrainConfig& t) {
+  return in_group(
+      SettingGroup::kParallel,
+      {
+          {.name = "pipeline-model-parallel-size",
+           .ref = &p.pipeline_model_parallel_size,
+           .help = "PP, pipeline stages",
+           .bound = kPositive},
+          {.name = "expert-model-parallel-size",
+           .ref = &p.expert_model_parallel_size,
+           .help = "EP, ranks the experts are spread over; divides num-experts",
+           .bound = kPositive},
+          {.name = "virtual-pipeline-model-parallel-size",
+           .ref = &p.virtual_pipeline_model_parallel_size,
+           .help = "model chunks per pipeline rank (>= 2 for interleaved-1f1b)",
+           .bound = kPositive},
+          {.name = "decoder-first-pipeline-num-layers",
+           .ref = &t.first_stage_layers,
+           .help = "layers of the first pipeline stage (the first model chunk with virtual "
+                   "stages); the stages between the first and the last share the rest evenly, "
+                   "for a layer count that does not split evenly (docs/parallel.md)",
+           .bound = kNonNegative,
+           .metavar = "N",
+           .default_text = "an even share"},
+          {.name = "decoder-last-pipeline-num-layers",
+           .ref = &t.last_stage_layers,
+           .help = "layers of the last pipeline stage (the last model chunk with virtual stages)",
+           .bound = kNonNegative,
+           .metavar = "N",
+           .default_text = "an even share"},
+          {.name = "schedule",
+           .ref = &p.schedule,
+           .help = "pipeline schedule",
+           .choices = enum_name_list<ScheduleKind>()},
+          {.name = "pair-first-forwards",
+           .ref = &p.pair_first_forwards,
+           .help = "combined-1f1b with one pipeline stage (expert parallelism): run the first "
+                   "two forwards as one pair, (0F0;0F1), so the first forward's all-to-all "
+                   "overlaps the second's compute; holds one more micro-batch's activations"},
+          {.name = "comm-overlap",
+           .ref = enum_ref(&p.comm_overlap),
+           .help = "combined-1f1b and dualpipev with expert parallelism: run the expert "
+                   "all-to-all on a communication stream of its own, overlapped with the other "
+                   "micro-batch's compute (on), or in order on the compute stream (off); split "
+                   "(GPUs): each micro-batch of a pair on a compute and a communication stream "
+                   "of its own"},
+          {.name = "defer-optimizer",
+           .ref = &t.defer_optimizer,
+           .help = "run each step's AdamW update layer by layer inside the next step's first "
+                   "forward, just before it reads each layer's weights; on GPUs with expert "
+                   "parallelism and --comm-overlap, that forward's all-to-all then runs beside "
+                   "the update (the results do not change); --defer-optimizer=false: never",
+           .default_text = "on with --device cuda, --expert-model-parallel-size > 1 and "
+                           "--schedule combined-1f1b with --comm-overlap on or split, else off"},
+          {.name = "overlap-grad-reduce",
+           .ref = &t.overlap_grad_reduce,
+           .help = "with data parallelism: all-reduce each layer's gradients as soon as the "
+                   "step's backward has finished with that layer, beside the backward of the "
+                   "layers below it, instead of all of them after the backward; "
+                   "--overlap-grad-reduce=false: at the step's end"},
+          {.name = "use-distributed-optimizer",
+           .ref = &t.use_distributed_optimizer,
+           .help = "with data parallelism: split each weight's Adam moments over the ranks that "
+                   "replicate it (the data-parallel ranks; an expert's, its "
+                   "expert-data-parallel ranks); gradients are reduce-scattered, each rank "
+                   "updates its part and the weights are all-gathered; the results do not "
+                   "change"},
+          {.name = "overlap-param-gather",
+           .ref = &t.overlap_param_gather,
+           .help = "with --use-distributed-optimizer: all-gather each layer's updated weights "
+                   "just before the next step's forward reads them, instead of right after the "
+                   "update"},
+          {.name = "rebalance-experts",
+           .ref = &t.rebalance_experts,
+           .help = "MoE with expert parallelism: every N steps, lay each layer's experts out "
+                   "anew over the expert-parallel ranks so that each rank's experts take about "
+                   "the same rows (measured over those N steps), moving their weights and Adam "
+                   "moments; the results do not change; 0: never",
+           .bound = kNonNegative,
+           .metavar = "N"},
+          {.name = "comm-timeout",
+           .ref = &p.comm_timeout_s,
+           .help = "seconds any rank waits for another before it stops with an error naming the "
+                   "operation and the peer",
+           .bound = kPositive},
+      });
+}
+
+Settings tuning_settings(Tuning& t) {
+  std::vector<std::string> grouped(std::begin(kExpertGroupedValues),
+                                   std::end(kExpertGroupedValues));
+  const char* variant = "(GPUs) the tile shape of the attention kernels of ";
+  const char* variant_tail = ", by name or index (docs/cuda.md, bench/attention_timing)";
+  return in_group(
+      SettingGroup::kPerformance,
+      {
+          {.name = "gemm-tune",
+           .ref = &t.gemm_tune,
+           .help = "(GPUs) time up to 8 of cuBLASLt's candidates at a product's first call and "
+                   "keep the fastest of those with the first choice's bits; "
+                   "--gemm-tune=false: the first choice"},
+          {.name = "expert-lanes",
+           .ref = &t.expert_lanes,
+           .help = "(GPUs) streams the experts' products of a node run on side by side; 1: in "
+                   "order on the compute stream",
+           .bound = kPositive,
+           .most = static_cast<double>(kMaxExpertLanes),
+           .metavar = "N"},
+          {.name = "expert-grouped",
+           .ref = &t.expert_grouped,
+           .help = "(GPUs) which phases of the experts' products run as one call for all "
+                   "experts: auto (when they average fewer than 512 rows each), none, forward, "
+                   "input, or forward,input",
+           .choices = grouped},
+          {.name = "attention-forward-variant",
+           .ref = &t.attention_forward,
+           .help = std::string(variant) + "head dim 64's forward" + variant_tail,
+           .metavar = "NAME",
+           .default_text = "the first"},
+          {.name = "attention-backward-variant",
+           .ref = &t.attention_backward,
+           .help = std::string(variant) +
+                   "head dim 64's backward (and the backward form of "
+                   "head dim 128)" +
+                   variant_tail,
+           .metavar = "NAME",
+           .default_text = "the first"},
+          {.name = "attention-forward128-variant",
+           .ref = &t.attention_forward128,
+           .help = std::string(variant) + "head dim 128's forward" + variant_tail,
+           .metavar = "NAME",
+           .default_text = "the first"},
+          {.name = "attention-backward128-variant",
+           .ref = &t.attention_backward128,
+           .help = std::string(variant) + "head dim 128's deterministic backward" + variant_tail,
+           .metavar = "NAME",
+           .default_text = "the first"},
+      });
+}
+
+}  // namespace tandem
