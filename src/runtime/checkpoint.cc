@@ -603,7 +603,8 @@ std::string resolve_checkpoint_dir(const std::string& dir_in) {
   const std::string dir = strip_trailing_slashes(dir_in);
   std::error_code ec;
   TANDEM_CHECK(fs::is_directory(dir, ec), "--load ", dir,
-               ": no such directory; give a --save directory, one of its iter_NNNNNNN "
+               fs::exists(dir, ec) ? ": not a directory" : ": no such directory",
+               "; give a --save directory, one of its iter_NNNNNNN "
                "directories, or a Hugging Face checkpoint directory");
   const std::string latest = dir + "/" + kLatestFile;
   if (!path_exists(latest)) return dir;
