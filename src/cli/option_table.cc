@@ -269,6 +269,16 @@ void add_run_specs(std::vector<OptionSpec>& s, RunOptions& o) {
                "seconds any rank waits for another before it stops with an error naming the "
                "operation and the peer",
                Bound::kPositive});
+  s.push_back({"memory-available",
+               &o.memory_available,
+               "the memory each rank may hold (e.g. 80GiB, 141e9): `tandem train` refuses, "
+               "before it allocates, a run whose planned peak is above it (`tandem plan` "
+               "compares with --memory-limit) (default: what the device has: the GPU's free "
+               "memory; on the CPU the machine's available memory shared by its ranks, within "
+               "the process's limits)",
+               Bound::kAny,
+               {},
+               "SIZE"});
 }
 
 }  // namespace
