@@ -374,12 +374,19 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   const std::vector<int64_t> counts =
       stage_layer_counts(in.model.num_layers, stages, in.first_stage_layers, in.last_stage_layers);
   int32_t next_layer = 0;
+  int64_t nodes = 0;
   for (int32_t st = 0; st < stages; ++st) {
     const auto count = static_cast<int32_t>(counts[static_cast<size_t>(st)]);
     pm.stages.push_back(build_stage(st, stages, next_layer, count, in, pm.shape));
     pm.stages.back().rank = sch.stage_rank[st];
+    nodes += static_cast<int64_t>(pm.stages.back().nodes.size());
     next_layer += count;
   }
+  // The simulation runs every node for every micro-batch, keeping each run's spans and memory.
+  TANDEM_CHECK(sch.num_microbatches * nodes <= kMaxPlannedNodeRuns, "the plan would run ",
+               sch.num_microbatches, " micro-batches through the stages' ", nodes, " nodes, ",
+               sch.num_microbatches * nodes, " node runs: more than the ", kMaxPlannedNodeRuns,
+               " a plan simulates; plan fewer micro-batches (a larger --micro-batch-size)");
   pm.ranks.resize(sch.num_ranks);
   for (const Stage& st : pm.stages) {
     RankMemory& m = pm.ranks[st.rank];
