@@ -15,6 +15,7 @@
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/preflight.h"
 #include "cli/train_checkpoint.h"
 #include "cli/train_common.h"
 #include "cli/train_outputs.h"
@@ -110,6 +111,7 @@ void run_eval(const CLI::App& app, RunOptions& o) {
   TANDEM_CHECK(o.eval_iters > 0, "--eval-iters 0 evaluates nothing: give N >= 1 batches");
   check_supported(o);
   check_eval_outputs(o);
+  (void)memory_available_option(o, "eval");
   check_validation_options(o, WholeDataPath::kEvaluated);
   open_device(o);
   std::unique_ptr<comm::Communicator> world = make_world(o);

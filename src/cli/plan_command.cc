@@ -17,6 +17,7 @@
 #include "cli/path_checks.h"
 #include "cli/plan_search.h"
 #include "cli/planned_run.h"
+#include "cli/preflight.h"
 #include "cli/progress.h"
 #include "cli/sizes.h"
 #include "comm/layout.h"
@@ -325,6 +326,7 @@ void compare_schedules(const schedule::PlanRequest& base, OutputFormat format,
 
 void run_plan(const CLI::App& app, RunOptions& o, const PlanOptions& p) {
   finalize_run_options(app, o);
+  (void)memory_available_option(o, "plan");
   check_search_options(app, p.search, p.memory_limit);
   // Note [Outputs that are inputs]: every output checked before any is written.
   check_outputs(

@@ -234,12 +234,22 @@ MemoryAvailable host_memory_available() {
   return best;
 }
 
+std::optional<int64_t> memory_available_option(const RunOptions& o, const std::string& command) {
+  if (o.memory_available.empty()) return std::nullopt;
+  TANDEM_CHECK(command == "train", "--memory-available ", o.memory_available,
+               " is the limit of tandem train's pre-flight memory check; tandem ", command,
+               command == "plan" ? " compares each rank's peak with --memory-limit SIZE instead"
+                                 : " checks none",
+               ": leave it out");
+  const std::optional<double> bytes = parse_size(o.memory_available);
+  TANDEM_CHECK(bytes && *bytes < 9e18, "--memory-available ", o.memory_available,
+               " is not a size below 9e18 bytes: use ", kSizeForms);
+  return static_cast<int64_t>(*bytes);
+}
+
 MemoryAvailable device_memory_available(const RunOptions& o) {
-  if (!o.memory_available.empty()) {
-    const std::optional<double> bytes = parse_size(o.memory_available);
-    TANDEM_CHECK(bytes && *bytes < 9e18, "--memory-available ", o.memory_available,
-                 " is not a size below 9e18 bytes: use ", kSizeForms);
-    return {static_cast<int64_t>(*bytes), "--memory-available " + o.memory_available};
+  if (const std::optional<int64_t> bytes = memory_available_option(o)) {
+    return {*bytes, "--memory-available " + o.memory_available};
   }
   if (o.train.device == Device::kCPU) return host_memory_available();
 #if TANDEM_WITH_CUDA

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "cli/options.h"
@@ -18,14 +19,19 @@ struct MemoryAvailable {
   bool known() const { return !source.empty(); }
 };
 
+// --memory-available in bytes; nothing when it is not given. Throws tandem::Error naming it when
+// it is not a size, and, for a command other than train (`command`: "plan", "eval"), when it is
+// given at all: only train checks memory before it runs.
+std::optional<int64_t> memory_available_option(const RunOptions& o,
+                                               const std::string& command = "train");
+
 // The host's memory for one rank: the least of the machine's available memory (MemAvailable)
 // and its cgroup's limit left, each shared by the ranks on the machine, and the process's
 // address-space and data limits (ulimit -v, -d) less what it holds of them already. Not known
 // (source empty) where none of these can be read.
 MemoryAvailable host_memory_available();
 // The device's memory for one rank: --memory-available when given; on the GPU its free memory
-// and what the allocator holds live; on the CPU host_memory_available(). Throws tandem::Error
-// naming --memory-available when it is not a size.
+// and what the allocator holds live; on the CPU host_memory_available().
 MemoryAvailable device_memory_available(const RunOptions& o);
 
 // Throws tandem::Error when pipeline rank `pipeline_rank`'s planned peak (or, offloading, its

@@ -118,6 +118,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
   check_supported(o);
   check_validation_options(o, WholeDataPath::kRefused);
   check_tensorboard_dir(o.tensorboard_dir);
+  (void)memory_available_option(o);  // a bad size stops the run before anything runs
   open_device(o);
   std::unique_ptr<comm::Communicator> world = make_world(o);
   check_same_config(*world, o);

@@ -131,8 +131,8 @@ std::vector<BadInput> path_cases() {
   };
 }
 
-// Input that used to be taken silently: an empty prompt, text that is not UTF-8, outputs eval
-// does not write.
+// Input that used to be taken silently: an empty prompt, text that is not UTF-8, a memory limit
+// a command does not check, outputs eval does not write.
 std::vector<BadInput> silent_cases() {
   return {
       on("generate",
@@ -149,6 +149,15 @@ std::vector<BadInput> silent_cases() {
                      {"t.txt", "out", "--tokenizer-model", kSpModel},
                      {"t.txt line 1", "byte offset 3", "0xe2"},
                      [](const fs::path& w) { write_text(w / "t.txt", "abc\xe2\x82\n"); }}),
+      {"memory available not a size",
+       small({"--memory-available", "lots"}),
+       {"--memory-available lots", "not a size"}},
+      on("plan", {"memory available in plan",
+                  {"--memory-available", "80GiB"},
+                  {"--memory-available 80GiB", "--memory-limit"}}),
+      on("eval", {"memory available in eval",
+                  {"--load", "ck", "--memory-available", "80GiB"},
+                  {"--memory-available 80GiB", "tandem eval checks none"}}),
       on("eval", {"eval with --save", {"--load", "ck", "--save", "out"}, {"--save out", "eval"}}),
       on("eval", {"eval with --trace", {"--load", "ck", "--trace", "t.json"}, {"--trace t.json"}}),
       on("eval", {"eval with --routing-out",
