@@ -9,7 +9,7 @@
 namespace tandem {
 
 // The bound of the plan's inputs: far above any schedule, node times or routing a run makes.
-constexpr int64_t kMaxTextInputBytes = int64_t{16} << 20;
+constexpr int64_t kMaxTextInputBytes = int64_t{8} << 20;
 
 // The whole of `path`, at most max_bytes. Throws tandem::Error naming `what` ("schedule file
 // 's.txt'") when it cannot be opened or read (with the OS reason), is a directory, or holds more.

@@ -198,6 +198,10 @@ int64_t resolved_data_parallel_size(const PlanInputs& in);
 // about a gigabyte of spans and memory events, past any schedule a run takes.
 constexpr int64_t kMaxPlannedNodeRuns = int64_t{1} << 22;
 
+// Throws tandem::Error naming the counts when simulating `microbatches` micro-batches through the
+// model's nodes (embed, every layer's, loss) would pass kMaxPlannedNodeRuns.
+void check_planned_node_runs(const ModelConfig& cfg, int64_t microbatches);
+
 // Layers split over stages by stage_layer_counts (core/config.h), as the pipeline trainer splits
 // them. Throws tandem::Error if they do not split, EP does not divide the experts, or the
 // simulation would pass kMaxPlannedNodeRuns.
