@@ -21,6 +21,10 @@
 namespace tandem::cli {
 namespace {
 
+// The largest config file read: far above any set of options, and a bound for a path that
+// never ends (/dev/zero, a pipe that keeps writing).
+constexpr size_t kMaxConfigBytes = size_t{1} << 20;
+
 // Reads the whole file; a missing or unreadable file names the path and the OS reason.
 std::string read_text_file(const std::string& path) {
   std::error_code ec;
@@ -32,7 +36,11 @@ std::string read_text_file(const std::string& path) {
   std::string text;
   char buf[4096];
   size_t n = 0;
-  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) text.append(buf, n);
+  while ((n = std::fread(buf, 1, sizeof buf, f.get())) > 0) {
+    text.append(buf, n);
+    TANDEM_CHECK(text.size() <= kMaxConfigBytes, "--config ", path, ": more than ", kMaxConfigBytes,
+                 " bytes; a config file is a short TOML file of options");
+  }
   TANDEM_CHECK(!std::ferror(f.get()), "--config ", path, ": cannot read the config file (",
                std::strerror(errno), ")");
   return text;

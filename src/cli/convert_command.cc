@@ -99,6 +99,12 @@ void check_convert_options(const CLI::App& app, const ConvertOptions& o, Tokeniz
   TANDEM_CHECK(app.count("--eod-id") == 0 || o.append_eod, "--eod-id ", o.eod_id,
                " sets the id that --append-eod appends: add --append-eod");
   std::vector<NamedPath> reads = {{"input", o.input}, {"--tokenizer-model", o.tokenizer_model}};
+  for (const auto& [flag, path] : reads) {
+    std::error_code ec;
+    // A device or pipe would be read without end (a tokenizer's loader reads it whole).
+    TANDEM_CHECK(path.empty() || std::filesystem::is_regular_file(path, ec), flag, " ", path,
+                 ": not a regular file; give the file itself");
+  }
   if (!tokenized) {
     check_outputs(reads, {{"output", o.output}});
     return;

@@ -11,12 +11,17 @@
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 
 #include "cli/commands.h"
 #include "cli/options.h"
+#include "cli/preflight.h"
 #include "cli/train_checkpoint.h"
 #include "cli/train_common.h"
+#include "cli/train_outputs.h"
 #include "cli/validation.h"
+#include "io/atomic_dir.h"
+#include "io/tensorboard.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_parallel.h"
 #include "runtime/pipeline_trainer.h"
@@ -43,6 +48,47 @@ nlohmann::json eval_checkpoint_values(const std::string& load_dir) {
   return values;
 }
 
+// Note [What eval writes]: its result lines on stdout; with --log-json one JSON object of them
+// (`iter` the checkpoint's iteration, `valid_loss`, `valid_ppl`, as a training run's validation
+// logs them, and the batches and tokens); with --tensorboard-dir the scalars valid/loss and
+// valid/ppl at that iteration, beside the training run's. The options of `tandem train` that
+// write what only training makes (checkpoints, a step's timeline, node times, routing tables)
+// are refused, named, before anything runs.
+void check_eval_outputs(const RunOptions& o) {
+  const std::pair<const char*, const std::string*> training_only[] = {
+      {"--save", &o.save_dir},
+      {"--trace", &o.trace_path},
+      {"--node-times-out", &o.node_times_out},
+      {"--routing-out", &o.routing_out}};
+  for (const auto& [flag, value] : training_only) {
+    TANDEM_CHECK(value->empty(), flag, " ", *value,
+                 ": tandem eval trains nothing, so it writes no checkpoint, timeline, node times "
+                 "or routing; it writes its results to stdout, --log-json FILE and "
+                 "--tensorboard-dir DIR: leave ",
+                 flag, " out");
+  }
+  check_tensorboard_dir(o.tensorboard_dir);
+}
+
+// The results into --log-json and --tensorboard-dir (Note [What eval writes]).
+void write_result_files(const RunOptions& o, int64_t iteration, const runtime::EvalResult& r) {
+  if (!o.log_json.empty()) {
+    const nlohmann::json j = {{"iter", iteration},
+                              {"valid_loss", r.lm_loss},
+                              {"valid_ppl", std::exp(r.lm_loss)},
+                              {"valid_aux_loss", r.aux_loss},
+                              {"batches", r.batches},
+                              {"tokens", r.tokens}};
+    io::write_file_atomic(o.log_json, j.dump() + "\n");
+  }
+  if (!o.tensorboard_dir.empty()) {
+    io::TensorBoardWriter tb(o.tensorboard_dir);
+    tb.add_scalar("valid/loss", r.lm_loss, iteration);
+    tb.add_scalar("valid/ppl", std::exp(r.lm_loss), iteration);
+    tb.flush();
+  }
+}
+
 void print_result(const RunOptions& o, const runtime::PipelineTrainer& trainer,
                   const data::Dataset& valid, const runtime::EvalResult& r) {
   if (!o.quiet) {
@@ -64,6 +110,8 @@ void run_eval(const CLI::App& app, RunOptions& o) {
                "iter_NNNNNNN directory or a Hugging Face checkpoint directory");
   TANDEM_CHECK(o.eval_iters > 0, "--eval-iters 0 evaluates nothing: give N >= 1 batches");
   check_supported(o);
+  check_eval_outputs(o);
+  (void)memory_available_option(o, "eval");
   check_validation_options(o, WholeDataPath::kEvaluated);
   open_device(o);
   std::unique_ptr<comm::Communicator> world = make_world(o);
@@ -78,7 +126,10 @@ void run_eval(const CLI::App& app, RunOptions& o) {
   });
   check_first_validation_batch(*valid, o);
   const runtime::EvalResult r = trainer.evaluate(*valid, o.eval_iters);
-  if (run.groups->rank == 0) print_result(o, trainer, *valid, r);
+  if (run.groups->rank == 0) {
+    print_result(o, trainer, *valid, r);
+    write_result_files(o, trainer.iteration(), r);
+  }
 }
 
 }  // namespace

@@ -96,7 +96,8 @@ std::string printable(const std::string& s) {
 std::vector<std::vector<int32_t>> read_token_rows(const std::string& path, const ModelConfig& cfg) {
   std::error_code ec;
   TANDEM_CHECK(std::filesystem::is_regular_file(path, ec), "--eval-tokens ", path,
-               ": no such file (give a text file of token ids, one sequence per line)");
+               std::filesystem::exists(path, ec) ? ": not a regular file" : ": no such file",
+               " (give a text file of token ids, one sequence per line)");
   std::ifstream in(path);
   TANDEM_CHECK(in.good(), "--eval-tokens ", path, ": cannot open the file");
   std::vector<std::vector<int32_t>> rows;
@@ -233,7 +234,12 @@ void register_generate_command(CLI::App& app) {
       ->check(finite_number(FieldBound::kNonNegative));
   sub->add_option("--seed", o->seed, "Seed of the problems and of sampling")
       ->check(decimal_number(FieldBound::kAny, true));
-  sub->callback([o] { run_generate(*o); });
+  sub->callback([sub, o] {
+    TANDEM_CHECK(sub->count("--prompt") == 0 || !o->prompt.empty(),
+                 "--prompt is empty: give the text to continue (e.g. --prompt \"12+34=\"), or "
+                 "leave --prompt out for the addition task's held-out problems");
+    run_generate(*o);
+  });
 }
 
 }  // namespace tandem::cli

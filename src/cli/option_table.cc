@@ -127,6 +127,15 @@ Settings output_settings(RunOptions& o) {
            .help = "write TensorBoard event files of every step's figures and validations into "
                    "DIR (made if missing; rank 0 writes) (default: none)",
            .metavar = "DIR"},
+          {.name = "memory-available",
+           .ref = &o.memory_available,
+           .help = "the memory each rank may hold (e.g. 80GiB, 141e9): `tandem train` refuses, "
+                   "before it allocates, a run whose planned peak is above it (`tandem plan` "
+                   "compares with --memory-limit)",
+           .metavar = "SIZE",
+           .default_text = "what the device has: the GPU's free memory; on the CPU the "
+                           "machine's available memory shared by its ranks, within the "
+                           "process's limits"},
           {.name = "quiet",
            .ref = &o.quiet,
            .help = "no progress bar and no log lines",

@@ -54,6 +54,9 @@ struct RunOptions {
   std::string routing_out;          // --routing-out FILE.json: the last step's routing tables
   bool quiet = false;               // --quiet: no progress bar, no log lines
   int64_t addition_max_digits = 3;  // --addition-max-digits: the built-in task's operand digits
+  // --memory-available SIZE: what a rank may hold, for the pre-flight check (cli/preflight.h);
+  // empty: what the device has.
+  std::string memory_available;
 };
 
 // An option whose value is one of `names`, handed to `store` once parsed; any other value is a

@@ -18,6 +18,7 @@
 #include "cli/plan_options.h"
 #include "cli/plan_search.h"
 #include "cli/planned_run.h"
+#include "cli/preflight.h"
 #include "cli/progress.h"
 #include "cli/sizes.h"
 #include "comm/layout.h"
@@ -218,6 +219,7 @@ void finalize_plan_options(const CLI::App& app, PlanOptions& p) {
 
 void run_plan(const CLI::App& app, RunOptions& o, PlanOptions& p) {
   finalize_run_options(app, o, {}, plan_settings(p));
+  (void)memory_available_option(o, "plan");
   finalize_plan_options(app, p);
   // Note [Outputs that are inputs]: every output checked before any is written.
   check_outputs(

@@ -12,9 +12,6 @@
 #include "core/device.h"
 #include "core/error.h"
 #include "core/footprint.h"
-#if TANDEM_WITH_CUDA
-#include "core/cuda/context.h"
-#endif
 
 namespace tandem::cli {
 
@@ -39,13 +36,18 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   return in;
 }
 
-schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedule_name,
-                                 const schedule::ScheduleShape& shape, int64_t dp) {
+schedule::PlanRequest run_request(const RunOptions& o, const std::string& schedule_name,
+                                  const schedule::ScheduleShape& shape, int64_t dp) {
   schedule::PlanRequest req;
   req.schedule_name = schedule_name;
   req.shape = shape;
   req.inputs = run_inputs(o, dp);
-  return schedule::make_plan(req);
+  return req;
+}
+
+schedule::Plan plan_training_run(const RunOptions& o, const std::string& schedule_name,
+                                 const schedule::ScheduleShape& shape, int64_t dp) {
+  return schedule::make_plan(run_request(o, schedule_name, shape, dp));
 }
 
 std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string& schedule_name,
@@ -75,20 +77,6 @@ void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
           plan.sim.ranks.at(static_cast<size_t>(p)).offload_host_peak_bytes);
     }
   }
-}
-
-void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipeline_rank,
-                                        Device device, const std::string& prefix) {
-  if (device == Device::kCPU) return;
-#if TANDEM_WITH_CUDA
-  const int64_t capacity = cuda::free_device_bytes() + allocator_for(device).stats().total_in_use;
-  const int64_t planned = plan.sim.ranks.at(static_cast<size_t>(pipeline_rank)).peak_bytes;
-  if (const auto w = memory_warning(planned, capacity)) std::cerr << prefix << *w << std::endl;
-#else
-  (void)plan;
-  (void)pipeline_rank;
-  (void)prefix;
-#endif
 }
 
 std::string planned_memory_line(const schedule::Plan& plan) {

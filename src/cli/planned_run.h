@@ -20,6 +20,10 @@ struct IterationRecord;
 // update and the gradient all-reduce (dp 0: the expert-parallel size).
 schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp);
 
+// The planner's request for a training run with these options (the schedule and shape it runs,
+// dp ranks a stage).
+schedule::PlanRequest run_request(const RunOptions& o, const std::string& schedule_name,
+                                  const schedule::ScheduleShape& shape, int64_t dp);
 // The plan of a training run with these options (the schedule and shape it runs, dp ranks a
 // stage), with the roofline's costs: what `tandem train` holds in memory, planned before its
 // first step (the activation peak exactly, with one expert rank; docs/parallel.md).
@@ -34,11 +38,6 @@ std::optional<schedule::Plan> plan_of_run(const RunOptions& o, const std::string
 // the record's planned_* fields.
 void set_planned_peaks(IterationRecord& rec, const schedule::Plan& plan,
                        const std::vector<int32_t>& pipeline_rank_of_world_rank);
-// On a GPU: prints memory_warning (progress.h) for pipeline rank `pipeline_rank`'s planned peak
-// to std::cerr after `prefix`, the device's capacity being its free bytes plus the allocator's
-// live ones.
-void warn_if_planned_memory_exceeds_gpu(const schedule::Plan& plan, int32_t pipeline_rank,
-                                        Device device, const std::string& prefix);
 // "memory as planned (tandem plan): peak 7.28 GiB, 6.53 GiB per pipeline rank, of it
 // activations 1.84 GiB, 1.30 GiB".
 std::string planned_memory_line(const schedule::Plan& plan);

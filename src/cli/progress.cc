@@ -149,16 +149,6 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
   return line;
 }
 
-std::optional<std::string> memory_warning(int64_t planned_peak_bytes, int64_t capacity_bytes) {
-  if (planned_peak_bytes <= capacity_bytes) return std::nullopt;
-  return detail::concat(
-      "warning: the plan needs ", format_bytes(planned_peak_bytes), " on this rank, more than the ",
-      format_bytes(capacity_bytes),
-      " the GPU can give it now: expect CUDA out of memory. A smaller --micro-batch-size, "
-      "--recompute-experts, more pipeline or expert ranks or a schedule that holds fewer "
-      "micro-batches lower the peak; `tandem plan` shows by how much");
-}
-
 std::string format_summary(const std::vector<IterationRecord>& steps) {
   if (steps.empty()) return "";
   double seconds = 0;

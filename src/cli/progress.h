@@ -141,9 +141,6 @@ std::string format_log_line(const IterationRecord& record, int64_t total_iters);
 // ranks, and with an all-to-all each rank's exposed share of it over those steps.
 // "done: 7 steps in 1.2s | 480.2k tok/s (median of steps 2-7) | peak 8.4 GiB | a2a exposed
 // 9.3%, 10.7% (steps 2-7)". Empty for no steps.
-// A warning when a rank's planned peak exceeds what its device can hold (the bytes free now plus
-// what it holds already), naming both and what lowers the peak; nothing when it fits.
-std::optional<std::string> memory_warning(int64_t planned_peak_bytes, int64_t capacity_bytes);
 // With planned peaks in the records: "| peak 8.4 GiB (planned 8.3 GiB)".
 std::string format_summary(const std::vector<IterationRecord>& steps);
 // The bar (no \r): "[#####.....]  45/300  15% loss 2.345 | 12.3k tok/s | ETA 1m05s".

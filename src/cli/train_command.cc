@@ -15,6 +15,7 @@
 #include "cli/commands.h"
 #include "cli/options.h"
 #include "cli/planned_run.h"
+#include "cli/preflight.h"
 #include "cli/progress.h"
 #include "cli/train_checkpoint.h"
 #include "cli/train_common.h"
@@ -22,6 +23,7 @@
 #include "cli/validation.h"
 #include "core/device.h"
 #include "runtime/checkpoint.h"
+#include "runtime/checkpoint_parallel.h"
 #include "runtime/pipeline_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/pipeline_model.h"
@@ -116,12 +118,22 @@ void run_train(const CLI::App& app, RunOptions& o) {
   check_supported(o);
   check_validation_options(o, WholeDataPath::kRefused);
   check_tensorboard_dir(o.tensorboard_dir);
+  (void)memory_available_option(o);  // a bad size stops the run before anything runs
   open_device(o);
   std::unique_ptr<comm::Communicator> world = make_world(o);
   check_same_config(*world, o);
   const RunLayout run = make_layout(std::move(world), o);
   runtime::Groups& groups = *run.groups;
   const comm::ParallelLayout& L = groups.layout;
+  std::string unplanned;
+  const std::optional<schedule::Plan> plan =
+      plan_of_run(o, o.parallel.schedule, run.shape, L.dp(), unplanned);
+  if (plan) {  // Note [Pre-flight memory check], before anything of the run is allocated
+    runtime::run_agreeing(*groups.world, [&] {
+      check_planned_memory_fits(o, run_request(o, o.parallel.schedule, run.shape, L.dp()), *plan,
+                                L.pp_rank(groups.rank), L.world);
+    });
+  }
   std::unique_ptr<data::Dataset> data = make_dataset(o);
   std::unique_ptr<data::Dataset> valid =
       o.eval_iters > 0 ? make_validation_dataset(o, WholeDataPath::kRefused) : nullptr;
@@ -131,9 +143,6 @@ void run_train(const CLI::App& app, RunOptions& o) {
   const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);
   if (valid) check_first_validation_batch(*valid, o);
-  std::string unplanned;
-  const std::optional<schedule::Plan> plan =
-      plan_of_run(o, o.parallel.schedule, run.shape, L.dp(), unplanned);
   const bool lead = groups.rank == 0;
   ReporterConfig rc = reporter_config(o);
   if (!lead) {  // rank 0 reports for every rank
@@ -148,11 +157,6 @@ void run_train(const CLI::App& app, RunOptions& o) {
               << (plan ? planned_memory_line(*plan) : "memory not planned: " + unplanned)
               << std::endl;
     if (valid) print_validation(o, *valid);
-  }
-  if (plan) {
-    const std::string prefix =
-        L.world > 1 ? "tandem train: rank " + std::to_string(groups.rank) + ": " : "tandem train: ";
-    warn_if_planned_memory_exceeds_gpu(*plan, L.pp_rank(groups.rank), o.train.device, prefix);
   }
   run_steps(o, trainer, start, plan, reporter, valid.get());
   if (lead && !o.save_dir.empty() && !o.quiet) {

@@ -280,6 +280,13 @@ int local_rank() {
   return 0;
 }
 
+int local_size() {
+  for (const char* name : {"OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS", "LOCAL_WORLD_SIZE"}) {
+    if (const char* v = std::getenv(name)) return std::max(1, std::atoi(v));
+  }
+  return 1;
+}
+
 bool mpi_initialize(int* argc, char*** argv) {
   int inited = 0;
   MPI_Initialized(&inited);

@@ -21,6 +21,9 @@ bool launched_by_mpirun();
 // This process's index among the ranks on its machine (OMPI_COMM_WORLD_LOCAL_RANK and the like;
 // 0 when not started by mpirun): the GPU it uses.
 int local_rank();
+// How many ranks run on this process's machine (OMPI_COMM_WORLD_LOCAL_SIZE and the like; 1 when
+// not started by mpirun): the ranks that share its memory.
+int local_size();
 // Finalizes MPI if it was started; safe to call more than once.
 void mpi_finalize();
 // Ends every rank of the job with `code` (after a fatal error on one rank).

@@ -384,6 +384,25 @@ void check_dimension(const char* option, int64_t value) {
                " (sizes index tensors with 32-bit integers)");
 }
 
+// Note [Sizes that fit], for counts: every layer and every expert of a layer is a named weight,
+// a planned node and a view of its own, so their bookkeeping grows with the count whatever the
+// widths; a count past any model's by orders of magnitude is refused at once instead of being
+// built until the host runs out of memory.
+constexpr int64_t kMaxLayers = int64_t{1} << 14;
+constexpr int64_t kMaxExperts = int64_t{1} << 16;
+constexpr int64_t kMaxExpertLayers = int64_t{1} << 20;  // MoE layers x experts
+
+void check_counts(const ModelConfig& m) {
+  TANDEM_CHECK(m.num_layers <= kMaxLayers, "--num-layers ", m.num_layers, " is too many: at most ",
+               kMaxLayers, " (each layer is a named set of weights and planned node by node)");
+  TANDEM_CHECK(m.num_experts <= kMaxExperts, "--num-experts ", m.num_experts,
+               " is too many: at most ", kMaxExperts, " (each expert is a named set of weights)");
+  TANDEM_CHECK(m.num_layers * m.num_experts <= kMaxExpertLayers, "--num-layers ", m.num_layers,
+               " x --num-experts ", m.num_experts, " = ", m.num_layers * m.num_experts,
+               " experts in all is too many: at most ", kMaxExpertLayers,
+               " (each is a named set of weights)");
+}
+
 // A value the f32 master weights and optimizer use: zero, or a normal f32 of either sign.
 void check_f32(const char* option, double value) {
   const float f = static_cast<float>(value);
@@ -432,6 +451,7 @@ void ModelConfig::validate() const {
         {"--rope-original-max-position-embeddings", rope_original_max_position}}) {
     check_dimension(option, value);
   }
+  check_counts(*this);
   TANDEM_CHECK(vocab_size >= 2, "--vocab-size ", vocab_size, " is invalid: need at least 2");
   TANDEM_CHECK(hidden_size >= 1, "--hidden-size ", hidden_size, " is invalid: need at least 1");
   TANDEM_CHECK(num_layers >= 1, "--num-layers ", num_layers, " is invalid: need at least 1");

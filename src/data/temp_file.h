@@ -4,6 +4,7 @@
 #pragma once
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/file_mode.h"
 
 namespace tandem::data {
 
@@ -24,6 +26,9 @@ class TempFileBesideTarget {
     TANDEM_CHECK(fd_ >= 0, "cannot create a temporary file beside '", target_,
                  "': ", std::strerror(errno));
     tmp_ = pattern;
+    // mkstemp's 0600 -> the umask's (core/file_mode.h).
+    TANDEM_CHECK(::fchmod(fd_, new_file_mode()) == 0, "cannot set the mode of '", tmp_,
+                 "': ", std::strerror(errno));
   }
   ~TempFileBesideTarget() {
     if (fd_ >= 0) ::close(fd_);

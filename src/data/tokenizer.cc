@@ -13,6 +13,15 @@
 #include "data/mapped_file.h"
 
 namespace tandem::data {
+namespace {
+
+std::string hex_byte(char c) {
+  char out[3];
+  std::snprintf(out, sizeof out, "%02x", static_cast<unsigned char>(c));
+  return out;
+}
+
+}  // namespace
 
 bool is_jsonl_path(const std::string& path) {
   const auto ends_with = [&](const char* suffix) {
@@ -20,6 +29,40 @@ bool is_jsonl_path(const std::string& path) {
     return path.size() >= n && path.compare(path.size() - n, n, suffix) == 0;
   };
   return ends_with(".jsonl") || ends_with(".json");
+}
+
+int64_t invalid_utf8_at(std::string_view text) {
+  const auto* p = reinterpret_cast<const unsigned char*>(text.data());
+  const auto n = static_cast<int64_t>(text.size());
+  for (int64_t i = 0; i < n;) {
+    const unsigned char c = p[i];
+    // The sequence's length and its second byte's range (Unicode's table 3-7: no overlong forms,
+    // no surrogates, nothing past U+10FFFF); continuation bytes are 0x80..0xBF.
+    int64_t len = 1;
+    unsigned char lo = 0x80, hi = 0xBF;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3;
+      lo = c == 0xE0 ? 0xA0 : 0x80;
+      hi = c == 0xED ? 0x9F : 0xBF;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4;
+      lo = c == 0xF0 ? 0x90 : 0x80;
+      hi = c == 0xF4 ? 0x8F : 0xBF;
+    } else {
+      return i;
+    }
+    if (i + 1 >= n || p[i + 1] < lo || p[i + 1] > hi) return i;
+    for (int64_t k = 2; k < len; ++k) {
+      if (i + k >= n || p[i + k] < 0x80 || p[i + k] > 0xBF) return i;
+    }
+    i += len;
+  }
+  return -1;
 }
 
 // Note [Documents of a file].
@@ -35,6 +78,11 @@ void for_each_document(const std::string& path, const std::string& json_key,
     const int64_t end = nl ? static_cast<const char*>(nl) - p : size;
     ++line;
     const std::string text(p + begin, static_cast<size_t>(end - begin));
+    const int64_t bad = invalid_utf8_at(text);
+    TANDEM_CHECK(bad < 0, path, " line ", line, ", byte offset ", begin + bad, " (0x",
+                 hex_byte(text[static_cast<size_t>(bad)]),
+                 "): not UTF-8 text, which a tokenizer reads (convert the file to UTF-8, e.g. "
+                 "with iconv)");
     begin = end + 1;
     if (text.find_first_not_of(" \t\r") == std::string::npos) continue;
     if (!jsonl) {

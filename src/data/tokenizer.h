@@ -7,6 +7,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 namespace tandem::data {
@@ -16,9 +17,16 @@ namespace tandem::data {
 // the string under `json_key` (Megatron's --json-keys). Blank lines are no document. Calls
 // `fn(text, line)` for each document in order; a JSONL line that is not an object with a string
 // under the key throws tandem::Error naming the file, the line and the key.
+// A document's text is UTF-8, as the tokenizers read it (libsentencepiece would turn any other
+// byte into U+FFFD silently, Python's tokenizers refuses it): a line that is not, anywhere in the
+// file, throws naming the file, the line, the byte's offset in the file and its value.
 bool is_jsonl_path(const std::string& path);
 void for_each_document(const std::string& path, const std::string& json_key,
                        const std::function<void(const std::string& text, int64_t line)>& fn);
+
+// The offset of the first byte of `text` that does not belong to well-formed UTF-8 (an invalid
+// byte, a truncated, overlong or surrogate sequence, past U+10FFFF); -1 when all of it does.
+int64_t invalid_utf8_at(std::string_view text);
 
 // A sentencepiece model (`tokenizer.model`); encode() is libsentencepiece's Encode, as Python's
 // `SentencePieceProcessor.encode(text)` gives it (no BOS or EOS added).

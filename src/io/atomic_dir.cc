@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/file_mode.h"
 
 namespace tandem::io {
 namespace fs = std::filesystem;
@@ -69,6 +70,8 @@ AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   fd_ = ::mkstemp(pattern.data());
   TANDEM_CHECK(fd_ >= 0, "cannot create a temporary file beside '", path_, "': ", errno_text());
   tmp_path_ = pattern;
+  TANDEM_CHECK(::fchmod(fd_, new_file_mode()) == 0, "cannot set the mode of '", tmp_path_,
+               "': ", errno_text());  // mkstemp's 0600 -> the umask's (core/file_mode.h)
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
@@ -134,6 +137,8 @@ AtomicDirWriter::AtomicDirWriter(std::string final_dir, DirSwap swap)
   TANDEM_CHECK(!final_dir_.empty() && final_dir_.back() != '/', "directory name '", final_dir_,
                "' is invalid: give it without a trailing '/'");
   tmp_dir_ = make_sibling_dir(final_dir_, "tmp");
+  TANDEM_CHECK(::chmod(tmp_dir_.c_str(), new_directory_mode()) == 0, "cannot set the mode of '",
+               tmp_dir_, "': ", errno_text());  // mkdtemp's 0700 -> the umask's
 }
 
 AtomicDirWriter::~AtomicDirWriter() {

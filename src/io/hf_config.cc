@@ -661,4 +661,13 @@ ModelConfig load_hf_config(const std::string& path) {
   return parse_hf_config(read_file(path, 16 << 20), path);
 }
 
+int64_t load_hf_mtp_layers(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(read_file(path, 16 << 20), nullptr, false);
+  const auto type = j.is_object() ? j.find("model_type") : j.end();
+  if (type == j.end() || *type != "deepseek_v3") return 0;
+  const auto layers = j.find("num_nextn_predict_layers");
+  if (layers == j.end()) return 1;  // DeepseekV3Config's default
+  return layers->is_number_integer() ? std::max<int64_t>(0, layers->get<int64_t>()) : 0;
+}
+
 }  // namespace tandem::io

@@ -43,7 +43,7 @@ std::unique_ptr<FILE, int (*)(FILE*)> create_event_file(const std::string& dir, 
                                .string();
   for (int n = 1;; ++n) {
     path = n == 1 ? base : base + "." + std::to_string(n);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
     if (fd < 0 && errno == EEXIST && n < 1000) continue;
     TANDEM_CHECK(fd >= 0, "--tensorboard-dir ", dir, ": cannot create ", path, " (",
                  std::strerror(errno), ")");

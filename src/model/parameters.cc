@@ -41,6 +41,17 @@ Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtyp
   build_views();
 }
 
+Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, EntriesOnly)
+    : cfg_(cfg), spec_(spec), dtype_(DType::kF32), device_(Device::kCPU) {
+  check_placement(spec.placement, cfg.num_layers, cfg.num_experts);
+  build_entries();
+}
+
+std::vector<ParamEntry> Parameters::entries_of(const ModelConfig& cfg, const ChunkSpec& spec) {
+  Parameters names(cfg, spec, EntriesOnly{});
+  return std::move(names.entries_);
+}
+
 void Parameters::build_views() {
   // Each layer's place of every expert, for the attention node's sort (Note [Expert placement]).
   expert_slots_ = Tensor();

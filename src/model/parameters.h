@@ -93,6 +93,9 @@ class Parameters {
   // the matrix products (Note [Compute copy]).
   Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype,
              Device device = Device::kCPU);
+  // The entries (names, shapes, offsets) a chunk of `cfg` holds, with nothing allocated: what a
+  // checkpoint is checked against where no rank holds the whole model.
+  static std::vector<ParamEntry> entries_of(const ModelConfig& cfg, const ChunkSpec& spec);
 
   const ModelConfig& config() const { return cfg_; }
   const ChunkSpec& spec() const { return spec_; }
@@ -156,6 +159,8 @@ class Parameters {
   void set_placement(const ExpertPlacement& p);
 
  private:
+  struct EntriesOnly {};
+  Parameters(const ModelConfig& cfg, const ChunkSpec& spec, EntriesOnly);
   void add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard, double std);
   void build_entries();
   void build_views();

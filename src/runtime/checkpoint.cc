@@ -586,7 +586,8 @@ std::string resolve_checkpoint_dir(const std::string& dir_in) {
   const std::string dir = strip_trailing_slashes(dir_in);
   std::error_code ec;
   TANDEM_CHECK(fs::is_directory(dir, ec), "--load ", dir,
-               ": no such directory; give a --save directory, one of its iter_NNNNNNN "
+               fs::exists(dir, ec) ? ": not a directory" : ": no such directory",
+               "; give a --save directory, one of its iter_NNNNNNN "
                "directories, or a Hugging Face checkpoint directory");
   const std::string latest = dir + "/" + kLatestFile;
   if (!path_exists(latest)) return dir;
@@ -635,6 +636,32 @@ CheckpointInfo inspect_checkpoint(const std::string& dir) {
   return info;
 }
 
+namespace {
+
+// Note [Multi-token prediction layers]: a DeepSeek-V3 checkpoint of num_hidden_layers L with
+// num_nextn_predict_layers M holds M more layers, model.layers.{L} to model.layers.{L + M - 1}
+// (DeepSeek-V3's published one: layer 61), the multi-token prediction modules. transformers'
+// model has no use for them and its loader skips them; tandem reads and drops them here, so no
+// layout sees them (docs/model.md). Any other tensor the model lacks is refused
+// (check_no_unknown_tensors in checkpoint_restore.cc).
+void drop_mtp_layers(NamedTensors& tensors, int64_t num_layers, int64_t mtp_layers) {
+  if (mtp_layers <= 0) return;
+  const std::string prefix = "model.layers.";
+  std::erase_if(tensors, [&](const auto& named) {
+    const std::string& name = named.first;
+    if (name.rfind(prefix, 0) != 0) return false;
+    const size_t dot = name.find('.', prefix.size());
+    const std::string digits = name.substr(prefix.size(), dot - prefix.size());
+    if (dot == std::string::npos || digits.empty() || digits.size() > 9 ||
+        !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      return false;
+    const int64_t layer = std::stoll(digits);
+    return layer >= num_layers && layer < num_layers + mtp_layers;
+  });
+}
+
+}  // namespace
+
 CheckpointState load_checkpoint(const std::string& dir) {
   const CheckpointInfo info = inspect_checkpoint(dir);
   CheckpointState st;
@@ -644,6 +671,8 @@ CheckpointState load_checkpoint(const std::string& dir) {
   st.trainer_state = info.trainer_state;
   if (st.kind == CheckpointKind::kHuggingFace) {
     st.model = read_indexed(st.dir, "model");
+    drop_mtp_layers(st.model, st.model_config.num_layers,
+                    io::load_hf_mtp_layers(st.dir + "/" + kConfigFile));
     return st;
   }
   verify_recorded_files(st.dir, st.trainer_state);

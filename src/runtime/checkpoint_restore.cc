@@ -3,6 +3,7 @@
 // so a rejected checkpoint leaves the run exactly as it was.
 #include <algorithm>
 #include <map>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -51,15 +52,7 @@ std::string config_difference(const CheckpointState& st, const ModelConfig& run)
   return "";
 }
 
-bool holds_whole_model(const model::Parameters& params) {
-  const model::ChunkSpec& s = params.spec();
-  const ModelConfig& c = params.config();
-  return s.layer_begin == 0 && s.layer_end == c.num_layers && s.has_embed && s.has_head &&
-         s.expert_begin == 0 && s.expert_end == c.num_experts;
-}
-
-// The model config, and every weight `params` holds with its shape (and, for a whole model,
-// nothing else).
+// The model config, and every weight `params` holds with its shape.
 void check_weights(const model::Parameters& params, const TensorIndex& weights,
                    const CheckpointState& st) {
   const std::string where = where_of(st);
@@ -72,11 +65,22 @@ void check_weights(const model::Parameters& params, const TensorIndex& weights,
     TANDEM_CHECK(it->second->shape() == e.shape, where, "weight ", e.name, " has shape ",
                  shape_str(it->second->shape()), " but config.json implies ", shape_str(e.shape));
   }
-  if (!holds_whole_model(params) || weights.size() == params.entries().size()) return;
+}
+
+// Every tensor of the checkpoint is a weight of the whole model `cfg` (the one config.json
+// describes), whichever part of it this rank holds: a checkpoint with a layer or an expert more
+// than its config says is refused on every layout alike, not trained as the smaller model where
+// no rank holds the whole (DeepSeek-V3's multi-token prediction layers were dropped on reading,
+// Note [Multi-token prediction layers] in checkpoint.cc).
+void check_no_unknown_tensors(const ModelConfig& cfg, const TensorIndex& weights,
+                              const CheckpointState& st) {
+  std::set<std::string> names;
+  for (const model::ParamEntry& e :
+       model::Parameters::entries_of(cfg, model::ChunkSpec::whole(cfg))) {
+    names.insert(e.name);
+  }
   for (const auto& [name, t] : weights) {
-    bool known = false;
-    for (const model::ParamEntry& e : params.entries()) known = known || e.name == name;
-    TANDEM_CHECK(known, where, "tensor ", name,
+    TANDEM_CHECK(names.count(name) == 1, where_of(st), "tensor ", name,
                  " is not part of the model that config.json describes");
   }
 }
@@ -169,6 +173,7 @@ NamedTensors optimizer_tensors(const model::Parameters& params, const AdamW& opt
 void restore_model(model::Parameters& params, const CheckpointState& state) {
   const TensorIndex weights = index_tensors(state.model);
   check_weights(params, weights, state);
+  check_no_unknown_tensors(params.config(), weights, state);
   copy_weights(params, weights);
 }
 
@@ -207,6 +212,7 @@ int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& r
     check_weights(*c.params, weights, state);
     if (state.kind == CheckpointKind::kTandem) check_moments(*c.params, moments, state);
   }
+  if (!chunks.empty()) check_no_unknown_tensors(chunks.front().params->config(), weights, state);
   for (const ChunkRef& c : chunks) {
     copy_weights(*c.params, weights);
     if (state.kind == CheckpointKind::kTandem) {

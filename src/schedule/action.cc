@@ -4,10 +4,10 @@
 #include <algorithm>
 #include <array>
 #include <cctype>
-#include <fstream>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace tandem::schedule {
 namespace {
@@ -282,11 +282,8 @@ Schedule parse_schedule(std::string_view text, std::string_view source) {
 }
 
 Schedule load_schedule_file(const std::string& path) {
-  std::ifstream in(path);
-  TANDEM_CHECK(in.good(), "cannot read schedule file '", path, "'");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse_schedule(buf.str(), path);
+  return parse_schedule(read_text_input(path, "schedule file '" + path + "'", kMaxTextInputBytes),
+                        path);
 }
 
 }  // namespace tandem::schedule

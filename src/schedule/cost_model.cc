@@ -5,11 +5,10 @@
 #include "schedule/cost_model.h"
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "schedule/node_scaling.h"
 
 namespace tandem::schedule {
@@ -264,11 +263,8 @@ NodeTimesTable parse_node_times(std::string_view text, std::string_view source) 
 }
 
 NodeTimesTable load_node_times(const std::string& path) {
-  std::ifstream in(path);
-  TANDEM_CHECK(in.good(), "cannot read node-times file '", path, "'");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse_node_times(buf.str(), path);
+  return parse_node_times(
+      read_text_input(path, "node-times file '" + path + "'", kMaxTextInputBytes), path);
 }
 
 }  // namespace tandem::schedule

@@ -225,6 +225,14 @@ void check_supported(ScheduleKind kind, const ScheduleShape& sh) {
   TANDEM_CHECK(v >= 1, "--virtual-pipeline-model-parallel-size ", v,
                " is invalid: need at least 1");
   TANDEM_CHECK(m >= 1, "--num-microbatches ", m, " is invalid: need at least 1");
+  TANDEM_CHECK(int64_t{m} * p * v <= kMaxScheduleSlots, m, " micro-batches x ", int64_t{p} * v,
+               " stages = ", int64_t{m} * p * v,
+               " (micro-batch, stage) pairs are too many for a schedule: at most ",
+               kMaxScheduleSlots,
+               " (the micro-batches: --num-microbatches, or --global-batch-size over "
+               "--micro-batch-size and the data-parallel ranks; the stages: "
+               "--pipeline-model-parallel-size x --virtual-pipeline-model-parallel-size); use a "
+               "larger --micro-batch-size");
   if (sh.pair_first_forwards) {
     TANDEM_CHECK(kind == ScheduleKind::kCombined1f1b,
                  "--pair-first-forwards pairs combined-1f1b's first two forwards; --schedule ",

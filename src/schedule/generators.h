@@ -48,6 +48,9 @@ StagePlacement placement_of(ScheduleKind kind);
 //  pair_first_forwards: combined-1f1b with P = 1 and M >= 2 only.
 // Throws tandem::Error naming the option and the values that would be valid.
 void check_supported(ScheduleKind kind, const ScheduleShape& shape);
+// The most (micro-batch, stage) pairs a schedule holds, each a few actions: past any run's, and
+// a bound on what building and validating one costs.
+constexpr int64_t kMaxScheduleSlots = int64_t{1} << 18;
 
 // The compute actions only (F, B, I, W, FB), stage_rank filled in.
 Schedule generate_compute_schedule(ScheduleKind kind, const ScheduleShape& shape);

@@ -332,6 +332,18 @@ int64_t sharded_optimizer_params(const Stage& st, int64_t dp, int64_t ep) {
   return total;
 }
 
+void check_planned_node_runs(const ModelConfig& cfg, int64_t microbatches) {
+  int64_t nodes = 2;  // embed, loss
+  for (int64_t l = 0; l < cfg.num_layers; ++l) {
+    nodes += static_cast<int64_t>(layer_nodes(cfg, l).size());
+  }
+  // The simulation runs every node for every micro-batch, keeping each run's spans and memory.
+  TANDEM_CHECK(microbatches * nodes <= kMaxPlannedNodeRuns, "the plan would run ", microbatches,
+               " micro-batches through the model's ", nodes, " nodes, ", microbatches * nodes,
+               " node runs: more than the ", kMaxPlannedNodeRuns,
+               " a plan simulates; plan fewer micro-batches (a larger --micro-batch-size)");
+}
+
 PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   check_inputs(sch, in);
   PipelineModel pm;
@@ -366,6 +378,7 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
   const int32_t stages = sch.num_stages;
   const std::vector<int64_t> counts =
       stage_layer_counts(in.model.num_layers, stages, in.first_stage_layers, in.last_stage_layers);
+  check_planned_node_runs(in.model, sch.num_microbatches);
   int32_t next_layer = 0;
   for (int32_t st = 0; st < stages; ++st) {
     const auto count = static_cast<int32_t>(counts[static_cast<size_t>(st)]);

@@ -194,8 +194,17 @@ struct PipelineModel {
 // tandem::Error naming it when it is not a multiple of the expert-parallel size.
 int64_t resolved_data_parallel_size(const PlanInputs& in);
 
+// The most node runs (micro-batches x the stages' nodes) a plan simulates: a few seconds and
+// about a gigabyte of spans and memory events, past any schedule a run takes.
+constexpr int64_t kMaxPlannedNodeRuns = int64_t{1} << 22;
+
+// Throws tandem::Error naming the counts when simulating `microbatches` micro-batches through the
+// model's nodes (embed, every layer's, loss) would pass kMaxPlannedNodeRuns.
+void check_planned_node_runs(const ModelConfig& cfg, int64_t microbatches);
+
 // Layers split over stages by stage_layer_counts (core/config.h), as the pipeline trainer splits
-// them. Throws tandem::Error if they do not split or EP does not divide the experts.
+// them. Throws tandem::Error if they do not split, EP does not divide the experts, or the
+// simulation would pass kMaxPlannedNodeRuns.
 PipelineModel build_pipeline_model(const Schedule& schedule, const PlanInputs& in);
 
 // Note [Distributed optimizer in the plan]: the weights of a stage whose Adam moments one rank

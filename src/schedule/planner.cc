@@ -26,7 +26,11 @@ Schedule plan_schedule(const PlanRequest& req) {
     // A compute-only file gets the same SEND/RECV lowering as the built-in schedules.
     if (!has_communication(s)) add_communication(s);
   } else {
-    s = generate_schedule(parse_schedule_kind(req.schedule_name), req.shape);
+    // The bounds first, before a schedule of that size is built.
+    const ScheduleKind kind = parse_schedule_kind(req.schedule_name);
+    check_supported(kind, req.shape);
+    check_planned_node_runs(req.inputs.model, req.shape.num_microbatches);
+    s = generate_schedule(kind, req.shape);
   }
   validate_schedule(s);
   return s;

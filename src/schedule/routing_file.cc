@@ -2,11 +2,10 @@
 #include "schedule/routing_file.h"
 
 #include <algorithm>
-#include <fstream>
 #include <nlohmann/json.hpp>
-#include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 
 namespace tandem::schedule {
 
@@ -142,11 +141,7 @@ RowsSpread expert_rows_spread(const std::vector<RoutingCounts>& group) {
 }
 
 std::map<int, RoutingCounts> load_routing_tables(const std::string& path) {
-  std::ifstream in(path);
-  TANDEM_CHECK(in.good(), "--routing ", path, ": cannot read the file");
-  std::stringstream buf;
-  buf << in.rdbuf();
-  return parse_routing_tables(buf.str(), path);
+  return parse_routing_tables(read_text_input(path, "--routing " + path, kMaxTextInputBytes), path);
 }
 
 }  // namespace tandem::schedule

@@ -44,12 +44,16 @@ int64_t num_layers(const PlanRequest& r) { return r.inputs.model.num_layers; }
 std::string on_off(int64_t v) { return v != 0 ? "on" : "off"; }
 std::string number(int64_t v) { return std::to_string(v); }
 
-// The divisors of n, ascending.
+// The divisors of n, ascending: each pair (d, n / d) found by d up to sqrt(n).
 std::vector<int64_t> divisors(int64_t n) {
-  std::vector<int64_t> out;
-  for (int64_t d = 1; d <= n; ++d)
-    if (n % d == 0) out.push_back(d);
-  return out;
+  std::vector<int64_t> low, high;
+  for (int64_t d = 1; d <= n / d; ++d) {
+    if (n % d != 0) continue;
+    low.push_back(d);
+    if (d != n / d) high.push_back(n / d);
+  }
+  low.insert(low.end(), high.rbegin(), high.rend());
+  return low;
 }
 
 using Values = std::vector<int64_t>;
@@ -582,6 +586,8 @@ std::string choice_label(const std::vector<int64_t>& choice) { return label_of(c
 SearchResult search_layouts(const PlanRequest& base, const SearchSpace& space) {
   TANDEM_CHECK(space.world_size >= 1, "the world size ", space.world_size,
                " is invalid: need at least 1 rank");
+  TANDEM_CHECK(space.world_size <= kMaxSearchWorldSize, "the world size ", space.world_size,
+               " is more ranks than the search lays out: at most ", kMaxSearchWorldSize, " (2^20)");
   Enumeration e;
   std::vector<int64_t> choice;
   enumerate(space, 0, base, choice, e);

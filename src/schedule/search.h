@@ -41,6 +41,10 @@ const std::vector<SearchDimension>& search_dimensions();
 // The index of the dimension standing for `option`, or -1.
 int search_dimension_index(const std::string& option);
 
+// The most ranks a search lays out: past any machine built, and few enough that the divisors
+// of every dimension are found at once.
+constexpr int64_t kMaxSearchWorldSize = int64_t{1} << 20;
+
 struct SearchSpace {
   int64_t world_size = 1;         // ranks (GPUs) to lay out
   int64_t global_batch_size = 1;  // samples per optimizer step

@@ -74,6 +74,11 @@ struct RankResult {
   int64_t in_flight_peak_bytes = 0;
   int64_t workspace_peak_bytes = 0;  // op temporaries (Note [Node workspace]), at their peak
   int64_t peak_bytes = 0;            // static + activations + in flight + workspace, at its peak
+  // The three parts of peak_bytes beside the static memory, at peak_time_s (each may be below
+  // its own peak, reached at another time): what the peak is made of.
+  int64_t activation_at_peak_bytes = 0;
+  int64_t in_flight_at_peak_bytes = 0;
+  int64_t workspace_at_peak_bytes = 0;
   // Host bytes holding offloaded activations, at their peak (Note [Offload in the plan]).
   int64_t offload_host_peak_bytes = 0;
   double peak_time_s = 0;

@@ -61,6 +61,9 @@ void memory_curve(RankState& st, RankResult& out) {
       out.peak_bytes = base + act + flight + work;
       out.peak_time_s = e.time;
       out.activation_at_peak_by_node = by_node;
+      out.activation_at_peak_bytes = act;
+      out.in_flight_at_peak_bytes = flight;
+      out.workspace_at_peak_bytes = work;
     }
     if (out.memory.back().time == e.time) {
       out.memory.back() = {e.time, act, flight, work};

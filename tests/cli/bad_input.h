@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -53,8 +54,10 @@ struct BadInput {
   std::string command = "train";
 };
 
-inline void run_case(const BadInput& c, const fs::path& capture,
-                     const std::function<void(const fs::path&)>& prepare) {
+// Runs one case; returns the seconds the program ran.
+inline double run_case(const BadInput& c, const fs::path& capture,
+                       const std::function<void(const fs::path&)>& prepare,
+                       const ChildSetup& setup = {}) {
   TempDir work("tandem_bad");
   prepare(work.path());
   c.setup(work.path());
@@ -63,13 +66,17 @@ inline void run_case(const BadInput& c, const fs::path& capture,
   args.insert(args.end(), c.args.begin(), c.args.end());
   std::string line;
   for (const std::string& a : args) line += " " + a;
-  const RunResult r = run_tandem(args, work.path(), capture);
+  const auto start = std::chrono::steady_clock::now();
+  const RunResult r = run_tandem(args, work.path(), capture, {}, setup);
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   EXPECT_EQ(r.exit_code, 2) << c.name << ": tandem" << line << "\nstderr: " << r.err;
   for (const std::string& part : c.expected) {
     EXPECT_NE(r.err.find(part), std::string::npos)
         << c.name << ": tandem" << line << "\nstderr lacks '" << part << "': " << r.err;
   }
   EXPECT_EQ(snapshot(work.path()), before) << c.name << ": tandem" << line << " changed files";
+  return seconds;
 }
 
 // Runs every case of every table; returns how many ran.

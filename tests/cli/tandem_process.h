@@ -9,10 +9,13 @@
 #include <poll.h>
 #include <signal.h>
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -84,9 +87,16 @@ struct RunResult {
   std::string out, err;
 };
 
+// What the child process is given besides its arguments and environment.
+struct ChildSetup {
+  int64_t address_space_bytes = 0;  // RLIMIT_AS (`ulimit -v`), when > 0
+  int umask = -1;                   // the umask, when >= 0
+};
+
 // Runs `tandem args...` in `cwd` to completion; stdout and stderr go to files in `capture`.
 inline RunResult run_tandem(const std::vector<std::string>& args, const fs::path& cwd,
-                            const fs::path& capture, const std::vector<std::string>& env = {}) {
+                            const fs::path& capture, const std::vector<std::string>& env = {},
+                            const ChildSetup& setup = {}) {
   Command cmd(args, env);
   const std::string out_path = (capture / "stdout").string();
   const std::string err_path = (capture / "stderr").string();
@@ -97,6 +107,12 @@ inline RunResult run_tandem(const std::vector<std::string>& args, const fs::path
     if (out < 0 || err < 0 || ::chdir(cwd.c_str()) != 0) ::_exit(126);
     ::dup2(out, STDOUT_FILENO);
     ::dup2(err, STDERR_FILENO);
+    if (setup.address_space_bytes > 0) {
+      const rlimit limit{static_cast<rlim_t>(setup.address_space_bytes),
+                         static_cast<rlim_t>(setup.address_space_bytes)};
+      if (::setrlimit(RLIMIT_AS, &limit) != 0) ::_exit(126);
+    }
+    if (setup.umask >= 0) ::umask(static_cast<mode_t>(setup.umask));
     ::alarm(kTimeoutSeconds);
     ::execve(cmd.argv[0], cmd.argv.data(), cmd.envp.data());
     ::_exit(127);

@@ -249,23 +249,6 @@ TEST(Progress, SkippedStepIsFlagged) {
 namespace tandem::cli {
 namespace {
 
-// A rank whose planned peak does not fit on its GPU is warned before its first step, with both
-// figures and what lowers the peak; one that fits is not.
-TEST(Progress, MemoryWarningWhenThePlanDoesNotFit) {
-  EXPECT_FALSE(memory_warning(int64_t{80} << 30, int64_t{80} << 30).has_value());
-  const std::optional<std::string> w = memory_warning(int64_t{82} << 30, int64_t{79} << 30);
-  ASSERT_TRUE(w.has_value());
-  EXPECT_NE(w->find("the plan needs 82.0 GiB"), std::string::npos) << *w;
-  EXPECT_NE(w->find("than the 79.0 GiB"), std::string::npos) << *w;
-  EXPECT_NE(w->find("--recompute-experts"), std::string::npos) << *w;
-}
-
-}  // namespace
-}  // namespace tandem::cli
-
-namespace tandem::cli {
-namespace {
-
 // A validation's loss: in the log line (printed at that step even off the interval), in the JSON
 // line with its perplexity, exp of it; steps without one have neither.
 TEST(Progress, ValidationLossInTheLogLineAndTheJson) {

@@ -69,6 +69,31 @@ TEST_F(Documents, LinesAndJsonRecords) {
   expect_error([&] { collect("b.json", "text"); }, {"b.json line 2", "not a JSON object"});
 }
 
+// Well-formed UTF-8 as Unicode's table 3-7 defines it: the first byte that breaks it, or -1.
+TEST(Tokenizer, InvalidUtf8At) {
+  EXPECT_EQ(invalid_utf8_at(""), -1);
+  EXPECT_EQ(invalid_utf8_at("plain ascii"), -1);
+  EXPECT_EQ(invalid_utf8_at("caf\xc3\xa9 \xe2\x82\xac \xf0\x9f\x98\x80 \xf4\x8f\xbf\xbf"), -1);
+  EXPECT_EQ(invalid_utf8_at("ab\xff"), 2);            // never a UTF-8 byte
+  EXPECT_EQ(invalid_utf8_at("a\x80"), 1);             // a continuation byte first
+  EXPECT_EQ(invalid_utf8_at("x\xc0\xaf"), 1);         // overlong '/'
+  EXPECT_EQ(invalid_utf8_at("\xe0\x80\xaf"), 0);      // overlong, three bytes
+  EXPECT_EQ(invalid_utf8_at("\xed\xa0\x80"), 0);      // a surrogate, U+D800
+  EXPECT_EQ(invalid_utf8_at("\xf4\x90\x80\x80"), 0);  // past U+10FFFF
+  EXPECT_EQ(invalid_utf8_at("abc\xe2\x82"), 3);       // truncated at the end
+  EXPECT_EQ(invalid_utf8_at("\xe2\x82x"), 0);         // truncated before another byte
+}
+
+TEST_F(Documents, TextThatIsNotUtf8IsRefusedNamingLineAndByte) {
+  const std::string text =
+      "fine\nab\xfe"
+      "cd\n";
+  write_bytes(path("t.txt"), std::vector<unsigned char>(text.begin(), text.end()));
+  expect_error(
+      [&] { for_each_document(path("t.txt"), "text", [](const std::string&, int64_t) {}); },
+      {"t.txt line 2", "byte offset 7", "0xfe", "not UTF-8"});
+}
+
 TEST(Tokenizer, IdsFormat) {
   const IdsHeader h = parse_ids_header("tandem-ids vocab_size=500 eod_id=7", "ids");
   EXPECT_EQ(h.vocab_size, 500);
