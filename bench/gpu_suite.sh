@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d, offload),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, capacity, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d, offload),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -21,6 +21,11 @@ SHAPE_A="--num-experts 0 --num-layers 12 --hidden-size 768 --num-attention-heads
 # 128, q/k norms), a Qwen3-MoE-like model; global batch 8 of one sequence each.
 SHAPE_C="--num-layers 4 --hidden-size 2048 --num-attention-heads 32 --num-query-groups 4 --num-experts 128 --moe-router-topk 8 --ffn-hidden-size 768 --vocab-size 151936 --seq-length 4096 --micro-batch-size 1 --kv-channels 128 --qk-layernorm"
 SHAPE_B="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2 --num-microbatches 8"
+# Balanced routing for benchmarks: Megatron-LM's random router logits
+# (--moe-router-force-load-balancing, Note [Forced load balancing] in
+# src/model/attention_node.cc) spread the rows about evenly; padded to a capacity of
+# ceil(N k / E) every expert, and so every expert rank, gets exactly the same rows.
+BALANCED="--moe-router-force-load-balancing --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity"
 # One line from a --log-json file: medians over the steps after the third.
 summary() {
   python3 -c "
@@ -191,7 +196,7 @@ print(sys.argv[2], 'tokens/s', round(st.median(x['tokens_per_s'] for x in r)), '
       Lp=$(most ""); Lo=$(most "--offload-activations $kinds")
       echo "micro-batch $mb, limit $limit GiB: most layers planned to fit: $Lp without offload, $Lo with --offload-activations $kinds" | tee -a "$OUT/offload.txt"
       echo "plan of $Lo layers without offload: peak $($B/tandem plan --device cuda $(run_of $Lo "") --mock-data --json 2>/dev/null | python3 -c "import json,sys;print(round(json.load(sys.stdin)['ranks'][0]['peak_bytes']/2**30,2),'GiB')")" | tee -a "$OUT/offload.txt"
-      steps="--mock-data --train-iters ${STEPS:-4} --log-interval 1 --quiet --moe-router-force-load-balancing"
+      steps="--mock-data --train-iters ${STEPS:-4} --log-interval 1 --quiet $BALANCED"
       for row in "$Lp|" "$Lo|--offload-activations $kinds" "$Lp|--offload-activations $kinds"; do
         L=${row%%|*}; opt=${row#*|}; name="layers $L ${opt:-no offload}"
         tr=""; [ "$L" = "$Lp" ] && [ -n "$opt" ] && tr="--trace $T/trace.json"
@@ -343,12 +348,12 @@ PY
                  "ep2-combined-on --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --trace $OUT/trace-ep2-combined.json --node-times-out $OUT/nodes-ep2-combined.json --routing-out $OUT/routing-ep2-combined.json" \
                  "ep2-combined-end --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --defer-optimizer=false --trace $OUT/trace-ep2-combined-end.json" \
                  "ep2-combined-reduce-end --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --overlap-grad-reduce=false --trace $OUT/trace-ep2-combined-reduce-end.json" \
-                 "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-balanced.json" \
-                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --moe-router-force-load-balancing --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
+                 "ep2-1f1b-balanced --expert-model-parallel-size 2 --schedule 1f1b --global-batch-size 32 $BALANCED --node-times-out $OUT/nodes-ep2-balanced.json" \
+                 "ep2-combined-on-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $BALANCED --node-times-out $OUT/nodes-ep2-combined-balanced.json" \
                  "ep2-combined-paired --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --trace $OUT/trace-ep2-combined-paired.json --node-times-out $OUT/nodes-ep2-combined-paired.json --routing-out $OUT/routing-ep2-combined-paired.json" \
-                 "ep2-combined-paired-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 --moe-router-force-load-balancing" \
+                 "ep2-combined-paired-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --pair-first-forwards --global-batch-size 32 $BALANCED" \
                  "ep2-combined-split --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap split --global-batch-size 32 --trace $OUT/trace-ep2-combined-split.json" \
-                 "ep2-combined-split-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap split --global-batch-size 32 --moe-router-force-load-balancing" \
+                 "ep2-combined-split-balanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap split --global-batch-size 32 $BALANCED" \
                  "ep2-combined-rebalanced --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 --rebalance-experts 2 --trace $OUT/trace-ep2-combined-rebalanced.json --node-times-out $OUT/nodes-ep2-combined-rebalanced.json --routing-out $OUT/routing-ep2-combined-rebalanced.json"
       # Note [A stream pair per half]: the same steps, bit for bit.
       [ -s $T/ep2-combined-on.jsonl ] && [ -s $T/ep2-combined-split.jsonl ] &&
@@ -393,6 +398,24 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       plan_vs pp2-1f1b nodes-pp2.json trace-pp2-1f1b.json "--pipeline-model-parallel-size 2 --schedule 1f1b --global-batch-size 16"
       plan_vs ep2-combined-on nodes-ep2-combined.json trace-ep2-combined.json "--expert-model-parallel-size 2 --schedule combined-1f1b --global-batch-size 32 --routing $OUT/routing-ep2-combined.json --routing-rank 0"
       peer_runs "$SB" 2 170 $T multi_b.txt ;;
+    capacity)
+      # Megatron-LM's expert capacity against the dropless run (docs/model.md "Expert capacity"):
+      # shape (b) with random tokens, on one GPU and EP2 combined 1F1B, dropless, dropping past a
+      # capacity factor of 1 (by weight; by position), and padded to factors 1 and 1.25; then
+      # the same under forced balancing's random logits. Each summary line: tokens/s, the
+      # peaks, the all-to-all's time and exposure, and the step's expert rows max / mean.
+      SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/capacity; mkdir -p $T
+      for r in fresh balanced; do
+        extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
+        for where in "1|gpu1|--global-batch-size 16" "2|ep2|--expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32"; do
+          IFS='|' read -r n w L <<< "$where"
+          tandem_runs "$SB" $n 200 $T capacity.txt "$w-$r-dropless $L $extra" \
+            "$w-$r-drop1 $L $extra --moe-expert-capacity-factor 1" \
+            "$w-$r-drop1-position $L $extra --moe-expert-capacity-factor 1 --moe-token-drop-policy position" \
+            "$w-$r-pad1 $L $extra --moe-expert-capacity-factor 1 --moe-pad-expert-input-to-capacity" \
+            "$w-$r-pad1.25 $L $extra --moe-expert-capacity-factor 1.25 --moe-pad-expert-input-to-capacity"
+        done
+      done ;;
     ab)
       # A/B of tandem binaries (AB="tandem-base tandem", each in devrun/bin) on shape (b)'s EP2
       # combined 1F1B with overlap, fresh and balanced routing, binary by binary for each; the
@@ -400,7 +423,7 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/ab; mkdir -p $T
       for r in fresh balanced; do
         for bin in ${AB:-tandem}; do
-          extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
+          extra=""; [ $r = balanced ] && extra="$BALANCED"
           TANDEM=$B/$bin tandem_runs "$SB" 2 150 $T ab.txt "$bin-$r --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $extra ${AB_EXTRA:-} --trace $OUT/trace-$bin-$r.json"
         done
       done ;;
@@ -411,7 +434,7 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/defer; mkdir -p $T
       C="--expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32"
       for r in fresh balanced; do
-        extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
+        extra=""; [ $r = balanced ] && extra="$BALANCED"
         tandem_runs "$SB" 2 150 $T defer.txt "end-$r-1 $C $extra --defer-optimizer=false --trace $T/trace-end-$r.json" "deferred-$r-1 $C $extra --defer-optimizer --trace $OUT/trace-deferred-$r.json" \
           "deferred-$r-2 $C $extra --defer-optimizer" "end-$r-2 $C $extra --defer-optimizer=false"
         python3 devrun/compare_losses.py --rtol=0 $T/end-$r-1.jsonl $T/deferred-$r-1.jsonl $T/deferred-$r-2.jsonl | tee -a "$OUT/defer.txt"

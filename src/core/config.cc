@@ -192,12 +192,32 @@ const std::vector<ModelField>& model_fields() {
       {"moe-router-group-topk", &M::moe_router_group_topk,
        "--moe-router-num-groups: the groups each token chooses among", kNonNegative, false},
       {"moe-router-load-balancing-type", &M::moe_router_load_balancing_type,
-       "aux_loss (the switch loss; softmax router) or seq_aux_loss (DeepSeek-V3's, per "
-       "sequence; sigmoid router), weighted by --moe-aux-loss-coeff",
+       "the load-balancing loss weighted by --moe-aux-loss-coeff (Megatron-LM's): aux_loss (the "
+       "switch loss over the micro-batch), seq_aux_loss (over each sequence), global_aux_loss "
+       "(over the step's micro-batches so far on every data-parallel rank) or none",
        FieldBound::kAny, false},
       {"moe-router-topk-scaling-factor", &M::moe_router_topk_scaling_factor,
        "the routing weights are multiplied by this (DeepSeek-V3's routed_scaling_factor)",
        kPositive, false},
+      {"moe-z-loss-coeff", &M::moe_z_loss_coeff,
+       "the router's z-loss: this times the mean over tokens of logsumexp(logits)^2; 0: none",
+       kNonNegative, false},
+      {"moe-expert-capacity-factor", &M::moe_expert_capacity_factor,
+       "each expert takes at most ceil(tokens x k / experts x this) rows of a micro-batch on a "
+       "rank, dropping the rest by --moe-token-drop-policy; 0: dropless",
+       kNonNegative, false},
+      {"moe-token-drop-policy", &M::moe_token_drop_policy,
+       "--moe-expert-capacity-factor: which rows an expert past its capacity drops: probs (the "
+       "lowest routing weights) or position (the latest positions in the sequences)",
+       FieldBound::kAny, false},
+      {"moe-pad-expert-input-to-capacity", &M::moe_pad_expert_input_to_capacity,
+       "--moe-expert-capacity-factor: every expert receives exactly its capacity of rows from "
+       "each rank, zero rows filling the rest",
+       FieldBound::kAny, false},
+      {"moe-router-dtype", &M::moe_router_dtype,
+       "the router's precision (logits, scores, losses): fp32 (tandem's router is fp32 on both "
+       "backends; fp64 is not implemented)",
+       FieldBound::kAny, false},
   };
   return fields;
 }
@@ -558,20 +578,36 @@ void ModelConfig::validate_v3_options() const {
                                                : "--moe-router-num-groups",
                  " needs --moe-router-score-function sigmoid");
   }
-  TANDEM_CHECK(moe_router_load_balancing_type == "aux_loss" ||
-                   moe_router_load_balancing_type == "seq_aux_loss",
-               "--moe-router-load-balancing-type ", moe_router_load_balancing_type,
-               " is invalid: valid: aux_loss, seq_aux_loss");
-  const bool seq = moe_router_load_balancing_type == "seq_aux_loss";
-  TANDEM_CHECK(!seq || sigmoid_router(),
-               "--moe-router-load-balancing-type seq_aux_loss needs --moe-router-score-function "
-               "sigmoid (it is ",
-               moe_router_score_function, "): the softmax router's loss is aux_loss");
-  TANDEM_CHECK(seq || !sigmoid_router() || moe_aux_loss_coeff == 0, "--moe-aux-loss-coeff ",
-               moe_aux_loss_coeff,
-               " with --moe-router-score-function sigmoid needs --moe-router-load-balancing-type "
-               "seq_aux_loss (the switch loss is the softmax router's), or set it to 0 (the "
-               "expert bias balances alone)");
+}
+
+// Megatron-LM's routing options (docs/model.md "Load balancing", "Expert capacity").
+void ModelConfig::validate_routing_options() const {
+  const std::string& type = moe_router_load_balancing_type;
+  TANDEM_CHECK(
+      type == "aux_loss" || type == "seq_aux_loss" || type == "global_aux_loss" || type == "none",
+      "--moe-router-load-balancing-type ", type,
+      " is invalid: valid: aux_loss, seq_aux_loss, global_aux_loss, none");
+  TANDEM_CHECK(moe_router_dtype == "fp32", "--moe-router-dtype ", moe_router_dtype,
+               " is not available: tandem's router computes its logits, scores and losses in "
+               "fp32 (on the GPU from bf16 products accumulated in fp32, as Megatron-LM's fp32 "
+               "router); valid: fp32");
+  TANDEM_CHECK(moe_token_drop_policy == "probs" || moe_token_drop_policy == "position",
+               "--moe-token-drop-policy ", moe_token_drop_policy,
+               " is invalid: valid: probs, position");
+  const double factor = moe_expert_capacity_factor;
+  TANDEM_CHECK(
+      factor > 0 || (moe_token_drop_policy == "probs" && !moe_pad_expert_input_to_capacity),
+      moe_pad_expert_input_to_capacity ? "--moe-pad-expert-input-to-capacity"
+                                       : "--moe-token-drop-policy position",
+      " needs an expert capacity: set --moe-expert-capacity-factor");
+  // A capacity above the micro-batch's tokens (k x factor > E) would pad an expert past every
+  // token it could receive; Megatron-LM cannot run it either.
+  TANDEM_CHECK(!moe_pad_expert_input_to_capacity || static_cast<double>(moe_router_topk) * factor <=
+                                                        static_cast<double>(num_experts),
+               "--moe-pad-expert-input-to-capacity with --moe-expert-capacity-factor ", factor,
+               ": the capacity, tokens x --moe-router-topk (", moe_router_topk, ") / experts (",
+               num_experts, ") x the factor, would exceed the tokens; use a factor of at most ",
+               static_cast<double>(num_experts) / static_cast<double>(moe_router_topk));
 }
 
 void ModelConfig::validate_moe_options() const {
@@ -583,14 +619,17 @@ void ModelConfig::validate_moe_options() const {
   TANDEM_CHECK(!moe_shared_expert_gate || moe_shared_expert_intermediate_size > 0,
                "--moe-shared-expert-gate gates a shared expert, and there is none: set "
                "--moe-shared-expert-intermediate-size");
+  validate_routing_options();
   if (!is_moe()) {
     // Settings of the experts mean nothing without them: a mistake, not a no-op.
     const char* moe_only = moe_ffn_hidden_size > 0 ? "--moe-ffn-hidden-size"
                            : moe_shared_expert_intermediate_size > 0
                                ? "--moe-shared-expert-intermediate-size"
-                           : moe_router_pre_softmax ? "--moe-router-pre-softmax"
-                           : moe_layer_freq != "1"  ? "--moe-layer-freq"
-                                                    : nullptr;
+                           : moe_router_pre_softmax         ? "--moe-router-pre-softmax"
+                           : moe_layer_freq != "1"          ? "--moe-layer-freq"
+                           : moe_z_loss_coeff > 0           ? "--moe-z-loss-coeff"
+                           : moe_expert_capacity_factor > 0 ? "--moe-expert-capacity-factor"
+                                                            : nullptr;
     TANDEM_CHECK(moe_only == nullptr, moe_only,
                  " is set for a dense model (--num-experts 0): "
                  "set --num-experts, or leave it out");
@@ -748,18 +787,6 @@ void validate_layout(const ModelConfig& m, const TrainConfig& t, const ParallelC
                " moves experts between expert-parallel ranks; it needs --num-experts > 0 (it is ",
                m.num_experts, ") and --expert-model-parallel-size > 1 (it is ",
                p.expert_model_parallel_size, "), or 0 (never)");
-  // DeepSeek-V3's sequence-wise aux loss runs on the CPU only (docs/model.md "DeepSeek-V3
-  // routing").
-  TANDEM_CHECK(t.device == Device::kCPU || m.moe_router_load_balancing_type != "seq_aux_loss" ||
-                   m.moe_aux_loss_coeff == 0,
-               "--moe-router-load-balancing-type seq_aux_loss with --moe-aux-loss-coeff ",
-               m.moe_aux_loss_coeff,
-               " is not implemented on the GPU: use --device cpu, or --moe-aux-loss-coeff 0 (the "
-               "expert bias balances without it)");
-  TANDEM_CHECK(!t.moe_router_force_balance || !m.sigmoid_router(),
-               "--moe-router-force-load-balancing forces the choice through the router's logits, "
-               "which a sigmoid router (--moe-router-score-function sigmoid) saturates: leave it "
-               "out");
   check_comm_overlap(t, p.expert_model_parallel_size, p.comm_overlap);
   TANDEM_CHECK(t.moe_wgrad_merge == 1 || m.is_moe(), "--moe-wgrad-merge ", t.moe_wgrad_merge,
                " merges the experts' weight gradients; the model has no experts (--num-experts "

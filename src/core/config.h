@@ -137,10 +137,26 @@ struct ModelConfig {
   int64_t moe_router_group_topk = 0;
   // --moe-router-topk-scaling-factor: the routing weights multiplied by this.
   double moe_router_topk_scaling_factor = 1.0;
-  // --moe-router-load-balancing-type: "aux_loss", the switch loss over the micro-batch (softmax
-  // router), or "seq_aux_loss", DeepSeek-V3's, per sequence over the normalised sigmoid scores
-  // (sigmoid router); weighted by moe_aux_loss_coeff.
+  // --moe-router-load-balancing-type (Megatron-LM's, docs/model.md "Load balancing"): the switch
+  // loss over the micro-batch ("aux_loss"), over each sequence ("seq_aux_loss"), over the
+  // step's micro-batches so far on every data-parallel rank ("global_aux_loss"), or none
+  // ("none"); weighted by moe_aux_loss_coeff.
   std::string moe_router_load_balancing_type = "aux_loss";
+  // --moe-z-loss-coeff: the router's z-loss, coeff * mean over tokens of logsumexp(logits)^2
+  // (ST-MoE, as Megatron-LM); 0: none.
+  double moe_z_loss_coeff = 0.0;
+  // --moe-expert-capacity-factor: each expert takes at most ceil(N k / E * factor) of a
+  // micro-batch's N tokens on a rank, the rest of its rows dropped by
+  // --moe-token-drop-policy ("probs": the lowest routing weights; "position": the latest
+  // positions); 0: dropless (docs/model.md "Expert capacity").
+  double moe_expert_capacity_factor = 0.0;
+  std::string moe_token_drop_policy = "probs";
+  // --moe-pad-expert-input-to-capacity: every expert receives exactly its capacity of rows from
+  // each rank, zero rows filling what the router did not send.
+  bool moe_pad_expert_input_to_capacity = false;
+  // --moe-router-dtype: the precision of the router's logits, scores and losses; fp32 (tandem
+  // computes the router in fp32 on both backends); fp64 is refused.
+  std::string moe_router_dtype = "fp32";
 
   bool is_moe() const { return num_experts > 0; }
   // Whether layer l (of the whole model) has experts; parses moe_layer_freq (validate() has
@@ -166,6 +182,15 @@ struct ModelConfig {
   // The attention's output width (Wo's input): heads * v_dim().
   int64_t attn_out_width() const { return num_attention_heads * v_dim(); }
   bool sigmoid_router() const { return moe_router_score_function == "sigmoid"; }
+  // A load-balancing loss is added (a type other than none, with a coefficient above 0).
+  bool has_balance_loss() const {
+    return is_moe() && moe_aux_loss_coeff > 0 && moe_router_load_balancing_type != "none";
+  }
+  bool has_global_balance_loss() const {
+    return has_balance_loss() && moe_router_load_balancing_type == "global_aux_loss";
+  }
+  // Experts have a capacity (--moe-expert-capacity-factor above 0): rows past it are dropped.
+  bool has_expert_capacity() const { return is_moe() && moe_expert_capacity_factor > 0; }
   // The softmax's scale: 1/sqrt(qk_dim()), times YaRN's m(factor, mscale_all_dim)^2 with MLA.
   double softmax_scale() const;
   // Throws tandem::Error naming the first value that does not fit.
@@ -173,6 +198,7 @@ struct ModelConfig {
 
  private:
   void validate_moe_options() const;
+  void validate_routing_options() const;
   void validate_v3_options() const;
 };
 
@@ -239,10 +265,10 @@ struct TrainConfig {
   // layer's forward and its backward, comma-separated (Note [Activation offload] in
   // runtime/activation_offload.h; parse_offload_kinds in core/footprint.h); empty: none.
   std::string offload_activations;
-  // --moe-router-force-load-balancing (benchmarks only, as Megatron-LM's flag of that name): each
-  // token goes to k experts picked round-robin, every expert receives the same rows, so the
-  // expert ranks' work is equal and the all-to-all waits for no straggler. The router still
-  // weights the chosen experts by its softmax (Note [Balanced routing] in attention_node.cc).
+  // --moe-router-force-load-balancing (benchmarks only, as Megatron-LM's flag of that name): the
+  // router's logits are replaced by random normal ones, the same on every layout, so every
+  // expert (and expert rank) receives about the same rows; their gradient still trains the
+  // router (Note [Forced load balancing] in model/attention_node.cc).
   bool moe_router_force_balance = false;
   // --rebalance-experts N: every N steps, lay each MoE layer's experts out anew over the
   // expert-parallel ranks from the rows they received (Note [Rebalancing experts] in

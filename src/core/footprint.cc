@@ -4,6 +4,7 @@
 #include "core/footprint.h"
 
 #include <algorithm>
+#include <cmath>
 #include <string>
 
 #include "core/error.h"
@@ -84,15 +85,42 @@ std::string_view node_kind_name(NodeKind kind) {
   return "?";
 }
 
+int64_t moe_expert_capacity(const ModelConfig& cfg, int64_t tokens) {
+  if (!cfg.has_expert_capacity()) return 0;
+  const double rows = static_cast<double>(tokens * cfg.moe_router_topk);
+  return static_cast<int64_t>(
+      std::ceil(rows / static_cast<double>(cfg.num_experts) * cfg.moe_expert_capacity_factor));
+}
+
+int64_t moe_routed_rows(const ModelConfig& cfg, int64_t tokens) {
+  if (!cfg.is_moe()) return 0;
+  if (cfg.has_expert_capacity() && cfg.moe_pad_expert_input_to_capacity)
+    return moe_expert_capacity(cfg, tokens) * cfg.num_experts;
+  return tokens * cfg.moe_router_topk;
+}
+
 FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_size,
                                  int64_t elem_bytes) {
   FootprintShape s;
   s.tokens = micro_batch_size * cfg.seq_length;
-  s.expert_rows = cfg.is_moe() ? s.tokens * cfg.moe_router_topk : 0;
+  s.routed_rows = moe_routed_rows(cfg, s.tokens);
+  s.expert_rows = s.routed_rows;  // EP = 1: dropless or padded; dropping otherwise: at most this
   s.local_experts = cfg.num_experts;
   s.elem_bytes = elem_bytes;
   s.moe_layer = cfg.is_moe();
   return s;
+}
+
+// The router's loss statistics a MoE attention node keeps (in elements of the statistics'
+// dtype): the load-balancing loss's counts [G, E] and the z-loss's logits [N, E].
+static int64_t router_loss_stats(const ModelConfig& cfg, const FootprintShape& s) {
+  int64_t stats = 0;
+  if (cfg.has_balance_loss()) {
+    const bool per_sequence = cfg.moe_router_load_balancing_type == "seq_aux_loss";
+    stats += (per_sequence ? s.tokens / cfg.seq_length : 1) * cfg.num_experts;
+  }
+  if (cfg.moe_z_loss_coeff > 0) stats += s.tokens * cfg.num_experts;
+  return stats;
 }
 
 int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
@@ -118,8 +146,8 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
       }
       int64_t index = 0;
       if (cfg.is_moe() && s.moe_layer) {
-        stats += n * e + n * k;
-        index = n * k + e + n * k;
+        stats += n * e + n * k + router_loss_stats(cfg, s);
+        index = n * k + e + s.routed(k);
       }
       return elems * es + stats * s.stat_size() + index * kIndexBytes;
     }
@@ -128,8 +156,8 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     case NodeKind::kExperts:  // recomputed: gate, up and act are formed again in the backward
       return (s.expert_rows * h + (s.recompute_experts ? 0 : 3 * s.expert_rows * fe)) * es +
              s.local_experts * kIndexBytes;
-    case NodeKind::kCombine:
-      return n * k * h * es;
+    case NodeKind::kCombine:  // EP = 1: the experts' output, handed over
+      return (s.ep_size > 1 ? s.routed(k) : s.expert_rows) * h * es;
     case NodeKind::kSharedExpert:
       if (!cfg.moe_shared_expert_gate) return 3 * n * fs * es;
       return (3 * n * fs + n * h) * es + n * s.stat_size();
@@ -205,10 +233,12 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   const int64_t k = cfg.moe_router_topk, e = cfg.num_experts;
   const bool moe = cfg.is_moe() && s.moe_layer;
   NodeWorkspace w;
-  if (moe) w.forward = n * e * st + n * k * h * es;  // router logits, routed rows
+  const int64_t routed = moe ? s.routed(k) * h * es : 0;
+  // router logits (saved instead with a z-loss), routed rows
+  if (moe) w.forward = (cfg.moe_z_loss_coeff > 0 ? 0 : n * e * st) + routed;
   const int64_t d_logits = moe ? n * e * es : 0;
   const int64_t d_n2 = n * h * es;
-  const int64_t start = n * h * es + d_n2 + d_logits + (moe ? n * k * h * es + n * k * st : 0);
+  const int64_t start = n * h * es + d_n2 + d_logits + (moe ? routed + n * k * st : 0);
   const int64_t held =  // d_n2, d_logits, d_h1, d_a, d_q, d_k, d_v
       d_n2 + d_logits + n * h * es + 2 * n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
   // The op's delta [N*heads] f32; its deterministic backward (the default) needs no f32 dq
@@ -225,7 +255,7 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   const int64_t qk_norm = cfg.qk_layernorm ? n * (cfg.q_width() + cfg.kv_width()) * es : 0;
   w.backward_input = std::max({start, held + op, held + qk_norm, held + 2 * n * h * es});
   w.backward_weight = d_logits + n * h * es + n * cfg.q_width() * es + 2 * n * cfg.kv_width() * es;
-  w.incoming_grad = moe ? n * k * h * es : d_n2;  // d_routed or the mlp's d_n2
+  w.incoming_grad = moe ? routed : d_n2;  // d_routed or the mlp's d_n2
   if (cfg.multi_latent_attention) {
     // mla_backward (model/mla.cc): beside d_n2, d_logits, d_h1 and d_a (the values' width), the
     // op's d_q and d_k (q's width) and d_v; then d_q_in, d_kv and d_k_rope (kept for the weight
@@ -251,7 +281,7 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
 // receive buffers beside the rows they reorder.
 NodeWorkspace exchange_workspace(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
   const int64_t es = s.elem_bytes, h = cfg.hidden_size;
-  const int64_t routed = s.tokens * cfg.moe_router_topk * h * es, rows = s.expert_rows * h * es;
+  const int64_t routed = s.routed(cfg.moe_router_topk) * h * es, rows = s.expert_rows * h * es;
   const int64_t layer_grad = s.tokens * h * es + s.tokens * cfg.moe_router_topk * s.stat_size();
   const bool ep = s.ep_size > 1;
   NodeWorkspace w;

@@ -44,9 +44,24 @@ inline bool offloads(uint32_t kinds, NodeKind kind) {
   return (kinds & (1u << static_cast<unsigned>(kind))) != 0;
 }
 
+// Note [Expert capacity]: with --moe-expert-capacity-factor f each expert takes at most
+// C = ceil((N k / E) f) of the N k rows a rank's micro-batch routes (Megatron-LM's get_capacity,
+// in double as it computes it); the router's choice is unchanged and the rows past C are dropped
+// before the all-to-all (a dropped row's routing weight counts as 0). The rows a rank sends,
+// the slots S of the attention node's permutation: N k (dropless, or dropping without padding:
+// the dropped rows are left unsent at the end), or C E with
+// --moe-pad-expert-input-to-capacity, every expert's block then C rows, zeros after its own.
+// So with padding every size is known before the step (each local expert receives C x EP
+// rows); without it the rows the experts receive depend on the routing, with EP = 1 too
+// (Note [Measured routing] in schedule/pipeline_model.h).
+int64_t moe_expert_capacity(const ModelConfig& cfg, int64_t tokens);  // 0: dropless
+int64_t moe_routed_rows(const ModelConfig& cfg, int64_t tokens);      // S
+
 struct FootprintShape {
   int64_t tokens = 0;       // N: tokens of one micro-batch on this rank (micro_batch * seq)
-  int64_t expert_rows = 0;  // rows the local experts receive (N * k when EP = 1)
+  int64_t expert_rows = 0;  // R: rows the local experts receive (N * k when EP = 1, dropless)
+  // S: the slots the router's permutation and the rows sent (moe_routed_rows); 0: N * k.
+  int64_t routed_rows = 0;
   int64_t local_experts = 0;
   int64_t ep_size = 1;             // expert-parallel ranks
   int64_t elem_bytes = 4;          // activation element size (4 for f32, 8 for f64, 2 for bf16)
@@ -60,6 +75,7 @@ struct FootprintShape {
   // router's state. Dense layers of a MoE model set it false.
   bool moe_layer = true;
   int64_t stat_size() const { return stat_bytes > 0 ? stat_bytes : elem_bytes; }
+  int64_t routed(int64_t k) const { return routed_rows > 0 ? routed_rows : tokens * k; }
 };
 
 // The shape of one micro-batch with EP = 1 (every routed row stays local).
@@ -75,12 +91,14 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //             its norm [N,rq] each (q_lora_rank > 0); the kv latent and its norm [N,rkv];
 //             statistics rstd1, rstd2, rstd_c [N], rstd_cq [N] (rq > 0), lse [N*heads]; MoE layers
 //             add statistics probs [N,E], topk_w [N,k], and topk_idx i32 [N,k], counts i32 [E],
-//             perm i32 [N*k]
+//             perm i32 [S]; with a load-balancing loss the statistic aux_counts [G,E] (G: the
+//             sequences for seq_aux_loss, else 1), with a z-loss the statistic logits [N,E]
 //  dispatch:  EP > 1: recv_counts i32 [EP * local E] (the rows it receives are the experts')
 //  experts:   x_in [R,H]; gate_up [R,2F] (gate | up), act [R,F]; rows_per_expert i32 [local E]
 //             (recompute_experts: x_in and rows_per_expert only; the input-gradient backward
 //             forms act again and keeps it for the weight gradient)
-//  combine:   y [N*k,H] (expert outputs in expert-sorted order, for the routing-weight gradient)
+//  combine:   y [S,H] (EP > 1) or [R,H] (EP = 1: the experts' output itself), the expert
+//             outputs in expert-sorted order, for the routing-weight gradient
 //  shared expert: gate_up [N,2Fs], act [N,Fs]; gated: z [N,H], statistic gate [N]
 //  mlp:       gate_up [N,2F] (gate | up), act [N,F]
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]

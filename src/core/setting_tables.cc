@@ -137,8 +137,9 @@ Settings train_settings(TrainConfig& t) {
            .default_text = "none"},
           {.name = "moe-router-force-load-balancing",
            .ref = &t.moe_router_force_balance,
-           .help = "MoE, for benchmarks only: route each token to k experts round-robin so every "
-                   "expert (and expert rank) gets the same rows; the router still weights them"},
+           .help = "MoE, for benchmarks only (Megatron-LM's): the router's logits replaced by "
+                   "random normal ones, the same on every layout, so the experts get even loads "
+                   "on average; their gradient still trains the router"},
       });
 }
 

@@ -10,7 +10,9 @@
 // some versions write both of; rotary-base and the RoPE scaling live in a dict as well
 // (rope_parameters, rope_scaling) beside the top-level rope_theta; moe-ffn-hidden-size 0 means
 // ffn-hidden-size, while moe_intermediate_size is always the width; qk-layernorm and
-// moe-shared-expert-gate come with the class; moe-router-pre-softmax is norm_topk_prob negated;
+// moe-shared-expert-gate come with the class; moe-router-pre-softmax is norm_topk_prob negated
+// (the Qwen classes; DeepSeek-V3's norm_topk_prob must be k > 1, as Megatron-LM's sigmoid
+// router normalises);
 // moe-layer-freq is decoder_sparse_step with mlp_only_layers; add-qkv-bias is Qwen2-MoE's
 // qkv_bias, and attention_bias false elsewhere.
 //
@@ -442,7 +444,15 @@ void read_deepseek_v3(const ConfigReader& r, ModelConfig& m) {
   m.moe_router_enable_expert_bias = true;  // e_score_correction_bias is always there
   m.moe_aux_loss_coeff = 0;                // transformers' forward has no aux loss
   m.moe_router_load_balancing_type = "seq_aux_loss";
-  m.moe_router_pre_softmax = !r.boolean("norm_topk_prob", true);
+  // Megatron-LM's sigmoid router normalises the weights of k > 1 experts and leaves one
+  // expert's as it is; tandem's follows it, which is transformers' norm_topk_prob = (k > 1).
+  const bool normalized = r.boolean("norm_topk_prob", true);
+  if (normalized != (m.moe_router_topk > 1)) {
+    r.fail("norm_topk_prob", std::string("is ") + (normalized ? "true" : "false") + " with " +
+                                 std::to_string(m.moe_router_topk) +
+                                 " experts a token; tandem's sigmoid router (Megatron-LM's) "
+                                 "normalises the weights exactly when there are more than one");
+  }
   m.moe_router_topk_scaling_factor = r.number("routed_scaling_factor", 2.5);
   m.moe_router_num_groups = r.integer("n_group", 8);
   m.moe_router_group_topk = r.integer("topk_group", 4);
@@ -529,7 +539,7 @@ void write_deepseek_v3(nlohmann::ordered_json& j, const ModelConfig& model) {
   j["num_experts_per_tok"] = model.moe_router_topk;
   j["moe_intermediate_size"] = model.expert_ffn_size();
   j["n_shared_experts"] = model.moe_shared_expert_intermediate_size / model.expert_ffn_size();
-  j["norm_topk_prob"] = !model.moe_router_pre_softmax;
+  j["norm_topk_prob"] = model.moe_router_topk > 1;  // Megatron-LM's sigmoid router, as read
   j["routed_scaling_factor"] = model.moe_router_topk_scaling_factor;
   j["n_group"] = std::max<int64_t>(model.moe_router_num_groups, 1);
   j["topk_group"] = std::max<int64_t>(model.moe_router_group_topk, 1);

@@ -1,7 +1,10 @@
 // The attention node: norm, q/k/v, rope, causal GQA attention, out-projection, residual,
 // post-attention norm and, for MoE layers, the router and the permutation of tokens by expert.
+#include <string>
 #include <utility>
 
+#include "comm/communicator.h"
+#include "core/rng.h"
 #include "model/nodes.h"
 #include "ops/ops.h"
 
@@ -9,50 +12,35 @@ namespace tandem::model {
 
 using ops::Accumulate;
 
-// Note [Balanced routing]: --moe-router-force-load-balancing (benchmarks only) sends token r to
-// the k experts (r k + j) mod E, j < k, so each expert receives N k / E rows when E divides N k,
-// and the expert ranks do equal work: what an all-to-all costs, without the straggler a fresh
-// router makes (one rank's experts drawing twice the other's rows). The routing is forced by
-// adding kBalanceBias to the chosen experts' logits: the top-k are then the chosen ones, and
-// their softmax weights are those of the router's own logits (the bias is the same for all k
-// and cancels), so the router still trains. kBalanceBias is far above any router logit and small
-// enough that f32 keeps the logits to 1e-5 (its ulp is 2^-17 at 64).
-constexpr double kBalanceBias = 64.0;
-
-static Tensor balanced_routing_bias(int64_t n, int64_t e, int64_t k, const Tensor& like) {
-  Tensor b = Tensor::zeros({n, e}, like.dtype(), MemCategory::kOther, "router.balance");
-  for (int64_t r = 0; r < n; ++r) {
-    for (int64_t j = 0; j < k; ++j) {
-      const int64_t col = (r * k + j) % e;
-      if (like.dtype() == DType::kF64) {
-        b.data<double>()[r * e + col] = kBalanceBias;
-      } else {
-        TANDEM_CHECK(like.dtype() == DType::kF32, "balanced routing: router logits of dtype ",
-                     dtype_name(like.dtype()), "; f32 or f64 expected");
-        b.data<float>()[r * e + col] = static_cast<float>(kBalanceBias);
-      }
-    }
-  }
-  return like.device() == Device::kCPU ? b : b.to(like.device());
+// Note [Forced load balancing]: --moe-router-force-load-balancing (benchmarks only, as
+// Megatron-LM's flag of that name) replaces the router's logits by standard normal draws before
+// anything reads them, as Megatron-LM's apply_random_logits does: the choice, the routing weights
+// and the router's losses read the random logits, and their gradient reaches the router's own
+// logits unchanged (a straight-through estimator), so the router still trains. Each draw is a
+// counter-based function of (seed, iteration, the micro-batch's place in the global batch, layer,
+// token, expert) (NodeContext::routing_key), so it is the same on every layout and on both
+// backends (up to the last bit of the GPU's log and cos). Every expert then receives about
+// N k / E rows, a multinomial's spread around it; with --moe-expert-capacity-factor 1 and
+// --moe-pad-expert-input-to-capacity exactly ceil(N k / E) (Note [Expert capacity] in
+// core/footprint.h), which makes every expert rank's work and every size the same.
+uint64_t routing_key(uint64_t seed, int64_t iteration, int64_t global_microbatch) {
+  const uint64_t stream = splitmix64(seed ^ hash_name("router.random_logits"));
+  const uint64_t step = splitmix64(stream ^ splitmix64(static_cast<uint64_t>(iteration)));
+  return splitmix64(step ^ splitmix64(static_cast<uint64_t>(global_microbatch) + 1));
 }
 
-// The rows routed to each expert, [E] i32: s.counts itself when expert x is at place x, else
-// counted again from topk_idx, as s.counts is then per place (Note [Expert placement]).
-static Tensor expert_counts(const AttentionSaved& s, const LayerWeights& w, int64_t e) {
-  if (!w.expert_slot.defined()) return s.counts;
-  Tensor counts = work_tensor({e}, DType::kI32, "attn.expert_counts");
-  ops::router_counts(counts, s.topk_idx);
-  return counts;
+static uint64_t layer_routing_key(const NodeContext& c, int64_t layer) {
+  return splitmix64(c.routing_key ^ splitmix64(static_cast<uint64_t>(layer) + 1));
 }
 
-// How the router chooses and weights; a sigmoid router's aux loss is over the context's sequences.
+// How the router chooses and weights. Megatron-LM normalises the sigmoid router's weights of
+// k > 1 experts and never one expert's; --moe-router-pre-softmax is the softmax router's only.
 static ops::RouterSpec router_spec(const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
   ops::RouterSpec r;
   if (cfg.sigmoid_router()) {
-    r.aux_seq = c.seq;
-    r.score = cfg.moe_router_pre_softmax ? ops::RouterScore::kSigmoid
-                                         : ops::RouterScore::kSigmoidNormalized;
+    r.score =
+        cfg.moe_router_topk > 1 ? ops::RouterScore::kSigmoidNormalized : ops::RouterScore::kSigmoid;
     r.groups = cfg.moe_router_num_groups;
     r.group_topk = cfg.moe_router_group_topk;
     r.scaling = cfg.moe_router_topk_scaling_factor;
@@ -61,6 +49,56 @@ static ops::RouterSpec router_spec(const NodeContext& c) {
                                          : ops::RouterScore::kSoftmaxOfSelected;
   }
   return r;
+}
+
+// The router's losses as Megatron-LM weights them (docs/model.md "Load balancing"): the switch
+// loss coeff E / (k T^2) sum_e P_e C_e over T tokens, T the micro-batch's N (aux_loss), each
+// sequence's (seq_aux_loss, then the mean over the B sequences), or the N tokens of every
+// data-parallel rank (global_aux_loss); the z-loss's mean over the N tokens.
+static ops::RouterLoss router_loss(const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  ops::RouterLoss loss;
+  loss.normalized = cfg.sigmoid_router();
+  const double n = static_cast<double>(c.tokens());
+  if (cfg.has_balance_loss()) {
+    const std::string& type = cfg.moe_router_load_balancing_type;
+    const double dp = c.dp != nullptr ? static_cast<double>(c.dp->size()) : 1.0;
+    const double t = type == "seq_aux_loss"      ? static_cast<double>(c.seq)
+                     : type == "global_aux_loss" ? n * dp
+                                                 : n;
+    const double sequences = type == "seq_aux_loss" ? static_cast<double>(c.batch) : 1.0;
+    loss.balance = cfg.moe_aux_loss_coeff * static_cast<double>(cfg.num_experts) /
+                   (static_cast<double>(cfg.moe_router_topk) * t * t) / sequences;
+  }
+  loss.z = cfg.moe_z_loss_coeff / n;
+  return loss;
+}
+
+// The load-balancing loss's counts (Megatron-LM's: the top k of the scores, without bias or
+// groups, before any token is dropped): per sequence for seq_aux_loss; for global_aux_loss
+// summed over the data-parallel group and then the running mean over the step's micro-batches
+// (ops::router_aux_running_mean).
+static void balance_counts(AttentionSaved& s, const LayerWeights& w, const NodeContext& c) {
+  const ModelConfig& cfg = c.cfg;
+  const bool per_sequence = cfg.moe_router_load_balancing_type == "seq_aux_loss";
+  s.aux_counts = saved_tensor({per_sequence ? c.batch : 1, cfg.num_experts}, c.stat_dtype(),
+                              "attn.aux_counts");
+  ops::router_aux_counts(s.aux_counts, s.probs, cfg.moe_router_topk);
+  if (!cfg.has_global_balance_loss()) return;
+  if (c.dp != nullptr && c.dp->size() > 1) c.dp->all_reduce_sum(s.aux_counts);
+  // Without totals (a chunk's forward outside a trainer) a micro-batch's own counts are the mean.
+  if (w.aux_total.defined()) ops::router_aux_running_mean(s.aux_counts, w.aux_total);
+}
+
+// moe_permutation's capacity (Note [Expert capacity] in core/footprint.h).
+static ops::MoeCapacity expert_capacity(const NodeContext& c) {
+  ops::MoeCapacity cap;
+  cap.capacity = moe_expert_capacity(c.cfg, c.tokens());
+  cap.policy = c.cfg.moe_token_drop_policy == "position" ? ops::TokenDropPolicy::kPosition
+                                                         : ops::TokenDropPolicy::kProbs;
+  cap.pad = c.cfg.moe_pad_expert_input_to_capacity;
+  cap.seq = c.seq;
+  return cap;
 }
 
 // The attention's shape: q and k heads of qk_dim, v heads of v_dim, MLA's softmax scale.
@@ -161,24 +199,30 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   if (!w.moe()) return;
 
   const int64_t e = cfg.num_experts, k = cfg.moe_router_topk;
-  Tensor logits = work_tensor({n, e}, c.stat_dtype(), "attn.router_logits");
+  const ops::RouterLoss loss = router_loss(c);
+  // With a z-loss the backward reads the logits again.
+  const auto make = loss.z != 0 ? saved_tensor : work_tensor;
+  Tensor logits = make({n, e}, c.stat_dtype(), "attn.router_logits");
   ops::linear_forward(logits, s.n2, w.router);
-  if (c.force_balanced_routing) ops::axpy(logits, balanced_routing_bias(n, e, k, logits), 1.0);
+  if (c.force_balanced_routing) {  // Note [Forced load balancing]
+    ops::router_random_logits(logits, layer_routing_key(c, a.layer), 0);
+  }
+  if (loss.z != 0) s.logits = logits;
   s.topk_idx = saved_tensor({n, k}, DType::kI32, "attn.topk_idx");
   s.topk_w = saved_tensor({n, k}, c.stat_dtype(), "attn.topk_w");
   s.probs = saved_tensor({n, e}, c.stat_dtype(), "attn.probs");
   ops::router_forward(s.topk_idx, s.topk_w, s.probs, logits, router_spec(c), w.expert_bias);
+  if (loss.balance != 0) balance_counts(s, w, c);
+  const int64_t slots = moe_routed_rows(cfg, n);  // Note [Expert capacity]
   s.counts = saved_tensor({e}, DType::kI32, "attn.counts");
-  s.perm = saved_tensor({n * k}, DType::kI32, "attn.perm");
-  ops::moe_permutation(s.perm, s.counts, s.topk_idx, e, w.expert_slot);  // by place
+  s.perm = saved_tensor({slots}, DType::kI32, "attn.perm");
+  ops::moe_permutation(s.perm, s.counts, s.topk_idx, s.topk_w, e, w.expert_slot,
+                       expert_capacity(c));              // by place
   s.counts_read = std::make_shared<HostRead>(s.counts);  // Note [Routing counts on the host]
-  // The sigmoid router's loss is DeepSeek-V3's, per sequence (docs/model.md "DeepSeek-V3
-  // routing"); the softmax router's the switch loss.
-  a.aux_loss =
-      cfg.sigmoid_router()
-          ? ops::router_seq_aux_loss_start(s.probs, s.topk_idx, c.seq, cfg.moe_aux_loss_coeff)
-          : ops::router_aux_loss_start(s.probs, expert_counts(s, w, e), k, cfg.moe_aux_loss_coeff);
-  a.routed = work_tensor({n * k, h}, c.dtype, "routed");  // handed to dispatch
+  a.aux_loss = loss.balance != 0 || loss.z != 0
+                   ? ops::router_loss_start(s.probs, s.aux_counts, s.logits, loss)
+                   : ops::PendingScalar(0.0);
+  a.routed = work_tensor({slots, h}, c.dtype, "routed");  // handed to dispatch
   ops::permute_forward(a.routed, s.n2, s.perm, k);
 }
 
@@ -195,9 +239,8 @@ static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const No
   ops::permute_backward(d_n2, a.d_routed, s.perm, k,
                         shared ? Accumulate::kAdd : Accumulate::kOverwrite);
   s.d_logits = work_tensor({n, cfg.num_experts}, c.dtype, "d_router_logits");
-  ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs,
-                       expert_counts(s, w, cfg.num_experts), k, cfg.moe_aux_loss_coeff,
-                       c.loss_scale, router_spec(c));
+  ops::router_backward(s.d_logits, a.d_topk_w, s.topk_idx, s.topk_w, s.probs, s.aux_counts,
+                       s.logits, router_spec(c), router_loss(c), c.loss_scale);
   ops::linear_backward_input(d_n2, s.d_logits, w.router, Accumulate::kAdd);
   a.d_routed = Tensor();
   a.d_topk_w = Tensor();
@@ -226,9 +269,7 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   AttentionSaved& s = a.attn;
   // The step's load of each expert, for the expert bias (Note [Expert bias]); counted here, in
   // the backward, so that a forward without one (evaluation) counts nothing.
-  if (w.expert_load.defined()) {
-    ops::router_load_add(w.expert_load, expert_counts(s, w, cfg.num_experts));
-  }
+  if (w.expert_load.defined()) ops::router_load_add(w.expert_load, s.counts, w.expert_slot);
   const Tensor d_n2 = post_norm_input_grad(a, w, c);
   // d h1 = d out (residual) + the post-attention norm's input gradient.
   s.d_h1 = work_tensor({n, h}, c.dtype, "d_h1");
@@ -247,9 +288,10 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   a.d_x.copy_from(s.d_h1);
   ops::rmsnorm_backward(a.d_x, g.input_norm, d_n1, s.x, w.input_norm, s.rstd1, Accumulate::kAdd);
   // What only the input gradient needed; n1, a and n2 stay for the weight gradients.
-  release_storage({&s.x,     &s.rstd1,  &s.q,      &s.k,        &s.v,       &s.lse,  &s.h1,
-                   &s.rstd2, &s.probs,  &s.topk_w, &s.topk_idx, &s.counts,  &s.perm, &s.q_raw,
-                   &s.k_raw, &s.rstd_q, &s.rstd_k, &s.cq,       &s.rstd_cq, &s.ckv,  &s.rstd_ckv});
+  release_storage({&s.x,       &s.rstd1, &s.q,        &s.k,          &s.v,        &s.lse,
+                   &s.h1,      &s.rstd2, &s.probs,    &s.topk_w,     &s.topk_idx, &s.counts,
+                   &s.perm,    &s.q_raw, &s.k_raw,    &s.rstd_q,     &s.rstd_k,   &s.cq,
+                   &s.rstd_cq, &s.ckv,   &s.rstd_ckv, &s.aux_counts, &s.logits});
 }
 
 void attention_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {

@@ -50,6 +50,7 @@ void ModelChunk::forward_node(size_t i, MicroBatchState& mb, const NodeContext& 
       Tensor& src = node.layer > 0 ? mb.layers[node.layer - 1].out
                                    : (params_->spec().has_embed ? mb.embed.out : mb.input);
       a.x = std::exchange(src, Tensor());  // attention holds the layer input from here on
+      a.layer = params_->spec().layer_begin + node.layer;
       attention_forward(a, w.layers[node.layer], c);
       mb.aux_losses.push_back(a.aux_loss);
       return;

@@ -151,10 +151,10 @@ std::vector<const Tensor*> saved_tensors(NodeKind kind, const LayerActs& a) {
   const AttentionSaved& s = a.attn;
   switch (kind) {
     case NodeKind::kAttention:
-      return {&s.x,       &s.n1,    &s.rstd1,  &s.q,        &s.k,      &s.v,     &s.a,
-              &s.lse,     &s.h1,    &s.rstd2,  &s.n2,       &s.q_raw,  &s.k_raw, &s.rstd_q,
-              &s.rstd_k,  &s.probs, &s.topk_w, &s.topk_idx, &s.counts, &s.perm,  &s.cq,
-              &s.rstd_cq, &s.cqn,   &s.ckv,    &s.rstd_ckv, &s.ckvn};
+      return {&s.x,       &s.n1,    &s.rstd1,  &s.q,        &s.k,      &s.v,          &s.a,
+              &s.lse,     &s.h1,    &s.rstd2,  &s.n2,       &s.q_raw,  &s.k_raw,      &s.rstd_q,
+              &s.rstd_k,  &s.probs, &s.topk_w, &s.topk_idx, &s.counts, &s.perm,       &s.cq,
+              &s.rstd_cq, &s.cqn,   &s.ckv,    &s.rstd_ckv, &s.ckvn,   &s.aux_counts, &s.logits};
     case NodeKind::kDispatch:
       return {&a.dispatch.recv_counts};
     case NodeKind::kExperts:

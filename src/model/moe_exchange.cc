@@ -66,6 +66,15 @@ Exchange plan_exchange(const std::vector<int32_t>& sent, std::vector<int32_t> re
 
 int64_t local_experts(const NodeContext& c) { return c.cfg.num_experts / c.ep->size(); }
 
+// The rows this rank sends: the router's counts summed, all of the S slots' rows but the ones
+// dropped past an expert's capacity, which lie unsent at the end (Note [Expert capacity] in
+// core/footprint.h).
+int64_t sent_rows(const std::vector<int32_t>& counts) {
+  int64_t rows = 0;
+  for (const int32_t c : counts) rows += c;
+  return rows;
+}
+
 }  // namespace
 
 // Note [Counts ahead of the rows]: dispatch's forward sends the rows only once the host knows
@@ -93,7 +102,15 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
     a.attn.counts_read.reset();
   }
   if (c.ep == nullptr) {
-    a.expert_in = std::exchange(a.routed, Tensor());
+    const int64_t rows = sent_rows(a.attn.counts_host);
+    if (rows == a.routed.size(0)) {
+      a.expert_in = std::exchange(a.routed, Tensor());
+    } else {  // rows dropped: the experts take the kept ones only, in a tensor of their size
+      a.expert_in = work_tensor({rows, c.cfg.hidden_size}, c.dtype, "experts.x_in");
+      a.expert_in.copy_from(a.routed.narrow_rows(0, rows));
+      release_storage({&a.routed});
+      a.routed = Tensor();
+    }
     a.expert_rows = work_tensor({c.cfg.num_experts}, DType::kI32, "experts.rows");  // handed on
     a.expert_rows.copy_from(a.attn.counts);
     a.expert_rows_host = a.attn.counts_host;
@@ -105,7 +122,8 @@ void dispatch_forward(LayerActs& a, const NodeContext& c) {
   const Exchange x = plan_exchange(a.attn.counts_host, a.dispatch.recv_read->take(), p, el);
   a.dispatch.recv_read.reset();
   Tensor received = comm_tensor({x.received, h}, c.dtype, "dispatch.recv");
-  c.ep->all_to_all_v(received, x.recv_rows, a.routed, x.send_rows);
+  c.ep->all_to_all_v(received, x.recv_rows, a.routed.narrow_rows(0, sent_rows(a.attn.counts_host)),
+                     x.send_rows);
   release_storage({&a.routed});  // sent: nobody on this rank needs the routed rows again
   a.routed = Tensor();
   // Both handed to the experts node, which adopts them (Note [Hand-over]): the planner counts
@@ -138,8 +156,10 @@ void dispatch_backward(LayerActs& a, const NodeContext& c) {
   Tensor send = comm_tensor({x.received, h}, c.dtype, "dispatch.bwd_send");
   reorder_blocks(send, a.d_expert_in, x.recv_blocks, p, el, BlockOrder::kExpertToSource);
   a.d_expert_in = Tensor();
-  a.d_routed = work_tensor({c.tokens() * c.cfg.moe_router_topk, h}, c.dtype, "d_routed");
-  c.ep->all_to_all_v(a.d_routed, x.send_rows, send, x.recv_rows);
+  // S rows, as attention's permutation has; the dropped slots' rows stay unwritten and unread.
+  a.d_routed = work_tensor({a.attn.perm.size(0), h}, c.dtype, "d_routed");
+  c.ep->all_to_all_v(a.d_routed.narrow_rows(0, sent_rows(a.attn.counts_host)), x.send_rows, send,
+                     x.recv_rows);
   release_storage({&a.dispatch.recv_counts});
   a.dispatch = DispatchSaved{};
 }
@@ -156,8 +176,10 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
     reorder_blocks(send, a.expert_out, x.recv_blocks, p, el, BlockOrder::kExpertToSource);
     release_storage({&a.expert_out});
     a.expert_out = Tensor();
-    a.combine.y = saved_tensor({c.tokens() * c.cfg.moe_router_topk, h}, c.dtype, "combine.y");
-    c.ep->all_to_all_v(a.combine.y, x.send_rows, send, x.recv_rows);
+    // S rows, as attention's permutation has; the dropped slots' rows stay unwritten and unread.
+    a.combine.y = saved_tensor({s.perm.size(0), h}, c.dtype, "combine.y");
+    c.ep->all_to_all_v(a.combine.y.narrow_rows(0, sent_rows(s.counts_host)), x.send_rows, send,
+                       x.recv_rows);
   }
   a.out = work_tensor({c.tokens(), c.cfg.hidden_size}, c.dtype, "layer.out");  // handed on
   a.out.copy_from(a.h1);                                                       // residual
@@ -172,7 +194,7 @@ void combine_forward(LayerActs& a, const NodeContext& c) {
 void combine_backward(LayerActs& a, const NodeContext& c) {
   const AttentionSaved& s = a.attn;
   const int64_t n = c.tokens(), k = c.cfg.moe_router_topk, h = c.cfg.hidden_size;
-  Tensor d_y = work_tensor({n * k, h}, c.dtype, "d_expert_out");  // expert-sorted
+  Tensor d_y = work_tensor(a.combine.y.shape(), c.dtype, "d_expert_out");  // expert-sorted
   a.d_topk_w = work_tensor({n, k}, c.stat_dtype(), "d_topk_w");
   ops::combine_backward(d_y, a.d_topk_w, a.d_out, a.combine.y, s.perm, s.topk_w);
   release_storage({&a.combine.y});
@@ -184,7 +206,8 @@ void combine_backward(LayerActs& a, const NodeContext& c) {
   const int64_t p = c.ep->size(), el = local_experts(c);
   const Exchange x = plan_exchange(s.counts_host, a.dispatch.recv_host, p, el);
   Tensor received = comm_tensor({x.received, h}, c.dtype, "combine.bwd_recv");
-  c.ep->all_to_all_v(received, x.recv_rows, d_y, x.send_rows);
+  c.ep->all_to_all_v(received, x.recv_rows, d_y.narrow_rows(0, sent_rows(s.counts_host)),
+                     x.send_rows);
   a.d_expert_out = work_tensor({x.received, h}, c.dtype, "d_expert_out");
   reorder_blocks(a.d_expert_out, received, x.recv_blocks, p, el, BlockOrder::kSourceToExpert);
 }

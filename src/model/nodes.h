@@ -48,8 +48,13 @@ struct NodeContext {
   // The experts form gate, up and act again in their backward (Note [Recomputed experts] in
   // ffn_nodes.cc; TrainConfig::recompute_experts).
   bool recompute_experts = false;
-  // Round-robin routing for benchmarks (TrainConfig::moe_router_force_balance).
+  // Random router logits for benchmarks (TrainConfig::moe_router_force_balance,
+  // Note [Forced load balancing] in attention_node.cc), drawn from this micro-batch's key.
   bool force_balanced_routing = false;
+  uint64_t routing_key = 0;
+  // The data-parallel group (holding the expert-parallel ranks): global_aux_loss sums each
+  // micro-batch's counts over it; null: one rank.
+  comm::Communicator* dp = nullptr;
   // The trainer's merge of the experts' weight gradients over micro-batches
   // (Note [Merged expert weight gradients]); null: each micro-batch's own products.
   MergedExpertGrads* merged_expert_grads = nullptr;
@@ -68,6 +73,9 @@ struct AttentionSaved {
   // MoE routing. counts and perm go by place, which is by expert unless the layer's experts
   // are placed out of order (Note [Expert placement] in model/expert_placement.h).
   Tensor probs, topk_w, topk_idx, counts, perm;
+  // The router's losses (ops::RouterLoss): the load-balancing loss's counts [G, E], and with a
+  // z-loss the router's logits [N, E].
+  Tensor aux_counts, logits;
   std::vector<int32_t> counts_host;       // counts on the host (Note [Routing counts on the host])
   std::shared_ptr<HostRead> counts_read;  // counts on their way there, taken by dispatch
   // Kept from backward to backward_weights: gradients at the matrices' outputs.
@@ -130,9 +138,10 @@ struct MlpSaved {
 // (dispatch) -> expert_in -> (experts) -> expert_out -> (combine | mlp) -> out. Backward flow
 // runs the other way through the d_ tensors.
 struct LayerActs {
+  int64_t layer = -1;  // the layer's index in the whole model
   Tensor x, h1, routed, expert_in, expert_rows, expert_out, shared_out, out;
   std::vector<int32_t> expert_rows_host;  // expert_rows on the host, handed on with it
-  ops::PendingScalar aux_loss;            // the router's load-balancing loss
+  ops::PendingScalar aux_loss;            // the router's losses (load balancing and z)
   Tensor d_out, d_expert_out, d_expert_in, d_routed, d_topk_w, d_n2, d_x;
   AttentionSaved attn;
   DispatchSaved dispatch;
@@ -220,6 +229,10 @@ void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext
 // later nodes (experts, combine, the backwards) take the host copies. The router's aux loss
 // also stays on its way to the host until the step's end (ops::PendingScalar). The device
 // tensors stay, so the saved state, and so the planner's memory figures, are unchanged.
+
+// NodeContext::routing_key of a global batch's micro-batch (Note [Forced load balancing] in
+// attention_node.cc).
+uint64_t routing_key(uint64_t seed, int64_t iteration, int64_t global_microbatch);
 
 // Bytes of distinct live storage among a node's saved tensors (for checks against footprint.h).
 int64_t live_bytes(const std::vector<const Tensor*>& tensors);

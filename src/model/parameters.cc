@@ -32,6 +32,10 @@ Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtyp
     flat_load_ = Tensor::zeros({spec.layer_end - spec.layer_begin, cfg.num_experts}, DType::kF32,
                                MemCategory::kOther, "expert_load", device);
   }
+  if (cfg.has_global_balance_loss()) {
+    flat_aux_total_ = Tensor::zeros({spec.layer_end - spec.layer_begin, cfg.num_experts + 1},
+                                    DType::kF64, MemCategory::kOther, "aux_total", device);
+  }
   flat_params_ = Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters", device);
   flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients", device);
   if (device != Device::kCPU) {
@@ -94,6 +98,10 @@ void Parameters::build_views() {
     LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
     if (w.moe()) w.expert_load = flat_load_.narrow_rows(l, 1).reshape({e});
   }
+  for (int64_t l = 0; l < layers && flat_aux_total_.defined(); ++l) {
+    LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
+    if (w.moe()) w.aux_total = flat_aux_total_.narrow_rows(l, 1).reshape({e + 1});
+  }
   if (device_ == Device::kCPU) return;
   compute_ = make_views(flat_compute_);
   // The router reads the expert bias in f32 (it decides ties between scores a bf16 copy would
@@ -101,6 +109,7 @@ void Parameters::build_views() {
   for (size_t l = 0; l < compute_.layers.size(); ++l) {
     compute_.layers[l].expert_bias = weights_.layers[l].expert_bias;
     compute_.layers[l].expert_load = weights_.layers[l].expert_load;
+    compute_.layers[l].aux_total = weights_.layers[l].aux_total;
   }
 }
 

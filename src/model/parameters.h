@@ -62,6 +62,9 @@ struct LayerWeights {
   // Sigmoid router with --moe-router-enable-expert-bias: the expert bias [E] (kBuffer), and in
   // the weights' views only, the step's tally of rows routed to each expert [E] f32 (kOther).
   Tensor expert_bias, expert_load;
+  // --moe-router-load-balancing-type global_aux_loss, in the weights' views only: the step's
+  // running totals of the layer's counts [E + 1] f64 (ops::router_aux_running_mean).
+  Tensor aux_total;
   // MoE layers, local experts (the chunk's places, in order): gate over up, [2Fe, H], and down,
   // [H, Fe] (Fe: ModelConfig::expert_ffn_size()).
   std::vector<Tensor> e_gate_up, e_down;
@@ -126,6 +129,9 @@ class Parameters {
   // The step's rows per expert of every layer, [chunk layers, E] f32 (sigmoid router with
   // --moe-router-enable-expert-bias; undefined otherwise); the attention nodes add to it.
   const Tensor& expert_load() const { return flat_load_; }
+  // global_aux_loss's running totals of every layer, [chunk layers, E + 1] f64 (ops::
+  // router_aux_running_mean; undefined without that loss); each step starts them at 0.
+  const Tensor& aux_total() const { return flat_aux_total_; }
 
   // docs/model.md's initialisation, each tensor drawn from a stream keyed by (seed, name), so any
   // chunk or expert range of the model gets the same values as the whole model.
@@ -174,8 +180,9 @@ class Parameters {
   std::vector<ParamEntry> entries_;
   int64_t total_ = 0;
   Tensor flat_params_, flat_grads_, flat_compute_;
-  Tensor flat_load_;     // the MoE layers' expert_load, [chunk layers, E] f32; undefined without
-  Tensor expert_slots_;  // [chunk layers, E] i32, on the device; undefined when contiguous
+  Tensor flat_aux_total_;  // the MoE layers' aux_total, [chunk layers, E + 1] f64, or undefined
+  Tensor flat_load_;       // the MoE layers' expert_load, [chunk layers, E] f32; undefined without
+  Tensor expert_slots_;    // [chunk layers, E] i32, on the device; undefined when contiguous
   ModelWeights weights_, grads_, compute_;
   // zero_grads_for_backward's ranges of the flat gradient buffer (all but the local experts')
   // and its flags, one per chunk layer.

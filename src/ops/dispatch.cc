@@ -209,34 +209,43 @@ void router_forward(const Tensor& topk_idx, const Tensor& topk_w, const Tensor& 
   TANDEM_OP(topk_idx, router_forward, topk_idx, topk_w, probs, logits, spec, bias);
 }
 
-PendingScalar router_seq_aux_loss_start(const Tensor& probs, const Tensor& topk_idx, int64_t seq,
-                                        double coeff) {
-  TANDEM_OP(probs, router_seq_aux_loss_start, probs, topk_idx, seq, coeff);
+void router_random_logits(const Tensor& logits, uint64_t key, int64_t first_row) {
+  TANDEM_OP(logits, router_random_logits, logits, key, first_row);
 }
 
-void router_load_add(const Tensor& load, const Tensor& counts) {
-  TANDEM_OP(load, router_load_add, load, counts);
+void router_load_add(const Tensor& load, const Tensor& counts, const Tensor& expert_slot) {
+  TANDEM_OP(load, router_load_add, load, counts, expert_slot);
 }
 
 void router_counts(const Tensor& counts, const Tensor& topk_idx) {
   TANDEM_OP(counts, router_counts, counts, topk_idx);
 }
 
-PendingScalar router_aux_loss_start(const Tensor& probs, const Tensor& counts, int64_t k,
-                                    double coeff) {
-  TANDEM_OP(probs, router_aux_loss_start, probs, counts, k, coeff);
+void router_aux_counts(const Tensor& counts, const Tensor& probs, int64_t k) {
+  TANDEM_OP(counts, router_aux_counts, counts, probs, k);
+}
+
+void router_aux_running_mean(const Tensor& counts, const Tensor& total) {
+  TANDEM_OP(counts, router_aux_running_mean, counts, total);
+}
+
+PendingScalar router_loss_start(const Tensor& probs, const Tensor& counts, const Tensor& logits,
+                                const RouterLoss& loss) {
+  TANDEM_OP(probs, router_loss_start, probs, counts, logits, loss);
 }
 
 void router_backward(const Tensor& dlogits, const Tensor& dtopk_w, const Tensor& topk_idx,
-                     const Tensor& topk_w, const Tensor& probs, const Tensor& counts, int64_t k,
-                     double coeff, double aux_scale, const RouterSpec& spec) {
-  TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, k, coeff,
-            aux_scale, spec);
+                     const Tensor& topk_w, const Tensor& probs, const Tensor& counts,
+                     const Tensor& logits, const RouterSpec& spec, const RouterLoss& loss,
+                     double loss_scale) {
+  TANDEM_OP(dlogits, router_backward, dlogits, dtopk_w, topk_idx, topk_w, probs, counts, logits,
+            spec, loss, loss_scale);
 }
 
 void moe_permutation(const Tensor& perm, const Tensor& counts, const Tensor& topk_idx,
-                     int64_t num_experts, const Tensor& expert_slot) {
-  TANDEM_OP(perm, moe_permutation, perm, counts, topk_idx, num_experts, expert_slot);
+                     const Tensor& topk_w, int64_t num_experts, const Tensor& expert_slot,
+                     const MoeCapacity& cap) {
+  TANDEM_OP(perm, moe_permutation, perm, counts, topk_idx, topk_w, num_experts, expert_slot, cap);
 }
 
 void permute_forward(const Tensor& out, const Tensor& x, const Tensor& perm, int64_t k) {

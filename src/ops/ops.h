@@ -41,19 +41,42 @@ enum class RouterScore : uint8_t {
 // scores: the choice reads score + bias (the expert bias, when given); with groups > 0 the E
 // experts form `groups` groups of E / groups, a group's value is the sum of its two best biased
 // scores, and a token chooses among the experts of its group_topk best groups only (the others'
-// biased scores read as 0, as transformers masks them). The k weights are multiplied by scaling.
+// are out of the choice, as Megatron-LM masks them with -inf). The k weights are multiplied by
+// scaling.
 struct RouterSpec {
   RouterScore score = RouterScore::kSoftmaxOfSelected;
   int64_t groups = 0, group_topk = 0;
   double scaling = 1.0;
-  // The sigmoid router's aux loss (router_seq_aux_loss_start) is over sequences of this many
-  // tokens; router_backward needs it when coeff > 0.
-  int64_t aux_seq = 0;
   RouterSpec() = default;
   RouterSpec(RouterScore s) : score(s) {}  // NOLINT: a plain softmax router converts implicitly
   bool sigmoid() const {
     return score == RouterScore::kSigmoid || score == RouterScore::kSigmoidNormalized;
   }
+};
+
+// The router's losses (docs/model.md "Load balancing"), as router_loss_start and
+// router_backward take them. The load-balancing term is
+//   balance * sum over groups g and experts e of counts[g, e] * sum over g's rows n of q[n, e],
+// q the scores: probs itself (softmax), or probs over their row's sum + 1e-20 (normalized, the
+// sigmoid scores); the groups are counts' rows, each over N / G consecutive rows. The z-loss is
+//   z * sum over rows n of logsumexp(logits[n])^2.
+struct RouterLoss {
+  double balance = 0;  // 0: no load-balancing term
+  bool normalized = false;
+  double z = 0;  // 0: no z-loss (and no logits needed)
+};
+
+// Which rows an expert past its capacity drops (--moe-token-drop-policy): the lowest routing
+// weights, or the latest positions. Either way ties go to the earlier position, positions
+// ordered as Megatron-LM's tokens are: position t of every sequence before position t + 1.
+enum class TokenDropPolicy : uint8_t { kProbs, kPosition };
+
+// moe_permutation's expert capacity (Note [Expert capacity] in core/footprint.h).
+struct MoeCapacity {
+  int64_t capacity = 0;  // rows each expert may take; 0: dropless
+  TokenDropPolicy policy = TokenDropPolicy::kProbs;
+  bool pad = false;  // every expert's block exactly `capacity` rows, -1 entries after its own
+  int64_t seq = 1;   // tokens per sequence: row n is position n % seq of sequence n / seq
 };
 
 // ---- shapes and hyper-parameters of the ops below ----
@@ -184,9 +207,10 @@ void check_tuning(const Tuning& t);
 // sum_squares_start's value, waited for.
 inline double sum_squares(const Tensor& x) { return sum_squares_start(x).get(); }
 
-// router_aux_loss_start's value, waited for.
-inline double router_aux_loss(const Tensor& probs, const Tensor& counts, int64_t k, double coeff) {
-  return router_aux_loss_start(probs, counts, k, coeff).get();
+// router_loss_start's value, waited for.
+inline double router_loss(const Tensor& probs, const Tensor& counts, const Tensor& logits,
+                          const RouterLoss& loss) {
+  return router_loss_start(probs, counts, logits, loss).get();
 }
 
 }  // namespace tandem::ops

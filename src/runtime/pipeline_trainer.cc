@@ -126,11 +126,20 @@ StageRuntime& PipelineTrainer::local(int32_t stage) {
   return stages_.front();
 }
 
+// global_aux_loss's running totals (model/parameters.h) start each step, and each evaluation
+// batch, at 0: Megatron-LM's statistics are those of one global batch.
+static void zero_aux_totals(std::vector<StageRuntime>& stages) {
+  for (StageRuntime& s : stages) {
+    if (s.params->aux_total().defined()) s.params->aux_total().zero_();
+  }
+}
+
 model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
   model::NodeContext c = s.chunk->context(train_.micro_batch_size, loss_scale_);
   c.ep = groups_->layout.ep > 1 ? &groups_->ep_data() : nullptr;
   c.recompute_experts = train_.recompute_experts;
   c.force_balanced_routing = train_.moe_router_force_balance;
+  c.dp = groups_->layout.dp() > 1 ? &groups_->dp_data() : nullptr;
   c.merged_expert_grads = s.merged_expert_grads.get();
   return c;
 }
@@ -195,7 +204,11 @@ NodeWork PipelineTrainer::prepare(const Action& a, int64_t iteration) {
   } else if (a.kind != ActionKind::kBackwardWeight) {
     state = &prepare_backward(a.stage, a.microbatch);
   }
-  return {a, &s, state, context(s), offload_ != nullptr};
+  NodeWork w{a, &s, state, context(s), offload_ != nullptr};
+  // The micro-batch's place in the global batch, as its data's (prepare_forward).
+  const int64_t global_mb = groups_->layout.dp_rank(groups_->rank) * num_mb_ + a.microbatch;
+  w.context.routing_key = model::routing_key(train_.seed, iteration, global_mb);
+  return w;
 }
 
 void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
@@ -328,6 +341,7 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
     routing_ = schedule::RoutingCounts(static_cast<int32_t>(num_mb_),
                                        static_cast<int32_t>(model_.num_layers));
   }
+  zero_aux_totals(stages_);
   reducer_->begin_step(num_mb_);
   for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
     streams_->begin_action(a);
@@ -516,6 +530,7 @@ EvalResult PipelineTrainer::evaluate(const data::Dataset& data, int64_t batches)
 
 StepResult PipelineTrainer::evaluate_batch(const std::vector<Action>& actions, int64_t batch) {
   streams_->begin_step(std::chrono::steady_clock::now());
+  zero_aux_totals(stages_);
   for (StageRuntime& s : stages_) {
     s.mbs.assign(static_cast<size_t>(num_mb_), model::MicroBatchState{});
   }

@@ -33,6 +33,7 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
       chunk_->context(train_.micro_batch_size, 1.0 / static_cast<double>(num_mb));
   ctx.recompute_experts = train_.recompute_experts;
   ctx.force_balanced_routing = train_.moe_router_force_balance;
+  if (params_->aux_total().defined()) params_->aux_total().zero_();  // global_aux_loss: per step
   // Note [Merged expert weight gradients] (model/nodes.h).
   model::MergedExpertGrads merged;
   if (train_.moe_wgrad_merge > 1 && model_.is_moe()) {
@@ -47,6 +48,7 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
   std::vector<std::vector<ops::PendingScalar>> aux_losses;
   for (int64_t mb = 0; mb < num_mb; ++mb) {
     MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, mb);
+    ctx.routing_key = model::routing_key(train_.seed, iteration, mb);
     model::MicroBatchState state;
     state.ids = tokens.ids;
     state.targets = tokens.targets;

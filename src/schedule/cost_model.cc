@@ -56,7 +56,7 @@ bool node_is_communication(NodeKind kind) {
 
 double alltoall_bytes(const ModelConfig& cfg, const FootprintShape& s, int64_t ep) {
   if (!cfg.is_moe() || ep <= 1) return 0;
-  return dbl(s.tokens * cfg.moe_router_topk * cfg.hidden_size * s.elem_bytes) * dbl(ep - 1) /
+  return dbl(s.routed(cfg.moe_router_topk) * cfg.hidden_size * s.elem_bytes) * dbl(ep - 1) /
          dbl(ep);
 }
 

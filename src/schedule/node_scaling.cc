@@ -69,7 +69,8 @@ FootprintShape measured_shape(const MeasuredShape& at, const FootprintShape& pla
   const ModelConfig& m = at.model;
   FootprintShape s = planned;
   s.tokens = at.micro_batch_size * m.seq_length;
-  s.expert_rows = m.is_moe() ? s.tokens * m.moe_router_topk : 0;
+  s.routed_rows = moe_routed_rows(m, s.tokens);
+  s.expert_rows = s.routed_rows;
   s.local_experts = m.is_moe() ? m.num_experts / at.expert_parallel_size : 0;
   s.ep_size = at.expert_parallel_size;
   s.elem_bytes = at.activation_elem_bytes;

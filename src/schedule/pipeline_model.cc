@@ -67,8 +67,10 @@ FootprintShape rank_shape(const PlanInputs& in) {
   const ModelConfig& cfg = in.model;
   FootprintShape s;
   s.tokens = in.micro_batch_size * cfg.seq_length;
-  // Balanced routing: each rank sends N*k rows and, on average, receives as many.
-  s.expert_rows = cfg.is_moe() ? s.tokens * cfg.moe_router_topk : 0;
+  // Balanced routing: each rank sends S rows (N k, or C E padded: Note [Expert capacity] in
+  // core/footprint.h) and, on average, receives as many; padded, exactly as many.
+  s.routed_rows = moe_routed_rows(cfg, s.tokens);
+  s.expert_rows = s.routed_rows;
   s.local_experts = cfg.is_moe() ? cfg.num_experts / in.expert_parallel_size : 0;
   s.ep_size = in.expert_parallel_size;
   s.elem_bytes = in.activation_elem_bytes;
@@ -90,13 +92,13 @@ void check_routing(const Schedule& sch, const PlanInputs& in) {
                "routing counts cover ", r.num_microbatches, " micro-batches x ", r.num_layers,
                " layers (", r.expert_rows.size(), " entries) but the plan has ",
                sch.num_microbatches, " micro-batches x ", in.model.num_layers, " layers");
-  const int64_t most = in.micro_batch_size * in.model.seq_length * in.model.moe_router_topk *
+  const int64_t most = moe_routed_rows(in.model, in.micro_batch_size * in.model.seq_length) *
                        in.expert_parallel_size;
   for (int32_t mb = 0; mb < r.num_microbatches; ++mb) {
     for (int32_t l = 0; l < r.num_layers; ++l) {
       TANDEM_CHECK(r.at(mb, l) >= 0 && r.at(mb, l) <= most, "routing counts: micro-batch ", mb,
                    " layer ", l, " has ", r.at(mb, l), " expert rows; valid: 0 to ", most,
-                   " (tokens x top-k x expert ranks), every entry measured");
+                   " (the rows a rank sends x expert ranks), every entry measured");
     }
   }
 }
@@ -214,13 +216,15 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
     }
     if (node.stream == Stream::kCompute) add_node_gap(node.times, in);
   }
-  if (kind == NodeKind::kExperts && !in.routing.empty()) {  // Note [Measured routing]
+  // Note [Measured routing]: the experts' rows, which with EP = 1 combine keeps too.
+  const bool by_rows = kind == NodeKind::kExperts || (kind == NodeKind::kCombine && s.ep_size == 1);
+  if (by_rows && !in.routing.empty()) {
     for (int32_t mb = 0; mb < in.routing.num_microbatches; ++mb) {
       FootprintShape measured = s;
       measured.expert_rows = in.routing.at(mb, layer);
       node.saved_bytes_by_mb.push_back(node_saved_bytes(kind, in.model, measured));
       node.weight_saved_bytes_by_mb.push_back(node_weight_saved_bytes(kind, in.model, measured));
-      if (in.moe_wgrad_merge > 1)
+      if (in.moe_wgrad_merge > 1 && kind == NodeKind::kExperts)
         node.merge_by_mb.push_back(expert_merge_bytes(in.model, measured));
     }
   }
@@ -401,6 +405,9 @@ PipelineModel build_pipeline_model(const Schedule& sch, const PlanInputs& in) {
     // runtime/expert_bias.h), beside the weights.
     if (in.model.moe_router_enable_expert_bias)
       m.param_bytes += int64_t{st.num_layers} * in.model.num_experts * kFp32;
+    // global_aux_loss's running totals, f64 [layers, E + 1] a chunk (model/parameters.h).
+    if (in.model.has_global_balance_loss())
+      m.param_bytes += int64_t{st.num_layers} * (in.model.num_experts + 1) * 8;
   }
   return pm;
 }

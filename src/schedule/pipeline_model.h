@@ -99,14 +99,15 @@ struct RankMemory {
   }
 };
 
-// Note [Measured routing]: with EP > 1 the rows a rank's experts receive depend on the router,
-// so the balanced figure (N k rows, FootprintShape::expert_rows) is only an estimate. A
+// Note [Measured routing]: with EP > 1, or with an expert capacity but no padding
+// (Note [Expert capacity] in core/footprint.h), the rows a rank's experts receive depend on the
+// router, so the balanced figure (S rows, FootprintShape::expert_rows) is only an estimate. A
 // RoutingCounts table, recorded by the runtime during a step (PipelineTrainer::routing_counts),
 // gives the rows the experts of one pipeline (one data-parallel / expert-parallel rank's
 // pipeline) received for each (micro-batch, global layer); the layer names the stage and the
-// experts node. Only those rows depend on the routing: every rank sends all its N k routed rows
-// (its own share too), and the dispatch and combine nodes' saved tensors are sized by N k and
-// the expert count. The node times keep balanced routing.
+// experts node. Only those rows depend on the routing: the attention, dispatch and combine
+// nodes' saved tensors are sized by the S slots and the expert count (with EP = 1 combine keeps
+// the experts' output, R rows). The node times keep balanced routing.
 struct RoutingCounts {
   int32_t num_microbatches = 0;      // per data-parallel rank (the schedule's)
   int32_t num_layers = 0;            // the model's, all stages

@@ -281,13 +281,11 @@ TEST(Options, BadInputsAreRejectedWithAUsefulMessage) {
        "",
        "--comm-overlap split gives each micro-batch of a pair GPU streams of its own; it needs "
        "--device cuda (it is cpu), or use on"},
-      {"the sequence-wise aux loss on the GPU",
-       {"--multi-latent-attention", "--rotary-interleaved", "--moe-router-score-function",
-        "sigmoid", "--moe-router-load-balancing-type", "seq_aux_loss", "--moe-aux-loss-coeff",
-        "0.001", "--device", "cuda"},
+      {"padding without a capacity",
+       {"--moe-pad-expert-input-to-capacity"},
        "",
-       "--moe-router-load-balancing-type seq_aux_loss with --moe-aux-loss-coeff 0.001 is not "
-       "implemented on the GPU: use --device cpu, or --moe-aux-loss-coeff 0"},
+       "--moe-pad-expert-input-to-capacity needs an expert capacity: set "
+       "--moe-expert-capacity-factor"},
       {"rebalancing experts with one expert rank",
        {"--rebalance-experts", "10"},
        "",

@@ -548,9 +548,9 @@ TEST(CudaMoe, PermutationIsTheCpuOrderExactly) {
     Tensor idx = random_ids({c.n, c.k}, c.e, 38);  // repeats within a token allowed
     Tensor perm = Tensor::empty({c.n * c.k}, DType::kI32, MemCategory::kOther, "p", Device::kCUDA);
     Tensor counts = Tensor::empty({c.e}, DType::kI32, MemCategory::kOther, "c", Device::kCUDA);
-    ops::moe_permutation(perm, counts, idx.to(Device::kCUDA), c.e);
+    ops::moe_permutation(perm, counts, idx.to(Device::kCUDA), Tensor(), c.e);
     Tensor perm_want = host({c.n * c.k}, DType::kI32), counts_want = host({c.e}, DType::kI32);
-    ops::moe_permutation(perm_want, counts_want, idx, c.e);
+    ops::moe_permutation(perm_want, counts_want, idx, Tensor(), c.e);
     EXPECT_EQ(ints(perm), ints(perm_want)) << what;
     EXPECT_EQ(ints(counts), ints(counts_want)) << what;
   }
@@ -569,9 +569,10 @@ TEST(CudaMoe, PermutationByPlaceIsTheCpuOrderExactly) {
     std::copy(places.begin(), places.end(), slot.data<int32_t>());
     Tensor perm = Tensor::empty({c.n * c.k}, DType::kI32, MemCategory::kOther, "p", Device::kCUDA);
     Tensor counts = Tensor::empty({c.e}, DType::kI32, MemCategory::kOther, "c", Device::kCUDA);
-    ops::moe_permutation(perm, counts, idx.to(Device::kCUDA), c.e, slot.to(Device::kCUDA));
+    ops::moe_permutation(perm, counts, idx.to(Device::kCUDA), Tensor(), c.e,
+                         slot.to(Device::kCUDA));
     Tensor perm_want = host({c.n * c.k}, DType::kI32), counts_want = host({c.e}, DType::kI32);
-    ops::moe_permutation(perm_want, counts_want, idx, c.e, slot);
+    ops::moe_permutation(perm_want, counts_want, idx, Tensor(), c.e, slot);
     EXPECT_EQ(ints(perm), ints(perm_want)) << what;
     EXPECT_EQ(ints(counts), ints(counts_want)) << what;
   }
@@ -581,7 +582,7 @@ TEST(CudaMoe, PermutationByPlaceIsTheCpuOrderExactly) {
 Tensor host_perm(const PermCase& c, uint64_t seed) {
   Tensor idx = random_ids({c.n, c.k}, c.e, seed);
   Tensor perm = host({c.n * c.k}, DType::kI32), counts = host({c.e}, DType::kI32);
-  ops::moe_permutation(perm, counts, idx, c.e);
+  ops::moe_permutation(perm, counts, idx, Tensor(), c.e);
   return perm;
 }
 

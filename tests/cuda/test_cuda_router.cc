@@ -1,10 +1,13 @@
 // CUDA routers against the CPU reference (ops::cpu through ops.h): the softmax router's top-k with
 // ties and its weights, counts and the switch aux loss, its backward; DeepSeek-V3's sigmoid
-// router with its expert bias, groups and scaling; reading a started value back (HostRead).
+// router with its expert bias, groups (the others out of the choice) and scaling; reading a
+// started value back (HostRead). The other losses and the expert capacity:
+// test_cuda_router_losses.cc.
 // Exact equality for integer outputs (top-k ids, counts); gpu_test.h's tolerance per output
 // dtype for float ones.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <string>
@@ -69,6 +72,13 @@ TEST(CudaRouter, ForwardTopKTiesAndSoftmax) {
   }
 }
 
+// The switch loss coeff E sum_e f_e P_e as RouterLoss weighs it.
+ops::RouterLoss switch_loss(double coeff, int64_t e, int64_t k, int64_t n) {
+  ops::RouterLoss l;
+  l.balance = coeff * double(e) / (double(k) * double(n) * double(n));
+  return l;
+}
+
 TEST(CudaRouter, CountsAndAuxLoss) {
   for (const RouterCase& c : kRouterCases) {
     const std::string what = "router n " + std::to_string(c.n) + " E " + std::to_string(c.e);
@@ -80,23 +90,28 @@ TEST(CudaRouter, CountsAndAuxLoss) {
     Tensor counts_want = host({c.e}, DType::kI32);
     ops::router_counts(counts_want, idx);
     EXPECT_EQ(ints(counts), ints(counts_want)) << what;
+    Tensor aux = host({1, c.e});
+    ops::router_aux_counts(aux, probs, c.k);
+    const ops::RouterLoss loss = switch_loss(0.01, c.e, c.k, std::max<int64_t>(c.n, 1));
     const double got =
-        ops::router_aux_loss(probs.to(Device::kCUDA), counts_want.to(Device::kCUDA), c.k, 0.01);
-    const double want = ops::router_aux_loss(probs, counts_want, c.k, 0.01);
+        ops::router_loss(probs.to(Device::kCUDA), aux.to(Device::kCUDA), Tensor(), loss);
+    const double want = ops::router_loss(probs, aux, Tensor(), loss);
     // Column sums in double in another order.
     EXPECT_NEAR(got, want, 1e-12 * std::fabs(want)) << what;
   }
   // Many rows: the column sums span several chunks.
   const int64_t n = 20000, e = 8;
   Tensor probs = random_host({n, e}, 34);
-  Tensor counts = random_ids({e}, 5000, 35);
+  Tensor counts = host({1, e});
+  for (int64_t x = 0; x < e; ++x) counts.data<float>()[x] = static_cast<float>(1000 * x + 7);
+  const ops::RouterLoss loss = switch_loss(0.01, e, 2, n);
   const double got =
-      ops::router_aux_loss(probs.to(Device::kCUDA), counts.to(Device::kCUDA), 2, 0.01);
-  EXPECT_NEAR(got, ops::router_aux_loss(probs, counts, 2, 0.01), 1e-12 * std::fabs(got));
+      ops::router_loss(probs.to(Device::kCUDA), counts.to(Device::kCUDA), Tensor(), loss);
+  EXPECT_NEAR(got, ops::router_loss(probs, counts, Tensor(), loss), 1e-12 * std::fabs(got));
   // Started, then its inputs overwritten on the stream: the value is the one started from,
   // the same for every copy of the pending value, and the same bits as asked for at once.
   const Tensor d_probs = probs.to(Device::kCUDA), d_counts = counts.to(Device::kCUDA);
-  ops::PendingScalar pending = ops::router_aux_loss_start(d_probs, d_counts, 2, 0.01);
+  ops::PendingScalar pending = ops::router_loss_start(d_probs, d_counts, Tensor(), loss);
   ops::PendingScalar copy = pending;
   d_probs.zero_();
   d_counts.zero_();
@@ -134,17 +149,19 @@ TEST(CudaRouter, BackwardSelectedAndAuxTerms) {
                                    name(dt) + (aux_only ? " aux only" : "") + name(score);
           Tensor logits = random_host({c.n, c.e}, 36, 3.0);
           Tensor idx = host({c.n, c.k}, DType::kI32), w = host({c.n, c.k});
-          Tensor probs = host({c.n, c.e}), counts = host({c.e}, DType::kI32);
+          Tensor probs = host({c.n, c.e}), counts = host({1, c.e});
           ops::router_forward(idx, w, probs, logits, score);
-          ops::router_counts(counts, idx);
+          ops::router_aux_counts(counts, probs, c.k);
           Tensor dw = aux_only ? host({c.n, c.k}) : random_host({c.n, c.k}, 37);
-          const double coeff = 0.01, aux_scale = aux_only ? 1000.0 * double(c.n) : 0.5;
+          const double aux_scale = aux_only ? 1000.0 * double(c.n) : 0.5;
+          const ops::RouterLoss loss = switch_loss(0.01, c.e, c.k, std::max<int64_t>(c.n, 1));
           Tensor dl = Tensor::empty({c.n, c.e}, dt, MemCategory::kOther, "dl", Device::kCUDA);
           ops::router_backward(dl, dw.to(Device::kCUDA), idx.to(Device::kCUDA), w.to(Device::kCUDA),
-                               probs.to(Device::kCUDA), counts.to(Device::kCUDA), c.k, coeff,
-                               aux_scale, score);
+                               probs.to(Device::kCUDA), counts.to(Device::kCUDA), Tensor(), score,
+                               loss, aux_scale);
           Tensor dl_want = host({c.n, c.e});
-          ops::router_backward(dl_want, dw, idx, w, probs, counts, c.k, coeff, aux_scale, score);
+          ops::router_backward(dl_want, dw, idx, w, probs, counts, Tensor(), score, loss,
+                               aux_scale);
           expect_close(to_host_f32(dl), dl_want, tolerance_for(dt), what);
         }
       }
@@ -191,11 +208,11 @@ TEST(CudaRouter, SigmoidWithBiasGroupsAndScaling) {
       for (DType dt : {kF32, kBF16}) {
         Tensor dl = Tensor::empty({c.n, c.e}, dt, MemCategory::kOther, "dl", Device::kCUDA);
         ops::router_backward(dl, dw.to(Device::kCUDA), idx_want.to(Device::kCUDA),
-                             w_want.to(Device::kCUDA), probs_want.to(Device::kCUDA),
-                             counts.to(Device::kCUDA), c.k, 0.0, 1.0, spec);
+                             w_want.to(Device::kCUDA), probs_want.to(Device::kCUDA), Tensor(),
+                             Tensor(), spec, ops::RouterLoss(), 1.0);
         Tensor dl_want = host({c.n, c.e});
-        ops::router_backward(dl_want, dw, idx_want, w_want, probs_want, counts, c.k, 0.0, 1.0,
-                             spec);
+        ops::router_backward(dl_want, dw, idx_want, w_want, probs_want, Tensor(), Tensor(), spec,
+                             ops::RouterLoss(), 1.0);
         expect_close(to_host_f32(dl), dl_want, tolerance_for(dt), what + " backward " + name(dt));
       }
       Tensor load = host({c.e});

@@ -32,7 +32,21 @@ using testing::g_world;
 
 using testing::RandomTokens;
 
-enum class Model : uint8_t { kDense, kMoe, kQwen3, kQwen2, kDeepseekV3 };
+// kMoeDropping, kMoePadded, kV3Routing: Megatron-LM's routing options (docs/model.md "Load
+// balancing", "Expert capacity") on the Mixtral-like and the DeepSeek-V3 model: dropping past a
+// capacity (by weight, unpadded), padding to it (by position) under forced balancing's random
+// logits, the z-loss and each load-balancing granularity but the global one (whose statistics
+// span the data-parallel ranks: GlobalAuxLoss... below).
+enum class Model : uint8_t {
+  kDense,
+  kMoe,
+  kQwen3,
+  kQwen2,
+  kDeepseekV3,
+  kMoeDropping,
+  kMoePadded,
+  kV3Routing
+};
 
 ModelConfig tiny(bool moe);
 
@@ -42,13 +56,33 @@ ModelConfig tiny(Model model) {
   const ModelConfig m = tiny(model != Model::kDense);
   if (model == Model::kQwen3) return testing::with_qwen3_options(m, "[0,1,1,1,1,0,1,1]");
   if (model == Model::kQwen2) return testing::with_qwen2_options(m);
-  if (model == Model::kDeepseekV3) {
+  if (model == Model::kDeepseekV3 || model == Model::kV3Routing) {
     ModelConfig d = testing::with_deepseek_v3_options(m, 5);
     d.moe_layer_freq = "[0,1,1,1,1,1,1,1]";
+    if (model == Model::kV3Routing) {
+      d.moe_router_load_balancing_type = "aux_loss";
+      d.moe_aux_loss_coeff = 0.05;
+      d.moe_z_loss_coeff = 0.01;
+      d.moe_expert_capacity_factor = 0.75;
+      d.moe_pad_expert_input_to_capacity = true;
+    }
     return d;
   }
-  return m;
+  ModelConfig r = m;
+  if (model == Model::kMoeDropping) {
+    r.moe_expert_capacity_factor = 0.75;
+    r.moe_router_load_balancing_type = "seq_aux_loss";
+    r.moe_z_loss_coeff = 0.01;
+  } else if (model == Model::kMoePadded) {
+    r.moe_expert_capacity_factor = 1.0;
+    r.moe_token_drop_policy = "position";
+    r.moe_pad_expert_input_to_capacity = true;
+  }
+  return r;
 }
+
+// Forced balancing's random logits (Note [Forced load balancing]) for kMoePadded.
+bool forced_balance(Model model) { return model == Model::kMoePadded; }
 
 const char* model_name(Model m) {
   switch (m) {
@@ -62,6 +96,12 @@ const char* model_name(Model m) {
       return "qwen2-moe";
     case Model::kDeepseekV3:
       return "deepseek-v3";
+    case Model::kMoeDropping:
+      return "moe dropping past a capacity";
+    case Model::kMoePadded:
+      return "moe padded to a capacity, forced balance";
+    case Model::kV3Routing:
+      return "deepseek-v3 aux loss, z-loss, padded capacity";
   }
   return "?";
 }
@@ -100,6 +140,7 @@ struct Case {
 bool run_case(const Case& c, int dp) {
   const ModelConfig m = tiny(c.model);
   TrainConfig t;
+  t.moe_router_force_balance = forced_balance(c.model);
   t.micro_batch_size = 1;
   const int32_t mb_per_rank = 4 * c.pp;
   t.global_batch_size = mb_per_rank * dp;
@@ -284,6 +325,60 @@ TEST(Equivalence, MoeEverySchedule) { run_matrix(Model::kMoe); }
 TEST(Equivalence, Qwen3MoeEverySchedule) { run_matrix(Model::kQwen3); }
 TEST(Equivalence, Qwen2MoeEverySchedule) { run_matrix(Model::kQwen2); }
 TEST(Equivalence, DeepseekV3EverySchedule) { run_matrix(Model::kDeepseekV3); }
+TEST(Equivalence, MoeDroppingPastACapacityEverySchedule) { run_matrix(Model::kMoeDropping); }
+TEST(Equivalence, MoePaddedToACapacityWithForcedBalanceEverySchedule) {
+  run_matrix(Model::kMoePadded);
+}
+TEST(Equivalence, DeepseekV3RoutingLossesAndCapacityEverySchedule) {
+  run_matrix(Model::kV3Routing);
+}
+
+// global_aux_loss: Megatron-LM's statistics are the running mean over the step's micro-batches
+// so far of the counts summed over the data-parallel group, so the loss depends on the
+// data-parallel size (as in Megatron-LM) and on nothing else. Every pipeline of one
+// data-parallel rank against the one rank's (bitwise), and with the world data-parallel, expert
+// parallelism over 2 ranks against none (within 1e-12); the loss differs from aux_loss's.
+TEST(Equivalence, GlobalAuxLossIsTheOneRanksForEveryPipelineAndTheSameForEveryExpertSplit) {
+  const int world = g_world->size();
+  ModelConfig m = tiny(Model::kMoe);
+  m.moe_router_load_balancing_type = "global_aux_loss";
+  m.moe_aux_loss_coeff = 0.5;
+  RandomTokens data(m.vocab_size);
+  TrainConfig t;
+  t.micro_batch_size = 1;
+  t.global_batch_size = 4 * world;
+  const auto kind = schedule::ScheduleKind::k1f1b;
+  {  // the world as one pipeline
+    const schedule::Schedule sched =
+        schedule::generate_schedule(kind, {world, 1, 4 * world, false});
+    ReferenceTrainer reference(m, t, data, DType::kF64);
+    const StepResult want = reference.forward_backward(0);
+    Groups groups = world_groups(world, 1);
+    PipelineTrainer trainer(m, t, sched, groups, data, DType::kF64);
+    const StepResult got = trainer.forward_backward(0);
+    EXPECT_EQ(got.loss, want.loss);
+    ModelConfig plain = m;
+    plain.moe_router_load_balancing_type = "aux_loss";
+    ReferenceTrainer aux(plain, t, data, DType::kF64);
+    EXPECT_NE(aux.forward_backward(0).aux_loss, want.aux_loss);
+  }
+  if (world % 2 != 0) return;
+  const schedule::Schedule sched = schedule::generate_schedule(kind, {1, 1, 4, false});
+  Groups g1 = world_groups(1, 1), g2 = world_groups(1, 2);
+  PipelineTrainer a(m, t, sched, g1, data, DType::kF64);
+  PipelineTrainer b(m, t, sched, g2, data, DType::kF64);
+  const StepResult ra = a.forward_backward(0), rb = b.forward_backward(0);
+  EXPECT_NEAR(rb.loss, ra.loss, 1e-12 * std::abs(ra.loss));
+  for (size_t k = 0; k < a.stages().size(); ++k) {
+    for (const auto& e : b.stages()[k].params->entries()) {
+      const Tensor gb = b.stages()[k].params->grad(e);
+      const Tensor ga = a.stages()[k].params->grad(*std::find_if(
+          a.stages()[k].params->entries().begin(), a.stages()[k].params->entries().end(),
+          [&](const model::ParamEntry& r) { return r.name == e.name; }));
+      EXPECT_LT(rel_diff(gb, ga), 1e-12) << e.name << " on rank " << g_world->rank();
+    }
+  }
+}
 
 // Note [Expert bias]: three training steps of DeepSeek-V3's model, its expert bias moved after
 // each from the step's load, on every layout of PP and EP up to 2 (PP2 x EP2 on 4 ranks) against

@@ -186,11 +186,15 @@ TEST(TandemMpi, PlanWithTheMeasuredRoutingPredictsEachRanksActivationPeak) {
   EXPECT_NE(missing.output.find("no table for rank 7"), std::string::npos) << missing.output;
 }
 
-// --moe-router-force-load-balancing gives every expert the same rows, so the planner's balanced
-// model (no --routing) predicts each rank's measured activation peak to the byte.
+// --moe-router-force-load-balancing's random logits spread the rows about evenly; padded to a
+// capacity of ceil(N k / E) (Note [Expert capacity] in core/footprint.h) every expert receives
+// exactly that many from each rank, so the planner's model (no --routing) predicts each rank's
+// measured activation peak to the byte.
 TEST(TandemMpi, ForcedBalancedRoutingMatchesTheBalancedPlan) {
   const std::string dir = temp_dir("balanced");
-  const std::string ep = " --expert-model-parallel-size 2 --schedule 1f1b";
+  const std::string ep =
+      " --expert-model-parallel-size 2 --schedule 1f1b --moe-expert-capacity-factor 1 "
+      "--moe-pad-expert-input-to-capacity";
   const Result r =
       run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + kModel + ep +
           " --moe-router-force-load-balancing --train-iters 2 --log-json " + dir + "/log.jsonl");

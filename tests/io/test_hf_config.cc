@@ -250,6 +250,8 @@ TEST(HfConfig, DeepseekV3SettingsTandemDoesNotImplementAreRefusedByKey) {
   expect_error(with("first_k_dense_replace", 4), {"key 'first_k_dense_replace'"});
   expect_error(with("aux_loss_alpha", 0.001), {"key 'aux_loss_alpha'", "not a setting"});
   expect_error(with("n_group", 3), {"--moe-router-num-groups 3"});
+  // Megatron-LM's sigmoid router normalises the weights of k > 1 experts, never of one.
+  expect_error(with("norm_topk_prob", false), {"key 'norm_topk_prob'", "more than one"});
   expect_error(with_rope("factor", 8.0), {"key 'rope_parameters.factor'", "128 / 32"});
   expect_error(with_rope("attention_factor", 1.2), {"key 'rope_parameters.attention_factor'"});
   expect_error(with_rope("truncate", false), {"key 'rope_parameters.truncate'"});

@@ -11,7 +11,21 @@
 namespace tandem::model {
 namespace {
 
-enum class Model : uint8_t { kDense, kMoe, kQwen3, kQwen2, kDeepseekV3, kDeepseekV3NoQ };
+// kMoeLosses: a z-loss and seq_aux_loss (their statistics kept); kMoePadded and kMoeDropped: an
+// expert capacity with and without padding (Note [Expert capacity] in core/footprint.h);
+// kDeepseekV3Global: global_aux_loss and a z-loss with a padded capacity on the sigmoid router.
+enum class Model : uint8_t {
+  kDense,
+  kMoe,
+  kQwen3,
+  kQwen2,
+  kDeepseekV3,
+  kDeepseekV3NoQ,
+  kMoeLosses,
+  kMoePadded,
+  kMoeDropped,
+  kDeepseekV3Global
+};
 
 struct Case {
   Model model;
@@ -33,14 +47,44 @@ ModelConfig config_of(Model m) {
       return testing::tiny_deepseek_v3_config(5);
     case Model::kDeepseekV3NoQ:
       return testing::tiny_deepseek_v3_config(0);
+    case Model::kMoeLosses: {
+      ModelConfig c = testing::tiny_config(true);
+      c.moe_z_loss_coeff = 0.01;
+      c.moe_router_load_balancing_type = "seq_aux_loss";
+      return c;
+    }
+    case Model::kMoePadded:
+    case Model::kMoeDropped: {
+      ModelConfig c = testing::tiny_config(true);
+      c.moe_expert_capacity_factor = 0.5;
+      c.moe_token_drop_policy = "position";
+      c.moe_pad_expert_input_to_capacity = m == Model::kMoePadded;
+      return c;
+    }
+    case Model::kDeepseekV3Global: {
+      ModelConfig c = testing::tiny_deepseek_v3_config(5);
+      c.moe_router_load_balancing_type = "global_aux_loss";
+      c.moe_aux_loss_coeff = 0.01;
+      c.moe_z_loss_coeff = 0.01;
+      c.moe_expert_capacity_factor = 1;
+      c.moe_pad_expert_input_to_capacity = true;
+      return c;
+    }
   }
   return {};
 }
 
 // The footprint shape of a whole-model chunk's node: its layer's kind (dense layers of a MoE
-// model save no routing state).
-FootprintShape shape_of(const ModelConfig& cfg, FootprintShape shape, const NodeRef& node) {
-  if (node.layer >= 0) shape.moe_layer = cfg.is_moe_layer(node.layer);
+// model save no routing state), and with a capacity but no padding the rows its layer's experts
+// received (what the planner takes from measured routing: Note [Measured routing]).
+FootprintShape shape_of(const ModelConfig& cfg, FootprintShape shape, const NodeRef& node,
+                        const MicroBatchState& mb) {
+  if (node.layer < 0) return shape;
+  shape.moe_layer = cfg.is_moe_layer(node.layer);
+  const Tensor& rows = mb.layers[static_cast<size_t>(node.layer)].experts.x_in;
+  if (cfg.has_expert_capacity() && !cfg.moe_pad_expert_input_to_capacity && rows.defined()) {
+    shape.expert_rows = rows.size(0);
+  }
   return shape;
 }
 
@@ -67,12 +111,13 @@ TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
     chunk.forward_node(i, mb, c);
     expected_total +=
-        node_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i]));
+        node_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i], mb));
   }
   // After the whole forward every node holds exactly its footprint...
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
-    EXPECT_EQ(chunk.node_saved_bytes_live(i, mb),
-              node_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i])))
+    EXPECT_EQ(
+        chunk.node_saved_bytes_live(i, mb),
+        node_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i], mb)))
         << node_kind_name(chunk.nodes()[i].kind) << " of layer " << chunk.nodes()[i].layer;
   }
   // ...and the allocator holds nothing else as activations.
@@ -108,9 +153,9 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
   chunk.forward(mb, c);
   chunk.backward(mb, c, WeightGrad::kDeferred);  // every node's I, no W yet
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
-    EXPECT_EQ(
-        chunk.node_saved_bytes_live(i, mb),
-        node_weight_saved_bytes(chunk.nodes()[i].kind, cfg, shape_of(cfg, shape, chunk.nodes()[i])))
+    EXPECT_EQ(chunk.node_saved_bytes_live(i, mb),
+              node_weight_saved_bytes(chunk.nodes()[i].kind, cfg,
+                                      shape_of(cfg, shape, chunk.nodes()[i], mb)))
         << node_kind_name(chunk.nodes()[i].kind) << " of layer " << chunk.nodes()[i].layer;
   }
   chunk.backward_weights(mb, c);
@@ -126,7 +171,11 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{Model::kQwen3, DType::kF64, true}, Case{Model::kQwen2, DType::kF32},
                       Case{Model::kQwen2, DType::kF64, true}, Case{Model::kDeepseekV3, DType::kF32},
                       Case{Model::kDeepseekV3, DType::kF64},
-                      Case{Model::kDeepseekV3NoQ, DType::kF32}));
+                      Case{Model::kDeepseekV3NoQ, DType::kF32},
+                      Case{Model::kMoeLosses, DType::kF32}, Case{Model::kMoePadded, DType::kF32},
+                      Case{Model::kMoeDropped, DType::kF64},
+                      Case{Model::kMoeDropped, DType::kF32, true},
+                      Case{Model::kDeepseekV3Global, DType::kF32}));
 
 TEST(LossNode, LogitsFreedRightAfterLossBackward) {
   const ModelConfig cfg = testing::tiny_config(true);

@@ -208,18 +208,20 @@ TEST(SigmoidRouter, BiasChoosesGroupsLimitAndWeightsAreTheUnbiasedScores) {
   spec.score = RouterScore::kSigmoid;
   router_forward(idx, w, probs, logits, spec, bias);
   EXPECT_NEAR(w.data<double>()[0], 2.5 * 0.5, 1e-7);
-  // The experts outside the chosen group read as 0 (as transformers masks them), so a negative
-  // biased score inside it loses to them. Biased scores now 0.9, 0.1, 0.7, -0.55, 0.3, 0.2,
-  // -0.4, -0.45: groups 1.0, 0.15, 0.5, -0.85; group {0,1} is chosen.
+  // The experts outside the chosen groups are out of the choice (-inf, as Megatron-LM masks
+  // them), so a negative biased score inside a chosen group still wins over them. Biased scores
+  // now 0.9, 0.1, 0.7, -0.55, 0.3, 0.2, -0.4, -0.45: groups 1.0, 0.15, 0.5, -0.85; group {0,1}
+  // is chosen.
   bias.data<float>()[3] = -1.0f;
   bias.data<float>()[6] = -1.0f;
   bias.data<float>()[7] = -1.0f;
   router_forward(idx, w, probs, logits, spec, bias);
   EXPECT_EQ(values(idx), (std::vector<double>{0, 1}));
-  // Expert 1's biased score -0.35 (its group still the best, 0.55): the masked expert 2's 0 wins.
+  // Expert 1's biased score -0.35 (its group still the best, 0.55): it is chosen, not the
+  // masked expert 2 (whose 0.7 a mask of 0 would have let win).
   bias.data<float>()[1] = -0.45f;
   router_forward(idx, w, probs, logits, spec, bias);
-  EXPECT_EQ(values(idx), (std::vector<double>{0, 2}));
+  EXPECT_EQ(values(idx), (std::vector<double>{0, 1}));
 }
 
 TEST(SigmoidRouter, BackwardMatchesFiniteDifferences) {
@@ -233,10 +235,9 @@ TEST(SigmoidRouter, BackwardMatchesFiniteDifferences) {
     Tensor logits = random({n, e}, DType::kF64, rng, -2, 2);
     Tensor bias = random({e}, DType::kF64, rng, -0.2, 0.2);
     Tensor idx = make({n, k}, DType::kI32), w = make({n, k}, DType::kF64);
-    Tensor probs = make({n, e}, DType::kF64), counts = make({e}, DType::kI32);
+    Tensor probs = make({n, e}, DType::kF64);
     Tensor up = random({n, k}, DType::kF64, rng);
     router_forward(idx, w, probs, logits, spec, bias);
-    router_counts(counts, idx);
     const auto idx0 = values(idx);
     auto loss = [&] {
       router_forward(idx, w, probs, logits, spec, bias);
@@ -244,50 +245,62 @@ TEST(SigmoidRouter, BackwardMatchesFiniteDifferences) {
       return dot(w, up);
     };
     Tensor dlogits = random({n, e}, DType::kF64, rng);  // overwritten
-    router_backward(dlogits, up, idx, w, probs, counts, k, 0.0, 1.0, spec);
+    router_backward(dlogits, up, idx, w, probs, Tensor(), Tensor(), spec, RouterLoss(), 1.0);
     expect_grad(dlogits, numeric_grad(logits, loss), "dlogits");
   }
 }
 
-// DeepSeek-V3's sequence-wise aux loss: its value against the definition written out here (per
-// sequence, the choices of each expert times the mean of its normalised score), and its
-// gradient (with the routing weights') against finite differences.
+// The sequence-wise aux loss over the sigmoid router's normalised scores (Megatron-LM's
+// seq_aux_loss, DeepSeek-V3's balance loss): its value against the definition written out here
+// (per sequence, the choices of each expert among the top k of the unbiased scores, times the
+// mean of its normalised score), and its gradient (with the routing weights' through biased,
+// grouped choices) against finite differences.
 TEST(SigmoidRouter, SequenceAuxLossMatchesItsDefinitionAndFiniteDifferences) {
   std::mt19937_64 rng(74);
   const int64_t seq = 4, batch = 3, n = seq * batch, e = 6, k = 2;
   const double coeff = 0.3, aux_scale = 1.7;
   RouterSpec spec(RouterScore::kSigmoidNormalized);
   spec.scaling = 2.5;
-  spec.aux_seq = seq;
+  spec.groups = 3;
+  spec.group_topk = 2;
   Tensor logits = random({n, e}, DType::kF64, rng, -2, 2);
+  Tensor bias = random({e}, DType::kF64, rng, -0.3, 0.3);
   Tensor idx = make({n, k}, DType::kI32), w = make({n, k}, DType::kF64);
-  Tensor probs = make({n, e}, DType::kF64), counts = make({e}, DType::kI32);
-  router_forward(idx, w, probs, logits, spec);
-  router_counts(counts, idx);
+  Tensor probs = make({n, e}, DType::kF64), counts = make({batch, e}, DType::kF64);
+  router_forward(idx, w, probs, logits, spec, bias);
+  router_aux_counts(counts, probs, k);
+  RouterLoss aux;
+  aux.normalized = true;
+  aux.balance = coeff * double(e) / (double(k) * seq * seq) / batch;
   double want = 0;
   for (int64_t b = 0; b < batch; ++b) {
     for (int64_t x = 0; x < e; ++x) {
       double chosen = 0, mean = 0;
       for (int64_t t = b * seq; t < (b + 1) * seq; ++t) {
+        const double* p = probs.data<double>() + t * e;
         double sum = 0;
-        for (int64_t y = 0; y < e; ++y) sum += probs.data<double>()[t * e + y];
-        mean += probs.data<double>()[t * e + x] / sum / seq;
-        for (int64_t j = 0; j < k; ++j) chosen += idx.data<int32_t>()[t * k + j] == x;
+        int above = 0;  // experts scoring above x (ties: the lower index above)
+        for (int64_t y = 0; y < e; ++y) {
+          sum += p[y];
+          above += p[y] > p[x] || (p[y] == p[x] && y < x);
+        }
+        mean += p[x] / (sum + 1e-20) / seq;
+        chosen += above < k;
       }
       want += coeff * (double(e) / (k * seq)) * chosen * mean / batch;
     }
   }
-  EXPECT_NEAR(router_seq_aux_loss_start(probs, idx, seq, coeff).get(), want, 1e-15);
+  EXPECT_NEAR(router_loss(probs, counts, Tensor(), aux), want, 1e-15);
   const auto idx0 = values(idx);
   Tensor up = random({n, k}, DType::kF64, rng);
   auto loss = [&] {
-    router_forward(idx, w, probs, logits, spec);
+    router_forward(idx, w, probs, logits, spec, bias);
     EXPECT_EQ(values(idx), idx0);
-    return dot(w, up) + aux_scale * router_seq_aux_loss_start(probs, idx, seq, coeff).get();
+    return dot(w, up) + aux_scale * router_loss(probs, counts, Tensor(), aux);
   };
   loss();
   Tensor dlogits = make({n, e}, DType::kF64);
-  router_backward(dlogits, up, idx, w, probs, counts, k, coeff, aux_scale, spec);
+  router_backward(dlogits, up, idx, w, probs, counts, Tensor(), spec, aux, aux_scale);
   expect_grad(dlogits, numeric_grad(logits, loss), "dlogits with the sequence aux loss");
 }
 
@@ -296,6 +309,9 @@ TEST(SigmoidRouter, LoadAddsCountsAndBadSettingsThrow) {
   router_load_add(load, i32({3}, {1, 0, 5}));
   router_load_add(load, i32({3}, {2, 4, 0}));
   EXPECT_EQ(values(load), (std::vector<double>{3, 4, 5}));
+  // Counts by place: expert x's count is at place slot[x].
+  router_load_add(load, i32({3}, {10, 20, 30}), i32({3}, {2, 0, 1}));
+  EXPECT_EQ(values(load), (std::vector<double>{33, 14, 25}));
   Tensor logits = make({1, 6}, DType::kF64), idx = make({1, 2}, DType::kI32);
   Tensor w = make({1, 2}, DType::kF64), probs = make({1, 6}, DType::kF64);
   RouterSpec spec(RouterScore::kSigmoid);

@@ -1,4 +1,5 @@
-// Router, aux loss, token permutation and combine on CPU.
+// Router, aux loss, token permutation and combine on CPU (the router's other losses and the
+// expert capacity: test_router_losses.cc).
 // Oracles: hand-worked examples (tie-breaking, permutation order, counts, aux loss), softmax by
 // its definition, fp64 central finite differences for router_backward (selected softmax plus the
 // aux term), permute_backward and combine_backward; the f64 op for the f32 op.
@@ -41,19 +42,31 @@ TEST(Router, TopKDescendingWithTiesToLowerIndex) {
   EXPECT_EQ(values(counts), (std::vector<double>{1, 2, 2, 1, 0}));
 }
 
+// The switch loss coeff E sum_e f_e P_e as RouterLoss weighs it: balance = coeff E / (k N^2).
+RouterLoss switch_loss(double coeff, int64_t e, int64_t k, int64_t n) {
+  RouterLoss l;
+  l.balance = coeff * double(e) / (double(k) * double(n) * double(n));
+  return l;
+}
+
 TEST(Router, AuxLossMatchesHandFormula) {
   // N = 2, E = 3, k = 1; counts {2, 0, 0}: f = {1, 0, 0}; P_0 = (0.5 + 0.2) / 2 = 0.35.
   Tensor probs = f64({2, 3}, {0.5, 0.3, 0.2, 0.2, 0.1, 0.7});
-  Tensor counts = i32({3}, {2, 0, 0});
-  EXPECT_NEAR(router_aux_loss(probs, counts, 1, 0.01), 0.01 * 3 * 1.0 * 0.35, 1e-16);
+  Tensor counts = f64({1, 3}, {2, 0, 0});
+  EXPECT_NEAR(router_loss(probs, counts, Tensor(), switch_loss(0.01, 3, 1, 2)),
+              0.01 * 3 * 1.0 * 0.35, 1e-16);
   // k = 2 halves f.
-  Tensor counts2 = i32({3}, {2, 1, 1});
+  Tensor counts2 = f64({1, 3}, {2, 1, 1});
   const double want = 0.01 * 3 * (0.5 * 0.35 + 0.25 * 0.2 + 0.25 * 0.45);
-  EXPECT_NEAR(router_aux_loss(probs, counts2, 2, 0.01), want, 1e-16);
+  EXPECT_NEAR(router_loss(probs, counts2, Tensor(), switch_loss(0.01, 3, 2, 2)), want, 1e-16);
+  // The counts are the top k of each row's probs: {0, 1} and {2, 0}.
+  Tensor made = make({1, 3}, DType::kF64);
+  router_aux_counts(made, probs, 2);
+  EXPECT_EQ(values(made), (std::vector<double>{2, 1, 1}));
   // The pending form: on the CPU ready at once, the same value, copies agreeing.
-  PendingScalar pending = router_aux_loss_start(probs, counts2, 2, 0.01);
+  PendingScalar pending = router_loss_start(probs, counts2, Tensor(), switch_loss(0.01, 3, 2, 2));
   PendingScalar copy = pending;
-  EXPECT_EQ(pending.get(), router_aux_loss(probs, counts2, 2, 0.01));
+  EXPECT_EQ(pending.get(), router_loss(probs, counts2, Tensor(), switch_loss(0.01, 3, 2, 2)));
   EXPECT_EQ(copy.get(), pending.get());
 }
 
@@ -63,28 +76,29 @@ TEST(Router, BackwardMatchesFiniteDifferencesIncludingAux) {
   const double coeff = 0.3, aux_scale = 1.7;  // large enough that the aux term matters
   Tensor logits = random({n, e}, DType::kF64, rng, -2, 2);
   Tensor idx = make({n, k}, DType::kI32), w = make({n, k}, DType::kF64);
-  Tensor probs = make({n, e}, DType::kF64), counts = make({e}, DType::kI32);
+  Tensor probs = make({n, e}, DType::kF64), counts = make({1, e}, DType::kF64);
   Tensor up = random({n, k}, DType::kF64, rng);
+  const RouterLoss aux = switch_loss(coeff, e, k, n);
   router_forward(idx, w, probs, logits);
-  router_counts(counts, idx);
+  router_aux_counts(counts, probs, k);
   const auto idx0 = values(idx);
   auto loss = [&] {
     router_forward(idx, w, probs, logits);
     EXPECT_EQ(values(idx), idx0);  // the step is small enough not to change the selection
-    return dot(w, up) + aux_scale * router_aux_loss(probs, counts, k, coeff);
+    return dot(w, up) + aux_scale * router_loss(probs, counts, Tensor(), aux);
   };
   Tensor dlogits = random({n, e}, DType::kF64, rng);  // overwritten
-  router_backward(dlogits, up, idx, w, probs, counts, k, coeff, aux_scale);
+  router_backward(dlogits, up, idx, w, probs, counts, Tensor(), RouterSpec(), aux, aux_scale);
   expect_grad(dlogits, numeric_grad(logits, loss), "dlogits");
   // The aux term alone (no upstream through topk_w) also matches.
   Tensor zero_up = make({n, k}, DType::kF64);
   router_forward(idx, w, probs, logits);  // the difference left them at a perturbed input
-  router_backward(dlogits, zero_up, idx, w, probs, counts, k, coeff, aux_scale);
+  router_backward(dlogits, zero_up, idx, w, probs, counts, Tensor(), RouterSpec(), aux, aux_scale);
   expect_grad(dlogits,
               numeric_grad(logits,
                            [&] {
                              router_forward(idx, w, probs, logits);
-                             return aux_scale * router_aux_loss(probs, counts, k, coeff);
+                             return aux_scale * router_loss(probs, counts, Tensor(), aux);
                            }),
               "dlogits (aux only)");
 }
@@ -100,10 +114,11 @@ TEST(Router, F32MatchesF64) {
     Tensor l = i == 0 ? clone(l64) : to_f32(l64), u = i == 0 ? clone(up) : to_f32(up);
     idx[i] = make({n, k}, DType::kI32);
     res[i][0] = make({n, k}, dt), res[i][1] = make({n, e}, dt), res[i][2] = make({n, e}, dt);
-    Tensor counts = make({e}, DType::kI32);
+    Tensor counts = make({1, e}, dt);
     router_forward(idx[i], res[i][0], res[i][1], l);
-    router_counts(counts, idx[i]);
-    router_backward(res[i][2], u, idx[i], res[i][0], res[i][1], counts, k, 0.01, 1.0);
+    router_aux_counts(counts, res[i][1], k);
+    router_backward(res[i][2], u, idx[i], res[i][0], res[i][1], counts, Tensor(), RouterSpec(),
+                    switch_loss(0.01, e, k, n), 1.0);
   }
   EXPECT_EQ(values(idx[1]), values(idx[0]));
   const char* names[3] = {"topk_w", "probs", "dlogits"};
@@ -114,13 +129,13 @@ TEST(Permutation, StableExpertOrderThenTokenThenSlot) {
   // N = 4, k = 2, E = 4; slots (n*k + j): 0:e2 1:e0 | 2:e0 3:e2 | 4:e3 5:e0 | 6:e2 7:e0.
   Tensor idx = i32({4, 2}, {2, 0, 0, 2, 3, 0, 2, 0});
   Tensor perm = make({8}, DType::kI32), counts = make({4}, DType::kI32);
-  moe_permutation(perm, counts, idx, 4);
+  moe_permutation(perm, counts, idx, Tensor(), 4);
   EXPECT_EQ(values(perm), (std::vector<double>{1, 2, 5, 7, 0, 3, 6, 4}));
   EXPECT_EQ(values(counts), (std::vector<double>{4, 0, 3, 1}));
   // Same expert twice for one token keeps slot order.
   Tensor dup = i32({2, 2}, {1, 1, 0, 1});
   Tensor perm2 = make({4}, DType::kI32), counts2 = make({2}, DType::kI32);
-  moe_permutation(perm2, counts2, dup, 2);
+  moe_permutation(perm2, counts2, dup, Tensor(), 2);
   EXPECT_EQ(values(perm2), (std::vector<double>{2, 0, 1, 3}));
 }
 
@@ -129,13 +144,13 @@ TEST(Permutation, ByPlaceSortsByEachExpertsPlace) {
   Tensor idx = i32({4, 2}, {2, 0, 0, 2, 3, 0, 2, 0});
   Tensor slot = i32({4}, {2, 3, 0, 1});  // expert 0 at place 2, 1 at 3, 2 at 0, 3 at 1
   Tensor perm = make({8}, DType::kI32), counts = make({4}, DType::kI32);
-  moe_permutation(perm, counts, idx, 4, slot);
+  moe_permutation(perm, counts, idx, Tensor(), 4, slot);
   // Place 0 (expert 2): slots 0 3 6; place 1 (expert 3): 4; place 2 (expert 0): 1 2 5 7.
   EXPECT_EQ(values(perm), (std::vector<double>{0, 3, 6, 4, 1, 2, 5, 7}));
   EXPECT_EQ(values(counts), (std::vector<double>{3, 1, 4, 0}));
   Tensor twice = i32({4}, {2, 3, 2, 1});
   try {
-    moe_permutation(perm, counts, idx, 4, twice);
+    moe_permutation(perm, counts, idx, Tensor(), 4, twice);
     FAIL() << "a placement with place 2 twice was accepted";
   } catch (const Error& e) {
     EXPECT_NE(std::string(e.what()).find("place 2 twice"), std::string::npos) << e.what();
@@ -164,7 +179,7 @@ Routed make_routed(std::mt19937_64& rng) {
   Tensor probs = make({r.n, r.e}, DType::kF64), counts = make({r.e}, DType::kI32);
   router_forward(r.idx, r.w, probs, logits);
   r.perm = make({r.n * r.k}, DType::kI32);
-  moe_permutation(r.perm, counts, r.idx, r.e);
+  moe_permutation(r.perm, counts, r.idx, Tensor(), r.e);
   return r;
 }
 

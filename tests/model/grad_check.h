@@ -1,0 +1,101 @@
+// The whole-model gradient check of tests/model: every parameter tensor's gradient against fp64
+// central finite differences of the loss (lm loss + the router's losses) computed by the same
+// forward. Routing is piecewise constant, so the perturbation is kept far below the smallest gap
+// between router logits of the batch.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <utility>
+
+#include "model/chunk.h"
+#include "tiny.h"
+
+namespace tandem::model {
+
+// fused: the loss node through ops::lm_head_ce_* (the GPU's loss node), here in fp64 on the CPU.
+// balanced: --moe-router-force-load-balancing (Note [Forced load balancing] in
+// model/attention_node.cc), its random logits drawn from a fixed key.
+inline NodeContext context_of(const ModelChunk& chunk, int64_t batch, bool fused,
+                              bool balanced = false) {
+  NodeContext c = chunk.context(batch, 1.0);
+  c.fused_lm_head = fused;
+  c.force_balanced_routing = balanced;
+  c.routing_key = routing_key(7, 0, 0);
+  return c;
+}
+
+inline double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor& targets,
+                       int64_t batch, bool fused, MicroBatchState* keep = nullptr,
+                       bool balanced = false) {
+  MicroBatchState mb;
+  mb.ids = ids;
+  mb.targets = targets;
+  NodeContext c = context_of(chunk, batch, fused, balanced);
+  // global_aux_loss: each evaluation a step of one micro-batch (a trainer zeroes the totals).
+  if (chunk.params().aux_total().defined()) chunk.params().aux_total().zero_();
+  // The finite-difference evaluations only want the loss: a fused loss node without grads
+  // neither forms nor accumulates gradients (the analytic run, with `keep`, does).
+  if (keep == nullptr) c.grads = nullptr;
+  chunk.forward(mb, c);
+  const double loss = mb.lm_loss() + mb.aux_loss();
+  if (keep) *keep = std::move(mb);
+  return loss;
+}
+
+// eps: the central difference's step; truncation error grows with the loss's curvature, rounding
+// error (about 1e-16 / eps) with its inverse.
+inline void check_gradients(const ModelConfig& cfg, bool fused = false, double eps = 1e-6) {
+  const int64_t batch = 2, n = batch * cfg.seq_length;
+  Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
+  params.initialize(7);
+  // Larger weights than the 0.02 init, so every term of the gradient matters; biases (zero
+  // at init) drawn too.
+  for (int64_t i = 0; i < params.numel(); ++i) {
+    params.flat_params().data<double>()[i] *= 10.0;
+  }
+  // Expert biases (kBuffer) drawn too, of the order of the sigmoid scores they shift: they
+  // move the choice, and their gradient is zero (the choice is piecewise constant in them).
+  for (const ParamEntry& e : params.entries()) {
+    if (e.kind != ParamKind::kBias && e.kind != ParamKind::kBuffer) continue;
+    const double scale = e.kind == ParamKind::kBuffer ? 0.2 : 1.0;
+    for (int64_t j = 0; j < shape_numel(e.shape); ++j) {
+      params.flat_params().data<double>()[e.offset + j] =
+          scale * normal01(99, static_cast<uint64_t>(j));
+    }
+  }
+  ModelChunk chunk(params);
+  const Tensor ids = testing::random_ids(n, cfg.vocab_size, 1);
+  const Tensor targets = testing::random_ids(n, cfg.vocab_size, 2);
+
+  params.zero_grads();
+  MicroBatchState mb;
+  run_loss(chunk, ids, targets, batch, fused, &mb);
+  chunk.backward(mb, context_of(chunk, batch, fused));
+
+  double* p = params.flat_params().data<double>();
+  const double* g = params.flat_grads().data<double>();
+  int checked = 0;
+  for (const ParamEntry& e : params.entries()) {
+    const int64_t count = shape_numel(e.shape);
+    for (int64_t j = 0; j < count; j += std::max<int64_t>(1, count / 5)) {
+      const int64_t i = e.offset + j;
+      const double saved = p[i];
+      p[i] = saved + eps;
+      const double up = run_loss(chunk, ids, targets, batch, fused);
+      p[i] = saved - eps;
+      const double down = run_loss(chunk, ids, targets, batch, fused);
+      p[i] = saved;
+      const double numeric = (up - down) / (2 * eps);
+      const double tol = 1e-6 * std::max(1.0, std::abs(numeric)) + 1e-8;
+      EXPECT_NEAR(g[i], numeric, tol) << e.name << " element " << j;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 50);
+}
+
+}  // namespace tandem::model
