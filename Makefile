@@ -52,8 +52,9 @@ fuzz: deps
 	ctest --test-dir build-fuzz --output-on-failure
 
 # The demo builds only the program (not the tests) so that it finishes in a few minutes. Its model
-# is a smaller MoE than docs/model.md's defaults (DEMO_MODEL: 2 layers, hidden 128, 4 experts
-# top-2), trained on one problem per sample (DEMO_SEQ: "38+42=080\n" is 10 bytes), 100 samples per
+# is a small MoE (DEMO_MODEL: 2 layers, hidden 128, 4 experts top-2; the options' own defaults
+# are Megatron-LM's, a dense model), with the demo's own warm-up, weight decay, beta2 and
+# load-balancing weight (DEMO_ARGS), trained on one problem per sample (DEMO_SEQ: "38+42=080\n" is 10 bytes), 100 samples per
 # step: on 2 cores it learns 2-digit addition in about two minutes (README, "The demo").
 # Its products are small (1000 x 128 by 128 x 256 and the like): OpenBLAS's second thread saved no
 # time on them (1 min 47 s either way, idle) and costs a lot while the other core is busy, so the
@@ -67,7 +68,8 @@ DEMO_SEQ ?= $(shell echo $$((3 * $(DEMO_DIGITS) + 4)))
 DEMO_MODEL ?= --num-layers 2 --hidden-size 128 --num-attention-heads 4 --num-query-groups 4 \
   --ffn-hidden-size 256 --num-experts 4 --moe-router-topk 2
 DEMO_ARGS ?= --seq-length $(DEMO_SEQ) --micro-batch-size 100 --global-batch-size 100 \
-  --train-iters $(DEMO_ITERS) --lr 3e-3 --min-lr 3e-4 --log-interval 100
+  --train-iters $(DEMO_ITERS) --lr 3e-3 --min-lr 3e-4 --lr-warmup-iters 30 --weight-decay 0.1 \
+  --adam-beta2 0.95 --moe-aux-loss-coeff 0.01 --log-interval 100
 
 demo: deps
 	cmake --preset release >/dev/null

@@ -224,7 +224,7 @@ PY
       # (bench/hf_peer.py) in the same call; the MFU of both by hf_peer.py's FLOP formula against
       # the chip's measured bf16 matrix rate and the datasheet's 989 TFLOP/s; then the planner's
       # prediction from this run's node times for EP2 combined 1F1B on two GPUs.
-      SHAPE_D="--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --multi-latent-attention --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --rotary-interleaved --num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 --ffn-hidden-size 11264 --moe-layer-freq [0,1,1,1] --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.446 --moe-aux-loss-coeff 0 --vocab-size 163840 --seq-length 4096 --micro-batch-size 1"
+      SHAPE_D="--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --multi-latent-attention --qk-layernorm --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --rotary-interleaved --num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 --ffn-hidden-size 11264 --moe-layer-freq [0,1,1,1] --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.446 --moe-aux-loss-coeff 0 --vocab-size 163840 --seq-length 4096 --micro-batch-size 1"
       # Twice: each micro-batch's own expert weight gradients, then the step's 8 in one product
       # per expert (--moe-wgrad-merge 8, Note [Merged expert weight gradients]); the EP2 plans
       # from each run's node times.
@@ -252,6 +252,24 @@ PY
       done
       [ "${PEERS:-1}" = 0 ] && continue
       timeout 500 python3 devrun/hf_peer.py --compile --steps ${PEER_STEPS:-5} --warmup-steps 3 2> /tmp/peer_d.err | grep -E "RESULT|warm-up" | tee -a "$OUT/d.txt"; tail -3 /tmp/peer_d.err ;;
+    preflight)
+      # The pre-flight memory gate (docs/memory.md): shape (d) at 16 layers plans more than one
+      # GPU holds; it must stop with exit 2 within seconds, before the GPU holds any of the model.
+      SHAPE_D16=$(sed -n 's/^ *SHAPE_D="\(.*\)"$/\1/p' bench/gpu_suite.sh | sed 's/--num-layers 4 /--num-layers 16 /; s/\[0,1,1,1\]/[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]/')
+      t0=$(date +%s.%N)
+      timeout 120 $B/tandem train --device cuda $SHAPE_D16 --global-batch-size 8 --mock-data --train-iters 2 > /tmp/pre.log 2>&1 &
+      pid=$!; used=0
+      while kill -0 $pid 2>/dev/null; do
+        u=$(nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits | head -1); [ "$u" -gt "$used" ] && used=$u; sleep 0.2
+      done
+      wait $pid; rc=$?
+      echo "preflight: shape (d) at 16 layers rc=$rc in $(python3 -c "import time;print(round(time.time()-$t0,2))") s, the GPU's most memory used while it ran: $used MiB" | tee "$OUT/preflight.txt"
+      cat /tmp/pre.log | tee -a "$OUT/preflight.txt"
+      # What the gate costs: a run that fits, the time to its first step with the gate and the
+      # start-up as a whole.
+      for i in 1 2 3; do
+        /usr/bin/time -f "preflight: a fitting run (shape d, 4 layers, 1 step) took %e s" $B/tandem train --device cuda $(sed -n 's/^ *SHAPE_D="\(.*\)"$/\1/p' bench/gpu_suite.sh) --global-batch-size 1 --mock-data --train-iters 1 --quiet 2>&1 | tail -1 | tee -a "$OUT/preflight.txt"
+      done ;;
     fault)
       # Note [Bounded waits on the GPU]: rank 1 hangs on the host before step 3 (TANDEM_FAULT);
       # rank 0's GPU then waits in NCCL for it, and rank 0 must stop with an error naming the
@@ -407,7 +425,9 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       SB="${SHAPE_B/--num-microbatches 8/} ${DATA---mock-data}"; T=/tmp/capacity; mkdir -p $T
       for r in fresh balanced; do
         extra=""; [ $r = balanced ] && extra="--moe-router-force-load-balancing"
-        for where in "1|gpu1|--global-batch-size 16" "2|ep2|--expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32"; do
+        wheres=("1|gpu1|--global-batch-size 16")
+        [ "$G" -ge 2 ] && wheres+=("2|ep2|--expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32")
+        for where in "${wheres[@]}"; do
           IFS='|' read -r n w L <<< "$where"
           tandem_runs "$SB" $n 200 $T capacity.txt "$w-$r-dropless $L $extra" \
             "$w-$r-drop1 $L $extra --moe-expert-capacity-factor 1" \

@@ -8,6 +8,7 @@
 #include <cctype>
 #include <cmath>
 #include <exception>
+#include <filesystem>
 #include <iomanip>
 #include <optional>
 #include <string>
@@ -16,6 +17,7 @@
 #include <vector>
 
 #include "cli/config_file.h"
+#include "cli/megatron_options.h"
 #include "cli/option_table.h"
 #include "cli/path_checks.h"
 #include "cli/sizes.h"
@@ -153,7 +155,10 @@ void add_settings(CLI::App& app, const Settings& table) {
   }
 }
 
-void add_run_options(CLI::App& app, RunOptions& opts) { add_settings(app, run_settings(opts)); }
+void add_run_options(CLI::App& app, RunOptions& opts) {
+  add_settings(app, run_settings(opts));
+  add_megatron_options(app, opts.megatron);
+}
 
 namespace {
 
@@ -230,6 +235,68 @@ void apply_checkpoint_values(const Settings& specs, const nlohmann::json& values
                        opts, origins);
 }
 
+// One model, one record, as a Hugging Face config.json reads back: --kv-channels equal to
+// hidden-size / num-attention-heads is the width left unset (0, head_dim null); a
+// --moe-layer-freq list or expression is "1" when every layer has experts, else the 0/1 list.
+// A value that does not fit the layers is left for validation to name.
+void canonical_model(ModelConfig& m) {
+  const std::string& freq = m.moe_layer_freq;
+  const bool number = !freq.empty() && freq.find_first_not_of("0123456789") == std::string::npos;
+  if (!number) {
+    try {
+      const std::vector<bool> moe = moe_layer_pattern(freq, m.num_layers);
+      std::string list = "[";
+      bool all = true;
+      for (size_t l = 0; l < moe.size(); ++l) {
+        list += std::string(l ? "," : "") + (moe[l] ? "1" : "0");
+        all = all && moe[l];
+      }
+      m.moe_layer_freq = all ? "1" : list + "]";
+    } catch (const Error&) {
+    }
+  }
+  if (m.kv_channels > 0 && m.num_attention_heads > 0 &&
+      m.hidden_size % m.num_attention_heads == 0 &&
+      m.kv_channels == m.hidden_size / m.num_attention_heads) {
+    m.kv_channels = 0;
+  }
+}
+
+// A directory that does not exist, or exists and is empty.
+bool holds_nothing(const std::string& dir) {
+  std::error_code ec;
+  const auto status = std::filesystem::status(dir, ec);
+  if (status.type() == std::filesystem::file_type::not_found) return true;
+  return status.type() == std::filesystem::file_type::directory &&
+         std::filesystem::is_empty(dir, ec) && !ec;
+}
+
+void check_not_megatron_checkpoint(const std::string& dir) {
+  std::error_code ec;
+  TANDEM_CHECK(!std::filesystem::exists(
+                   std::filesystem::path(dir) / "latest_checkpointed_iteration.txt", ec),
+               "--load ", dir,
+               " is a Megatron-LM checkpoint (it has latest_checkpointed_iteration.txt); tandem "
+               "loads its own checkpoints and Hugging Face ones (config.json and safetensors): "
+               "convert it to Hugging Face form with Megatron-LM's converter and --load that "
+               "(docs/checkpoints.md)");
+}
+
+// Megatron-LM's --qk-layernorm with --multi-latent-attention means the RMSNorms of the q and kv
+// latents, which tandem's MLA (DeepSeek-V3's q_a_layernorm and kv_a_layernorm) always has; its
+// MLA without them has no transformers class, so a run that asks for MLA must ask for them too.
+// ModelConfig::qk_layernorm itself is the per-head norm of grouped-query attention (Qwen3).
+void latent_norms(ModelConfig& m, const Origins& origins) {
+  if (!m.multi_latent_attention) return;
+  const auto mla = origins.find("multi-latent-attention");
+  const bool asked = mla != origins.end() && mla->second.source != Origin::Source::kDefault;
+  TANDEM_CHECK(!asked || m.qk_layernorm,
+               "--multi-latent-attention without --qk-layernorm: Megatron-LM's MLA then has no "
+               "norms of the q and kv latents, which tandem's (DeepSeek-V3's) always has; pass "
+               "--qk-layernorm (docs/megatron.md)");
+  m.qk_layernorm = false;
+}
+
 }  // namespace
 
 void validate_run_options(const RunOptions& o) {
@@ -284,10 +351,27 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
     if (app.count("--" + s.name) > 0) origins[s.name].source = Origin::Source::kCommandLine;
   }
   check_command_line_values(table, origins);
+  const auto given = [&origins](const char* name) {
+    const auto o = origins.find(name);
+    return o != origins.end() && o->second.source != Origin::Source::kDefault;
+  };
   if (!opts.config_file.empty()) apply_config_file(app, table, opts.config_file, origins);
+  latent_norms(opts.model, origins);
+  canonical_model(opts.model);
+  apply_megatron_options(opts, origins);  // before a checkpoint's values are compared
+  if (!opts.load_dir.empty()) check_not_megatron_checkpoint(opts.load_dir);
+  if (!opts.load_dir.empty() && opts.load_may_start_fresh && holds_nothing(opts.load_dir)) {
+    opts.started_fresh = opts.load_dir;
+    opts.load_dir.clear();
+  }
   if (!opts.load_dir.empty() && read_checkpoint) {
     check_readable("--load", opts.load_dir);
     apply_checkpoint_values(table, read_checkpoint(opts.load_dir), opts, origins);
+  }
+  // Megatron-LM runs the interleaved schedule whenever a pipeline rank holds several model
+  // chunks; --schedule given says otherwise (and validate_layout checks it).
+  if (opts.parallel.virtual_pipeline_model_parallel_size > 1 && !given("schedule")) {
+    opts.parallel.schedule = "interleaved-1f1b";
   }
   const std::optional<double> shard = parse_size(opts.max_shard_size);
   TANDEM_CHECK(shard && *shard >= 1 && *shard < 9e18, "--max-shard-size ", opts.max_shard_size,
@@ -310,6 +394,17 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
       (groups == origins.end() || groups->second.source == Origin::Source::kDefault)) {
     opts.model.num_query_groups = opts.model.num_attention_heads;
   }
+  // Megatron-LM's multi-latent attention takes YaRN unless --rope-type says otherwise, from 4096
+  // original positions. At --rotary-scaling-factor 1 YaRN's frequencies and attention scale are
+  // the plain RoPE's, so the model stays "rope" there (and its HF config says so).
+  if (opts.model.multi_latent_attention && !given("rope-type") &&
+      opts.model.rotary_scaling_factor != 1.0) {
+    opts.model.rope_type = "yarn";
+  }
+  if (opts.model.rope_type == "yarn" && !given("rope-original-max-position-embeddings")) {
+    opts.model.rope_original_max_position = 4096;
+  }
+  canonical_model(opts.model);
   try {
     validate_run_options(opts);
   } catch (const Error& e) {

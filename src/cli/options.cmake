@@ -4,6 +4,7 @@ add_library(tandem_cli_options STATIC
   ${CMAKE_CURRENT_LIST_DIR}/config_file.cc
   ${CMAKE_CURRENT_LIST_DIR}/options.cc
   ${CMAKE_CURRENT_LIST_DIR}/option_table.cc
+  ${CMAKE_CURRENT_LIST_DIR}/megatron_options.cc
   ${CMAKE_CURRENT_LIST_DIR}/plan_options.cc
   ${CMAKE_CURRENT_LIST_DIR}/progress.cc
   ${CMAKE_CURRENT_LIST_DIR}/path_checks.cc

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <span>
 #include <string>
@@ -57,6 +58,14 @@ struct RunOptions {
   // --memory-available SIZE: what a rank may hold, for the pre-flight check (cli/preflight.h);
   // empty: what the device has.
   std::string memory_available;
+  // Megatron-LM's rule for `train`: a --load directory that does not exist yet, or is empty,
+  // holds no checkpoint, and the run starts fresh (its scripts --load and --save one directory).
+  // Set by the command before finalize_run_options; that directory is then in started_fresh and
+  // load_dir is empty.
+  bool load_may_start_fresh = false;
+  std::string started_fresh;
+  // Megatron-LM's options without a setting of their own, as given (cli/megatron_options.h).
+  std::map<std::string, std::string> megatron;
 };
 
 // An option whose value is one of `names`, handed to `store` once parsed; any other value is a

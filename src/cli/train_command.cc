@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/megatron_options.h"
 #include "cli/options.h"
 #include "cli/planned_run.h"
 #include "cli/preflight.h"
@@ -114,6 +115,7 @@ void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, int64_t s
 }
 
 void run_train(const CLI::App& app, RunOptions& o) {
+  o.load_may_start_fresh = true;
   finalize_run_options(app, o, checkpoint_option_values);
   check_supported(o);
   check_validation_options(o, WholeDataPath::kRefused);
@@ -157,6 +159,14 @@ void run_train(const CLI::App& app, RunOptions& o) {
               << (plan ? planned_memory_line(*plan) : "memory not planned: " + unplanned)
               << std::endl;
     if (valid) print_validation(o, *valid);
+    if (!o.started_fresh.empty()) {
+      std::cout << "tandem train: --load " << o.started_fresh
+                << " holds no checkpoint yet: the run starts from the initialisation"
+                << (o.save_dir.empty() ? "" : ", and --save writes to " + o.save_dir) << std::endl;
+    }
+    if (const std::string note = megatron_model_note(o.megatron); !note.empty()) {
+      std::cout << "tandem train: " << note << std::endl;
+    }
   }
   run_steps(o, trainer, start, plan, reporter, valid.get());
   if (lead && !o.save_dir.empty() && !o.quiet) {

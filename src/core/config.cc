@@ -72,7 +72,7 @@ double rope_attention_factor(const RopeSpec& rope) {
 double ModelConfig::softmax_scale() const {
   double s = 1.0 / std::sqrt(static_cast<double>(qk_dim()));
   if (multi_latent_attention && rope_type == "yarn" && yarn_mscale_all_dim != 0) {
-    const double m = tandem::yarn_mscale(rope_scaling_factor, yarn_mscale_all_dim);
+    const double m = tandem::yarn_mscale(rotary_scaling_factor, yarn_mscale_all_dim);
     s *= m * m;
   }
   return s;
@@ -165,12 +165,24 @@ const std::vector<ModelField>& model_fields() {
       {"v-head-dim", &M::v_head_dim, "--multi-latent-attention: the width of each value head",
        kPositive, false},
       {"rotary-interleaved", &M::rotary_interleaved,
-       "RoPE rotates neighbouring columns (2i, 2i+1) (DeepSeek-V3's rope_interleave); MLA only",
+       "RoPE rotates neighbouring columns (2i, 2i+1) (DeepSeek-V3's rope_interleave); MLA "
+       "only; off: columns i and i + D/2, as Megatron-LM's MLA by default",
        FieldBound::kAny, false},
       {"rope-type", &M::rope_type,
        "rope, or yarn (YaRN's frequencies and attention scale; --multi-latent-attention only), "
-       "with --rope-scaling-factor and --rope-original-max-position-embeddings",
+       "with --rotary-scaling-factor and --rope-original-max-position-embeddings; left out, "
+       "multi-latent attention takes yarn, as Megatron-LM's (at --rotary-scaling-factor 1 the "
+       "plain RoPE)",
        FieldBound::kAny, false},
+      {"init-method-std", &M::init_method_std,
+       "the standard deviation of the weights' normal initialisation; the output projections "
+       "(attention's o_proj, the feed-forwards' down_proj) take it / sqrt(2 num-layers), as "
+       "Megatron-LM",
+       kPositive, false},
+      {"rotary-scaling-factor", &M::rotary_scaling_factor,
+       "--rope-type yarn: YaRN's scaling factor s (Megatron-LM's); 1 leaves the frequencies "
+       "and the attention scale as they are",
+       kPositive, false},
       {"beta-fast", &M::yarn_beta_fast, "--rope-type yarn: YaRN's beta_fast", kPositive, false},
       {"beta-slow", &M::yarn_beta_slow, "--rope-type yarn: YaRN's beta_slow", kPositive, false},
       {"mscale", &M::yarn_mscale, "--rope-type yarn: YaRN's mscale", kNonNegative, false},
@@ -228,43 +240,6 @@ std::string field_json_key(const ModelField& f) {
   return key;
 }
 
-std::vector<bool> moe_layer_pattern(const std::string& freq, int64_t num_layers) {
-  const auto bad = [&](const std::string& why) -> Error {
-    return Error(detail::concat("--moe-layer-freq ", freq, " is invalid: ", why,
-                                "; valid: an integer N >= 1 (layer l has experts when l % N == 0) "
-                                "or a list of 0 and 1, one per layer, like [0,1,1,1]"));
-  };
-  std::vector<bool> moe;
-  if (!freq.empty() && freq.front() == '[') {
-    if (freq.back() != ']') throw bad("the list does not end with ]");
-    std::string item;
-    for (size_t i = 1; i < freq.size(); ++i) {
-      const char ch = freq[i];
-      if (ch == ' ') continue;
-      if (ch != ',' && ch != ']') {
-        item += ch;
-        continue;
-      }
-      if (item != "0" && item != "1") throw bad("'" + item + "' is not 0 or 1");
-      moe.push_back(item == "1");
-      item.clear();
-    }
-    if (static_cast<int64_t>(moe.size()) != num_layers) {
-      throw bad(detail::concat("the list has ", moe.size(), " entries for ", num_layers,
-                               " layers (--num-layers)"));
-    }
-    return moe;
-  }
-  int64_t n = 0;
-  for (const char ch : freq) {
-    if (ch < '0' || ch > '9' || n > (int64_t{1} << 40)) throw bad("it is not a whole number");
-    n = n * 10 + (ch - '0');
-  }
-  if (freq.empty() || n < 1) throw bad("it is not an integer >= 1");
-  for (int64_t l = 0; l < num_layers; ++l) moe.push_back(l % n == 0);
-  return moe;
-}
-
 bool ModelConfig::is_moe_layer(int64_t l) const {
   if (!is_moe()) return false;
   if (moe_layer_freq == "1") return true;
@@ -295,7 +270,6 @@ static ModelFamily deepseek_v3_family(const ModelConfig& m) {
                  " (docs/model.md \"Families\")");
   };
   if (!m.is_moe()) throw none("dense model: set --num-experts");
-  if (!m.rotary_interleaved) throw none("RoPE without --rotary-interleaved");
   if (!m.sigmoid_router()) throw none("softmax router: use --moe-router-score-function sigmoid");
   if (m.qk_layernorm) throw none("--qk-layernorm");
   if (m.add_qkv_bias) throw none("--add-qkv-bias");
@@ -378,7 +352,7 @@ RopeSpec ModelConfig::rope() const {
   }
   if (rope_type == "yarn") {
     r.scaling = RopeScaling::kYarn;
-    r.factor = rope_scaling_factor;
+    r.factor = rotary_scaling_factor;
     r.original_max_position = rope_original_max_position;
     r.beta_fast = yarn_beta_fast;
     r.beta_slow = yarn_beta_slow;
@@ -534,7 +508,7 @@ void ModelConfig::validate_v3_options() const {
                "--moe-router-score-function ", moe_router_score_function,
                " is invalid: valid: softmax, sigmoid");
   if (rope_type == "yarn") {
-    TANDEM_CHECK(rope_scaling_factor >= 1, "--rope-scaling-factor ", rope_scaling_factor,
+    TANDEM_CHECK(rotary_scaling_factor >= 1, "--rotary-scaling-factor ", rotary_scaling_factor,
                  " is invalid with --rope-type yarn: it must be >= 1");
     TANDEM_CHECK(rope_original_max_position >= 1, "--rope-original-max-position-embeddings ",
                  rope_original_max_position, " is invalid: need at least 1");
@@ -595,6 +569,9 @@ void ModelConfig::validate_routing_options() const {
                "--moe-token-drop-policy ", moe_token_drop_policy,
                " is invalid: valid: probs, position");
   const double factor = moe_expert_capacity_factor;
+  TANDEM_CHECK(factor == 0 || is_moe(), "--moe-expert-capacity-factor ", factor,
+               " caps the rows of each expert, but --num-experts is 0 (a dense model): set "
+               "--num-experts or leave the capacity out");
   TANDEM_CHECK(
       factor > 0 || (moe_token_drop_policy == "probs" && !moe_pad_expert_input_to_capacity),
       moe_pad_expert_input_to_capacity ? "--moe-pad-expert-input-to-capacity"

@@ -71,9 +71,9 @@ struct ModelConfig {
   int64_t num_attention_heads = 8;
   int64_t num_query_groups = 8;
   int64_t ffn_hidden_size = 512;
-  int64_t num_experts = 8;  // 0: dense (Llama)
+  int64_t num_experts = 0;  // 0: dense (Llama), Megatron's default
   int64_t moe_router_topk = 2;
-  double moe_aux_loss_coeff = 0.01;
+  double moe_aux_loss_coeff = 0.0;
   double rotary_base = 10000.0;
   // --use-rope-scaling and its factors: Llama 3's RoPE frequency scaling (RopeSpec).
   bool use_rope_scaling = false;
@@ -123,6 +123,12 @@ struct ModelConfig {
   double yarn_beta_slow = 1.0;
   double yarn_mscale = 1.0;
   double yarn_mscale_all_dim = 0.0;
+  // YaRN's scaling factor (Megatron-LM's --rotary-scaling-factor); 1 leaves the frequencies as
+  // they are.
+  double rotary_scaling_factor = 1.0;
+  // The standard deviation of the weights' normal initialisation (Megatron-LM's
+  // --init-method-std); the output projections take it / sqrt(2 num_layers).
+  double init_method_std = 0.02;
   // --moe-router-score-function: "softmax" (Mixtral, Qwen) or "sigmoid" (DeepSeek-V3: sigmoid
   // scores, weights the selected ones' scores, normalised unless --moe-router-pre-softmax).
   std::string moe_router_score_function = "softmax";
@@ -237,12 +243,12 @@ struct TrainConfig {
   int64_t global_batch_size = 16;
   int64_t train_iters = 300;
   double lr = 3e-3;
-  double min_lr = 3e-4;
-  int64_t lr_warmup_iters = 30;
+  double min_lr = 0.0;
+  int64_t lr_warmup_iters = 0;
   int64_t lr_decay_iters = 0;  // 0: decay over train_iters
-  double weight_decay = 0.1;
+  double weight_decay = 0.01;
   double adam_beta1 = 0.9;
-  double adam_beta2 = 0.95;
+  double adam_beta2 = 0.999;
   double adam_eps = 1e-8;
   double clip_grad = 1.0;
   uint64_t seed = 1234;

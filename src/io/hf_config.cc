@@ -228,14 +228,14 @@ std::string valid_model_types() {
 void read_yarn(const ConfigReader& r, const ConfigReader& d, const FamilyInfo& family,
                ModelConfig& m) {
   m.rope_type = "yarn";
-  m.rope_scaling_factor = d.number("factor");
+  m.rotary_scaling_factor = d.number("factor");
   const int64_t max_position = r.integer("max_position_embeddings", family.default_max_position);
   m.rope_original_max_position = d.integer("original_max_position_embeddings", max_position);
   if (d.has("original_max_position_embeddings") &&
       std::abs(static_cast<double>(max_position) /
                    static_cast<double>(m.rope_original_max_position) -
-               m.rope_scaling_factor) > 1e-9 * m.rope_scaling_factor) {
-    d.fail("factor", "is " + Json(m.rope_scaling_factor).dump() +
+               m.rotary_scaling_factor) > 1e-9 * m.rotary_scaling_factor) {
+    d.fail("factor", "is " + Json(m.rotary_scaling_factor).dump() +
                          ", not max_position_embeddings / original_max_position_embeddings (" +
                          std::to_string(max_position) + " / " +
                          std::to_string(m.rope_original_max_position) +
@@ -411,9 +411,6 @@ void read_qwen_moe(const ConfigReader& r, ModelConfig& m, int64_t experts) {
 void read_deepseek_v3(const ConfigReader& r, ModelConfig& m) {
   m.multi_latent_attention = true;
   m.rotary_interleaved = r.boolean("rope_interleave", true);
-  if (!m.rotary_interleaved) {
-    r.fail("rope_interleave", "is false; tandem implements DeepSeek-V3's interleaved RoPE only");
-  }
   m.q_lora_rank = r.has("q_lora_rank") ? r.integer("q_lora_rank") : 0;
   if (r.has("q_lora_rank") && m.q_lora_rank < 1) {
     r.fail("q_lora_rank", "is " + std::to_string(m.q_lora_rank) + "; valid: null or >= 1");
@@ -534,7 +531,7 @@ void write_deepseek_v3(nlohmann::ordered_json& j, const ModelConfig& model) {
   j["qk_rope_head_dim"] = model.qk_pos_emb_head_dim;
   j["qk_head_dim"] = model.qk_dim();
   j["v_head_dim"] = model.v_head_dim;
-  j["rope_interleave"] = true;
+  j["rope_interleave"] = model.rotary_interleaved;
   j["n_routed_experts"] = model.num_experts;
   j["num_experts_per_tok"] = model.moe_router_topk;
   j["moe_intermediate_size"] = model.expert_ffn_size();
@@ -577,7 +574,7 @@ std::string hf_config_json(const ModelConfig& model) {
   const bool yarn = model.rope_type == "yarn";
   if (yarn) {
     scaling = {{"rope_type", "yarn"},
-               {"factor", model.rope_scaling_factor},
+               {"factor", model.rotary_scaling_factor},
                {"original_max_position_embeddings", model.rope_original_max_position},
                {"beta_fast", model.yarn_beta_fast},
                {"beta_slow", model.yarn_beta_slow},

@@ -180,7 +180,7 @@ void mla_entries(const ModelConfig& c, const std::string& p,
                  const std::function<void(const std::string&, int64_t)>& gain) {
   const int64_t h = c.hidden_size, heads = c.num_attention_heads, rq = c.q_lora_rank;
   const int64_t rkv = c.kv_lora_rank;
-  const double std = 0.02;
+  const double std = c.init_method_std;
   if (rq > 0) {
     matrix(p + "self_attn.q_a_proj.weight", {rq, h}, std);
     gain(p + "self_attn.q_a_layernorm.weight", rq);
@@ -199,7 +199,8 @@ void Parameters::build_entries() {
   const ModelConfig& c = cfg_;
   const int64_t h = c.hidden_size, f = c.ffn_hidden_size, fe = c.expert_ffn_size();
   const int64_t fs = c.moe_shared_expert_intermediate_size;
-  const double std = 0.02, out_std = 0.02 / std::sqrt(2.0 * static_cast<double>(c.num_layers));
+  const double std = c.init_method_std;
+  const double out_std = std / std::sqrt(2.0 * static_cast<double>(c.num_layers));
   const auto matrix = [&](const std::string& name, Shape shape, double sd,
                           ParamShard shard = ParamShard::kDense) {
     add(name, std::move(shape), ParamKind::kMatrix, shard, sd);

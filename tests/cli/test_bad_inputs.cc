@@ -38,6 +38,7 @@ std::vector<std::string> small_v3(std::vector<std::string> more) {
                                    "--global-batch-size",
                                    "4",
                                    "--multi-latent-attention",
+                                   "--qk-layernorm",
                                    "--kv-lora-rank",
                                    "8",
                                    "--qk-head-dim",
@@ -184,7 +185,9 @@ std::vector<BadInput> option_cases() {
        {"--global-batch-size", "20", "--log-json", "log.jsonl"},
        {"--global-batch-size 20", "multiple"}},
       {"vocab for the task", {"--vocab-size", "100"}, {"--vocab-size 100", ">= 256"}},
-      {"top-k", {"--moe-router-topk", "9", "--save", "out"}, {"--moe-router-topk 9"}},
+      {"top-k",
+       {"--num-experts", "8", "--moe-router-topk", "9", "--save", "out"},
+       {"--moe-router-topk 9"}},
       {"log dir", small({"--log-json", "nodir/log.jsonl"}), {"nodir", "does not exist"}},
       {"save is a file",
        small({"--save", "afile"}),
@@ -213,17 +216,21 @@ std::vector<BadInput> option_cases() {
        {"--moe-expert-capacity-factor", "1", "--moe-token-drop-policy", "random"},
        {"--moe-token-drop-policy random", "probs, position"}},
       {"padded capacity above the tokens",
-       {"--moe-expert-capacity-factor", "5", "--moe-pad-expert-input-to-capacity"},
+       {"--num-experts", "8", "--moe-expert-capacity-factor", "5",
+        "--moe-pad-expert-input-to-capacity"},
        {"--moe-pad-expert-input-to-capacity", "factor of at most 4"}},
+      {"capacity in a dense model",
+       {"--moe-expert-capacity-factor", "1"},
+       {"--moe-expert-capacity-factor 1", "a dense model"}},
       {"negative z-loss", {"--moe-z-loss-coeff", "-1"}, {"--moe-z-loss-coeff", "-1"}},
       {"groups",
        small_v3({"--moe-aux-loss-coeff", "0", "--moe-router-num-groups", "3",
                  "--moe-router-group-topk", "1"}),
        {"--moe-router-num-groups 3"}},
-      {"MLA without its interleaved RoPE",
+      {"MLA without the norms of its latents",
        {"--multi-latent-attention", "--num-query-groups", "8", "--moe-router-score-function",
         "sigmoid", "--moe-aux-loss-coeff", "0"},
-       {"--rotary-interleaved"}},
+       {"--multi-latent-attention without --qk-layernorm"}},
   };
 }
 
@@ -392,11 +399,31 @@ std::vector<BadInput> checkpoint_table() {
   };
   const std::string st = "ck/iter_0000001/";
   return {
-      {"missing checkpoint", {"--load", "nothing"}, {"--load nothing", "cannot read"}},
-      {"not a checkpoint",
+      // A training run starts fresh there (Megatron-LM's rule); eval needs a model.
+      {"missing checkpoint",
+       {"--load", "nothing"},
+       {"--load nothing", "cannot read"},
+       [](const fs::path&) {},
+       "eval"},
+      {"empty checkpoint directory",
        {"--load", "empty"},
        {"empty", "not a checkpoint"},
-       [](const fs::path& w) { fs::create_directories(w / "empty"); }},
+       [](const fs::path& w) { fs::create_directories(w / "empty"); },
+       "eval"},
+      {"not a checkpoint",
+       {"--load", "other"},
+       {"other", "not a checkpoint"},
+       [](const fs::path& w) {
+         fs::create_directories(w / "other");
+         write_text(w / "other/notes.txt", "not a model\n");
+       }},
+      {"a Megatron-LM checkpoint",
+       {"--load", "mcore"},
+       {"--load mcore is a Megatron-LM checkpoint", "Hugging Face"},
+       [](const fs::path& w) {
+         fs::create_directories(w / "mcore/iter_0000010");
+         write_text(w / "mcore/latest_checkpointed_iteration.txt", "10\n");
+       }},
       {"latest names a missing directory",
        {"--load", "ck", "--save", "ck"},
        {"ck/latest", "iter_0000009", "does not exist"},

@@ -5,6 +5,7 @@
 // message of a stopped run; the JSON log of a run with a skipped step.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <set>
@@ -90,6 +91,25 @@ TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
             slurp(work / "full/iter_0000006/model.safetensors"));
   EXPECT_EQ(slurp(work / "ck/iter_0000006/optimizer.safetensors"),
             slurp(work / "full/iter_0000006/optimizer.safetensors"));
+}
+
+// Megatron-LM's scripts --load and --save one directory from the first run on: a --load
+// directory that does not exist yet starts the run from the initialisation, and the next run
+// resumes from what the first saved there.
+TEST(CheckpointProgram, LoadOfADirectoryNotWrittenYetStartsFresh) {
+  TempDir work, capture;
+  std::vector<std::string> first = tiny({"--train-iters", "2", "--load", "run", "--save", "run"});
+  first.erase(std::find(first.begin(), first.end(), "--quiet"));
+  RunResult r = run_tandem(first, work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("--load run holds no checkpoint yet: the run starts from the "
+                       "initialisation, and --save writes to run"),
+            std::string::npos)
+      << r.out;
+  r = run_tandem({"train", "--load", "run", "--save", "run", "--train-iters", "3"}, work.path(),
+                 capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("resumed from run/iter_0000002 at iteration 2"), std::string::npos) << r.out;
 }
 
 // --mock-data: uniformly random tokens hold nothing to learn, so the loss stays at ln(vocab)

@@ -54,7 +54,7 @@ TEST(CheckpointOptions, AbsentOptionsComeFromTheCheckpoint) {
   EXPECT_EQ(o.train.seed, 7u);
   EXPECT_EQ(o.train.lr, 0.5);
   EXPECT_EQ(o.train.non_finite_policy, NonFinitePolicy::kSkip);
-  EXPECT_EQ(o.model.num_experts, 8);  // not in the checkpoint: the default stays
+  EXPECT_EQ(o.model.num_experts, 0);  // not in the checkpoint: the default stays
 }
 
 TEST(CheckpointOptions, WithoutLoadNothingIsRead) {

@@ -163,6 +163,7 @@ TEST(PlanSearch, PlansDeepseekV3ForTheGpu) {
                                         "--seq-length",
                                         "32",
                                         "--multi-latent-attention",
+                                        "--qk-layernorm",
                                         "--kv-lora-rank",
                                         "32",
                                         "--qk-head-dim",

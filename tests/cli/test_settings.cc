@@ -55,7 +55,7 @@ std::optional<std::string> other_value(const Setting& s,
   }
   if (const auto* u = std::get_if<uint64_t>(&now)) candidates = {std::to_string(*u + 1)};
   if (const auto* d = std::get_if<double>(&now)) {
-    for (double v : {*d / 2, *d * 2, 0.5, 0.25}) candidates.push_back(value_text(v));
+    for (double v : {*d / 2, *d * 2, 0.5, 0.25, 1e-4}) candidates.push_back(value_text(v));
   }
   if (std::holds_alternative<std::string>(now) && setting_choices(s).empty()) {
     candidates = {"x-" + s.name};

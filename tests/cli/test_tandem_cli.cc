@@ -45,7 +45,8 @@ TEST(TandemProgram, BadCommandLinesExitWithTwoAndWriteNothing) {
       // No GPU on the test machine (or no CUDA in the build): refused before anything is written.
       {{"--device", "cuda", "--save", "ckpt", "--log-json", "out.json"}, "--device cuda"},
       {{"--log-json", "out.json", "--num-layers", "-3"}, "-3"},
-      {{"--log-json", "out.json", "--moe-router-topk", "9"}, "--moe-router-topk 9"},
+      {{"--log-json", "out.json", "--num-experts", "8", "--moe-router-topk", "9"},
+       "--moe-router-topk 9"},
       {{"--log-json", "out.json", "--trace", "trace.json", "--lr", "-1"}, "--lr -1"},
       {{"--save", "ckpt", "--hidden-size", "250"}, "--hidden-size 250"},
       {{"--save", "ckpt", "--global-batch-size", "20"}, "--global-batch-size 20"},
@@ -88,6 +89,8 @@ TEST(TandemProgram, PlanForTheGpuCountsTheWeightCopyAndBf16Activations) {
                                      "2",
                                      "--num-layers",
                                      "4",
+                                     "--num-experts",
+                                     "8",
                                      "--global-batch-size",
                                      "8"};
     if (gpu) args.insert(args.end(), {"--device", "cuda"});
@@ -124,6 +127,8 @@ TEST(TandemProgram, PlanModelsTheDeferredUpdate) {
                                      "--json",
                                      "--device",
                                      "cuda",
+                                     "--num-experts",
+                                     "8",
                                      "--expert-model-parallel-size",
                                      "2",
                                      "--schedule",
@@ -186,6 +191,8 @@ TEST(TandemProgram, PlanModelsTheDataParallelGradientReduction) {
                                      "2",
                                      "--num-layers",
                                      "4",
+                                     "--num-experts",
+                                     "8",
                                      "--global-batch-size",
                                      "32"};
     args.insert(args.end(), more.begin(), more.end());
@@ -447,7 +454,7 @@ TEST(TandemProgram, PlanScalesNodeTimesOrRefusesAnotherWidth) {
   };
   const auto plan = [&](const std::string& times, const std::string& micro_batch) {
     return run_tandem({"plan", "--json", "--node-times", times, "--micro-batch-size", micro_batch,
-                       "--global-batch-size", "8"},
+                       "--global-batch-size", "8", "--num-experts", "8"},
                       work.path(), capture.path());
   };
   const std::string same = file("same.json", 256, true), unscaled = file("bare.json", 256, false);

@@ -37,8 +37,41 @@ TEST(Config, GroupsMustDivideHeads) {
 
 TEST(Config, TopkAboveExperts) {
   ModelConfig c;
+  c.num_experts = 8;
   c.moe_router_topk = 9;
   EXPECT_NE(error_of(c).find("--moe-router-topk 9"), std::string::npos);
+}
+
+// Megatron-LM's recipes write --moe-layer-freq as Python ("([0]*3+[1]*58)"); the reference is
+// the list Python's eval gives, spelled out.
+TEST(Config, MoeLayerFreqReadsMegatronsPythonLists) {
+  const auto pattern = [](const std::string& f, int64_t layers) {
+    std::vector<int> out;
+    for (const bool b : moe_layer_pattern(f, layers)) out.push_back(b ? 1 : 0);
+    return out;
+  };
+  const std::vector<int> three_dense_first = {0, 0, 0, 1, 1};
+  for (const char* f :
+       {"([0]*3+[1]*2)", "[0]*3+[1]*2", "[0,0,0]+2*[1]", "'([0]*3+[1]*2)'", "\"[0, 0, 0, 1, 1]\"",
+        "[0,0,0,1,1,]", "([0]+[0]*2)+([1]*2)", "[0]*1*3+[1]*2"}) {
+    EXPECT_EQ(pattern(f, 5), three_dense_first) << f;
+  }
+  EXPECT_EQ(pattern("2", 5), (std::vector<int>{1, 0, 1, 0, 1}));
+  EXPECT_EQ(pattern("'1'", 2), (std::vector<int>{1, 1}));
+  const auto message = [](const std::string& f, int64_t layers) {
+    try {
+      moe_layer_pattern(f, layers);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string();
+  };
+  EXPECT_NE(message("([0]*3+[1]*2", 5).find("a ( is not closed"), std::string::npos);
+  EXPECT_NE(message("[0]*3+[2]*2", 5).find("'2' is not 0 or 1"), std::string::npos);
+  EXPECT_NE(message("[0]*3+[1]*3", 5).find("6 entries for 5 layers"), std::string::npos);
+  EXPECT_NE(message("[0]*99999999999", 5).find("above"), std::string::npos);
+  EXPECT_NE(message("[1]*1048576*1048576", 5).find("longer than"), std::string::npos);
+  EXPECT_NE(message("[0]-[1]", 2).find("unexpected '-'"), std::string::npos);
 }
 
 TEST(Config, GlobalBatchMultipleOfMicroBatch) {

@@ -51,7 +51,8 @@ ModelConfig dense_config() {
 }
 
 TEST(HfConfig, MixtralKeysAndRoundTrip) {
-  ModelConfig m;  // the demo: MoE
+  ModelConfig m;
+  m.num_experts = 8;
   m.moe_aux_loss_coeff = 0.02;
   const Json j = Json::parse(hf_config_json(m));
   EXPECT_EQ(j["architectures"], Json::array({"MixtralForCausalLM"}));
@@ -120,7 +121,9 @@ void expect_error(const std::string& text, const std::vector<std::string>& parts
 }
 
 TEST(HfConfig, BadConfigsNameTheKeyAndTheFile) {
-  Json good = Json::parse(hf_config_json(ModelConfig{}));
+  ModelConfig moe;
+  moe.num_experts = 8;
+  Json good = Json::parse(hf_config_json(moe));
   const auto with = [&](const std::string& key, const Json& value) {
     Json j = good;
     j[key] = value;
@@ -164,6 +167,7 @@ TEST(HfConfig, BadConfigsNameTheKeyAndTheFile) {
 // read as, and back; the settings tandem does not implement refused by key.
 ModelConfig deepseek_v3_config() {
   ModelConfig m;
+  m.num_experts = 8;
   m.num_query_groups = m.num_attention_heads;
   m.num_layers = 4;
   m.multi_latent_attention = true;
@@ -183,7 +187,7 @@ ModelConfig deepseek_v3_config() {
   m.moe_aux_loss_coeff = 0;
   m.moe_layer_freq = "[0,1,1,1]";
   m.rope_type = "yarn";
-  m.rope_scaling_factor = 4;
+  m.rotary_scaling_factor = 4;
   m.rope_original_max_position = 32;
   m.yarn_mscale = 1;
   m.yarn_mscale_all_dim = 1;
@@ -230,6 +234,18 @@ TEST(HfConfig, DeepseekV3KeysAndRoundTrip) {
   EXPECT_EQ(parse_hf_config(jn.dump(), "config.json").q_lora_rank, 0);
 }
 
+// Megatron-LM's MLA rotates columns i and i + D/2 unless told otherwise; transformers' DeepSeek-V3
+// does the same with rope_interleave false.
+TEST(HfConfig, DeepseekV3WithoutInterleavedRopeRoundTrips) {
+  ModelConfig m = deepseek_v3_config();
+  m.rotary_interleaved = false;
+  const Json j = Json::parse(hf_config_json(m));
+  EXPECT_EQ(j["rope_interleave"], false);
+  const ModelConfig back = parse_hf_config(j.dump(), "config.json");
+  EXPECT_FALSE(back.rotary_interleaved);
+  expect_same(back, m);
+}
+
 TEST(HfConfig, DeepseekV3SettingsTandemDoesNotImplementAreRefusedByKey) {
   const Json good = Json::parse(hf_config_json(deepseek_v3_config()));
   const auto with = [&](const std::string& key, const Json& value) {
@@ -243,7 +259,6 @@ TEST(HfConfig, DeepseekV3SettingsTandemDoesNotImplementAreRefusedByKey) {
     j["rope_parameters"][key] = value;
     return j.dump();
   };
-  expect_error(with("rope_interleave", false), {"key 'rope_interleave'"});
   expect_error(with("head_dim", 16), {"key 'head_dim'", "qk_rope_head_dim"});
   expect_error(with("qk_head_dim", 20), {"key 'qk_head_dim'"});
   expect_error(with("attention_bias", true), {"key 'attention_bias'"});

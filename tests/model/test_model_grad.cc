@@ -59,7 +59,7 @@ TEST(ModelGradient, DeepseekV3WithSequenceAuxLossMatchesFiniteDifferences) {
 TEST(ModelGradient, DeepseekV3WithYarnMatchesFiniteDifferences) {
   ModelConfig c = testing::tiny_deepseek_v3_config(5);
   c.rope_type = "yarn";
-  c.rope_scaling_factor = 4;
+  c.rotary_scaling_factor = 4;
   c.rope_original_max_position = 2;
   c.yarn_mscale = 1;
   c.yarn_mscale_all_dim = 0.7;

@@ -94,6 +94,7 @@ inline ModelConfig memory_config(bool moe) {
   c.num_query_groups = 2;
   c.ffn_hidden_size = 256;
   c.num_experts = moe ? 4 : 0;
+  c.moe_aux_loss_coeff = 0.01;  // the load-balancing loss, as the measured peaks had it
   c.moe_router_topk = moe ? 2 : 1;
   c.seq_length = 64;
   return c;

@@ -546,6 +546,7 @@ TEST(Simulator, PlanInputErrorsNameTheOption) {
             }).find("--num-layers 6 does not divide into 4 pipeline stages"),
             std::string::npos);
   EXPECT_NE(error_of([](PlanRequest& r) {
+              r.inputs.model.num_experts = 8;
               r.inputs.expert_parallel_size = 3;
             }).find("--expert-model-parallel-size 3 does not divide --num-experts 8"),
             std::string::npos);

@@ -20,6 +20,7 @@ PlanRequest request(const char* name, int32_t p, int32_t v, int32_t m) {
   req.schedule_name = name;
   req.shape = {p, v, m};
   req.inputs.model.num_layers = p * v;
+  req.inputs.model.num_experts = 8;
   req.inputs.expert_parallel_size = 2;
   return req;
 }
