@@ -86,6 +86,27 @@ std::string describe_node(const toml::node& node) {
   return out.str();
 }
 
+// A list setting's words: one string, or an array of strings and numbers (`data-path = [0.3,
+// "a", 0.7, "b"]`, each number as typed on the command line); nullopt for anything else.
+std::optional<SettingValue> read_list(const toml::node& node) {
+  if (const auto* s = node.as_string()) return SettingValue(StringList{s->get()});
+  const auto* array = node.as_array();
+  if (array == nullptr || array->empty()) return std::nullopt;
+  StringList out;
+  for (const toml::node& item : *array) {
+    if (const auto* s = item.as_string()) {
+      out.push_back(s->get());
+    } else if (const auto* i = item.as_integer()) {
+      out.push_back(std::to_string(i->get()));
+    } else if (const auto* d = item.as_floating_point()) {
+      out.push_back(value_text(d->get()));
+    } else {
+      return std::nullopt;
+    }
+  }
+  return SettingValue(std::move(out));
+}
+
 // The node as the spec's type, or nullopt when the TOML type does not fit. Integers are accepted
 // for float options (`rotary-base = 10000`), never the other way round.
 std::optional<SettingValue> read_node(const Setting& spec, const toml::node& node) {
@@ -121,7 +142,8 @@ std::optional<SettingValue> read_node(const Setting& spec, const toml::node& nod
                                  if (const auto* s = node.as_string())
                                    return SettingValue(s->get());
                                  return std::nullopt;
-                               }},
+                               },
+                               [&](StringList*) { return read_list(node); }},
                     spec.ref);
 }
 

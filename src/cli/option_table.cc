@@ -12,9 +12,12 @@ Settings data_settings(RunOptions& o) {
       {
           {.name = "data-path",
            .ref = &o.data_path,
-           .help = "training data: a token or text file, or a Megatron .bin/.idx prefix "
-                   "(default: none, the built-in addition task)",
-           .metavar = "PATH"},
+           .help = "training data, as Megatron's --data-path: a token or text file or a Megatron "
+                   ".bin/.idx prefix (A); weight and prefix pairs (0.3 A 0.7 B), a blend drawing "
+                   "those shares of the samples from each; or prefixes alone (A B), weighted by "
+                   "their sizes. --split cuts each into its parts (default: none, the built-in "
+                   "addition task)",
+           .metavar = "[W] PATH ..."},
           {.name = "data-format",
            .ref = &o.data_format,
            .help = "format of --data-path",
@@ -31,20 +34,32 @@ Settings data_settings(RunOptions& o) {
           {.name = "split",
            .ref = &o.split,
            .help = "weights of --data-path's training, validation and test parts, as Megatron's "
-                   "--split: 969,30,1 trains on the first 96.9% of the documents (a Megatron "
-                   "index's; else of the tokens), validates on the next 3% (default: none, all "
-                   "trains)",
+                   "--split (commas or slashes; quotes and spaces are ignored): 969,30,1 trains "
+                   "on the first 96.9% of each file's documents (a Megatron index's; else of its "
+                   "tokens), validates on the next 3% and tests on the rest after training "
+                   "(default: none, all trains)",
            .metavar = "T,V,S"},
+          {.name = "train-data-path",
+           .ref = &o.train_data_path,
+           .help = "training data of its own, in --data-path's forms, instead of --data-path and "
+                   "--split (Megatron's; default: none)",
+           .metavar = "[W] PATH ..."},
           {.name = "valid-data-path",
            .ref = &o.valid_data_path,
-           .help = "validation data of its own, in --data-format (default: none; then --split's "
-                   "part, or the built-in task's held-out problems)",
-           .metavar = "PATH"},
+           .help = "validation data of its own, in --data-path's forms, with --train-data-path "
+                   "(default: none; then --split's part, or the built-in task's held-out "
+                   "problems)",
+           .metavar = "[W] PATH ..."},
+          {.name = "test-data-path",
+           .ref = &o.test_data_path,
+           .help = "test data of its own, in --data-path's forms, with --train-data-path: "
+                   "evaluated after training for --eval-iters batches (default: none)",
+           .metavar = "[W] PATH ..."},
           {.name = "eval-iters",
            .ref = &o.eval_iters,
-           .help = "batches of --global-batch-size samples each validation runs forward, "
-                   "reporting their mean LM loss and its exp (valid loss, valid ppl); 0: no "
-                   "validation",
+           .help = "batches of --global-batch-size samples each validation (and the test after "
+                   "training) runs forward, reporting their mean LM loss and its exp (valid "
+                   "loss, valid ppl); 0: no validation",
            .bound = FieldBound::kNonNegative,
            .metavar = "N"},
           {.name = "eval-interval",

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "cli/config_file.h"
+#include "cli/data_options.h"
 #include "cli/megatron_options.h"
 #include "cli/option_table.h"
 #include "cli/path_checks.h"
@@ -56,6 +57,7 @@ std::string default_suffix(const Setting& s) {
   const SettingValue v = setting_value(s);
   if (const auto* b = std::get_if<bool>(&v)) return *b ? " (default: on)" : " (default: off)";
   if (const auto* t = std::get_if<std::string>(&v); t && t->empty()) return "";
+  if (const auto* l = std::get_if<StringList>(&v); l && l->empty()) return "";
   return " (default: " + value_text(v) + ")";  // choices are shown as the value's name
 }
 
@@ -139,6 +141,14 @@ void add_settings(CLI::App& app, const Settings& table) {
               if (!s.choices.empty()) opt->type_name(join(s.choices, "|"));
               return opt;
             },
+            [&](StringList* l) {
+              // The words up to the next option; each occurrence starts the list afresh, so the
+              // last one given wins (Note [Repeated options]).
+              CLI::Option* opt = app.add_option(flag, *l, help);
+              opt->expected(1, CLI::detail::expected_max_vector_size);
+              opt->trigger_on_parse();
+              return opt;
+            },
             [&](auto* n) {
               CLI::Option* opt = app.add_option(flag, *n, help);
               using T = std::remove_pointer_t<decltype(n)>;
@@ -150,7 +160,9 @@ void add_settings(CLI::App& app, const Settings& table) {
             }},
         s.ref);
     if (!s.metavar.empty()) o->type_name(s.metavar);
-    o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // Note [Repeated options]
+    if (!std::holds_alternative<StringList*>(s.ref)) {
+      o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // Note [Repeated options]
+    }
     o->group(setting_group_title(s.group));
   }
 }
@@ -301,9 +313,8 @@ void latent_norms(ModelConfig& m, const Origins& origins) {
 
 void validate_run_options(const RunOptions& o) {
   validate_layout(o.model, o.train, o.parallel);
-  TANDEM_CHECK(!(o.mock_data && !o.data_path.empty()), "--mock-data and --data-path ", o.data_path,
-               " both name the training data: give one of them");
-  if (o.data_path.empty() && !o.mock_data) {
+  check_data_sources(o);
+  if (o.data_path.empty() && o.train_data_path.empty() && !o.mock_data) {
     TANDEM_CHECK(o.model.vocab_size >= 256, "--vocab-size ", o.model.vocab_size,
                  " is too small for the built-in task: its tokens are bytes (0..255), so it needs "
                  "--vocab-size >= 256 (or give --data-path)");

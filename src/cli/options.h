@@ -31,19 +31,22 @@ struct RunOptions {
   ModelConfig model;
   TrainConfig train;
   ParallelConfig parallel;
-  Tuning tuning;                     // Note [Performance settings] in core/tuning.h
-  std::string config_file;           // --config FILE.toml
-  std::string data_path;             // --data-path; empty: the built-in addition task
+  Tuning tuning;            // Note [Performance settings] in core/tuning.h
+  std::string config_file;  // --config FILE.toml
+  // --data-path: one prefix, or a blend (data/blend.h); empty: the built-in addition task
+  StringList data_path;
   std::string data_format = "auto";  // auto | megatron | tokens | text
   std::string split;                 // --split "969,30,1"; empty: all of --data-path trains
-  std::string valid_data_path;       // --valid-data-path: validation data of its own
-  int64_t eval_interval = 1000;      // --eval-interval: steps between validations
-  int64_t eval_iters = 0;            // --eval-iters: batches per validation; 0: none
-  std::string tensorboard_dir;       // --tensorboard-dir: event files for TensorBoard (rank 0)
-  bool mock_data = false;            // --mock-data: uniformly random tokens (benchmarks)
-  std::string save_dir;              // --save
-  int64_t save_interval = 0;         // --save-interval (0: only at the end when --save is set)
-  std::string load_dir;              // --load
+  // --train-data-path, --valid-data-path, --test-data-path: each part's data of its own, in
+  // --data-path's forms, instead of --data-path and --split (Note [Validation data]).
+  StringList train_data_path, valid_data_path, test_data_path;
+  int64_t eval_interval = 1000;  // --eval-interval: steps between validations
+  int64_t eval_iters = 0;        // --eval-iters: batches per validation; 0: none
+  std::string tensorboard_dir;   // --tensorboard-dir: event files for TensorBoard (rank 0)
+  bool mock_data = false;        // --mock-data: uniformly random tokens (benchmarks)
+  std::string save_dir;          // --save
+  int64_t save_interval = 0;     // --save-interval (0: only at the end when --save is set)
+  std::string load_dir;          // --load
   // --ckpt-fully-parallel-save: under mpirun every rank writes its own tensors' shards
   bool ckpt_fully_parallel_save = false;
   int64_t keep_checkpoints = 2;  // --keep-checkpoints: iteration directories kept under --save

@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "cli/data_options.h"
 #include "core/error.h"
 #include "data/file_dataset.h"
 
@@ -27,9 +28,8 @@ void check_readable(const std::string& flag, const std::string& path) {
 
 namespace {
 
-void check_data_path(const RunOptions& o) {
-  if (o.data_path.empty()) return;
-  const std::string& path = o.data_path;
+// A data file, or the prefix of a Megatron pair, must be readable.
+void check_data_path(const RunOptions& o, const std::string& flag, const std::string& path) {
   const data::DatasetFormat format = parse_enum<data::DatasetFormat>(o.data_format).value();
   const bool megatron_ok =
       format == data::DatasetFormat::kAuto || format == data::DatasetFormat::kMegatron;
@@ -37,10 +37,10 @@ void check_data_path(const RunOptions& o) {
                          ::access((path + ".idx").c_str(), R_OK) == 0;
   if (prefix_ok) return;
   std::error_code ec;
-  TANDEM_CHECK(::access(path.c_str(), R_OK) == 0, "--data-path ", path, ": cannot read it (",
+  TANDEM_CHECK(::access(path.c_str(), R_OK) == 0, flag, " ", path, ": cannot read it (",
                os_reason(), "); give a readable token or text file",
                megatron_ok ? ", or the prefix P of a Megatron P.bin/P.idx pair" : "");
-  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), "--data-path ", path,
+  TANDEM_CHECK(!std::filesystem::is_directory(path, ec), flag, " ", path,
                ": is a directory; give a data file or a Megatron .bin/.idx prefix");
 }
 
@@ -112,8 +112,7 @@ void add_data_reads(std::vector<NamedPath>& reads, const std::string& flag,
 void check_outputs_are_not_inputs(const RunOptions& o) {
   std::vector<NamedPath> reads;
   if (!o.config_file.empty()) reads.push_back({"--config", o.config_file});
-  add_data_reads(reads, "--data-path", o.data_path);
-  add_data_reads(reads, "--valid-data-path", o.valid_data_path);
+  for (const auto& [flag, path] : data_paths(o)) add_data_reads(reads, flag, path);
   const std::vector<NamedPath> writes = {{"--log-json", o.log_json},
                                          {"--trace", o.trace_path},
                                          {"--node-times-out", o.node_times_out},
@@ -157,7 +156,7 @@ void check_outputs(const std::vector<NamedPath>& reads, const std::vector<NamedP
 
 void check_paths(const RunOptions& o) {
   check_outputs_are_not_inputs(o);
-  check_data_path(o);
+  for (const auto& [flag, path] : data_paths(o)) check_data_path(o, flag, path);
   if (!o.load_dir.empty()) check_readable("--load", o.load_dir);
   check_save_dir(o.save_dir);
 }

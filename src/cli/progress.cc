@@ -370,6 +370,27 @@ void ProgressReporter::report(const IterationRecord& record) {
   draw_bar(record, log || last);
 }
 
+void ProgressReporter::report_test(int64_t iteration, double loss) {
+  finish();
+  if (json_) {
+    const nlohmann::json j = {
+        {"iter", iteration}, {"test_loss", number(loss)}, {"test_ppl", number(std::exp(loss))}};
+    const std::string line = j.dump() + "\n";
+    const bool written =
+        std::fputs(line.c_str(), json_.get()) >= 0 && std::fflush(json_.get()) == 0;
+    TANDEM_CHECK(written, "--log-json ", config_.log_json_path, ": cannot write it (",
+                 std::strerror(errno), ")");
+  }
+  if (tensorboard_) {
+    tensorboard_->add_scalar("test/loss", loss, iteration);
+    tensorboard_->add_scalar("test/ppl", std::exp(loss), iteration);
+    tensorboard_->flush();
+  }
+  if (config_.verbosity == Verbosity::kQuiet) return;
+  log_out_ << "iter " << iteration << " | test loss " << format_fixed(loss, 4) << " | test ppl "
+           << format_fixed(std::exp(loss), 3) << std::endl;
+}
+
 void ProgressReporter::finish() {
   if (bar_visible_) {
     bar_out_ << '\n' << std::flush;

@@ -101,6 +101,10 @@ class ProgressReporter {
   // last step, appends a JSON line and flushes it (so a crash keeps every finished step), and
   // adds the step's scalars to the event file (tensorboard_scalars), flushed with each log line.
   void report(const IterationRecord& record);
+  // After the last step: the test data's mean LM loss (Note [Validation data] in
+  // cli/validation.h) as a log line, a JSON line {"iter", "test_loss", "test_ppl"} and the
+  // scalars test/loss and test/ppl.
+  void report_test(int64_t iteration, double loss);
   // Ends the bar's line so that later output starts on a fresh line. Idempotent.
   void finish();
   // After the last step of a run that completed: ends the bar and prints format_summary of the

@@ -6,6 +6,7 @@
 
 #include "core/error.h"
 #include "core/setting_tables.h"
+#include "data/blend.h"
 #include "data/file_dataset.h"
 #include "data/mapped_file.h"
 #include "io/hf_config.h"
@@ -73,10 +74,17 @@ nlohmann::json checkpoint_option_values(const std::string& load_dir) {
 
 nlohmann::json describe_data(const RunOptions& o) {
   if (o.mock_data) return {{"format", "mock"}, {"vocab_size", o.model.vocab_size}};
-  if (o.data_path.empty()) {
+  const StringList& words = o.data_path.empty() ? o.train_data_path : o.data_path;
+  if (words.empty()) {
     return {{"format", "addition"}, {"addition_max_digits", o.addition_max_digits}};
   }
-  return {{"path", o.data_path}, {"format", o.data_format}, {"bytes", data_bytes(o.data_path)}};
+  // One file as it always was; a blend by its words and its files' bytes together.
+  int64_t bytes = 0;
+  for (const std::string& path : data::parse_blend("--data-path", words).paths) {
+    const int64_t b = data_bytes(path);
+    bytes = b < 0 || bytes < 0 ? -1 : bytes + b;
+  }
+  return {{"path", value_text(words)}, {"format", o.data_format}, {"bytes", bytes}};
 }
 
 namespace {

@@ -87,10 +87,10 @@ void print_validation(const RunOptions& o, const data::Dataset& valid) {
 }
 
 // The steps from `start` to --train-iters: progress, validations (with `valid`), checkpoints
-// and, after the last, the files asked for.
+// and, after the last, the files asked for and the test (with `test`).
 void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, int64_t start,
                const std::optional<schedule::Plan>& plan, ProgressReporter& reporter,
-               const data::Dataset* valid) {
+               const data::Dataset* valid, const data::Dataset* test) {
   const runtime::Groups& groups = trainer.groups();
   std::vector<int32_t> pipeline_rank;  // of each world rank
   for (int w = 0; w < groups.layout.world; ++w) pipeline_rank.push_back(groups.layout.pp_rank(w));
@@ -111,6 +111,7 @@ void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, int64_t s
     reporter.report(rec);
     if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
   }
+  if (test) reporter.report_test(trainer.iteration(), validate(trainer, *test, o).lm_loss);
   reporter.print_summary();
 }
 
@@ -139,12 +140,14 @@ void run_train(const CLI::App& app, RunOptions& o) {
   std::unique_ptr<data::Dataset> data = make_dataset(o);
   std::unique_ptr<data::Dataset> valid =
       o.eval_iters > 0 ? make_validation_dataset(o, WholeDataPath::kRefused) : nullptr;
+  std::unique_ptr<data::Dataset> test = o.eval_iters > 0 ? make_test_dataset(o) : nullptr;
   runtime::PipelineTrainer trainer(o.model, o.train, run.sched, groups, *data, DType::kF32,
                                    o.parallel.comm_overlap);
   install_test_faults(trainer);
   const int64_t start = resume_pipeline_from_checkpoint(trainer, o, std::cout);
   check_first_step_data(*data, o, start);
   if (valid) check_first_validation_batch(*valid, o);
+  if (test) check_first_validation_batch(*test, o);
   const bool lead = groups.rank == 0;
   ReporterConfig rc = reporter_config(o);
   if (!lead) {  // rank 0 reports for every rank
@@ -167,8 +170,12 @@ void run_train(const CLI::App& app, RunOptions& o) {
     if (const std::string note = megatron_model_note(o.megatron); !note.empty()) {
       std::cout << "tandem train: " << note << std::endl;
     }
+    if (test) {
+      std::cout << "tandem train: test on " << test->describe() << ": " << o.eval_iters
+                << " batches after the last step" << std::endl;
+    }
   }
-  run_steps(o, trainer, start, plan, reporter, valid.get());
+  run_steps(o, trainer, start, plan, reporter, valid.get(), test.get());
   if (lead && !o.save_dir.empty() && !o.quiet) {
     std::cout << "saved checkpoints to " << o.save_dir
               << " (latest: " << runtime::iteration_dir_name(trainer.iteration()) << ")"

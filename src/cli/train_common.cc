@@ -97,7 +97,7 @@ RunLayout make_layout(std::unique_ptr<comm::Communicator> world, RunOptions& o) 
 
 std::unique_ptr<data::Dataset> make_dataset(const RunOptions& o) {
   if (o.mock_data) return std::make_unique<data::MockDataset>(o.train.seed, o.model.vocab_size);
-  if (o.data_path.empty()) {
+  if (o.data_path.empty() && o.train_data_path.empty()) {
     TANDEM_CHECK(o.addition_max_digits <= data::kAdditionMaxDigitsLimit, "--addition-max-digits ",
                  o.addition_max_digits, " is invalid: it must be between 1 and ",
                  data::kAdditionMaxDigitsLimit);

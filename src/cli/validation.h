@@ -2,13 +2,20 @@
 // mean loss over --eval-iters global batches (runtime::PipelineTrainer::evaluate).
 //
 // Note [Validation data]: the first of these that applies:
-//   --valid-data-path P   every sample of P (in --data-format), Megatron's --valid-data-path;
-//   --split T,V,S         the validation part of --data-path (data/split.h), Megatron's --split;
+//   --valid-data-path P   every sample of P (in --data-format; a blend, data/blend.h), Megatron's
+//                         --valid-data-path, beside --train-data-path (--data-path and the
+//                         per-part paths exclude each other, as in Megatron: data_options.h);
+//   --split T,V,S         the validation part of --data-path (data/split.h; of each file of a
+//                         blend, blended by its weights), Megatron's --split;
 //   --data-path P alone   `tandem eval` only: all of P (the file it was asked to evaluate);
 //                         `tandem train` refuses it (it would validate on its training data);
 //   --mock-data           uniformly random tokens of a stream of their own;
 //   neither               the built-in addition task's held-out problems
 //                         (data/addition_held_out.h), the pairs training never sees.
+// The test data, evaluated once after the last step for --eval-iters batches as Megatron does
+// (printed, and written to --log-json and --tensorboard-dir as test_loss / test/loss): the
+// --test-data-path, else the test part of --data-path under a --split whose test weight is
+// above 0; else there is no test.
 // The batches are the first --eval-iters global batches of that data, the same at every
 // validation, so validations are comparable step to step, and `tandem eval --load` of a saved
 // step gives the loss the run reported at that step.
@@ -32,11 +39,15 @@ enum class WholeDataPath : uint8_t { kRefused, kEvaluated };
 // valid.
 void check_validation_options(const RunOptions& o, WholeDataPath whole);
 
-// --data-path, or its `part` under --split when --split is given.
+// --data-path (or --train-data-path, for the training part), or its `part` under --split when
+// --split is given.
 std::unique_ptr<data::Dataset> open_data_path(const RunOptions& o, data::SplitPart part);
 
 // The data a validation reads (Note [Validation data]).
 std::unique_ptr<data::Dataset> make_validation_dataset(const RunOptions& o, WholeDataPath whole);
+
+// The test data (Note [Validation data]), or nullptr when the run has none.
+std::unique_ptr<data::Dataset> make_test_dataset(const RunOptions& o);
 
 // Whether the step that ends at `iteration` is followed by a validation: every --eval-interval
 // steps and after the last, when --eval-iters > 0.

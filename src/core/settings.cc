@@ -82,6 +82,11 @@ const std::vector<std::string>& setting_choices(const Setting& s) {
 std::string value_text(const SettingValue& v) {
   return std::visit(Overloaded{[](const std::string& s) { return s; },
                                [](bool b) { return std::string(b ? "true" : "false"); },
+                               [](const StringList& l) {
+                                 std::string out;
+                                 for (const std::string& w : l) out += (out.empty() ? "" : " ") + w;
+                                 return out;
+                               },
                                [](auto x) { return detail::concat(x); }},
                     v);
 }
@@ -101,6 +106,7 @@ std::string valid_text(const Setting& s) {
     return out;
   }
   if (std::holds_alternative<bool*>(s.ref)) return "true or false";
+  if (std::holds_alternative<StringList*>(s.ref)) return "one or more words";
   return setting_choices(s).empty() ? "a string" : "one of: " + join(setting_choices(s));
 }
 
@@ -151,6 +157,16 @@ std::optional<SettingValue> setting_from_json(const Setting& s, const nlohmann::
                  },
                  [&](double*) { return v.is_number() ? Out(v.get<double>()) : std::nullopt; },
                  [&](bool*) { return v.is_boolean() ? Out(v.get<bool>()) : std::nullopt; },
+                 [&](StringList*) -> Out {
+                   if (v.is_string()) return StringList{v.get<std::string>()};
+                   if (!v.is_array()) return std::nullopt;
+                   StringList out;
+                   for (const nlohmann::json& w : v) {
+                     if (!w.is_string()) return std::nullopt;
+                     out.push_back(w.get<std::string>());
+                   }
+                   return out;
+                 },
                  [&](auto) { return v.is_string() ? Out(v.get<std::string>()) : std::nullopt; }},
       s.ref);
 }

@@ -74,9 +74,14 @@ EnumRef enum_ref(E* p) {
           [p](const std::string& name) { *p = parse_enum<E>(name).value(); }};
 }
 
+// A setting that takes one or more words, as argparse's nargs='*' (`--data-path 0.3 A 0.7 B`);
+// a repeated option takes its last occurrence's words. Empty: not given.
+using StringList = std::vector<std::string>;
+
 // Where a setting's value lives, and a value of any setting.
-using SettingRef = std::variant<int64_t*, uint64_t*, double*, std::string*, bool*, EnumRef>;
-using SettingValue = std::variant<int64_t, uint64_t, double, std::string, bool>;
+using SettingRef =
+    std::variant<int64_t*, uint64_t*, double*, std::string*, bool*, EnumRef, StringList*>;
+using SettingValue = std::variant<int64_t, uint64_t, double, std::string, bool, StringList>;
 
 inline constexpr double kNoMost = std::numeric_limits<double>::max();
 
@@ -112,7 +117,7 @@ void store_setting(const Setting& s, const SettingValue& v);
 bool is_text_setting(const Setting& s);  // a string or an enumeration
 // The valid values of a string setting: its choices, or its enumeration's names.
 const std::vector<std::string>& setting_choices(const Setting& s);
-// "4", "0.001", "true", "cpu": a value as typed on the command line.
+// "4", "0.001", "true", "cpu", "0.3 A 0.7 B": a value as typed on the command line.
 std::string value_text(const SettingValue& v);
 // What a valid value looks like, for messages: "an integer >= 1", "one of: cpu, cuda".
 std::string valid_text(const Setting& s);
@@ -121,7 +126,8 @@ std::string value_problem(const Setting& s, const SettingValue& v);
 
 // A checkpoint's JSON key of a setting: its name with '_' for '-'.
 std::string setting_json_key(const std::string& name);
-// `v` as `s`'s type, or nullopt when the JSON type does not fit.
+// `v` as `s`'s type, or nullopt when the JSON type does not fit (a list: an array of strings, or
+// one string).
 std::optional<SettingValue> setting_from_json(const Setting& s, const nlohmann::json& v);
 nlohmann::json setting_to_json(const Setting& s);
 

@@ -13,8 +13,8 @@ namespace tandem::data {
 namespace {
 
 constexpr const char* kSplitForm =
-    "one to three non-negative weights separated by commas, e.g. 969,30,1 (training, "
-    "validation, test)";
+    "one to three non-negative weights separated by commas or slashes, e.g. 969,30,1 "
+    "(training, validation, test)";
 
 std::string trimmed(const std::string& s) {
   const size_t first = s.find_first_not_of(" \t");
@@ -37,13 +37,24 @@ const char* split_part_name(SplitPart part) {
 }
 
 SplitWeights parse_split(const std::string& text) {
-  const char sep = text.find('/') != std::string::npos ? '/' : ',';
+  // Quotes are dropped (`--split "'99,1,0'"`, as a launch script's quoted variable passes it);
+  // the weights are separated by slashes, commas or, with neither, spaces, as Megatron reads them.
+  std::string bare;
+  for (char c : text)
+    if (c != '\'' && c != '"') bare += c;
+  const bool spaces = bare.find_first_of(",/") == std::string::npos;
+  const char sep = bare.find('/') != std::string::npos ? '/' : spaces ? ' ' : ',';
+  if (spaces) {
+    std::replace(bare.begin(), bare.end(), '\t', ' ');
+    bare = trimmed(bare);
+    for (size_t at; (at = bare.find("  ")) != std::string::npos;) bare.erase(at, 1);
+  }
   std::vector<std::string> items;
   size_t from = 0;
-  for (size_t at; (at = text.find(sep, from)) != std::string::npos; from = at + 1) {
-    items.push_back(trimmed(text.substr(from, at - from)));
+  for (size_t at; (at = bare.find(sep, from)) != std::string::npos; from = at + 1) {
+    items.push_back(trimmed(bare.substr(from, at - from)));
   }
-  items.push_back(trimmed(text.substr(from)));
+  items.push_back(trimmed(bare.substr(from)));
   TANDEM_CHECK(items.size() <= 3, "--split ", text, " has ", items.size(), " weights; give ",
                kSplitForm);
   SplitWeights w{text, {0, 0, 0}};

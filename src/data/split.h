@@ -26,8 +26,9 @@ struct SplitWeights {
   double of(SplitPart part) const { return weight[static_cast<size_t>(part)]; }
 };
 
-// Reads "969,30,1" (or "969/30/1"): one to three non-negative numbers, the missing ones 0, as
-// Megatron reads --split. Throws tandem::Error naming the text and what is valid.
+// Reads "969,30,1" (or "969/30/1", "969, 30, 1", "969 30 1", any of them in quotes): one to three
+// non-negative numbers, the missing ones 0, as Megatron reads --split. Throws tandem::Error naming
+// the text and what is valid.
 SplitWeights parse_split(const std::string& text);
 
 // Megatron's split indices over `units` documents or tokens: each part gets round(weight / sum

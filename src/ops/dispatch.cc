@@ -185,14 +185,27 @@ double AttentionShape::softmax_scale() const {
   return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
+namespace {
+
+// The GPU's attention kernels mask by position alone: document bounds are the CPU's only.
+void check_document_bounds_device(const Tensor& first, const AttentionShape& s) {
+  TANDEM_CHECK(!s.key_begin.defined() || !first.defined() || first.device() == Device::kCPU,
+               "attention within documents (--reset-attention-mask) runs on the CPU only: the "
+               "GPU kernels do not take document bounds; use --device cpu");
+}
+
+}  // namespace
+
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, const AttentionShape& s) {
+  check_document_bounds_device(out, s);
   TANDEM_OP(out, attention_forward, out, lse, q, k, v, s);
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const AttentionShape& s) {
+  check_document_bounds_device(dq, s);
   TANDEM_OP(dq, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 

@@ -83,10 +83,14 @@ struct MoeCapacity {
 // Causal attention with grouped-query heads: query head h uses KV head h / (heads / kv_heads).
 // head_dim is q's and k's head width; v_head_dim v's and the output's (0: head_dim, as every
 // family but DeepSeek-V3's MLA has it); scale multiplies q . k (0: 1 / sqrt(head_dim)).
+// key_begin (Note [Document masking] in data/document_masks.h): int32 [batch * seq], on the ops'
+// device; the query at position i of its sequence attends to positions key_begin[row] .. i only,
+// key_begin[row] in [0, i]. Undefined: every query attends to positions 0 .. i (plain causal).
 struct AttentionShape {
   int64_t batch, seq, heads, kv_heads, head_dim;
   int64_t v_head_dim = 0;
   double scale = 0;
+  Tensor key_begin = {};
   int64_t v_dim() const { return v_head_dim > 0 ? v_head_dim : head_dim; }
   double softmax_scale() const;
 };

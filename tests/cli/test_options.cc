@@ -186,7 +186,7 @@ TEST(Options, MegatronDataPrefixIsAccepted) {
   dir.file("corpus.idx", "x");
   EXPECT_EQ(error_of({"--data-path", dir.path("corpus"), "--data-format", "megatron"}), "");
   const std::string text = dir.file("book.txt", "hello");
-  EXPECT_EQ(parse({"--data-path", text, "--data-format", "text"}).data_path, text);
+  EXPECT_EQ(parse({"--data-path", text, "--data-format", "text"}).data_path, StringList{text});
 }
 
 TEST(Options, EveryOptionHasHelpWithDefault) {

@@ -57,7 +57,8 @@ std::optional<std::string> other_value(const Setting& s,
   if (const auto* d = std::get_if<double>(&now)) {
     for (double v : {*d / 2, *d * 2, 0.5, 0.25, 1e-4}) candidates.push_back(value_text(v));
   }
-  if (std::holds_alternative<std::string>(now) && setting_choices(s).empty()) {
+  if ((std::holds_alternative<std::string>(now) && setting_choices(s).empty()) ||
+      std::holds_alternative<StringList>(now)) {
     candidates = {"x-" + s.name};
   }
   const std::string current = value_text(now);
@@ -68,6 +69,7 @@ std::optional<std::string> other_value(const Setting& s,
     if (std::holds_alternative<double>(now)) v = std::stod(c);
     if (std::holds_alternative<bool>(now)) v = c == "true";
     if (std::holds_alternative<std::string>(now)) v = c;
+    if (std::holds_alternative<StringList>(now)) v = StringList{c};
     if (c != current && value_problem(s, v).empty() && valid(c)) return c;
   }
   return std::nullopt;
@@ -125,9 +127,10 @@ TEST(Settings, EveryOptionRoundTripsThroughTheCommandLineAndTheLastOfTwoWins) {
     AllSettings once;
     parse_into(once, given(s, *other));
     EXPECT_EQ(value_of(once, s.name), *other) << "--" << s.name;
-    if (std::holds_alternative<std::string*>(s.ref) && setting_choices(s).empty() &&
+    const bool words = std::holds_alternative<StringList*>(s.ref);
+    if ((std::holds_alternative<std::string*>(s.ref) || words) && setting_choices(s).empty() &&
         initial.empty()) {
-      continue;  // an empty string cannot be typed back as the second value
+      continue;  // an empty string or list cannot be typed back as the second value
     }
     std::vector<std::string> twice = given(s, *other);
     for (const std::string& a : given(s, initial)) twice.push_back(a);
@@ -137,6 +140,24 @@ TEST(Settings, EveryOptionRoundTripsThroughTheCommandLineAndTheLastOfTwoWins) {
     ++checked;
   }
   EXPECT_GT(checked, 80);
+}
+
+// A list setting takes the words up to the next option; given twice, the last occurrence's words
+// (argparse's nargs='*' with its last-wins rule), on the command line and in the config file
+// (an array of strings and numbers, or one string).
+TEST(Settings, AListTakesItsWordsAndTheLastOccurrenceWins) {
+  AllSettings one;
+  parse_into(one, {"--data-path", "0.3", "a", "0.7", "b", "--seed", "5"});
+  EXPECT_EQ(one.run.data_path, (StringList{"0.3", "a", "0.7", "b"}));
+  EXPECT_EQ(one.run.train.seed, 5u);
+  AllSettings two;
+  parse_into(two, {"--data-path", "0.3", "a", "0.7", "b", "--seed", "5", "--data-path", "c"});
+  EXPECT_EQ(two.run.data_path, (StringList{"c"}));
+  AllSettings three;
+  parse_into(three, {"--train-data-path", "a", "--train-data-path", "1", "b", "2", "c"});
+  EXPECT_EQ(three.run.train_data_path, (StringList{"1", "b", "2", "c"}));
+  EXPECT_EQ(value_of(three, "train-data-path"), "1 b 2 c");
+  EXPECT_THROW(parse_into(three, {"--data-path"}), CLI::ParseError);
 }
 
 class TempFile {
@@ -155,9 +176,24 @@ class TempFile {
   std::string path_;
 };
 
-// `name = value` in TOML: strings quoted, numbers and booleans bare.
+// `name = value` in TOML: strings quoted, numbers and booleans bare, a list's word in an array.
 std::string toml_line(const Setting& s, const std::string& value) {
+  if (std::holds_alternative<StringList*>(s.ref)) return s.name + " = [\"" + value + "\"]\n";
   return s.name + " = " + (is_text_setting(s) ? "\"" + value + "\"" : value) + "\n";
+}
+
+// Reads `text` as the --config file into `read` (nothing on the command line); the options'
+// origins.
+Origins apply_config_text(AllSettings& read, const std::string& text) {
+  const TempFile file(text);
+  CLI::App app{"tandem test"};
+  const Settings table = read.table();
+  add_settings(app, table);
+  std::vector<const char*> argv = {"tandem"};
+  app.parse(1, argv.data());
+  Origins origins;
+  apply_config_file(app, table, file.path(), origins);
+  return origins;
 }
 
 TEST(Settings, EveryOptionRoundTripsThroughTheConfigFile) {
@@ -166,20 +202,29 @@ TEST(Settings, EveryOptionRoundTripsThroughTheConfigFile) {
   for (const Setting& s : defaults.table()) {
     if (s.in_file == InFile::kForbidden) continue;
     const std::string other = other_value(s).value();
-    const TempFile file(toml_line(s, other));
     AllSettings read;
-    CLI::App app{"tandem test"};
-    const Settings table = read.table();
-    add_settings(app, table);
-    std::vector<const char*> argv = {"tandem"};
-    app.parse(1, argv.data());
-    Origins origins;
-    apply_config_file(app, table, file.path(), origins);
+    Origins origins = apply_config_text(read, toml_line(s, other));
     EXPECT_EQ(value_of(read, s.name), other) << s.name << " in the config file";
     EXPECT_EQ(origins[s.name].source, Origin::Source::kConfigFile) << s.name;
     ++checked;
   }
   EXPECT_GT(checked, 80);
+}
+
+TEST(Settings, AListInTheConfigFileIsAnArrayOrOneString) {
+  for (const auto& [text, want] :
+       {std::pair{std::string("data-path = [0.3, \"a\", 0.7, \"b\"]\n"),
+                  StringList{"0.3", "a", "0.7", "b"}},
+        std::pair{std::string("data-path = \"corpus\"\n"), StringList{"corpus"}},
+        std::pair{std::string("data-path = [\"a\", 2, \"b\"]\n"), StringList{"a", "2", "b"}}}) {
+    AllSettings read;
+    apply_config_text(read, text);
+    EXPECT_EQ(read.run.data_path, want) << text;
+  }
+  for (const std::string bad : {"data-path = []\n", "data-path = [true]\n", "data-path = 3\n"}) {
+    AllSettings read;
+    EXPECT_THROW(apply_config_text(read, bad), Error) << bad;
+  }
 }
 
 // Each training setting a checkpoint keeps (its Saved column) comes back from the checkpoint's

@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 #include <string>
@@ -145,7 +146,7 @@ TEST(ValidationCli, ADataFileValidatesOnItsSplitPart) {
   EXPECT_TRUE(std::isfinite(printed_loss(whole.output)));
   EXPECT_EQ(whole.output.find("tandem eval:"), std::string::npos) << "--quiet: the loss only";
   const Result own =
-      tandem("train" + kModel + data + " --valid-data-path " + dir +
+      tandem("train" + kModel + " --train-data-path " + dir + "/t.txt --valid-data-path " + dir +
              "/v.txt --train-iters 2 --eval-iters 1 --quiet --log-json " + dir + "/own.jsonl");
   ASSERT_EQ(own.code, 0) << own.output;
   EXPECT_EQ(present(dir + "/own.jsonl", "valid_loss").size(), 1u);
@@ -156,6 +157,47 @@ TEST(ValidationCli, ADataFileValidatesOnItsSplitPart) {
   const std::map<int64_t, double> mock_valid = present(dir + "/mock.jsonl", "valid_loss");
   ASSERT_EQ(mock_valid.size(), 1u);
   EXPECT_NEAR(mock_valid.at(1), std::log(256.0), 0.5);
+}
+
+// The test data is evaluated once after the last step (Megatron's order), as a validation is:
+// the --test-data-path's loss equals what `tandem eval` prints for that file as validation data,
+// to the bit. A blend under --split tests on each file's test part.
+TEST(ValidationCli, TheTestPartIsEvaluatedAfterTraining) {
+  const std::string dir = temp_dir("validation_test");
+  std::string text;
+  for (int i = 0; text.size() < 20000; ++i) text += std::to_string(i * 7919 % 1000) + " + 1;\n";
+  std::ofstream(dir + "/t.txt") << text;
+  std::ofstream(dir + "/u.txt") << text.substr(5000);
+  std::ofstream(dir + "/v.txt") << text.substr(0, 3000);
+  std::ofstream(dir + "/s.txt") << text.substr(3000, 4000);
+  const Result r = tandem("train" + kModel + " --train-data-path " + dir + "/t.txt" +
+                          " --valid-data-path " + dir + "/v.txt --test-data-path " + dir +
+                          "/s.txt --train-iters 3 --eval-iters 2 --log-json " + dir +
+                          "/log.jsonl --save " + dir + "/ck");
+  ASSERT_EQ(r.code, 0) << r.output;
+  EXPECT_NE(r.output.find("iter 3 | test loss "), std::string::npos) << r.output;
+  const std::map<int64_t, double> test = present(dir + "/log.jsonl", "test_loss");
+  ASSERT_EQ(test.size(), 1u);
+  const Result same = tandem("eval --load " + dir + "/ck --valid-data-path " + dir +
+                             "/s.txt --eval-iters 2 --quiet");
+  ASSERT_EQ(same.code, 0) << same.output;
+  EXPECT_EQ(printed_loss(same.output), test.at(3));
+  EXPECT_EQ(present(dir + "/log.jsonl", "test_ppl").at(3), std::exp(test.at(3)));
+  // A blend of two files under a --split with a test weight, the quotes of a launch script kept.
+  const Result blend = tandem("train" + kModel + " --data-path 0.3 " + dir + "/t.txt 0.7 " + dir +
+                              "/u.txt --split \"'90,5,5'\" --train-iters 2 --eval-iters 1 " +
+                              "--log-json " + dir + "/blend.jsonl");
+  ASSERT_EQ(blend.code, 0) << blend.output;
+  EXPECT_NE(blend.output.find("test on a blend of 0.3 x test part"), std::string::npos)
+      << blend.output;
+  EXPECT_EQ(present(dir + "/blend.jsonl", "test_loss").size(), 1u);
+  EXPECT_EQ(present(dir + "/blend.jsonl", "valid_loss").size(), 1u);
+  // Without a test weight there is no test.
+  const Result none = tandem("train" + kModel + " --data-path " + dir +
+                             "/t.txt --split 90,10,0 --train-iters 1 --eval-iters 1 --log-json " +
+                             dir + "/none.jsonl");
+  ASSERT_EQ(none.code, 0) << none.output;
+  EXPECT_TRUE(present(dir + "/none.jsonl", "test_loss").empty());
 }
 
 }  // namespace

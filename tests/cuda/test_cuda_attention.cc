@@ -226,11 +226,11 @@ class VariantGuard {  // selects a variant pair for one scope, then restores the
   VariantGuard& operator=(const VariantGuard&) = delete;
 };
 
-constexpr AttentionShape kVariantShapes[] = {{2, 77, 4, 2, 64},
-                                             {2, 130, 4, 4, 64},
-                                             {1, 300, 4, 2, 64},
-                                             {1, 1, 2, 1, 64},
-                                             {1, 520, 4, 1, 64}};
+const AttentionShape kVariantShapes[] = {{2, 77, 4, 2, 64},
+                                         {2, 130, 4, 4, 64},
+                                         {1, 300, 4, 2, 64},
+                                         {1, 1, 2, 1, 64},
+                                         {1, 520, 4, 1, 64}};
 
 TEST(CudaAttentionVariants, EveryForwardVariantMatchesCpuReference) {
   const std::vector<const char*> names = ops::cuda::attention_forward_variant_names();

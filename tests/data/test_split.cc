@@ -30,7 +30,13 @@ TEST(Split, ParsesMegatronsForms) {
   EXPECT_EQ(parse_split("98, 2").weight, (std::array<double, 3>{98, 2, 0}));
   EXPECT_EQ(parse_split("1").weight, (std::array<double, 3>{1, 0, 0}));
   EXPECT_EQ(parse_split("0.9,0.1,0").weight, (std::array<double, 3>{0.9, 0.1, 0}));
-  for (const std::string bad : {"", "a,b", "1,2,3,4", "0,0,0", "-1,2", "1,,2", "1e999,1", "9x"}) {
+  // A launch script's quoted value arrives with its quotes; Megatron's default has spaces.
+  EXPECT_EQ(parse_split("'99,1,0'").weight, (std::array<double, 3>{99, 1, 0}));
+  EXPECT_EQ(parse_split("\"99/1/0\"").weight, (std::array<double, 3>{99, 1, 0}));
+  EXPECT_EQ(parse_split("969, 30, 1").weight, (std::array<double, 3>{969, 30, 1}));
+  EXPECT_EQ(parse_split("99 1  0").weight, (std::array<double, 3>{99, 1, 0}));
+  for (const std::string bad :
+       {"", "a,b", "1,2,3,4", "0,0,0", "-1,2", "1,,2", "1e999,1", "9x", "''", "1 2 3 4", "1;2"}) {
     expect_error([&] { parse_split(bad); }, {"--split " + bad});
   }
 }

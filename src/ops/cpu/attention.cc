@@ -1,6 +1,8 @@
 // CPU causal attention with grouped-query heads, flash-attention style: the forward saves only
 // the log-sum-exp of each query row and the backward recomputes the probabilities from it. Each
-// (batch, head) pair runs as BLAS products over a [seq, seq] workspace owned by the call.
+// (batch, head) pair runs as BLAS products over a [seq, seq] workspace owned by the call. With
+// document bounds (AttentionShape::key_begin) a query row's keys start at its document's first
+// position; the entries before it are zero, as those above the diagonal are.
 #include <cmath>
 #include <vector>
 
@@ -47,6 +49,14 @@ Dims check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
   cpu::expect(op, "k", k, dt, {n, d.kw});
   cpu::expect(op, "v", v, dt, {n, d.vw});
   cpu::expect(op, "lse", lse, dt, {d.b, d.heads, d.t});
+  if (s.key_begin.defined()) {
+    cpu::expect(op, "key_begin", s.key_begin, DType::kI32, {n});
+    const int32_t* begin = s.key_begin.data<int32_t>();
+    for (int64_t r = 0; r < n; ++r) {
+      TANDEM_CHECK(begin[r] >= 0 && begin[r] <= r % d.t, op, ": key_begin[", r, "] = ", begin[r],
+                   " is outside [0, ", r % d.t, "], the positions before query ", r % d.t);
+    }
+  }
   return d;
 }
 
@@ -54,15 +64,18 @@ Dims check_attention(const char* op, const Tensor& q, const Tensor& k, const Ten
 template <typename T>
 struct HeadView {
   const T *q, *k, *v;
-  T* lse;  // [seq]
+  T* lse;                // [seq]
+  const int32_t* begin;  // [seq]: each query's first key; null: 0
+  int64_t first_key(int64_t i) const { return begin ? begin[i] : 0; }
 };
 
 template <typename T>
-HeadView<T> head_view(const Dims& d, const T* q, const T* k, const T* v, T* lse, int64_t b,
-                      int64_t h) {
+HeadView<T> head_view(const Dims& d, const T* q, const T* k, const T* v, T* lse,
+                      const AttentionShape& s, int64_t b, int64_t h) {
   const int64_t g = h / d.group;  // the KV head this query head reads
+  const int32_t* begin = s.key_begin.defined() ? s.key_begin.data<int32_t>() + b * d.t : nullptr;
   return {q + b * d.t * d.qw + h * d.d, k + b * d.t * d.kw + g * d.d, v + b * d.t * d.vw + g * d.dv,
-          lse + (b * d.heads + h) * d.t};
+          lse + (b * d.heads + h) * d.t, begin};
 }
 
 // p[T, T] = causal softmax(q k^T * scale), zero above the diagonal; writes lse[T].
@@ -73,15 +86,17 @@ void head_forward_probs(const Dims& d, const HeadView<T>& hv, T* p) {
   cpu::gemm(Trans::kNo, Trans::kYes, t, t, d.d, scale, hv.q, d.qw, hv.k, d.kw, T(0), p, t);
   for (int64_t i = 0; i < t; ++i) {
     T* row = p + i * t;
-    T mx = row[0];
-    for (int64_t j = 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
+    const int64_t lo = hv.first_key(i);
+    T mx = row[lo];
+    for (int64_t j = lo + 1; j <= i; ++j) mx = row[j] > mx ? row[j] : mx;
     double sum = 0;
-    for (int64_t j = 0; j <= i; ++j) {
+    for (int64_t j = lo; j <= i; ++j) {
       row[j] = std::exp(row[j] - mx);
       sum += row[j];
     }
     const T inv = static_cast<T>(1.0 / sum);
-    for (int64_t j = 0; j <= i; ++j) row[j] *= inv;
+    for (int64_t j = 0; j < lo; ++j) row[j] = T(0);
+    for (int64_t j = lo; j <= i; ++j) row[j] *= inv;
     for (int64_t j = i + 1; j < t; ++j) row[j] = T(0);
     hv.lse[i] = static_cast<T>(static_cast<double>(mx) + std::log(sum));
   }
@@ -100,7 +115,7 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.heads; ++h) {
         const HeadView<T> hv =
-            head_view(d, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), b, h);
+            head_view(d, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), s, b, h);
         head_forward_probs(d, hv, p.data());
         T* o = out.data<T>() + b * d.t * d.ow + h * d.dv;
         cpu::gemm(Trans::kNo, Trans::kNo, d.t, d.dv, d.t, T(1), p.data(), d.t, hv.v, d.vw, T(0), o,
@@ -126,11 +141,13 @@ void head_backward(const Dims& d, const HeadView<T>& hv, const T* dout, const T*
       acc += static_cast<double>(dout[i * d.ow + c]) * out[i * d.ow + c];
     delta[i] = static_cast<T>(acc);
   }
-  // p = exp(q k^T * scale - lse), recomputed; zero above the diagonal.
+  // p = exp(q k^T * scale - lse), recomputed; zero above the diagonal and before the document.
   cpu::gemm(Trans::kNo, Trans::kYes, t, t, d.d, scale, hv.q, d.qw, hv.k, d.kw, T(0), p, t);
   for (int64_t i = 0; i < t; ++i) {
     T* row = p + i * t;
-    for (int64_t j = 0; j <= i; ++j) row[j] = std::exp(row[j] - hv.lse[i]);
+    const int64_t lo = hv.first_key(i);
+    for (int64_t j = 0; j < lo; ++j) row[j] = T(0);
+    for (int64_t j = lo; j <= i; ++j) row[j] = std::exp(row[j] - hv.lse[i]);
     for (int64_t j = i + 1; j < t; ++j) row[j] = T(0);
   }
   // dv += p^T dout;  dp = dout v^T (into ds).
@@ -140,7 +157,7 @@ void head_backward(const Dims& d, const HeadView<T>& hv, const T* dout, const T*
   for (int64_t i = 0; i < t; ++i) {
     T* row = ds + i * t;
     const T* prow = p + i * t;
-    for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - delta[i]);
+    for (int64_t j = 0; j <= i; ++j) row[j] = prow[j] * (row[j] - delta[i]);  // p is 0 masked
     for (int64_t j = i + 1; j < t; ++j) row[j] = T(0);
   }
   // dq = scale * ds k;  dk += scale * ds^T q.
@@ -168,7 +185,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.heads; ++h) {
         const HeadView<T> hv =
-            head_view(d, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), b, h);
+            head_view(d, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), s, b, h);
         const int64_t qoff = b * d.t * d.qw + h * d.d, ooff = b * d.t * d.ow + h * d.dv;
         const int64_t koff = b * d.t * d.kw + (h / d.group) * d.d;
         const int64_t voff = b * d.t * d.vw + (h / d.group) * d.dv;
