@@ -24,6 +24,13 @@ struct Origin {
 };
 using Origins = std::map<std::string, Origin>;  // by setting name
 
+// Whether the setting `name` was given (command line, --config file or checkpoint), not left at
+// its default.
+inline bool was_given(const Origins& origins, const std::string& name) {
+  const auto o = origins.find(name);
+  return o != origins.end() && o->second.source != Origin::Source::kDefault;
+}
+
 // Reads `path` and stores each key's value into its setting of `table` unless the command line
 // (`app`) gave it, recording the line in `origins`. Throws tandem::Error naming the file, line and
 // key for a syntax error, an unknown key (with the closest name), a repeated key, a value of the

@@ -3,6 +3,8 @@
 #include "cli/megatron_options.h"
 
 #include <CLI/CLI.hpp>
+#include <cerrno>
+#include <climits>
 #include <cstdlib>
 
 #include "cli/config_file.h"
@@ -325,9 +327,15 @@ bool same_value(const std::string& given, const std::string& valid) {
   return a == b;
 }
 
-bool was_given(const Origins& origins, const char* name) {
-  const auto o = origins.find(name);
-  return o != origins.end() && o->second.source != Origin::Source::kDefault;
+// The value `text` of --`name` as an integer in [1, most]; tandem::Error naming it otherwise.
+long long whole_number(const std::string& name, const std::string& text, long long most,
+                       const char* valid) {
+  char* end = nullptr;
+  errno = 0;
+  const long long n = std::strtoll(text.c_str(), &end, 10);
+  TANDEM_CHECK(end != text.c_str() && *end == '\0' && errno == 0 && n >= 1 && n <= most, "--", name,
+               " ", text, " is invalid: it must be ", valid);
+  return n;
 }
 
 }  // namespace
@@ -351,11 +359,7 @@ void apply_megatron_options(RunOptions& o, const Origins& origins) {
   }
   long long divisor = 0;  // --make-vocab-size-divisible-by, 0 when not given
   if (const auto it = given.find("make-vocab-size-divisible-by"); it != given.end()) {
-    char* end = nullptr;
-    divisor = std::strtoll(it->second.c_str(), &end, 10);
-    TANDEM_CHECK(end != it->second.c_str() && *end == '\0' && divisor >= 1 && divisor <= (1 << 20),
-                 "--make-vocab-size-divisible-by ", it->second,
-                 " is invalid: it must be an integer in [1, 1048576]");
+    divisor = whole_number(it->first, it->second, 1 << 20, "an integer in [1, 1048576]");
   }
   if (given.count("tokenizer-type") > 0) {
     // Megatron-LM's NullTokenizer takes ids below --vocab-size V and adds V as its
@@ -378,11 +382,7 @@ void apply_megatron_options(RunOptions& o, const Origins& origins) {
     o.parallel.schedule = "combined-1f1b";
   }
   if (const auto it = given.find("num-layers-per-virtual-pipeline-stage"); it != given.end()) {
-    char* end = nullptr;
-    const long long n = std::strtoll(it->second.c_str(), &end, 10);
-    TANDEM_CHECK(end != it->second.c_str() && *end == '\0' && n >= 1,
-                 "--num-layers-per-virtual-pipeline-stage ", it->second,
-                 " is invalid: it must be an integer >= 1");
+    const long long n = whole_number(it->first, it->second, LLONG_MAX, "an integer >= 1");
     TANDEM_CHECK(!was_given(origins, "virtual-pipeline-model-parallel-size"),
                  "--num-layers-per-virtual-pipeline-stage and "
                  "--virtual-pipeline-model-parallel-size both set the model chunks: give one");

@@ -300,8 +300,7 @@ void check_not_megatron_checkpoint(const std::string& dir) {
 // ModelConfig::qk_layernorm itself is the per-head norm of grouped-query attention (Qwen3).
 void latent_norms(ModelConfig& m, const Origins& origins) {
   if (!m.multi_latent_attention) return;
-  const auto mla = origins.find("multi-latent-attention");
-  const bool asked = mla != origins.end() && mla->second.source != Origin::Source::kDefault;
+  const bool asked = was_given(origins, "multi-latent-attention");
   TANDEM_CHECK(!asked || m.qk_layernorm,
                "--multi-latent-attention without --qk-layernorm: Megatron-LM's MLA then has no "
                "norms of the q and kv latents, which tandem's (DeepSeek-V3's) always has; pass "
@@ -362,10 +361,7 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
     if (app.count("--" + s.name) > 0) origins[s.name].source = Origin::Source::kCommandLine;
   }
   check_command_line_values(table, origins);
-  const auto given = [&origins](const char* name) {
-    const auto o = origins.find(name);
-    return o != origins.end() && o->second.source != Origin::Source::kDefault;
-  };
+  const auto given = [&origins](const char* name) { return was_given(origins, name); };
   if (!opts.config_file.empty()) apply_config_file(app, table, opts.config_file, origins);
   latent_norms(opts.model, origins);
   canonical_model(opts.model);
@@ -394,15 +390,12 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   // either way. Elsewhere there is nothing for it to cover, so it stays off, and with the
   // distributed optimizer (which updates in its own pieces) too. A value given anywhere
   // (command line, --config) wins.
-  const auto defer = origins.find("defer-optimizer");
-  if (defer == origins.end() || defer->second.source == Origin::Source::kDefault) {
+  if (!given("defer-optimizer")) {
     opts.train.defer_optimizer = defer_optimizer_by_default(opts);
   }
   // Multi-head latent attention gives every head its own k and v: --num-query-groups, left
   // unset, follows --num-attention-heads (a value given anywhere is checked as given).
-  const auto groups = origins.find("num-query-groups");
-  if (opts.model.multi_latent_attention &&
-      (groups == origins.end() || groups->second.source == Origin::Source::kDefault)) {
+  if (opts.model.multi_latent_attention && !given("num-query-groups")) {
     opts.model.num_query_groups = opts.model.num_attention_heads;
   }
   // Megatron-LM's multi-latent attention takes YaRN unless --rope-type says otherwise, from 4096

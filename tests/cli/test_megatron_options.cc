@@ -11,32 +11,13 @@
 #include "cli/megatron_options.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "parse_run_options.h"
 
 namespace tandem::cli {
 namespace {
 
-RunOptions parse(const std::vector<std::string>& args) {
-  CLI::App app{"tandem test"};
-  RunOptions opts;
-  add_run_options(app, opts);
-  std::vector<const char*> argv = {"tandem"};
-  for (const std::string& a : args) argv.push_back(a.c_str());
-  app.parse(static_cast<int>(argv.size()), argv.data());
-  finalize_run_options(app, opts);
-  return opts;
-}
-
-// The message of the error `args` produce, or "" when they are accepted.
-std::string error_of(const std::vector<std::string>& args) {
-  try {
-    parse(args);
-  } catch (const CLI::ParseError& e) {
-    return std::string("CLI11: ") + e.what();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "";
-}
+using parsing::error_of;
+using parsing::parse;
 
 // A small MoE the options below are tried on.
 std::vector<std::string> moe(std::vector<std::string> more = {}) {
