@@ -1,5 +1,5 @@
-// Megatron-LM's options without a tandem setting of their own (Note [Megatron-LM's other
-// options] in cli/megatron_options.h), and how each is taken.
+// Megatron-LM's options without a tandem setting of their own, and how each is taken
+// (Note [Megatron-LM's other options] in cli/megatron_options.h).
 #include "cli/megatron_options.h"
 
 #include <CLI/CLI.hpp>
