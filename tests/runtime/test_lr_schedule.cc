@@ -8,8 +8,11 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <functional>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "core/config.h"
 #include "core/error.h"
@@ -195,30 +198,29 @@ void expect_refused(const TrainConfig& t, const std::string& words) {
 }
 
 TEST(LrSchedule, OptionRules) {
-  TrainConfig t = base();
-  t.lr_decay_style = LrDecayStyle::kWsd;
-  expect_refused(t, "give --lr-wsd-decay-iters");
-  t = base();
-  t.lr_warmup_iters = 240;
-  expect_refused(t, "must be shorter than the decay (240 iterations)");
-  t = base();
-  t.lr_warmup_fraction = 0.1;
-  t.lr_warmup_iters = 3;
-  expect_refused(t, "--lr-warmup-fraction 0.1 and --lr-warmup-iters 3");
-  t = base();
-  t.lr_warmup_samples = 64;
-  expect_refused(t, "need a run by samples (--train-samples)");
-  t = base();
-  t.train_samples = 640;
-  t.train_iters = 20;
-  t.lr_decay_iters = 10;
-  expect_refused(t, "give the schedule in samples too");
-  t = base();
-  t.lr_warmup_init = 0.01;
-  expect_refused(t, "--lr-warmup-init 0.01 is invalid");
-  t = base();
-  t.lr_warmup_fraction = 1.0;
-  expect_refused(t, "--lr-warmup-fraction 1 is invalid");
+  const std::vector<std::pair<std::function<void(TrainConfig&)>, std::string>> cases = {
+      {[](TrainConfig& t) { t.lr_decay_style = LrDecayStyle::kWsd; }, "give --lr-wsd-decay-iters"},
+      {[](TrainConfig& t) { t.lr_warmup_iters = 240; },
+       "must be shorter than the decay (240 iterations)"},
+      {[](TrainConfig& t) {
+         t.lr_warmup_fraction = 0.1;
+         t.lr_warmup_iters = 3;
+       },
+       "--lr-warmup-fraction 0.1 and --lr-warmup-iters 3"},
+      {[](TrainConfig& t) { t.lr_warmup_samples = 64; }, "need a run by samples (--train-samples)"},
+      {[](TrainConfig& t) {
+         t.train_samples = 640;
+         t.lr_decay_iters = 10;
+       },
+       "give the schedule in samples too"},
+      {[](TrainConfig& t) { t.lr_warmup_init = 0.01; }, "--lr-warmup-init 0.01 is invalid"},
+      {[](TrainConfig& t) { t.lr_warmup_fraction = 1.0; }, "--lr-warmup-fraction 1 is invalid"},
+  };
+  for (const auto& [change, words] : cases) {
+    TrainConfig t = base();
+    change(t);
+    expect_refused(t, words);
+  }
 }
 
 }  // namespace
