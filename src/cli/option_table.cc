@@ -96,6 +96,32 @@ Settings output_settings(RunOptions& o) {
                    "iter_NNNNNNN directory, or a Hugging Face checkpoint directory (weights "
                    "only); model options not given are taken from it (default: none)",
            .metavar = "DIR"},
+          {.name = "finetune",
+           .ref = &o.finetune,
+           .help = "Megatron-LM's: take only the weights of --load; the run starts at iteration 0 "
+                   "with a fresh optimizer and learning-rate schedule, and the checkpoint's "
+                   "training settings are not taken"},
+          {.name = "no-load-optim",
+           .ref = &o.no_load_optim,
+           .help = "Megatron-LM's: take the weights and the iteration of --load but not its "
+                   "optimizer state: the Adam moments and the learning-rate schedule start afresh"},
+          {.name = "no-load-rng",
+           .ref = &o.no_load_rng,
+           .help = "Megatron-LM's; accepted with no effect: tandem keeps no random state (its "
+                   "random draws are functions of --seed and the iteration)"},
+          {.name = "exit-interval",
+           .ref = &o.exit_interval,
+           .help = "Megatron-LM's: stop after the first iteration divisible by N, saving a "
+                   "checkpoint first with --save; 0: run to --train-iters",
+           .bound = FieldBound::kNonNegative,
+           .metavar = "N"},
+          {.name = "exit-duration-in-mins",
+           .ref = &o.exit_duration_in_mins,
+           .help = "Megatron-LM's: stop after the first iteration that ends past this many "
+                   "minutes of the run on any rank, saving a checkpoint first with --save; 0: no "
+                   "limit",
+           .bound = FieldBound::kNonNegative,
+           .metavar = "MINUTES"},
           {.name = "max-shard-size",
            .ref = &o.max_shard_size,
            .help = "the largest weights file a checkpoint writes: bigger models are saved as "
@@ -110,13 +136,59 @@ Settings output_settings(RunOptions& o) {
                    "sees"},
           {.name = "keep-checkpoints",
            .ref = &o.keep_checkpoints,
-           .help = "newest iteration directories kept under --save; older ones are deleted "
-                   "after a new one is complete",
-           .bound = FieldBound::kPositive},
+           .help = "newest iteration directories kept under --save, older ones deleted after a "
+                   "new one is complete; 0: every one is kept (Megatron-LM deletes none)",
+           .bound = FieldBound::kNonNegative},
           {.name = "log-json",
            .ref = &o.log_json,
            .help = "write one JSON object per iteration to FILE (default: none)",
            .metavar = "FILE",
+           .scope = process},
+          {.name = "log-params-norm",
+           .ref = &o.log_params_norm,
+           .help = "Megatron-LM's: the L2 norm of all weights after each step's update, in the "
+                   "log line, --log-json and TensorBoard (train/params_norm)"},
+          {.name = "log-num-zeros-in-grad",
+           .ref = &o.log_num_zeros_in_grad,
+           .help = "Megatron-LM's: how many gradient elements of each step are zero, in the log "
+                   "line, --log-json and TensorBoard (train/num_zeros_in_grad)"},
+          {.name = "log-timers-to-tensorboard",
+           .ref = &o.log_timers_to_tensorboard,
+           .help = "Megatron-LM's: each step's seconds (and, measured on GPUs under mpirun, its "
+                   "forward-backward's) to TensorBoard as timers/step_s, "
+                   "timers/forward_backward_s"},
+          {.name = "log-memory-to-tensorboard",
+           .ref = &o.log_memory_to_tensorboard,
+           .help = "Megatron-LM's; tandem writes memory/in_use_bytes and memory/peak_bytes to "
+                   "TensorBoard with or without it"},
+          {.name = "log-validation-ppl-to-tensorboard",
+           .ref = &o.log_validation_ppl_to_tensorboard,
+           .help = "Megatron-LM's; tandem writes valid/ppl beside valid/loss with or without it"},
+          {.name = "log-throughput",
+           .ref = &o.log_throughput,
+           .help = "Megatron-LM's TFLOP/s per GPU: refused, tandem counts no FLOPs per step; the "
+                   "log line's tok/s is its throughput"},
+          {.name = "profile",
+           .ref = &o.profile,
+           .help = "Megatron-LM's, onto --trace: write the measured timeline of each step from "
+                   "--profile-step-start to before --profile-step-end (counted as Megatron-LM "
+                   "counts iterations, from 0) of the ranks of --profile-ranks, each step to "
+                   "--trace's file name with .iterN before its extension (needs --trace)",
+           .scope = process},
+          {.name = "profile-step-start",
+           .ref = &o.profile_step_start,
+           .help = "--profile: the first step profiled",
+           .bound = FieldBound::kNonNegative,
+           .scope = process},
+          {.name = "profile-step-end",
+           .ref = &o.profile_step_end,
+           .help = "--profile: the step profiling stops before",
+           .bound = FieldBound::kNonNegative,
+           .scope = process},
+          {.name = "profile-ranks",
+           .ref = &o.profile_ranks,
+           .help = "--profile: the world ranks whose timelines the files hold, comma-separated",
+           .metavar = "R,R,...",
            .scope = process},
           {.name = "trace",
            .ref = &o.trace_path,

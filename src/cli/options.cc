@@ -312,6 +312,25 @@ void latent_norms(ModelConfig& m, const Origins& origins) {
 
 void validate_run_options(const RunOptions& o) {
   validate_layout(o.model, o.train, o.parallel);
+  TANDEM_CHECK(!o.log_throughput,
+               "--log-throughput (Megatron-LM's TFLOP/s per GPU) is not supported: tandem counts "
+               "no FLOPs per step; leave it out, the log line's tok/s is the run's throughput");
+  if (o.profile) {
+    TANDEM_CHECK(!o.trace_path.empty(),
+                 "--profile writes tandem's measured timeline of the profiled steps: give --trace "
+                 "FILE for it (each step's goes to FILE with .iterN before its extension)");
+    TANDEM_CHECK(o.profile_step_end > o.profile_step_start, "--profile-step-end ",
+                 o.profile_step_end, " must be above --profile-step-start ", o.profile_step_start,
+                 ": no step would be profiled");
+    const std::string& ranks = o.profile_ranks;
+    const bool list = !ranks.empty() && ranks.front() != ',' && ranks.back() != ',' &&
+                      ranks.find(",,") == std::string::npos &&
+                      std::all_of(ranks.begin(), ranks.end(), [](char c) {
+                        return c == ',' || std::isdigit(static_cast<unsigned char>(c));
+                      });
+    TANDEM_CHECK(list, "--profile-ranks ", ranks,
+                 " is invalid: give world ranks >= 0, comma-separated (0,1,3)");
+  }
   check_data_sources(o);
   if (o.data_path.empty() && o.train_data_path.empty() && !o.mock_data) {
     TANDEM_CHECK(o.model.vocab_size >= 256, "--vocab-size ", o.model.vocab_size,
@@ -407,6 +426,34 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   }
   if (opts.model.rope_type == "yarn" && !given("rope-original-max-position-embeddings")) {
     opts.model.rope_original_max_position = 4096;
+  }
+  // Megatron-LM's names of two settings tandem has under its own: each sets the other's value,
+  // and a value given for both must agree.
+  if (opts.train.no_check_for_nan) {
+    TANDEM_CHECK(!given("nan-policy") || opts.train.non_finite_policy == NonFinitePolicy::kContinue,
+                 "--no-check-for-nan-in-loss-and-grad and --nan-policy ",
+                 enum_name(opts.train.non_finite_policy),
+                 " disagree: the first is --nan-policy continue; give one of them");
+    opts.train.non_finite_policy = NonFinitePolicy::kContinue;
+  }
+  if (opts.parallel.distributed_timeout_minutes > 0) {
+    const double seconds = 60.0 * static_cast<double>(opts.parallel.distributed_timeout_minutes);
+    TANDEM_CHECK(!given("comm-timeout") || opts.parallel.comm_timeout_s == seconds,
+                 "--distributed-timeout-minutes ", opts.parallel.distributed_timeout_minutes,
+                 " and --comm-timeout ", opts.parallel.comm_timeout_s,
+                 " disagree: the first is --comm-timeout ", seconds, "; give one of them");
+    opts.parallel.comm_timeout_s = seconds;
+  }
+  // A run by samples (Megatron-LM's --train-samples) runs train-samples / global-batch-size
+  // steps; --train-iters given as well would be a second length.
+  if (opts.train.train_samples > 0) {
+    TANDEM_CHECK(!given("train-iters"), "--train-samples ", opts.train.train_samples,
+                 " and --train-iters ", opts.train.train_iters,
+                 " both set the run's length: give one of them");
+    TANDEM_CHECK(opts.train.train_samples >= opts.train.global_batch_size, "--train-samples ",
+                 opts.train.train_samples, " is less than one step of --global-batch-size ",
+                 opts.train.global_batch_size, ": give at least ", opts.train.global_batch_size);
+    opts.train.train_iters = opts.train.train_samples / opts.train.global_batch_size;
   }
   canonical_model(opts.model);
   try {

@@ -49,7 +49,27 @@ struct RunOptions {
   std::string load_dir;          // --load
   // --ckpt-fully-parallel-save: under mpirun every rank writes its own tensors' shards
   bool ckpt_fully_parallel_save = false;
-  int64_t keep_checkpoints = 2;  // --keep-checkpoints: iteration directories kept under --save
+  int64_t keep_checkpoints = 0;  // --keep-checkpoints: iteration directories kept; 0: all
+  // --finetune: --load's weights only, from iteration 0 with a fresh optimizer (Megatron-LM's)
+  bool finetune = false;
+  bool no_load_optim = false;  // --no-load-optim: --load's weights and iteration, fresh optimizer
+  bool no_load_rng = false;    // --no-load-rng: no effect (tandem keeps no RNG state)
+  int64_t exit_interval = 0;   // --exit-interval N: stop after an iteration divisible by N
+  double exit_duration_in_mins = 0;  // --exit-duration-in-mins: stop after this long
+  // Megatron-LM's logging switches (docs/training.md "Megatron-LM's logging and profiling
+  // options").
+  bool log_params_norm = false;        // the weights' norm in the log line and TensorBoard
+  bool log_num_zeros_in_grad = false;  // the gradients' zero elements, likewise
+  bool log_timers_to_tensorboard = false;
+  bool log_memory_to_tensorboard = false;          // written whatever it says
+  bool log_validation_ppl_to_tensorboard = false;  // written whatever it says
+  bool log_throughput = false;                     // refused: no FLOP count per step
+  // --profile (Megatron-LM's): the measured timeline (--trace) of the steps
+  // [profile_step_start, profile_step_end) of the ranks in profile_ranks.
+  bool profile = false;
+  int64_t profile_step_start = 10;
+  int64_t profile_step_end = 12;
+  std::string profile_ranks = "0";
   std::string max_shard_size = "5GB";  // --max-shard-size (parsed into max_shard_bytes)
   int64_t max_shard_bytes = 5'000'000'000;
   std::string log_json;             // --log-json FILE: one JSON object per iteration

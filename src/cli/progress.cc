@@ -131,6 +131,10 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
                      format_fixed(r.lm_loss, 4) + " | aux loss " + format_fixed(r.aux_loss, 4) +
                      " | lr " + format_sci(r.lr) + " | grad norm " + format_fixed(r.grad_norm, 3) +
                      " | " + format_rate(r.tokens_per_s) + " tok/s";
+  if (r.params_norm >= 0) line += " | params norm " + format_fixed(r.params_norm, 3);
+  if (r.num_zeros_in_grad >= 0) {
+    line += " | zeros in grad " + std::to_string(r.num_zeros_in_grad);
+  }
   if (!r.mem_in_use_bytes.empty() || !r.mem_peak_bytes.empty()) {
     line += " | mem " + format_bytes(max_of(r.mem_in_use_bytes)) + ", peak " +
             format_bytes(max_of(r.mem_peak_bytes));
@@ -241,6 +245,8 @@ std::string to_json_line(const IterationRecord& r) {
     j["planned_offload_host_peak_bytes"] = per_rank(r.planned_offload_host_peak_bytes);
   }
   if (!r.note.empty()) j["note"] = r.note;
+  if (r.params_norm >= 0) j["params_norm"] = number(r.params_norm);
+  if (r.num_zeros_in_grad >= 0) j["num_zeros_in_grad"] = r.num_zeros_in_grad;
   if (r.valid_loss) {
     j["valid_loss"] = number(*r.valid_loss);
     j["valid_ppl"] = number(std::exp(*r.valid_loss));
@@ -295,6 +301,10 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationR
   }
   if (r.expert_load_max_over_mean >= 0) {
     out.emplace_back("moe/expert_load_max_over_mean", r.expert_load_max_over_mean);
+  }
+  if (r.params_norm >= 0) out.emplace_back("train/params_norm", r.params_norm);
+  if (r.num_zeros_in_grad >= 0) {
+    out.emplace_back("train/num_zeros_in_grad", static_cast<double>(r.num_zeros_in_grad));
   }
   if (r.valid_loss) {
     out.emplace_back("valid/loss", *r.valid_loss);
@@ -355,6 +365,13 @@ void ProgressReporter::report(const IterationRecord& record) {
   if (tensorboard_) {
     for (const auto& [tag, value] : tensorboard_scalars(record)) {
       tensorboard_->add_scalar(tag, value, record.iter);
+    }
+    if (config_.timers_to_tensorboard) {
+      tensorboard_->add_scalar("timers/step_s", record.step_seconds, record.iter);
+      if (record.forward_backward_seconds >= 0) {
+        tensorboard_->add_scalar("timers/forward_backward_s", record.forward_backward_seconds,
+                                 record.iter);
+      }
     }
     if (log) tensorboard_->flush();
   }

@@ -66,6 +66,11 @@ struct IterationRecord {
   // After a validation at this step (Note [Validation data] in cli/validation.h): the mean LM
   // loss of its batches; its perplexity is exp of it. Empty: no validation at this step.
   std::optional<double> valid_loss;
+  // --log-params-norm and --log-num-zeros-in-grad (Megatron-LM's; runtime/step_figures.h):
+  // the weights' L2 norm after the update and the step's gradient elements that are zero
+  // (negative: not asked for).
+  double params_norm = -1;
+  int64_t num_zeros_in_grad = -1;
   // Something the step did besides training, printed on a line of its own and kept in the JSON
   // line as "note" (e.g. experts re-placed, Note [Rebalancing experts]); empty: nothing.
   std::string note;
@@ -79,6 +84,8 @@ struct ReporterConfig {
   int64_t log_interval = 10;         // --log-interval
   std::string log_json_path = {};    // --log-json; empty: no JSON lines
   std::string tensorboard_dir = {};  // --tensorboard-dir; empty: no event files
+  // --log-timers-to-tensorboard: the step's seconds (and forward-backward's, where measured)
+  bool timers_to_tensorboard = false;
   Verbosity verbosity = Verbosity::kNormal;
   BarMode bar = BarMode::kAuto;
 };

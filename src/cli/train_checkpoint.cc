@@ -42,7 +42,7 @@ void warn_if_data_differs(const nlohmann::json& recorded, const nlohmann::json& 
 
 }  // namespace
 
-nlohmann::json checkpoint_option_values(const std::string& load_dir) {
+nlohmann::json checkpoint_option_values(const std::string& load_dir, bool weights_only) {
   const runtime::CheckpointInfo info = runtime::inspect_checkpoint(load_dir);
   nlohmann::json fixed = model_option_values(info.model_config);
   // What config.json does not carry is a training setting like the learning rate: the command
@@ -54,7 +54,7 @@ nlohmann::json checkpoint_option_values(const std::string& load_dir) {
     unwritten[key] = fixed[key];
     fixed.erase(key);
   }
-  if (info.kind == runtime::CheckpointKind::kHuggingFace) {
+  if (info.kind == runtime::CheckpointKind::kHuggingFace || weights_only) {
     fixed.erase("seq-length");
     return {{"fixed", fixed}, {"defaults", unwritten}};
   }
@@ -92,7 +92,7 @@ namespace {
 // --load read and validated; a checkpoint already at or past --train-iters is an error.
 runtime::CheckpointState load_for_resume(const RunOptions& o) {
   runtime::CheckpointState st = runtime::load_checkpoint(o.load_dir);
-  if (st.kind == runtime::CheckpointKind::kTandem) {
+  if (st.kind == runtime::CheckpointKind::kTandem && !o.finetune) {
     const runtime::TrainingPosition pos =
         runtime::read_training_position(st.trainer_state, "checkpoint " + st.dir + ": ");
     TANDEM_CHECK(pos.iteration < o.train.train_iters, "--load ", st.dir, " is at iteration ",
@@ -105,6 +105,13 @@ runtime::CheckpointState load_for_resume(const RunOptions& o) {
 // What was loaded, on `log`; a note on stderr when the data set differs.
 void report_resume(const runtime::CheckpointState& st, int64_t iteration, int64_t optimizer_steps,
                    const RunOptions& o, std::ostream& log) {
+  if (st.kind == runtime::CheckpointKind::kTandem && o.finetune) {
+    if (!o.quiet) {
+      log << "tandem train: loaded the weights of " << st.dir
+          << " (--finetune): training starts at iteration 0 with a fresh optimizer" << std::endl;
+    }
+    return;
+  }
   if (st.kind == runtime::CheckpointKind::kHuggingFace) {
     if (!o.quiet) {
       log << "tandem train: loaded the weights of the Hugging Face checkpoint " << st.dir
@@ -115,8 +122,10 @@ void report_resume(const runtime::CheckpointState& st, int64_t iteration, int64_
     return;
   }
   if (!o.quiet) {
-    log << "tandem train: resumed from " << st.dir << " at iteration " << iteration << " ("
-        << optimizer_steps << " optimizer steps)" << std::endl;
+    log << "tandem train: resumed from " << st.dir << " at iteration " << iteration
+        << (o.no_load_optim ? " with a fresh optimizer and learning-rate schedule (--no-load-optim)"
+                            : " (" + std::to_string(optimizer_steps) + " optimizer steps)")
+        << std::endl;
   }
   warn_if_data_differs(st.trainer_state.value("data", nlohmann::json()), describe_data(o),
                        std::cerr);
@@ -149,7 +158,10 @@ int64_t resume_pipeline_from_checkpoint(runtime::PipelineTrainer& trainer, const
   runtime::CheckpointState st;
   runtime::run_agreeing(*trainer.groups().world, [&] {
     st = load_for_resume(o);
-    runtime::restore_pipeline(trainer, st);
+    runtime::restore_pipeline(trainer, st,
+                              o.finetune        ? runtime::RestoreParts::kWeightsOnly
+                              : o.no_load_optim ? runtime::RestoreParts::kNoOptimizer
+                                                : runtime::RestoreParts::kAll);
   });
   if (trainer.groups().rank == 0) {
     report_resume(st, trainer.iteration(), trainer.stages().front().optimizer->steps(), o, log);

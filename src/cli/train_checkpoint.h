@@ -17,7 +17,9 @@ namespace tandem::cli {
 // limit, max_position_embeddings) and, for a tandem checkpoint, --seed and --global-batch-size,
 // which fix the data position. Defaults (tandem checkpoints): the other train options except
 // --train-iters and --log-interval (lr, schedule, Adam, clipping, micro-batch size, nan policy).
-nlohmann::json checkpoint_option_values(const std::string& load_dir);
+// `weights_only` (--finetune): a tandem checkpoint is read as a Hugging Face one, its model
+// options fixed and its training settings not taken.
+nlohmann::json checkpoint_option_values(const std::string& load_dir, bool weights_only = false);
 
 // The data set as trainer_state.json records it: path, format and size in bytes (the built-in
 // task: format "addition" and its operand digits).
@@ -26,8 +28,10 @@ nlohmann::json describe_data(const RunOptions& o);
 // With --load: every rank reads and validates the checkpoint and restores its chunks
 // (runtime::restore_pipeline; nothing changes when anything is wrong); an error on any rank
 // stops every rank with that rank's message (runtime::run_agreeing). Rank 0 says on `log` what
-// was loaded; a checkpoint already at or past --train-iters is an error. Returns the iteration
-// training continues from (0 without --load).
+// was loaded; a checkpoint already at or past --train-iters is an error. --finetune takes the
+// weights alone (iteration 0), --no-load-optim the weights and the iteration with a fresh
+// optimizer (runtime::RestoreParts). Returns the iteration training continues from (0 without
+// --load).
 int64_t resume_pipeline_from_checkpoint(runtime::PipelineTrainer& trainer, const RunOptions& o,
                                         std::ostream& log);
 

@@ -6,6 +6,7 @@
 // (cli/validation.h), and writes checkpoints (gathered to rank 0; docs/checkpoints.md) and the
 // files asked for.
 #include <CLI/CLI.hpp>
+#include <chrono>
 #include <iostream>
 #include <memory>
 #include <optional>
@@ -26,6 +27,7 @@
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_parallel.h"
 #include "runtime/pipeline_trainer.h"
+#include "runtime/step_figures.h"
 #include "schedule/generators.h"
 #include "schedule/pipeline_model.h"
 
@@ -86,11 +88,27 @@ void print_validation(const RunOptions& o, const data::Dataset& valid) {
             << " steps and after the last" << std::endl;
 }
 
-// The steps from `start` to --train-iters: progress, validations (with `valid`), checkpoints
-// and, after the last, the files asked for and the test (with `test`).
+// Whether the run stops after the step that ended at `iteration` (Megatron-LM's
+// --exit-interval, --exit-duration-in-mins): every rank takes the same decision, the duration's
+// from the slowest rank's clock.
+bool should_exit(const RunOptions& o, comm::Communicator& world, int64_t iteration,
+                 std::chrono::steady_clock::time_point run_start) {
+  if (o.exit_interval > 0 && iteration % o.exit_interval == 0) return true;
+  if (o.exit_duration_in_mins <= 0) return false;
+  const double minutes =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - run_start).count() / 60.0;
+  Tensor past = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "exit.past");
+  past.data<double>()[0] = minutes > o.exit_duration_in_mins ? 1.0 : 0.0;
+  world.all_reduce_sum(past);
+  return past.data<double>()[0] > 0;
+}
+
+// The steps from `start` to --train-iters (or an earlier exit): progress, validations (with
+// `valid`), checkpoints and, after the last, the files asked for and the test (with `test`).
 void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, int64_t start,
                const std::optional<schedule::Plan>& plan, ProgressReporter& reporter,
-               const data::Dataset* valid, const data::Dataset* test) {
+               const data::Dataset* valid, const data::Dataset* test,
+               std::chrono::steady_clock::time_point run_start) {
   const runtime::Groups& groups = trainer.groups();
   std::vector<int32_t> pipeline_rank;  // of each world rank
   for (int w = 0; w < groups.layout.world; ++w) pipeline_rank.push_back(groups.layout.pp_rank(w));
@@ -99,25 +117,45 @@ void run_steps(const RunOptions& o, runtime::PipelineTrainer& trainer, int64_t s
   for (int64_t it = start; it < o.train.train_iters; ++it) {
     test_faults_before_step(groups.rank, it + 1);
     const bool last = it + 1 == o.train.train_iters;
-    if (last && !o.trace_path.empty()) alloc.set_trace(true);  // the last step's timeline
+    const bool profiled = profiles_step(o, it + 1);
+    // The last step's timeline, or with --profile the profiled steps'.
+    if ((last && !o.trace_path.empty()) || profiled) alloc.set_trace(true);
     const runtime::StepResult r = trainer.step();
+    if (profiled) write_profiled_step(o, trainer, alloc, r.iteration);
     if (last) write_last_step_files(o, trainer, alloc);
     IterationRecord rec = gather_record(o, r, trainer);
+    if (o.log_params_norm) rec.params_norm = runtime::params_norm(trainer);
+    if (o.log_num_zeros_in_grad) rec.num_zeros_in_grad = runtime::grad_zeros(trainer);
     if (plan) set_planned_peaks(rec, *plan, pipeline_rank);
     // After the record's figures are gathered: the validation's forwards are no part of them.
     if (valid && should_validate(o, r.iteration)) {
       rec.valid_loss = validate(trainer, *valid, o).lm_loss;
     }
     reporter.report(rec);
-    if (should_save(o, r.iteration)) save_pipeline_checkpoint(trainer, o);
+    const bool saved = should_save(o, r.iteration);
+    if (saved) save_pipeline_checkpoint(trainer, o);
+    if (!last && should_exit(o, *groups.world, r.iteration, run_start)) {
+      if (!saved && !o.save_dir.empty()) save_pipeline_checkpoint(trainer, o);
+      if (groups.rank == 0 && !o.quiet) {
+        std::cout << "tandem train: stopped after iteration " << r.iteration << " ("
+                  << (o.exit_interval > 0 && r.iteration % o.exit_interval == 0
+                          ? "--exit-interval"
+                          : "--exit-duration-in-mins")
+                  << ")" << std::endl;
+      }
+      break;
+    }
   }
   if (test) reporter.report_test(trainer.iteration(), validate(trainer, *test, o).lm_loss);
   reporter.print_summary();
 }
 
 void run_train(const CLI::App& app, RunOptions& o) {
+  const auto run_start = std::chrono::steady_clock::now();
   o.load_may_start_fresh = true;
-  finalize_run_options(app, o, checkpoint_option_values);
+  // --finetune reads the checkpoint for its weights and model alone.
+  finalize_run_options(
+      app, o, [&o](const std::string& dir) { return checkpoint_option_values(dir, o.finetune); });
   check_supported(o);
   check_validation_options(o, WholeDataPath::kRefused);
   check_tensorboard_dir(o.tensorboard_dir);
@@ -175,7 +213,7 @@ void run_train(const CLI::App& app, RunOptions& o) {
                 << " batches after the last step" << std::endl;
     }
   }
-  run_steps(o, trainer, start, plan, reporter, valid.get(), test.get());
+  run_steps(o, trainer, start, plan, reporter, valid.get(), test.get(), run_start);
   if (lead && !o.save_dir.empty() && !o.quiet) {
     std::cout << "saved checkpoints to " << o.save_dir
               << " (latest: " << runtime::iteration_dir_name(trainer.iteration()) << ")"

@@ -113,6 +113,7 @@ ReporterConfig reporter_config(const RunOptions& o) {
   rc.log_interval = o.train.log_interval;
   rc.log_json_path = o.log_json;
   rc.tensorboard_dir = o.tensorboard_dir;
+  rc.timers_to_tensorboard = o.log_timers_to_tensorboard;
   rc.verbosity = o.quiet ? Verbosity::kQuiet : Verbosity::kNormal;
   return rc;
 }

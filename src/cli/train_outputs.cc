@@ -5,11 +5,14 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <charconv>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -25,10 +28,13 @@ namespace {
 // Every rank's timeline of the last step, written by rank 0 as one trace file. On the GPU the
 // spans are CUDA-event times and the memory counter host times of the allocations (the host
 // runs ahead of the GPU), both from the step's start.
+// `with_me` false: this rank's events are left out (--profile-ranks).
 void write_measured_trace(const std::string& path, runtime::PipelineTrainer& trainer,
-                          comm::Communicator& world, Allocator& alloc) {
-  const std::string mine = runtime::rank_trace_events(world.rank(), trainer.timeline(),
-                                                      alloc.trace(), trainer.step_start_seconds());
+                          comm::Communicator& world, Allocator& alloc, bool with_me = true) {
+  const std::string mine =
+      with_me ? runtime::rank_trace_events(world.rank(), trainer.timeline(), alloc.trace(),
+                                           trainer.step_start_seconds())
+              : std::string();
   alloc.set_trace(false);
   const std::vector<std::string> all = world.all_gather_bytes(mine);
   if (world.rank() == 0) runtime::write_trace_file(path, all);
@@ -217,10 +223,49 @@ void check_tensorboard_dir(const std::string& dir) {
                ": cannot be made in ", up.string(), " (", std::strerror(errno), ")");
 }
 
+std::vector<int64_t> profile_ranks(const RunOptions& o) {
+  std::vector<int64_t> ranks;
+  std::stringstream in(o.profile_ranks);
+  std::string item;
+  while (std::getline(in, item, ',')) {
+    int64_t r = -1;
+    const auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), r);
+    TANDEM_CHECK(ec == std::errc() && end == item.data() + item.size() && r >= 0,
+                 "--profile-ranks ", o.profile_ranks,
+                 " is invalid: give world ranks >= 0, comma-separated (0,1,3)");
+    ranks.push_back(r);
+  }
+  TANDEM_CHECK(!ranks.empty(), "--profile-ranks is empty: give world ranks, comma-separated");
+  return ranks;
+}
+
+bool profiles_step(const RunOptions& o, int64_t iteration) {
+  // Megatron-LM counts the iterations done before the step: step k (1-based) is k - 1.
+  return o.profile && iteration - 1 >= o.profile_step_start && iteration - 1 < o.profile_step_end;
+}
+
+std::string profile_trace_path(const std::string& trace, int64_t iteration) {
+  const std::string tag = ".iter" + std::to_string(iteration);
+  const size_t slash = trace.find_last_of('/');
+  const size_t dot = trace.find_last_of('.');
+  if (dot == std::string::npos || (slash != std::string::npos && dot < slash)) return trace + tag;
+  return trace.substr(0, dot) + tag + trace.substr(dot);
+}
+
+void write_profiled_step(const RunOptions& o, runtime::PipelineTrainer& trainer, Allocator& alloc,
+                         int64_t iteration) {
+  comm::Communicator& world = *trainer.groups().world;
+  const std::vector<int64_t> ranks = profile_ranks(o);
+  const bool with_me = std::find(ranks.begin(), ranks.end(), world.rank()) != ranks.end();
+  write_measured_trace(profile_trace_path(o.trace_path, iteration), trainer, world, alloc, with_me);
+}
+
 void write_last_step_files(const RunOptions& o, runtime::PipelineTrainer& trainer,
                            Allocator& alloc) {
   comm::Communicator& world = *trainer.groups().world;
-  if (!o.trace_path.empty()) write_measured_trace(o.trace_path, trainer, world, alloc);
+  if (!o.trace_path.empty() && !o.profile) {
+    write_measured_trace(o.trace_path, trainer, world, alloc);
+  }
   if (!o.node_times_out.empty()) {
     write_node_times(o.node_times_out, trainer, world, o);
   }

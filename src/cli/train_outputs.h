@@ -16,8 +16,20 @@ namespace tandem::cli {
 // naming the path and why. Nothing to check for an empty path.
 void check_tensorboard_dir(const std::string& dir);
 
+// --profile (Megatron-LM's, onto --trace): the ranks of --profile-ranks (comma-separated world
+// ranks; throws naming a bad list), whether the step ending at 1-based `iteration` is one of
+// [--profile-step-start, --profile-step-end) as Megatron counts them (the iterations done before
+// it), the file of its timeline (--trace's name with ".iterN" before the extension) and its
+// writing, a collective of every rank.
+std::vector<int64_t> profile_ranks(const RunOptions& o);
+bool profiles_step(const RunOptions& o, int64_t iteration);
+std::string profile_trace_path(const std::string& trace, int64_t iteration);
+void write_profiled_step(const RunOptions& o, runtime::PipelineTrainer& trainer, Allocator& alloc,
+                         int64_t iteration);
+
 // After the last step: --trace (every rank's measured timeline and activation memory, the
-// allocator tracing since before the step), --node-times-out (GPU) and --routing-out (MoE).
+// allocator tracing since before the step; with --profile, the profiled steps' instead),
+// --node-times-out (GPU) and --routing-out (MoE).
 void write_last_step_files(const RunOptions& o, runtime::PipelineTrainer& trainer,
                            Allocator& alloc);
 

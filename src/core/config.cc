@@ -679,12 +679,7 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
                                       {"--global-batch-size", global_batch_size}}) {
     check_dimension(option, value);
   }
-  TANDEM_CHECK(min_lr >= 0 && min_lr <= lr, "--min-lr ", min_lr,
-               " is invalid: it must be between 0 and --lr (", lr, ")");
-  TANDEM_CHECK(lr_warmup_iters >= 0, "--lr-warmup-iters ", lr_warmup_iters,
-               " is invalid: it must be >= 0");
-  TANDEM_CHECK(lr_decay_iters >= 0, "--lr-decay-iters ", lr_decay_iters,
-               " is invalid: it must be >= 0 (0 decays over --train-iters)");
+  validate_lr_schedule(*this);
   TANDEM_CHECK(weight_decay >= 0, "--weight-decay ", weight_decay, " is invalid: it must be >= 0");
   TANDEM_CHECK(adam_beta1 >= 0 && adam_beta1 < 1, "--adam-beta1 ", adam_beta1,
                " is invalid: it must be in [0, 1)");

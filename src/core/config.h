@@ -12,15 +12,19 @@
 
 #include "core/dtype.h"
 #include "core/enum_names.h"
+#include "core/lr_schedule.h"
 #include "core/settings.h"
 
 namespace tandem {
 
 // What a training step does when its loss or gradient norm is NaN or Inf (--nan-policy): stop
-// with an error naming the iteration, or skip the update (no weight or optimizer change).
-enum class NonFinitePolicy : uint8_t { kStop, kSkip };
+// with an error naming the iteration, skip the update (no weight or optimizer change), or check
+// nothing and update with those values (Megatron-LM's --no-check-for-nan-in-loss-and-grad).
+enum class NonFinitePolicy : uint8_t { kStop, kSkip, kContinue };
 inline constexpr EnumName<NonFinitePolicy> kNonFinitePolicyNames[] = {
-    {NonFinitePolicy::kStop, "stop"}, {NonFinitePolicy::kSkip, "skip"}};
+    {NonFinitePolicy::kStop, "stop"},
+    {NonFinitePolicy::kSkip, "skip"},
+    {NonFinitePolicy::kContinue, "continue"}};
 constexpr std::span<const EnumName<NonFinitePolicy>> enum_names(NonFinitePolicy) {
   return kNonFinitePolicyNames;
 }
@@ -243,9 +247,22 @@ struct TrainConfig {
   int64_t global_batch_size = 16;
   int64_t train_iters = 300;
   double lr = 3e-3;
+  // The learning-rate schedule (Note [Learning-rate schedule] in core/lr_schedule.h), with
+  // Megatron-LM's defaults: no warm-up, a linear decay to 0 over the run.
   double min_lr = 0.0;
   int64_t lr_warmup_iters = 0;
   int64_t lr_decay_iters = 0;  // 0: decay over train_iters
+  LrDecayStyle lr_decay_style = LrDecayStyle::kLinear;
+  LrWsdDecayStyle lr_wsd_decay_style = LrWsdDecayStyle::kExponential;
+  int64_t lr_wsd_decay_iters = -1;  // WSD's annealing iterations; -1: not given
+  double lr_warmup_init = 0.0;      // the rate the warm-up starts from
+  double lr_warmup_fraction = -1;   // the warm-up as a share of the decay; -1: not given
+  // --train-samples: a run by samples (0: by iterations); train_iters is then
+  // train_samples / global_batch_size and the schedule's lengths are in samples.
+  int64_t train_samples = 0;
+  int64_t lr_warmup_samples = 0;
+  int64_t lr_decay_samples = 0;       // 0: decay over train_samples
+  int64_t lr_wsd_decay_samples = -1;  // -1: not given
   double weight_decay = 0.01;
   double adam_beta1 = 0.9;
   double adam_beta2 = 0.999;
@@ -254,6 +271,12 @@ struct TrainConfig {
   uint64_t seed = 1234;
   int64_t log_interval = 10;
   NonFinitePolicy non_finite_policy = NonFinitePolicy::kStop;
+  // --no-check-for-nan-in-loss-and-grad (Megatron-LM's): --nan-policy continue.
+  bool no_check_for_nan = false;
+  // --calculate-per-token-loss (Megatron-LM's): the step's loss is the sum over its tokens over
+  // the number of tokens of the global batch, not the mean of the micro-batches' means (every
+  // token counts, so the two are the same value: Note [Per-token loss] in runtime/step.h).
+  bool calculate_per_token_loss = false;
   Device device = Device::kCPU;  // --device cpu | cuda (one GPU per process)
   // --recompute-experts: the experts keep only their input rows from forward to backward and
   // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).
@@ -364,6 +387,8 @@ struct ParallelConfig {
   bool pair_first_forwards = false;  // combined-1f1b, one stage: (0F0;0F1) first
   CommOverlap comm_overlap = CommOverlap::kOn;
   double comm_timeout_s = 120;  // --comm-timeout: the bound on every wait for another rank
+  // --distributed-timeout-minutes (Megatron-LM's): comm_timeout_s in minutes; 0: not given.
+  int64_t distributed_timeout_minutes = 0;
 };
 
 // Note [Layout rules]: the rules the model's, training's and parallel settings keep across one

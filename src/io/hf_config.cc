@@ -592,7 +592,7 @@ std::string hf_config_json(const ModelConfig& model) {
   }
   j["rope_parameters"] = params;
   j["attention_dropout"] = 0.0;
-  j["initializer_range"] = 0.02;
+  j["initializer_range"] = model.init_method_std;
   j["tie_word_embeddings"] = false;
   j["use_cache"] = true;
   j["torch_dtype"] = "float32";
@@ -659,7 +659,10 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 }
 
 std::vector<std::string> hf_config_unwritten_fields(const ModelConfig& model) {
-  std::vector<std::string> out = {"moe_router_bias_update_rate", "moe_router_load_balancing_type"};
+  // init_method_std: config.json's initializer_range is written from it but read as neutral
+  // (an imported model's weights are loaded, not drawn).
+  std::vector<std::string> out = {"moe_router_bias_update_rate", "moe_router_load_balancing_type",
+                                  "init_method_std"};
   if (model.multi_latent_attention) out.push_back("moe_aux_loss_coeff");  // DeepseekV3Config
   return out;
 }

@@ -350,6 +350,7 @@ void delete_checkpoint_dir(const std::string& dir, SavedCheckpoint& out) {
 }
 
 void apply_retention(const std::string& root, int64_t written, int64_t keep, SavedCheckpoint& out) {
+  if (keep == 0) return;  // every checkpoint stays, as Megatron-LM keeps them
   std::vector<std::pair<int64_t, std::string>> others;  // (iteration, name)
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
@@ -564,7 +565,8 @@ SavedCheckpoint commit_checkpoint(io::AtomicDirWriter& writer, const std::string
 SavedCheckpoint save_checkpoint(const std::string& root, int64_t iteration,
                                 const CheckpointState& state, int64_t keep,
                                 int64_t max_shard_bytes) {
-  TANDEM_CHECK(keep >= 1, "--keep-checkpoints ", keep, " is invalid: keep at least 1");
+  TANDEM_CHECK(keep >= 0, "--keep-checkpoints ", keep,
+               " is invalid: it must be >= 0 (0 keeps every checkpoint)");
   TANDEM_ASSERT(state.kind == CheckpointKind::kTandem && state.trainer_state.is_object() &&
                     state.trainer_state.value("iteration", int64_t{-1}) == iteration,
                 "save_checkpoint needs a trainer state of iteration ", iteration);

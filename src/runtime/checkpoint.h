@@ -25,12 +25,12 @@
 // save_checkpoint writes the iteration directory under a temporary sibling name, syncs every file
 // and the directory and renames it into place (io::AtomicDirWriter), then replaces `latest` the
 // same way (tmp file, fsync, rename, directory fsync), and only then deletes directories beyond
-// `keep`. A directory is deleted by renaming it to `<name>.deleted-XXXXXX` first, so no partly
-// deleted directory ever carries a checkpoint's name. A crash at any point leaves `latest`
-// naming a complete checkpoint; the next save into the same root removes the leftovers.
-// Retention keeps the directory just written and the `keep - 1` newest others, where newest is
-// the highest iteration not above the one just written (directories numbered above it were left
-// by an earlier run that got further, and count as older than all of these).
+// `keep` (0: none are deleted). A directory is deleted by renaming it to `<name>.deleted-XXXXXX`
+// first, so no partly deleted directory ever carries a checkpoint's name. A crash at any point
+// leaves `latest` naming a complete checkpoint; the next save into the same root removes the
+// leftovers. Retention keeps the directory just written and the `keep - 1` newest others, where
+// newest is the highest iteration not above the one just written (directories numbered above it
+// were left by an earlier run that got further, and count as older than all of these).
 #pragma once
 
 #include <cstdint>
@@ -111,10 +111,10 @@ TrainingPosition read_training_position(const nlohmann::json& trainer_state,
                                         const std::string& where);
 
 // Writes `state` as <root>/iter_NNNNNNN, points <root>/latest at it and keeps the newest `keep`
-// (>= 1) iteration directories (Notes [Checkpoint layout], [Checkpoint commit]). state.kind must
-// be kTandem and state.trainer_state["iteration"] must equal `iteration`. Creates `root` if
-// needed. Test hook: with TANDEM_TEST_SAVE_DELAY_MS=N in the environment, each stage prints
-// "tandem-test: save iter_NNNNNNN stage S" to stderr and then sleeps N ms (S: model, config,
+// iteration directories (0: all of them) (Notes [Checkpoint layout], [Checkpoint commit]).
+// state.kind must be kTandem and state.trainer_state["iteration"] must equal `iteration`. Creates
+// `root` if needed. Test hook: with TANDEM_TEST_SAVE_DELAY_MS=N in the environment, each stage
+// prints "tandem-test: save iter_NNNNNNN stage S" to stderr and then sleeps N ms (S: model, config,
 // optimizer, trainer_state, commit, latest, prune, done), so a test can kill the process there;
 // with TANDEM_TEST_SAVE_DELAY_STAGE=S as well, it sleeps at that stage only.
 // The largest model-weights file a checkpoint writes unless told otherwise (transformers'
@@ -224,8 +224,12 @@ struct ChunkRef {
 // position); from a kHuggingFace state the weights only, with zeroed moments and 0 steps. Checks
 // every chunk (configs, names, shapes) before copying anything, so a rejected checkpoint leaves
 // them all unchanged. Returns the iteration to continue from (0 for kHuggingFace).
+// What of a kTandem checkpoint a restore takes (Megatron-LM's --finetune and --no-load-optim):
+// everything; the weights and the iteration, the optimizer afresh (zeroed moments, 0 steps, so
+// the learning-rate schedule restarts too); or the weights alone, as from a Hugging Face one.
+enum class RestoreParts : uint8_t { kAll, kNoOptimizer, kWeightsOnly };
 int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& run,
-                       const CheckpointState& state);
+                       const CheckpointState& state, RestoreParts parts = RestoreParts::kAll);
 
 // Restores weights, Adam moments and step count, and the iteration from a kTandem state, so the
 // following steps are bitwise those of an uninterrupted run; from a kHuggingFace state only the

@@ -290,7 +290,8 @@ SavedCheckpoint save_checkpoint_parallel(const std::string& root, PipelineTraine
 SavedCheckpoint save_checkpoint_fully_parallel(const std::string& root, PipelineTrainer& trainer,
                                                const Json& data, int64_t keep, double heartbeat_s,
                                                int64_t max_shard_bytes) {
-  TANDEM_CHECK(keep >= 1, "--keep-checkpoints ", keep, " is invalid: keep at least 1");
+  TANDEM_CHECK(keep >= 0, "--keep-checkpoints ", keep,
+               " is invalid: it must be >= 0 (0 keeps every checkpoint)");
   const auto start = std::chrono::steady_clock::now();
   comm::Communicator& world = *trainer.groups().world;
   const int rank = world.rank();
@@ -363,10 +364,11 @@ SavedCheckpoint save_checkpoint_fully_parallel(const std::string& root, Pipeline
   return saved;
 }
 
-int64_t restore_pipeline(PipelineTrainer& trainer, const CheckpointState& state) {
+int64_t restore_pipeline(PipelineTrainer& trainer, const CheckpointState& state,
+                         RestoreParts parts) {
   std::vector<ChunkRef> chunks;
   for (StageRuntime& s : trainer.stages()) chunks.push_back({s.params.get(), s.optimizer.get()});
-  const int64_t iteration = restore_chunks(chunks, trainer.train_config(), state);
+  const int64_t iteration = restore_chunks(chunks, trainer.train_config(), state, parts);
   trainer.set_iteration(iteration);
   return iteration;
 }

@@ -50,7 +50,8 @@ SavedCheckpoint save_checkpoint_fully_parallel(const std::string& root, Pipeline
 // Restores this rank's stages from a whole-model `state` (restore_chunks: weights, Adam moments
 // and steps, or weights only from a Hugging Face state) and sets the trainer's iteration, which
 // it returns. Changes nothing when the checkpoint is rejected. Communicates with no rank.
-int64_t restore_pipeline(PipelineTrainer& trainer, const CheckpointState& state);
+int64_t restore_pipeline(PipelineTrainer& trainer, const CheckpointState& state,
+                         RestoreParts parts = RestoreParts::kAll);
 
 // Runs `fn` (which must not communicate) on every rank of `world`; when it throws on any rank,
 // every rank throws the error of the lowest such rank, with its message: a tandem::Error as a

@@ -200,28 +200,31 @@ CheckpointState trainer_checkpoint(const ReferenceTrainer& trainer, const Json& 
 }
 
 int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& run,
-                       const CheckpointState& state) {
+                       const CheckpointState& state, RestoreParts parts) {
   const TensorIndex weights = index_tensors(state.model);
   const TensorIndex moments = index_tensors(state.optimizer);
-  TrainingPosition pos;  // iteration 0, 0 steps: a Hugging Face checkpoint
-  if (state.kind == CheckpointKind::kTandem) {
+  const bool tandem = state.kind == CheckpointKind::kTandem;
+  const bool position = tandem && parts != RestoreParts::kWeightsOnly;
+  const bool optimizer = tandem && parts == RestoreParts::kAll;
+  TrainingPosition pos;  // iteration 0, 0 steps: weights only
+  if (position) {
     pos = read_training_position(state.trainer_state, where_of(state));
     check_data_position(pos, run, state);
   }
   for (const ChunkRef& c : chunks) {
     check_weights(*c.params, weights, state);
-    if (state.kind == CheckpointKind::kTandem) check_moments(*c.params, moments, state);
+    if (optimizer) check_moments(*c.params, moments, state);
   }
   if (!chunks.empty()) check_no_unknown_tensors(chunks.front().params->config(), weights, state);
   for (const ChunkRef& c : chunks) {
     copy_weights(*c.params, weights);
-    if (state.kind == CheckpointKind::kTandem) {
+    if (optimizer) {
       copy_moments(*c.params, *c.optimizer, moments);
     } else {
       c.optimizer->exp_avg().zero_();
       c.optimizer->exp_avg_sq().zero_();
     }
-    c.optimizer->set_steps(pos.optimizer_steps);
+    c.optimizer->set_steps(optimizer ? pos.optimizer_steps : 0);
   }
   return pos.iteration;
 }

@@ -3,7 +3,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 #include <utility>
 
 #include "core/error.h"
@@ -11,25 +10,24 @@
 
 namespace tandem::runtime {
 
-double learning_rate(const TrainConfig& t, int64_t iter) {
-  if (t.lr_warmup_iters > 0 && iter <= t.lr_warmup_iters) {
-    return t.lr * static_cast<double>(iter) / static_cast<double>(t.lr_warmup_iters);
-  }
-  const int64_t decay = t.lr_decay_iters > 0 ? t.lr_decay_iters : t.train_iters;
-  if (decay <= t.lr_warmup_iters) return t.min_lr;
-  const double progress = std::min(1.0, static_cast<double>(iter - t.lr_warmup_iters) /
-                                            static_cast<double>(decay - t.lr_warmup_iters));
-  return t.min_lr + 0.5 * (t.lr - t.min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
-}
+double learning_rate(const TrainConfig& t, int64_t update) { return lr_at(t, update); }
 
 namespace {
 
-// adamw_step_flat's `decayed`: the [begin, end) ranges of the matrices (the entries lie in offset
-// order, back to back), neighbours merged, so a chunk has a few per layer.
+// Whether weight decay applies to `e`: Megatron-LM's default rule, every weight of two or more
+// dimensions but the biases (the embedding table and the LM head included), no vector (norm
+// gains, biases, the expert bias).
+bool decayed(const model::ParamEntry& e) {
+  return e.shape.size() >= 2 && e.kind != model::ParamKind::kBias &&
+         e.kind != model::ParamKind::kBuffer;
+}
+
+// adamw_step_flat's `decayed`: the [begin, end) ranges of the decayed weights (the entries lie in
+// offset order, back to back), neighbours merged, so a chunk has a few per layer.
 std::vector<int64_t> decayed_ranges(const model::Parameters& params) {
   std::vector<int64_t> r;
   for (const model::ParamEntry& e : params.entries()) {
-    if (e.kind != model::ParamKind::kMatrix) continue;
+    if (!decayed(e)) continue;
     const int64_t end = e.offset + shape_numel(e.shape);
     if (!r.empty() && r.back() == e.offset) {
       r.back() = end;

@@ -1,6 +1,7 @@
-// Learning-rate schedule (linear warm-up, then cosine to min-lr) and AdamW over a chunk's flat
-// fp32 master weights, with global-norm gradient clipping (docs/model.md "Optimiser"): the clipping
-// coefficient scales the gradients as the step reads them, in the step's one pass.
+// The learning-rate schedule (Note [Learning-rate schedule] in core/lr_schedule.h) and AdamW over
+// a chunk's flat fp32 master weights, with global-norm gradient clipping (docs/model.md
+// "Optimiser"): the clipping coefficient scales the gradients as the step reads them, in the
+// step's one pass.
 #pragma once
 
 #include <cstdint>
@@ -12,9 +13,10 @@
 
 namespace tandem::runtime {
 
-// lr at 1-based iteration `iter`: lr * iter / warmup during warm-up, then cosine from lr to
-// min_lr over [warmup, decay_iters] and min_lr after.
-double learning_rate(const TrainConfig& t, int64_t iter);
+// The learning rate of the `update`-th (1-based) update, as Megatron-LM's scheduler gives it: the
+// first update's is --lr-warmup-init when there is a warm-up. The trainers pass their
+// optimizer's steps() + 1 (Note [Learning-rate schedule] in core/lr_schedule.h).
+double learning_rate(const TrainConfig& t, int64_t update);
 
 // A range of the flat buffers that an AdamW updates, and where its moments begin in the
 // optimizer's own buffers.
@@ -34,9 +36,10 @@ class AdamW {
 
   // One update of every parameter with learning rate `lr` and the gradients multiplied by
   // grad_scale (clip_coefficient's; the gradient buffers are left as they are); weight decay on
-  // matrices only (not norms, embeddings). One pass over the flat buffers (ops::adamw_step_flat),
-  // which on the GPU also writes the bf16 compute copy (Note [Compute copy] in
-  // model/parameters.h): no refresh_compute_copy() is needed after it.
+  // every weight of two or more dimensions, the embedding table included (not norms, biases). One
+  // pass over the flat buffers (ops::adamw_step_flat), which on the GPU also writes the bf16
+  // compute copy (Note [Compute copy] in model/parameters.h): no refresh_compute_copy() is needed
+  // after it.
   void step(double lr, double grad_scale);
   // Note [Deferred update] (optimizer.cc): the same update in pieces. defer_step counts the step
   // and keeps its scalars; update_until(end) updates the elements [updated_until(), end) of the

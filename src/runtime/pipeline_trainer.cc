@@ -458,13 +458,15 @@ StepResult PipelineTrainer::step() {
   check_step_verdict(train_, this_iteration, r.loss, r.grad_norm, finite);
   iteration_ = this_iteration;
   r.iteration = iteration_;
-  r.lr = learning_rate(train_, iteration_);
-  apply_update(r, finite);
+  // Note [Learning-rate schedule]: the schedule counts the updates the optimizer has made.
+  r.lr = learning_rate(train_, stages_.front().optimizer->steps() + 1);
+  const bool applies = update_applies(train_, finite);
+  apply_update(r, applies);
   for (StageRuntime& s : stages_) {  // Note [Expert bias]
     r.expert_load_max_over_mean =
         std::max(r.expert_load_max_over_mean,
                  update_expert_bias(*s.params, model_.moe_router_bias_update_rate,
-                                    groups_->dp.get(), finite));
+                                    groups_->dp.get(), applies));
   }
   rebalancer_->after_step(iteration_, stages_, *deferred_);  // part of the step's time
   synchronize_device(train_.device);

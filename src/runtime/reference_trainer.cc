@@ -85,8 +85,10 @@ StepResult ReferenceTrainer::step() {
   check_step_verdict(train_, this_iteration, r.loss, r.grad_norm, finite);
   iteration_ = this_iteration;
   r.iteration = iteration_;
-  r.lr = learning_rate(train_, iteration_);
-  if (finite) {
+  // Note [Learning-rate schedule]: the schedule counts the updates the optimizer has made.
+  r.lr = learning_rate(train_, optimizer_->steps() + 1);
+  const bool applies = update_applies(train_, finite);
+  if (applies) {
     // Clipping scales the gradients as the step reads them; the step also writes the compute
     // copy (Note [Compute copy] in model/parameters.h).
     optimizer_->step(r.lr, clip_coefficient(r.grad_norm, train_.clip_grad));
@@ -95,7 +97,7 @@ StepResult ReferenceTrainer::step() {
     r.status = StepStatus::kSkipped;
   }
   r.expert_load_max_over_mean =
-      update_expert_bias(*params_, model_.moe_router_bias_update_rate, nullptr, finite);
+      update_expert_bias(*params_, model_.moe_router_bias_update_rate, nullptr, applies);
   synchronize_device(train_.device);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   r.memory = alloc.stats();

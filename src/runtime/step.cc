@@ -44,7 +44,7 @@ std::string non_finite_parts(double loss, double grad_norm) {
 
 void check_step_verdict(const TrainConfig& t, int64_t iteration, double loss, double grad_norm,
                         bool finite) {
-  TANDEM_CHECK(finite || t.non_finite_policy == NonFinitePolicy::kSkip, "iteration ", iteration,
+  TANDEM_CHECK(finite || t.non_finite_policy != NonFinitePolicy::kStop, "iteration ", iteration,
                ": ", non_finite_parts(loss, grad_norm), " not finite (loss ", loss,
                ", gradient norm ", grad_norm,
                "); stopped before the optimizer update, so the last checkpoint is intact. Lower "

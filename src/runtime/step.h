@@ -36,6 +36,15 @@ struct StepResult {
   double expert_load_max_over_mean = -1;
 };
 
+// Note [Per-token loss]: Megatron-LM's default step loss is the mean over micro-batches of each
+// micro-batch's mean over its unmasked tokens; with --calculate-per-token-loss it is the sum
+// over the global batch's tokens divided by their count. Every token of a tandem micro-batch
+// counts (no loss mask), so each holds micro_batch * seq of them and the two are one value, with
+// one weight 1 / (global_batch * seq) per token: the trainers' loss scale 1 / (micro-batches x
+// data-parallel ranks) over each micro-batch's token count. The option is taken with that meaning
+// (TrainConfig::calculate_per_token_loss); a loss mask would have to weigh each micro-batch by its
+// unmasked count instead.
+
 // Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.
 struct MicroBatchTokens {
   Tensor ids, targets;
@@ -54,13 +63,19 @@ void check_data_fits(const data::Dataset& data, const ModelConfig& m);
 // Note [Non-finite steps]: a step is judged by one value, the gradients' sum of squares plus
 // +inf when the loss is not finite (a multi-rank run all-reduces it, so every rank takes the same
 // decision). When it is not finite, NonFinitePolicy::kStop throws tandem::Error before any
-// update, naming the iteration and whether the loss or the gradients were at fault; kSkip zeroes
-// the gradients, leaves weights and optimizer untouched, still advances the iteration (its data
-// is consumed) and reports StepStatus::kSkipped.
+// update, naming the iteration and whether the loss or the gradients were at fault; kContinue
+// checks nothing (update_applies); kSkip zeroes the gradients, leaves weights and optimizer
+// untouched, still advances the iteration (its data is consumed) and reports StepStatus::kSkipped.
 //
 // The stop: throws that error when `finite` is false and the policy is kStop (the one message
 // of every trainer); otherwise returns.
 void check_step_verdict(const TrainConfig& t, int64_t iteration, double loss, double grad_norm,
                         bool finite);
+// Whether the step's update applies: when it is finite, or whatever it is under
+// NonFinitePolicy::kContinue (no check: the non-finite values reach the weights, as in
+// Megatron-LM without its check).
+inline bool update_applies(const TrainConfig& t, bool finite) {
+  return finite || t.non_finite_policy == NonFinitePolicy::kContinue;
+}
 
 }  // namespace tandem::runtime

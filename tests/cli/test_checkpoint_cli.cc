@@ -2,13 +2,16 @@
 // uninterrupted run (losses, gradient norms and the final weights file of a stopped-and-resumed
 // run are bitwise equal to it); the bytes of the previous checkpoint before a run was killed
 // mid-save (unchanged after, and `latest` still loads to the same weights); the exit code and
-// message of a stopped run; the JSON log of a run with a skipped step.
+// message of a stopped run; the JSON log of a run with a skipped step. Then Megatron-LM's
+// run-control and logging options (MegatronRunOptions).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -69,8 +72,9 @@ TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
       tiny({"--train-iters", "3", "--lr-decay-iters", "6", "--save", "ck", "--save-interval", "1"}),
       work.path(), capture.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Every checkpoint is kept (--keep-checkpoints 0, the default, as Megatron-LM keeps them).
   EXPECT_EQ(entries_of(work / "ck"),
-            (std::set<std::string>{"iter_0000002", "iter_0000003", "latest"}));
+            (std::set<std::string>{"iter_0000001", "iter_0000002", "iter_0000003", "latest"}));
   // No model or optimizer option: they come from the checkpoint
   // (Note [Options from a checkpoint]).
   r = run_tandem({"train", "--load", "ck", "--train-iters", "6", "--save", "ck", "--log-json",
@@ -159,7 +163,7 @@ TEST(CheckpointProgram, KilledMidSaveLeavesTheLastCheckpointIntact) {
     const auto before = snapshot(ck);
     {
       LiveTandem run({"train", "--load", ck, "--train-iters", "4", "--save", ck, "--save-interval",
-                      "1", "--quiet"},
+                      "1", "--keep-checkpoints", "2", "--quiet"},
                      work.path(),
                      {"TANDEM_TEST_SAVE_DELAY_MS=20000", "TANDEM_TEST_SAVE_DELAY_STAGE=" + stage});
       ASSERT_TRUE(run.wait_for("save iter_0000003 stage " + stage + "\n", 60))
@@ -179,7 +183,7 @@ TEST(CheckpointProgram, KilledMidSaveLeavesTheLastCheckpointIntact) {
     }
     // The next run resumes from `latest`, removes the debris and keeps the newest two.
     r = run_tandem({"train", "--load", ck, "--train-iters", "4", "--save", ck, "--save-interval",
-                    "1", "--quiet"},
+                    "1", "--keep-checkpoints", "2", "--quiet"},
                    work.path(), capture.path());
     ASSERT_EQ(r.exit_code, 0) << r.err;
     EXPECT_EQ(entries_of(ck), (std::set<std::string>{"iter_0000003", "iter_0000004", "latest"}));
@@ -220,8 +224,8 @@ TEST(CheckpointProgram, NanPolicySkipSkipsOneUpdateAndContinues) {
 // iteration 0 with the model options of its config.json.
 TEST(CheckpointProgram, HuggingFaceCheckpointStartsARun) {
   TempDir work, capture;
-  RunResult r =
-      run_tandem(tiny({"--train-iters", "1", "--save", "ck"}), work.path(), capture.path());
+  RunResult r = run_tandem(tiny({"--train-iters", "1", "--lr-warmup-iters", "0", "--save", "ck"}),
+                           work.path(), capture.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   fs::create_directories(work / "hf");
   runtime::NamedTensors bf16;
@@ -245,8 +249,8 @@ TEST(CheckpointProgram, HuggingFaceCheckpointStartsARun) {
 // training forward's mean cross-entropy on them, computed in-process from the same checkpoint.
 TEST(CheckpointProgram, EvalTokensPrintsTheTrainingForwardsLoss) {
   TempDir work, capture;
-  RunResult r =
-      run_tandem(tiny({"--train-iters", "2", "--save", "ck"}), work.path(), capture.path());
+  RunResult r = run_tandem(tiny({"--train-iters", "2", "--lr-warmup-iters", "1", "--save", "ck"}),
+                           work.path(), capture.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   constexpr int64_t kBatch = 2, kSeq = 16;  // tiny()'s --seq-length
   std::string text;
@@ -277,6 +281,155 @@ TEST(CheckpointProgram, EvalTokensPrintsTheTrainingForwardsLoss) {
                  capture.path());
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("line 2 has 2 tokens but the first line has 3"), std::string::npos) << r.err;
+}
+
+// Megatron-LM's run-control and logging options. Oracles: the checkpoints a stopped run leaves;
+// the weights a first update at learning rate 0 leaves unchanged (a fresh schedule with a
+// warm-up starts at --lr-warmup-init, 0), against those of the checkpoint loaded; the weights'
+// norm against the norm of the saved weights, computed here; a skipped step's zero gradients
+// against the count of the saved tensors' elements; the trace files named for the profiled steps.
+
+TEST(MegatronRunOptions, ExitIntervalSavesAndStops) {
+  TempDir work, capture;
+  const RunResult r = run_tandem(
+      tiny({"--train-iters", "6", "--exit-interval", "2", "--save", "ck", "--log-json", "log"}),
+      work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(entries_of(work / "ck"), (std::set<std::string>{"iter_0000002", "latest"}));
+  EXPECT_EQ(json_lines(work / "log").size(), 2u);
+}
+
+TEST(MegatronRunOptions, ExitDurationStopsAfterTheFirstStepPastIt) {
+  TempDir work, capture;
+  const RunResult r = run_tandem(tiny({"--train-iters", "6", "--exit-duration-in-mins", "1e-9",
+                                       "--save", "ck", "--log-json", "log"}),
+                                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(entries_of(work / "ck"), (std::set<std::string>{"iter_0000001", "latest"}));
+  EXPECT_EQ(json_lines(work / "log").size(), 1u);
+}
+
+// --no-load-optim: the iteration continues (3), the optimizer and the schedule start afresh: the
+// update runs at --lr-warmup-init 0 and so leaves the weights as loaded. A plain resume updates
+// at the peak.
+TEST(MegatronRunOptions, NoLoadOptimRestartsTheOptimizerAndTheSchedule) {
+  TempDir work, capture;
+  RunResult r = run_tandem(tiny({"--train-iters", "2", "--lr-decay-iters", "6", "--save", "ck"}),
+                           work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_tandem({"train", "--load", "ck", "--no-load-optim", "--no-load-rng", "--train-iters", "3",
+                  "--save", "fresh", "--log-json", "fresh.jsonl", "--quiet"},
+                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto fresh = json_lines(work / "fresh.jsonl");
+  ASSERT_EQ(fresh.size(), 1u);
+  EXPECT_EQ(fresh[0]["iter"], 3);
+  EXPECT_EQ(fresh[0]["lr"], 0.0);
+  const nlohmann::json state = runtime::load_checkpoint(work / "fresh").trainer_state;
+  EXPECT_EQ(state["iteration"], 3);
+  EXPECT_EQ(state["optimizer_steps"], 1);
+  EXPECT_EQ(loaded_weights(work / "fresh"), loaded_weights(work / "ck"));
+  r = run_tandem(
+      {"train", "--load", "ck", "--train-iters", "3", "--log-json", "plain.jsonl", "--quiet"},
+      work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_GT(json_lines(work / "plain.jsonl")[0]["lr"].get<double>(), 0.0);
+}
+
+// --finetune: the weights alone, from iteration 0, with the run's own training settings (another
+// global batch size than the checkpoint's is accepted).
+TEST(MegatronRunOptions, FinetuneStartsFromTheWeightsAlone) {
+  TempDir work, capture;
+  RunResult r =
+      run_tandem(tiny({"--train-iters", "4", "--save", "ck"}), work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_tandem({"train",
+                  "--load",
+                  "ck",
+                  "--finetune",
+                  "--train-iters",
+                  "3",
+                  "--lr-warmup-iters",
+                  "2",
+                  "--micro-batch-size",
+                  "2",
+                  "--global-batch-size",
+                  "8",
+                  "--seq-length",
+                  "16",
+                  "--save",
+                  "ft",
+                  "--save-interval",
+                  "1",
+                  "--log-json",
+                  "ft.jsonl",
+                  "--quiet"},
+                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = json_lines(work / "ft.jsonl");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["iter"], 1);
+  EXPECT_EQ(lines[0]["lr"], 0.0);
+  EXPECT_EQ(loaded_weights(work / "ft/iter_0000001"), loaded_weights(work / "ck"));
+  const nlohmann::json state = runtime::load_checkpoint(work / "ft").trainer_state;
+  EXPECT_EQ(state["iteration"], 3);
+  EXPECT_EQ(state["optimizer_steps"], 3);
+  EXPECT_EQ(state["train"]["global_batch_size"], 8);
+}
+
+TEST(MegatronRunOptions, ParamsNormIsTheSavedWeightsNorm) {
+  TempDir work, capture;
+  const RunResult r =
+      run_tandem(tiny({"--train-iters", "3", "--log-params-norm", "--log-num-zeros-in-grad",
+                       "--save", "ck", "--log-json", "log", "--nan-policy", "skip"}),
+                 work.path(), capture.path(), {"TANDEM_TEST_POISON_GRAD_ITER=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  double sq = 0;
+  int64_t elements = 0;
+  for (const auto& [name, t] : runtime::load_checkpoint(work / "ck").model) {
+    ASSERT_EQ(t.dtype(), DType::kF32) << name;
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      const double v = t.data<float>()[i];
+      sq += v * v;
+    }
+    elements += t.numel();
+  }
+  const auto lines = json_lines(work / "log");
+  ASSERT_EQ(lines.size(), 3u);
+  EXPECT_NEAR(lines[2]["params_norm"].get<double>(), std::sqrt(sq), 1e-5 * std::sqrt(sq));
+  // The skipped step's gradients are all zero; the others' are not.
+  EXPECT_EQ(lines[2]["num_zeros_in_grad"].get<int64_t>(), elements);
+  EXPECT_LT(lines[1]["num_zeros_in_grad"].get<int64_t>(), elements);
+  EXPECT_GT(lines[0]["params_norm"].get<double>(), 0.0);
+}
+
+// --no-check-for-nan-in-loss-and-grad: the poisoned step's update applies (no skip, no stop).
+TEST(MegatronRunOptions, NoNanCheckAppliesTheUpdate) {
+  TempDir work, capture;
+  // Dense: NaN router scores would choose no expert.
+  const RunResult r = run_tandem(tiny({"--num-experts", "0", "--train-iters", "4", "--save", "ck",
+                                       "--log-json", "log", "--no-check-for-nan-in-loss-and-grad"}),
+                                 work.path(), capture.path(), {"TANDEM_TEST_POISON_GRAD_ITER=3"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto lines = json_lines(work / "log");
+  ASSERT_EQ(lines.size(), 4u);
+  for (const auto& line : lines) EXPECT_EQ(line["skipped"], false);
+  EXPECT_TRUE(lines[3]["loss"].is_null());  // the weights hold NaN after the update
+  EXPECT_EQ(runtime::load_checkpoint(work / "ck").trainer_state["optimizer_steps"], 4);
+}
+
+// --profile onto --trace: Megatron's steps 1 and 2 (counted from 0) are the 2nd and 3rd.
+TEST(MegatronRunOptions, ProfileWritesTheProfiledStepsTimelines) {
+  TempDir work, capture;
+  const RunResult r = run_tandem(tiny({"--train-iters", "4", "--profile", "--profile-step-start",
+                                       "1", "--profile-step-end", "3", "--trace", "t.json"}),
+                                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(entries_of(work.path()), (std::set<std::string>{"t.iter2.json", "t.iter3.json"}));
+  for (const char* f : {"t.iter2.json", "t.iter3.json"}) {
+    const nlohmann::json trace = nlohmann::json::parse(slurp(work / f));
+    EXPECT_FALSE(trace["traceEvents"].empty()) << f;
+  }
 }
 
 }  // namespace

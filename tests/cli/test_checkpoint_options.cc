@@ -93,10 +93,36 @@ TEST(CheckpointOptions, ConfigFileConflictNamesFileAndLine) {
 
 TEST(CheckpointOptions, PolicyAndRetentionOptions) {
   EXPECT_EQ(parse({"--nan-policy", "skip"}).train.non_finite_policy, NonFinitePolicy::kSkip);
-  EXPECT_EQ(parse({}).keep_checkpoints, 2);
+  EXPECT_EQ(parse({}).keep_checkpoints, 0);  // every checkpoint kept, as Megatron-LM does
   EXPECT_EQ(parse({"--keep-checkpoints", "5"}).keep_checkpoints, 5);
-  EXPECT_NE(error_of({"--keep-checkpoints", "0"}).find("--keep-checkpoints 0"), std::string::npos);
+  EXPECT_THROW(parse({"--keep-checkpoints", "-1"}), CLI::ValidationError);
   EXPECT_THROW(parse({"--nan-policy", "ignore"}), Error);
+}
+
+// Megatron-LM's names of settings tandem holds under its own, and a run by samples.
+TEST(CheckpointOptions, MegatronNamesSetTandemsSettings) {
+  EXPECT_EQ(parse({"--distributed-timeout-minutes", "3"}).parallel.comm_timeout_s, 180.0);
+  EXPECT_EQ(parse({"--distributed-timeout-minutes", "3", "--comm-timeout", "180"})
+                .parallel.comm_timeout_s,
+            180.0);
+  EXPECT_NE(error_of({"--distributed-timeout-minutes", "3", "--comm-timeout", "60"})
+                .find("--distributed-timeout-minutes 3 and --comm-timeout 60 disagree"),
+            std::string::npos);
+  EXPECT_EQ(parse({"--no-check-for-nan-in-loss-and-grad"}).train.non_finite_policy,
+            NonFinitePolicy::kContinue);
+  EXPECT_EQ(parse({"--no-check-for-nan-in-loss-and-grad", "--nan-policy", "continue"})
+                .train.non_finite_policy,
+            NonFinitePolicy::kContinue);
+  EXPECT_NE(error_of({"--no-check-for-nan-in-loss-and-grad", "--nan-policy", "skip"})
+                .find("--nan-policy skip disagree"),
+            std::string::npos);
+  // 100 samples of 16 a step: 6 steps, the last 4 samples unused (Megatron's floor).
+  const RunOptions by_samples =
+      parse({"--train-samples", "100", "--micro-batch-size", "4", "--global-batch-size", "16"});
+  EXPECT_EQ(by_samples.train.train_iters, 6);
+  EXPECT_NE(error_of({"--train-samples", "100", "--train-iters", "6"})
+                .find("--train-samples 100 and --train-iters 6 both set the run's length"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -55,6 +55,8 @@ std::optional<std::string> other_value(const Setting& s,
   }
   if (const auto* u = std::get_if<uint64_t>(&now)) candidates = {std::to_string(*u + 1)};
   if (const auto* d = std::get_if<double>(&now)) {
+    // 1e-4: a rate below the default --lr for the settings bounded by it (--min-lr,
+    // --lr-warmup-init, whose defaults are 0).
     for (double v : {*d / 2, *d * 2, 0.5, 0.25, 1e-4}) candidates.push_back(value_text(v));
   }
   if ((std::holds_alternative<std::string>(now) && setting_choices(s).empty()) ||
@@ -235,6 +237,10 @@ TEST(Settings, EverySavedTrainingSettingRoundTripsThroughTheCheckpoint) {
   for (const Setting& s : train_settings(defaults)) {
     const std::string key = setting_json_key(s.name);
     TrainConfig t;
+    // The schedule's lengths in samples belong to a run by samples.
+    if (s.name.starts_with("lr-") && s.name.ends_with("-samples")) {
+      t.train_samples = t.train_iters * t.global_batch_size;
+    }
     Settings rows = train_settings(t);
     const Setting& row = *find_setting(rows, s.name);
     const auto still_valid = [&](const std::string& text) {
@@ -258,7 +264,12 @@ TEST(Settings, EverySavedTrainingSettingRoundTripsThroughTheCheckpoint) {
     const std::optional<std::string> other = other_value(row, still_valid);
     ASSERT_TRUE(other.has_value()) << s.name;
     AllSettings via_cli;  // the value typed, as the command line stores it
-    parse_into(via_cli, given(row, *other));
+    std::vector<std::string> args = given(row, *other);
+    if (t.train_samples > 0) {
+      args.push_back("--train-samples");
+      args.push_back(std::to_string(t.train_samples));
+    }
+    parse_into(via_cli, args);
     const nlohmann::json j = runtime::config_to_json(via_cli.run.train);
     if (s.saved == Saved::kNo) {
       EXPECT_FALSE(j.contains(key)) << s.name << " is not the checkpoint's";

@@ -447,7 +447,7 @@ TEST(TandemProgram, PlanScalesNodeTimesOrRefusesAnotherWidth) {
       j["measured_at"] = {{"micro-batch-size", 2},
                           {"expert-model-parallel-size", 1},
                           {"activation-bytes", 4},
-                          {"model", {{"hidden-size", hidden}}}};
+                          {"model", {{"hidden-size", hidden}, {"num-experts", 8}}}};
     }
     std::ofstream(work / name) << j.dump();
     return work / name;

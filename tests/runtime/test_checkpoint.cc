@@ -234,7 +234,21 @@ TEST_F(CheckpointTest, RetentionKeepsTheNewestAndThePointer) {
   EXPECT_EQ(entries_of(path("run")), (std::set<std::string>{"iter_0000005", "latest"}));
   EXPECT_EQ(saved.removed.size(), 2u);
   EXPECT_TRUE(saved.warnings.empty());
-  expect_error([&] { save_trainer(path("run"), t, 0); }, {"--keep-checkpoints 0"});
+  expect_error([&] { save_trainer(path("run"), t, -1); }, {"--keep-checkpoints -1"});
+}
+
+// --keep-checkpoints 0 (the command line's default, as Megatron-LM deletes none): every
+// iteration directory stays.
+TEST_F(CheckpointTest, RetentionZeroKeepsEveryCheckpoint) {
+  RandomTokens data(32);
+  ReferenceTrainer t(small_model(Ffn::kDense), small_train(10), data);
+  for (int i = 0; i < 4; ++i) {
+    t.step();
+    EXPECT_TRUE(save_trainer(path("run"), t, 0).removed.empty());
+  }
+  EXPECT_EQ(entries_of(path("run")),
+            (std::set<std::string>{"iter_0000001", "iter_0000002", "iter_0000003", "iter_0000004",
+                                   "latest"}));
 }
 
 TEST_F(CheckpointTest, RetentionTreatsHigherIterationsOfAnEarlierRunAsOlder) {

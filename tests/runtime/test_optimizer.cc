@@ -1,6 +1,6 @@
-// Learning-rate schedule and clipping against their formulas evaluated by hand; AdamW with the
-// clipping coefficient as its gradient scale against the step as it was before the two were
-// fused (ops::scale over the gradients, then ops::adamw_step entry by entry), bit for bit.
+// Clipping against its formula evaluated by hand (the learning-rate schedule: test_lr_schedule.cc);
+// AdamW with the clipping coefficient as its gradient scale against the step as it was before the
+// two were fused (ops::scale over the gradients, then ops::adamw_step entry by entry), bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -29,21 +29,6 @@ ModelConfig one_layer_dense() {
   return m;
 }
 
-TEST(LearningRate, WarmupThenCosineToMin) {
-  TrainConfig t;
-  t.lr = 1.0;
-  t.min_lr = 0.1;
-  t.lr_warmup_iters = 10;
-  t.train_iters = 110;
-  EXPECT_DOUBLE_EQ(learning_rate(t, 1), 0.1);
-  EXPECT_DOUBLE_EQ(learning_rate(t, 10), 1.0);
-  EXPECT_NEAR(learning_rate(t, 60), 0.1 + 0.45, 1e-12);  // half way: cos = 0
-  EXPECT_NEAR(learning_rate(t, 110), 0.1, 1e-12);
-  EXPECT_NEAR(learning_rate(t, 500), 0.1, 1e-12);
-  t.lr_decay_iters = 20;
-  EXPECT_NEAR(learning_rate(t, 15), 0.1 + 0.45 * (1 + std::cos(M_PI * 0.5)), 1e-12);
-}
-
 TEST(Clip, CoefficientOnlyAboveTheLimit) {
   const ModelConfig m = one_layer_dense();
   model::Parameters p(m, model::ChunkSpec::whole(m), DType::kF64);
@@ -58,21 +43,34 @@ TEST(Clip, CoefficientOnlyAboveTheLimit) {
   EXPECT_NEAR(std::sqrt(grad_sum_squares(p)), 1.0, 1e-6);
 }
 
-TEST(AdamW, DecaysMatricesButNotNorms) {
-  const ModelConfig m = one_layer_dense();
+// Megatron-LM's default rule: every 2-D weight decays, the embedding table and the LM head
+// included; vectors (norm gains, biases) do not.
+TEST(AdamW, DecaysEveryMatrixButNotNormsOrBiases) {
+  ModelConfig m = one_layer_dense();  // with Qwen2-MoE's q, k, v biases: a shared expert
+  m.num_experts = 2;
+  m.moe_router_topk = 1;
+  m.moe_shared_expert_intermediate_size = 2;
+  m.moe_shared_expert_gate = true;
+  m.add_qkv_bias = true;
   model::Parameters p(m, model::ChunkSpec::whole(m), DType::kF64);
   p.initialize(1);
   TrainConfig t;
   t.weight_decay = 0.5;
   AdamW opt(p, t);
   p.zero_grads();  // zero gradient: only the decay moves the weights
-  const double norm_before = p.weights().layers[0].input_norm.data<double>()[0];
-  const double wq_before = p.weights().layers[0].wq.data<double>()[0];
-  const double emb_before = p.weights().embed.data<double>()[0];
+  const model::ModelWeights& w = p.weights();
+  w.layers[0].bq.data<double>()[0] = 0.25;  // a bias starts at zero, which would hide a decay
+  const double norm_before = w.layers[0].input_norm.data<double>()[0];
+  const double bias_before = w.layers[0].bq.data<double>()[0];
+  const double wq_before = w.layers[0].wq.data<double>()[0];
+  const double emb_before = w.embed.data<double>()[0];
+  const double head_before = w.lm_head.data<double>()[0];
   opt.step(0.1, 1.0);
-  EXPECT_EQ(p.weights().layers[0].input_norm.data<double>()[0], norm_before);
-  EXPECT_EQ(p.weights().embed.data<double>()[0], emb_before);
-  EXPECT_NEAR(p.weights().layers[0].wq.data<double>()[0], wq_before * (1 - 0.1 * 0.5), 1e-15);
+  EXPECT_EQ(w.layers[0].input_norm.data<double>()[0], norm_before);
+  EXPECT_EQ(w.layers[0].bq.data<double>()[0], bias_before);
+  EXPECT_NEAR(w.embed.data<double>()[0], emb_before * (1 - 0.1 * 0.5), 1e-15);
+  EXPECT_NEAR(w.lm_head.data<double>()[0], head_before * (1 - 0.1 * 0.5), 1e-15);
+  EXPECT_NEAR(w.layers[0].wq.data<double>()[0], wq_before * (1 - 0.1 * 0.5), 1e-15);
 }
 
 template <typename T>
@@ -110,7 +108,9 @@ void check_scale_fused_into_step(DType dt) {
     if (coeff != 1.0) ops::scale(ref.flat_grads(), coeff);
     for (const model::ParamEntry& e : ref.entries()) {
       const int64_t n = shape_numel(e.shape);
-      const double wd = e.kind == model::ParamKind::kMatrix ? t.weight_decay : 0.0;
+      // Megatron-LM's rule by name and shape: no decay on a bias or a vector.
+      const bool bias = e.name.ends_with(".bias");
+      const double wd = e.shape.size() >= 2 && !bias ? t.weight_decay : 0.0;
       ops::adamw_step(ref.param(e), ref.grad(e), rm.narrow_rows(e.offset, n).reshape(e.shape),
                       rv.narrow_rows(e.offset, n).reshape(e.shape),
                       {lr, t.adam_beta1, t.adam_beta2, t.adam_eps, wd, step});
