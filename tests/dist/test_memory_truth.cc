@@ -355,6 +355,18 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithExpertCapacity) {
   EXPECT_GE(c.schedules, g_world->size() == 1 ? 10 : 12);
 }
 
+// Multi-token prediction (its modules inside the loss node, their MoE layers' state and the
+// shared head's among its saved bytes): one pipeline stage (the modules need the embedding), the
+// world data-parallel, with one and two expert ranks.
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithMtp) {
+  ModelConfig m = truth_model();
+  m.mtp_num_layers = 2;
+  m.moe_z_loss_coeff = 0.01;
+  int checked = check_layout(m, 1, g_world->size(), 1).schedules;
+  if (g_world->size() % 2 == 0) checked += check_layout(m, 1, g_world->size(), 2).schedules;
+  EXPECT_GE(checked, 3);
+}
+
 // Two MoE layers of four experts: a combined step of a few micro-batches in moments.
 ModelConfig two_moe_layers() {
   ModelConfig m;
