@@ -780,6 +780,7 @@ void validate_layout(const ModelConfig& m, const TrainConfig& t, const ParallelC
   check_expert_split(m, p.expert_model_parallel_size);
   const int64_t chunks = p.pipeline_model_parallel_size * p.virtual_pipeline_model_parallel_size;
   check_mtp_layout(m, chunks);
+  check_mtp_overlap(m, p.expert_model_parallel_size, *kind == ScheduleKind::kCombined1f1b);
   TANDEM_CHECK(m.num_layers >= chunks, "--num-layers ", m.num_layers, " is fewer than the ", chunks,
                " model chunks (--pipeline-model-parallel-size x "
                "--virtual-pipeline-model-parallel-size): each chunk needs at least one layer");

@@ -375,6 +375,9 @@ struct ParallelConfig {
 void validate_layout(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p);
 // Multi-token prediction on the layout (core/config_mtp.cc): one pipeline chunk.
 void check_mtp_layout(const ModelConfig& m, int64_t pipeline_chunks);
+// And on the schedule: no overlapped pairs (combined-1f1b) with expert ranks when the modules'
+// layers are MoE.
+void check_mtp_overlap(const ModelConfig& m, int64_t expert_parallel_size, bool paired_actions);
 // The experts split evenly over `ep` expert-parallel ranks (a dense model only over one).
 void check_expert_split(const ModelConfig& m, int64_t ep);
 // --comm-overlap's rules: split needs GPUs, and --moe-wgrad-merge needs one compute stream a

@@ -23,6 +23,19 @@ void ModelConfig::validate_mtp_options() const {
                ": module k predicts k + 1 tokens ahead, so it must be below the sequence length");
 }
 
+void check_mtp_overlap(const ModelConfig& m, int64_t expert_parallel_size, bool paired_actions) {
+  // The modules' MoE layers exchange their rows inside the loss node; a schedule that overlaps
+  // two micro-batches (combined-1f1b's pairs) runs another micro-batch's exchanges beside it, and
+  // the ranks' collectives would then not come in one order.
+  TANDEM_CHECK(
+      !m.has_mtp() || !m.is_moe_layer(m.num_layers) || expert_parallel_size == 1 || !paired_actions,
+      "--mtp-num-layers ", m.mtp_num_layers, " with --expert-model-parallel-size ",
+      expert_parallel_size,
+      " and --schedule combined-1f1b: the MTP modules' expert exchanges run inside the "
+      "loss node, which that schedule overlaps with another micro-batch's; use another "
+      "--schedule, --expert-model-parallel-size 1 or --mtp-num-layers 0");
+}
+
 void check_mtp_layout(const ModelConfig& m, int64_t pipeline_stages) {
   // The modules read the embedding table, which the first stage holds: one stage only.
   TANDEM_CHECK(!m.has_mtp() || pipeline_stages == 1, "--mtp-num-layers ", m.mtp_num_layers,

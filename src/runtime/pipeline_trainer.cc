@@ -64,6 +64,14 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                "CommOverlap::kSplit needs Groups made with second_expert_group");
   const comm::ParallelLayout& L = groups.layout;
   model_.validate();
+  bool paired = false;
+  for (const std::vector<Action>& rank : sched.ranks) {
+    for (const Action& a : rank) {
+      paired =
+          paired || a.kind == ActionKind::kForwardBackward || a.kind == ActionKind::kForwardForward;
+    }
+  }
+  check_mtp_overlap(model_, L.ep, paired);  // Note [Layout rules] in core/config.h
   train_.validate(L.dp());
   check_data_fits(data, model_);
   TANDEM_CHECK(sched.num_ranks == L.pp, "schedule '", sched.name, "' has ", sched.num_ranks,

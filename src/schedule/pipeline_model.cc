@@ -121,6 +121,14 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
                in.expert_parallel_size, " is invalid: need at least 1");
   check_expert_split(cfg, in.expert_parallel_size);  // Note [Layout rules] in core/config.h
   check_mtp_layout(cfg, sch.num_stages);
+  bool paired = false;
+  for (const std::vector<Action>& rank : sch.ranks) {
+    for (const Action& a : rank) {
+      paired =
+          paired || a.kind == ActionKind::kForwardBackward || a.kind == ActionKind::kForwardForward;
+    }
+  }
+  check_mtp_overlap(cfg, in.expert_parallel_size, paired);
   TANDEM_CHECK(in.moe_wgrad_merge >= 1, "--moe-wgrad-merge ", in.moe_wgrad_merge,
                " is invalid: need at least 1 (micro-batches per expert weight-gradient product)");
   (void)resolved_data_parallel_size(in);  // checks it
@@ -327,7 +335,7 @@ int64_t stage_params(const ModelConfig& cfg, int32_t first_layer, int32_t num_la
   int64_t n = 0;
   for (int32_t l = first_layer; l < first_layer + num_layers; ++l) n += layer_params(cfg, ep, l);
   if (first) n += cfg.vocab_size * cfg.hidden_size;
-  if (last) n += cfg.hidden_size + cfg.hidden_size * cfg.vocab_size;
+  if (last) n += node_params(NodeKind::kLoss, cfg, ep, false);  // the head and MTP modules
   return n;
 }
 

@@ -342,10 +342,12 @@ TEST(Equivalence, DeepseekV3RoutingLossesAndCapacityEverySchedule) {
 
 // Multi-token prediction (docs/model.md "Multi-token prediction") on one pipeline stage (the
 // modules read the embedding the first stage holds): every schedule of one stage and every
-// expert split the world allows, the modules' MoE layers' all-to-alls run inside the loss node.
+// expert split the world allows, the modules' MoE layers' all-to-alls run inside the loss node
+// (combined-1f1b with expert ranks is refused: check_mtp_overlap).
 TEST(Equivalence, MtpEveryExpertSplit) {
   const int ran = testing::for_each_layout(true, [&](const testing::Layout& l, int dp) {
-    if (l.pp != 1) return false;
+    if (l.pp != 1 || l.v != 1) return false;
+    if (l.ep > 1 && l.kind == schedule::ScheduleKind::kCombined1f1b) return false;
     return run_case({Model::kMtp, l.pp, l.ep, l.v, l.kind, l.pair_first_forwards}, dp);
   });
   EXPECT_GT(ran, 0);

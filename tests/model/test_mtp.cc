@@ -266,6 +266,13 @@ TEST(Mtp, BadSettingsAreRefusedNamingThem) {
   EXPECT_NO_THROW(c.validate());
   EXPECT_NO_THROW(check_mtp_layout(c, 1));
   EXPECT_THROW(check_mtp_layout(c, 2), Error);
+  // Overlapped pairs with expert ranks: refused where the modules' layers are MoE.
+  EXPECT_NO_THROW(check_mtp_overlap(c, 2, false));
+  EXPECT_NO_THROW(check_mtp_overlap(c, 1, true));
+  EXPECT_THROW(check_mtp_overlap(c, 2, true), Error);
+  ModelConfig dense = testing::tiny_config(false);
+  dense.mtp_num_layers = 1;
+  EXPECT_NO_THROW(check_mtp_overlap(dense, 2, true));
 }
 
 }  // namespace
