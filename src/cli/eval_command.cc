@@ -122,7 +122,8 @@ void run_eval(const CLI::App& app, RunOptions& o) {
   runtime::PipelineTrainer trainer(o.model, o.train, run.sched, *run.groups, *valid, DType::kF32,
                                    o.parallel.comm_overlap);
   runtime::run_agreeing(*run.groups->world, [&] {
-    runtime::restore_pipeline(trainer, runtime::load_checkpoint(o.load_dir));
+    runtime::restore_pipeline(trainer,
+                              runtime::load_checkpoint(o.load_dir, o.model.mtp_num_layers));
   });
   check_first_validation_batch(*valid, o);
   const runtime::EvalResult r = trainer.evaluate(*valid, o.eval_iters);

@@ -129,6 +129,7 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
                 static_cast<long long>(total_iters));
   std::string line = std::string(iter) + " | loss " + format_fixed(r.loss, 4) + " | lm loss " +
                      format_fixed(r.lm_loss, 4) + " | aux loss " + format_fixed(r.aux_loss, 4) +
+                     (r.mtp_loss >= 0 ? " | mtp loss " + format_fixed(r.mtp_loss, 4) : "") +
                      " | lr " + format_sci(r.lr) + " | grad norm " + format_fixed(r.grad_norm, 3) +
                      " | " + format_rate(r.tokens_per_s) + " tok/s";
   if (r.params_norm >= 0) line += " | params norm " + format_fixed(r.params_norm, 3);
@@ -278,6 +279,7 @@ std::string to_json_line(const IterationRecord& r) {
   if (r.forward_backward_seconds >= 0) {
     j["forward_backward_s"] = number(r.forward_backward_seconds);
   }
+  if (r.mtp_loss >= 0) j["mtp_loss"] = number(r.mtp_loss);
   return j.dump();
 }
 
@@ -286,6 +288,7 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationR
       {"train/loss", r.loss},           {"train/lm_loss", r.lm_loss},
       {"train/aux_loss", r.aux_loss},   {"train/lr", r.lr},
       {"train/grad_norm", r.grad_norm}, {"train/tokens_per_s", r.tokens_per_s}};
+  if (r.mtp_loss >= 0) out.emplace_back("train/mtp_loss", r.mtp_loss);
   if (!r.mem_in_use_bytes.empty()) {
     out.emplace_back("memory/in_use_bytes", static_cast<double>(max_of(r.mem_in_use_bytes)));
   }

@@ -26,15 +26,18 @@ enum class UpdateStatus : uint8_t { kApplied, kSkipped };
 struct IterationRecord {
   int64_t iter = 0;  // 1-based number of the step just finished
   UpdateStatus status = UpdateStatus::kApplied;
-  double loss = 0;                        // lm_loss + aux_loss, the step's mean over micro-batches
-  double lm_loss = 0;                     // cross-entropy part
-  double aux_loss = 0;                    // sum over layers of the load-balancing loss
-  double lr = 0;                          // learning rate used by this step
-  double grad_norm = 0;                   // global gradient norm before clipping
-  double step_seconds = 0;                // wall time of this step
-  double tokens_per_s = 0;                // tokens of this step / step_seconds
-  std::vector<int64_t> mem_in_use_bytes;  // allocator bytes in use after the step
-  std::vector<int64_t> mem_peak_bytes;    // allocator peak during the step
+  double loss = 0;      // lm_loss + aux_loss (+ mtp_loss), the step's mean over micro-batches
+  double lm_loss = 0;   // cross-entropy part
+  double aux_loss = 0;  // sum over layers of the load-balancing loss
+  // The MTP term (--mtp-num-layers: the scaling factor x the modules' mean loss), in loss too;
+  // -1: none (left out of the log line, JSON and TensorBoard).
+  double mtp_loss = -1;
+  double lr = 0;                               // learning rate used by this step
+  double grad_norm = 0;                        // global gradient norm before clipping
+  double step_seconds = 0;                     // wall time of this step
+  double tokens_per_s = 0;                     // tokens of this step / step_seconds
+  std::vector<int64_t> mem_in_use_bytes;       // allocator bytes in use after the step
+  std::vector<int64_t> mem_peak_bytes;         // allocator peak during the step
   std::vector<int64_t> activation_peak_bytes;  // peak of activations and saved tensors
   // The same two peaks as `tandem plan` predicted them before the first step, per rank (empty:
   // not planned; plan_training_run in plan_command.h).
@@ -158,13 +161,14 @@ std::string format_summary(const std::vector<IterationRecord>& steps);
 std::string format_bar(const IterationRecord& record, int64_t total_iters, double eta_seconds);
 // One JSON object (no newline) with the keys iter, skipped (true or false), loss, lm_loss,
 // aux_loss, lr, grad_norm, step_seconds, tokens_per_s, mem_in_use_bytes, mem_peak_bytes,
-// activation_peak_bytes, expert_load_max_over_mean with an expert bias, and valid_loss and
-// valid_ppl after a validation. Non-finite numbers become null.
+// activation_peak_bytes, expert_load_max_over_mean with an expert bias, mtp_loss with MTP
+// modules, and valid_loss and valid_ppl after a validation. Non-finite numbers become null.
 std::string to_json_line(const IterationRecord& record);
 // The step's scalars for TensorBoard, by tag: train/loss, train/lm_loss, train/aux_loss,
 // train/lr, train/grad_norm, train/tokens_per_s; memory/in_use_bytes and memory/peak_bytes (the
 // largest over ranks); with an all-to-all, alltoall/busy_s and alltoall/exposed_s (the largest
-// over ranks); with an expert bias, moe/expert_load_max_over_mean; after a validation,
+// over ranks); with an expert bias, moe/expert_load_max_over_mean; with MTP modules,
+// train/mtp_loss; after a validation,
 // valid/loss and valid/ppl.
 std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationRecord& record);
 

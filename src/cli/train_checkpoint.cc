@@ -91,7 +91,7 @@ namespace {
 
 // --load read and validated; a checkpoint already at or past --train-iters is an error.
 runtime::CheckpointState load_for_resume(const RunOptions& o) {
-  runtime::CheckpointState st = runtime::load_checkpoint(o.load_dir);
+  runtime::CheckpointState st = runtime::load_checkpoint(o.load_dir, o.model.mtp_num_layers);
   if (st.kind == runtime::CheckpointKind::kTandem && !o.finetune) {
     const runtime::TrainingPosition pos =
         runtime::read_training_position(st.trainer_state, "checkpoint " + st.dir + ": ");

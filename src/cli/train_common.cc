@@ -126,6 +126,7 @@ IterationRecord to_record(const runtime::StepResult& r) {
   rec.loss = r.loss;
   rec.lm_loss = r.lm_loss;
   rec.aux_loss = r.aux_loss;
+  rec.mtp_loss = r.mtp_loss > 0 ? r.mtp_loss : -1;
   rec.lr = r.lr;
   rec.grad_norm = r.grad_norm;
   rec.step_seconds = r.seconds;

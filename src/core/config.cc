@@ -230,6 +230,13 @@ const std::vector<ModelField>& model_fields() {
        "the router's precision (logits, scores, losses): fp32 (tandem's router is fp32 on both "
        "backends; fp64 is not implemented)",
        FieldBound::kAny, false},
+      {"mtp-num-layers", &M::mtp_num_layers,
+       "D, multi-token prediction modules after the last layer (DeepSeek-V3's), module k "
+       "predicting the token k + 1 ahead; 0: none",
+       kNonNegative, false},
+      {"mtp-loss-scaling-factor", &M::mtp_loss_scaling_factor,
+       "--mtp-num-layers: the loss adds this times the mean of the MTP modules' losses",
+       kNonNegative, false},
   };
   return fields;
 }
@@ -243,6 +250,7 @@ std::string field_json_key(const ModelField& f) {
 bool ModelConfig::is_moe_layer(int64_t l) const {
   if (!is_moe()) return false;
   if (moe_layer_freq == "1") return true;
+  l = std::min(l, num_layers - 1);
   return moe_layer_pattern(moe_layer_freq, num_layers).at(static_cast<size_t>(l));
 }
 
@@ -480,6 +488,7 @@ void ModelConfig::validate() const {
                " is invalid: it must be >= 0");
   validate_moe_options();
   validate_v3_options();
+  validate_mtp_options();
   TANDEM_CHECK(rotary_base > 1, "--rotary-base ", rotary_base, " is invalid: it must be > 1");
   if (use_rope_scaling) {
     TANDEM_CHECK(rope_scaling_factor >= 1, "--rope-scaling-factor ", rope_scaling_factor,
@@ -742,6 +751,8 @@ void validate_layout(const ModelConfig& m, const TrainConfig& t, const ParallelC
                " is invalid: it must be one of: ", enum_choices<ScheduleKind>());
   check_expert_split(m, p.expert_model_parallel_size);
   const int64_t chunks = p.pipeline_model_parallel_size * p.virtual_pipeline_model_parallel_size;
+  check_mtp_layout(m, chunks);
+  check_mtp_overlap(m, p.expert_model_parallel_size, *kind == ScheduleKind::kCombined1f1b);
   TANDEM_CHECK(m.num_layers >= chunks, "--num-layers ", m.num_layers, " is fewer than the ", chunks,
                " model chunks (--pipeline-model-parallel-size x "
                "--virtual-pipeline-model-parallel-size): each chunk needs at least one layer");

@@ -167,10 +167,15 @@ struct ModelConfig {
   // --moe-router-dtype: the precision of the router's logits, scores and losses; fp32 (tandem
   // computes the router in fp32 on both backends); fp64 is refused.
   std::string moe_router_dtype = "fp32";
+  // --mtp-num-layers D: DeepSeek-V3's multi-token prediction modules after the last layer, module
+  // k predicting the token k + 1 ahead (docs/model.md "Multi-token prediction"); 0: none.
+  int64_t mtp_num_layers = 0;
+  // --mtp-loss-scaling-factor: the MTP losses' weight; the loss adds this times their mean.
+  double mtp_loss_scaling_factor = 0.1;
 
   bool is_moe() const { return num_experts > 0; }
   // Whether layer l (of the whole model) has experts; parses moe_layer_freq (validate() has
-  // checked it).
+  // checked it). The MTP modules' layers (l >= num_layers) are of the last layer's kind.
   bool is_moe_layer(int64_t l) const;
   // The routed experts' SwiGLU width.
   int64_t expert_ffn_size() const {
@@ -201,6 +206,7 @@ struct ModelConfig {
   }
   // Experts have a capacity (--moe-expert-capacity-factor above 0): rows past it are dropped.
   bool has_expert_capacity() const { return is_moe() && moe_expert_capacity_factor > 0; }
+  bool has_mtp() const { return mtp_num_layers > 0; }
   // The softmax's scale: 1/sqrt(qk_dim()), times YaRN's m(factor, mscale_all_dim)^2 with MLA.
   double softmax_scale() const;
   // Throws tandem::Error naming the first value that does not fit.
@@ -210,6 +216,7 @@ struct ModelConfig {
   void validate_moe_options() const;
   void validate_routing_options() const;
   void validate_v3_options() const;
+  void validate_mtp_options() const;  // core/config_mtp.cc
 };
 
 // The transformers class a model is saved as (docs/model.md "Families"); its config.json keys
@@ -397,6 +404,11 @@ struct ParallelConfig {
 // without the command line, apply the ones their inputs carry (the check_* below). Each throws
 // tandem::Error naming the options and values.
 void validate_layout(const ModelConfig& m, const TrainConfig& t, const ParallelConfig& p);
+// Multi-token prediction on the layout (core/config_mtp.cc): one pipeline chunk.
+void check_mtp_layout(const ModelConfig& m, int64_t pipeline_chunks);
+// And on the schedule: no overlapped pairs (combined-1f1b) with expert ranks when the modules'
+// layers are MoE.
+void check_mtp_overlap(const ModelConfig& m, int64_t expert_parallel_size, bool paired_actions);
 // The experts split evenly over `ep` expert-parallel ranks (a dense model only over one).
 void check_expert_split(const ModelConfig& m, int64_t ep);
 // --comm-overlap's rules: split needs GPUs, and --moe-wgrad-merge needs one compute stream a

@@ -164,8 +164,9 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
     case NodeKind::kMlp:
       return 3 * n * f * es;
     case NodeKind::kLoss:
-      if (s.fused_lm_head) return 2 * n * h * es + n * s.stat_size();
-      return (2 * n * h + n * cfg.vocab_size) * es + n * s.stat_size() + n * kIndexBytes;
+      if (s.fused_lm_head) return 2 * n * h * es + n * s.stat_size() + mtp_saved_bytes(cfg, s);
+      return (2 * n * h + n * cfg.vocab_size) * es + n * s.stat_size() + n * kIndexBytes +
+             mtp_saved_bytes(cfg, s);
   }
   return 0;
 }
@@ -188,7 +189,8 @@ int64_t node_weight_saved_bytes(NodeKind kind, const ModelConfig& cfg, const Foo
     case NodeKind::kSharedExpert:
       return n * cfg.moe_shared_expert_intermediate_size * es;
     case NodeKind::kLoss:
-      return s.fused_lm_head ? 0 : (n * h + n * cfg.vocab_size) * es;
+      return (s.fused_lm_head ? 0 : (n * h + n * cfg.vocab_size) * es) +
+             mtp_weight_saved_bytes(cfg, s);
     case NodeKind::kDispatch:
     case NodeKind::kCombine:
       return 0;
@@ -348,6 +350,11 @@ NodeWorkspace loss_workspace(const ModelConfig& cfg, const FootprintShape& s) {
   w.forward = lm_head_block_rows(n, ld) * ld * kLmHeadLogitBytes + n * h * es +
               n * (kI32 + s.stat_size() + kF32);  // block, nf, targets, lse, row losses
   w.backward_input = n * h * es;                  // d_x
+  // The MTP modules run after the head's block is freed and before d_x exists.
+  const NodeWorkspace mtp = mtp_workspace(cfg, s);
+  w.forward = std::max(
+      w.forward, w.forward - lm_head_block_rows(n, ld) * ld * kLmHeadLogitBytes + mtp.forward);
+  w.backward_input = std::max(w.backward_input, mtp.backward_input);
   return w;
 }
 

@@ -103,8 +103,20 @@ FootprintShape single_rank_shape(const ModelConfig& cfg, int64_t micro_batch_siz
 //  mlp:       gate_up [N,2F] (gate | up), act [N,F]
 //  loss:      x, nf [N,H]; rstd [N]; logits [N,V]; targets i32 [N]
 //             fused LM head (training): x, d_nf [N,H]; statistic rstd [N] (the gradient is
-//             formed in the forward)
+//             formed in the forward); with MTP modules, mtp_saved_bytes besides
 int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& shape);
+
+// The multi-token prediction modules' part of the loss node's (core/footprint_mtp.cc; the loss
+// node runs them, model/mtp.cc), per module j of D (Nv = B (T - j - 1) rows with a target):
+//   ids i32 [N]; e, y [N,H], cat [N,2H]; statistics rstd_e, rstd_h, rstd_f [N]; hk [N,H] (the
+//   next module's input; not the last module's); its layer's nodes' footprints (the kind of the
+//   model's last layer); hv [Nv,H], logits [Nv,V], targets i32 [Nv], or with the fused LM head
+//   (training) d_hv [Nv,H]; and once, with the fused head, the main head's nf [N,H], which the
+//   first module reads.
+// After the input-gradient backward: cat [N,2H] and eh_proj's output gradient [N,H]; the layer's
+// nodes' weight bytes; hv [Nv,H] and dlogits [Nv,V] (not with the fused head).
+int64_t mtp_saved_bytes(const ModelConfig& cfg, const FootprintShape& shape);
+int64_t mtp_weight_saved_bytes(const ModelConfig& cfg, const FootprintShape& shape);
 
 // Of those, the bytes a node still holds after its input-gradient backward when the weight
 // gradient is deferred (W-split schedules); the rest is freed at that backward.
@@ -208,6 +220,11 @@ struct NodeWorkspace {
 // [N,H]) it is not counted, their W holding far less than their I.
 NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg,
                                    const FootprintShape& shape);
+// The MTP modules' op temporaries inside the loss node (GPU layout), a peak estimate as the other
+// figures here are: forward, the targets, a row block and the larger of the module's layer's
+// nodes' and its shared head's; backward, two [N,H] gradients beside the larger of the layer's
+// nodes' and the concatenation's [N,2H] and a half of it.
+NodeWorkspace mtp_workspace(const ModelConfig& cfg, const FootprintShape& shape);
 
 // Note [Merged expert weight gradients] (model/nodes.h): with --moe-wgrad-merge above 1, what an
 // experts node's micro-batch holds beyond node_weight_saved_bytes while its weight gradient

@@ -62,7 +62,11 @@ const std::set<std::string_view> kNeutralKeys = {
     // has it, weighted by router_aux_loss_coef (the math of the model is the same).
     "output_router_logits",
     // Llama's tensor-parallel slicing at pretraining: the same products, split.
-    "pretraining_tp"};
+    "pretraining_tp",
+    // The multi-token prediction modules after the layers (DeepSeek-V3's key, which tandem writes
+    // for its modules in every family): transformers' forward runs none, and tandem's loads them
+    // with --mtp-num-layers only (Note [Multi-token prediction layers] in runtime/checkpoint.cc).
+    "num_nextn_predict_layers"};
 
 // Typed access to the keys of one JSON object; every error names the source and the key (with
 // its parent, e.g. rope_parameters.factor), and every key read is marked
@@ -406,8 +410,8 @@ void read_qwen_moe(const ConfigReader& r, ModelConfig& m, int64_t experts) {
 
 // DeepSeek-V3 (docs/model.md "Families"): MLA, the sigmoid router with its score correction bias
 // and groups, shared experts, the first first_k_dense_replace layers dense.
-// num_nextn_predict_layers (multi-token prediction) is read and left out: transformers' forward
-// and loss have no MTP layers, and its loader skips their weights.
+// num_nextn_predict_layers (multi-token prediction) is not a model setting here: transformers'
+// forward and loss have no MTP layers; the modules load with --mtp-num-layers.
 void read_deepseek_v3(const ConfigReader& r, ModelConfig& m) {
   m.multi_latent_attention = true;
   m.rotary_interleaved = r.boolean("rope_interleave", true);
@@ -543,7 +547,7 @@ void write_deepseek_v3(nlohmann::ordered_json& j, const ModelConfig& model) {
   int64_t dense = 0;
   while (dense < model.num_layers && !model.is_moe_layer(dense)) ++dense;
   j["first_k_dense_replace"] = dense;
-  j["num_nextn_predict_layers"] = 0;
+  j["num_nextn_predict_layers"] = model.mtp_num_layers;
 }
 
 }  // namespace
@@ -596,6 +600,9 @@ std::string hf_config_json(const ModelConfig& model) {
   j["tie_word_embeddings"] = false;
   j["use_cache"] = true;
   j["torch_dtype"] = "float32";
+  // The multi-token prediction modules after the layers (DeepSeek-V3's key, which its writer
+  // sets below; the other families' classes keep an unknown key as an attribute).
+  if (model.has_mtp()) j["num_nextn_predict_layers"] = model.mtp_num_layers;
   switch (f.family) {
     case ModelFamily::kMixtral:
       j["num_local_experts"] = model.num_experts;
@@ -659,10 +666,13 @@ ModelConfig parse_hf_config(const std::string& json_text, const std::string& sou
 }
 
 std::vector<std::string> hf_config_unwritten_fields(const ModelConfig& model) {
+  // The MTP settings too: config.json keeps no loss weight, and which modules a run trains is
+  // the command line's (a checkpoint's num_nextn_predict_layers modules load with
+  // --mtp-num-layers, Note [Multi-token prediction layers] in runtime/checkpoint.cc).
   // init_method_std: config.json's initializer_range is written from it but read as neutral
   // (an imported model's weights are loaded, not drawn).
   std::vector<std::string> out = {"moe_router_bias_update_rate", "moe_router_load_balancing_type",
-                                  "init_method_std"};
+                                  "mtp_num_layers", "mtp_loss_scaling_factor", "init_method_std"};
   if (model.multi_latent_attention) out.push_back("moe_aux_loss_coeff");  // DeepseekV3Config
   return out;
 }
@@ -674,9 +684,10 @@ ModelConfig load_hf_config(const std::string& path) {
 int64_t load_hf_mtp_layers(const std::string& path) {
   const nlohmann::json j = nlohmann::json::parse(read_file(path, 16 << 20), nullptr, false);
   const auto type = j.is_object() ? j.find("model_type") : j.end();
-  if (type == j.end() || *type != "deepseek_v3") return 0;
+  if (type == j.end()) return 0;
   const auto layers = j.find("num_nextn_predict_layers");
-  if (layers == j.end()) return 1;  // DeepseekV3Config's default
+  // DeepseekV3Config's default is 1; the other families have the modules tandem wrote only.
+  if (layers == j.end()) return *type == "deepseek_v3" ? 1 : 0;
   return layers->is_number_integer() ? std::max<int64_t>(0, layers->get<int64_t>()) : 0;
 }
 

@@ -21,9 +21,10 @@ void save_hf_config(const std::string& path, const ModelConfig& model);
 // offending key. The result is validated.
 ModelConfig parse_hf_config(const std::string& json_text, const std::string& source);
 ModelConfig load_hf_config(const std::string& path);
-// Note [Multi-token prediction layers] (runtime/checkpoint.cc): the layers a DeepSeek-V3
-// config.json's num_nextn_predict_layers adds after its num_hidden_layers (1 when absent, as
-// transformers' default); 0 for the other families.
+// Note [Multi-token prediction layers] (runtime/checkpoint.cc): the layers a config.json's
+// num_nextn_predict_layers adds after its num_hidden_layers (DeepSeek-V3's key, which tandem
+// writes for its modules in every family); when absent, 1 for DeepSeek-V3 (transformers'
+// default), 0 for the other families.
 int64_t load_hf_mtp_layers(const std::string& path);
 
 // The ModelConfig fields (their checkpoint JSON keys, Note [One table of model fields]) that

@@ -74,6 +74,13 @@ void ModelChunk::forward_node(size_t i, MicroBatchState& mb, const NodeContext& 
       Tensor x = std::exchange(mb.layers.back().out, Tensor());
       loss_forward(mb.loss, x, mb.targets, w, c);
       mb.pending_lm_loss = mb.loss.lm_loss;
+      for (const MtpActs& m : mb.loss.mtp) {
+        mb.mtp_losses.push_back(m.loss);
+        mb.aux_losses.push_back(m.layer.aux_loss);  // the modules' routers' losses
+      }
+      if (!mb.loss.mtp.empty()) {
+        mb.mtp_weight = c.cfg.mtp_loss_scaling_factor / static_cast<double>(c.cfg.mtp_num_layers);
+      }
       return;
     }
   }
@@ -175,7 +182,8 @@ Tensor ModelChunk::infer_logits(const Tensor& ids, int64_t batch, int64_t seq) c
                "generation runs on the CPU: load the checkpoint there");
   ModelConfig cfg = params_->config();
   cfg.seq_length = seq;
-  const NodeContext c{cfg, batch, seq, params_->dtype(), 1.0};
+  NodeContext c{cfg, batch, seq, params_->dtype(), 1.0};
+  c.mtp = false;  // the LM head's logits only
   MicroBatchState mb;
   mb.ids = ids;
   mb.targets = Tensor::zeros({batch * seq}, DType::kI32, MemCategory::kOther, "infer.targets");

@@ -42,6 +42,12 @@ struct MicroBatchState {
   // layer order.
   std::vector<ops::PendingScalar> aux_losses;
   double aux_loss() { return sum_aux_losses(aux_losses); }
+  // The MTP modules' mean cross-entropies L_k, in depth order (last stage, training), and their
+  // weight in the loss: mtp_loss_scaling_factor / D. mtp_loss() waits for them: the loss's
+  // term weight * sum_k L_k.
+  std::vector<ops::PendingScalar> mtp_losses;
+  double mtp_weight = 0;
+  double mtp_loss() { return mtp_weight * sum_aux_losses(mtp_losses); }
 
   // The activation to send on (stages before the last) after the forward.
   const Tensor& output() const { return layers.back().out; }

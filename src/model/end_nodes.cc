@@ -57,7 +57,8 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   // Training with the fused LM head, nf is an op temporary
   // (Note [Loss gradient in the forward]): counted as one, as the planner counts it (the loss
   // forward's workspace), so the activation peak does not hold it beside d_nf.
-  const bool nf_temporary = c.fused_lm_head && c.grads != nullptr;
+  // The MTP modules read nf (their first hnorm's input), so it is kept for them.
+  const bool nf_temporary = c.fused_lm_head && c.grads != nullptr && !mtp_runs(c);
   a.nf = (nf_temporary ? work_tensor : saved_tensor)({n, h}, c.dtype, "loss.nf");
   a.rstd = saved_tensor({n}, c.stat_dtype(), "loss.rstd");
   ops::rmsnorm_forward(a.nf, a.rstd, a.x, w.final_norm, cfg.norm_epsilon);
@@ -76,6 +77,10 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
         ops::lm_head_ce_forward_backward(a.d_nf, c.grads->lm_head, lse, a.nf, w.lm_head, tgt,
                                          c.loss_scale / static_cast<double>(n), Accumulate::kAdd)
             .then([n](double sum) { return sum / static_cast<double>(n); });
+    if (mtp_runs(c)) {
+      mtp_forward(a, targets, w, c);
+      return;
+    }
     release_storage({&a.nf});
     a.nf = Tensor();
     return;
@@ -87,6 +92,7 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
     a.lse = saved_tensor({n}, c.stat_dtype(), "loss.lse");
     a.lm_loss = ops::PendingScalar(ops::lm_head_ce_forward(a.lse, a.nf, w.lm_head, a.targets) /
                                    static_cast<double>(n));
+    if (mtp_runs(c)) mtp_forward(a, targets, w, c);
     return;
   }
   a.logits = saved_tensor({n, cfg.vocab_size}, c.dtype, "loss.logits");  // (N, V)
@@ -95,12 +101,22 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   a.targets.copy_from(targets);
   a.lm_loss =
       ops::PendingScalar(ops::cross_entropy_forward(a.logits, a.targets) / static_cast<double>(n));
+  if (mtp_runs(c)) mtp_forward(a, targets, w, c);
 }
 
 void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
                    const NodeContext& c) {
   const int64_t n = c.tokens(), h = c.cfg.hidden_size;
+  // The MTP modules' gradient at nf, added to the head's before the final norm's backward.
+  Tensor d_mtp = a.mtp.empty() ? Tensor() : mtp_backward(a, w, g, c);
+  const auto add_mtp = [&](const Tensor& d_nf) {
+    if (!d_mtp.defined()) return;
+    ops::axpy(d_nf, d_mtp, 1.0);
+    release_storage({&d_mtp});
+  };
   if (a.d_nf.defined()) {  // formed in the forward (Note [Loss gradient in the forward])
+    add_mtp(a.d_nf);
+    release_storage({&a.nf});  // kept for the MTP modules only
     a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");
     ops::rmsnorm_backward(a.d_x, g.final_norm, a.d_nf, a.x, w.final_norm, a.rstd,
                           Accumulate::kOverwrite);
@@ -113,6 +129,7 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
     ops::lm_head_ce_backward(d_nf, g.lm_head, a.nf, w.lm_head, a.targets, a.lse,
                              c.loss_scale / static_cast<double>(n), Accumulate::kAdd);
     release_storage({&a.nf, &a.lse, &a.targets});
+    add_mtp(d_nf);
     a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");
     ops::rmsnorm_backward(a.d_x, g.final_norm, d_nf, a.x, w.final_norm, a.rstd,
                           Accumulate::kOverwrite);
@@ -123,6 +140,7 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
   ops::cross_entropy_backward(a.logits, a.logits, a.targets, c.loss_scale / static_cast<double>(n));
   Tensor d_nf = work_tensor({n, h}, c.dtype, "loss.d_nf");
   ops::linear_backward_input(d_nf, a.logits, w.lm_head);
+  add_mtp(d_nf);
   a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");
   ops::rmsnorm_backward(a.d_x, g.final_norm, d_nf, a.x, w.final_norm, a.rstd,
                         Accumulate::kOverwrite);
@@ -130,6 +148,7 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
 }
 
 void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c) {
+  if (!a.mtp.empty()) mtp_backward_weights(a, g, c);
   if (!c.fused_lm_head) ops::linear_backward_weight(g.lm_head, a.logits, a.nf);
   release_storage({&a.logits, &a.nf});
   Tensor d_x = std::move(a.d_x);
@@ -213,7 +232,18 @@ std::vector<const Tensor*> all_tensors(const LayerActs& a) {
 }
 
 std::vector<const Tensor*> saved_tensors(const LossActs& a) {
-  return {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets, &a.lse, &a.d_nf};
+  std::vector<const Tensor*> out = {&a.x, &a.nf, &a.rstd, &a.logits, &a.targets, &a.lse, &a.d_nf};
+  for (const MtpActs& m : a.mtp) {
+    for (const Tensor* t : {&m.ids, &m.e, &m.rstd_e, &m.h_in, &m.rstd_h, &m.cat, &m.y, &m.rstd_f,
+                            &m.hk, &m.hv, &m.targets, &m.logits, &m.lse, &m.d_hv, &m.d_x}) {
+      out.push_back(t);
+    }
+    for (NodeKind k : {NodeKind::kAttention, NodeKind::kDispatch, NodeKind::kExperts,
+                       NodeKind::kSharedExpert, NodeKind::kCombine, NodeKind::kMlp}) {
+      for (const Tensor* t : saved_tensors(k, m.layer)) out.push_back(t);
+    }
+  }
+  return out;
 }
 
 std::vector<int32_t> host_ints(const Tensor& t) {

@@ -58,6 +58,10 @@ struct NodeContext {
   // The trainer's merge of the experts' weight gradients over micro-batches
   // (Note [Merged expert weight gradients]); null: each micro-batch's own products.
   MergedExpertGrads* merged_expert_grads = nullptr;
+  // The loss node runs the MTP modules (ModelConfig::mtp_num_layers; docs/model.md
+  // "Multi-token prediction"): off for forwards whose loss is the LM loss only (evaluation,
+  // generation), as Megatron-LM's MTP changes only the training loss.
+  bool mtp = true;
   int64_t tokens() const { return batch * seq; }
   // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
   // activations are bf16 (docs/cuda.md "Numerics on the GPU").
@@ -157,12 +161,30 @@ struct EmbedActs {
   Tensor d_out;
 };
 
+// One MTP module's state for one micro-batch (model/mtp.cc), N = B T rows, Nv = B (T - k) the
+// rows of module k (1-based) that have a target.
+struct MtpActs {
+  Tensor ids;               // [N] i32: the tokens k ahead, 0 past the sequence's end
+  Tensor e, rstd_e;         // the embedding [N, H] (enorm's input) and its norm's rstd [N]
+  Tensor h_in, rstd_h;      // hnorm's input [N, H] (the previous depth's output) and its rstd
+  Tensor cat;               // [N, 2H]: each row the normed embedding, then the normed h_in
+  LayerActs layer;          // the module's transformer layer (x: eh_proj's output)
+  Tensor y, rstd_f;         // the layer's output [N, H] (the final norm's input) and its rstd
+  Tensor hk;                // the final norm's output [N, H]: the next depth's h_in
+  Tensor hv, targets;       // its rows with a target [Nv, H] and their targets [Nv] i32
+  Tensor logits, lse;       // [Nv, V] (holds dlogits after backward), or the fused head's [Nv]
+  Tensor d_hv;              // fused head, gradient formed in the forward: [Nv, H]
+  Tensor d_x;               // eh_proj's output gradient [N, H], kept for its weight gradient
+  ops::PendingScalar loss;  // mean cross-entropy over the Nv rows
+};
+
 struct LossActs {
   Tensor x, nf, rstd, logits, targets;  // logits [N, V]; holds dlogits after backward
   Tensor lse;                           // fused LM head: [N] f32 instead of the logits
   Tensor d_nf;                          // fused, gradient formed in the forward: [N, H]
   ops::PendingScalar lm_loss;           // mean cross-entropy over the micro-batch's tokens
   Tensor d_x;                           // [N, H]
+  std::vector<MtpActs> mtp;             // the MTP modules, in depth order
 };
 
 // ---- embed (first stage) ----
@@ -218,6 +240,14 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
                   const NodeContext& c);
 void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g, const NodeContext& c);
 void loss_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c);
+
+// ---- multi-token prediction (model/mtp.cc), run by the loss node: the modules read the main
+// head's input nf and the targets; their backward returns the gradient at nf. ----
+bool mtp_runs(const NodeContext& c);
+void mtp_forward(LossActs& a, const Tensor& targets, const ModelWeights& w, const NodeContext& c);
+Tensor mtp_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
+                    const NodeContext& c);
+void mtp_backward_weights(LossActs& a, const ModelWeights& g, const NodeContext& c);
 
 // Note [Routing counts on the host]: the experts' matrix products and the all-to-all need the
 // routing counts on the host, and on a GPU a read waits for the copy (the host stops issuing

@@ -29,12 +29,12 @@ Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtyp
                "GPU parameters are f32 (master weights), not ", dtype_name(dtype));
   build_entries();
   if (cfg.moe_router_enable_expert_bias) {
-    flat_load_ = Tensor::zeros({spec.layer_end - spec.layer_begin, cfg.num_experts}, DType::kF32,
+    flat_load_ = Tensor::zeros({spec.held_layers(cfg), cfg.num_experts}, DType::kF32,
                                MemCategory::kOther, "expert_load", device);
   }
   if (cfg.has_global_balance_loss()) {
-    flat_aux_total_ = Tensor::zeros({spec.layer_end - spec.layer_begin, cfg.num_experts + 1},
-                                    DType::kF64, MemCategory::kOther, "aux_total", device);
+    flat_aux_total_ = Tensor::zeros({spec.held_layers(cfg), cfg.num_experts + 1}, DType::kF64,
+                                    MemCategory::kOther, "aux_total", device);
   }
   flat_params_ = Tensor::zeros({total_}, dtype, MemCategory::kParameter, "parameters", device);
   flat_grads_ = Tensor::zeros({total_}, dtype, MemCategory::kGradient, "gradients", device);
@@ -88,28 +88,30 @@ void Parameters::build_views() {
     at = en.offset + shape_numel(en.shape);
   }
   if (total_ > at) non_expert_ranges_.emplace_back(at, total_);
+  // Per held layer (the chunk's, then its MTP modules'): the fresh flags, the load tally and
+  // global_aux_loss's totals.
+  const int64_t held = spec_.held_layers(cfg_);
   experts_fresh_ =
-      std::shared_ptr<bool[]>(new bool[static_cast<size_t>(std::max<int64_t>(layers, 1))]());
-  for (int64_t l = 0; l < layers; ++l) {
-    LayerWeights& g = grads_.layers[static_cast<size_t>(l)];
+      std::shared_ptr<bool[]>(new bool[static_cast<size_t>(std::max<int64_t>(held, 1))]());
+  for (int64_t l = 0; l < held; ++l) {
+    LayerWeights& g = held_layer(grads_, l);
     if (!g.e_gate_up.empty()) g.experts_grad_fresh = &experts_fresh_[static_cast<size_t>(l)];
-  }
-  for (int64_t l = 0; l < layers && flat_load_.defined(); ++l) {
-    LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    if (w.moe()) w.expert_load = flat_load_.narrow_rows(l, 1).reshape({e});
-  }
-  for (int64_t l = 0; l < layers && flat_aux_total_.defined(); ++l) {
-    LayerWeights& w = weights_.layers[static_cast<size_t>(l)];
-    if (w.moe()) w.aux_total = flat_aux_total_.narrow_rows(l, 1).reshape({e + 1});
+    LayerWeights& w = held_layer(weights_, l);
+    if (w.moe() && flat_load_.defined()) w.expert_load = flat_load_.narrow_rows(l, 1).reshape({e});
+    if (w.moe() && flat_aux_total_.defined()) {
+      w.aux_total = flat_aux_total_.narrow_rows(l, 1).reshape({e + 1});
+    }
   }
   if (device_ == Device::kCPU) return;
   compute_ = make_views(flat_compute_);
   // The router reads the expert bias in f32 (it decides ties between scores a bf16 copy would
   // merge), and the load tally is one tensor: the compute views share the master's.
-  for (size_t l = 0; l < compute_.layers.size(); ++l) {
-    compute_.layers[l].expert_bias = weights_.layers[l].expert_bias;
-    compute_.layers[l].expert_load = weights_.layers[l].expert_load;
-    compute_.layers[l].aux_total = weights_.layers[l].aux_total;
+  for (int64_t l = 0; l < held; ++l) {
+    LayerWeights& c = held_layer(compute_, l);
+    const LayerWeights& w = held_layer(weights_, l);
+    c.expert_bias = w.expert_bias;
+    c.expert_load = w.expert_load;
+    c.aux_total = w.aux_total;
   }
 }
 
@@ -195,7 +197,7 @@ void mla_entries(const ModelConfig& c, const std::string& p,
 
 }  // namespace
 
-void Parameters::build_entries() {
+void Parameters::add_layer_entries(int64_t l) {
   const ModelConfig& c = cfg_;
   const int64_t h = c.hidden_size, f = c.ffn_hidden_size, fe = c.expert_ffn_size();
   const int64_t fs = c.moe_shared_expert_intermediate_size;
@@ -208,66 +210,84 @@ void Parameters::build_entries() {
   const auto gain = [&](const std::string& name, int64_t n) {
     add(name, {n}, ParamKind::kNorm, ParamShard::kDense, 0);
   };
+  const LayerNames n(c, l);
+  const std::string& p = n.p;
+  gain(p + "input_layernorm.weight", h);
+  if (c.multi_latent_attention) {
+    mla_entries(
+        c, p,
+        [&](const std::string& name, Shape shape, double sd) {
+          matrix(name, std::move(shape), sd);
+        },
+        gain);
+  } else {
+    matrix(p + "self_attn.q_proj.weight", {c.q_width(), h}, std);
+    matrix(p + "self_attn.k_proj.weight", {c.kv_width(), h}, std);
+    matrix(p + "self_attn.v_proj.weight", {c.kv_width(), h}, std);
+  }
+  if (c.add_qkv_bias) {
+    for (const char* b : {"q", "k", "v"}) {
+      add(p + "self_attn." + b + "_proj.bias", {b[0] == 'q' ? c.q_width() : c.kv_width()},
+          ParamKind::kBias, ParamShard::kDense, 0);
+    }
+  }
+  if (c.qk_layernorm) {
+    gain(p + "self_attn.q_norm.weight", c.head_dim());
+    gain(p + "self_attn.k_norm.weight", c.head_dim());
+  }
+  matrix(p + "self_attn.o_proj.weight", {h, c.attn_out_width()}, out_std);
+  gain(p + "post_attention_layernorm.weight", h);
+  if (!c.is_moe_layer(l)) {
+    matrix(p + "mlp.gate_proj.weight", {f, h}, std);
+    matrix(p + "mlp.up_proj.weight", {f, h}, std);
+    matrix(p + "mlp.down_proj.weight", {h, f}, out_std);
+    return;
+  }
+  matrix(n.moe + "gate.weight", {c.num_experts, h}, std);
+  if (c.moe_router_enable_expert_bias) {
+    add(n.moe + "gate.e_score_correction_bias", {c.num_experts}, ParamKind::kBuffer,
+        ParamShard::kDense, 0);
+  }
+  if (c.has_shared_expert()) {
+    const std::string& q = n.shared;
+    matrix(q + "gate_proj.weight", {fs, h}, std);
+    matrix(q + "up_proj.weight", {fs, h}, std);
+    matrix(q + "down_proj.weight", {h, fs}, out_std);
+    if (c.moe_shared_expert_gate) matrix(n.moe + "shared_expert_gate.weight", {1, h}, std);
+  }
+  for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
+    const std::string q = n.expert(spec_.placement.expert_at(l, e));
+    matrix(n.gate(q), {fe, h}, std, ParamShard::kExpert);
+    matrix(n.up(q), {fe, h}, std, ParamShard::kExpert);
+    matrix(n.down(q), {h, fe}, out_std, ParamShard::kExpert);
+  }
+}
+
+void Parameters::build_entries() {
+  const ModelConfig& c = cfg_;
+  const int64_t h = c.hidden_size;
+  const double std = 0.02;
+  const auto gain = [&](const std::string& name, int64_t n) {
+    add(name, {n}, ParamKind::kNorm, ParamShard::kDense, 0);
+  };
   if (spec_.has_embed) {
     add("model.embed_tokens.weight", {c.vocab_size, h}, ParamKind::kEmbedding, ParamShard::kDense,
         std);
   }
-  for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
-    const LayerNames n(c, l);
-    const std::string& p = n.p;
-    gain(p + "input_layernorm.weight", h);
-    if (c.multi_latent_attention) {
-      mla_entries(
-          c, p,
-          [&](const std::string& name, Shape shape, double sd) {
-            matrix(name, std::move(shape), sd);
-          },
-          gain);
-    } else {
-      matrix(p + "self_attn.q_proj.weight", {c.q_width(), h}, std);
-      matrix(p + "self_attn.k_proj.weight", {c.kv_width(), h}, std);
-      matrix(p + "self_attn.v_proj.weight", {c.kv_width(), h}, std);
-    }
-    if (c.add_qkv_bias) {
-      for (const char* b : {"q", "k", "v"}) {
-        add(p + "self_attn." + b + "_proj.bias", {b[0] == 'q' ? c.q_width() : c.kv_width()},
-            ParamKind::kBias, ParamShard::kDense, 0);
-      }
-    }
-    if (c.qk_layernorm) {
-      gain(p + "self_attn.q_norm.weight", c.head_dim());
-      gain(p + "self_attn.k_norm.weight", c.head_dim());
-    }
-    matrix(p + "self_attn.o_proj.weight", {h, c.attn_out_width()}, out_std);
-    gain(p + "post_attention_layernorm.weight", h);
-    if (!c.is_moe_layer(l)) {
-      matrix(p + "mlp.gate_proj.weight", {f, h}, std);
-      matrix(p + "mlp.up_proj.weight", {f, h}, std);
-      matrix(p + "mlp.down_proj.weight", {h, f}, out_std);
-      continue;
-    }
-    matrix(n.moe + "gate.weight", {c.num_experts, h}, std);
-    if (c.moe_router_enable_expert_bias) {
-      add(n.moe + "gate.e_score_correction_bias", {c.num_experts}, ParamKind::kBuffer,
-          ParamShard::kDense, 0);
-    }
-    if (c.has_shared_expert()) {
-      const std::string& q = n.shared;
-      matrix(q + "gate_proj.weight", {fs, h}, std);
-      matrix(q + "up_proj.weight", {fs, h}, std);
-      matrix(q + "down_proj.weight", {h, fs}, out_std);
-      if (c.moe_shared_expert_gate) matrix(n.moe + "shared_expert_gate.weight", {1, h}, std);
-    }
-    for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
-      const std::string q = n.expert(spec_.placement.expert_at(l, e));
-      matrix(n.gate(q), {fe, h}, std, ParamShard::kExpert);
-      matrix(n.up(q), {fe, h}, std, ParamShard::kExpert);
-      matrix(n.down(q), {h, fe}, out_std, ParamShard::kExpert);
-    }
-  }
+  for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) add_layer_entries(l);
   if (spec_.has_head) {
     gain("model.norm.weight", h);
-    matrix("lm_head.weight", {c.vocab_size, h}, std);
+    add("lm_head.weight", {c.vocab_size, h}, ParamKind::kMatrix, ParamShard::kDense, std);
+  }
+  // The MTP modules after the head (the head's unit of the flat buffers), under DeepSeek-V3's
+  // names: module j is model.layers.{L + j}.
+  for (int64_t j = 0; j < spec_.mtp_layers(c); ++j) {
+    const std::string p = mtp_prefix(c, j);
+    gain(p + "enorm.weight", h);
+    gain(p + "hnorm.weight", h);
+    add(p + "eh_proj.weight", {h, 2 * h}, ParamKind::kMatrix, ParamShard::kDense, std);
+    add_layer_entries(c.num_layers + j);
+    gain(p + "shared_head.norm.weight", h);
   }
 }
 
@@ -275,15 +295,30 @@ Tensor Parameters::view(const Tensor& flat, const ParamEntry& e) {
   return flat.narrow_rows(e.offset, shape_numel(e.shape)).reshape(e.shape);
 }
 
-ModelWeights Parameters::make_views(const Tensor& flat) const {
-  std::unordered_map<std::string, const ParamEntry*> by_name;
-  for (const ParamEntry& e : entries_) by_name[e.name] = &e;
+std::string mtp_prefix(const ModelConfig& cfg, int64_t j) {
+  return "model.layers." + std::to_string(cfg.num_layers + j) + ".";
+}
+
+LayerWeights& held_layer(ModelWeights& w, int64_t i) {
+  const auto n = static_cast<int64_t>(w.layers.size());
+  return i < n ? w.layers[static_cast<size_t>(i)] : w.mtp.at(static_cast<size_t>(i - n)).layer;
+}
+
+const LayerWeights& held_layer(const ModelWeights& w, int64_t i) {
+  return held_layer(const_cast<ModelWeights&>(w), i);
+}
+
+LayerWeights Parameters::layer_views(const Tensor& flat, const NameIndex& by_name, int64_t l,
+                                     int64_t row) const {
   auto entry = [&](const std::string& name) -> const ParamEntry& {
     auto it = by_name.find(name);
     TANDEM_ASSERT(it != by_name.end(), "no parameter ", name);
     return *it->second;
   };
   auto get = [&](const std::string& name) { return view(flat, entry(name)); };
+  const auto maybe = [&](const std::string& name) {
+    return by_name.count(name) ? get(name) : Tensor();
+  };
   // The [2F, H] view of gate and up, which the constructor places one after the other.
   auto stacked = [&](const std::string& gate, const std::string& up) {
     const ParamEntry& g = entry(gate);
@@ -293,59 +328,80 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
     return flat.narrow_rows(g.offset, 2 * shape_numel(g.shape))
         .reshape({2 * g.shape[0], g.shape[1]});
   };
+  const LayerNames n(cfg_, l);
+  const std::string& p = n.p;
+  LayerWeights lw;
+  lw.input_norm = get(p + "input_layernorm.weight");
+  lw.post_norm = get(p + "post_attention_layernorm.weight");
+  lw.wq = maybe(p + "self_attn.q_proj.weight");
+  lw.wk = maybe(p + "self_attn.k_proj.weight");
+  lw.wv = maybe(p + "self_attn.v_proj.weight");
+  lw.wq_a = maybe(p + "self_attn.q_a_proj.weight");
+  lw.q_a_norm = maybe(p + "self_attn.q_a_layernorm.weight");
+  lw.wq_b = maybe(p + "self_attn.q_b_proj.weight");
+  lw.wkv_a = maybe(p + "self_attn.kv_a_proj_with_mqa.weight");
+  lw.kv_a_norm = maybe(p + "self_attn.kv_a_layernorm.weight");
+  lw.wkv_b = maybe(p + "self_attn.kv_b_proj.weight");
+  lw.wo = get(p + "self_attn.o_proj.weight");
+  lw.bq = maybe(p + "self_attn.q_proj.bias");
+  lw.bk = maybe(p + "self_attn.k_proj.bias");
+  lw.bv = maybe(p + "self_attn.v_proj.bias");
+  lw.q_norm = maybe(p + "self_attn.q_norm.weight");
+  lw.k_norm = maybe(p + "self_attn.k_norm.weight");
+  if (!cfg_.is_moe_layer(l)) {
+    lw.w_gate_up = stacked(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
+    lw.w_down = get(p + "mlp.down_proj.weight");
+    return lw;
+  }
+  lw.router = get(n.moe + "gate.weight");
+  lw.expert_bias = maybe(n.moe + "gate.e_score_correction_bias");
+  if (cfg_.has_shared_expert()) {
+    const std::string& q = n.shared;
+    lw.shared_gate_up = stacked(q + "gate_proj.weight", q + "up_proj.weight");
+    lw.shared_down = get(q + "down_proj.weight");
+    lw.shared_gate = maybe(n.moe + "shared_expert_gate.weight");
+  }
+  // The MTP modules' layers keep every expert at its own place (the placement covers the model's
+  // layers only).
+  if (expert_slots_.defined() && l < cfg_.num_layers) {
+    lw.expert_slot = expert_slots_.narrow_rows(row, 1).reshape({cfg_.num_experts});
+  }
+  for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
+    const std::string q = n.expert(spec_.placement.expert_at(l, e));
+    lw.e_gate_up.push_back(stacked(n.gate(q), n.up(q)));
+    lw.e_down.push_back(get(n.down(q)));
+  }
+  return lw;
+}
+
+ModelWeights Parameters::make_views(const Tensor& flat) const {
+  NameIndex by_name;
+  for (const ParamEntry& e : entries_) by_name[e.name] = &e;
+  auto entry = [&](const std::string& name) -> const ParamEntry& {
+    auto it = by_name.find(name);
+    TANDEM_ASSERT(it != by_name.end(), "no parameter ", name);
+    return *it->second;
+  };
+  auto get = [&](const std::string& name) { return view(flat, entry(name)); };
   ModelWeights w;
   if (spec_.has_embed) w.embed = get("model.embed_tokens.weight");
   if (spec_.has_head) {
     w.final_norm = get("model.norm.weight");
     w.lm_head = get("lm_head.weight");
   }
-  const auto maybe = [&](const std::string& name) {
-    return by_name.count(name) ? get(name) : Tensor();
-  };
   for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
-    const LayerNames n(cfg_, l);
-    const std::string& p = n.p;
-    LayerWeights lw;
-    lw.input_norm = get(p + "input_layernorm.weight");
-    lw.post_norm = get(p + "post_attention_layernorm.weight");
-    lw.wq = maybe(p + "self_attn.q_proj.weight");
-    lw.wk = maybe(p + "self_attn.k_proj.weight");
-    lw.wv = maybe(p + "self_attn.v_proj.weight");
-    lw.wq_a = maybe(p + "self_attn.q_a_proj.weight");
-    lw.q_a_norm = maybe(p + "self_attn.q_a_layernorm.weight");
-    lw.wq_b = maybe(p + "self_attn.q_b_proj.weight");
-    lw.wkv_a = maybe(p + "self_attn.kv_a_proj_with_mqa.weight");
-    lw.kv_a_norm = maybe(p + "self_attn.kv_a_layernorm.weight");
-    lw.wkv_b = maybe(p + "self_attn.kv_b_proj.weight");
-    lw.wo = get(p + "self_attn.o_proj.weight");
-    lw.bq = maybe(p + "self_attn.q_proj.bias");
-    lw.bk = maybe(p + "self_attn.k_proj.bias");
-    lw.bv = maybe(p + "self_attn.v_proj.bias");
-    lw.q_norm = maybe(p + "self_attn.q_norm.weight");
-    lw.k_norm = maybe(p + "self_attn.k_norm.weight");
-    if (!cfg_.is_moe_layer(l)) {
-      lw.w_gate_up = stacked(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight");
-      lw.w_down = get(p + "mlp.down_proj.weight");
-    } else {
-      lw.router = get(n.moe + "gate.weight");
-      lw.expert_bias = maybe(n.moe + "gate.e_score_correction_bias");
-      if (cfg_.has_shared_expert()) {
-        const std::string& q = n.shared;
-        lw.shared_gate_up = stacked(q + "gate_proj.weight", q + "up_proj.weight");
-        lw.shared_down = get(q + "down_proj.weight");
-        lw.shared_gate = maybe(n.moe + "shared_expert_gate.weight");
-      }
-      if (expert_slots_.defined()) {
-        lw.expert_slot =
-            expert_slots_.narrow_rows(l - spec_.layer_begin, 1).reshape({cfg_.num_experts});
-      }
-      for (int64_t e = spec_.expert_begin; e < spec_.expert_end; ++e) {
-        const std::string q = n.expert(spec_.placement.expert_at(l, e));
-        lw.e_gate_up.push_back(stacked(n.gate(q), n.up(q)));
-        lw.e_down.push_back(get(n.down(q)));
-      }
-    }
-    w.layers.push_back(std::move(lw));
+    w.layers.push_back(layer_views(flat, by_name, l, l - spec_.layer_begin));
+  }
+  for (int64_t j = 0; j < spec_.mtp_layers(cfg_); ++j) {
+    const std::string p = mtp_prefix(cfg_, j);
+    MtpWeights m;
+    m.enorm = get(p + "enorm.weight");
+    m.hnorm = get(p + "hnorm.weight");
+    m.eh_proj = get(p + "eh_proj.weight");
+    m.final_norm = get(p + "shared_head.norm.weight");
+    m.layer =
+        layer_views(flat, by_name, cfg_.num_layers + j, spec_.layer_end - spec_.layer_begin + j);
+    w.mtp.push_back(std::move(m));
   }
   return w;
 }
@@ -409,7 +465,8 @@ void Parameters::initialize(uint64_t seed) {
 
 void Parameters::zero_grads() {
   flat_grads_.zero_();
-  for (LayerWeights& g : grads_.layers) {
+  for (int64_t l = 0; l < spec_.held_layers(cfg_); ++l) {
+    LayerWeights& g = held_layer(grads_, l);
     if (g.experts_grad_fresh != nullptr) *g.experts_grad_fresh = false;
   }
 }
@@ -427,7 +484,8 @@ void Parameters::zero_grads_outside_experts(int64_t begin, int64_t end) {
 }
 
 void Parameters::mark_experts_fresh() {
-  for (LayerWeights& g : grads_.layers) {
+  for (int64_t l = 0; l < spec_.held_layers(cfg_); ++l) {
+    LayerWeights& g = held_layer(grads_, l);
     if (g.experts_grad_fresh != nullptr) *g.experts_grad_fresh = true;
   }
 }

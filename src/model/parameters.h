@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -25,6 +26,12 @@ struct ChunkSpec {
   ExpertPlacement placement;  // which expert is at each place (Note [Expert placement])
 
   static ChunkSpec whole(const ModelConfig& cfg);
+  // The multi-token prediction modules the chunk holds: all of them on the last stage.
+  int64_t mtp_layers(const ModelConfig& cfg) const { return has_head ? cfg.mtp_num_layers : 0; }
+  // The transformer layers the chunk holds: its range, then its MTP modules' layers.
+  int64_t held_layers(const ModelConfig& cfg) const {
+    return layer_end - layer_begin + mtp_layers(cfg);
+  }
 };
 
 // How a parameter is treated by the optimizer and the gradient reduction.
@@ -82,12 +89,29 @@ struct LayerWeights {
   Tensor expert_slot;
 };
 
+// A multi-token prediction module (the last stage's, docs/model.md "Multi-token prediction"):
+// the gains of the embedding's and the hidden state's norms, the projection of the two normed
+// [emb | h] (columns 0..H-1 the embedding's), its transformer layer and its final norm.
+struct MtpWeights {
+  Tensor enorm, hnorm;  // [H]
+  Tensor eh_proj;       // [H, 2H]
+  Tensor final_norm;    // [H]
+  LayerWeights layer;
+};
+
 struct ModelWeights {
   Tensor embed;                      // [V, H]
   Tensor final_norm;                 // [H]
   Tensor lm_head;                    // [V, H]
   std::vector<LayerWeights> layers;  // the chunk's layers, in order
+  std::vector<MtpWeights> mtp;       // the last stage's MTP modules, in depth order
 };
+
+// The prefix of MTP module j's weights: model.layers.{L + j}. (DeepSeek-V3's checkpoint names).
+std::string mtp_prefix(const ModelConfig& cfg, int64_t j);
+// Held layer i of a chunk's weights: its layers, then its MTP modules' layers.
+LayerWeights& held_layer(ModelWeights& w, int64_t i);
+const LayerWeights& held_layer(const ModelWeights& w, int64_t i);
 
 class Parameters {
  public:
@@ -169,6 +193,12 @@ class Parameters {
   Parameters(const ModelConfig& cfg, const ChunkSpec& spec, EntriesOnly);
   void add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard, double std);
   void build_entries();
+  // One transformer layer's entries and views; l: the model's index (num_layers + j for MTP
+  // module j's), row: its row among the chunk's held layers.
+  void add_layer_entries(int64_t l);
+  using NameIndex = std::unordered_map<std::string, const ParamEntry*>;
+  LayerWeights layer_views(const Tensor& flat, const NameIndex& by_name, int64_t l,
+                           int64_t row) const;
   void build_views();
   ModelWeights make_views(const Tensor& flat) const;
   static Tensor view(const Tensor& flat, const ParamEntry& e);

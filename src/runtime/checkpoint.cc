@@ -642,29 +642,65 @@ namespace {
 
 // Note [Multi-token prediction layers]: a DeepSeek-V3 checkpoint of num_hidden_layers L with
 // num_nextn_predict_layers M holds M more layers, model.layers.{L} to model.layers.{L + M - 1}
-// (DeepSeek-V3's published one: layer 61), the multi-token prediction modules. transformers'
-// model has no use for them and its loader skips them; tandem reads and drops them here, so no
-// layout sees them (docs/model.md). Any other tensor the model lacks is refused
-// (check_no_unknown_tensors in checkpoint_restore.cc).
-void drop_mtp_layers(NamedTensors& tensors, int64_t num_layers, int64_t mtp_layers) {
-  if (mtp_layers <= 0) return;
+// (DeepSeek-V3's published one: layer 61), the multi-token prediction modules, each with copies
+// of the shared embedding (embed_tokens) and LM head (shared_head.head). transformers' model has
+// no use for them and its loader skips them. tandem keeps the first `keep` modules
+// (--mtp-num-layers; the rest are dropped here, so no layout sees them) without the copies: its
+// modules share the main model's tensors, so a copy that differs from them is refused. Any other
+// tensor the model lacks is refused (check_no_unknown_tensors in checkpoint_restore.cc). tandem
+// writes its modules under the same names, without the copies (docs/model.md).
+void drop_mtp_layers(NamedTensors& tensors, int64_t num_layers, int64_t keep, int64_t have,
+                     const std::string& dir) {
+  if (have <= 0) return;
   const std::string prefix = "model.layers.";
-  std::erase_if(tensors, [&](const auto& named) {
-    const std::string& name = named.first;
-    if (name.rfind(prefix, 0) != 0) return false;
+  const auto layer_of = [&](const std::string& name) -> int64_t {
+    if (name.rfind(prefix, 0) != 0) return -1;
     const size_t dot = name.find('.', prefix.size());
     const std::string digits = name.substr(prefix.size(), dot - prefix.size());
     if (dot == std::string::npos || digits.empty() || digits.size() > 9 ||
         !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
-      return false;
-    const int64_t layer = std::stoll(digits);
-    return layer >= num_layers && layer < num_layers + mtp_layers;
+      return -1;
+    return std::stoll(digits);
+  };
+  const auto find = [&](const std::string& name) -> const Tensor* {
+    for (const auto& [n, t] : tensors) {
+      if (n == name) return &t;
+    }
+    return nullptr;
+  };
+  const auto same = [](const Tensor& a, const Tensor& b) {
+    if (a.shape() != b.shape()) return false;
+    const Tensor x = io::to_float(a, DType::kF64), y = io::to_float(b, DType::kF64);
+    return std::equal(x.data<double>(), x.data<double>() + x.numel(), y.data<double>());
+  };
+  const auto shared_copy = [&](const std::string& name, int64_t layer) -> const char* {
+    const std::string p = prefix + std::to_string(layer) + ".";
+    if (name == p + "embed_tokens.weight") return "model.embed_tokens.weight";
+    if (name == p + "shared_head.head.weight") return "lm_head.weight";
+    return nullptr;
+  };
+  for (const auto& [name, t] : tensors) {
+    const int64_t layer = layer_of(name);
+    if (layer < num_layers || layer >= num_layers + keep) continue;
+    const char* main = shared_copy(name, layer);
+    if (main == nullptr) continue;
+    const Tensor* m = find(main);
+    TANDEM_CHECK(m == nullptr || same(t, *m), "checkpoint ", dir, ": ", name, " differs from ",
+                 main,
+                 "; tandem's multi-token prediction modules share the embedding and the LM head "
+                 "with the model, so it cannot hold this checkpoint's modules (load it with "
+                 "--mtp-num-layers 0)");
+  }
+  std::erase_if(tensors, [&](const auto& named) {
+    const int64_t layer = layer_of(named.first);
+    if (layer < num_layers || layer >= num_layers + have) return false;
+    return layer >= num_layers + keep || shared_copy(named.first, layer) != nullptr;
   });
 }
 
 }  // namespace
 
-CheckpointState load_checkpoint(const std::string& dir) {
+CheckpointState load_checkpoint(const std::string& dir, int64_t mtp_layers) {
   const CheckpointInfo info = inspect_checkpoint(dir);
   CheckpointState st;
   st.kind = info.kind;
@@ -672,11 +708,22 @@ CheckpointState load_checkpoint(const std::string& dir) {
   st.model_config = info.model_config;
   st.trainer_state = info.trainer_state;
   if (st.kind == CheckpointKind::kHuggingFace) {
+    const int64_t have = io::load_hf_mtp_layers(st.dir + "/" + kConfigFile);
+    const int64_t keep = std::max<int64_t>(mtp_layers, 0);
+    TANDEM_CHECK(keep <= have, "--mtp-num-layers ", keep,
+                 " asks for more multi-token prediction "
+                 "modules than checkpoint ",
+                 st.dir, " holds (num_nextn_predict_layers ", have,
+                 " in its config.json): use at most ", have);
     st.model = read_indexed(st.dir, "model");
-    drop_mtp_layers(st.model, st.model_config.num_layers,
-                    io::load_hf_mtp_layers(st.dir + "/" + kConfigFile));
+    drop_mtp_layers(st.model, st.model_config.num_layers, keep, have, st.dir);
     return st;
   }
+  TANDEM_CHECK(mtp_layers < 0 || mtp_layers == st.model_config.mtp_num_layers, "--mtp-num-layers ",
+               mtp_layers, " differs from checkpoint ", st.dir, "'s ",
+               st.model_config.mtp_num_layers,
+               ": a tandem checkpoint continues with its own modules; pass --mtp-num-layers ",
+               st.model_config.mtp_num_layers, " (or leave it out)");
   verify_recorded_files(st.dir, st.trainer_state);
   st.model = read_indexed(st.dir, "model");
   st.optimizer = read_indexed(st.dir, "optimizer");

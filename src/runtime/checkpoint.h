@@ -182,7 +182,11 @@ CheckpointInfo inspect_checkpoint(const std::string& dir);
 // Changes nothing on disk except to finish an interrupted directory swap (io::recover_atomic_dir)
 // when the directory `latest` names is missing. Throws tandem::Error naming the file and what
 // is wrong.
-CheckpointState load_checkpoint(const std::string& dir);
+// mtp_layers: the run's --mtp-num-layers, the multi-token prediction modules a Hugging Face
+// checkpoint's are kept to (Note [Multi-token prediction layers] in checkpoint.cc; more than it
+// holds is refused), which a tandem checkpoint's must equal; -1: the checkpoint's own (a Hugging
+// Face checkpoint's modules are then dropped).
+CheckpointState load_checkpoint(const std::string& dir, int64_t mtp_layers = -1);
 
 // ---- Glue to the parameters, the optimizer and the trainer (checkpoint_restore.cc) ----
 

@@ -35,7 +35,9 @@ std::vector<int64_t> node_weight_ends(const model::Parameters& params,
   };
   for (const model::ParamEntry& e : params.entries()) {
     const int64_t end = e.offset + shape_numel(e.shape);
-    if (e.name.rfind(prefix, 0) == 0) {
+    // The MTP modules (model.layers.{L + j}) are the loss node's, which reads every weight.
+    if (e.name.rfind(prefix, 0) == 0 &&
+        std::stoll(e.name.substr(prefix.size())) < params.config().num_layers) {
       const auto l = static_cast<size_t>(std::stoll(e.name.substr(prefix.size())) - layer_begin);
       TANDEM_ASSERT(l < layers, "weight ", e.name, " outside the chunk's layers");
       // The router (mlp.gate or block_sparse_moe.gate) and its expert bias; not a shared

@@ -40,16 +40,17 @@ double update_expert_bias(model::Parameters& params, double rate, comm::Communic
   if (!load.defined()) return -1;
   if (dp != nullptr && dp->size() > 1) dp->all_reduce_sum(load);
   const int64_t e = params.config().num_experts;
-  const std::vector<model::LayerWeights>& layers = params.weights().layers;
+  const model::ModelWeights& weights = params.weights();
   // On a GPU the tallies and biases (a few floats a layer) come to the host and the biases go
   // back: the update is the CPU's arithmetic on either device.
   const bool host = load.device() == Device::kCPU;
   const Tensor host_load = host ? load : load.to(Device::kCPU);
   double balance = -1;
-  for (size_t l = 0; l < layers.size(); ++l) {
-    const Tensor& bias = layers[l].expert_bias;
+  // Every held layer's, the MTP modules' included (Megatron-LM updates every router's bias).
+  for (int64_t l = 0; l < params.spec().held_layers(params.config()); ++l) {
+    const Tensor& bias = model::held_layer(weights, l).expert_bias;
     if (!bias.defined()) continue;
-    const float* pl = host_load.data<float>() + static_cast<int64_t>(l) * e;
+    const float* pl = host_load.data<float>() + l * e;
     balance = std::max(balance, max_over_mean(pl, e));
     if (!apply) continue;
     const Tensor b = host ? bias : bias.to(Device::kCPU);

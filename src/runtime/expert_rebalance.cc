@@ -30,6 +30,7 @@ std::vector<ExpertBlock> expert_blocks(const model::Parameters& params) {
     if (x.shard != model::ParamShard::kExpert) continue;
     if (in_expert++ % 3 != 0) continue;
     const int64_t l = std::stoll(x.name.substr(std::string("model.layers.").size()));
+    if (l >= m.num_layers) continue;  // an MTP module's: its experts stay at their own places
     place = l == layer ? place + 1 : spec.expert_begin;
     layer = l;
     out.push_back({layer, spec.placement.expert_at(layer, place), x.offset});

@@ -43,7 +43,10 @@ std::vector<GradUnit> gradient_units(const model::Parameters& params,
   const std::string prefix = "model.layers.";
   for (const model::ParamEntry& e : params.entries()) {
     size_t k = 1 + layers;  // model.norm and lm_head
-    if (e.name.rfind(prefix, 0) == 0) {
+    // The MTP modules (model.layers.{L + j}) are the head's (the loss node runs them).
+    const bool layer = e.name.rfind(prefix, 0) == 0 &&
+                       std::stoll(e.name.substr(prefix.size())) < params.config().num_layers;
+    if (layer) {
       k = 1 + static_cast<size_t>(std::stoll(e.name.substr(prefix.size())) - layer_begin);
       TANDEM_ASSERT(k >= 1 && k <= layers, "weight ", e.name, " outside the chunk's layers");
     } else if (e.name.rfind("model.embed_tokens.", 0) == 0) {

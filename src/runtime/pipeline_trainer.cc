@@ -32,6 +32,7 @@ model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_sta
   s.has_embed = stage == 0;
   s.has_head = stage == num_stages - 1;
   check_expert_split(m, layout.ep);  // Note [Layout rules] in core/config.h
+  check_mtp_layout(m, num_stages);
   if (m.is_moe()) {
     const int64_t el = m.num_experts / layout.ep;
     s.expert_begin = layout.ep_rank(rank) * el;
@@ -63,6 +64,14 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                "CommOverlap::kSplit needs Groups made with second_expert_group");
   const comm::ParallelLayout& L = groups.layout;
   model_.validate();
+  bool paired = false;
+  for (const std::vector<Action>& rank : sched.ranks) {
+    for (const Action& a : rank) {
+      paired =
+          paired || a.kind == ActionKind::kForwardBackward || a.kind == ActionKind::kForwardForward;
+    }
+  }
+  check_mtp_overlap(model_, L.ep, paired);  // Note [Layout rules] in core/config.h
   train_.validate(L.dp());
   check_data_fits(data, model_);
   TANDEM_CHECK(sched.num_ranks == L.pp, "schedule '", sched.name, "' has ", sched.num_ranks,
@@ -176,6 +185,8 @@ void PipelineTrainer::keep_losses(const NodeWork& w) {
   const StageRuntime& s = *w.stage;
   const model::MicroBatchState& state = *w.state;
   if (s.params->spec().has_head) pending_lm_.push_back(state.pending_lm_loss);
+  for (const ops::PendingScalar& l : state.mtp_losses) pending_mtp_.push_back(l);
+  if (!state.mtp_losses.empty()) mtp_weight_ = state.mtp_weight;
   // Summed at the step's end, in this order (Note [Routing counts on the host]).
   pending_aux_.push_back({w.action.microbatch, s.params->spec().layer_begin, state.aux_losses});
 }
@@ -327,6 +338,7 @@ void PipelineTrainer::wait_for_sends() {
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   DeviceScope on(train_.device);
   pending_lm_.clear();
+  pending_mtp_.clear();
   pending_aux_.clear();
   meter_.begin_step();
   streams_->begin_step(meter_.step_start());
@@ -357,26 +369,32 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   // Before the gradients are reduced and the optimizer reads them: a loss whose targets were
   // bad throws here.
   Tensor aux;
-  const double lm = take_pending_losses(aux);
+  double mtp = 0;
+  const double lm = take_pending_losses(aux, mtp);
   // Note [One executor on two kinds of streams]: the host's clocks are final now.
   if (!streams_->issues_ahead()) meter_.record(streams_->times());
   for (StageRuntime& s : stages_) s.mbs.clear();
   reducer_->end_step(stages_);
-  return global_losses(lm, aux);
+  return global_losses(lm, mtp, aux);
 }
 
-double PipelineTrainer::take_pending_losses(Tensor& aux) {
+double PipelineTrainer::take_pending_losses(Tensor& aux, double& mtp) {
   double lm = 0;
   for (ops::PendingScalar& l : pending_lm_) lm += l.get();
-  aux =
-      Tensor::zeros({num_mb_ * model_.num_layers}, DType::kF64, MemCategory::kOther, "aux_losses");
+  mtp = 0;
+  for (ops::PendingScalar& l : pending_mtp_) mtp += l.get();
+  mtp *= mtp_weight_;
+  // A slot per (micro-batch, layer), the MTP modules' layers after the model's.
+  const int64_t slots = model_.num_layers + model_.mtp_num_layers;
+  aux = Tensor::zeros({num_mb_ * slots}, DType::kF64, MemCategory::kOther, "aux_losses");
   for (PendingAux& p : pending_aux_) {
     for (size_t l = 0; l < p.layers.size(); ++l) {
-      aux.data<double>()[p.microbatch * model_.num_layers + p.first_layer +
-                         static_cast<int64_t>(l)] = p.layers[l].get();
+      aux.data<double>()[p.microbatch * slots + p.first_layer + static_cast<int64_t>(l)] =
+          p.layers[l].get();
     }
   }
   pending_lm_.clear();
+  pending_mtp_.clear();
   pending_aux_.clear();
   return lm;
 }
@@ -386,23 +404,26 @@ double PipelineTrainer::take_pending_losses(Tensor& aux) {
 // by micro-batch in layer order on every rank: the order of the one-rank reference
 // (ReferenceTrainer), so the loss is bitwise its loss when only the pipeline is split, whichever
 // stages hold MoE layers. (Summed stage by stage, the order would depend on the split.)
-StepResult PipelineTrainer::global_losses(double lm, const Tensor& aux) {
+StepResult PipelineTrainer::global_losses(double lm, double mtp, const Tensor& aux) {
   const int64_t n = aux.numel();
-  Tensor losses = Tensor::empty({1 + n}, DType::kF64, MemCategory::kOther, "losses");
+  Tensor losses = Tensor::empty({2 + n}, DType::kF64, MemCategory::kOther, "losses");
   losses.data<double>()[0] = lm;
-  std::copy(aux.data<double>(), aux.data<double>() + n, losses.data<double>() + 1);
+  losses.data<double>()[1] = mtp;
+  std::copy(aux.data<double>(), aux.data<double>() + n, losses.data<double>() + 2);
   groups_->world->all_reduce_sum(losses);
   StepResult r;
   r.lm_loss = losses.data<double>()[0] * loss_scale_;
-  const double* by = losses.data<double>() + 1;
+  r.mtp_loss = losses.data<double>()[1] * loss_scale_;
+  const double* by = losses.data<double>() + 2;
+  const int64_t slots = model_.num_layers + model_.mtp_num_layers;
   double sum = 0;
   for (int64_t mb = 0; mb < num_mb_; ++mb) {
     double layers = 0;
-    for (int64_t l = 0; l < model_.num_layers; ++l) layers += by[mb * model_.num_layers + l];
+    for (int64_t l = 0; l < slots; ++l) layers += by[mb * slots + l];
     sum += layers;
   }
   r.aux_loss = sum * loss_scale_;
-  r.loss = r.lm_loss + r.aux_loss;
+  r.loss = r.lm_loss + r.aux_loss + r.mtp_loss;
   r.tokens = train_.global_batch_size * model_.seq_length;
   return r;
 }
@@ -545,6 +566,7 @@ StepResult PipelineTrainer::evaluate_batch(const std::vector<Action>& actions, i
     } else {
       NodeWork w = prepare(a, batch);
       w.context.grads = nullptr;  // Note [Loss gradient in the forward]: none formed
+      w.context.mtp = false;      // the LM loss only: MTP changes the training loss
       w.offload = false;          // no backward to keep anything for
       executor_->run(w);
       keep_losses(w);
@@ -559,12 +581,13 @@ StepResult PipelineTrainer::evaluate_batch(const std::vector<Action>& actions, i
   }
   wait_for_sends();
   Tensor aux;
-  const double lm = take_pending_losses(aux);
+  double mtp = 0;
+  const double lm = take_pending_losses(aux, mtp);
   for (StageRuntime& s : stages_) s.mbs.clear();
   // The streams' next measurement (the next batch's or step's) starts from an idle device, as
   // after a step.
   synchronize_device(train_.device);
-  return global_losses(lm, aux);
+  return global_losses(lm, mtp, aux);
 }
 
 // Note [Measured on the GPU] (device_streams.h): every event of the step has completed.

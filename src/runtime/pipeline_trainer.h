@@ -171,12 +171,13 @@ class PipelineTrainer {
   void wait_for_sends();
   // Note [The loss summed as one rank sums it]: lm, this rank's summed LM losses; aux, its
   // layers' aux losses by (micro-batch, layer), [num_mb * L], zero where it holds none.
-  StepResult global_losses(double lm, const Tensor& aux);
+  StepResult global_losses(double lm, double mtp, const Tensor& aux);
   void apply_update(StepResult& r, bool finite);
   void measure_on_device(double step_seconds);
   // Waits for the step's forwards' losses (pending_lm_, pending_aux_), then empties both.
   // lm: this rank's summed LM losses; the aux tensor is global_losses' input.
-  double take_pending_losses(Tensor& aux);
+  // mtp: this rank's summed MTP terms (pending_mtp_).
+  double take_pending_losses(Tensor& aux, double& mtp);
   // One global batch of evaluate(): `actions` are this rank's forward-only actions.
   StepResult evaluate_batch(const std::vector<schedule::Action>& actions, int64_t batch);
   // routing_ of every rank of `group`, in group order (collective).
@@ -204,6 +205,9 @@ class PipelineTrainer {
   // (Note [Reads to the host ahead of use]).
   std::vector<std::unique_ptr<comm::PendingSend>> pending_;
   std::vector<ops::PendingScalar> pending_lm_;
+  // The last stage's MTP modules' losses of the step, each weighted by mtp_weight_.
+  std::vector<ops::PendingScalar> pending_mtp_;
+  double mtp_weight_ = 0;
   // Each forward's layers' aux losses: its micro-batch, its stage's first layer, the losses.
   struct PendingAux {
     int64_t microbatch, first_layer;

@@ -45,7 +45,8 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
   // Each micro-batch's losses, summed in order at the end (Note [Reads to the host ahead of use]):
   // the host does not wait for the GPU between micro-batches.
   std::vector<ops::PendingScalar> lm_losses;
-  std::vector<std::vector<ops::PendingScalar>> aux_losses;
+  std::vector<std::vector<ops::PendingScalar>> aux_losses, mtp_losses;
+  double mtp_weight = 0;
   for (int64_t mb = 0; mb < num_mb; ++mb) {
     MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, mb);
     ctx.routing_key = model::routing_key(train_.seed, iteration, mb);
@@ -56,13 +57,16 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
     chunk_->backward(state, ctx);
     lm_losses.push_back(state.pending_lm_loss);
     aux_losses.push_back(std::move(state.aux_losses));
+    mtp_losses.push_back(std::move(state.mtp_losses));
+    mtp_weight = state.mtp_weight;
   }
   TANDEM_ASSERT(merged.idle(), "an expert weight gradient still waits at the step's end");
   for (int64_t mb = 0; mb < num_mb; ++mb) {
     r.lm_loss += lm_losses[mb].get() / static_cast<double>(num_mb);
     r.aux_loss += model::sum_aux_losses(aux_losses[mb]) / static_cast<double>(num_mb);
+    r.mtp_loss += mtp_weight * model::sum_aux_losses(mtp_losses[mb]) / static_cast<double>(num_mb);
   }
-  r.loss = r.lm_loss + r.aux_loss;
+  r.loss = r.lm_loss + r.aux_loss + r.mtp_loss;
   r.tokens = train_.global_batch_size * model_.seq_length;
   return r;
 }

@@ -19,9 +19,12 @@ enum class StepStatus : uint8_t { kApplied, kSkipped };
 struct StepResult {
   int64_t iteration = 0;  // 1-based, after the step
   StepStatus status = StepStatus::kApplied;
-  double loss = 0;       // mean over micro-batches of (lm_loss + aux_loss)
-  double lm_loss = 0;    // mean cross-entropy
-  double aux_loss = 0;   // mean of the summed router aux losses
+  double loss = 0;      // mean over micro-batches of (lm_loss + aux_loss + mtp_loss)
+  double lm_loss = 0;   // mean cross-entropy
+  double aux_loss = 0;  // mean of the summed router aux losses
+  // --mtp-num-layers: mean of the MTP term, mtp-loss-scaling-factor x the modules' mean
+  // cross-entropy (docs/model.md "Multi-token prediction"); 0 without.
+  double mtp_loss = 0;
   double grad_norm = 0;  // before clipping
   double lr = 0;
   int64_t tokens = 0;

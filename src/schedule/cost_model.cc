@@ -64,6 +64,9 @@ int64_t p2p_bytes(const ModelConfig& cfg, const FootprintShape& s) {
   return s.tokens * cfg.hidden_size * s.elem_bytes;
 }
 
+static void add_mtp_work(NodeWork& out, const ModelConfig& cfg, const FootprintShape& s, int64_t ep,
+                         int64_t w);
+
 // Matrix FLOPs count 2 per multiply-add; the attention core is causal (half of T x T).
 // Bytes: the weights once (w each) plus each activation tensor the node produces written once
 // and read once, and its input read (e each): an estimate good to a small factor, which is
@@ -122,9 +125,39 @@ NodeWork node_forward_work(NodeKind kind, const ModelConfig& cfg, const Footprin
     case NodeKind::kLoss:
       out.flops = 2 * n * h * v;
       out.memory_bytes = (h * v + h) * wb + n * (2 * h + 2 * v) * e;
+      add_mtp_work(out, cfg, s, ep, w);
       break;
   }
   return out;
+}
+
+// The MTP modules the loss node runs (model/mtp.cc): each its embedding rows, three norms, eh_proj
+// [N, 2H] x [2H, H], its transformer layer (the model's last layer's kind) and the shared head
+// over its rows with a target.
+static void add_mtp_work(NodeWork& out, const ModelConfig& cfg, const FootprintShape& s, int64_t ep,
+                         int64_t w) {
+  const double n = dbl(s.tokens), h = dbl(cfg.hidden_size), v = dbl(cfg.vocab_size);
+  const double e = dbl(s.elem_bytes), wb = dbl(w);
+  FootprintShape ls = s;
+  ls.moe_layer = cfg.is_moe_layer(cfg.num_layers);
+  std::vector<NodeKind> kinds = {NodeKind::kAttention};
+  if (!ls.moe_layer) {
+    kinds.push_back(NodeKind::kMlp);
+  } else {
+    kinds.insert(kinds.end(), {NodeKind::kDispatch, NodeKind::kExperts, NodeKind::kCombine});
+    if (cfg.has_shared_expert()) kinds.push_back(NodeKind::kSharedExpert);
+  }
+  for (int64_t j = 0; j < cfg.mtp_num_layers; ++j) {
+    const double nv = n * dbl(cfg.seq_length - j - 1) / dbl(cfg.seq_length);
+    out.flops += 2 * n * 2 * h * h + 2 * nv * h * v;
+    out.memory_bytes += (2 * h * h + 3 * h) * wb + n * 12 * h * e + nv * 2 * v * e;
+    for (NodeKind k : kinds) {
+      const NodeWork part = node_forward_work(k, cfg, ls, ep, w);
+      out.flops += part.flops;
+      out.memory_bytes += part.memory_bytes;
+      out.comm_bytes += part.comm_bytes;
+    }
+  }
 }
 
 NodePhaseTimes node_times(const CostModel& cost, NodeKind kind, const ModelConfig& cfg,

@@ -11,6 +11,15 @@ namespace {
 
 constexpr int64_t kFp32 = 4;
 
+int64_t layer_params(const ModelConfig& cfg, int64_t ep, int64_t l);
+
+// The MTP modules' weights (model/parameters.cc): each its enorm, hnorm and final norm, eh_proj
+// [H, 2H] and a layer of the model's last layer's kind.
+static int64_t mtp_params(const ModelConfig& cfg, int64_t ep) {
+  const int64_t h = cfg.hidden_size;
+  return cfg.mtp_num_layers * (3 * h + 2 * h * h + layer_params(cfg, ep, cfg.num_layers));
+}
+
 // The weights a node is the first to read (StageNode::params), in Parameters::build_entries'
 // order: a layer's attention side (norms, projections, router) then its experts' or mlp's.
 int64_t node_params(NodeKind kind, const ModelConfig& cfg, int64_t ep, bool moe_layer) {
@@ -40,8 +49,8 @@ int64_t node_params(NodeKind kind, const ModelConfig& cfg, int64_t ep, bool moe_
       return 3 * h * cfg.moe_shared_expert_intermediate_size + (cfg.moe_shared_expert_gate ? h : 0);
     case NodeKind::kMlp:
       return 3 * h * f;
-    case NodeKind::kLoss:
-      return h + h * cfg.vocab_size;
+    case NodeKind::kLoss:  // the final norm, the LM head and the MTP modules
+      return h + h * cfg.vocab_size + mtp_params(cfg, ep);
     default:
       return 0;  // dispatch and combine read no weights
   }
@@ -111,6 +120,15 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
   TANDEM_CHECK(in.expert_parallel_size >= 1, "--expert-model-parallel-size ",
                in.expert_parallel_size, " is invalid: need at least 1");
   check_expert_split(cfg, in.expert_parallel_size);  // Note [Layout rules] in core/config.h
+  check_mtp_layout(cfg, sch.num_stages);
+  bool paired = false;
+  for (const std::vector<Action>& rank : sch.ranks) {
+    for (const Action& a : rank) {
+      paired =
+          paired || a.kind == ActionKind::kForwardBackward || a.kind == ActionKind::kForwardForward;
+    }
+  }
+  check_mtp_overlap(cfg, in.expert_parallel_size, paired);
   TANDEM_CHECK(in.moe_wgrad_merge >= 1, "--moe-wgrad-merge ", in.moe_wgrad_merge,
                " is invalid: need at least 1 (micro-batches per expert weight-gradient product)");
   (void)resolved_data_parallel_size(in);  // checks it
@@ -317,7 +335,7 @@ int64_t stage_params(const ModelConfig& cfg, int32_t first_layer, int32_t num_la
   int64_t n = 0;
   for (int32_t l = first_layer; l < first_layer + num_layers; ++l) n += layer_params(cfg, ep, l);
   if (first) n += cfg.vocab_size * cfg.hidden_size;
-  if (last) n += cfg.hidden_size + cfg.hidden_size * cfg.vocab_size;
+  if (last) n += node_params(NodeKind::kLoss, cfg, ep, false);  // the head and MTP modules
   return n;
 }
 

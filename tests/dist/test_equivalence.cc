@@ -1,5 +1,6 @@
 // Every schedule and parallel layout (PP up to 4, EP up to 4, PP2 x EP4 on 8 ranks), for a dense,
-// a Mixtral-like, a Qwen3-MoE-like and a Qwen2-MoE-like model, against the single-rank sequential
+// a Mixtral-like, a Qwen3-MoE-like and a Qwen2-MoE-like model (and one with MTP modules on the
+// layouts of one stage), against the single-rank sequential
 // reference: the same
 // global batch gives the same loss and the same gradient for every parameter (compared by its
 // Hugging Face name). fp64. Oracle: runtime::ReferenceTrainer on one rank, computed on every rank.
@@ -45,7 +46,8 @@ enum class Model : uint8_t {
   kDeepseekV3,
   kMoeDropping,
   kMoePadded,
-  kV3Routing
+  kV3Routing,
+  kMtp
 };
 
 ModelConfig tiny(bool moe);
@@ -69,7 +71,10 @@ ModelConfig tiny(Model model) {
     return d;
   }
   ModelConfig r = m;
-  if (model == Model::kMoeDropping) {
+  if (model == Model::kMtp) {  // two MTP modules of MoE layers, with the router's losses
+    r.mtp_num_layers = 2;
+    r.moe_z_loss_coeff = 0.01;
+  } else if (model == Model::kMoeDropping) {
     r.moe_expert_capacity_factor = 0.75;
     r.moe_router_load_balancing_type = "seq_aux_loss";
     r.moe_z_loss_coeff = 0.01;
@@ -102,6 +107,8 @@ const char* model_name(Model m) {
       return "moe padded to a capacity, forced balance";
     case Model::kV3Routing:
       return "deepseek-v3 aux loss, z-loss, padded capacity";
+    case Model::kMtp:
+      return "moe with two MTP modules";
   }
   return "?";
 }
@@ -331,6 +338,19 @@ TEST(Equivalence, MoePaddedToACapacityWithForcedBalanceEverySchedule) {
 }
 TEST(Equivalence, DeepseekV3RoutingLossesAndCapacityEverySchedule) {
   run_matrix(Model::kV3Routing);
+}
+
+// Multi-token prediction (docs/model.md "Multi-token prediction") on one pipeline stage (the
+// modules read the embedding the first stage holds): every schedule of one stage and every
+// expert split the world allows, the modules' MoE layers' all-to-alls run inside the loss node
+// (combined-1f1b with expert ranks is refused: check_mtp_overlap).
+TEST(Equivalence, MtpEveryExpertSplit) {
+  const int ran = testing::for_each_layout(true, [&](const testing::Layout& l, int dp) {
+    if (l.pp != 1 || l.v != 1) return false;
+    if (l.ep > 1 && l.kind == schedule::ScheduleKind::kCombined1f1b) return false;
+    return run_case({Model::kMtp, l.pp, l.ep, l.v, l.kind, l.pair_first_forwards}, dp);
+  });
+  EXPECT_GT(ran, 0);
 }
 
 // global_aux_loss: Megatron-LM's statistics are the running mean over the step's micro-batches

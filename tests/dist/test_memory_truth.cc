@@ -355,6 +355,24 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithExpertCapacity) {
   EXPECT_GE(c.schedules, g_world->size() == 1 ? 10 : 12);
 }
 
+// Multi-token prediction (its modules inside the loss node, their MoE layers' state and the
+// shared head's among its saved bytes): one pipeline stage (the modules need the embedding), the
+// world data-parallel, with one expert rank, and with two where the experts' inputs are padded
+// to their capacity (the measured routing the plan takes covers the model's layers, not the
+// modules': with expert ranks and no padding their rows are planned balanced).
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithMtp) {
+  ModelConfig m = truth_model();
+  m.mtp_num_layers = 2;
+  m.moe_z_loss_coeff = 0.01;
+  int checked = check_layout(m, 1, g_world->size(), 1).schedules;
+  if (g_world->size() % 2 == 0) {
+    m.moe_expert_capacity_factor = 1.5;
+    m.moe_pad_expert_input_to_capacity = true;
+    checked += check_layout(m, 1, g_world->size(), 2).schedules;
+  }
+  EXPECT_GE(checked, 3);
+}
+
 // Two MoE layers of four experts: a combined step of a few micro-batches in moments.
 ModelConfig two_moe_layers() {
   ModelConfig m;

@@ -1,7 +1,7 @@
 // The whole-model gradient check of tests/model: every parameter tensor's gradient against fp64
 // central finite differences of the loss (lm loss + the router's losses) computed by the same
 // forward. Routing is piecewise constant, so the perturbation is kept far below the smallest gap
-// between router logits of the batch.
+// between router logits of the batch. With --mtp-num-layers the loss adds the MTP term.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -41,7 +41,7 @@ inline double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor&
   // neither forms nor accumulates gradients (the analytic run, with `keep`, does).
   if (keep == nullptr) c.grads = nullptr;
   chunk.forward(mb, c);
-  const double loss = mb.lm_loss() + mb.aux_loss();
+  const double loss = mb.lm_loss() + mb.aux_loss() + mb.mtp_loss();
   if (keep) *keep = std::move(mb);
   return loss;
 }

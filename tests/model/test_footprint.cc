@@ -13,7 +13,9 @@ namespace {
 
 // kMoeLosses: a z-loss and seq_aux_loss (their statistics kept); kMoePadded and kMoeDropped: an
 // expert capacity with and without padding (Note [Expert capacity] in core/footprint.h);
-// kDeepseekV3Global: global_aux_loss and a z-loss with a padded capacity on the sigmoid router.
+// kDeepseekV3Global: global_aux_loss and a z-loss with a padded capacity on the sigmoid router;
+// kMtp*: multi-token prediction modules in the loss node (two, or DeepSeek-V3's one of MoE with
+// shared experts).
 enum class Model : uint8_t {
   kDense,
   kMoe,
@@ -24,7 +26,10 @@ enum class Model : uint8_t {
   kMoeLosses,
   kMoePadded,
   kMoeDropped,
-  kDeepseekV3Global
+  kDeepseekV3Global,
+  kMtpDense,
+  kMtpMoe,
+  kMtpDeepseekV3
 };
 
 struct Case {
@@ -68,6 +73,18 @@ ModelConfig config_of(Model m) {
       c.moe_z_loss_coeff = 0.01;
       c.moe_expert_capacity_factor = 1;
       c.moe_pad_expert_input_to_capacity = true;
+      return c;
+    }
+    case Model::kMtpDense:
+    case Model::kMtpMoe: {
+      ModelConfig c = testing::tiny_config(m == Model::kMtpMoe);
+      c.mtp_num_layers = 2;
+      c.moe_z_loss_coeff = 0.01;
+      return c;
+    }
+    case Model::kMtpDeepseekV3: {
+      ModelConfig c = testing::tiny_deepseek_v3_config(5);
+      c.mtp_num_layers = 1;
       return c;
     }
   }
@@ -165,17 +182,19 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
 
 INSTANTIATE_TEST_SUITE_P(
     All, FootprintTest,
-    ::testing::Values(Case{Model::kDense, DType::kF32}, Case{Model::kMoe, DType::kF32},
-                      Case{Model::kMoe, DType::kF64}, Case{Model::kDense, DType::kF32, true},
-                      Case{Model::kMoe, DType::kF64, true}, Case{Model::kQwen3, DType::kF32},
-                      Case{Model::kQwen3, DType::kF64, true}, Case{Model::kQwen2, DType::kF32},
-                      Case{Model::kQwen2, DType::kF64, true}, Case{Model::kDeepseekV3, DType::kF32},
-                      Case{Model::kDeepseekV3, DType::kF64},
-                      Case{Model::kDeepseekV3NoQ, DType::kF32},
-                      Case{Model::kMoeLosses, DType::kF32}, Case{Model::kMoePadded, DType::kF32},
-                      Case{Model::kMoeDropped, DType::kF64},
-                      Case{Model::kMoeDropped, DType::kF32, true},
-                      Case{Model::kDeepseekV3Global, DType::kF32}));
+    ::testing::Values(
+        Case{Model::kDense, DType::kF32}, Case{Model::kMoe, DType::kF32},
+        Case{Model::kMoe, DType::kF64}, Case{Model::kDense, DType::kF32, true},
+        Case{Model::kMoe, DType::kF64, true}, Case{Model::kQwen3, DType::kF32},
+        Case{Model::kQwen3, DType::kF64, true}, Case{Model::kQwen2, DType::kF32},
+        Case{Model::kQwen2, DType::kF64, true}, Case{Model::kDeepseekV3, DType::kF32},
+        Case{Model::kDeepseekV3, DType::kF64}, Case{Model::kDeepseekV3NoQ, DType::kF32},
+        Case{Model::kMoeLosses, DType::kF32}, Case{Model::kMoePadded, DType::kF32},
+        Case{Model::kMoeDropped, DType::kF64}, Case{Model::kMoeDropped, DType::kF32, true},
+        Case{Model::kDeepseekV3Global, DType::kF32}, Case{Model::kMtpDense, DType::kF32},
+        Case{Model::kMtpDense, DType::kF32, true}, Case{Model::kMtpMoe, DType::kF64},
+        Case{Model::kMtpMoe, DType::kF32, true}, Case{Model::kMtpDeepseekV3, DType::kF32},
+        Case{Model::kMtpDeepseekV3, DType::kF64, true}));
 
 TEST(LossNode, LogitsFreedRightAfterLossBackward) {
   const ModelConfig cfg = testing::tiny_config(true);
