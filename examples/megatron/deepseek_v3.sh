@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # DeepSeek-V3 with the options of Megatron-LM's DeepSeek-V3 recipes: multi-head latent attention
 # with YaRN, the sigmoid router with its expert bias, groups and scaling, the sequence-level
-# load-balancing loss, shared experts, the first layers dense; expert-parallel over the ranks,
-# on mock data. (Multi-token prediction, --mtp-num-layers, is left out of the shrunken run.)
+# load-balancing loss, shared experts, the first layers dense, one multi-token prediction
+# module; expert-parallel over the ranks, on mock data.
 set -euo pipefail
 source "$(dirname "$0")/common.sh"
 LAYERS=$(shrink 61 3)
@@ -38,6 +38,8 @@ MODEL_ARGS=(
   --hidden-dropout 0.0
   --init-method-std 0.008
   --vocab-size "$(shrink 129280 256)"
+  --mtp-num-layers 1
+  --mtp-loss-scaling-factor 0.1
 )
 MOE_ARGS=(
   --num-experts "$(shrink 256 8)"

@@ -267,6 +267,9 @@ void canonical_model(ModelConfig& m) {
     } catch (const Error&) {
     }
   }
+  // Multi-latent attention's head widths are --qk-head-dim, --qk-pos-emb-head-dim and
+  // --v-head-dim; Megatron-LM's recipes pass --kv-channels too, which MLA does not read.
+  if (m.multi_latent_attention) m.kv_channels = 0;
   if (m.kv_channels > 0 && m.num_attention_heads > 0 &&
       m.hidden_size % m.num_attention_heads == 0 &&
       m.kv_channels == m.hidden_size / m.num_attention_heads) {

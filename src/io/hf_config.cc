@@ -433,6 +433,7 @@ void read_deepseek_v3(const ConfigReader& r, ModelConfig& m) {
                            "; DeepSeek-V3's head_dim is qk_rope_head_dim (" +
                            std::to_string(m.qk_pos_emb_head_dim) + ")");
   }
+  m.kv_channels = 0;  // MLA's head widths are the three above; kv-channels has no part in it
   r.expect_false("attention_bias", "no biases in attention");
   m.num_experts = r.integer("n_routed_experts", 256);
   if (m.num_experts < 1) r.fail("n_routed_experts", "is below 1; a MoE model has experts");
@@ -561,6 +562,12 @@ std::string hf_config_json(const ModelConfig& model) {
   for (const FamilyKey& key : family_keys(f)) {  // Note [config.json keys]
     const ModelField& field = field_named(key.option);
     std::visit([&](auto member) { j[field.hf_key] = model.*member; }, field.member);
+  }
+  // transformers takes YaRN's factor as max_position_embeddings / original_max_position_embeddings
+  // (read_yarn): the span YaRN stretches to, whatever length the run trains at.
+  if (model.rope_type == "yarn") {
+    j["max_position_embeddings"] = std::llround(
+        model.rotary_scaling_factor * static_cast<double>(model.rope_original_max_position));
   }
   // DeepseekV3Config's head_dim is the RoPE part's width.
   j["head_dim"] = model.multi_latent_attention ? model.qk_pos_emb_head_dim : model.head_dim();

@@ -628,6 +628,9 @@ CheckpointInfo inspect_checkpoint(const std::string& dir) {
   for (const std::string& key : io::hf_config_unwritten_fields(info.model_config)) {
     model[key] = recorded[key];
   }
+  // A YaRN model's max_position_embeddings is the span YaRN stretches to (factor times the
+  // original positions, as transformers reads it), not the length the run trained at.
+  if (info.model_config.rope_type == "yarn") model["seq_length"] = recorded["seq_length"];
   info.model_config = model_config_from_json(model, state_path + ": 'model': ");
   const Json in_config = config_to_json(info.model_config);
   for (const auto& [key, value] : in_config.items()) {

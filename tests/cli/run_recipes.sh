@@ -20,7 +20,9 @@ for r in "${recipes[@]}"; do
     echo "FAILED: $r (resumed run)"; tail -20 "$log.2"; failed=1; continue
   fi
   grep -q "resumed from .*iter_0000003 at iteration 3" "$log.2" || { echo "FAILED: $r did not resume"; cat "$log.2"; failed=1; }
-  echo "ok: $r: $(grep -c 'iteration' "$log") + $(grep -c 'iteration' "$log.2") log lines"
+  steps="$(grep -c '^iter ' "$log") + $(grep -c '^iter ' "$log.2")"
+  [ "$steps" = "3 + 2" ] || { echo "FAILED: $r logged $steps steps, not 3 + 2"; cat "$log" "$log.2"; failed=1; }
+  echo "ok: $r: $steps steps logged"
   rm -rf "$out"
 done
 exit $failed

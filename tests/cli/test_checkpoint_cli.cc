@@ -102,7 +102,8 @@ TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
 // resumes from what the first saved there.
 TEST(CheckpointProgram, LoadOfADirectoryNotWrittenYetStartsFresh) {
   TempDir work, capture;
-  std::vector<std::string> first = tiny({"--train-iters", "2", "--load", "run", "--save", "run"});
+  std::vector<std::string> first =
+      tiny({"--train-iters", "2", "--lr-decay-iters", "4", "--load", "run", "--save", "run"});
   first.erase(std::find(first.begin(), first.end(), "--quiet"));
   RunResult r = run_tandem(first, work.path(), capture.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
