@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, capacity, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d, offload),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, capacity, recipes, preflight, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d, offload),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -252,6 +252,18 @@ PY
       done
       [ "${PEERS:-1}" = 0 ] && continue
       timeout 500 python3 devrun/hf_peer.py --compile --steps ${PEER_STEPS:-5} --warmup-steps 3 2> /tmp/peer_d.err | grep -E "RESULT|warm-up" | tee -a "$OUT/d.txt"; tail -3 /tmp/peer_d.err ;;
+    recipes)
+      # Megatron-LM's recipes of examples/megatron/ (docs/megatron.md), shrunk, as written on one
+      # GPU and on the CPU from the same seed: the first step's losses side by side (bf16 on
+      # the GPU against fp32 on the CPU), then each run's log lines.
+      for r in llama3_8b mixtral_8x7b qwen3_30b_a3b deepseek_v3; do
+        for dev in cuda cpu; do
+          d=$(mktemp -d)
+          OUT_DIR=$d TANDEM=$B/tandem NPROC=1 DEVICE=$dev TRAIN_ITERS=4 timeout 150 bash examples/megatron/$r.sh > /tmp/rec_${r}_$dev.log 2>&1
+          echo "recipe $r on $dev rc=$? first step: $(grep -m1 '^iter 1/' /tmp/rec_${r}_$dev.log)" | tee -a "$OUT/recipes.txt"
+        done
+        grep -E "^iter|error" /tmp/rec_${r}_cuda.log | tee -a "$OUT/recipes.txt"
+      done ;;
     preflight)
       # The pre-flight memory gate (docs/memory.md): shape (d) at 16 layers plans more than one
       # GPU holds; it must stop with exit 2 within seconds, before the GPU holds any of the model.
