@@ -81,6 +81,8 @@ TRAINING_ARGS=(
   --expert-model-parallel-size "$NPROC"
   --expert-tensor-parallel-size 1
   --context-parallel-size 1
+  --recompute-granularity selective
+  --recompute-modules mla_up_proj moe_act layernorm
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather

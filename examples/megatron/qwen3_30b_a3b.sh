@@ -61,6 +61,9 @@ TRAINING_ARGS=(
   --pipeline-model-parallel-size 1
   --expert-model-parallel-size "$NPROC"
   --expert-tensor-parallel-size 1
+  --recompute-granularity full
+  --recompute-method uniform
+  --recompute-num-layers 1
   --use-distributed-optimizer
   --overlap-grad-reduce
   --overlap-param-gather

@@ -3,6 +3,7 @@
 #include "cli/megatron_options.h"
 
 #include <CLI/CLI.hpp>
+#include <algorithm>
 #include <cerrno>
 #include <climits>
 #include <cstdlib>
@@ -24,8 +25,19 @@ const char* const kFp8 =
     "FP8 training is not in tandem yet; train in bf16 (--device cuda) and leave the FP8 options "
     "out";
 const char* const kRecompute =
-    "tandem recomputes the experts' SwiGLU (--recompute-experts) and moves saved tensors to the "
-    "host (--offload-activations); Megatron-LM's recompute options are not in tandem yet";
+    "what a step keeps for its backward, not its values: moe_act is tandem's --recompute-experts, "
+    "core_attn what tandem's attention keeps anyway; tandem keeps the other activations, and "
+    "its planned memory counts them";
+
+// --recompute-modules' names (Megatron-LM's TransformerConfig.recompute_modules).
+const std::vector<std::string> kRecomputeModules = {
+    "core_attn", "moe_act", "layernorm", "mla_up_proj", "mlp", "moe", "shared_experts"};
+
+std::string join(const std::vector<std::string>& words) {
+  std::string out;
+  for (const std::string& w : words) out += (out.empty() ? "" : ", ") + w;
+  return out;
+}
 
 }  // namespace
 
@@ -257,12 +269,15 @@ const std::vector<MegatronOption>& megatron_options() {
       {"first-last-layers-bf16", false, kRefused, {}, kFp8},
       {"num-layers-at-start-in-bf16", true, kRefused, {}, kFp8},
       {"num-layers-at-end-in-bf16", true, kRefused, {}, kFp8},
-      {"recompute-granularity", true, kRefused, {}, kRecompute},
-      {"recompute-method", true, kRefused, {}, kRecompute},
-      {"recompute-num-layers", true, kRefused, {}, kRecompute},
-      {"recompute-modules", true, kRefused, {}, kRecompute},
-      {"recompute-activations", false, kRefused, {}, kRecompute},
-      {"moe-layer-recompute", false, kRefused, {}, kRecompute},
+      // Recomputation changes what a step keeps, never its values (docs/megatron.md
+      // "Recomputation"); apply_megatron_options takes moe_act as --recompute-experts and
+      // megatron_recompute_note names what tandem keeps instead.
+      {"recompute-granularity", true, kOnly, {"selective", "full"}, kRecompute},
+      {"recompute-method", true, kOnly, {"uniform", "block"}, kRecompute},
+      {"recompute-num-layers", true, kNeutral, {}, kRecompute},
+      {"recompute-modules", true, kAlias, {}, kRecompute, true},
+      {"recompute-activations", false, kAlias, {}, kRecompute},
+      {"moe-layer-recompute", false, kNeutral, {}, kRecompute},
       {"decoupled-lr",
        true,
        kRefused,
@@ -302,7 +317,19 @@ void add_megatron_options(CLI::App& app, std::map<std::string, std::string>& giv
       help += " (accepted: " + values + ")";
     }
     CLI::Option* o = nullptr;
-    if (m.takes_value) {
+    if (m.list) {
+      o = app.add_option_function<std::vector<std::string>>(
+          flag,
+          [&given, name = std::string(m.name)](const std::vector<std::string>& v) {
+            std::string joined;
+            for (const std::string& x : v) joined += (joined.empty() ? "" : " ") + x;
+            given[name] = joined;
+          },
+          help);
+      o->expected(1, -1);
+      o->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);  // Note [Repeated options]
+      o->type_name("NAME ...");
+    } else if (m.takes_value) {
       o = app.add_option_function<std::string>(
           flag, [&given, name = std::string(m.name)](const std::string& v) { given[name] = v; },
           help);
@@ -375,6 +402,18 @@ void apply_megatron_options(RunOptions& o, const Origins& origins) {
                  (o.model.vocab_size + n - 1) / n * n,
                  " rows); give a --vocab-size that is a multiple (docs/megatron.md)");
   }
+  for (const std::string& module : recompute_modules(given)) {
+    TANDEM_CHECK(std::find(kRecomputeModules.begin(), kRecomputeModules.end(), module) !=
+                     kRecomputeModules.end(),
+                 "--recompute-modules ", module,
+                 " is not a module Megatron-LM recomputes; valid: ", join(kRecomputeModules));
+    if (module == "moe_act") {
+      TANDEM_CHECK(!was_given(origins, "recompute-experts") || o.train.recompute_experts,
+                   "--recompute-modules moe_act is --recompute-experts, which is given as false: "
+                   "give one of them");
+      o.train.recompute_experts = true;
+    }
+  }
   if (given.count("overlap-moe-expert-parallel-comm") > 0) {
     TANDEM_CHECK(!was_given(origins, "schedule") || o.parallel.schedule == "combined-1f1b",
                  "--overlap-moe-expert-parallel-comm is --schedule combined-1f1b, but --schedule ",
@@ -392,6 +431,45 @@ void apply_megatron_options(RunOptions& o, const Origins& origins) {
                  " pipeline stages");
     o.parallel.virtual_pipeline_model_parallel_size = layers / (pp * n);
   }
+}
+
+std::vector<std::string> recompute_modules(const std::map<std::string, std::string>& given) {
+  const auto granularity = given.find("recompute-granularity");
+  const bool selective = given.count("recompute-activations") > 0 ||
+                         (granularity != given.end() && granularity->second == "selective");
+  if (!selective) return {};
+  const auto modules = given.find("recompute-modules");
+  if (modules == given.end()) return {"core_attn"};  // Megatron-LM's default
+  std::vector<std::string> out;
+  std::string word;
+  for (char c : modules->second + " ") {
+    if (c == ' ' || c == ',') {
+      if (!word.empty()) out.push_back(word);
+      word.clear();
+    } else {
+      word += c;
+    }
+  }
+  return out;
+}
+
+std::string megatron_recompute_note(const std::map<std::string, std::string>& given) {
+  std::string kept;
+  const auto granularity = given.find("recompute-granularity");
+  if (granularity != given.end() && granularity->second == "full") {
+    kept = "whole layers (--recompute-granularity full)";
+  }
+  if (given.count("moe-layer-recompute") > 0) {
+    kept += std::string(kept.empty() ? "" : ", ") + "the MoE layers (--moe-layer-recompute)";
+  }
+  for (const std::string& module : recompute_modules(given)) {
+    if (module == "core_attn" || module == "moe_act") continue;
+    kept += std::string(kept.empty() ? "" : ", ") + module;
+  }
+  if (kept.empty()) return "";
+  return "note: Megatron-LM would recompute " + kept +
+         " in the backward; tandem keeps those activations (the same values; its planned memory "
+         "counts them, docs/megatron.md)";
 }
 
 std::string megatron_model_note(const std::map<std::string, std::string>& given) {

@@ -33,6 +33,8 @@ struct MegatronOption {
   std::vector<std::string> only;
   // Why it is neutral, what it does (alias), or what to use instead (refused).
   const char* note;
+  // Takes one or more values (Megatron-LM's nargs='+'); `given` holds them space-separated.
+  bool list = false;
 };
 
 // Every row, in docs/megatron.md's order.
@@ -55,6 +57,14 @@ void add_megatron_options(CLI::App& app, std::map<std::string, std::string>& giv
 // Then the aliases: their tandem settings, unless a setting they set was given (then both must
 // agree). `origins` says which settings were given.
 void apply_megatron_options(RunOptions& o, const Origins& origins);
+
+// The --recompute-modules of a selective recomputation (--recompute-granularity selective or
+// --recompute-activations; Megatron-LM's default core_attn when none is named); empty otherwise.
+std::vector<std::string> recompute_modules(const std::map<std::string, std::string>& given);
+
+// A line naming what Megatron-LM would recompute and tandem keeps (whole layers, MoE layers,
+// modules other than core_attn and moe_act); empty when nothing.
+std::string megatron_recompute_note(const std::map<std::string, std::string>& given);
 
 // A line for stderr when Megatron-LM's options are in use but some of megatron_model_markers()
 // are not: what Megatron-LM would build without them and what tandem builds. Empty otherwise.

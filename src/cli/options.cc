@@ -315,6 +315,18 @@ void latent_norms(ModelConfig& m, const Origins& origins) {
 
 void validate_run_options(const RunOptions& o) {
   validate_layout(o.model, o.train, o.parallel);
+  // Megatron-LM scores an expert group by the sum of its top topk // group-topk scores;
+  // transformers' DeepSeek-V3, and tandem's router, by its top 2. The two agree (DeepSeek-V3's
+  // 8 and 4) where that quotient is 2; other values would route differently from Megatron-LM.
+  const ModelConfig& m = o.model;
+  TANDEM_CHECK(m.moe_router_num_groups == 0 ||
+                   m.moe_router_topk / std::max<int64_t>(m.moe_router_group_topk, 1) == 2,
+               "--moe-router-topk ", m.moe_router_topk, " with --moe-router-group-topk ",
+               m.moe_router_group_topk,
+               ": Megatron-LM scores each group by its best topk // group-topk experts (here ",
+               m.moe_router_topk / std::max<int64_t>(m.moe_router_group_topk, 1),
+               "), tandem by its best 2 (as transformers' DeepSeek-V3); give a --moe-router-topk "
+               "of 2 x --moe-router-group-topk or 2 x --moe-router-group-topk + 1");
   TANDEM_CHECK(!o.log_throughput,
                "--log-throughput (Megatron-LM's TFLOP/s per GPU) is not supported: tandem counts "
                "no FLOPs per step; leave it out, the log line's tok/s is the run's throughput");

@@ -205,8 +205,9 @@ void run_train(const CLI::App& app, RunOptions& o) {
                 << " holds no checkpoint yet: the run starts from the initialisation"
                 << (o.save_dir.empty() ? "" : ", and --save writes to " + o.save_dir) << std::endl;
     }
-    if (const std::string note = megatron_model_note(o.megatron); !note.empty()) {
-      std::cout << "tandem train: " << note << std::endl;
+    for (const std::string& note :
+         {megatron_model_note(o.megatron), megatron_recompute_note(o.megatron)}) {
+      if (!note.empty()) std::cout << "tandem train: " << note << std::endl;
     }
     if (test) {
       std::cout << "tandem train: test on " << test->describe() << ": " << o.eval_iters

@@ -185,6 +185,34 @@ TEST(MegatronOptions, DocsListEveryRow) {
   }
 }
 
+// Recomputation changes what a step keeps, never its values: moe_act is --recompute-experts, the
+// rest is kept and named in a note; an unknown module exits 2 naming the valid ones.
+TEST(MegatronOptions, RecomputationIsTakenAndWhatTandemKeepsIsNamed) {
+  const RunOptions o = parse(moe({"--recompute-granularity", "selective", "--recompute-modules",
+                                  "moe_act", "layernorm", "mla_up_proj"}));
+  EXPECT_TRUE(o.train.recompute_experts);
+  EXPECT_EQ(o.megatron.at("recompute-modules"), "moe_act layernorm mla_up_proj");
+  const std::string note = megatron_recompute_note(o.megatron);
+  EXPECT_NE(note.find("recompute layernorm, mla_up_proj in the backward"), std::string::npos)
+      << note;
+  // Modules without a selective granularity are not recomputed (Megatron-LM reads them only
+  // then); core_attn, the default module, is what tandem's attention keeps anyway.
+  EXPECT_FALSE(parse(moe({"--recompute-modules", "moe_act"})).train.recompute_experts);
+  EXPECT_EQ(megatron_recompute_note({{"recompute-activations", ""}}), "");
+  EXPECT_NE(megatron_recompute_note({{"recompute-granularity", "full"}}).find("whole layers"),
+            std::string::npos);
+  const std::string e =
+      error_of(moe({"--recompute-granularity", "selective", "--recompute-modules", "attn"}));
+  EXPECT_NE(e.find("--recompute-modules attn is not a module"), std::string::npos) << e;
+  EXPECT_NE(e.find("shared_experts"), std::string::npos) << e;
+  EXPECT_NE(error_of(moe({"--recompute-granularity", "selective", "--recompute-modules", "moe_act",
+                          "--recompute-experts=false"}))
+                .find("give one of them"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--recompute-granularity", "block"}).find("selective, full"),
+            std::string::npos);
+}
+
 TEST(MegatronOptions, ModelNoteNamesWhatMegatronWouldBuildOtherwise) {
   EXPECT_EQ(megatron_model_note({}), "");  // no Megatron-LM option: nothing to say
   const std::string note = megatron_model_note({{"use-mcore-models", ""}, {"swiglu", ""}});
