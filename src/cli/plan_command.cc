@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -215,6 +216,10 @@ void finalize_plan_options(const CLI::App& app, PlanOptions& p) {
   TANDEM_CHECK(!p.routing.empty() || app.count("--routing-rank") == 0, "--routing-rank ",
                p.routing_rank, " needs --routing FILE");
   check_search_options(app, p.search, p.memory_limit);
+  // --svg NAME without an extension writes NAME.svg, the file a browser opens as a chart.
+  if (!p.svg.empty() && std::filesystem::path(p.svg).extension().empty() && p.svg.back() != '/') {
+    p.svg += ".svg";
+  }
 }
 
 void run_plan(const CLI::App& app, RunOptions& o, PlanOptions& p) {

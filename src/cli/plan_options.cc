@@ -131,8 +131,9 @@ Settings plan_settings(PlanOptions& p) {
            .scope = process},
           {.name = "svg",
            .ref = &p.svg,
-           .help = "write a Gantt chart with each rank's memory curve to FILE (an SVG; default: "
-                   "none)",
+           .help = "write a Gantt chart with each rank's memory curve, a time axis and a "
+                   "memory scale to FILE (an SVG; .svg is added to a name without an extension; "
+                   "default: none)",
            .metavar = "FILE",
            .scope = process},
           {.name = "write-schedule",

@@ -3,6 +3,7 @@
 // half a pixel are merged, so the file stays small for big schedules), and beneath them the
 // rank's memory curve (static + activations + in flight + workspace), all ranks on one byte scale.
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -95,6 +96,17 @@ void draw_stream(Canvas& c, const RankResult& r, const std::vector<Action>& list
   }
 }
 
+// Bytes as MiB below a GiB, else GiB.
+std::string byte_label(double bytes) {
+  char buf[32];
+  if (bytes < static_cast<double>(1 << 30)) {
+    std::snprintf(buf, sizeof buf, "%.1f MiB", bytes / (1 << 20));
+  } else {
+    std::snprintf(buf, sizeof buf, "%.2f GiB", bytes / (1 << 30));
+  }
+  return buf;
+}
+
 void draw_memory(Canvas& c, const RankResult& r, double y, double top_bytes) {
   const double base = static_cast<double>(r.static_memory.static_bytes());
   auto yv = [&](double bytes) { return y + kMem - (top_bytes > 0 ? bytes / top_bytes : 0) * kMem; };
@@ -123,10 +135,46 @@ void draw_memory(Canvas& c, const RankResult& r, double y, double top_bytes) {
   c.out += std::string("<line x1=\"") + std::to_string(kLeft) + "\" x2=\"" +
            std::to_string(kWidth - kRight) + "\" y1=\"" + buf + "\" y2=\"" + buf +
            "\" stroke=\"#999\" stroke-dasharray=\"3,3\"/>\n";
-  std::snprintf(buf, sizeof buf, "peak %.1f MiB", static_cast<double>(r.peak_bytes) / (1 << 20));
+  std::snprintf(buf, sizeof buf, "peak %s", byte_label(static_cast<double>(r.peak_bytes)).c_str());
   c.text(c.x(r.peak_time_s) + 3, yv(static_cast<double>(r.peak_bytes)) + 10, buf,
          "font-size=\"10\" fill=\"#e15759\"");
   c.text(4, y + kMem / 2 + 4, "memory", "font-size=\"11\"");
+  // The scale: the band runs from 0 at its foot to the largest rank's peak at its head.
+  c.text(kLeft - 4, y + kMem, "0", "font-size=\"9\" fill=\"#666\" text-anchor=\"end\"");
+  c.text(kLeft - 4, y + 9, byte_label(top_bytes),
+         "font-size=\"9\" fill=\"#666\" text-anchor=\"end\"");
+}
+
+// The time axis under the ranks: ticks 1, 2 or 5 times a power of ten apart, about ten over the
+// step, labelled in the plan's unit (ms for seconds; cost units for a uniform plan).
+void draw_time_axis(Canvas& c, double y, bool seconds) {
+  if (c.step <= 0) return;
+  const double scale = seconds ? 1e3 : 1.0;  // the labels' unit per plan unit
+  const double span = c.step * scale;
+  const double raw = span / 10;
+  const double decade = std::pow(10.0, std::floor(std::log10(raw)));
+  double tick = decade;
+  for (double m : {1.0, 2.0, 5.0, 10.0}) {
+    if (m * decade >= raw) {
+      tick = m * decade;
+      break;
+    }
+  }
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.1f", y);
+  c.out += std::string("<line x1=\"") + std::to_string(kLeft) + "\" x2=\"" +
+           std::to_string(kWidth - kRight) + "\" y1=\"" + buf + "\" y2=\"" + buf +
+           "\" stroke=\"#333\"/>\n";
+  for (int i = 0; i * tick <= span * (1 + 1e-9); ++i) {
+    const double px = c.x(i * tick / scale);
+    std::snprintf(buf, sizeof buf,
+                  "<line x1=\"%.1f\" x2=\"%.1f\" y1=\"%.1f\" y2=\"%.1f\" stroke=\"#333\"/>\n", px,
+                  px, y, y + 4);
+    c.out += buf;
+    std::snprintf(buf, sizeof buf, "%g", i * tick);
+    c.text(px, y + 14, buf, "font-size=\"9\" text-anchor=\"middle\"");
+  }
+  c.text(kLeft - 4, y + 14, seconds ? "ms" : "units", "font-size=\"9\" text-anchor=\"end\"");
 }
 
 }  // namespace
@@ -137,7 +185,8 @@ std::string plan_svg(const Plan& plan) {
   const bool reduce = plan.model.data_parallel_size > 1;
   const double rows = reduce ? 3 : 2;
   const double band = rows * kRow + kMem + kGap;
-  const double height = kTop + band * static_cast<double>(ranks.size()) + 30;
+  const double axis = kTop + band * static_cast<double>(ranks.size());
+  const double height = axis + 50;
   Canvas c{"", std::max(plan.sim.step_time_s, plan.sim.step_with_reduce_s)};
   char buf[512];
   std::snprintf(
@@ -168,6 +217,8 @@ std::string plan_svg(const Plan& plan) {
     }
     draw_memory(c, r, y + rows * kRow, top_bytes);
   }
+  const bool seconds = plan.inputs.cost.kind != CostModelKind::kUniform;
+  draw_time_axis(c, axis, seconds);
   std::snprintf(buf, sizeof buf, "step time %.6g %s%s", plan.sim.step_time_s,
                 plan.inputs.cost.kind == CostModelKind::kUniform ? "units" : "s",
                 reduce ? "; with the gradient all-reduce (yellow) to its end" : "");

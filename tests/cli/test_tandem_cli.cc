@@ -325,6 +325,11 @@ TEST(TandemProgram, PlanComparesEverySchedule) {
   EXPECT_NE(svg.err.find("--compare-schedules plans every built-in schedule"), std::string::npos)
       << svg.err;
   EXPECT_FALSE(fs::exists(work.path() / "x.svg"));
+  // A chart's name without an extension gets .svg, the file a browser opens as one.
+  const RunResult chart = run({"--svg", "chart"});
+  ASSERT_EQ(chart.exit_code, 0) << chart.err;
+  EXPECT_TRUE(fs::exists(work.path() / "chart.svg"));
+  EXPECT_FALSE(fs::exists(work.path() / "chart"));
 }
 
 }  // namespace

@@ -100,6 +100,12 @@ TEST(Export, SvgAndFiles) {
   EXPECT_NE(svg.find("rank 1 compute"), std::string::npos);
   EXPECT_NE(svg.find("(0F3;3B1)"), std::string::npos);  // a combined action's tooltip
   EXPECT_EQ(svg.substr(svg.size() - 7), "</svg>\n");
+  // The time axis in the plan's unit from 0, and each memory band's scale from 0 to the peak.
+  const bool uniform = plan.inputs.cost.kind == CostModelKind::kUniform;
+  EXPECT_NE(svg.find(uniform ? ">units</text>" : ">ms</text>"), std::string::npos);
+  EXPECT_NE(svg.find("text-anchor=\"middle\">0</text>"), std::string::npos);
+  EXPECT_NE(svg.find("text-anchor=\"end\">0</text>"), std::string::npos);
+  EXPECT_NE(svg.find(" MiB</text>"), std::string::npos);
   const std::string dir = ::testing::TempDir();
   write_svg(plan, dir + "/plan.svg");
   write_trace(plan, dir + "/plan.json");
