@@ -76,8 +76,8 @@ Settings train_settings(TrainConfig& t) {
           {.name = "decoupled-min-lr",
            .ref = &t.decoupled_min_lr,
            .help = "with --decoupled-lr: the learning rate the embedding's and output layer's "
-                   "decay ends at (default: --min-lr)",
-           .default_text = "none",
+                   "decay ends at",
+           .default_text = "--min-lr",
            .saved = Saved::kDefault,
            .in_every_checkpoint = false},
           {.name = "lr-decay-style",
