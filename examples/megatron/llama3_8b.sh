@@ -34,6 +34,8 @@ TRAINING_ARGS=(
   --train-iters "$TRAIN_ITERS"
   --lr 0.00015
   --min-lr 0.00001
+  --decoupled-lr 5.0e-4
+  --decoupled-min-lr 4.5e-5
   --lr-decay-style cosine
   --clip-grad 1.0
   --weight-decay 0.1

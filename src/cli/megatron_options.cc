@@ -278,13 +278,6 @@ const std::vector<MegatronOption>& megatron_options() {
       {"recompute-modules", true, kAlias, {}, kRecompute, true},
       {"recompute-activations", false, kAlias, {}, kRecompute},
       {"moe-layer-recompute", false, kNeutral, {}, kRecompute},
-      {"decoupled-lr",
-       true,
-       kRefused,
-       {},
-       "a learning rate of its own for the embedding and output layer is not in tandem yet; "
-       "leave it out (all weights then follow --lr)"},
-      {"decoupled-min-lr", true, kRefused, {}, "as --decoupled-lr"},
       {"apply-layernorm-1p",
        false,
        kRefused,

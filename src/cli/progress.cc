@@ -130,8 +130,10 @@ std::string format_log_line(const IterationRecord& r, int64_t total_iters) {
   std::string line = std::string(iter) + " | loss " + format_fixed(r.loss, 4) + " | lm loss " +
                      format_fixed(r.lm_loss, 4) + " | aux loss " + format_fixed(r.aux_loss, 4) +
                      (r.mtp_loss >= 0 ? " | mtp loss " + format_fixed(r.mtp_loss, 4) : "") +
-                     " | lr " + format_sci(r.lr) + " | grad norm " + format_fixed(r.grad_norm, 3) +
-                     " | " + format_rate(r.tokens_per_s) + " tok/s";
+                     " | lr " + format_sci(r.lr) +
+                     (r.decoupled_lr >= 0 ? " | decoupled lr " + format_sci(r.decoupled_lr) : "") +
+                     " | grad norm " + format_fixed(r.grad_norm, 3) + " | " +
+                     format_rate(r.tokens_per_s) + " tok/s";
   if (r.params_norm >= 0) line += " | params norm " + format_fixed(r.params_norm, 3);
   if (r.num_zeros_in_grad >= 0) {
     line += " | zeros in grad " + std::to_string(r.num_zeros_in_grad);
@@ -280,6 +282,7 @@ std::string to_json_line(const IterationRecord& r) {
     j["forward_backward_s"] = number(r.forward_backward_seconds);
   }
   if (r.mtp_loss >= 0) j["mtp_loss"] = number(r.mtp_loss);
+  if (r.decoupled_lr >= 0) j["decoupled_lr"] = number(r.decoupled_lr);
   return j.dump();
 }
 
@@ -289,6 +292,7 @@ std::vector<std::pair<std::string, double>> tensorboard_scalars(const IterationR
       {"train/aux_loss", r.aux_loss},   {"train/lr", r.lr},
       {"train/grad_norm", r.grad_norm}, {"train/tokens_per_s", r.tokens_per_s}};
   if (r.mtp_loss >= 0) out.emplace_back("train/mtp_loss", r.mtp_loss);
+  if (r.decoupled_lr >= 0) out.emplace_back("train/decoupled_lr", r.decoupled_lr);
   if (!r.mem_in_use_bytes.empty()) {
     out.emplace_back("memory/in_use_bytes", static_cast<double>(max_of(r.mem_in_use_bytes)));
   }

@@ -32,7 +32,10 @@ struct IterationRecord {
   // The MTP term (--mtp-num-layers: the scaling factor x the modules' mean loss), in loss too;
   // -1: none (left out of the log line, JSON and TensorBoard).
   double mtp_loss = -1;
-  double lr = 0;                               // learning rate used by this step
+  double lr = 0;  // learning rate used by this step
+  // --decoupled-lr: the embedding's and output layer's rate of this step; -1: not given (left out
+  // of the log line, JSON and TensorBoard).
+  double decoupled_lr = -1;
   double grad_norm = 0;                        // global gradient norm before clipping
   double step_seconds = 0;                     // wall time of this step
   double tokens_per_s = 0;                     // tokens of this step / step_seconds

@@ -276,6 +276,7 @@ IterationRecord gather_record(const RunOptions& o, const runtime::StepResult& r,
                               runtime::PipelineTrainer& trainer) {
   comm::Communicator& world = *trainer.groups().world;
   IterationRecord rec = to_record(r);
+  if (o.train.decoupled_lr >= 0) rec.decoupled_lr = r.decoupled_lr;
   gather_comm_seconds(rec, trainer, world);
   expert_rows_spread(rec, trainer);
   gather_memory(rec, r, world, !o.train.offload_activations.empty());

@@ -677,6 +677,8 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
   TANDEM_CHECK(lr > 0, "--lr ", lr, " is invalid: it must be > 0");
   for (const auto& [option, value] : {std::pair{"--lr", lr},
                                       {"--min-lr", min_lr},
+                                      {"--decoupled-lr", decoupled_lr},
+                                      {"--decoupled-min-lr", decoupled_min_lr},
                                       {"--weight-decay", weight_decay},
                                       {"--adam-beta1", adam_beta1},
                                       {"--adam-beta2", adam_beta2},

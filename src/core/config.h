@@ -264,6 +264,11 @@ struct TrainConfig {
   int64_t lr_wsd_decay_iters = -1;  // WSD's annealing iterations; -1: not given
   double lr_warmup_init = 0.0;      // the rate the warm-up starts from
   double lr_warmup_fraction = -1;   // the warm-up as a share of the decay; -1: not given
+  // --decoupled-lr / --decoupled-min-lr (Megatron-LM's): the peak and final rates of the input
+  // embedding and the output layer, on the same schedule as the rest
+  // (Note [Decoupled learning rate] in core/lr_schedule.h); -1: not given (then --lr, --min-lr).
+  double decoupled_lr = -1;
+  double decoupled_min_lr = -1;
   // --train-samples: a run by samples (0: by iterations); train_iters is then
   // train_samples / global_batch_size and the schedule's lengths are in samples.
   int64_t train_samples = 0;

@@ -45,18 +45,25 @@ double wsd_coefficient(LrWsdDecayStyle style, double s) {
 
 }  // namespace
 
-double lr_at(const TrainConfig& t, int64_t update) {
+double lr_at(const TrainConfig& t, int64_t update) { return lr_at(t, update, t.lr, t.min_lr); }
+
+double decoupled_lr_at(const TrainConfig& t, int64_t update) {
+  if (t.decoupled_lr < 0) return lr_at(t, update);
+  return lr_at(t, update, t.decoupled_lr, t.decoupled_min_lr >= 0 ? t.decoupled_min_lr : t.min_lr);
+}
+
+double lr_at(const TrainConfig& t, int64_t update, double max_lr, double min_lr) {
   const LrLengths l = lr_lengths(t);
   const double n = static_cast<double>(std::max<int64_t>(update - 1, 0)) *
                    static_cast<double>(t.global_batch_size);
   if (l.warmup > 0 && n <= l.warmup) {
-    return t.lr_warmup_init + (t.lr - t.lr_warmup_init) * n / l.warmup;
+    return t.lr_warmup_init + (max_lr - t.lr_warmup_init) * n / l.warmup;
   }
-  if (t.lr_decay_style == LrDecayStyle::kConstant) return t.lr;
-  if (n > l.decay) return t.min_lr;
+  if (t.lr_decay_style == LrDecayStyle::kConstant) return max_lr;
+  if (n > l.decay) return min_lr;
   if (t.lr_decay_style == LrDecayStyle::kInverseSquareRoot) {
-    return std::max(t.min_lr,
-                    t.lr * std::sqrt(std::max(l.warmup, 1.0)) / std::sqrt(std::max(n, 1.0)));
+    return std::max(min_lr,
+                    max_lr * std::sqrt(std::max(l.warmup, 1.0)) / std::sqrt(std::max(n, 1.0)));
   }
   const double ratio = (n - l.warmup) / (l.decay - l.warmup);
   double coeff = 1.0;
@@ -77,7 +84,7 @@ double lr_at(const TrainConfig& t, int64_t update) {
     case LrDecayStyle::kInverseSquareRoot:
       break;
   }
-  return t.min_lr + coeff * (t.lr - t.min_lr);
+  return min_lr + coeff * (max_lr - min_lr);
 }
 
 void validate_lr_schedule(const TrainConfig& t) {
@@ -85,6 +92,14 @@ void validate_lr_schedule(const TrainConfig& t) {
                " is invalid: it must be between 0 and --lr (", t.lr, ")");
   TANDEM_CHECK(t.lr_warmup_init >= 0 && t.lr_warmup_init <= t.lr, "--lr-warmup-init ",
                t.lr_warmup_init, " is invalid: it must be between 0 and --lr (", t.lr, ")");
+  // -1 is "not given" (the default), as Megatron-LM's None.
+  TANDEM_CHECK(t.decoupled_lr == -1 || t.decoupled_lr >= 0, "--decoupled-lr ", t.decoupled_lr,
+               " is invalid: it must be >= 0");
+  TANDEM_CHECK(t.decoupled_min_lr == -1 || t.decoupled_min_lr >= 0, "--decoupled-min-lr ",
+               t.decoupled_min_lr, " is invalid: it must be >= 0");
+  TANDEM_CHECK(t.decoupled_lr < 0 || t.decoupled_min_lr <= t.decoupled_lr, "--decoupled-min-lr ",
+               t.decoupled_min_lr, " is invalid: it must be at most --decoupled-lr (",
+               t.decoupled_lr, ")");
   TANDEM_CHECK(t.lr_warmup_iters >= 0, "--lr-warmup-iters ", t.lr_warmup_iters,
                " is invalid: it must be >= 0");
   TANDEM_CHECK(t.lr_decay_iters >= 0, "--lr-decay-iters ", t.lr_decay_iters,

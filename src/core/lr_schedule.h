@@ -17,6 +17,16 @@
 //     WSD     c = 1 up to D - A, then over s = (n - D + A) / A:
 //             linear 1 - s; cosine (1 + cos(pi s)) / 2; exponential 2 * 0.5^s - 1;
 //             minus_sqrt 1 - sqrt(s)
+//
+// Note [Decoupled learning rate]: with --decoupled-lr (Megatron-LM's), the input embedding and the
+// output layer (model.embed_tokens.weight and lm_head.weight, the weights Megatron marks
+// is_embedding_or_output_parameter) follow the same schedule with --decoupled-lr in the place of
+// --lr and --decoupled-min-lr in the place of --min-lr (--min-lr when not given); warm-up start,
+// lengths and decay style are the run's. Every other weight keeps --lr, and weight decay is the
+// same for both. The MTP modules read the model's own embedding and output layer (no copy of
+// them), which take the decoupled rate once; the modules' own weights keep --lr, as do learned
+// position embeddings in Megatron-LM (tandem has none).
+// --decoupled-min-lr without --decoupled-lr changes nothing, as in Megatron-LM.
 #pragma once
 
 #include <cstdint>
@@ -61,10 +71,16 @@ LrLengths lr_lengths(const TrainConfig& t);
 
 // The learning rate of the `update`-th (1-based) update of the weights.
 double lr_at(const TrainConfig& t, int64_t update);
+// The same schedule with peak `max_lr` and final `min_lr` in the place of --lr and --min-lr.
+double lr_at(const TrainConfig& t, int64_t update, double max_lr, double min_lr);
+// Note [Decoupled learning rate]: the embedding's and output layer's rate of that update;
+// lr_at's without --decoupled-lr.
+double decoupled_lr_at(const TrainConfig& t, int64_t update);
 
 // The schedule options' rules (Megatron's): iteration- and sample-based options not mixed, one
 // warm-up length, WSD's annealing length given, the warm-up shorter than the decay,
-// --lr-warmup-init and --min-lr within [0, --lr]. Throws tandem::Error naming the options.
+// --lr-warmup-init and --min-lr within [0, --lr], --decoupled-lr at least 0 and
+// --decoupled-min-lr within [0, --decoupled-lr]. Throws tandem::Error naming the options.
 void validate_lr_schedule(const TrainConfig& t);
 
 }  // namespace tandem

@@ -66,6 +66,20 @@ Settings train_settings(TrainConfig& t) {
            .help = "the learning rate the decay ends at, and the floor of inverse-square-root",
            .bound = kNonNegative,
            .saved = Saved::kDefault},
+          {.name = "decoupled-lr",
+           .ref = &t.decoupled_lr,
+           .help = "the peak learning rate of the input embedding and the output layer, on the "
+                   "schedule of --lr (Megatron-LM's; the other weights keep --lr)",
+           .default_text = "none",
+           .saved = Saved::kDefault,
+           .in_every_checkpoint = false},
+          {.name = "decoupled-min-lr",
+           .ref = &t.decoupled_min_lr,
+           .help = "with --decoupled-lr: the learning rate the embedding's and output layer's "
+                   "decay ends at",
+           .default_text = "--min-lr",
+           .saved = Saved::kDefault,
+           .in_every_checkpoint = false},
           {.name = "lr-decay-style",
            .ref = enum_ref(&t.lr_decay_style),
            .help = "how the learning rate falls from --lr to --min-lr after the warm-up "

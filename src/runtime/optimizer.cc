@@ -12,6 +12,10 @@ namespace tandem::runtime {
 
 double learning_rate(const TrainConfig& t, int64_t update) { return lr_at(t, update); }
 
+UpdateRates learning_rates(const TrainConfig& t, int64_t update) {
+  return {lr_at(t, update), decoupled_lr_at(t, update)};
+}
+
 namespace {
 
 // Whether weight decay applies to `e`: Megatron-LM's default rule, every weight of two or more
@@ -22,12 +26,20 @@ bool decayed(const model::ParamEntry& e) {
          e.kind != model::ParamKind::kBuffer;
 }
 
-// adamw_step_flat's `decayed`: the [begin, end) ranges of the decayed weights (the entries lie in
-// offset order, back to back), neighbours merged, so a chunk has a few per layer.
-std::vector<int64_t> decayed_ranges(const model::Parameters& params) {
+// Note [Decoupled learning rate] (core/lr_schedule.h): the input embedding and the output layer,
+// the weights Megatron-LM marks is_embedding_or_output_parameter. A chunk holds the embedding on
+// the first pipeline stage and the output layer on the last, never a copy of either.
+bool embedding_or_output(const model::ParamEntry& e) {
+  return e.kind == model::ParamKind::kEmbedding || e.name == "lm_head.weight";
+}
+
+// The [begin, end) ranges of the entries for which `keep` holds (the entries lie in offset order,
+// back to back), neighbours merged: adamw_step_flat's `decayed` for decayed(), a few per layer.
+template <class Keep>
+std::vector<int64_t> entry_ranges(const model::Parameters& params, Keep keep) {
   std::vector<int64_t> r;
   for (const model::ParamEntry& e : params.entries()) {
-    if (!decayed(e)) continue;
+    if (!keep(e)) continue;
     const int64_t end = e.offset + shape_numel(e.shape);
     if (!r.empty() && r.back() == e.offset) {
       r.back() = end;
@@ -53,7 +65,8 @@ AdamW::AdamW(model::Parameters& params, const TrainConfig& t, std::vector<OwnedR
                        params.device())),
       v_(Tensor::zeros({state_numel}, params.dtype(), MemCategory::kOptimizer, "adam.v",
                        params.device())),
-      decayed_(decayed_ranges(params)),
+      decayed_(entry_ranges(params, decayed)),
+      embedding_output_(entry_ranges(params, embedding_or_output)),
       done_(params.numel()) {
   int64_t end = 0;
   for (const OwnedRange& r : owned_) {
@@ -64,7 +77,33 @@ AdamW::AdamW(model::Parameters& params, const TrainConfig& t, std::vector<OwnedR
   }
 }
 
+// Note [Decoupled learning rate]: the piece in runs of one rate, cut at the embedding's and
+// output layer's ends when their rate differs (each element's update is its own, so the cuts
+// change no value).
 void AdamW::update_piece(const OwnedRange& r, int64_t begin, int64_t end) {
+  if (rates_.embedding_output == rates_.lr) {
+    update_run(r, begin, end, rates_.lr);
+    return;
+  }
+  int64_t at = begin;
+  while (at < end) {
+    int64_t next = end;
+    double lr = rates_.lr;
+    for (size_t i = 0; i + 1 < embedding_output_.size(); i += 2) {
+      const int64_t b = embedding_output_[i], e = embedding_output_[i + 1];
+      if (b <= at && at < e) {
+        next = std::min(end, e);
+        lr = rates_.embedding_output;
+        break;
+      }
+      if (b > at) next = std::min(next, b);
+    }
+    update_run(r, at, next, lr);
+    at = next;
+  }
+}
+
+void AdamW::update_run(const OwnedRange& r, int64_t begin, int64_t end, double lr) {
   const int64_t n = end - begin;
   std::vector<int64_t> decayed;  // decayed_ within [begin, end), from begin
   for (size_t i = 0; i + 1 < decayed_.size(); i += 2) {
@@ -76,7 +115,7 @@ void AdamW::update_piece(const OwnedRange& r, int64_t begin, int64_t end) {
   }
   auto part = [&](const Tensor& t) { return t.defined() ? t.narrow_rows(begin, n) : Tensor(); };
   auto state = [&](const Tensor& t) { return t.narrow_rows(r.state_at + (begin - r.begin), n); };
-  const ops::AdamWParams hp{lr_,          hp_.adam_beta1,   hp_.adam_beta2,
+  const ops::AdamWParams hp{lr,           hp_.adam_beta1,   hp_.adam_beta2,
                             hp_.adam_eps, hp_.weight_decay, step_};
   ops::adamw_step_flat(part(params_->flat_params()), state(m_), state(v_),
                        part(params_->flat_compute()), part(params_->flat_grads()), decayed,
@@ -93,17 +132,17 @@ void AdamW::update_range(int64_t end) {
   done_ = end;
 }
 
-void AdamW::start_step(const char* who, double lr, double grad_scale) {
+void AdamW::start_step(const char* who, UpdateRates rates, double grad_scale) {
   TANDEM_CHECK(!update_pending(), "AdamW::", who, ": the deferred step ", step_, " has updated ",
                done_, " of ", params_->numel(), " elements; finish it first");
   ++step_;
-  lr_ = lr;
+  rates_ = rates;
   grad_scale_ = grad_scale;
   done_ = 0;
 }
 
-void AdamW::step(double lr, double grad_scale) {
-  start_step("step", lr, grad_scale);
+void AdamW::step(UpdateRates rates, double grad_scale) {
+  start_step("step", rates, grad_scale);
   update_range(params_->numel());
 }
 
@@ -118,7 +157,9 @@ void AdamW::step(double lr, double grad_scale) {
 // for the local experts', whose first weight-gradient pass of the step writes them
 // (Note [Expert gradients written first] in model/parameters.h: the trainer marks them fresh
 // where a step starts with an update pending). step() runs the same pass in one piece.
-void AdamW::defer_step(double lr, double grad_scale) { start_step("defer_step", lr, grad_scale); }
+void AdamW::defer_step(UpdateRates rates, double grad_scale) {
+  start_step("defer_step", rates, grad_scale);
+}
 
 void AdamW::update_until(int64_t end) {
   end = std::min(end, params_->numel());

@@ -18,6 +18,15 @@ namespace tandem::runtime {
 // optimizer's steps() + 1 (Note [Learning-rate schedule] in core/lr_schedule.h).
 double learning_rate(const TrainConfig& t, int64_t update);
 
+// The rates of one update (Note [Decoupled learning rate] in core/lr_schedule.h): `lr` for every
+// weight but the input embedding and the output layer, which take `embedding_output`.
+struct UpdateRates {
+  double lr = 0;
+  double embedding_output = 0;
+};
+// Both rates of the `update`-th update; embedding_output is lr without --decoupled-lr.
+UpdateRates learning_rates(const TrainConfig& t, int64_t update);
+
 // A range of the flat buffers that an AdamW updates, and where its moments begin in the
 // optimizer's own buffers.
 struct OwnedRange {
@@ -34,18 +43,20 @@ class AdamW {
   AdamW(model::Parameters& params, const TrainConfig& t, std::vector<OwnedRange> owned,
         int64_t state_numel);
 
-  // One update of every parameter with learning rate `lr` and the gradients multiplied by
+  // One update of every parameter with the learning rates `rates` and the gradients multiplied by
   // grad_scale (clip_coefficient's; the gradient buffers are left as they are); weight decay on
   // every weight of two or more dimensions, the embedding table included (not norms, biases). One
   // pass over the flat buffers (ops::adamw_step_flat), which on the GPU also writes the bf16
   // compute copy (Note [Compute copy] in model/parameters.h): no refresh_compute_copy() is needed
   // after it.
-  void step(double lr, double grad_scale);
+  void step(UpdateRates rates, double grad_scale);
+  // Every weight at `lr`, the embedding and output layer too.
+  void step(double lr, double grad_scale) { step(UpdateRates{lr, lr}, grad_scale); }
   // Note [Deferred update] (optimizer.cc): the same update in pieces. defer_step counts the step
   // and keeps its scalars; update_until(end) updates the elements [updated_until(), end) of the
   // flat buffers and zeroes their gradients (the next step's zero_grads must skip the elements
   // still waiting); finish_step() updates the rest. The values are step()'s, bit for bit.
-  void defer_step(double lr, double grad_scale);
+  void defer_step(UpdateRates rates, double grad_scale);
   void update_until(int64_t end);
   void finish_step() { update_until(params_->numel()); }
   bool update_pending() const { return done_ < params_->numel(); }
@@ -64,16 +75,21 @@ class AdamW {
   std::vector<OwnedRange> owned_;
   Tensor m_, v_;                  // the owned ranges' moments, back to back (kOptimizer)
   std::vector<int64_t> decayed_;  // the matrices' element ranges, neighbours merged
+  // The input embedding's and output layer's element ranges, as decayed_ (at most two ranges).
+  std::vector<int64_t> embedding_output_;
   int64_t step_ = 0;
   // The step's scalars and the elements it has updated (all of them: none pending).
-  double lr_ = 0, grad_scale_ = 1;
+  UpdateRates rates_;
+  double grad_scale_ = 1;
   int64_t done_ = 0;
   // Counts a step and keeps its scalars, nothing updated yet; throws (naming `who`) while the
   // last one is unfinished.
-  void start_step(const char* who, double lr, double grad_scale);
+  void start_step(const char* who, UpdateRates rates, double grad_scale);
   void update_range(int64_t end);
   // The elements [begin, end) of the flat buffers, all inside one owned range `r`.
   void update_piece(const OwnedRange& r, int64_t begin, int64_t end);
+  // As update_piece, all the elements at one learning rate `lr`.
+  void update_run(const OwnedRange& r, int64_t begin, int64_t end, double lr);
 };
 
 // Sum of squares of the gradients (for the global norm; add across ranks before the sqrt).

@@ -443,9 +443,9 @@ void PipelineTrainer::apply_update(StepResult& r, bool finite) {
     if (!finite) {
       s.params->zero_grads();
     } else if (train_.defer_optimizer) {  // Note [The update beside the first forward]
-      s.optimizer->defer_step(r.lr, coeff);
+      s.optimizer->defer_step({r.lr, r.decoupled_lr}, coeff);
     } else {
-      s.optimizer->step(r.lr, coeff);
+      s.optimizer->step({r.lr, r.decoupled_lr}, coeff);
       // Note [Weights gathered beside the forward] (distributed_optimizer.cc).
       if (s.shards) s.shards->set_gather_pending();
       if (s.shards && !train_.overlap_param_gather) s.shards->gather_all();
@@ -480,7 +480,9 @@ StepResult PipelineTrainer::step() {
   iteration_ = this_iteration;
   r.iteration = iteration_;
   // Note [Learning-rate schedule]: the schedule counts the updates the optimizer has made.
-  r.lr = learning_rate(train_, stages_.front().optimizer->steps() + 1);
+  const UpdateRates rates = learning_rates(train_, stages_.front().optimizer->steps() + 1);
+  r.lr = rates.lr;
+  r.decoupled_lr = rates.embedding_output;
   const bool applies = update_applies(train_, finite);
   apply_update(r, applies);
   for (StageRuntime& s : stages_) {  // Note [Expert bias]

@@ -90,12 +90,14 @@ StepResult ReferenceTrainer::step() {
   iteration_ = this_iteration;
   r.iteration = iteration_;
   // Note [Learning-rate schedule]: the schedule counts the updates the optimizer has made.
-  r.lr = learning_rate(train_, optimizer_->steps() + 1);
+  const UpdateRates rates = learning_rates(train_, optimizer_->steps() + 1);
+  r.lr = rates.lr;
+  r.decoupled_lr = rates.embedding_output;
   const bool applies = update_applies(train_, finite);
   if (applies) {
     // Clipping scales the gradients as the step reads them; the step also writes the compute
     // copy (Note [Compute copy] in model/parameters.h).
-    optimizer_->step(r.lr, clip_coefficient(r.grad_norm, train_.clip_grad));
+    optimizer_->step(rates, clip_coefficient(r.grad_norm, train_.clip_grad));
   } else {
     params_->zero_grads();
     r.status = StepStatus::kSkipped;

@@ -27,6 +27,9 @@ struct StepResult {
   double mtp_loss = 0;
   double grad_norm = 0;  // before clipping
   double lr = 0;
+  // The input embedding's and output layer's rate (Note [Decoupled learning rate] in
+  // core/lr_schedule.h): lr's without --decoupled-lr.
+  double decoupled_lr = 0;
   int64_t tokens = 0;
   double seconds = 0;
   MemoryStats memory;           // at the end of the step, with the step's peaks

@@ -2,8 +2,8 @@
 // uninterrupted run (losses, gradient norms and the final weights file of a stopped-and-resumed
 // run are bitwise equal to it); the bytes of the previous checkpoint before a run was killed
 // mid-save (unchanged after, and `latest` still loads to the same weights); the exit code and
-// message of a stopped run; the JSON log of a run with a skipped step. Then Megatron-LM's
-// run-control and logging options (MegatronRunOptions).
+// message of a stopped run; the JSON log of a run with a skipped step; a resumed run with
+// --decoupled-lr. Then Megatron-LM's run-control and logging options (MegatronRunOptions).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -95,6 +95,61 @@ TEST(CheckpointProgram, StopAndResumeIsBitwiseTheUninterruptedRun) {
             slurp(work / "full/iter_0000006/model.safetensors"));
   EXPECT_EQ(slurp(work / "ck/iter_0000006/optimizer.safetensors"),
             slurp(work / "full/iter_0000006/optimizer.safetensors"));
+}
+
+// Note [Decoupled learning rate]: --decoupled-lr and --decoupled-min-lr are saved with the
+// checkpoint, so a resume without them continues the run bitwise (losses, the logged rates,
+// weights and moments), as the uninterrupted run; they change the run (its weights are not those
+// of a run without them); a negative value exits 2 naming the option.
+TEST(CheckpointProgram, DecoupledLrResumesBitwise) {
+  TempDir work, capture;
+  const std::vector<std::string> schedule = {
+      "--lr-decay-style", "cosine", "--lr-decay-iters",   "6",
+      "--decoupled-lr",   "0.01",   "--decoupled-min-lr", "1e-4"};
+  auto with = [&](std::vector<std::string> more) {
+    more.insert(more.end(), schedule.begin(), schedule.end());
+    return tiny(more);
+  };
+  RunResult r =
+      run_tandem(with({"--train-iters", "6", "--log-json", "full.jsonl", "--save", "full"}),
+                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_tandem(with({"--train-iters", "3", "--save", "ck"}), work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = run_tandem({"train", "--load", "ck", "--train-iters", "6", "--save", "ck", "--log-json",
+                  "resumed.jsonl"},
+                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto full = json_lines(work / "full.jsonl");
+  const auto resumed = json_lines(work / "resumed.jsonl");
+  ASSERT_EQ(full.size(), 6u);
+  ASSERT_EQ(resumed.size(), 3u);
+  // The first update is the warm-up's start (0); the third is past the 2 warm-up iterations.
+  EXPECT_EQ(full[2]["decoupled_lr"].get<double>(), 0.01);
+  EXPECT_EQ(full[2]["lr"].get<double>(), 3e-3);  // --lr's default
+  for (size_t i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed[i]["loss"].get<double>(), full[3 + i]["loss"].get<double>()) << i;
+    EXPECT_EQ(resumed[i]["decoupled_lr"].get<double>(), full[3 + i]["decoupled_lr"].get<double>())
+        << i;
+    EXPECT_EQ(resumed[i]["lr"].get<double>(), full[3 + i]["lr"].get<double>()) << i;
+  }
+  EXPECT_EQ(slurp(work / "ck/iter_0000006/model.safetensors"),
+            slurp(work / "full/iter_0000006/model.safetensors"));
+  EXPECT_EQ(slurp(work / "ck/iter_0000006/optimizer.safetensors"),
+            slurp(work / "full/iter_0000006/optimizer.safetensors"));
+  r = run_tandem(tiny({"--train-iters", "6", "--lr-decay-style", "cosine", "--lr-decay-iters", "6",
+                       "--save", "plain"}),
+                 work.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto plain = loaded_weights(work / "plain/iter_0000006");
+  const auto decoupled = loaded_weights(work / "full/iter_0000006");
+  EXPECT_NE(plain.at("model.embed_tokens.weight"), decoupled.at("model.embed_tokens.weight"));
+  EXPECT_NE(plain.at("lm_head.weight"), decoupled.at("lm_head.weight"));
+  for (const char* option : {"--decoupled-lr", "--decoupled-min-lr"}) {
+    r = run_tandem(tiny({"--train-iters", "1", option, "-0.5"}), work.path(), capture.path());
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find(std::string(option) + " -0.5 is invalid"), std::string::npos) << r.err;
+  }
 }
 
 // Megatron-LM's scripts --load and --save one directory from the first run on: a --load

@@ -402,59 +402,138 @@ TEST(Equivalence, GlobalAuxLossIsTheOneRanksForEveryPipelineAndTheSameForEveryEx
   }
 }
 
+// Calls body(pp, ep, dp, schedule) for each layout of PP and EP up to 2 that this world allows
+// (PP2 x EP2 on 4 ranks), 1f1b over 2 x PP micro-batches per rank; returns how many ran.
+template <class Body>
+int for_each_small_layout(Body body) {
+  const int world = g_world->size();
+  int ran = 0;
+  for (int pp : {1, 2}) {
+    for (int ep : {1, 2}) {
+      if (world % pp != 0 || (world / pp) % ep != 0) continue;
+      const schedule::ScheduleShape shape{pp, 1, 2 * pp, false};
+      body(pp, ep, world / pp, schedule::generate_schedule(schedule::ScheduleKind::k1f1b, shape));
+      ++ran;
+    }
+  }
+  return ran;
+}
+
+// The reference trainer's weight of that name.
+Tensor reference_param(const ReferenceTrainer& r, const std::string& name) {
+  const auto& entries = r.params().entries();
+  return r.params().param(*std::find_if(
+      entries.begin(), entries.end(), [&](const model::ParamEntry& e) { return e.name == name; }));
+}
+
 // Note [Expert bias]: three training steps of DeepSeek-V3's model, its expert bias moved after
 // each from the step's load, on every layout of PP and EP up to 2 (PP2 x EP2 on 4 ranks) against
 // the one-rank reference trainer: the biases bitwise (their updates add +-rate from integer
 // loads), the weights within 1e-12 (the data-parallel sums' order), and the bias has moved.
 TEST(Equivalence, ExpertBiasAfterStepsIsTheOneRanksOnEveryLayout) {
-  const int world = g_world->size();
   ModelConfig m = tiny(Model::kDeepseekV3);
   m.moe_router_bias_update_rate = 0.01;
   RandomTokens data(m.vocab_size);
-  int ran = 0;
-  for (int pp : {1, 2}) {
-    for (int ep : {1, 2}) {
-      if (world % pp != 0 || (world / pp) % ep != 0) continue;
-      const int dp = world / pp;
-      const auto kind = schedule::ScheduleKind::k1f1b;
-      const schedule::ScheduleShape shape{pp, 1, 2 * pp, false};
-      const schedule::Schedule sched = schedule::generate_schedule(kind, shape);
-      TrainConfig t;
-      t.micro_batch_size = 1;
-      t.global_batch_size = 2 * pp * dp;
-      t.train_iters = 3;
-      t.lr_warmup_iters = 0;
-      ReferenceTrainer reference(m, t, data, DType::kF64);
-      Groups groups = world_groups(pp, ep);
-      PipelineTrainer trainer(m, t, sched, groups, data, DType::kF64);
-      for (int step = 0; step < 3; ++step) {
-        reference.step();
-        trainer.step();
-      }
-      std::ostringstream what;
-      what << "pp" << pp << " ep" << ep << " dp" << dp << " on rank " << g_world->rank();
-      int biases = 0;
-      double moved = 0;  // a layer's bias may come back to 0 (+u then -u), not every one
-      for (StageRuntime& s : trainer.stages()) {
-        for (const auto& e : s.params->entries()) {
-          const Tensor want = reference.params().param(*std::find_if(
-              reference.params().entries().begin(), reference.params().entries().end(),
-              [&](const model::ParamEntry& r) { return r.name == e.name; }));
-          const Tensor got = s.params->param(e);
-          if (e.kind == model::ParamKind::kBuffer) {
-            EXPECT_TRUE(bitwise_equal(got, want)) << what.str() << ": " << e.name;
-            for (int64_t i = 0; i < got.numel(); ++i) moved += std::abs(got.data<double>()[i]);
-            ++biases;
-          } else {
-            EXPECT_LT(rel_diff(got, want), 1e-12) << what.str() << ": " << e.name;
+  const int ran =
+      for_each_small_layout([&](int pp, int ep, int dp, const schedule::Schedule& sched) {
+        TrainConfig t;
+        t.micro_batch_size = 1;
+        t.global_batch_size = 2 * pp * dp;
+        t.train_iters = 3;
+        t.lr_warmup_iters = 0;
+        ReferenceTrainer reference(m, t, data, DType::kF64);
+        Groups groups = world_groups(pp, ep);
+        PipelineTrainer trainer(m, t, sched, groups, data, DType::kF64);
+        for (int step = 0; step < 3; ++step) {
+          reference.step();
+          trainer.step();
+        }
+        std::ostringstream what;
+        what << "pp" << pp << " ep" << ep << " dp" << dp << " on rank " << g_world->rank();
+        int biases = 0;
+        double moved = 0;  // a layer's bias may come back to 0 (+u then -u), not every one
+        for (StageRuntime& s : trainer.stages()) {
+          for (const auto& e : s.params->entries()) {
+            const Tensor want = reference_param(reference, e.name);
+            const Tensor got = s.params->param(e);
+            if (e.kind == model::ParamKind::kBuffer) {
+              EXPECT_TRUE(bitwise_equal(got, want)) << what.str() << ": " << e.name;
+              for (int64_t i = 0; i < got.numel(); ++i) moved += std::abs(got.data<double>()[i]);
+              ++biases;
+            } else {
+              EXPECT_LT(rel_diff(got, want), 1e-12) << what.str() << ": " << e.name;
+            }
           }
         }
-      }
-      EXPECT_GT(biases, 0) << what.str();
-      EXPECT_GT(moved, 0) << what.str() << ": no expert bias moved";
-      ++ran;
-    }
-  }
+        EXPECT_GT(biases, 0) << what.str();
+        EXPECT_GT(moved, 0) << what.str() << ": no expert bias moved";
+      });
+  EXPECT_GT(ran, 0);
+}
+
+// Note [Decoupled learning rate]: three steps with --decoupled-lr and --decoupled-min-lr (a
+// warm-up and a cosine decay, clipping on) on every layout of PP and EP up to 2, with the plain
+// optimizer, the distributed one (its parts cut inside the embedding and the output layer) and
+// the update deferred to the next forward, against the one-rank reference trainer with the same
+// options: every weight within 1e-12 (the gradient norm that clipping reads, and the
+// data-parallel sums, add in another order), the embedding on the first stage and the output
+// layer on the last at the decoupled rate as on one rank; and those two are not the weights of a
+// run without the option.
+TEST(Equivalence, DecoupledLrIsTheOneRanksOnEveryLayout) {
+  const ModelConfig m = tiny(Model::kMoe);
+  RandomTokens data(m.vocab_size);
+  const int ran =
+      for_each_small_layout([&](int pp, int ep, int dp, const schedule::Schedule& sched) {
+        TrainConfig t;
+        t.micro_batch_size = 1;
+        t.global_batch_size = 2 * pp * dp;
+        t.train_iters = 4;
+        t.lr = 1e-2;
+        t.min_lr = 1e-3;
+        t.lr_warmup_iters = 1;
+        t.lr_warmup_init = 1e-3;
+        t.lr_decay_style = LrDecayStyle::kCosine;
+        t.clip_grad = 0.5;
+        TrainConfig plain_lr = t;
+        t.decoupled_lr = 5e-2;
+        t.decoupled_min_lr = 2e-4;
+        ReferenceTrainer reference(m, t, data, DType::kF64),
+            without(m, plain_lr, data, DType::kF64);
+        for (int step = 0; step < 3; ++step) {
+          reference.step();
+          without.step();
+        }
+        const char* const kVariants[] = {"", " distributed", " deferred"};
+        for (const int variant : {0, 1, 2}) {
+          TrainConfig v = t;
+          v.use_distributed_optimizer = variant == 1;
+          v.defer_optimizer = variant == 2;
+          Groups groups = world_groups(pp, ep);
+          PipelineTrainer trainer(m, v, sched, groups, data, DType::kF64);
+          for (int step = 0; step < 3; ++step) {
+            const StepResult r = trainer.step();
+            EXPECT_EQ(r.decoupled_lr, learning_rates(t, step + 1).embedding_output);
+          }
+          std::ostringstream what;
+          what << "pp" << pp << " ep" << ep << " dp" << dp << kVariants[variant] << " on rank "
+               << g_world->rank();
+          int decoupled = 0;
+          for (StageRuntime& s : trainer.stages()) {  // finishes a deferred update
+            for (const auto& e : s.params->entries()) {
+              const Tensor got = s.params->param(e);
+              EXPECT_LT(rel_diff(got, reference_param(reference, e.name)), 1e-12)
+                  << what.str() << ": " << e.name;
+              if (e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight") {
+                EXPECT_GT(rel_diff(got, reference_param(without, e.name)), 1e-6)
+                    << what.str() << ": " << e.name << " as without --decoupled-lr";
+                ++decoupled;
+              }
+            }
+          }
+          // The first stage holds the embedding, the last the output layer.
+          EXPECT_EQ(decoupled, pp == 1 ? 2 : 1) << what.str();
+        }
+      });
   EXPECT_GT(ran, 0);
 }
 

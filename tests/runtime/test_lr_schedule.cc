@@ -4,7 +4,8 @@
 // by iterations and by samples, with --lr-warmup-fraction and --lr-warmup-init, at every step of
 // runs of a few hundred steps; and a few values worked out by hand (the first update's rate is
 // --lr-warmup-init: the warm-up is not a step ahead). The options' rules against the messages
-// they must give.
+// they must give. The rate of the embedding and output layer under --decoupled-lr and
+// --decoupled-min-lr, against the same model's rate of a group with its own peak and floor.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -39,8 +40,10 @@ class MegatronScheduler {
   }
   void advance() { consumed_ += static_cast<double>(t_.global_batch_size); }
 
-  double rate() const {
-    const double n = consumed_, top = t_.lr, low = t_.min_lr;
+  double rate() const { return rate(t_.lr, t_.min_lr); }
+  // get_lr(param_group) of a group with its own max_lr and min_lr (--decoupled-lr's).
+  double rate(double top, double low) const {
+    const double n = consumed_;
     if (warmup_ > 0 && !(n > warmup_)) {
       const double share = n / warmup_;
       return (1 - share) * t_.lr_warmup_init + share * top;
@@ -166,6 +169,71 @@ TEST(LrSchedule, BySamplesAndByFraction) {
   }
 }
 
+// Note [Decoupled learning rate]: the embedding's and output layer's rate is Megatron's get_lr of a
+// group whose max_lr is --decoupled-lr and min_lr --decoupled-min-lr, or --min-lr when that is not
+// given; the other weights' rate is unchanged.
+TEST(LrSchedule, DecoupledRateAgainstMegatronsScheduler) {
+  for (const LrDecayStyle style :
+       {LrDecayStyle::kConstant, LrDecayStyle::kLinear, LrDecayStyle::kCosine,
+        LrDecayStyle::kInverseSquareRoot, LrDecayStyle::kWsd}) {
+    for (const double floor : {-1.0, 2e-6}) {
+      TrainConfig t = base();
+      t.lr_decay_style = style;
+      t.lr_warmup_iters = 17;
+      t.lr_warmup_init = 1e-5;
+      t.lr_wsd_decay_iters = 40;
+      t.decoupled_lr = 7e-4;
+      t.decoupled_min_lr = floor;
+      const std::string what =
+          std::string(enum_name(style)) + " decoupled-min-lr " + std::to_string(floor);
+      ASSERT_NO_THROW(t.validate()) << what;
+      MegatronScheduler ref(t);
+      for (int64_t k = 1; k <= t.train_iters + 20; ++k) {
+        const UpdateRates r = learning_rates(t, k);
+        EXPECT_NEAR(r.lr, ref.rate(), 1e-15) << what << ", iteration " << k;
+        EXPECT_NEAR(r.embedding_output, ref.rate(7e-4, floor >= 0 ? floor : t.min_lr), 1e-15)
+            << what << ", iteration " << k;
+        ref.advance();
+      }
+    }
+  }
+  // Not given: both rates are --lr's schedule, --decoupled-min-lr alone included.
+  TrainConfig t = base();
+  t.decoupled_min_lr = 1e-6;
+  for (int64_t k = 1; k <= t.train_iters; ++k) {
+    EXPECT_EQ(learning_rates(t, k).embedding_output, learning_rate(t, k)) << k;
+  }
+}
+
+// Worked by hand: warm-up and cosine decay with --decoupled-lr 0.5 and --decoupled-min-lr 0.05
+// beside --lr 1 and --min-lr 0.1.
+TEST(LrSchedule, DecoupledWarmupAndCosineByHand) {
+  TrainConfig t = base();
+  t.lr = 1.0;
+  t.min_lr = 0.1;
+  t.decoupled_lr = 0.5;
+  t.decoupled_min_lr = 0.05;
+  t.lr_warmup_iters = 4;
+  t.train_iters = 104;
+  t.lr_decay_style = LrDecayStyle::kCosine;
+  ASSERT_NO_THROW(t.validate());
+  const auto at = [&](int64_t k) { return learning_rates(t, k); };
+  EXPECT_EQ(at(1).embedding_output, 0.0);  // the warm-up starts at --lr-warmup-init for both
+  EXPECT_DOUBLE_EQ(at(3).embedding_output, 0.25);
+  EXPECT_DOUBLE_EQ(at(3).lr, 0.5);
+  EXPECT_DOUBLE_EQ(at(5).embedding_output, 0.5);  // the peak after 4 warm-up iterations
+  // A quarter of the 100 decay iterations: cos(pi / 4).
+  EXPECT_NEAR(at(30).embedding_output, 0.05 + 0.45 * (1 + std::sqrt(0.5)) / 2, 1e-15);
+  EXPECT_NEAR(at(30).lr, 0.1 + 0.9 * (1 + std::sqrt(0.5)) / 2, 1e-15);
+  EXPECT_NEAR(at(55).embedding_output, 0.275, 1e-15);  // half way: the mean of peak and floor
+  EXPECT_NEAR(at(55).lr, 0.55, 1e-15);
+  EXPECT_DOUBLE_EQ(at(106).embedding_output, 0.05);  // past the decay
+  EXPECT_DOUBLE_EQ(at(106).lr, 0.1);
+  t.decoupled_min_lr = -1;  // not given: the floor is --min-lr
+  EXPECT_NEAR(at(55).embedding_output, 0.3, 1e-15);
+  EXPECT_DOUBLE_EQ(at(106).embedding_output, 0.1);
+}
+
 // Worked by hand: the first update uses the warm-up's start, the (W+1)-th the peak.
 TEST(LrSchedule, FirstUpdateUsesTheWarmupStart) {
   TrainConfig t = base();
@@ -215,6 +283,13 @@ TEST(LrSchedule, OptionRules) {
        "give the schedule in samples too"},
       {[](TrainConfig& t) { t.lr_warmup_init = 0.01; }, "--lr-warmup-init 0.01 is invalid"},
       {[](TrainConfig& t) { t.lr_warmup_fraction = 1.0; }, "--lr-warmup-fraction 1 is invalid"},
+      {[](TrainConfig& t) { t.decoupled_lr = -0.5; }, "--decoupled-lr -0.5 is invalid"},
+      {[](TrainConfig& t) { t.decoupled_min_lr = -0.5; }, "--decoupled-min-lr -0.5 is invalid"},
+      {[](TrainConfig& t) {
+         t.decoupled_lr = 1e-4;
+         t.decoupled_min_lr = 2e-4;
+       },
+       "--decoupled-min-lr 0.0002 is invalid: it must be at most --decoupled-lr"},
   };
   for (const auto& [change, words] : cases) {
     TrainConfig t = base();

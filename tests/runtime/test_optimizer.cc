@@ -1,12 +1,14 @@
 // Clipping against its formula evaluated by hand (the learning-rate schedule: test_lr_schedule.cc);
 // AdamW with the clipping coefficient as its gradient scale against the step as it was before the
-// two were fused (ops::scale over the gradients, then ops::adamw_step entry by entry), bit for bit.
+// two were fused (ops::scale over the gradients, then ops::adamw_step entry by entry), bit for bit;
+// --decoupled-lr's rate on the embedding and output layer only.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #include "model/chunk.h"
@@ -150,11 +152,11 @@ TEST(AdamW, DeferredStepInPiecesIsTheStepBitwise) {
     }
     const double coeff = step == 2 ? 1.0 : 0.3, lr = 1e-2 * static_cast<double>(step);
     a.step(lr, coeff);
-    b.defer_step(lr, coeff);
+    b.defer_step(UpdateRates{lr, lr}, coeff);
     EXPECT_EQ(b.steps(), step);
     EXPECT_TRUE(b.update_pending());
     EXPECT_THROW(b.step(lr, coeff), Error);
-    EXPECT_THROW(b.defer_step(lr, coeff), Error);
+    EXPECT_THROW(b.defer_step(UpdateRates{lr, lr}, coeff), Error);
     for (const int64_t end : {int64_t{3}, int64_t{3}, n / 3 + 1, n - 7}) {
       b.update_until(end);
       EXPECT_EQ(b.updated_until(), end);
@@ -168,6 +170,77 @@ TEST(AdamW, DeferredStepInPiecesIsTheStepBitwise) {
     EXPECT_TRUE(same_bits<float>(pieces.flat_params(), one.flat_params())) << "step " << step;
     EXPECT_TRUE(same_bits<float>(b.exp_avg(), a.exp_avg())) << "step " << step;
     EXPECT_TRUE(same_bits<float>(b.exp_avg_sq(), a.exp_avg_sq())) << "step " << step;
+  }
+}
+
+// Note [Decoupled learning rate]: with the embedding's and output layer's rate apart, over four
+// steps of gradients that do not depend on the weights (so each element's update reads only its
+// own weight, gradient and moments: elements at one rate cannot tell which other rates ran), the
+// embedding's and output layer's elements are bitwise those of a run with every weight at their
+// rate, and every other element those of a run at the base rate. Whole, sharded (owned ranges
+// cut inside the embedding and the output layer) and deferred in pieces cut there.
+TEST(AdamW, DecoupledRateMovesOnlyTheEmbeddingAndOutputLayer) {
+  ModelConfig m = one_layer_dense();
+  m.vocab_size = 8;
+  const model::ChunkSpec whole = model::ChunkSpec::whole(m);
+  model::Parameters mixed(m, whole, DType::kF32), at_x(m, whole, DType::kF32),
+      at_base(m, whole, DType::kF32), sharded(m, whole, DType::kF32),
+      deferred(m, whole, DType::kF32);
+  for (model::Parameters* p : {&mixed, &at_x, &at_base, &sharded, &deferred}) p->initialize(9);
+  int64_t embed_end = 0, head_begin = 0, head_end = 0;
+  for (const model::ParamEntry& e : mixed.entries()) {
+    if (e.name == "model.embed_tokens.weight") embed_end = e.offset + shape_numel(e.shape);
+    if (e.name == "lm_head.weight") {
+      head_begin = e.offset;
+      head_end = e.offset + shape_numel(e.shape);
+    }
+  }
+  const int64_t n = mixed.numel();
+  ASSERT_EQ(embed_end, 16);  // the first entry
+  ASSERT_GT(head_begin, embed_end);
+  ASSERT_EQ(head_end, n);  // the last entry of a chunk without MTP
+  TrainConfig t;
+  t.weight_decay = 0.1;
+  AdamW a(mixed, t), x(at_x, t), base(at_base, t), d(deferred, t);
+  // Two owned ranges, each ending inside a decoupled weight: [5, head_begin + 3), [head_begin + 5,
+  // n); elements outside them stay as initialized.
+  const std::vector<OwnedRange> owned = {{5, head_begin - 2, 0},
+                                         {head_begin + 5, n - head_begin - 5, head_begin - 2}};
+  AdamW s(sharded, t, owned, n - 7);
+  auto in_owned = [&](int64_t i) { return (i >= 5 && i < head_begin + 3) || i >= head_begin + 5; };
+  auto decoupled = [&](int64_t i) { return i < embed_end || i >= head_begin; };
+  for (int64_t step = 1; step <= 4; ++step) {
+    for (model::Parameters* p : {&mixed, &at_x, &at_base, &sharded, &deferred}) {
+      for (int64_t i = 0; i < n; ++i) {
+        p->flat_grads().data<float>()[i] =
+            static_cast<float>(std::sin(0.37 * static_cast<double>(i + 11 * step)));
+      }
+    }
+    const double lr = 1e-2 / static_cast<double>(step), rate_x = 3e-2 * static_cast<double>(step);
+    const double coeff = step == 3 ? 0.5 : 1.0;
+    a.step(UpdateRates{lr, rate_x}, coeff);
+    x.step(rate_x, coeff);
+    base.step(lr, coeff);
+    s.step(UpdateRates{lr, rate_x}, coeff);
+    d.defer_step(UpdateRates{lr, rate_x}, coeff);
+    for (const int64_t end : {int64_t{3}, embed_end + 2, head_begin + 1, n - 2})
+      d.update_until(end);
+    d.finish_step();
+    const float* got = mixed.flat_params().data<float>();
+    const float* want_x = at_x.flat_params().data<float>();
+    const float* want_base = at_base.flat_params().data<float>();
+    for (int64_t i = 0; i < n; ++i) {
+      const float want = decoupled(i) ? want_x[i] : want_base[i];
+      EXPECT_EQ(got[i], want) << "step " << step << ", element " << i;
+      EXPECT_EQ(deferred.flat_params().data<float>()[i], want)
+          << "step " << step << ", element " << i;
+      if (in_owned(i)) {
+        EXPECT_EQ(sharded.flat_params().data<float>()[i], want) << "step " << step << ", " << i;
+      }
+      if (decoupled(i)) {
+        EXPECT_NE(want_x[i], want_base[i]) << "element " << i;
+      }
+    }
   }
 }
 

@@ -1,6 +1,7 @@
 // The sequential trainer. Oracles: a second run with the same seed (bitwise), the same global
-// batch cut into different micro-batches (fp64, 1e-12: only the summation order differs), the
-// loss falling on a learnable task, and a saved-then-loaded checkpoint giving the same logits.
+// batch cut into different micro-batches (fp64, 1e-12: only the summation order differs), runs
+// without --decoupled-lr for its first update (bitwise), the loss falling on a learnable task, and
+// a saved-then-loaded checkpoint giving the same logits.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -55,6 +56,50 @@ TEST(Trainer, SameSeedGivesBitwiseSameLosses) {
   other.seed = 99;
   ReferenceTrainer c(small_model(true), other, data);
   EXPECT_NE(c.step().loss, ReferenceTrainer(small_model(true), small_train(), data).step().loss);
+}
+
+// Note [Decoupled learning rate]: the first update of a run with --decoupled-lr against two runs
+// without it, one at --lr and one with --lr at the decoupled rate. All three start from the same
+// weights and data, so their first gradients and clipping coefficient are the same, and an AdamW
+// update of one element reads only its own weight and gradient: the embedding and output layer
+// are bitwise the second run's, every other weight the first run's. (Later steps' gradients
+// depend on all the weights, so only the first update compares this way.)
+TEST(Trainer, DecoupledLrMovesTheEmbeddingAndOutputLayerAtTheirOwnRate) {
+  RandomTokens data(32);
+  TrainConfig t = small_train();
+  t.lr_warmup_iters = 0;  // the first update at the peak rates
+  t.clip_grad = 0.5;      // clipping on: it scales all three runs alike
+  TrainConfig decoupled = t, at_x = t;
+  decoupled.decoupled_lr = 4e-2;
+  decoupled.decoupled_min_lr = 1e-4;
+  at_x.lr = 4e-2;
+  at_x.min_lr = 1e-4;
+  ReferenceTrainer a(small_model(true), decoupled, data), base(small_model(true), t, data),
+      x(small_model(true), at_x, data);
+  const StepResult r = a.step();
+  EXPECT_DOUBLE_EQ(r.lr, 1e-2);
+  EXPECT_DOUBLE_EQ(r.decoupled_lr, 4e-2);
+  EXPECT_DOUBLE_EQ(base.step().decoupled_lr, 1e-2);  // without --decoupled-lr: --lr's
+  x.step();
+  int decoupled_entries = 0;
+  for (const model::ParamEntry& e : a.params().entries()) {
+    const bool own = e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight";
+    decoupled_entries += own ? 1 : 0;
+    const Tensor got = a.params().param(e);
+    const Tensor want = (own ? x : base).params().param(e);
+    const Tensor other = (own ? base : x).params().param(e);
+    const auto* g = got.data<float>();
+    bool equal = true, differs = false;
+    for (int64_t i = 0; i < got.numel(); ++i) {
+      equal = equal && g[i] == want.data<float>()[i];
+      differs = differs || g[i] != other.data<float>()[i];
+    }
+    EXPECT_TRUE(equal) << e.name;
+    if (e.kind != model::ParamKind::kBuffer) {
+      EXPECT_TRUE(differs) << e.name;
+    }
+  }
+  EXPECT_EQ(decoupled_entries, 2);
 }
 
 // Note [Recomputed experts]: the experts' gate, up and act formed again in the backward are the
