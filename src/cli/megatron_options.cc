@@ -383,7 +383,9 @@ void apply_megatron_options(RunOptions& o, const Origins& origins) {
   }
   if (given.count("tokenizer-type") > 0) {
     // Megatron-LM's NullTokenizer takes ids below --vocab-size V and adds V as its
-    // end-of-document id; the model's rows are V + 1 padded to the divisor.
+    // end-of-document id (the document options' unless --eod-token-id gives another); the
+    // model's rows are V + 1 padded to the divisor.
+    if (o.train.eod_token_id < 0) o.train.eod_token_id = o.model.vocab_size;
     const int64_t n = divisor > 0 ? divisor : 128;
     o.model.vocab_size = (o.model.vocab_size + 1 + n - 1) / n * n;
   } else if (divisor > 0) {

@@ -23,6 +23,7 @@
 #include "data/file_dataset.h"
 #include "data/mock.h"
 #include "ops/ops.h"
+#include "runtime/step.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
 
@@ -42,6 +43,13 @@ void check_supported(const RunOptions& o) {
                "--device cuda");
   TANDEM_CHECK(o.routing_out.empty() || o.model.is_moe(), "--routing-out ", o.routing_out,
                ": routing needs experts (--num-experts > 0)");
+  // The document options' rules (TrainConfig::validate's; those of one data-parallel rank hold
+  // whenever those of several do) before the device is opened, so that --device cuda is refused
+  // for them by name on any machine.
+  if (o.train.document_masking()) {
+    o.train.validate();
+    runtime::check_document_masking(o.model, o.train);
+  }
 }
 
 void open_device(const RunOptions& o) {

@@ -662,6 +662,28 @@ std::vector<int64_t> stage_layer_counts(int64_t layers, int64_t stages, int64_t 
   return counts;
 }
 
+// Megatron-LM's document options (Note [Document masking] in data/document_masks.h): each needs
+// the end-of-document id, and runs on the CPU (the GPU's attention kernels take no document
+// bounds).
+static void validate_document_masking(const TrainConfig& t) {
+  for (const auto& [option, on] : {std::pair{"--reset-attention-mask", t.reset_attention_mask},
+                                   {"--reset-position-ids", t.reset_position_ids},
+                                   {"--eod-mask-loss", t.eod_mask_loss}}) {
+    if (!on) continue;
+    TANDEM_CHECK(t.device == Device::kCPU, option,
+                 ": document masking runs on the CPU; the GPU attention kernels take no document "
+                 "bounds yet (use --device cpu)");
+    TANDEM_CHECK(t.eod_token_id >= 0, option,
+                 " needs the end-of-document id: give --eod-token-id N (the id `tandem convert "
+                 "--append-eod` appended, which its summary prints), or --tokenizer-type "
+                 "NullTokenizer, whose end-of-document id is --vocab-size (docs/data.md)");
+  }
+  // Note [Per-token loss] in runtime/step.h: with a loss mask the two averages differ.
+  TANDEM_CHECK(!t.eod_mask_loss || !t.calculate_per_token_loss,
+               "--eod-mask-loss with --calculate-per-token-loss is not in tandem yet (each "
+               "micro-batch would weigh by its unmasked tokens): leave one of them out");
+}
+
 void TrainConfig::validate(int64_t data_parallel_size) const {
   TANDEM_CHECK(micro_batch_size >= 1, "--micro-batch-size ", micro_batch_size,
                " is invalid: need at least 1");
@@ -691,6 +713,7 @@ void TrainConfig::validate(int64_t data_parallel_size) const {
     check_dimension(option, value);
   }
   validate_lr_schedule(*this);
+  validate_document_masking(*this);
   TANDEM_CHECK(weight_decay >= 0, "--weight-decay ", weight_decay, " is invalid: it must be >= 0");
   TANDEM_CHECK(adam_beta1 >= 0 && adam_beta1 < 1, "--adam-beta1 ", adam_beta1,
                " is invalid: it must be in [0, 1)");

@@ -193,6 +193,32 @@ Settings train_settings(TrainConfig& t) {
            .help = "Megatron-LM's: the step's loss is its tokens' summed loss over the global "
                    "batch's token count; every token counts in tandem, so this is the mean of the "
                    "micro-batches' means that tandem takes anyway (docs/model.md)"},
+          {.name = "reset-attention-mask",
+           .ref = &t.reset_attention_mask,
+           .help = "Megatron-LM's: each token attends only to the tokens of its own document, "
+                   "documents ending at --eod-token-id (CPU only; docs/data.md)",
+           .saved = Saved::kDefault,
+           .in_every_checkpoint = false},
+          {.name = "reset-position-ids",
+           .ref = &t.reset_position_ids,
+           .help = "Megatron-LM's: RoPE positions restart at 0 after each --eod-token-id (CPU "
+                   "only; docs/data.md)",
+           .saved = Saved::kDefault,
+           .in_every_checkpoint = false},
+          {.name = "eod-mask-loss",
+           .ref = &t.eod_mask_loss,
+           .help = "Megatron-LM's: no loss where the input is --eod-token-id; each "
+                   "micro-batch's loss the mean over its other tokens (CPU only; docs/data.md)",
+           .saved = Saved::kDefault,
+           .in_every_checkpoint = false},
+          {.name = "eod-token-id",
+           .ref = &t.eod_token_id,
+           .help = "the end-of-document id the document options split on: the id `tandem "
+                   "convert --append-eod` appended; with --tokenizer-type NullTokenizer "
+                   "--vocab-size, as Megatron-LM's",
+           .default_text = "none",
+           .saved = Saved::kDefault,
+           .in_every_checkpoint = false},
           {.name = "device",
            .ref = enum_ref(&t.device),
            .help = "where to train: cpu (OpenBLAS, f32) or cuda (one GPU per process, bf16 "

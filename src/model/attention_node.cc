@@ -106,6 +106,7 @@ static ops::AttentionShape attention_shape(const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
   ops::AttentionShape s{c.batch, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
                         cfg.qk_dim()};
+  s.key_begin = c.key_begin;
   if (cfg.multi_latent_attention) {
     s.v_head_dim = cfg.v_dim();
     s.scale = cfg.softmax_scale();
@@ -169,8 +170,8 @@ static void gqa_forward(AttentionSaved& s, const LayerWeights& w, const NodeCont
     ops::bias_forward(s.v, w.bv);
   }
   if (cfg.qk_layernorm) qk_norm_forward(s, w, c);
-  ops::rope_forward_qk(s.q, s.k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
-                       cfg.head_dim(), cfg.rope());
+  ops::rope_forward_qk_at(s.q, s.k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                          cfg.head_dim(), cfg.rope(), c.positions);
 }
 
 void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
@@ -252,8 +253,8 @@ static Tensor post_norm_input_grad(LayerActs& a, const LayerWeights& w, const No
 static Tensor gqa_backward(AttentionSaved& s, const LayerWeights& w, const LayerWeights& g,
                            const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
-  ops::rope_backward_qk(s.d_q, s.d_k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
-                        cfg.head_dim(), cfg.rope());
+  ops::rope_backward_qk_at(s.d_q, s.d_k, c.seq, cfg.num_attention_heads, cfg.num_query_groups,
+                           cfg.head_dim(), cfg.rope(), c.positions);
   if (cfg.qk_layernorm) qk_norm_backward(s, w, g, c);
   Tensor d_n1 = work_tensor({c.tokens(), cfg.hidden_size}, c.dtype, "d_n1");
   ops::linear_backward_input(d_n1, s.d_q, w.wq);

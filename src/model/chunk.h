@@ -30,6 +30,10 @@ struct MicroBatchState {
   Tensor targets;   // [N] i32, last stage
   Tensor input;     // [N, H] received activation, stages after the first
   Tensor d_output;  // [N, H] received gradient, stages before the last
+  // Document masking (Note [Document masking] in data/document_masks.h), every stage: each
+  // query's first key, each token's position and the loss mask (NodeContext's); undefined when
+  // off.
+  Tensor key_begin, positions, loss_mask;
   EmbedActs embed;
   std::vector<LayerActs> layers;
   LossActs loss;

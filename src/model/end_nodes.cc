@@ -48,6 +48,21 @@ void embed_backward_weights(EmbedActs& a, const ModelWeights& g, const NodeConte
   a = EmbedActs{};
 }
 
+// Note [Loss mask]: with --eod-mask-loss (NodeContext::loss_mask) the loss node's loss is
+// Megatron-LM's sum(loss * mask) / sum(mask) over the micro-batch's tokens, the tokens whose
+// input is the end-of-document id weighing 0; the trainers then average the micro-batches' losses
+// and the data-parallel ranks' gradients as they do unmasked, as Megatron-LM does without
+// --calculate-per-token-loss. A micro-batch with no token of weight 1 has the loss 0 / 0 (NaN),
+// as in Megatron-LM, which --nan-policy judges. Only the unfused (CPU) head takes a mask.
+static double loss_tokens(const NodeContext& c) {
+  if (!c.loss_mask.defined()) return static_cast<double>(c.tokens());
+  TANDEM_CHECK(!c.fused_lm_head,
+               "--eod-mask-loss runs on the CPU's loss node only; the fused LM head takes no mask");
+  double kept = 0;
+  for (int64_t r = 0; r < c.loss_mask.numel(); ++r) kept += c.loss_mask.data<float>()[r];
+  return kept;
+}
+
 void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const ModelWeights& w,
                   const NodeContext& c) {
   const ModelConfig& cfg = c.cfg;
@@ -62,6 +77,7 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   a.nf = (nf_temporary ? work_tensor : saved_tensor)({n, h}, c.dtype, "loss.nf");
   a.rstd = saved_tensor({n}, c.stat_dtype(), "loss.rstd");
   ops::rmsnorm_forward(a.nf, a.rstd, a.x, w.final_norm, cfg.norm_epsilon);
+  if (c.loss_mask.defined()) loss_tokens(c);  // checks that the head takes it
   if (c.fused_lm_head && c.grads != nullptr) {
     // Note [Loss gradient in the forward]: the loss is the last node of its micro-batch's
     // forward and its gradient depends on nothing later, so when training, the fused node forms
@@ -99,8 +115,8 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   ops::linear_forward(a.logits, a.nf, w.lm_head);
   a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
   a.targets.copy_from(targets);
-  a.lm_loss =
-      ops::PendingScalar(ops::cross_entropy_forward(a.logits, a.targets) / static_cast<double>(n));
+  a.lm_loss = ops::PendingScalar(
+      ops::cross_entropy_forward_masked(a.logits, a.targets, c.loss_mask) / loss_tokens(c));
   if (mtp_runs(c)) mtp_forward(a, targets, w, c);
 }
 
@@ -137,7 +153,8 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
     return;
   }
   // dlogits overwrite the logits in place: the fp32 logits die the moment their gradient exists.
-  ops::cross_entropy_backward(a.logits, a.logits, a.targets, c.loss_scale / static_cast<double>(n));
+  ops::cross_entropy_backward_masked(a.logits, a.logits, a.targets, c.loss_scale / loss_tokens(c),
+                                     c.loss_mask);
   Tensor d_nf = work_tensor({n, h}, c.dtype, "loss.d_nf");
   ops::linear_backward_input(d_nf, a.logits, w.lm_head);
   add_mtp(d_nf);

@@ -44,8 +44,8 @@ void mla_forward(AttentionSaved& s, const LayerWeights& w, const NodeContext& c)
   s.q = saved_tensor({n, cfg.q_width()}, c.dtype, "attn.q");
   s.k = saved_tensor({n, cfg.kv_width()}, c.dtype, "attn.k");
   s.v = saved_tensor({n, cfg.attn_out_width()}, c.dtype, "attn.v");
-  ops::mla_qkv_forward(s.q, s.k, s.v, q_in, kv, k_rope, c.seq, heads, cfg.qk_head_dim, dr,
-                       cfg.v_head_dim, cfg.rope());
+  ops::mla_qkv_forward_at(s.q, s.k, s.v, q_in, kv, k_rope, c.seq, heads, cfg.qk_head_dim, dr,
+                          cfg.v_head_dim, cfg.rope(), c.positions);
 }
 
 Tensor mla_backward(AttentionSaved& s, const LayerWeights& w, const LayerWeights& g,
@@ -56,8 +56,8 @@ Tensor mla_backward(AttentionSaved& s, const LayerWeights& w, const LayerWeights
   s.d_q_in = work_tensor({n, cfg.q_width()}, c.dtype, "d_mla_q_in");
   s.d_kv = work_tensor({n, heads * (cfg.qk_head_dim + cfg.v_head_dim)}, c.dtype, "d_mla_kv");
   s.d_k_rope = work_tensor({n, dr}, c.dtype, "d_mla_k_rope");
-  ops::mla_qkv_backward(s.d_q_in, s.d_kv, s.d_k_rope, s.d_q, s.d_k, s.d_v, c.seq, heads,
-                        cfg.qk_head_dim, dr, cfg.v_head_dim, cfg.rope());
+  ops::mla_qkv_backward_at(s.d_q_in, s.d_kv, s.d_k_rope, s.d_q, s.d_k, s.d_v, c.seq, heads,
+                           cfg.qk_head_dim, dr, cfg.v_head_dim, cfg.rope(), c.positions);
   s.d_q = Tensor();
   s.d_k = Tensor();
   s.d_v = Tensor();

@@ -62,6 +62,12 @@ struct NodeContext {
   // "Multi-token prediction"): off for forwards whose loss is the LM loss only (evaluation,
   // generation), as Megatron-LM's MTP changes only the training loss.
   bool mtp = true;
+  // Megatron-LM's document masking of this micro-batch (Note [Document masking] in
+  // data/document_masks.h), on the CPU, undefined when off: each query's first key
+  // (--reset-attention-mask) and each token's RoPE position (--reset-position-ids), i32 [N]; the
+  // loss mask (--eod-mask-loss), f32 [N], 0 where the input is the end-of-document token: the
+  // loss node's loss is the mean over the tokens of mask 1 (Note [Loss mask] in end_nodes.cc).
+  Tensor key_begin = {}, positions = {}, loss_mask = {};
   int64_t tokens() const { return batch * seq; }
   // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
   // activations are bf16 (docs/cuda.md "Numerics on the GPU").

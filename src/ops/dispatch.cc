@@ -181,6 +181,72 @@ void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_
             rope_dim, v_dim, rope);
 }
 
+// Positions of their own are the CPU's only (Note [Document masking] in
+// data/document_masks.h); undefined, the plain ops.
+static void check_positions_device(const Tensor& first, const Tensor& positions) {
+  TANDEM_CHECK(!first.defined() || first.device() == Device::kCPU,
+               "RoPE at positions of their own (--reset-position-ids) runs on the CPU only: the "
+               "GPU kernels take position n % seq; use --device cpu");
+  TANDEM_CHECK(positions.device() == Device::kCPU, "RoPE positions must be on the CPU");
+}
+
+void rope_forward_qk_at(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
+                        const Tensor& positions) {
+  if (!positions.defined()) return rope_forward_qk(q, k, seq, heads, kv_heads, head_dim, rope);
+  check_positions_device(q, positions);
+  cpu::rope_forward_qk_at(q, k, seq, heads, kv_heads, head_dim, rope, positions);
+}
+
+void rope_backward_qk_at(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
+                         const Tensor& positions) {
+  if (!positions.defined()) return rope_backward_qk(dq, dk, seq, heads, kv_heads, head_dim, rope);
+  check_positions_device(dq, positions);
+  cpu::rope_backward_qk_at(dq, dk, seq, heads, kv_heads, head_dim, rope, positions);
+}
+
+void mla_qkv_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
+                        const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
+                        int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope,
+                        const Tensor& positions) {
+  if (!positions.defined()) {
+    return mla_qkv_forward(q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim, rope);
+  }
+  check_positions_device(q, positions);
+  cpu::mla_qkv_forward_at(q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim, rope,
+                          positions);
+}
+
+void mla_qkv_backward_at(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                         const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
+                         int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                         const RopeSpec& rope, const Tensor& positions) {
+  if (!positions.defined()) {
+    return mla_qkv_backward(d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim, rope_dim,
+                            v_dim, rope);
+  }
+  check_positions_device(dq, positions);
+  cpu::mla_qkv_backward_at(d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim, rope_dim,
+                           v_dim, rope, positions);
+}
+
+double cross_entropy_forward_masked(const Tensor& logits, const Tensor& targets,
+                                    const Tensor& loss_mask) {
+  if (!loss_mask.defined()) return cross_entropy_forward(logits, targets);
+  TANDEM_CHECK(logits.device() == Device::kCPU && loss_mask.device() == Device::kCPU,
+               "a loss mask (--eod-mask-loss) runs on the CPU only; use --device cpu");
+  return cpu::cross_entropy_forward_masked(logits, targets, loss_mask);
+}
+
+void cross_entropy_backward_masked(const Tensor& dlogits, const Tensor& logits,
+                                   const Tensor& targets, double scale, const Tensor& loss_mask) {
+  if (!loss_mask.defined()) return cross_entropy_backward(dlogits, logits, targets, scale);
+  TANDEM_CHECK(logits.device() == Device::kCPU && loss_mask.device() == Device::kCPU,
+               "a loss mask (--eod-mask-loss) runs on the CPU only; use --device cpu");
+  cpu::cross_entropy_backward_masked(dlogits, logits, targets, scale, loss_mask);
+}
+
 double AttentionShape::softmax_scale() const {
   return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }

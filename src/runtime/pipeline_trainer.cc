@@ -74,6 +74,7 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
   check_mtp_overlap(model_, L.ep, paired);  // Note [Layout rules] in core/config.h
   train_.validate(L.dp());
   check_data_fits(data, model_);
+  check_document_masking(model_, train_);
   TANDEM_CHECK(sched.num_ranks == L.pp, "schedule '", sched.name, "' has ", sched.num_ranks,
                " pipeline ranks but --pipeline-model-parallel-size is ", L.pp);
   num_mb_ = train_.num_microbatches(L.dp());
@@ -158,11 +159,15 @@ model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t 
   StageRuntime& s = local(stage);
   model::MicroBatchState& state = s.mbs[mb];
   const bool first = s.params->spec().has_embed, last = s.params->spec().has_head;
-  if (first || last) {
+  // Every stage's attention reads the document masks: each stage reads them from the ids itself.
+  if (first || last || train_.document_masking()) {
     const int64_t global_mb = groups_->layout.dp_rank(groups_->rank) * num_mb_ + mb;
     MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, global_mb);
     if (first) state.ids = tokens.ids;
     if (last) state.targets = tokens.targets;
+    state.key_begin = tokens.key_begin;
+    state.positions = tokens.positions;
+    state.loss_mask = tokens.loss_mask;
   }
   if (!first && is_local(stage - 1)) {  // the previous stage ran on this rank (V placement)
     state.input = std::exchange(local(stage - 1).mbs[mb].layers.back().out, Tensor());
@@ -219,6 +224,9 @@ NodeWork PipelineTrainer::prepare(const Action& a, int64_t iteration) {
   // The micro-batch's place in the global batch, as its data's (prepare_forward).
   const int64_t global_mb = groups_->layout.dp_rank(groups_->rank) * num_mb_ + a.microbatch;
   w.context.routing_key = model::routing_key(train_.seed, iteration, global_mb);
+  w.context.key_begin = state->key_begin;
+  w.context.positions = state->positions;
+  w.context.loss_mask = state->loss_mask;
   return w;
 }
 

@@ -16,6 +16,7 @@ ReferenceTrainer::ReferenceTrainer(const ModelConfig& m, const TrainConfig& t,
   model_.validate();
   train_.validate();
   check_data_fits(data, model_);
+  check_document_masking(model_, train_);
   TANDEM_CHECK(train_.device == Device::kCPU || dtype == DType::kF32,
                "GPU training keeps f32 master weights; ", dtype_name(dtype), " is CPU-only");
   DeviceScope on(train_.device);
@@ -50,6 +51,9 @@ StepResult ReferenceTrainer::forward_backward(int64_t iteration) {
   for (int64_t mb = 0; mb < num_mb; ++mb) {
     MicroBatchTokens tokens = load_micro_batch(*data_, model_, train_, iteration, mb);
     ctx.routing_key = model::routing_key(train_.seed, iteration, mb);
+    ctx.key_begin = tokens.key_begin;
+    ctx.positions = tokens.positions;
+    ctx.loss_mask = tokens.loss_mask;
     model::MicroBatchState state;
     state.ids = tokens.ids;
     state.targets = tokens.targets;

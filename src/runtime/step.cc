@@ -1,9 +1,12 @@
 // What every training step shares (step.h).
 #include "runtime/step.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 #include <vector>
+
+#include "data/document_masks.h"
 
 namespace tandem::runtime {
 
@@ -22,7 +25,39 @@ MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& 
       out.targets.data<int32_t>()[r * s + j] = row[static_cast<size_t>(j + 1)];
     }
   }
+  if (t.document_masking()) {
+    const data::DocumentMasks dm =
+        data::document_masks(out.ids.data<int32_t>(), b, s,
+                             {.eod = t.eod_token_id,
+                              .reset_position_ids = t.reset_position_ids,
+                              .reset_attention_mask = t.reset_attention_mask,
+                              .eod_mask_loss = t.eod_mask_loss});
+    const auto to_tensor = [&](const std::vector<int32_t>& v, const char* name) {
+      Tensor x = Tensor::empty({b * s}, DType::kI32, MemCategory::kOther, name, Device::kCPU);
+      std::copy(v.begin(), v.end(), x.data<int32_t>());
+      return x;
+    };
+    if (t.reset_attention_mask) out.key_begin = to_tensor(dm.key_begin, "batch.key_begin");
+    if (t.reset_position_ids) out.positions = to_tensor(dm.position, "batch.positions");
+    if (t.eod_mask_loss) {
+      out.loss_mask =
+          Tensor::empty({b * s}, DType::kF32, MemCategory::kOther, "batch.loss_mask", Device::kCPU);
+      std::copy(dm.loss_mask.begin(), dm.loss_mask.end(), out.loss_mask.data<float>());
+    }
+  }
   return out;
+}
+
+void check_document_masking(const ModelConfig& m, const TrainConfig& t) {
+  if (!t.document_masking()) return;
+  const char* option = t.reset_attention_mask ? "--reset-attention-mask"
+                       : t.reset_position_ids ? "--reset-position-ids"
+                                              : "--eod-mask-loss";
+  TANDEM_CHECK(t.eod_token_id < m.vocab_size, option, ": --eod-token-id ", t.eod_token_id,
+               " is outside the vocabulary [0, ", m.vocab_size, ")");
+  TANDEM_CHECK(m.mtp_num_layers == 0, option,
+               " with --mtp-num-layers is not in tandem yet (Megatron-LM rolls the masks for "
+               "each MTP depth): leave one of them out");
 }
 
 void check_data_fits(const data::Dataset& data, const ModelConfig& m) {

@@ -44,16 +44,22 @@ struct StepResult {
 
 // Note [Per-token loss]: Megatron-LM's default step loss is the mean over micro-batches of each
 // micro-batch's mean over its unmasked tokens; with --calculate-per-token-loss it is the sum
-// over the global batch's tokens divided by their count. Every token of a tandem micro-batch
-// counts (no loss mask), so each holds micro_batch * seq of them and the two are one value, with
-// one weight 1 / (global_batch * seq) per token: the trainers' loss scale 1 / (micro-batches x
-// data-parallel ranks) over each micro-batch's token count. The option is taken with that meaning
-// (TrainConfig::calculate_per_token_loss); a loss mask would have to weigh each micro-batch by its
-// unmasked count instead.
+// over the global batch's tokens divided by their count. Without --eod-mask-loss every token of a
+// tandem micro-batch counts, so each holds micro_batch * seq of them and the two are one value,
+// with one weight 1 / (global_batch * seq) per token: the trainers' loss scale 1 / (micro-batches
+// x data-parallel ranks) over each micro-batch's token count. The option is taken with that
+// meaning (TrainConfig::calculate_per_token_loss). With --eod-mask-loss each micro-batch's mean
+// is over its unmasked tokens (Note [Loss mask] in model/end_nodes.cc), the default average;
+// the per-token one would weigh each micro-batch by its unmasked count, and is refused with it.
 
 // Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.
+// With document masking (TrainConfig::document_masking), also each query's first key
+// (--reset-attention-mask) and each token's position (--reset-position-ids), CPU i32
+// [micro_batch * seq] each, and the loss mask (--eod-mask-loss), CPU f32, from the ids
+// (Note [Document masking] in data/document_masks.h); each undefined when its option is off.
 struct MicroBatchTokens {
   Tensor ids, targets;
+  Tensor key_begin, positions, loss_mask;
 };
 
 // Reads micro-batch `mb` of step `iteration` (0-based) from the dataset: sample indices
@@ -62,6 +68,10 @@ struct MicroBatchTokens {
 // the data position of a checkpoint is its iteration alone.
 MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& m,
                                   const TrainConfig& t, int64_t iteration, int64_t mb);
+
+// Throws unless the document options (TrainConfig::document_masking) fit the model: each needs
+// the end-of-document id within the vocabulary, and multi-token prediction is not taken with them.
+void check_document_masking(const ModelConfig& m, const TrainConfig& t);
 
 // Throws unless the data set's token ids are all below the model's vocabulary size.
 void check_data_fits(const data::Dataset& data, const ModelConfig& m);

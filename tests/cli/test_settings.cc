@@ -241,6 +241,10 @@ TEST(Settings, EverySavedTrainingSettingRoundTripsThroughTheCheckpoint) {
     if (s.name.starts_with("lr-") && s.name.ends_with("-samples")) {
       t.train_samples = t.train_iters * t.global_batch_size;
     }
+    // The document options split on an end-of-document id (Note [Document masking] in
+    // data/document_masks.h).
+    const bool document = s.name.starts_with("reset-") || s.name == "eod-mask-loss";
+    if (document) t.eod_token_id = 0;
     Settings rows = train_settings(t);
     const Setting& row = *find_setting(rows, s.name);
     const auto still_valid = [&](const std::string& text) {
@@ -268,6 +272,10 @@ TEST(Settings, EverySavedTrainingSettingRoundTripsThroughTheCheckpoint) {
     if (t.train_samples > 0) {
       args.push_back("--train-samples");
       args.push_back(std::to_string(t.train_samples));
+    }
+    if (document) {
+      args.push_back("--eod-token-id");
+      args.push_back("0");
     }
     parse_into(via_cli, args);
     const nlohmann::json j = runtime::config_to_json(via_cli.run.train);

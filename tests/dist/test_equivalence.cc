@@ -140,6 +140,9 @@ struct Case {
   schedule::ScheduleKind kind;
   bool pair_first_forwards = false;
   int64_t first = 0, last = 0;  // Note [Uneven stages]: the first and last stage's layers
+  // Megatron-LM's document masking, all three options, on id 5 of the random tokens
+  // (Note [Document masking] in data/document_masks.h).
+  bool documents = false;
 };
 
 // Runs one case on every rank; returns false (and says why) when the schedule does not support
@@ -153,6 +156,10 @@ bool run_case(const Case& c, int dp) {
   t.global_batch_size = mb_per_rank * dp;
   t.first_stage_layers = c.first;
   t.last_stage_layers = c.last;
+  if (c.documents) {
+    t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+    t.eod_token_id = 5;
+  }
   const std::optional<schedule::Schedule> sched =
       testing::layout_schedule({c.pp, c.ep, c.v, c.kind, c.pair_first_forwards}, mb_per_rank);
   if (!sched) return false;
@@ -170,8 +177,9 @@ bool run_case(const Case& c, int dp) {
   std::ostringstream what;
   what << model_name(c.model) << " " << schedule::schedule_kind_name(c.kind) << " pp" << c.pp
        << " ep" << c.ep << " dp" << dp << " v" << c.v
-       << (c.pair_first_forwards ? " paired first forwards" : "") << " layers first " << c.first
-       << " last " << c.last << " on rank " << g_world->rank();
+       << (c.pair_first_forwards ? " paired first forwards" : "")
+       << (c.documents ? " document masks" : "") << " layers first " << c.first << " last "
+       << c.last << " on rank " << g_world->rank();
   const bool exact = c.ep == 1 && dp == 1;
   EXPECT_NEAR(got.loss, want.loss, 1e-12 * std::abs(want.loss)) << what.str();
   if (exact) {
@@ -323,6 +331,32 @@ TEST(Equivalence, UnevenStagesAreTheOneRank) {
     cases.push_back({{Model::kDeepseekV3, 4, 1, 1, ScheduleKind::k1f1b, false, 1, 3}, 2});
   } else {
     GTEST_SKIP() << "uneven stages need a pipeline: 2, 4 or 8 ranks";
+  }
+  for (const auto& [c, dp] : cases) EXPECT_TRUE(run_case(c, dp));
+}
+
+// Document masking (--reset-attention-mask, --reset-position-ids, --eod-mask-loss): every stage
+// reads the masks from the micro-batch's ids itself, the loss node its loss mask; loss and every
+// gradient the one rank's (bitwise without expert or data parallelism), DeepSeek-V3's MLA and
+// Mixtral's attention both.
+TEST(Equivalence, DocumentMasksAreTheOneRank) {
+  using schedule::ScheduleKind;
+  const int world = g_world->size();
+  std::vector<std::pair<Case, int>> cases;  // (case, dp)
+  const auto documents = [](Case c) {
+    c.documents = true;
+    return c;
+  };
+  if (world == 1) {
+    cases.push_back({documents({Model::kMoe, 1, 1, 1, ScheduleKind::k1f1b}), 1});
+  } else if (world == 2) {
+    cases.push_back({documents({Model::kDeepseekV3, 2, 1, 1, ScheduleKind::k1f1b}), 1});
+    cases.push_back({documents({Model::kMoe, 2, 1, 2, ScheduleKind::kInterleaved1f1b}), 1});
+    cases.push_back({documents({Model::kMoe, 1, 2, 1, ScheduleKind::k1f1b}), 2});
+  } else if (world == 4) {
+    cases.push_back({documents({Model::kDeepseekV3, 2, 2, 1, ScheduleKind::kCombined1f1b}), 2});
+  } else {
+    GTEST_SKIP() << "document masks run on 1, 2 and 4 ranks";
   }
   for (const auto& [c, dp] : cases) EXPECT_TRUE(run_case(c, dp));
 }

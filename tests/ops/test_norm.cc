@@ -4,7 +4,9 @@
 // for the f32 op.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <vector>
 
 #include "op_test_util.h"
 #include "ops/ops.h"
@@ -185,6 +187,48 @@ TEST(Rope, QkIsTheSingleTensorOpOnEach) {
   Tensor q = clone(q0), k_short = make({batch * seq - 1, kv_heads * d}, DType::kF64);
   EXPECT_THROW(rope_forward_qk(q, k_short, seq, heads, kv_heads, d, RopeSpec(500)), Error);
   EXPECT_THROW(rope_forward_qk(q, clone(k0), seq, heads, heads, d, RopeSpec(500)), Error);
+  EXPECT_EQ(values(q), values(q0));
+}
+
+// Positions of their own (--reset-position-ids): at r % seq the plain op; each row rotated as
+// the plain op rotates the row of a sequence at that position; positions outside [0, seq)
+// refused, nothing written.
+TEST(Rope, QkAtPositionsRotatesEachRowAtItsPosition) {
+  std::mt19937_64 rng(23);
+  const int64_t seq = 5, batch = 2, heads = 2, kv_heads = 1, d = 4;
+  const Tensor q0 = random({batch * seq, heads * d}, DType::kF64, rng);
+  const Tensor k0 = random({batch * seq, kv_heads * d}, DType::kF64, rng);
+  const auto i32 = [](std::vector<int32_t> v) {
+    Tensor t = make({static_cast<int64_t>(v.size())}, DType::kI32);
+    std::copy(v.begin(), v.end(), t.data<int32_t>());
+    return t;
+  };
+  for (bool backward : {false, true}) {
+    auto plain = backward ? rope_backward_qk : rope_forward_qk;
+    auto at = backward ? rope_backward_qk_at : rope_forward_qk_at;
+    Tensor q = clone(q0), k = clone(k0), q_want = clone(q0), k_want = clone(k0);
+    at(q, k, seq, heads, kv_heads, d, RopeSpec(500), i32({0, 1, 2, 3, 4, 0, 1, 2, 3, 4}));
+    plain(q_want, k_want, seq, heads, kv_heads, d, RopeSpec(500));
+    EXPECT_EQ(values(q), values(q_want));
+    EXPECT_EQ(values(k), values(k_want));
+    // Restarted positions: row 7 at position 0 is the plain op's row 5 when given row 7's input.
+    q = clone(q0);
+    k = clone(k0);
+    at(q, k, seq, heads, kv_heads, d, RopeSpec(500), i32({0, 1, 2, 0, 1, 0, 1, 0, 1, 2}));
+    Tensor moved = clone(q0);
+    for (int64_t j = 0; j < heads * d; ++j) {
+      moved.data<double>()[5 * heads * d + j] = q0.data<double>()[7 * heads * d + j];
+    }
+    Tensor k_moved = clone(k0);
+    plain(moved, k_moved, seq, heads, kv_heads, d, RopeSpec(500));
+    for (int64_t j = 0; j < heads * d; ++j) {
+      EXPECT_EQ(q.data<double>()[7 * heads * d + j], moved.data<double>()[5 * heads * d + j]);
+    }
+  }
+  Tensor q = clone(q0), k = clone(k0);
+  EXPECT_THROW(rope_forward_qk_at(q, k, seq, heads, kv_heads, d, RopeSpec(500),
+                                  i32({0, 1, 2, 3, 5, 0, 1, 2, 3, 4})),
+               Error);
   EXPECT_EQ(values(q), values(q0));
 }
 

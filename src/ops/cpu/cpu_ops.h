@@ -6,4 +6,5 @@
 
 namespace tandem::ops::cpu {
 #include "ops/op_decls.inc"
+#include "ops/op_decls_cpu.inc"
 }  // namespace tandem::ops::cpu

@@ -1,5 +1,6 @@
 // CPU cross-entropy over the vocabulary: a numerically stable log-sum-exp per row, reduced in
 // double and in row order (bitwise reproducible).
+#include <algorithm>
 #include <cmath>
 
 #include "ops/cpu/common.h"
@@ -27,10 +28,9 @@ DType check_ce(const char* op, const Tensor& logits, const Tensor& targets) {
   return dt;
 }
 
-}  // namespace
-
-double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
-  const DType dt = check_ce("cross_entropy_forward", logits, targets);
+// The summed cross-entropy of the rows of logits (checked by check_ce, of dtype dt) whose mask is
+// 1; mask null: every row.
+double cross_entropy_sum(DType dt, const Tensor& logits, const Tensor& targets, const float* mask) {
   const int64_t n = logits.size(0), v = logits.size(1);
   const int32_t* pt = targets.data<int32_t>();
   return cpu::dispatch_float(dt, [&](auto tag) {
@@ -38,11 +38,19 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
     const T* pl = logits.data<T>();
     double loss = 0;
     for (int64_t r = 0; r < n; ++r) {
+      if (mask != nullptr && mask[r] == 0.0f) continue;
       const T* row = pl + r * v;
       loss += row_logsumexp(row, v) - static_cast<double>(row[pt[r]]);
     }
     return loss;
   });
+}
+
+}  // namespace
+
+double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
+  const DType dt = check_ce("cross_entropy_forward", logits, targets);
+  return cross_entropy_sum(dt, logits, targets, nullptr);
 }
 
 void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
@@ -65,6 +73,43 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const T
         const double p = std::exp(static_cast<double>(row[j]) - lse);
         drow[j] = static_cast<T>((p - (j == pt[r] ? 1.0 : 0.0)) * scale);
       }
+    }
+  });
+}
+
+namespace {
+
+// loss_mask [N] f32 of 0s and 1s beside logits [N, V].
+const float* check_loss_mask(const char* op, const Tensor& logits, const Tensor& loss_mask) {
+  cpu::expect(op, "loss_mask", loss_mask, DType::kF32, {logits.size(0)});
+  const float* m = loss_mask.data<float>();
+  for (int64_t r = 0; r < logits.size(0); ++r) {
+    TANDEM_CHECK(m[r] == 0.0f || m[r] == 1.0f, op, ": loss_mask[", r, "] = ", m[r],
+                 " is neither 0 nor 1");
+  }
+  return m;
+}
+
+}  // namespace
+
+double cross_entropy_forward_masked(const Tensor& logits, const Tensor& targets,
+                                    const Tensor& loss_mask) {
+  const char* op = "cross_entropy_forward";
+  const DType dt = check_ce(op, logits, targets);
+  return cross_entropy_sum(dt, logits, targets, check_loss_mask(op, logits, loss_mask));
+}
+
+void cross_entropy_backward_masked(const Tensor& dlogits, const Tensor& logits,
+                                   const Tensor& targets, double scale, const Tensor& loss_mask) {
+  const char* op = "cross_entropy_backward";
+  const DType dt = check_ce(op, logits, targets);
+  const float* m = check_loss_mask(op, logits, loss_mask);
+  cross_entropy_backward(dlogits, logits, targets, scale);
+  const int64_t v = logits.size(1);
+  cpu::dispatch_float(dt, [&](auto tag) {
+    using T = decltype(tag);
+    for (int64_t r = 0; r < logits.size(0); ++r) {
+      if (m[r] == 0.0f) std::fill(dlogits.data<T>() + r * v, dlogits.data<T>() + (r + 1) * v, T(0));
     }
   });
 }

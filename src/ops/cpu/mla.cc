@@ -41,11 +41,13 @@ MlaDims check_mla(const char* op, const Tensor& q, const Tensor& q_in, const Ten
 
 }  // namespace
 
-void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
-                     const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
-                     int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope) {
+void mla_qkv_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
+                        const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
+                        int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope,
+                        const Tensor& positions) {
   const char* op = "mla_qkv_forward";
   const MlaDims d = check_mla(op, q, q_in, k, v, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim);
+  const int32_t* pos = row_positions(op, positions, d.n, seq);
   cpu::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const RopeTable<T> table(rope, d.dr, seq, 1.0);
@@ -53,12 +55,12 @@ void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
     T *pq = q.data<T>(), *pk = k.data<T>(), *pv = v.data<T>();
     std::vector<T> kr(static_cast<size_t>(d.dr));
     for (int64_t r = 0; r < d.n; ++r) {
-      table.rotate(kr.data(), pkr + r * d.dr, r % seq, true);
+      table.rotate(kr.data(), pkr + r * d.dr, position_of(pos, r, seq), true);
       for (int64_t h = 0; h < d.heads; ++h) {
         const T* qi = pqi + (r * d.heads + h) * d.qk;
         T* qo = pq + (r * d.heads + h) * d.qk;
         std::copy(qi, qi + d.dn, qo);
-        table.rotate(qo + d.dn, qi + d.dn, r % seq, true);
+        table.rotate(qo + d.dn, qi + d.dn, position_of(pos, r, seq), true);
         const T* kvh = pkv + r * d.kvw + h * (d.dn + d.dv);
         T* ko = pk + (r * d.heads + h) * d.qk;
         std::copy(kvh, kvh + d.dn, ko);
@@ -69,13 +71,14 @@ void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   });
 }
 
-void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
-                      const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
-                      int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
-                      const RopeSpec& rope) {
+void mla_qkv_backward_at(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                         const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
+                         int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                         const RopeSpec& rope, const Tensor& positions) {
   const char* op = "mla_qkv_backward";
   const MlaDims d =
       check_mla(op, dq, d_q_in, dk, dv, d_kv, d_k_rope, seq, heads, nope_dim, rope_dim, v_dim);
+  const int32_t* pos = row_positions(op, positions, d.n, seq);
   cpu::dispatch_float(dq.dtype(), [&](auto tag) {
     using T = decltype(tag);
     const RopeTable<T> table(rope, d.dr, seq, -1.0);
@@ -89,7 +92,7 @@ void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_
         const T* g = pdq + (r * d.heads + h) * d.qk;
         T* gi = pdqi + (r * d.heads + h) * d.qk;
         std::copy(g, g + d.dn, gi);
-        table.rotate(gi + d.dn, g + d.dn, r % seq, false);
+        table.rotate(gi + d.dn, g + d.dn, position_of(pos, r, seq), false);
         const T* gk = pdk + (r * d.heads + h) * d.qk;
         T* gkv = pdkv + r * d.kvw + h * (d.dn + d.dv);
         std::copy(gk, gk + d.dn, gkv);
@@ -100,9 +103,24 @@ void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_
         for (int64_t c = 0; c < d.dr; ++c) sum[static_cast<size_t>(c)] += gk[d.dn + c];
       }
       for (int64_t c = 0; c < d.dr; ++c) back[static_cast<size_t>(c)] = static_cast<T>(sum[c]);
-      table.rotate(pdkr + r * d.dr, back.data(), r % seq, false);
+      table.rotate(pdkr + r * d.dr, back.data(), position_of(pos, r, seq), false);
     }
   });
+}
+
+void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
+                     const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
+                     int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope) {
+  mla_qkv_forward_at(q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim, rope,
+                     Tensor());
+}
+
+void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                      const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
+                      int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                      const RopeSpec& rope) {
+  mla_qkv_backward_at(d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim, rope_dim, v_dim,
+                      rope, Tensor());
 }
 
 }  // namespace tandem::ops::cpu

@@ -84,7 +84,8 @@ namespace {
 // out = rotation of x by +angle (sign 1, the forward) or -angle (sign -1, its transpose, the
 // backward). x, out: [N, heads * D]; row n at position n % seq. out may alias x.
 void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq, int64_t heads,
-                int64_t head_dim, const RopeSpec& rope, double sign) {
+                int64_t head_dim, const RopeSpec& rope, double sign,
+                const Tensor& positions = Tensor()) {
   const DType dt = cpu::float_dtype(op, "x", x, 2);
   cpu::expect_at_least(op, "seq", seq, 1);
   cpu::expect_at_least(op, "heads", heads, 1);
@@ -94,6 +95,7 @@ void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq,
                " columns; expected heads * head_dim = ", heads * head_dim);
   expect(op, "out", out, dt, x.shape());
   const int64_t n = x.size(0), width = heads * head_dim;
+  const int32_t* pos = row_positions(op, positions, n, seq);
   TANDEM_CHECK(!rope.interleaved || head_dim <= 2 * RopeTable<float>::kMaxHalf, op,
                ": interleaved head_dim ", head_dim, " is above ", 2 * RopeTable<float>::kMaxHalf);
   dispatch_float(dt, [&](auto tag) {
@@ -103,8 +105,8 @@ void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq,
     T* po = out.data<T>();
     for (int64_t r = 0; r < n; ++r) {
       for (int64_t hd = 0; hd < heads; ++hd) {
-        table.rotate(po + r * width + hd * head_dim, px + r * width + hd * head_dim, r % seq,
-                     sign > 0);
+        table.rotate(po + r * width + hd * head_dim, px + r * width + hd * head_dim,
+                     position_of(pos, r, seq), sign > 0);
       }
     }
   });
@@ -127,24 +129,37 @@ namespace {
 // q and k, in place, one after the other (one launch matters on the GPU only). k is checked
 // before q is written.
 void rope_apply_qk(const char* op, const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                   int64_t kv_heads, int64_t head_dim, const RopeSpec& rope, double sign) {
+                   int64_t kv_heads, int64_t head_dim, const RopeSpec& rope, double sign,
+                   const Tensor& positions) {
   const DType dt = cpu::float_dtype(op, "q", q, 2);
   cpu::expect_at_least(op, "kv_heads", kv_heads, 1);
   expect(op, "k", k, dt, {q.size(0), kv_heads * head_dim});
-  rope_apply(op, q, q, seq, heads, head_dim, rope, sign);
-  rope_apply(op, k, k, seq, kv_heads, head_dim, rope, sign);
+  rope_apply(op, q, q, seq, heads, head_dim, rope, sign, positions);
+  rope_apply(op, k, k, seq, kv_heads, head_dim, rope, sign, positions);
 }
 
 }  // namespace
 
 void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads,
                      int64_t head_dim, const RopeSpec& rope) {
-  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0);
+  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0, Tensor());
+}
+
+void rope_forward_qk_at(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
+                        const Tensor& positions) {
+  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0, positions);
 }
 
 void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
                       int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
-  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0);
+  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0, Tensor());
+}
+
+void rope_backward_qk_at(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
+                         const Tensor& positions) {
+  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0, positions);
 }
 
 }  // namespace tandem::ops::cpu

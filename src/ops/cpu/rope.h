@@ -7,6 +7,8 @@
 #include <vector>
 
 #include "core/config.h"
+#include "core/error.h"
+#include "core/tensor.h"
 
 namespace tandem::ops::cpu {
 
@@ -62,5 +64,23 @@ struct RopeTable {
 
   static constexpr int64_t kMaxHalf = 512;  // interleaved heads up to 1024 columns
 };
+
+// Each row's position (Note [Document masking] in data/document_masks.h): positions[r] when
+// given (i32 [n], each in [0, seq), checked here), else r % seq. Null when not given.
+inline const int32_t* row_positions(const char* op, const Tensor& positions, int64_t n,
+                                    int64_t seq) {
+  if (!positions.defined()) return nullptr;
+  TANDEM_CHECK(positions.dtype() == DType::kI32 && positions.dim() == 1 && positions.size(0) == n,
+               op, ": positions must be i32 [", n, "]");
+  const int32_t* p = positions.data<int32_t>();
+  for (int64_t r = 0; r < n; ++r) {
+    TANDEM_CHECK(p[r] >= 0 && p[r] < seq, op, ": positions[", r, "] = ", p[r], " is outside [0, ",
+                 seq, ")");
+  }
+  return p;
+}
+inline int64_t position_of(const int32_t* pos, int64_t r, int64_t seq) {
+  return pos != nullptr ? pos[r] : r % seq;
+}
 
 }  // namespace tandem::ops::cpu
