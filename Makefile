@@ -66,7 +66,7 @@ DEMO_ITERS ?= 1500
 DEMO_DEVICE ?= auto
 DEMO_SEQ ?= $(shell echo $$((3 * $(DEMO_DIGITS) + 4)))
 DEMO_MODEL ?= --num-layers 2 --hidden-size 128 --num-attention-heads 4 --num-query-groups 4 \
-  --ffn-hidden-size 256 --num-experts 4 --moe-router-topk 2
+  --ffn-hidden-size 256 --num-experts 4 --moe-router-topk 2 --untie-embeddings-and-output-weights
 DEMO_ARGS ?= --seq-length $(DEMO_SEQ) --micro-batch-size 100 --global-batch-size 100 \
   --train-iters $(DEMO_ITERS) --lr 3e-3 --min-lr 3e-4 --lr-decay-style cosine --lr-warmup-iters 30 \
   --weight-decay 0.1 --adam-beta2 0.95 --moe-aux-loss-coeff 0.01 --keep-checkpoints 2 \

@@ -7,8 +7,10 @@
 // With `overlap`: memory-bound work issued on a second stream beside shape (d)'s attention, against
 // the same work after it (whether the GPU runs them side by side: the experts' weight gradients,
 // 64 experts of 384 rows, beside the backward; AdamW over 138 million weights beside two
-// backwards and beside four forwards). Standalone (no Google Benchmark): `attention_timing
-// [iterations] [overlap]`.
+// backwards and beside four forwards). With `documents`: shapes (b), (c) and (d) within
+// documents of seq, seq / 2, 512 and 128 tokens (--reset-attention-mask) against plain causal
+// attention, the ratio of their times (Note [Attention document bounds]). Standalone (no Google
+// Benchmark): `attention_timing [iterations] [overlap | documents]`.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -239,19 +241,54 @@ void bench_overlap(int iters) {
   TANDEM_CUDA_CHECK(cudaStreamDestroy(side));
 }
 
+// Note [Attention document bounds] in attention_mma.cuh: the forward and backward of `s` within
+// documents of `doc` tokens each (key_begin from Megatron's masks: each document's first
+// position; `doc` >= seq: bounds of all zeros, the masking's own cost) against plain causal
+// attention of the same tokens, with the ratio of their times.
+void bench_documents(const char* label, const AttentionShape& s, int iters) {
+  const Problem plain = make_problem(s);
+  const double fwd0 = time_ms(iters, [&] { forward(plain); });
+  const double bwd0 = time_ms(iters, [&] { backward(plain); });
+  std::printf("shape %s: plain causal fwd %.3f ms bwd %.3f ms\n", label, fwd0, bwd0);
+  for (const int64_t doc : {s.seq, s.seq / 2, int64_t{512}, int64_t{128}}) {
+    std::vector<int32_t> begin(static_cast<size_t>(s.batch * s.seq));
+    for (size_t r = 0; r < begin.size(); ++r) {
+      const int64_t i = static_cast<int64_t>(r) % s.seq;
+      begin[r] = static_cast<int32_t>(i / doc * doc);
+    }
+    Tensor host = Tensor::empty({s.batch * s.seq}, DType::kI32, MemCategory::kOther, "bench");
+    std::copy(begin.begin(), begin.end(), host.data<int32_t>());
+    Problem p = make_problem(s);
+    p.s.key_begin = host.to(Device::kCUDA);
+    const double fwd = time_ms(iters, [&] { forward(p); });
+    const double bwd = time_ms(iters, [&] { backward(p); });
+    std::printf("  %s documents of %5lld: fwd %.3f ms (x%.3f) bwd %.3f ms (x%.3f) both x%.3f\n",
+                label, static_cast<long long>(doc), fwd, fwd / fwd0, bwd, bwd / bwd0,
+                (fwd + bwd) / (fwd0 + bwd0));
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const int iters = argc > 1 ? std::atoi(argv[1]) : 20;
     const bool overlap = argc > 2 && std::string(argv[2]) == "overlap";
-    if (iters < 1 || (argc > 2 && !overlap)) {
-      std::fprintf(stderr, "usage: attention_timing [iterations >= 1] [overlap]\n");
+    const bool documents = argc > 2 && std::string(argv[2]) == "documents";
+    if (iters < 1 || (argc > 2 && !overlap && !documents)) {
+      std::fprintf(stderr, "usage: attention_timing [iterations >= 1] [overlap | documents]\n");
       return 2;
     }
     tandem::cuda::initialize(0);
     if (overlap) {
       bench_overlap(iters);
+      return 0;
+    }
+    if (documents) {
+      std::printf("GPU: %s, %d iterations\n", tandem::cuda::device_description().c_str(), iters);
+      bench_documents("b", {2, 2048, 16, 8, 64}, iters);
+      bench_documents("c", {1, 4096, 32, 4, 128}, iters);
+      bench_documents("d", {1, 4096, 16, 16, 192, 128, 0.0722}, iters);
       return 0;
     }
     std::printf("GPU: %s, %d iterations\n", tandem::cuda::device_description().c_str(), iters);

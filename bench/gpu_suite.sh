@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, capacity, recipes, preflight, ab (AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, bench-a, bench-b, peer-a, peer-b, c, d, offload),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, capacity, recipes, mtp, vocab, preflight, ab (AB="binaries"), ab1 (one GPU, AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, docmask, bench-a, bench-b, peer-a, peer-b, c, d, offload),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -21,6 +21,8 @@ SHAPE_A="--num-experts 0 --num-layers 12 --hidden-size 768 --num-attention-heads
 # 128, q/k norms), a Qwen3-MoE-like model; global batch 8 of one sequence each.
 SHAPE_C="--num-layers 4 --hidden-size 2048 --num-attention-heads 32 --num-query-groups 4 --num-experts 128 --moe-router-topk 8 --ffn-hidden-size 768 --vocab-size 151936 --seq-length 4096 --micro-batch-size 1 --kv-channels 128 --qk-layernorm"
 SHAPE_B="--num-layers 8 --hidden-size 1024 --num-attention-heads 16 --num-query-groups 8 --num-experts 8 --moe-router-topk 2 --ffn-hidden-size 2816 --vocab-size 32000 --seq-length 2048 --micro-batch-size 2 --num-microbatches 8"
+# Shape (d): Moonlight-like DeepSeek-V3 layers (the "d" run below says more).
+SHAPE_D="--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --multi-latent-attention --qk-layernorm --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --rotary-interleaved --num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 --ffn-hidden-size 11264 --moe-layer-freq [0,1,1,1] --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.446 --moe-aux-loss-coeff 0 --vocab-size 163840 --seq-length 4096 --micro-batch-size 1"
 # Balanced routing for benchmarks: Megatron-LM's random router logits
 # (--moe-router-force-load-balancing, Note [Forced load balancing] in
 # src/model/attention_node.cc) spread the rows about evenly; padded to a capacity of
@@ -83,6 +85,10 @@ for s in $SUITE; do
       # commit).
       timeout 400 python3 tests/python/check_tokenize.py --tandem $B/tandem --work /tmp/tok --out "$OUT" 2> /tmp/tok.err | tee "$OUT/tok.txt"
       grep -E -A8 "Traceback|Error" /tmp/tok.err | tail -20 ;;
+    vocab)
+      # Megatron-LM's vocabulary and end-of-document id of each --tokenizer-type against the
+      # tokenizers' own Python libraries and transformers' AutoTokenizer (needs no GPU).
+      timeout 200 python3 devrun/check_tokenizer_vocab.py --tandem $B/tandem --work /tmp/vocab --spm devrun/spm.model 2>&1 | tail -8 | tee "$OUT/vocab.txt" ;;
     tb)
       # Validation and TensorBoard on the GPU: event files read back with tensorboard's own
       # reader (tests/python/check_tensorboard.py), and validation runs changing no training
@@ -109,13 +115,13 @@ for s in $SUITE; do
       timeout 300 $B/tandem train --device cuda $SHAPE_B --mock-data --global-batch-size 16 --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/b1.jsonl > /tmp/b1.log 2>&1
       echo "tandem b one-gpu rc=$? $(summary /tmp/b1.jsonl)" | tee -a "$OUT/b1.txt"; tail -2 /tmp/b1.log ;;
     transfer)
-      # Note [Node times at another shape] (src/schedule/node_scaling.cc): shape (b)'s node
+      # Note [Node times at another shape] (src/planner/node_scaling.cc): shape (b)'s node
       # times measured once, at micro-batch 2, by one process without mpirun; `tandem plan` from
       # that one file at micro-batch 1, 4, 8 and at 6, 12, 16 layers, each beside a short
       # measured run (8 micro-batches a step; tokens/s the median of the steps after the third,
       # "best" the fastest step). Beside the plan (the fixed part of a node fitted from the file,
       # "o us", and the GPU's idle time before each node phase as measured, "gap us", after
-      # Note [Gaps between nodes] in src/schedule/pipeline_model.cc), two others from the same
+      # Note [Gaps between nodes] in src/planner/pipeline_model.cc), two others from the same
       # file: "proportional" (node_overhead_s 0: every node in proportion to its work) and "as
       # measured" (without measured_at: the times as they are, the planner before the scaling).
       T=/tmp/transfer; rm -rf $T; mkdir -p $T
@@ -224,7 +230,6 @@ PY
       # (bench/hf_peer.py) in the same call; the MFU of both by hf_peer.py's FLOP formula against
       # the chip's measured bf16 matrix rate and the datasheet's 989 TFLOP/s; then the planner's
       # prediction from this run's node times for EP2 combined 1F1B on two GPUs.
-      SHAPE_D="--num-layers 4 --hidden-size 2048 --num-attention-heads 16 --multi-latent-attention --qk-layernorm --kv-lora-rank 512 --qk-head-dim 128 --qk-pos-emb-head-dim 64 --v-head-dim 128 --rotary-interleaved --num-experts 64 --moe-router-topk 6 --moe-ffn-hidden-size 1408 --moe-shared-expert-intermediate-size 2816 --ffn-hidden-size 11264 --moe-layer-freq [0,1,1,1] --moe-router-score-function sigmoid --moe-router-enable-expert-bias --moe-router-topk-scaling-factor 2.446 --moe-aux-loss-coeff 0 --vocab-size 163840 --seq-length 4096 --micro-batch-size 1"
       # Twice: each micro-batch's own expert weight gradients, then the step's 8 in one product
       # per expert (--moe-wgrad-merge 8, Note [Merged expert weight gradients]); the EP2 plans
       # from each run's node times.
@@ -264,10 +269,18 @@ PY
         done
         grep -E "^iter|error" /tmp/rec_${r}_cuda.log | tee -a "$OUT/recipes.txt"
       done ;;
+    mtp)
+      # What DeepSeek-V3's multi-token prediction and capacity dropping cost on shape (d) (4
+      # layers, one GPU, random tokens): the plain run, --mtp-num-layers 1, and dropping past a
+      # capacity factor of 1, side by side (docs/megatron.md).
+      SD="$SHAPE_D --mock-data --global-batch-size 4"
+      T=/tmp/mtp; mkdir -p $T
+      tandem_runs "$SD" 1 240 $T mtp.txt "d-plain" "d-mtp1 --mtp-num-layers 1" \
+        "d-drop1 --moe-expert-capacity-factor 1" ;;
     preflight)
       # The pre-flight memory gate (docs/memory.md): shape (d) at 16 layers plans more than one
       # GPU holds; it must stop with exit 2 within seconds, before the GPU holds any of the model.
-      SHAPE_D16=$(sed -n 's/^ *SHAPE_D="\(.*\)"$/\1/p' bench/gpu_suite.sh | sed 's/--num-layers 4 /--num-layers 16 /; s/\[0,1,1,1\]/[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]/')
+      SHAPE_D16=$(echo "$SHAPE_D" | sed 's/--num-layers 4 /--num-layers 16 /; s/\[0,1,1,1\]/[0,1,1,1,1,1,1,1,1,1,1,1,1,1,1,1]/')
       t0=$(date +%s.%N)
       timeout 120 $B/tandem train --device cuda $SHAPE_D16 --global-batch-size 8 --mock-data --train-iters 2 > /tmp/pre.log 2>&1 &
       pid=$!; used=0
@@ -280,7 +293,7 @@ PY
       # What the gate costs: a run that fits, the time to its first step with the gate and the
       # start-up as a whole.
       for i in 1 2 3; do
-        /usr/bin/time -f "preflight: a fitting run (shape d, 4 layers, 1 step) took %e s" $B/tandem train --device cuda $(sed -n 's/^ *SHAPE_D="\(.*\)"$/\1/p' bench/gpu_suite.sh) --global-batch-size 1 --mock-data --train-iters 1 --quiet 2>&1 | tail -1 | tee -a "$OUT/preflight.txt"
+        /usr/bin/time -f "preflight: a fitting run (shape d, 4 layers, 1 step) took %e s" $B/tandem train --device cuda $SHAPE_D --global-batch-size 1 --mock-data --train-iters 1 --quiet 2>&1 | tail -1 | tee -a "$OUT/preflight.txt"
       done ;;
     fault)
       # Note [Bounded waits on the GPU]: rank 1 hangs on the host before step 3 (TANDEM_FAULT);
@@ -459,6 +472,25 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
           TANDEM=$B/$bin tandem_runs "$SB" 2 150 $T ab.txt "$bin-$r --expert-model-parallel-size 2 --schedule combined-1f1b --comm-overlap on --global-batch-size 32 $extra ${AB_EXTRA:-} --trace $OUT/trace-$bin-$r.json"
         done
       done ;;
+    ab1)
+      # A/B of tandem binaries on one GPU (AB="tandem-base tandem", each in devrun/bin) at shapes
+      # (a) to (d), one process each, the binaries alternating twice per shape: what a change
+      # does to throughput and peak memory, side by side in one call.
+      T=/tmp/ab1; mkdir -p $T
+      for sh in a b c d; do
+        case $sh in
+          a) S="$SHAPE_A" ;; b) S="$SHAPE_B --global-batch-size 16" ;;
+          c) S="$SHAPE_C --global-batch-size 8" ;; d) S="$SHAPE_D --global-batch-size 8" ;;
+        esac
+        for rep in 1 2; do
+          for bin in ${AB:-tandem}; do
+            f=$T/$sh-$bin-$rep
+            timeout 200 $B/$bin train --device cuda $S --mock-data --train-iters ${STEPS:-7} --log-interval 1 --quiet --log-json $f.jsonl > $f.log 2>&1
+            echo "shape ($sh) $bin #$rep rc=$? $(summary $f.jsonl)" | tee -a "$OUT/ab1.txt"
+            [ -s $f.jsonl ] || tail -3 $f.log
+          done
+        done
+      done ;;
     defer)
       # Note [The update beside the first forward]: EP2 combined 1F1B with overlap on shape (b),
       # the update at the step's end against --defer-optimizer, in alternating order (fresh
@@ -594,6 +626,38 @@ PY
       timeout 200 $B/expert_gemm_timing 50 ${EXPERT_GEMM_CASES:-} > "$OUT/expert_gemm.txt" 2>&1; echo "expert_gemm_timing rc=$?"; cat "$OUT/expert_gemm.txt" ;;
     attn)
       [ -x $B/attention_timing ] && timeout 120 $B/attention_timing > "$OUT/attn.log" 2>&1; cat "$OUT/attn.log" ;;
+    docmask)
+      # Megatron-LM's document masking (docs/data.md "Documents in a sample") on shape (c), one
+      # GPU: the same packed documents trained plain and with --reset-attention-mask
+      # --reset-position-ids --eod-mask-loss; tokens/s of each and their ratio. The data: an llm.c
+      # token file (uint32) of random ids below V - 1, each document closed by the end-of-document
+      # id V - 1 after DOC_LEN tokens on average (default 512; lengths uniform in [L/2, 3L/2]).
+      # Then the attention kernels alone within documents of several lengths against plain
+      # causal (attention_timing documents).
+      T=/tmp/docmask; rm -rf $T; mkdir -p $T
+      V=$(echo "$SHAPE_C" | sed -E 's/.*--vocab-size ([0-9]+).*/\1/')
+      python3 -c "
+import array,random,struct,sys
+V,L,n=int(sys.argv[1]),int(sys.argv[2]),1<<22
+rng=random.Random(1);t=array.array('I',(rng.randrange(V-1) for _ in range(n)))
+i=0
+while True:
+  i+=rng.randint(L//2,3*L//2)
+  if i>=n: break
+  t[i]=V-1
+with open(sys.argv[3],'wb') as f: f.write(struct.pack('<3i',20240520,2,n)+bytes(1012)); t.tofile(f)" $V ${DOC_LEN:-512} $T/docs.bin
+      DOCS="--reset-attention-mask --reset-position-ids --eod-mask-loss --eod-token-id $((V - 1))"
+      for run in "plain|" "documents|$DOCS"; do
+        name=${run%%|*}; opts=${run#*|}
+        timeout 300 $B/tandem train --device cuda $SHAPE_C --global-batch-size 8 --data-path $T/docs.bin --data-format tokens $opts --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1
+        echo "tandem docmask $name rc=$? $(summary $T/$name.jsonl)" | tee -a "$OUT/docmask.txt"; [ -s $T/$name.jsonl ] || tail -3 $T/$name.log
+      done
+      python3 -c "
+import json,statistics as s,sys
+m=lambda f: s.median(json.loads(l)['tokens_per_s'] for l in list(open(f))[3:])
+p,d=m(sys.argv[1]),m(sys.argv[2])
+print('docmask shape (c), documents of ~%s tokens: plain %.0f tokens/s, documents %.0f tokens/s, documents / plain %.3f' % (sys.argv[3], p, d, d / p))" $T/plain.jsonl $T/documents.jsonl ${DOC_LEN:-512} 2>&1 | tee -a "$OUT/docmask.txt"
+      [ -x $B/attention_timing ] && timeout 200 $B/attention_timing 20 documents 2>&1 | tee -a "$OUT/docmask.txt" ;;
     bench-a) timeout 300 $B/gpu_train_bench $SHAPE_A --steps 10 --warmup-steps 3 2> "$OUT/bench_a.err" | tee -a "$OUT/results.jsonl"; tail -3 "$OUT/bench_a.err" ;;
     bench-b) timeout 300 $B/gpu_train_bench $SHAPE_B --steps 10 --warmup-steps 3 2> "$OUT/bench_b.err" | tee -a "$OUT/results.jsonl"; tail -3 "$OUT/bench_b.err" ;;
     peer-a) for m in "" "--compile"; do timeout 400 python3 devrun/torch_peer.py --mode single $m $SHAPE_A --steps 10 --warmup-steps 3 2> "$OUT/peer_a$m.err" | grep RESULT | tee -a "$OUT/results.jsonl"; done ;;

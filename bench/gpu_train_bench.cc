@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/options.h"
+#include "common/reference_trainer.h"
 #include "core/cuda/context.h"
 #include "core/cuda/cuda_allocator.h"
 #include "core/device.h"
@@ -18,7 +19,6 @@
 #include "data/dataset.h"
 #include "data/random.h"
 #include "ops/cuda/gemm.h"
-#include "runtime/reference_trainer.h"
 
 namespace {
 

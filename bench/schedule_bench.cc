@@ -2,7 +2,7 @@
 // micro-batches (the target: a whole plan in under a second), and its parts.
 #include <benchmark/benchmark.h>
 
-#include "schedule/planner.h"
+#include "planner/planner.h"
 #include "schedule/validator.h"
 
 namespace tandem::schedule {

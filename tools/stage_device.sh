@@ -21,5 +21,5 @@ tar -C devrun -cJf devrun/lib.tar.xz lib && rm -rf devrun/lib
 PEER=${PEER:-../shared/peers/torch_peer.py}
 [ -f "$PEER" ] && cp "$PEER" devrun/torch_peer.py
 mkdir -p devrun/tools && cp tools/hf_tokenize.py devrun/tools/  # beside bin/: tandem convert finds it
-cp bench/gpu_suite.sh bench/hf_peer.py bench/compare_losses.py bench/kernel_summary.py bench/exposed_gaps.py bench/host_paced.py tests/python/check_hf_load.py devrun/
+cp bench/gpu_suite.sh bench/hf_peer.py bench/compare_losses.py bench/kernel_summary.py bench/exposed_gaps.py bench/host_paced.py tests/python/check_hf_load.py tests/python/check_tokenizer_vocab.py tests/fixtures/tokenizers/spm.model devrun/
 du -sh devrun

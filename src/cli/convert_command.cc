@@ -12,11 +12,9 @@
 // libprotobuf's in this program (the TensorBoard writer's) and crash it at load time, so this
 // program cannot link it. Where a helper cannot run, the message gives its command, to run where
 // it can, and the `tandem convert` of its output.
-#include <sys/wait.h>
 #include <unistd.h>
 
 #include <CLI/CLI.hpp>
-#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -27,6 +25,7 @@
 #include <vector>
 
 #include "cli/commands.h"
+#include "cli/helper_process.h"
 #include "cli/options.h"
 #include "cli/path_checks.h"
 #include "core/error.h"
@@ -176,36 +175,6 @@ void convert_ids(
   before_finish();
   writer.finish();
   print_summary(o, writer, h.vocab_size, eod);
-}
-
-// A helper beside the program (`name` in its directory, or in ../`dir`), else `fallback`.
-std::string beside_program(const std::string& env, const std::vector<std::string>& candidates,
-                           const std::string& fallback) {
-  if (const char* path = std::getenv(env.c_str())) return path;
-  std::error_code ec;
-  const std::filesystem::path exe = std::filesystem::read_symlink("/proc/self/exe", ec);
-  for (const std::string& rel : candidates) {
-    const std::filesystem::path p = exe.parent_path() / rel;
-    if (!ec && std::filesystem::is_regular_file(p, ec)) return p.lexically_normal().string();
-  }
-  return fallback;
-}
-
-std::string shell_quoted(const std::string& s) {
-  std::string out = "'";
-  for (const char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
-  return out + "'";
-}
-
-// "HELPER failed (exit status 2; its message is above)" for a helper that failed, else "".
-std::string helper_failure(int status, const std::string& helper) {
-  if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return "";
-  // Ended by SIGPIPE: this command stopped reading (its own error says why).
-  if (WIFSIGNALED(status) && WTERMSIG(status) == SIGPIPE) return "";
-  return detail::concat(helper, " failed (",
-                        WIFEXITED(status) ? "exit status " + std::to_string(WEXITSTATUS(status))
-                                          : std::string("killed"),
-                        "; its message is above)");
 }
 
 // Note [Tokenizers in a helper process]: runs `command` and writes what it prints.

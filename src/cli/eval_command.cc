@@ -20,7 +20,7 @@
 #include "cli/train_common.h"
 #include "cli/train_outputs.h"
 #include "cli/validation.h"
-#include "io/atomic_dir.h"
+#include "core/atomic_file.h"
 #include "io/tensorboard.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_parallel.h"
@@ -79,7 +79,7 @@ void write_result_files(const RunOptions& o, int64_t iteration, const runtime::E
                               {"valid_aux_loss", r.aux_loss},
                               {"batches", r.batches},
                               {"tokens", r.tokens}};
-    io::write_file_atomic(o.log_json, j.dump() + "\n");
+    write_file_atomic(o.log_json, j.dump() + "\n");
   }
   if (!o.tensorboard_dir.empty()) {
     io::TensorBoardWriter tb(o.tensorboard_dir);

@@ -9,8 +9,11 @@
 #include <cstdlib>
 
 #include "cli/config_file.h"
+#include "cli/helper_process.h"
 #include "cli/options.h"
 #include "core/error.h"
+#include "core/footprint.h"
+#include "data/tokenizer.h"
 
 namespace tandem::cli {
 namespace {
@@ -26,8 +29,8 @@ const char* const kFp8 =
     "out";
 const char* const kRecompute =
     "what a step keeps for its backward, not its values: moe_act is tandem's --recompute-experts, "
-    "core_attn what tandem's attention keeps anyway; tandem keeps the other activations, and "
-    "its planned memory counts them";
+    "mlp and shared_experts its --recompute, core_attn what tandem's attention keeps anyway; "
+    "tandem keeps the other activations, and its planned memory counts them";
 
 // --recompute-modules' names (Megatron-LM's TransformerConfig.recompute_modules).
 const std::vector<std::string> kRecomputeModules = {
@@ -142,11 +145,6 @@ const std::vector<MegatronOption>& megatron_options() {
        {},
        "tandem's linear layers have no biases "
        "(Qwen2's q, k, v biases: --add-qkv-bias)"},
-      {"untie-embeddings-and-output-weights",
-       false,
-       kNeutral,
-       {},
-       "tandem's output layer is a matrix of its own"},
       {"group-query-attention",
        false,
        kNeutral,
@@ -184,31 +182,20 @@ const std::vector<MegatronOption>& megatron_options() {
        "(128 when not given), as Megatron-LM pads it; otherwise --vocab-size must be a multiple"},
       {"tokenizer-type",
        true,
-       kOnly,
-       {"NullTokenizer"},
-       "tandem reads no tokenizer while training: tokenize the data with `tandem convert "
-       "--tokenizer-model` (docs/data.md) and train with --tokenizer-type NullTokenizer "
-       "--vocab-size V"},
+       kAlias,
+       {},
+       "the vocabulary's size (padded to --make-vocab-size-divisible-by) and end-of-document id "
+       "from the tokenizer, as Megatron-LM takes them (Note [Megatron-LM's tokenizer vocabulary] "
+       "in data/tokenizer.h): NullTokenizer (--vocab-size), HuggingFaceTokenizer, "
+       "GPTSentencePieceTokenizer, Llama2Tokenizer, SentencePieceTokenizer"},
       {"tiktoken-pattern", true, kNeutral, {}, "a tiktoken tokenizer's; tandem reads none"},
       {"tokenizer-model",
        true,
-       kRefused,
+       kAlias,
        {},
-       "tandem reads no tokenizer while training: tokenize the data with `tandem convert "
-       "--tokenizer-model` (docs/data.md) and train with --tokenizer-type NullTokenizer "
-       "--vocab-size V"},
+       "the tokenizer --tokenizer-type reads: a directory holding tokenizer.json (or the file) "
+       "for HuggingFaceTokenizer, a sentencepiece model for the others"},
       // Parallelism tandem has at size 1 (docs/parallel.md).
-      {"tensor-model-parallel-size",
-       true,
-       kOnly,
-       {"1"},
-       "tensor parallelism is not in tandem yet: lay the model out with pipeline, expert and "
-       "data parallelism (tandem plan --search)"},
-      {"sequence-parallel",
-       false,
-       kNeutral,
-       {},
-       "with a tensor-parallel size of 1 Megatron-LM turns it off too"},
       {"tp-comm-overlap",
        false,
        kRefused,
@@ -270,8 +257,9 @@ const std::vector<MegatronOption>& megatron_options() {
       {"num-layers-at-start-in-bf16", true, kRefused, {}, kFp8},
       {"num-layers-at-end-in-bf16", true, kRefused, {}, kFp8},
       // Recomputation changes what a step keeps, never its values (docs/megatron.md
-      // "Recomputation"); apply_megatron_options takes moe_act as --recompute-experts and
-      // megatron_recompute_note names what tandem keeps instead.
+      // "Recomputation"); apply_megatron_options takes moe_act as --recompute-experts, mlp and
+      // shared_experts as --recompute, and megatron_recompute_note names what tandem keeps
+      // instead.
       {"recompute-granularity", true, kOnly, {"selective", "full"}, kRecompute},
       {"recompute-method", true, kOnly, {"uniform", "block"}, kRecompute},
       {"recompute-num-layers", true, kNeutral, {}, kRecompute},
@@ -291,7 +279,6 @@ const std::vector<ModelMarker>& megatron_model_markers() {
   static const std::vector<ModelMarker> markers = {
       {"swiglu", "a GeLU feed-forward"},
       {"disable-bias-linear", "biases on every linear layer"},
-      {"untie-embeddings-and-output-weights", "the output layer tied to the embeddings"},
       {"normalization", "LayerNorm"},
       {"position-embedding-type", "learned absolute positions"},
       {"attention-dropout", "dropout 0.1 on the attention"},
@@ -338,6 +325,33 @@ void add_megatron_options(CLI::App& app, std::map<std::string, std::string>& giv
 
 namespace {
 
+// Megatron-LM's vocabulary of a --tokenizer-type other than NullTokenizer and its
+// --tokenizer-model (Note [Megatron-LM's tokenizer vocabulary] in data/tokenizer.h).
+data::TokenizerVocab megatron_tokenizer_vocab(const std::string& type,
+                                              const std::map<std::string, std::string>& given) {
+  static const std::vector<std::string> kSentencePiece = {
+      "GPTSentencePieceTokenizer", "Llama2Tokenizer", "SentencePieceTokenizer"};
+  const bool sp =
+      std::find(kSentencePiece.begin(), kSentencePiece.end(), type) != kSentencePiece.end();
+  TANDEM_CHECK(sp || type == "HuggingFaceTokenizer", "--tokenizer-type ", type,
+               " is not taken; tandem reads NullTokenizer, HuggingFaceTokenizer, ",
+               join(kSentencePiece),
+               " (or tokenize with `tandem convert` and train with --tokenizer-type NullTokenizer, "
+               "docs/megatron.md)");
+  const auto model = given.find("tokenizer-model");
+  TANDEM_CHECK(model != given.end(), "--tokenizer-type ", type,
+               " needs --tokenizer-model (the tokenizer to read the vocabulary from)");
+  if (!sp) return data::hf_tokenizer_vocab(model->second);
+  // Note [Tokenizers in a helper process] in cli/convert_command.cc.
+  const std::string helper =
+      beside_program("TANDEM_TOKENIZE", {"tandem-tokenize"}, "tandem-tokenize");
+  const std::string line = helper_first_line(
+      shell_quoted(helper) + " --vocab " + shell_quoted(type) + " " + shell_quoted(model->second),
+      helper);
+  const data::IdsHeader h = data::parse_ids_header(line, helper);
+  return {h.vocab_size, h.eod_id};
+}
+
 bool same_value(const std::string& given, const std::string& valid) {
   if (given == valid) return true;
   char* end = nullptr;
@@ -381,18 +395,40 @@ void apply_megatron_options(RunOptions& o, const Origins& origins) {
   if (const auto it = given.find("make-vocab-size-divisible-by"); it != given.end()) {
     divisor = whole_number(it->first, it->second, 1 << 20, "an integer in [1, 1048576]");
   }
-  if (given.count("tokenizer-type") > 0) {
-    // Megatron-LM's NullTokenizer takes ids below --vocab-size V and adds V as its
-    // end-of-document id (the document options' unless --eod-token-id gives another); the
-    // model's rows are V + 1 padded to the divisor.
-    if (o.train.eod_token_id < 0) o.train.eod_token_id = o.model.vocab_size;
-    const int64_t n = divisor > 0 ? divisor : 128;
-    o.model.vocab_size = (o.model.vocab_size + 1 + n - 1) / n * n;
+  TANDEM_CHECK(given.count("tokenizer-model") == 0 || given.count("tokenizer-type") > 0,
+               "--tokenizer-model needs --tokenizer-type (HuggingFaceTokenizer, "
+               "GPTSentencePieceTokenizer, Llama2Tokenizer or SentencePieceTokenizer)");
+  if (const auto type = given.find("tokenizer-type"); type != given.end()) {
+    // Megatron-LM pads to a multiple of the divisor times the tensor-parallel size, so that each
+    // tensor-parallel rank holds as many rows.
+    const int64_t n = (divisor > 0 ? divisor : 128) * o.parallel.tensor_model_parallel_size;
+    const auto padded = [n](int64_t rows) { return (rows + n - 1) / n * n; };
+    if (type->second == "NullTokenizer") {
+      // Megatron-LM's NullTokenizer takes ids below --vocab-size V and adds V as its
+      // end-of-document id (the document options' unless --eod-token-id gives another); the
+      // model's rows are V + 1 padded to the divisor.
+      TANDEM_CHECK(given.count("tokenizer-model") == 0,
+                   "--tokenizer-model is not read with --tokenizer-type NullTokenizer (its "
+                   "vocabulary is --vocab-size): give one of them");
+      if (o.train.eod_token_id < 0) o.train.eod_token_id = o.model.vocab_size;
+      o.model.vocab_size = padded(o.model.vocab_size + 1);
+    } else {
+      const data::TokenizerVocab v = megatron_tokenizer_vocab(type->second, given);
+      TANDEM_CHECK(!was_given(origins, "vocab-size") || o.model.vocab_size == padded(v.size),
+                   "--vocab-size ", o.model.vocab_size,
+                   " is not the vocabulary of --tokenizer-type ", type->second,
+                   " --tokenizer-model ", given.at("tokenizer-model"), " (", v.size, " tokens, ",
+                   padded(v.size), " rows padded, end-of-document id ", v.eod,
+                   "): Megatron-LM takes the tokenizer's and ignores --vocab-size; leave it out");
+      if (o.train.eod_token_id < 0) o.train.eod_token_id = v.eod;
+      o.model.vocab_size = padded(v.size);
+    }
   } else if (divisor > 0) {
-    const long long n = divisor;
-    TANDEM_CHECK(o.model.vocab_size % n == 0, "--make-vocab-size-divisible-by ", n,
-                 ": --vocab-size ", o.model.vocab_size,
-                 " is not a multiple of it, and tandem does not pad the vocabulary (Megatron-LM "
+    const long long n = divisor * o.parallel.tensor_model_parallel_size;
+    TANDEM_CHECK(o.model.vocab_size % n == 0, "--make-vocab-size-divisible-by ", divisor,
+                 " x --tensor-model-parallel-size ", o.parallel.tensor_model_parallel_size,
+                 ": --vocab-size ", o.model.vocab_size, " is not a multiple of ", n,
+                 ", and tandem does not pad the vocabulary (Megatron-LM "
                  "would train ",
                  (o.model.vocab_size + n - 1) / n * n,
                  " rows); give a --vocab-size that is a multiple (docs/megatron.md)");
@@ -407,6 +443,15 @@ void apply_megatron_options(RunOptions& o, const Origins& origins) {
                    "--recompute-modules moe_act is --recompute-experts, which is given as false: "
                    "give one of them");
       o.train.recompute_experts = true;
+    }
+    if (module == "mlp" || module == "shared_experts") {  // Note [Recomputed modules]
+      const uint32_t bit = parse_recompute(module);
+      TANDEM_CHECK(!was_given(origins, "recompute") || (parse_recompute(o.train.recompute) & bit),
+                   "--recompute-modules ", module, " is --recompute ", module,
+                   ", which --recompute ", o.train.recompute, " leaves out: give one of them");
+      if (!(parse_recompute(o.train.recompute) & bit)) {
+        o.train.recompute += (o.train.recompute.empty() ? "" : ",") + module;
+      }
     }
   }
   if (given.count("overlap-moe-expert-parallel-comm") > 0) {
@@ -458,7 +503,10 @@ std::string megatron_recompute_note(const std::map<std::string, std::string>& gi
     kept += std::string(kept.empty() ? "" : ", ") + "the MoE layers (--moe-layer-recompute)";
   }
   for (const std::string& module : recompute_modules(given)) {
-    if (module == "core_attn" || module == "moe_act") continue;
+    if (module == "core_attn" || module == "moe_act" || module == "mlp" ||
+        module == "shared_experts") {
+      continue;  // what tandem does: its attention, --recompute-experts, --recompute
+    }
     kept += std::string(kept.empty() ? "" : ", ") + module;
   }
   if (kept.empty()) return "";
@@ -481,8 +529,8 @@ std::string megatron_model_note(const std::map<std::string, std::string>& given)
   }
   if (missing.empty()) return "";
   return "note: Megatron-LM would build " + missing +
-         "; tandem builds RMSNorm, SwiGLU and RoPE layers without biases or dropout and an "
-         "untied output layer (docs/megatron.md)";
+         "; tandem builds RMSNorm, SwiGLU and RoPE layers without biases or dropout "
+         "(docs/megatron.md)";
 }
 
 }  // namespace tandem::cli

@@ -41,8 +41,9 @@ struct MegatronOption {
 const std::vector<MegatronOption>& megatron_options();
 
 // The options Megatron-LM's scripts pass that tandem's model needs (it is always RMSNorm, SwiGLU,
-// RoPE, no linear biases, an untied output layer, no dropout), and what Megatron-LM does without
-// each: a script that uses Megatron-LM's options without one of them describes another model.
+// RoPE, no linear biases, no dropout), and what Megatron-LM does without each: a script that uses
+// Megatron-LM's options without one of them describes another model. (Whether the output layer
+// is tied is a model setting of its own, --untie-embeddings-and-output-weights.)
 struct ModelMarker {
   const char* name;
   const char* megatron_default;

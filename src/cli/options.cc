@@ -23,6 +23,7 @@
 #include "cli/path_checks.h"
 #include "cli/sizes.h"
 #include "core/error.h"
+#include "core/footprint.h"
 #include "core/setting_tables.h"
 #include "ops/ops.h"
 
@@ -315,6 +316,14 @@ void latent_norms(ModelConfig& m, const Origins& origins) {
 
 void validate_run_options(const RunOptions& o) {
   validate_layout(o.model, o.train, o.parallel);
+  parse_recompute(o.train.recompute);  // its words (Note [Recomputed modules])
+  const int64_t tp = o.parallel.tensor_model_parallel_size;
+  TANDEM_CHECK(tp == 1 || (o.save_dir.empty() && o.load_dir.empty()),
+               "--tensor-model-parallel-size ", tp, " with ",
+               o.save_dir.empty() ? "--load " + o.load_dir : "--save " + o.save_dir,
+               " is not built yet: a checkpoint holds whole tensors and the tensor-parallel shards "
+               "are not gathered or split (docs/parallel.md \"Tensor parallelism\"); use "
+               "--tensor-model-parallel-size 1 to save or load");
   // Megatron-LM scores an expert group by the sum of its top topk // group-topk scores;
   // transformers' DeepSeek-V3, and tandem's router, by its top 2. The two agree (DeepSeek-V3's
   // 8 and 4) where that quotient is 2; other values would route differently from Megatron-LM.

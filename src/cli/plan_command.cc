@@ -25,7 +25,7 @@
 #include "comm/layout.h"
 #include "core/error.h"
 #include "io/atomic_dir.h"
-#include "schedule/planner.h"
+#include "planner/planner.h"
 #include "schedule/routing_file.h"
 
 namespace tandem::cli {
@@ -254,7 +254,7 @@ void run_plan(const CLI::App& app, RunOptions& o, PlanOptions& p) {
   plan.inputs = req.inputs;
   plan.model = schedule::build_pipeline_model(plan.schedule, req.inputs);
   plan.sim = schedule::simulate(plan.schedule, plan.model);
-  // Note [Planned and measured on one chart] (schedule/trace_export.cc).
+  // Note [Planned and measured on one chart] (planner/trace_export.cc).
   const bool with_measured = !p.measured_trace.empty();
   const nlohmann::json measured =
       with_measured

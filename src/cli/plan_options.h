@@ -6,7 +6,7 @@
 #include <string>
 
 #include "core/settings.h"
-#include "schedule/cost_model.h"
+#include "planner/cost_model.h"
 
 namespace tandem::cli {
 

@@ -1,5 +1,5 @@
 // `tandem plan --search` (plan_search.h): the search space from the command line, the search
-// (schedule/search.h), and its table or JSON: the layouts that fit, best first, then why the
+// (planner/search.h), and its table or JSON: the layouts that fit, best first, then why the
 // others do not.
 #include "cli/plan_search.h"
 
@@ -15,7 +15,7 @@
 #include "cli/options.h"
 #include "cli/progress.h"
 #include "core/error.h"
-#include "schedule/search.h"
+#include "planner/search.h"
 
 namespace tandem::cli {
 namespace {
@@ -30,7 +30,7 @@ constexpr const char* kOneRunOptions[] = {
     "--measured-trace", "--routing", "--compare-schedules", "--num-microbatches",
 };
 
-// The user's values fix their dimensions (Note [Search dimensions] in schedule/search.cc).
+// The user's values fix their dimensions (Note [Search dimensions] in planner/search.cc).
 std::map<std::string, int64_t> fixed_values(const CLI::App& app,
                                             const schedule::PlanRequest& base) {
   std::map<std::string, int64_t> fixed;

@@ -1,12 +1,12 @@
 // `tandem plan --search`: which layouts of the model fit on --world-size ranks under
-// --memory-limit, best planned tokens/s first, and why the others do not (schedule/search.h).
+// --memory-limit, best planned tokens/s first, and why the others do not (planner/search.h).
 #pragma once
 
 #include <cstdint>
 
 #include "cli/cli_fwd.h"
 #include "cli/plan_options.h"
-#include "schedule/planner.h"
+#include "planner/planner.h"
 
 namespace tandem::cli {
 

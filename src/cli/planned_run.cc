@@ -17,12 +17,19 @@ namespace tandem::cli {
 
 schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   schedule::PlanInputs in;
-  in.model = o.model;
+  // Note [Tensor parallelism] (core/config_tp.cc): a tensor-parallel rank holds and computes the
+  // shard model of tensor_parallel_shard (its q/k/v, o, gate/up and down; the rest whole), so its
+  // weights, gradients, Adam moments and saved activations are that model's, planned as one
+  // rank's. The all-reduces over the tensor-parallel group run in place (no buffer) and are not
+  // timed by the plan yet.
+  const int64_t tp = o.parallel.tensor_model_parallel_size;
+  in.model = tp > 1 ? tensor_parallel_shard(o.model, tp) : o.model;
   in.micro_batch_size = o.train.micro_batch_size;
   in.expert_parallel_size = o.parallel.expert_model_parallel_size;
   in.gpu = o.train.device == Device::kCUDA;
   in.activation_elem_bytes = in.gpu ? 2 : 4;
   in.recompute_experts = o.train.recompute_experts;
+  in.recompute = parse_recompute(o.train.recompute);
   in.moe_wgrad_merge = o.train.moe_wgrad_merge;
   in.first_stage_layers = o.train.first_stage_layers;  // Note [Uneven stages] in core/config.h
   in.last_stage_layers = o.train.last_stage_layers;
@@ -31,8 +38,12 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   in.defer_optimizer = o.train.defer_optimizer;  // Note [Deferred update in the plan]
   in.data_parallel_size = dp;                    // Note [Gradient reduction in the plan]
   in.overlap_grad_reduce = o.train.overlap_grad_reduce;
-  // Note [Distributed optimizer in the plan] (schedule/pipeline_model.h).
+  // Note [Distributed optimizer in the plan] (planner/pipeline_model.h).
   in.distributed_optimizer = o.train.use_distributed_optimizer;
+  // Note [Document masks in the plan] (planner/simulator_state.cc).
+  in.document_masks = int64_t{o.train.reset_attention_mask} + int64_t{o.train.reset_position_ids} +
+                      int64_t{o.train.eod_mask_loss};
+  in.eod_mask_loss = o.train.eod_mask_loss;
   return in;
 }
 
@@ -91,8 +102,7 @@ std::string planned_memory_line(const schedule::Plan& plan) {
                         plan.inputs.expert_parallel_size > 1 ? ", balanced routing" : "",
                         "): peak ", peaks, many ? " per pipeline rank" : "", ", of it activations ",
                         acts,
-                        plan.inputs.offload_kinds != 0 ? ", offloaded to the host " + host : "",
-                        plan.inputs.gpu ? "" : " (on the CPU the ops' temporaries come on top)");
+                        plan.inputs.offload_kinds != 0 ? ", offloaded to the host " + host : "");
 }
 
 }  // namespace tandem::cli

@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "core/dtype.h"
-#include "schedule/planner.h"
+#include "planner/planner.h"
 
 namespace tandem::cli {
 

@@ -35,7 +35,7 @@
 #include "comm/mpi_communicator.h"
 #include "core/device.h"
 #include "core/error.h"
-#include "schedule/search.h"
+#include "planner/search.h"
 #if TANDEM_WITH_CUDA
 #include "core/cuda/context.h"
 #endif

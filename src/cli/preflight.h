@@ -8,7 +8,7 @@
 #include <string>
 
 #include "cli/options.h"
-#include "schedule/planner.h"
+#include "planner/planner.h"
 
 namespace tandem::cli {
 

@@ -189,7 +189,12 @@ std::string format_summary(const std::vector<IterationRecord>& steps) {
     }
     line += " (";
     if (later != peak) line += range + ": " + format_bytes(later) + ", ";
-    line += "planned " + format_bytes(max_of(steps.back().planned_peak_bytes)) + ")";
+    line += "planned " + format_bytes(max_of(steps.back().planned_peak_bytes));
+    // Each rank's last step against its own plan (docs/memory.md, "Planned and measured").
+    if (steps.back().mem_peak_bytes == steps.back().planned_peak_bytes) {
+      line += ", the same to the byte";
+    }
+    line += ")";
   }
   const size_t ranks = steps.back().comm_seconds_by_rank.size();
   std::vector<double> busy(ranks, 0.0), exposed(ranks, 0.0);

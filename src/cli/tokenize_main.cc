@@ -1,8 +1,11 @@
 // tandem-tokenize MODEL INPUT [--json-keys KEY]: the documents of a text or JSONL file
-// (Note [Documents of a file]) as token ids under a sentencepiece model, written to stdout in the
-// ids format of tools/hf_tokenize.py (data/tokenizer.h), for `tandem convert`
-// (Note [Tokenizers in a helper process] in cli/convert_command.cc). Exit status 2 on bad input,
-// 1 on an internal error.
+// (Note [Documents of a file] in data/tokenizer.h) as token ids under a sentencepiece model,
+// written to stdout in the ids format of tools/hf_tokenize.py (data/tokenizer.h), for `tandem
+// convert`. tandem-tokenize --vocab TYPE MODEL: only the header, with Megatron-LM's
+// vocabulary size and end-of-document id for that --tokenizer-type, for `tandem train`
+// (Note [Megatron-LM's tokenizer vocabulary] in data/tokenizer.h). Both in a process of their
+// own: Note [Tokenizers in a helper process] in cli/convert_command.cc. Exit status 2 on bad
+// input, 1 on an internal error.
 #include <cstdio>
 #include <cstring>
 #include <string>
@@ -15,6 +18,14 @@ namespace {
 
 int run(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
+  if (!args.empty() && args[0] == "--vocab") {
+    TANDEM_CHECK(args.size() == 3, "usage: tandem-tokenize --vocab TYPE MODEL");
+    const tandem::data::TokenizerVocab v =
+        tandem::data::SentencePieceTokenizer(args[2]).megatron_vocab(args[1]);
+    std::printf("%s vocab_size=%lld eod_id=%lld\n", tandem::data::kIdsHeader,
+                static_cast<long long>(v.size), static_cast<long long>(v.eod));
+    return 0;
+  }
   std::string key = "text";
   if (args.size() == 4 && args[2] == "--json-keys") {
     key = args[3];

@@ -24,12 +24,12 @@
 #include "cli/train_outputs.h"
 #include "cli/validation.h"
 #include "core/device.h"
+#include "planner/pipeline_model.h"
 #include "runtime/checkpoint.h"
 #include "runtime/checkpoint_parallel.h"
 #include "runtime/pipeline_trainer.h"
 #include "runtime/step_figures.h"
 #include "schedule/generators.h"
-#include "schedule/pipeline_model.h"
 
 namespace tandem::cli {
 namespace {
@@ -58,8 +58,9 @@ void print_run(const RunOptions& o, const runtime::Groups& groups, const data::D
             << " micro-batches of " << o.train.micro_batch_size << " x " << m.seq_length
             << " tokens per step, on " << device_text(o.train.device);
   if (L.world > 1) {
-    std::cout << "; " << L.world << " ranks (pipeline " << L.pp << ", data " << L.dp()
-              << ", expert " << L.ep << "), " << sched.num_microbatches
+    std::cout << "; " << L.world << " ranks ("
+              << (L.tp > 1 ? "tensor " + std::to_string(L.tp) + ", " : "") << "pipeline " << L.pp
+              << ", data " << L.dp() << ", expert " << L.ep << "), " << sched.num_microbatches
               << " micro-batches per data-parallel rank";
   }
   std::cout << "; schedule " << sched.name

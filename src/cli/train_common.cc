@@ -44,8 +44,8 @@ void check_supported(const RunOptions& o) {
   TANDEM_CHECK(o.routing_out.empty() || o.model.is_moe(), "--routing-out ", o.routing_out,
                ": routing needs experts (--num-experts > 0)");
   // The document options' rules (TrainConfig::validate's; those of one data-parallel rank hold
-  // whenever those of several do) before the device is opened, so that --device cuda is refused
-  // for them by name on any machine.
+  // whenever those of several do) before the device is opened, so that a refusal (with
+  // --mtp-num-layers, say) names the option on any machine.
   if (o.train.document_masking()) {
     o.train.validate();
     runtime::check_document_masking(o.model, o.train);
@@ -91,7 +91,8 @@ RunLayout make_layout(std::unique_ptr<comm::Communicator> world, RunOptions& o) 
   RunLayout out;
   out.groups = std::make_unique<runtime::Groups>(runtime::Groups::make(
       std::move(world), static_cast<int>(p.pipeline_model_parallel_size),
-      static_cast<int>(p.expert_model_parallel_size), o.train.device,
+      static_cast<int>(p.expert_model_parallel_size),
+      static_cast<int>(p.tensor_model_parallel_size), o.train.device,
       /*second_expert_group=*/p.comm_overlap == CommOverlap::kSplit, p.comm_timeout_s));
   const comm::ParallelLayout& L = out.groups->layout;
   o.train.validate(L.dp());

@@ -11,7 +11,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -19,8 +18,8 @@
 #include "cli/planned_run.h"
 #include "cli/train_common.h"
 #include "core/device.h"
-#include "schedule/node_scaling.h"
-#include "schedule/routing_file.h"
+#include "runtime/step_report.h"
+#include "runtime/timeline.h"
 
 namespace tandem::cli {
 namespace {
@@ -30,105 +29,38 @@ namespace {
 // runs ahead of the GPU), both from the step's start.
 // `with_me` false: this rank's events are left out (--profile-ranks).
 void write_measured_trace(const std::string& path, runtime::PipelineTrainer& trainer,
-                          comm::Communicator& world, Allocator& alloc, bool with_me = true) {
-  const std::string mine =
-      with_me ? runtime::rank_trace_events(world.rank(), trainer.timeline(), alloc.trace(),
-                                           trainer.step_start_seconds())
-              : std::string();
-  alloc.set_trace(false);
-  const std::vector<std::string> all = world.all_gather_bytes(mine);
-  if (world.rank() == 0) runtime::write_trace_file(path, all);
+                          Allocator& alloc, bool with_me = true) {
+  const std::vector<std::string> all = runtime::gather_trace_events(trainer, alloc, with_me);
+  if (trainer.groups().world->rank() == 0) runtime::write_trace_file(path, all);
 }
 
-// The mean over ranks of each node kind's measured times (each rank times its own layers), as
-// the JSON of `tandem plan --node-times`; written by rank 0. Throws naming the path when it
-// cannot be written.
-void write_node_times(const std::string& path, const runtime::PipelineTrainer& trainer,
-                      comm::Communicator& world, const RunOptions& o) {
-  const bool recompute_experts = o.train.recompute_experts;
-  constexpr int kValues = 4;  // forward, backward_input, backward_weight, 1 when measured
-  // The nodes', then (each with 1 when measured) the deferred update's seconds per weight, the
-  // gradient all-reduce's bus bandwidth and the GPU's idle seconds before a node phase.
-  const schedule::NodeTimesTable table = trainer.measured_node_times();
-  Tensor mine =
-      Tensor::zeros({kNumNodeKinds * kValues + 6}, DType::kF64, MemCategory::kOther, "node_times");
-  if (const auto& u = table.update_s_per_weight) {
-    mine.data<double>()[kNumNodeKinds * kValues] = *u;
-    mine.data<double>()[kNumNodeKinds * kValues + 1] = 1;
-  }
-  if (const auto& b = table.grad_reduce_bus_bytes_per_s) {
-    mine.data<double>()[kNumNodeKinds * kValues + 2] = *b;
-    mine.data<double>()[kNumNodeKinds * kValues + 3] = 1;
-  }
-  if (const auto& g = table.node_gap_s) {
-    mine.data<double>()[kNumNodeKinds * kValues + 4] = *g;
-    mine.data<double>()[kNumNodeKinds * kValues + 5] = 1;
-  }
-  // Note [The step's end in the plan]: the least of the ranks' rates, the rank that waited
-  // least for the others' forward-backward (a pipeline's ranks end theirs at different times).
-  Tensor end_rate = Tensor::empty({1}, DType::kF64, MemCategory::kOther, "step_end");
-  end_rate.data<double>()[0] = table.step_end_s_per_weight.value_or(-1);
-  Tensor end_rates = Tensor::empty({world.size()}, DType::kF64, MemCategory::kOther, "step_ends");
-  world.all_gather(end_rates, end_rate);
-  for (int k = 0; k < kNumNodeKinds; ++k) {
-    const auto& t = table.nodes[k];
-    if (!t) continue;
-    double* v = mine.data<double>() + k * kValues;
-    v[0] = t->forward_s;
-    v[1] = t->backward_input_s;
-    v[2] = t->backward_weight_s;
-    v[3] = 1;
-  }
-  world.all_reduce_sum(mine);
-  if (world.rank() != 0) return;
-  nlohmann::json nodes = nlohmann::json::object();
-  for (int k = 0; k < kNumNodeKinds; ++k) {
-    const double* v = mine.data<double>() + k * kValues;
-    if (v[3] == 0) continue;
-    nodes[std::string(node_kind_name(static_cast<NodeKind>(k)))] = {
-        {"forward", v[0] / v[3]},
-        {"backward_input", v[1] / v[3]},
-        {"backward_weight", v[2] / v[3]}};
-  }
-  nlohmann::json out = {{"nodes", nodes},
-                        {"recompute_experts", recompute_experts},
-                        {"moe_wgrad_merge", o.train.moe_wgrad_merge}};
-  const double* u = mine.data<double>() + kNumNodeKinds * kValues;
-  if (u[1] > 0) out["update_per_weight"] = u[0] / u[1];  // Note [Deferred update in the plan]
-  // Note [Gradient reduction in the plan] (schedule/simulator.cc)
-  if (u[3] > 0) out["grad_reduce_bus_bytes_per_s"] = u[2] / u[3];
-  if (u[5] > 0) out["node_gap_s"] = u[4] / u[5];  // Note [Gaps between nodes] (pipeline_model.cc)
-  // Note [The step's end in the plan]: with the choice it was measured under.
-  double least = -1;
-  for (int p = 0; p < world.size(); ++p) {
-    const double e = end_rates.data<double>()[p];
-    if (e > 0 && (least < 0 || e < least)) least = e;
-  }
-  if (least > 0) out["step_end_per_weight"] = least;
-  out["defer_optimizer"] = table.defer_optimizer;
-  // Note [Node times at another shape] (schedule/node_scaling.cc): where they were measured.
+// The node times of the last step as the JSON of `tandem plan --node-times`, with the shape and
+// the choices they were measured under; written by rank 0. Throws naming the path when it cannot
+// be written.
+void write_node_times(const std::string& path, runtime::PipelineTrainer& trainer,
+                      const RunOptions& o) {
+  schedule::NodeTimesTable table = runtime::gather_node_times(trainer);
+  if (trainer.groups().world->rank() != 0) return;
+  table.recompute_experts = o.train.recompute_experts;
+  table.recompute = o.train.recompute;
+  table.moe_wgrad_merge = o.train.moe_wgrad_merge;
+  // Note [Node times at another shape] (planner/node_scaling.cc): where they were measured.
   schedule::MeasuredShape at;
   at.model = o.model;
   at.micro_batch_size = o.train.micro_batch_size;
   at.expert_parallel_size = o.parallel.expert_model_parallel_size;
   at.activation_elem_bytes = run_inputs(o, 1).activation_elem_bytes;
-  out["measured_at"] = schedule::measured_shape_json(at);
+  table.measured_at = at;
   std::ofstream f(path);
-  f << out.dump(2) << "\n";
+  f << schedule::node_times_json(table).dump(2) << "\n";
   TANDEM_CHECK(f.good(), "--node-times-out ", path, ": cannot write the file");
 }
 
-// Every rank's pipeline routing table of the last step (collective over each pipeline group),
-// written by rank 0 in schedule/routing_file.h's format.
-void write_routing(const std::string& path, runtime::PipelineTrainer& trainer,
-                   comm::Communicator& world) {
-  const schedule::RoutingCounts mine = trainer.pipeline_routing_counts();
-  const std::vector<std::string> all = world.all_gather_bytes(schedule::routing_file_text({mine}));
-  if (world.rank() != 0) return;
-  std::vector<schedule::RoutingCounts> tables;
-  for (size_t r = 0; r < all.size(); ++r) {
-    tables.push_back(schedule::parse_routing_file(all[r], "--routing-out", 0));
-  }
+// Every rank's pipeline routing table of the last step, written by rank 0 in
+// schedule/routing_file.h's format.
+void write_routing(const std::string& path, runtime::PipelineTrainer& trainer) {
+  const std::vector<schedule::RoutingCounts> tables = runtime::gather_routing(trainer);
+  if (trainer.groups().world->rank() != 0) return;
   std::ofstream f(path);
   f << schedule::routing_file_text(tables);
   TANDEM_CHECK(f.good(), "--routing-out ", path, ": cannot write the file");
@@ -143,62 +75,32 @@ std::string rebalance_note(const runtime::Rebalance& r, int64_t layers) {
                         " of expert weights and Adam moments sent by rank 0)");
 }
 
-// The step's routed rows over this rank's expert-parallel group (every rank calls it; each
-// group gathers its own), as the most loaded rank's over the mean (schedule::RowsSpread).
-void expert_rows_spread(IterationRecord& rec, runtime::PipelineTrainer& trainer) {
-  if (trainer.groups().ep->size() < 2) return;
-  const std::vector<schedule::RoutingCounts> group = trainer.expert_group_routing_counts();
-  if (group.empty()) return;
-  const schedule::RowsSpread s = schedule::expert_rows_spread(group);
-  rec.expert_rows_step = s.step;
-  rec.expert_rows_microbatch_median = s.microbatch_median;
-  rec.expert_rows_microbatch_max = s.microbatch_max;
-}
-
-// Every rank's all-to-all seconds (busy, exposed, waiting) into the record.
-void gather_comm_seconds(IterationRecord& rec, runtime::PipelineTrainer& trainer,
-                         comm::Communicator& world) {
-  rec.comm_seconds = trainer.comm_busy_seconds();
-  rec.exposed_comm_seconds = trainer.comm_exposed_seconds();
-  Tensor comm_mine = Tensor::empty({3}, DType::kF64, MemCategory::kOther, "comm");
-  comm_mine.data<double>()[0] = rec.comm_seconds;
-  comm_mine.data<double>()[1] = rec.exposed_comm_seconds;
-  comm_mine.data<double>()[2] = trainer.comm_exposed_waiting_seconds();
-  Tensor comm_all = Tensor::empty({3 * world.size()}, DType::kF64, MemCategory::kOther, "comm.all");
-  world.all_gather(comm_all, comm_mine);
+// The gathered figures into the record.
+void add_report(IterationRecord& rec, const runtime::StepReport& report, int me, bool offload) {
+  rec.comm_seconds = report.ranks[me].comm_s;
+  rec.exposed_comm_seconds = report.ranks[me].exposed_comm_s;
   bool waiting_known = true;
   std::vector<double> waiting;
-  for (int p = 0; p < world.size(); ++p) {
-    rec.comm_seconds_by_rank.push_back(comm_all.data<double>()[3 * p]);
-    rec.exposed_comm_seconds_by_rank.push_back(comm_all.data<double>()[3 * p + 1]);
-    waiting.push_back(comm_all.data<double>()[3 * p + 2]);
-    waiting_known = waiting_known && waiting.back() >= 0;
-  }
-  if (waiting_known) rec.exposed_waiting_seconds_by_rank = std::move(waiting);
-}
-
-// Every rank's memory into the record.
-// offload: the run offloads activations (its host peak goes into the record too).
-void gather_memory(IterationRecord& rec, const runtime::StepResult& r, comm::Communicator& world,
-                   bool offload) {
-  constexpr int kFields = 4;
-  Tensor mine = Tensor::empty({kFields}, DType::kI64, MemCategory::kOther, "mem");
-  mine.data<int64_t>()[0] = r.memory.total_in_use;
-  mine.data<int64_t>()[1] = r.memory.total_peak;
-  mine.data<int64_t>()[2] = r.activation_peak;
-  mine.data<int64_t>()[3] = r.offload_host_peak;
-  Tensor all = Tensor::empty({kFields * world.size()}, DType::kI64, MemCategory::kOther, "mem.all");
-  world.all_gather(all, mine);
+  // to_record put this rank's memory alone; the report has every rank's.
   rec.mem_in_use_bytes.clear();
   rec.mem_peak_bytes.clear();
   rec.activation_peak_bytes.clear();
   rec.offload_host_peak_bytes.clear();
-  for (int p = 0; p < world.size(); ++p) {
-    const int64_t* v = all.data<int64_t>() + kFields * p;
-    rec.mem_in_use_bytes.push_back(v[0]);
-    rec.mem_peak_bytes.push_back(v[1]);
-    rec.activation_peak_bytes.push_back(v[2]);
-    if (offload) rec.offload_host_peak_bytes.push_back(v[3]);
+  for (const runtime::RankFigures& f : report.ranks) {
+    rec.comm_seconds_by_rank.push_back(f.comm_s);
+    rec.exposed_comm_seconds_by_rank.push_back(f.exposed_comm_s);
+    waiting.push_back(f.exposed_waiting_s);
+    waiting_known = waiting_known && f.exposed_waiting_s >= 0;
+    rec.mem_in_use_bytes.push_back(f.mem_in_use);
+    rec.mem_peak_bytes.push_back(f.mem_peak);
+    rec.activation_peak_bytes.push_back(f.activation_peak);
+    if (offload) rec.offload_host_peak_bytes.push_back(f.offload_host_peak);
+  }
+  if (waiting_known) rec.exposed_waiting_seconds_by_rank = std::move(waiting);
+  if (const auto& s = report.expert_rows) {
+    rec.expert_rows_step = s->step;
+    rec.expert_rows_microbatch_median = s->microbatch_median;
+    rec.expert_rows_microbatch_max = s->microbatch_max;
   }
 }
 
@@ -254,32 +156,25 @@ std::string profile_trace_path(const std::string& trace, int64_t iteration) {
 
 void write_profiled_step(const RunOptions& o, runtime::PipelineTrainer& trainer, Allocator& alloc,
                          int64_t iteration) {
-  comm::Communicator& world = *trainer.groups().world;
   const std::vector<int64_t> ranks = profile_ranks(o);
-  const bool with_me = std::find(ranks.begin(), ranks.end(), world.rank()) != ranks.end();
-  write_measured_trace(profile_trace_path(o.trace_path, iteration), trainer, world, alloc, with_me);
+  const bool with_me =
+      std::find(ranks.begin(), ranks.end(), trainer.groups().world->rank()) != ranks.end();
+  write_measured_trace(profile_trace_path(o.trace_path, iteration), trainer, alloc, with_me);
 }
 
 void write_last_step_files(const RunOptions& o, runtime::PipelineTrainer& trainer,
                            Allocator& alloc) {
-  comm::Communicator& world = *trainer.groups().world;
-  if (!o.trace_path.empty() && !o.profile) {
-    write_measured_trace(o.trace_path, trainer, world, alloc);
-  }
-  if (!o.node_times_out.empty()) {
-    write_node_times(o.node_times_out, trainer, world, o);
-  }
-  if (!o.routing_out.empty()) write_routing(o.routing_out, trainer, world);
+  if (!o.trace_path.empty() && !o.profile) write_measured_trace(o.trace_path, trainer, alloc);
+  if (!o.node_times_out.empty()) write_node_times(o.node_times_out, trainer, o);
+  if (!o.routing_out.empty()) write_routing(o.routing_out, trainer);
 }
 
 IterationRecord gather_record(const RunOptions& o, const runtime::StepResult& r,
                               runtime::PipelineTrainer& trainer) {
-  comm::Communicator& world = *trainer.groups().world;
   IterationRecord rec = to_record(r);
   if (o.train.decoupled_lr >= 0) rec.decoupled_lr = r.decoupled_lr;
-  gather_comm_seconds(rec, trainer, world);
-  expert_rows_spread(rec, trainer);
-  gather_memory(rec, r, world, !o.train.offload_activations.empty());
+  add_report(rec, runtime::gather_step_report(trainer, r), trainer.groups().world->rank(),
+             !o.train.offload_activations.empty());
   if (const auto& moved = trainer.last_rebalance()) {
     rec.note = rebalance_note(*moved, o.model.num_layers);
   }

@@ -12,23 +12,7 @@
 
 namespace tandem {
 
-std::string_view category_name(MemCategory c) {
-  switch (c) {
-    case MemCategory::kParameter:
-      return "parameter";
-    case MemCategory::kGradient:
-      return "gradient";
-    case MemCategory::kOptimizer:
-      return "optimizer";
-    case MemCategory::kActivation:
-      return "activation";
-    case MemCategory::kCommunication:
-      return "communication";
-    case MemCategory::kOther:
-      return "other";
-  }
-  return "?";
-}
+std::string_view category_name(MemCategory c) { return enum_name(c); }
 
 double now_seconds() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();

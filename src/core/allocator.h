@@ -26,6 +26,13 @@ enum class MemCategory : uint8_t {
   kCommunication,
   kOther,
 };
+inline constexpr EnumName<MemCategory> kMemCategoryNames[] = {
+    {MemCategory::kParameter, "parameter"},         {MemCategory::kGradient, "gradient"},
+    {MemCategory::kOptimizer, "optimizer"},         {MemCategory::kActivation, "activation"},
+    {MemCategory::kCommunication, "communication"}, {MemCategory::kOther, "other"}};
+constexpr std::span<const EnumName<MemCategory>> enum_names(MemCategory) {
+  return kMemCategoryNames;
+}
 constexpr int kNumMemCategories = 6;
 std::string_view category_name(MemCategory c);
 

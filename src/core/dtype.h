@@ -32,21 +32,13 @@ constexpr int64_t dtype_size(DType t) {
   return 0;
 }
 
-constexpr std::string_view dtype_name(DType t) {
-  switch (t) {
-    case DType::kF32:
-      return "f32";
-    case DType::kF64:
-      return "f64";
-    case DType::kBF16:
-      return "bf16";
-    case DType::kI32:
-      return "i32";
-    case DType::kI64:
-      return "i64";
-  }
-  return "?";
-}
+inline constexpr EnumName<DType> kDTypeNames[] = {{DType::kF32, "f32"},
+                                                  {DType::kF64, "f64"},
+                                                  {DType::kBF16, "bf16"},
+                                                  {DType::kI32, "i32"},
+                                                  {DType::kI64, "i64"}};
+constexpr std::span<const EnumName<DType>> enum_names(DType) { return kDTypeNames; }
+constexpr std::string_view dtype_name(DType t) { return name_in(kDTypeNames, t); }
 
 // A bf16 value on the host (storage only: convert to float to compute).
 struct BF16 {

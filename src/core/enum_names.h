@@ -35,6 +35,21 @@ std::optional<E> parse_enum(std::string_view name) {
   return std::nullopt;
 }
 
+// Another spelling of an enumeration's values (a file format's, a class name): its name of `v`
+// in `table` ("?" when the table lacks it), and the value `table` names `name` (or nullopt).
+template <class E, size_t N>
+constexpr std::string_view name_in(const EnumName<E> (&table)[N], E v) {
+  for (const EnumName<E>& n : table)
+    if (n.value == v) return n.name;
+  return "?";
+}
+template <class E, size_t N>
+constexpr std::optional<E> value_in(const EnumName<E> (&table)[N], std::string_view name) {
+  for (const EnumName<E>& n : table)
+    if (name == n.name) return n.value;
+  return std::nullopt;
+}
+
 // Every name, in the table's order.
 template <class E>
 std::vector<std::string> enum_name_list() {

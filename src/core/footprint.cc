@@ -1,11 +1,13 @@
 // Saved-bytes formulas of footprint.h; tests/model checks each against the nodes' real tensors.
-// The workspace figures (Note [Node workspace]) follow the GPU nodes' work tensors and ops'
-// buffers (src/model/*.cc, ops/cuda) and are estimates of each phase's peak.
+// The workspace figures (Note [Node workspace]) follow the nodes' work tensors (src/model/*.cc)
+// and the ops' buffers of each backend (ops/cuda, ops/cpu).
 #include "core/footprint.h"
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 
@@ -63,27 +65,26 @@ uint32_t parse_offload_kinds(std::string_view text, const ModelConfig& cfg) {
   return kinds;
 }
 
-std::string_view node_kind_name(NodeKind kind) {
-  switch (kind) {
-    case NodeKind::kEmbed:
-      return "embed";
-    case NodeKind::kAttention:
-      return "attention";
-    case NodeKind::kDispatch:
-      return "dispatch";
-    case NodeKind::kExperts:
-      return "experts";
-    case NodeKind::kCombine:
-      return "combine";
-    case NodeKind::kMlp:
-      return "mlp";
-    case NodeKind::kLoss:
-      return "loss";
-    case NodeKind::kSharedExpert:
-      return "shared_expert";
+uint32_t parse_recompute(std::string_view text) {
+  static constexpr std::pair<const char*, Recompute> kModules[] = {
+      {"mlp", Recompute::kMlp}, {"shared_experts", Recompute::kSharedExperts}};
+  uint32_t bits = 0;
+  size_t begin = 0;
+  while (begin <= text.size() && !text.empty()) {
+    const size_t end = std::min(text.find(',', begin), text.size());
+    const std::string_view name = text.substr(begin, end - begin);
+    const auto* found = std::find_if(std::begin(kModules), std::end(kModules),
+                                     [&](const auto& m) { return name == m.first; });
+    TANDEM_CHECK(found != std::end(kModules), "--recompute ", text, ": '", name,
+                 "' is not a module tandem recomputes; give a comma-separated list of mlp, "
+                 "shared_experts (the experts' SwiGLU is --recompute-experts)");
+    bits |= 1u << static_cast<unsigned>(found->second);
+    begin = end + 1;
   }
-  return "?";
+  return bits;
 }
+
+std::string_view node_kind_name(NodeKind kind) { return enum_name(kind); }
 
 int64_t moe_expert_capacity(const ModelConfig& cfg, int64_t tokens) {
   if (!cfg.has_expert_capacity()) return 0;
@@ -158,11 +159,12 @@ int64_t node_saved_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintS
              s.local_experts * kIndexBytes;
     case NodeKind::kCombine:  // EP = 1: the experts' output, handed over
       return (s.ep_size > 1 ? s.routed(k) : s.expert_rows) * h * es;
-    case NodeKind::kSharedExpert:
+    case NodeKind::kSharedExpert:  // recomputed: its input n2 is attention's
+      if (recomputes(s.recompute, Recompute::kSharedExperts)) return 0;
       if (!cfg.moe_shared_expert_gate) return 3 * n * fs * es;
       return (3 * n * fs + n * h) * es + n * s.stat_size();
-    case NodeKind::kMlp:
-      return 3 * n * f * es;
+    case NodeKind::kMlp:  // recomputed: its input n2 is attention's
+      return recomputes(s.recompute, Recompute::kMlp) ? 0 : 3 * n * f * es;
     case NodeKind::kLoss:
       if (s.fused_lm_head) return 2 * n * h * es + n * s.stat_size() + mtp_saved_bytes(cfg, s);
       return (2 * n * h + n * cfg.vocab_size) * es + n * s.stat_size() + n * kIndexBytes +
@@ -238,6 +240,15 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   const int64_t routed = moe ? s.routed(k) * h * es : 0;
   // router logits (saved instead with a z-loss), routed rows
   if (moe) w.forward = (cfg.moe_z_loss_coeff > 0 ? 0 : n * e * st) + routed;
+  if (!s.fused_lm_head) {
+    // The CPU op's probabilities [T,T] while it runs, before the node has saved h1, n2 [N,H],
+    // rstd2 [N] and the router's state (what the node saves after it).
+    const int64_t after =
+        2 * n * h * es + n * st +
+        (moe ? (n * e + n * k + router_loss_stats(cfg, s)) * st + (n * k + e + s.routed(k)) * 4
+             : 0);
+    w.forward = std::max(w.forward, cfg.seq_length * cfg.seq_length * es - after);
+  }
   const int64_t d_logits = moe ? n * e * es : 0;
   const int64_t d_n2 = n * h * es;
   const int64_t start = n * h * es + d_n2 + d_logits + (moe ? routed + n * k * st : 0);
@@ -250,9 +261,15 @@ NodeWorkspace attention_workspace(const ModelConfig& cfg, const FootprintShape& 
   const int64_t split = attention_key_split(
       s.tokens / cfg.seq_length, cfg.seq_length, cfg.num_query_groups,
       cfg.num_attention_heads / cfg.num_query_groups, cfg.qk_dim(), cfg.v_dim());
+  // The CPU op's (ops/cpu/attention.cc): one head's probabilities and their gradient [T,T] and
+  // its delta [T], in the activations' dtype.
+  const int64_t t = cfg.seq_length;
   const int64_t op =
-      n * cfg.num_attention_heads * kF32 +
-      (split > 1 ? split * n * cfg.num_query_groups * (cfg.qk_dim() + cfg.v_dim()) * kF32 : 0);
+      !s.fused_lm_head
+          ? (2 * t * t + t) * es
+          : n * cfg.num_attention_heads * kF32 +
+                (split > 1 ? split * n * cfg.num_query_groups * (cfg.qk_dim() + cfg.v_dim()) * kF32
+                           : 0);
   // --qk-layernorm: the raw q and k's gradients beside the normed ones' for a moment.
   const int64_t qk_norm = cfg.qk_layernorm ? n * (cfg.q_width() + cfg.kv_width()) * es : 0;
   w.backward_input = std::max({start, held + op, held + qk_norm, held + 2 * n * h * es});
@@ -293,8 +310,10 @@ NodeWorkspace exchange_workspace(NodeKind kind, const ModelConfig& cfg, const Fo
     w.incoming_grad = rows;  // d_expert_in
   } else {
     const int64_t out = s.tokens * h * es;
-    w.forward = ep ? rows + std::max(rows, out) : out;
-    w.backward_input = layer_grad + routed + (ep ? 2 * rows : 0);
+    // EP > 1: the received rows y [S,H] (its saved bytes) come after expert_out is freed, and
+    // its backward frees y before the received gradient and d_expert_out come.
+    w.forward = ep ? std::max(2 * rows - routed, rows + out) : out;
+    w.backward_input = layer_grad + routed + (ep ? std::max<int64_t>(0, 2 * rows - routed) : 0);
     w.incoming_grad = out;  // d_out
   }
   return w;
@@ -315,7 +334,7 @@ NodeWorkspace ffn_workspace(NodeKind kind, const ModelConfig& cfg, const Footpri
   if (experts) {  // the layer's d_out and d_topk_w, held until attention
     w.backward_input += s.tokens * h * es + s.tokens * cfg.moe_router_topk * s.stat_size();
   }
-  if (experts && s.recompute_experts) {
+  if (experts ? s.recompute_experts : recomputes(s.recompute, Recompute::kMlp)) {
     w.forward += 3 * rows * f * es;         // gate, up, act: temporaries of the forward now
     w.backward_input += 3 * rows * f * es;  // formed again: gate, up, and act until adopted
   }
@@ -340,11 +359,26 @@ NodeWorkspace shared_expert_workspace(const ModelConfig& cfg, const FootprintSha
   w.incoming_grad = n * h * es;
   w.backward_input = w.incoming_grad + gate_grads + 3 * n * f * es + n * h * es;
   w.backward_weight = w.incoming_grad + gate_grads + 2 * n * f * es;
+  if (recomputes(s.recompute, Recompute::kSharedExperts)) {
+    // What it would save (gate, up, act; gated z and the gate) is a temporary of the forward,
+    // formed again at the input gradient's start (act kept once adopted).
+    FootprintShape kept = s;
+    kept.recompute = 0;
+    const int64_t saved = node_saved_bytes(NodeKind::kSharedExpert, cfg, kept);
+    w.forward += saved;
+    w.backward_input += saved;
+  }
   return w;
 }
 
 NodeWorkspace loss_workspace(const ModelConfig& cfg, const FootprintShape& s) {
   const int64_t n = s.tokens, h = cfg.hidden_size, es = s.elem_bytes;
+  if (!s.fused_lm_head) {  // the unfused head's logits are saved bytes
+    if (cfg.has_mtp()) return mtp_workspace(cfg, s);
+    NodeWorkspace w;
+    w.backward_input = 2 * n * h * es;  // d_nf, d_x
+    return w;
+  }
   const int64_t ld = lm_head_padded_vocab(cfg.vocab_size);
   NodeWorkspace w;
   w.forward = lm_head_block_rows(n, ld) * ld * kLmHeadLogitBytes + n * h * es +
@@ -361,7 +395,6 @@ NodeWorkspace loss_workspace(const ModelConfig& cfg, const FootprintShape& s) {
 }  // namespace
 
 NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg, const FootprintShape& s) {
-  if (!s.fused_lm_head) return {};
   switch (kind) {
     case NodeKind::kEmbed: {
       const int64_t out = s.tokens * cfg.hidden_size * s.elem_bytes;
@@ -387,7 +420,7 @@ ExpertMergeBytes expert_merge_bytes(const ModelConfig& cfg, const FootprintShape
   const int64_t r = s.expert_rows, h = cfg.hidden_size, f = cfg.expert_ffn_size();
   ExpertMergeBytes b;
   b.waiting = r * (h + 2 * f) * s.elem_bytes;
-  b.gathered = s.fused_lm_head ? r * (2 * h + 3 * f) * s.elem_bytes : 0;
+  b.gathered = r * (2 * h + 3 * f) * s.elem_bytes;
   return b;
 }
 

@@ -24,6 +24,14 @@ enum class NodeKind : uint8_t {
   kSharedExpert,  // MoE layers with a shared expert: between dispatch and experts
 };
 constexpr int kNumNodeKinds = 8;
+// The names the node-times file and the plan's outputs use.
+inline constexpr EnumName<NodeKind> kNodeKindNames[] = {
+    {NodeKind::kEmbed, "embed"},       {NodeKind::kAttention, "attention"},
+    {NodeKind::kDispatch, "dispatch"}, {NodeKind::kExperts, "experts"},
+    {NodeKind::kCombine, "combine"},   {NodeKind::kMlp, "mlp"},
+    {NodeKind::kLoss, "loss"},         {NodeKind::kSharedExpert, "shared_expert"}};
+static_assert(std::size(kNodeKindNames) == kNumNodeKinds);
+constexpr std::span<const EnumName<NodeKind>> enum_names(NodeKind) { return kNodeKindNames; }
 std::string_view node_kind_name(NodeKind kind);
 
 // Note [Activation offload] (runtime/activation_offload.h): the node kinds whose saved tensors
@@ -44,6 +52,16 @@ inline bool offloads(uint32_t kinds, NodeKind kind) {
   return (kinds & (1u << static_cast<unsigned>(kind))) != 0;
 }
 
+// Note [Recomputed modules] (model/ffn_nodes.cc): the modules --recompute names, by Megatron-LM's
+// names (its --recompute-modules), each keeping only its input from forward to backward.
+enum class Recompute : uint8_t { kMlp, kSharedExperts };
+// The bits 1 << Recompute of `text`, a comma-separated list of mlp, shared_experts (empty: 0).
+// Throws tandem::Error naming a word that is not one of them.
+uint32_t parse_recompute(std::string_view text);
+inline bool recomputes(uint32_t bits, Recompute module) {
+  return (bits & (1u << static_cast<unsigned>(module))) != 0;
+}
+
 // Note [Expert capacity]: with --moe-expert-capacity-factor f each expert takes at most
 // C = ceil((N k / E) f) of the N k rows a rank's micro-batch routes (Megatron-LM's get_capacity,
 // in double as it computes it); the router's choice is unchanged and the rows past C are dropped
@@ -53,7 +71,7 @@ inline bool offloads(uint32_t kinds, NodeKind kind) {
 // --moe-pad-expert-input-to-capacity, every expert's block then C rows, zeros after its own.
 // So with padding every size is known before the step (each local expert receives C x EP
 // rows); without it the rows the experts receive depend on the routing, with EP = 1 too
-// (Note [Measured routing] in schedule/pipeline_model.h).
+// (Note [Measured routing] in schedule/routing_file.h).
 int64_t moe_expert_capacity(const ModelConfig& cfg, int64_t tokens);  // 0: dropless
 int64_t moe_routed_rows(const ModelConfig& cfg, int64_t tokens);      // S
 
@@ -71,9 +89,13 @@ struct FootprintShape {
   bool fused_lm_head = false;      // the loss node runs ops::lm_head_ce_forward_backward (the
                                    // GPU's loss node, gradients formed in the forward)
   bool recompute_experts = false;  // TrainConfig::recompute_experts: experts keep x_in only
+  uint32_t recompute = 0;          // parse_recompute(TrainConfig::recompute)'s bits
   // The node's layer is a MoE layer (ModelConfig::is_moe_layer): its attention saves the
   // router's state. Dense layers of a MoE model set it false.
   bool moe_layer = true;
+  // --eod-mask-loss: the MTP modules' head takes each depth's rolled loss mask, an f32 [Nv]
+  // temporary (Note [MTP loss mask] in model/mtp.cc).
+  bool loss_mask = false;
   int64_t stat_size() const { return stat_bytes > 0 ? stat_bytes : elem_bytes; }
   int64_t routed(int64_t k) const { return routed_rows > 0 ? routed_rows : tokens * k; }
 };
@@ -165,11 +187,17 @@ int64_t attention_key_split(int64_t batch, int64_t seq, int64_t kv_heads, int64_
 // bytes (node_saved_bytes) and frees by the time the phase ends: work tensors, communication
 // buffers, the output it hands to the next node, the gradients it reads that its layer still
 // holds, and ops' own buffers. Each figure counts the tensors alive at the phase's own peak (the
-// larger of the moments listed), not a byte-exact trace of the allocator; that suffices for
-// the planner's memory peak (percent of the total), not for the exact activation checks. The
-// tensor a forward adopts as saved (x, x_in, y) is counted by the node that made it until that
-// node ends and as saved bytes from this node's end, not while it runs. With balanced routing
-// (R = N k rows). GPU layout (shape.fused_lm_head) only; every figure is 0 otherwise.
+// larger of the moments listed), less what the node saves after that moment: the planner holds
+// a phase's figure from its start and its saved bytes from its end, so the phase's peak is
+// their sum. The tensor a forward adopts as saved (x, x_in, y) is counted by the node that made
+// it until that node ends and as saved bytes from this node's end, not while it runs. With
+// balanced routing (R = N k rows). Both layouts run the same nodes (src/model); they differ in
+// the loss node and the attention op. The GPU's (shape.fused_lm_head): the fused LM head and the
+// GPU attention's f32 buffers, below. The CPU's: the unfused head, whose logits are saved bytes
+// (forward: nothing; I: d_nf and d_x [N,H]), and the CPU attention op's [T,T] probabilities in
+// the forward, [T,T] twice and [T] in the backward (ops/cpu/attention.cc takes them from the
+// allocator). tests/runtime/test_cpu_memory.cc holds the CPU trainer's whole peak to the plan's,
+// tests/cuda/test_cuda_memory.cc the GPU's.
 struct NodeWorkspace {
   int64_t forward = 0;
   int64_t backward_input = 0;   // the input-gradient half (I, or the first part of a full B)
@@ -205,9 +233,9 @@ struct NodeWorkspace {
 //               d_gate_up [R,2F], d_expert_in [R,H]
 //             W d_y [R,H], d_gate_up [R,2F]
 //  combine:   F out [N,H] (handed on); EP > 1: send [R,H] and the larger of expert_out [R,H]
-//               and out
+//               and out beside the received y [S,H] (saved, so less y)
 //             I d_out [N,H] (incoming), d_y [N*k,H], d_topk_w [N,k] stat; EP > 1: recv, and
-//               d_expert_out [R,H]
+//               d_expert_out [R,H] once y [S,H] is freed
 //  mlp:       F out [N,H] (handed on)
 //             I d_out [N,H] (incoming, kept for W), d_act [N,F], d_gate_up [N,2F], d_n2 [N,H]
 //             W d_out [N,H], d_gate_up [N,2F]
@@ -220,10 +248,11 @@ struct NodeWorkspace {
 // [N,H]) it is not counted, their W holding far less than their I.
 NodeWorkspace node_workspace_bytes(NodeKind kind, const ModelConfig& cfg,
                                    const FootprintShape& shape);
-// The MTP modules' op temporaries inside the loss node (GPU layout), a peak estimate as the other
-// figures here are: forward, the targets, a row block and the larger of the module's layer's
-// nodes' and its shared head's; backward, two [N,H] gradients beside the larger of the layer's
-// nodes' and the concatenation's [N,2H] and a half of it.
+// The MTP modules' op temporaries inside the loss node. GPU layout: the modules' part, a peak
+// estimate: forward, the targets, a row block and the larger of the module's layer's nodes' and
+// its shared head's; backward, two [N,H] gradients beside the larger of the layer's nodes' and
+// the concatenation's [N,2H] and a half of it. CPU layout: the whole loss node's figures, walked
+// tensor by tensor as model/end_nodes.cc and model/mtp.cc run it (exact).
 NodeWorkspace mtp_workspace(const ModelConfig& cfg, const FootprintShape& shape);
 
 // Note [Merged expert weight gradients] (model/nodes.h): with --moe-wgrad-merge above 1, what an
@@ -231,7 +260,7 @@ NodeWorkspace mtp_workspace(const ModelConfig& cfg, const FootprintShape& shape)
 // waits for the rest of its group: d_y [R,H] and d_gate_up [R,2F], activations from the end of
 // its weight-gradient pass until the group's products ran (`waiting`); and its part of the
 // buffers that pass gathers the group's rows into: x_in, d_y [R,H], act [R,F], d_gate_up [R,2F]
-// (`gathered`, workspace: GPU layout only, as node_workspace_bytes' figures).
+// (`gathered`, workspace).
 struct ExpertMergeBytes {
   int64_t waiting = 0;
   int64_t gathered = 0;

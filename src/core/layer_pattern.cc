@@ -1,5 +1,5 @@
 // --moe-layer-freq's values: a number N, a 0/1 list, or Megatron-LM's Python expression of one
-// (moe_layer_pattern in core/config.h).
+// (moe_layer_pattern in core/model_config.h).
 #include <cstdint>
 #include <stdexcept>
 #include <string>

@@ -191,8 +191,8 @@ Settings train_settings(TrainConfig& t) {
           {.name = "calculate-per-token-loss",
            .ref = &t.calculate_per_token_loss,
            .help = "Megatron-LM's: the step's loss is its tokens' summed loss over the global "
-                   "batch's token count; every token counts in tandem, so this is the mean of the "
-                   "micro-batches' means that tandem takes anyway (docs/model.md)"},
+                   "batch's count of tokens with a loss, not the mean of the micro-batches' means "
+                   "(the same value unless --eod-mask-loss drops tokens; docs/model.md)"},
           {.name = "reset-attention-mask",
            .ref = &t.reset_attention_mask,
            .help = "Megatron-LM's: each token attends only to the tokens of its own document, "
@@ -228,6 +228,15 @@ Settings train_settings(TrainConfig& t) {
            .help = "MoE: the experts keep only their input rows for the backward and form gate, "
                    "up and the SwiGLU again there (less activation memory, one more pass of the "
                    "gate and up products)"},
+          {.name = "recompute",
+           .ref = &t.recompute,
+           .help = "the modules that keep only their input for the backward and form their "
+                   "activations again there, a comma-separated list of Megatron-LM's names: "
+                   "mlp (the dense SwiGLU), shared_experts (a MoE layer's shared expert); the "
+                   "same values, less activation memory, one more pass of their gate and up "
+                   "products (docs/memory.md)",
+           .metavar = "MODULES",
+           .default_text = "none"},
           {.name = "moe-wgrad-merge",
            .ref = &t.moe_wgrad_merge,
            .help = "MoE: sum the experts' weight gradients of this many micro-batches in one "
@@ -257,6 +266,18 @@ Settings parallel_settings(ParallelConfig& p, TrainConfig& t) {
   return in_group(
       SettingGroup::kParallel,
       {
+          {.name = "tensor-model-parallel-size",
+           .ref = &p.tensor_model_parallel_size,
+           .help = "TP, ranks each layer's matrices are split over (Megatron-LM's column- and "
+                   "row-parallel layers); divides the heads, query groups, ffn-hidden-size and "
+                   "the vocabulary. Its layout and rules are checked; runs with TP > 1 are "
+                   "refused until its layers are built (docs/parallel.md)",
+           .bound = kPositive},
+          {.name = "sequence-parallel",
+           .ref = &p.sequence_parallel,
+           .help = "with TP > 1: the activations between the tensor-parallel layers split along "
+                   "the sequence over the TP ranks (--seq-length a multiple of TP); with TP 1 it "
+                   "splits nothing, as in Megatron-LM"},
           {.name = "pipeline-model-parallel-size",
            .ref = &p.pipeline_model_parallel_size,
            .help = "PP, pipeline stages",

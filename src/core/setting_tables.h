@@ -9,7 +9,8 @@
 
 namespace tandem {
 
-// The model's settings: model_fields() as rows (Note [One table of model fields]).
+// The model's settings: model_fields() as rows (Note [One table of model fields] in
+// core/model_config.h).
 Settings model_settings(ModelConfig& m);
 // The optimizer, the schedule of the learning rate, the batch, and what the trainer keeps for
 // the backward (recomputation, offload).

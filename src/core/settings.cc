@@ -27,25 +27,13 @@ std::string join(const std::vector<std::string>& items) {
 
 }  // namespace
 
-const char* setting_group_title(SettingGroup g) {
-  switch (g) {
-    case SettingGroup::kModel:
-      return "Model";
-    case SettingGroup::kTraining:
-      return "Training";
-    case SettingGroup::kParallel:
-      return "Parallel";
-    case SettingGroup::kData:
-      return "Data";
-    case SettingGroup::kOutput:
-      return "Output";
-    case SettingGroup::kPerformance:
-      return "Performance";
-    case SettingGroup::kPlan:
-      return "Plan";
-  }
-  return "?";
-}
+constexpr EnumName<SettingGroup> kGroupTitles[] = {
+    {SettingGroup::kModel, "Model"},       {SettingGroup::kTraining, "Training"},
+    {SettingGroup::kParallel, "Parallel"}, {SettingGroup::kData, "Data"},
+    {SettingGroup::kOutput, "Output"},     {SettingGroup::kPerformance, "Performance"},
+    {SettingGroup::kPlan, "Plan"}};
+
+const char* setting_group_title(SettingGroup g) { return name_in(kGroupTitles, g).data(); }
 
 Settings in_group(SettingGroup group, Settings rows) {
   for (Setting& s : rows) s.group = group;

@@ -4,15 +4,14 @@
 // with '_' for '-', the key of a checkpoint's JSON), where its value lives, its help, its bound
 // and choices, its kind (--help's section), what a checkpoint keeps of it and whether every rank
 // of a run must agree on it. The tables, one per kind:
-//   model        model_settings (core/setting_tables.cc, from model_fields() in core/config.cc)
-//   training     train_settings (core/setting_tables.cc)
-//   parallel     parallel_settings (core/setting_tables.cc)
-//   performance  tuning_settings (core/setting_tables.cc; core/tuning.h)
-//   data, output the run's other options (cli/option_table.cc)
-//   plan         `tandem plan`'s own (cli/plan_options.cc)
+//   model        model_settings (core/setting_tables.cc, from model_fields() in
+//   core/model_config.cc) training     train_settings (core/setting_tables.cc) parallel
+//   parallel_settings (core/setting_tables.cc) performance  tuning_settings
+//   (core/setting_tables.cc; core/tuning.h) data, output the run's other options
+//   (cli/option_table.cc) plan         `tandem plan`'s own (cli/plan_options.cc)
 // The command line and the --config file (cli/options.cc), a checkpoint's trainer_state.json
-// (runtime/checkpoint.cc) and what a resumed run takes from it (cli/train_checkpoint.cc), and the
-// ranks' agreement check (cli::canonical_options) walk them. Cross-setting rules are checked in
+// (runtime/checkpoint_json.cc) and what a resumed run takes from it (cli/train_checkpoint.cc), and
+// the ranks' agreement check (cli::canonical_options) walk them. Cross-setting rules are checked in
 // one place, cli::validate_run_options (with the layout's rules of validate_layout in
 // core/config.h, which the trainer applies too).
 #pragma once

@@ -124,6 +124,14 @@ Tensor Tensor::narrow_rows(int64_t begin, int64_t length) const {
   return t;
 }
 
+Tensor Tensor::view_as(DType dtype) const {
+  TANDEM_ASSERT(dtype_size(dtype) == dtype_size(dtype_), "view ", dtype_name(dtype_), " as ",
+                dtype_name(dtype));
+  Tensor t = *this;
+  t.dtype_ = dtype;
+  return t;
+}
+
 void Tensor::zero_() const {
   if (numel() == 0) return;
   if (device() == Device::kCPU) {

@@ -96,6 +96,8 @@ class Tensor {
   Tensor reshape(const Shape& shape) const;
   // Rows [begin, begin + length) of dimension 0, as a view.
   Tensor narrow_rows(int64_t begin, int64_t length) const;
+  // The same bytes as `dtype`, whose elements are as wide as this tensor's, as a view.
+  Tensor view_as(DType dtype) const;
   // Fills every element with zero.
   void zero_() const;
   // Copies src's elements (same dtype and numel) into this tensor, across devices too (ordered

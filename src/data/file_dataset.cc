@@ -38,19 +38,12 @@ int64_t read_token(const unsigned char* p, TokenType type) {
   return -1;
 }
 
-std::string_view token_type_name(TokenType type) {
-  switch (type) {
-    case TokenType::kU8:
-      return "uint8";
-    case TokenType::kU16:
-      return "uint16";
-    case TokenType::kI32:
-      return "int32";
-    case TokenType::kU32:
-      return "uint32";
-  }
-  return "?";
-}
+constexpr EnumName<TokenType> kTokenTypeNames[] = {{TokenType::kU8, "uint8"},
+                                                   {TokenType::kU16, "uint16"},
+                                                   {TokenType::kI32, "int32"},
+                                                   {TokenType::kU32, "uint32"}};
+
+std::string_view token_type_name(TokenType type) { return name_in(kTokenTypeNames, type); }
 
 }  // namespace
 

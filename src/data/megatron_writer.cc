@@ -3,8 +3,8 @@
 
 #include <limits>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
-#include "data/temp_file.h"
 
 namespace tandem::data {
 namespace {
@@ -23,7 +23,7 @@ MegatronWriter::MegatronWriter(const std::string& prefix, int64_t vocab_size)
     : prefix_(prefix),
       vocab_size_(vocab_size),
       width_(megatron_token_bytes(vocab_size)),
-      bin_(std::make_unique<TempFileBesideTarget>(prefix + ".bin")) {
+      bin_(std::make_unique<AtomicFileWriter>(prefix + ".bin")) {
   TANDEM_CHECK(vocab_size >= 1 && vocab_size <= std::numeric_limits<int32_t>::max(),
                "a vocabulary of ", vocab_size, " ids cannot be written: 1 to 2^31 - 1");
 }
@@ -58,7 +58,7 @@ void MegatronWriter::finish() {
     pointer += static_cast<uint64_t>(length) * static_cast<uint64_t>(width_);
   }
   for (uint64_t d = 0; d <= n; ++d) put_le(idx, d, 8);  // one sequence per document
-  TempFileBesideTarget idx_file(prefix_ + ".idx");
+  AtomicFileWriter idx_file(prefix_ + ".idx");
   idx_file.write(idx.data(), static_cast<int64_t>(idx.size()));
   bin_->commit();
   idx_file.commit();

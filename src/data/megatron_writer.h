@@ -8,9 +8,11 @@
 #include <string>
 #include <vector>
 
-namespace tandem::data {
+namespace tandem {
+class AtomicFileWriter;
+}  // namespace tandem
 
-class TempFileBesideTarget;
+namespace tandem::data {
 
 // Megatron's DType.optimal_dtype: uint16 tokens for vocabularies under 65500, else int32.
 int64_t megatron_token_bytes(int64_t vocab_size);
@@ -36,7 +38,7 @@ class MegatronWriter {
   std::string prefix_;
   int64_t vocab_size_;
   int64_t width_;  // bytes per token
-  std::unique_ptr<TempFileBesideTarget> bin_;
+  std::unique_ptr<AtomicFileWriter> bin_;
   std::vector<int32_t> lengths_;
   int64_t tokens_ = 0;
   std::vector<unsigned char> buffer_;

@@ -32,4 +32,11 @@ std::vector<int32_t> SentencePieceTokenizer::encode(const std::string& text) con
 int64_t SentencePieceTokenizer::vocab_size() const { return impl_->sp.GetPieceSize(); }
 int64_t SentencePieceTokenizer::eos_id() const { return impl_->sp.eos_id(); }
 
+TokenizerVocab SentencePieceTokenizer::megatron_vocab(const std::string& type) const {
+  const auto& sp = impl_->sp;
+  return sentencepiece_megatron_vocab(
+      type, sp.GetPieceSize(), [&sp](int64_t i) { return sp.IdToPiece(static_cast<int>(i)); },
+      sp.pad_id(), sp.bos_id(), sp.eos_id());
+}
+
 }  // namespace tandem::data

@@ -24,17 +24,10 @@ std::string trimmed(const std::string& s) {
 
 }  // namespace
 
-const char* split_part_name(SplitPart part) {
-  switch (part) {
-    case SplitPart::kTrain:
-      return "training";
-    case SplitPart::kValid:
-      return "validation";
-    case SplitPart::kTest:
-      return "test";
-  }
-  return "?";
-}
+constexpr EnumName<SplitPart> kSplitPartNames[] = {
+    {SplitPart::kTrain, "training"}, {SplitPart::kValid, "validation"}, {SplitPart::kTest, "test"}};
+
+const char* split_part_name(SplitPart part) { return name_in(kSplitPartNames, part).data(); }
 
 SplitWeights parse_split(const std::string& text) {
   // Quotes are dropped (`--split "'99,1,0'"`, as a launch script's quoted variable passes it);

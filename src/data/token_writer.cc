@@ -1,14 +1,14 @@
 // Writing llm.c token files (tests and `tandem convert`): header then tokens, into a temporary
-// file beside the target that is synced and renamed into place, so the target name only ever
-// holds a complete file. (src/io has the general atomic writers; data may not depend on io.)
+// file beside the target that is synced and renamed into place (core/atomic_file.h), so the
+// target name only ever holds a complete file.
 #include <algorithm>
 #include <limits>
 #include <vector>
 
+#include "core/atomic_file.h"
 #include "core/error.h"
 #include "data/file_dataset.h"
 #include "data/mapped_file.h"
-#include "data/temp_file.h"
 
 namespace tandem::data {
 namespace {
@@ -33,7 +33,7 @@ void check_count(int64_t count, const std::string& what) {
 
 void write_token_file(const std::string& out_path, const uint16_t* tokens, int64_t count) {
   check_count(count, "token file '" + out_path + "'");
-  TempFileBesideTarget out(out_path);
+  AtomicFileWriter out(out_path);
   const std::vector<unsigned char> header = llmc_header(count);
   out.write(header.data(), kLlmcHeaderBytes);
   std::vector<unsigned char> chunk;
@@ -54,7 +54,7 @@ void convert_text_to_tokens(const std::string& text_path, const std::string& out
   const MappedFile text(text_path);
   const int64_t count = text.size();
   check_count(count, "text file '" + text_path + "'");
-  TempFileBesideTarget out(out_path);
+  AtomicFileWriter out(out_path);
   const std::vector<unsigned char> header = llmc_header(count);
   out.write(header.data(), kLlmcHeaderBytes);
   std::vector<unsigned char> chunk;

@@ -5,11 +5,15 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "core/error.h"
+#include "core/text_file.h"
 #include "data/mapped_file.h"
 
 namespace tandem::data {
@@ -147,6 +151,126 @@ std::vector<int32_t> parse_ids_line(const std::string& line, int64_t vocab_size,
     p = next;
   }
   return ids;
+}
+
+namespace {
+
+// The bound of a tokenizer.json: far above the largest published ones (about 20 MB).
+constexpr int64_t kMaxTokenizerJsonBytes = int64_t{512} << 20;
+
+nlohmann::json read_json_file(const std::filesystem::path& path, const std::string& what) {
+  const std::string text = read_text_input(path.string(), what, kMaxTokenizerJsonBytes);
+  nlohmann::json j = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
+  TANDEM_CHECK(!j.is_discarded(), what, ": not JSON");
+  return j;
+}
+
+// A special token as transformers writes it in tokenizer_config.json and special_tokens_map.json:
+// the token's text, or an object with its text under "content". "" when absent or null.
+std::string special_token(const nlohmann::json& config, const char* key, const std::string& what) {
+  const auto it = config.find(key);
+  if (it == config.end() || it->is_null()) return "";
+  if (it->is_string()) return it->get<std::string>();
+  const auto content = it->is_object() ? it->find("content") : it->end();
+  TANDEM_CHECK(it->is_object() && content != it->end() && content->is_string(), what, ": \"", key,
+               "\" is neither a string nor an object with a string \"content\"");
+  return content->get<std::string>();
+}
+
+}  // namespace
+
+TokenizerVocab hf_tokenizer_vocab(const std::string& model) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const bool dir = fs::is_directory(model, ec);
+  const fs::path file = dir ? fs::path(model) / "tokenizer.json" : fs::path(model);
+  const fs::path folder = dir ? fs::path(model) : file.parent_path();
+  TANDEM_CHECK(fs::is_regular_file(file, ec), "--tokenizer-model ", model, ": ",
+               dir ? "the directory holds no tokenizer.json"
+                   : "is neither a directory holding a tokenizer.json nor a tokenizer.json file",
+               " (tandem reads a Hugging Face tokenizer from disk, not from the Hub: download it "
+               "first, e.g. `huggingface-cli download NAME tokenizer.json tokenizer_config.json "
+               "--local-dir DIR`, and pass DIR)");
+  const std::string what = "--tokenizer-model " + file.string();
+  const nlohmann::json j = read_json_file(file, what);
+  const auto model_it = j.is_object() ? j.find("model") : j.end();
+  TANDEM_CHECK(model_it != j.end() && model_it->is_object() && model_it->contains("vocab"), what,
+               ": no \"model\" with a \"vocab\" (not a tokenizer.json of Hugging Face's "
+               "tokenizers)");
+  // Token text -> id: the model's vocabulary (an object for BPE, WordPiece and WordLevel, a list
+  // of [piece, score] for Unigram), then the added tokens.
+  std::map<std::string, int64_t> vocab;
+  const nlohmann::json& v = (*model_it)["vocab"];
+  if (v.is_object()) {
+    for (const auto& [token, id] : v.items()) {
+      TANDEM_CHECK(id.is_number_integer(), what, ": the vocabulary's \"", token,
+                   "\" has no integer id");
+      vocab.emplace(token, id.get<int64_t>());
+    }
+  } else {
+    TANDEM_CHECK(v.is_array(), what, ": the model's \"vocab\" is neither an object nor a list");
+    for (size_t i = 0; i < v.size(); ++i) {
+      TANDEM_CHECK(v[i].is_array() && !v[i].empty() && v[i][0].is_string(), what,
+                   ": the model's vocabulary entry ", i, " is not [piece, score]");
+      vocab.emplace(v[i][0].get<std::string>(), static_cast<int64_t>(i));
+    }
+  }
+  if (const auto added = j.find("added_tokens"); added != j.end() && added->is_array()) {
+    for (const nlohmann::json& t : *added) {
+      TANDEM_CHECK(t.is_object() && t.contains("content") && t["content"].is_string() &&
+                       t.contains("id") && t["id"].is_number_integer(),
+                   what, ": an entry of \"added_tokens\" has no string content and integer id");
+      vocab[t["content"].get<std::string>()] = t["id"].get<int64_t>();
+    }
+  }
+  TANDEM_CHECK(!vocab.empty(), what, ": the vocabulary is empty");
+  TokenizerVocab out;
+  out.size = static_cast<int64_t>(vocab.size());
+  std::string eos;
+  for (const char* name : {"tokenizer_config.json", "special_tokens_map.json"}) {
+    const fs::path config = folder / name;
+    if (!eos.empty() || !fs::is_regular_file(config, ec)) continue;
+    const std::string config_what = "--tokenizer-model " + config.string();
+    eos = special_token(read_json_file(config, config_what), "eos_token", config_what);
+  }
+  if (!eos.empty()) {
+    const auto it = vocab.find(eos);
+    TANDEM_CHECK(it != vocab.end(), "--tokenizer-model ", folder.string(), ": the eos_token \"",
+                 eos, "\" is not a token of ", file.string());
+    out.eod = it->second;
+  }
+  return out;
+}
+
+TokenizerVocab sentencepiece_megatron_vocab(const std::string& type, int64_t pieces,
+                                            const std::function<std::string(int64_t)>& piece,
+                                            int64_t pad_id, int64_t bos_id, int64_t eos_id) {
+  TokenizerVocab out;
+  if (type == "GPTSentencePieceTokenizer" || type == "Llama2Tokenizer") {
+    out.size = pieces;
+    out.eod = eos_id;
+    return out;
+  }
+  TANDEM_CHECK(type == "SentencePieceTokenizer", "--tokenizer-type ", type,
+               " is not a sentencepiece tokenizer");
+  std::map<std::string, int64_t> vocab;
+  for (int64_t i = 0; i < pieces; ++i) vocab.emplace(piece(i), i);
+  // Each special token not yet a piece takes the next id, as Megatron-LM's dictionary does.
+  const auto add = [&](const std::string& t) {
+    return vocab.emplace(t, static_cast<int64_t>(vocab.size())).first->second;
+  };
+  const auto named = [&](int64_t id, const char* fallback) {
+    return id >= 0 && id < pieces ? piece(id) : std::string(fallback);
+  };
+  add("<CLS>");
+  add("<SEP>");
+  out.eod = add("<EOD>");
+  add("<MASK>");
+  add(named(pad_id, "<PAD>"));
+  add(named(bos_id, "<BOS>"));
+  add(named(eos_id, "<EOS>"));
+  out.size = static_cast<int64_t>(vocab.size());
+  return out;
 }
 
 }  // namespace tandem::data

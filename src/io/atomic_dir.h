@@ -1,5 +1,6 @@
-// Crash-safe writes: a file or a whole directory is written under a temporary sibling name,
-// synced, and renamed into place, so its final name only ever holds a complete version.
+// Crash-safe directory writes: a whole directory is written under a temporary sibling name,
+// synced, and renamed into place, so its final name only ever holds a complete version. Its
+// files are written with core/atomic_file.h, the one atomic file writer.
 //
 // Note [Atomic directory write]: AtomicDirWriter creates `<dir>.tmp-XXXXXX` beside `<dir>`; the
 // caller writes its files there; commit() fsyncs every file and directory in it, then swaps it
@@ -15,30 +16,9 @@
 #include <string>
 #include <string_view>
 
+#include "core/atomic_file.h"
+
 namespace tandem::io {
-
-// Streams one file to `<path>.tmp-XXXXXX`; commit() syncs, closes and renames it to `path`.
-// Destroyed without commit(), it removes the temporary file.
-class AtomicFileWriter {
- public:
-  explicit AtomicFileWriter(std::string path);
-  ~AtomicFileWriter();
-  AtomicFileWriter(const AtomicFileWriter&) = delete;
-  AtomicFileWriter& operator=(const AtomicFileWriter&) = delete;
-
-  void write(const void* data, int64_t bytes);
-  void commit();
-  const std::string& tmp_path() const { return tmp_path_; }
-
- private:
-  std::string path_;
-  std::string tmp_path_;
-  int fd_ = -1;
-  bool committed_ = false;
-};
-
-// Replaces `path` with `contents` atomically (e.g. the "latest" checkpoint pointer).
-void write_file_atomic(const std::string& path, std::string_view contents);
 
 // The whole file at `path`; throws naming the file when it is missing or above max_bytes.
 std::string read_file(const std::string& path, int64_t max_bytes = int64_t{1} << 30);
@@ -76,8 +56,5 @@ class AtomicDirWriter {
 // (Note [Atomic directory write]). Call it only while no writer for `final_dir` is running (e.g. at
 // startup).
 void recover_atomic_dir(const std::string& final_dir);
-
-// fsync on a file or directory; throws naming the path on failure.
-void fsync_path(const std::string& path);
 
 }  // namespace tandem::io

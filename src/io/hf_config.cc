@@ -34,7 +34,9 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/families.h"
 #include "io/atomic_dir.h"
+#include "io/json_fields.h"
 
 namespace tandem::io {
 namespace {
@@ -68,62 +70,20 @@ const std::set<std::string_view> kNeutralKeys = {
     // with --mtp-num-layers only (Note [Multi-token prediction layers] in runtime/checkpoint.cc).
     "num_nextn_predict_layers"};
 
-// Typed access to the keys of one JSON object; every error names the source and the key (with
-// its parent, e.g. rope_parameters.factor), and every key read is marked
+// A config.json object's keys (io/json_fields.h, errors naming "config 'source': key 'k'"), with
+// the checks of settings tandem implements one value of, and the refusal of keys not read
 // (Note [Every key is read or refused]).
-class ConfigReader {
+class ConfigReader : public JsonFields {
  public:
-  ConfigReader(const Json& j, std::string source, std::string prefix = {})
-      : j_(j), source_(std::move(source)), prefix_(std::move(prefix)) {}
+  ConfigReader(const Json& j, const std::string& source, std::string prefix = {})
+      : JsonFields(j, "config '" + source + "': ", std::move(prefix)) {}
 
-  [[noreturn]] void fail(const std::string& key, const std::string& why) const {
-    throw Error("config '" + source_ + "': key '" + prefix_ + key + "' " + why);
-  }
-  bool has(const std::string& key) const {
-    used_.insert(key);
-    return j_.contains(key) && !j_[key].is_null();
-  }
-  const Json& get(const std::string& key) const {
-    used_.insert(key);
-    return j_[key];
-  }
-  // Marks a key as read without reading it (one that has no effect once another is known).
-  void mark(const std::string& key) const { used_.insert(key); }
-
-  int64_t integer(const std::string& key, std::optional<int64_t> fallback = std::nullopt) const {
-    if (!has(key)) return fallback ? *fallback : missing<int64_t>(key);
-    const Json& v = j_[key];
-    if (v.is_number_unsigned() &&
-        v.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
-      fail(key, "is " + v.dump() + ", too large");
-    }
-    if (!v.is_number_integer()) fail(key, "is " + v.dump() + ", expected an integer");
-    return v.get<int64_t>();
-  }
-  double number(const std::string& key, std::optional<double> fallback = std::nullopt) const {
-    if (!has(key)) return fallback ? *fallback : missing<double>(key);
-    const Json& v = j_[key];
-    if (!v.is_number()) fail(key, "is " + v.dump() + ", expected a number");
-    return v.get<double>();
-  }
-  bool boolean(const std::string& key, bool fallback) const {
-    if (!has(key)) return fallback;
-    const Json& v = j_[key];
-    if (!v.is_boolean()) fail(key, "is " + v.dump() + ", expected true or false");
-    return v.get<bool>();
-  }
-  std::string string(const std::string& key, std::optional<std::string> fallback = {}) const {
-    if (!has(key)) return fallback ? *fallback : missing<std::string>(key);
-    const Json& v = j_[key];
-    if (!v.is_string()) fail(key, "is " + v.dump() + ", expected a string");
-    return v.get<std::string>();
-  }
   // A key whose only valid value is `valid` (absent or null is valid too): a setting tandem does
   // not implement.
   void expect_number(const std::string& key, double valid, const std::string& why) const {
     if (has(key) && number(key) != valid) {
-      fail(key, "is " + j_[key].dump() + "; tandem implements only " + Json(valid).dump() + " (" +
-                    why + ")");
+      fail(key, "is " + json()[key].dump() + "; tandem implements only " + Json(valid).dump() +
+                    " (" + why + ")");
     }
   }
   void expect_false(const std::string& key, const std::string& why) const {
@@ -131,23 +91,13 @@ class ConfigReader {
   }
   // Refuses the first key neither read nor in `neutral`.
   void check_all_read(const std::set<std::string_view>& neutral) const {
-    for (const auto& [key, value] : j_.items()) {
-      if (used_.count(key) || neutral.count(key)) continue;
+    for (const auto& [key, value] : json().items()) {
+      if (was_read(key) || neutral.count(key)) continue;
       fail(key, "is not a setting tandem knows for this model (value " + value.dump() +
                     "); tandem refuses it rather than train a model transformers would build "
                     "differently (docs/model.md \"Families\")");
     }
   }
-
- private:
-  template <typename T>
-  T missing(const std::string& key) const {
-    fail(key, "is missing");
-  }
-
-  const Json& j_;
-  std::string source_, prefix_;
-  mutable std::set<std::string> used_;
 };
 
 // What tandem reads and writes of each transformers class: its names and the defaults of its
@@ -337,9 +287,10 @@ void read_common(const ConfigReader& r, const std::string& source, const FamilyI
   read_head_dim(r, m);
   read_rope(r, source, f, m);
   r.expect_number("partial_rotary_factor", 1.0, "RoPE on every column of the head");
-  if (r.boolean("tie_word_embeddings", false)) {
-    r.fail("tie_word_embeddings", "is true; tandem's lm_head is not tied to the embeddings");
-  }
+  // Note [Tied embeddings] in model/parameters.h. Absent, false: the default of every family's
+  // config class in transformers (LlamaConfig, MixtralConfig, Qwen2MoeConfig, Qwen3MoeConfig,
+  // DeepseekV3Config).
+  m.untie_embeddings_and_output_weights = !r.boolean("tie_word_embeddings", false);
   const std::string act = r.string("hidden_act", "silu");
   if (act != "silu") r.fail("hidden_act", "is \"" + act + "\"; only \"silu\" (SwiGLU) is valid");
   r.expect_number("attention_dropout", 0.0, "no dropout");
@@ -604,7 +555,7 @@ std::string hf_config_json(const ModelConfig& model) {
   j["rope_parameters"] = params;
   j["attention_dropout"] = 0.0;
   j["initializer_range"] = model.init_method_std;
-  j["tie_word_embeddings"] = false;
+  j["tie_word_embeddings"] = model.tied_embeddings();
   j["use_cache"] = true;
   j["torch_dtype"] = "float32";
   // The multi-token prediction modules after the layers (DeepSeek-V3's key, which its writer

@@ -15,9 +15,10 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 
-#include "io/atomic_dir.h"
+#include "core/atomic_file.h"
 
 namespace tandem::io {
 namespace {
@@ -29,14 +30,17 @@ using Json = nlohmann::json;
 constexpr int64_t kMaxHeaderBytes = 100'000'000;  // the limit of the reference implementation
 constexpr const char* kMetadataKey = "__metadata__";
 
+// The spec's names of the dtypes this reader and writer take.
+constexpr EnumName<DType> kSafetensorsDTypes[] = {{DType::kF32, "F32"},
+                                                  {DType::kF64, "F64"},
+                                                  {DType::kBF16, "BF16"},
+                                                  {DType::kI32, "I32"},
+                                                  {DType::kI64, "I64"}};
+
 bool dtype_from_name(const std::string& name, DType* out) {
-  for (DType t : {DType::kF32, DType::kF64, DType::kBF16, DType::kI32, DType::kI64}) {
-    if (safetensors_dtype_name(t) == name) {
-      *out = t;
-      return true;
-    }
-  }
-  return false;
+  const std::optional<DType> t = value_in(kSafetensorsDTypes, name);
+  if (t) *out = *t;
+  return t.has_value();
 }
 
 // A non-negative JSON integer that fits int64_t.
@@ -228,19 +232,7 @@ uint16_t float_to_bf16_bits(float f) {
 }  // namespace
 
 std::string safetensors_dtype_name(DType dtype) {
-  switch (dtype) {
-    case DType::kF32:
-      return "F32";
-    case DType::kF64:
-      return "F64";
-    case DType::kBF16:
-      return "BF16";
-    case DType::kI32:
-      return "I32";
-    case DType::kI64:
-      return "I64";
-  }
-  return "?";
+  return std::string(name_in(kSafetensorsDTypes, dtype));
 }
 
 SafetensorsHeader read_safetensors_header(const std::string& path) {

@@ -114,6 +114,20 @@ static ops::AttentionShape attention_shape(const NodeContext& c) {
   return s;
 }
 
+void tp_row_parallel_forward(const Tensor& out, const Tensor& in, const Tensor& w,
+                             const Tensor& residual, const NodeContext& c) {
+  if (c.tp == nullptr || c.tp->rank() == 0) {
+    ops::linear_forward_residual(out, in, w, residual);
+  } else {
+    ops::linear_forward(out, in, w);
+  }
+  if (c.tp != nullptr) c.tp->all_reduce_sum(out);
+}
+
+void tp_input_grad_reduce(const Tensor& d_in, const NodeContext& c) {
+  if (c.tp != nullptr) c.tp->all_reduce_sum(d_in);
+}
+
 // Rows of one head: a [N, heads * D] tensor viewed as [N * heads, D].
 static Tensor heads_as_rows(const Tensor& t, int64_t head_dim) {
   return t.reshape({t.numel() / head_dim, head_dim});
@@ -192,7 +206,7 @@ void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c
   s.lse = saved_tensor({c.batch, cfg.num_attention_heads, c.seq}, c.stat_dtype(), "attn.lse");
   ops::attention_forward(s.a, s.lse, s.q, s.k, s.v, attention_shape(c));
   s.h1 = saved_tensor({n, h}, c.dtype, "attn.h1");
-  ops::linear_forward_residual(s.h1, s.a, w.wo, s.x);  // + the residual x
+  tp_row_parallel_forward(s.h1, s.a, w.wo, s.x, c);  // + the residual x
   s.n2 = saved_tensor({n, h}, c.dtype, "attn.n2");
   s.rstd2 = saved_tensor({n}, c.stat_dtype(), "attn.rstd2");
   ops::rmsnorm_forward(s.n2, s.rstd2, s.h1, w.post_norm, cfg.norm_epsilon);
@@ -285,6 +299,7 @@ void attention_backward(LayerActs& a, const LayerWeights& w, const LayerWeights&
   ops::attention_backward(s.d_q, s.d_k, s.d_v, d_a, s.q, s.k, s.v, s.a, s.lse, attention_shape(c));
   const Tensor d_n1 =
       cfg.multi_latent_attention ? mla_backward(s, w, g, c) : gqa_backward(s, w, g, c);
+  tp_input_grad_reduce(d_n1, c);
   a.d_x = work_tensor({n, h}, c.dtype, "d_x");
   a.d_x.copy_from(s.d_h1);
   ops::rmsnorm_backward(a.d_x, g.input_norm, d_n1, s.x, w.input_norm, s.rstd1, Accumulate::kAdd);

@@ -31,9 +31,11 @@ struct MicroBatchState {
   Tensor input;     // [N, H] received activation, stages after the first
   Tensor d_output;  // [N, H] received gradient, stages before the last
   // Document masking (Note [Document masking] in data/document_masks.h), every stage: each
-  // query's first key, each token's position and the loss mask (NodeContext's); undefined when
-  // off.
+  // query's first key, each token's position and the loss mask with its count of tokens of
+  // weight 1 (NodeContext's); undefined when off.
   Tensor key_begin, positions, loss_mask;
+  int64_t loss_tokens = 0;
+  std::vector<int64_t> mtp_loss_tokens;  // NodeContext::mtp_loss_tokens
   EmbedActs embed;
   std::vector<LayerActs> layers;
   LossActs loss;

@@ -52,16 +52,13 @@ void embed_backward_weights(EmbedActs& a, const ModelWeights& g, const NodeConte
 // Megatron-LM's sum(loss * mask) / sum(mask) over the micro-batch's tokens, the tokens whose
 // input is the end-of-document id weighing 0; the trainers then average the micro-batches' losses
 // and the data-parallel ranks' gradients as they do unmasked, as Megatron-LM does without
-// --calculate-per-token-loss. A micro-batch with no token of weight 1 has the loss 0 / 0 (NaN),
-// as in Megatron-LM, which --nan-policy judges. Only the unfused (CPU) head takes a mask.
-static double loss_tokens(const NodeContext& c) {
-  if (!c.loss_mask.defined()) return static_cast<double>(c.tokens());
-  TANDEM_CHECK(!c.fused_lm_head,
-               "--eod-mask-loss runs on the CPU's loss node only; the fused LM head takes no mask");
-  double kept = 0;
-  for (int64_t r = 0; r < c.loss_mask.numel(); ++r) kept += c.loss_mask.data<float>()[r];
-  return kept;
-}
+// --calculate-per-token-loss (with it the divisor is the global batch's count instead:
+// Note [Per-token loss] in runtime/step.h). A micro-batch with no token of weight 1 has the loss
+// 0 / 0 (NaN), as in Megatron-LM, which --nan-policy judges. Both heads take the mask: the
+// unfused one (cross_entropy_*_masked) and the fused one (lm_head_ce_*_masked), whose masked rows
+// add nothing to the loss or to either gradient; the count of tokens of weight 1 comes from the
+// host (NodeContext::loss_tokens), so no step waits for the device to count them.
+static double loss_tokens(const NodeContext& c) { return c.loss_divisor(); }
 
 void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const ModelWeights& w,
                   const NodeContext& c) {
@@ -77,7 +74,6 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
   a.nf = (nf_temporary ? work_tensor : saved_tensor)({n, h}, c.dtype, "loss.nf");
   a.rstd = saved_tensor({n}, c.stat_dtype(), "loss.rstd");
   ops::rmsnorm_forward(a.nf, a.rstd, a.x, w.final_norm, cfg.norm_epsilon);
-  if (c.loss_mask.defined()) loss_tokens(c);  // checks that the head takes it
   if (c.fused_lm_head && c.grads != nullptr) {
     // Note [Loss gradient in the forward]: the loss is the last node of its micro-batch's
     // forward and its gradient depends on nothing later, so when training, the fused node forms
@@ -89,10 +85,11 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
     Tensor lse = work_tensor({n}, c.stat_dtype(), "loss.lse");
     a.d_nf = saved_tensor({n, h}, c.dtype, "loss.d_nf");
     // The loss stays on its way to the host (Note [Reads to the host ahead of use]).
+    const double kept = loss_tokens(c);
     a.lm_loss =
-        ops::lm_head_ce_forward_backward(a.d_nf, c.grads->lm_head, lse, a.nf, w.lm_head, tgt,
-                                         c.loss_scale / static_cast<double>(n), Accumulate::kAdd)
-            .then([n](double sum) { return sum / static_cast<double>(n); });
+        ops::lm_head_ce_forward_backward_masked(a.d_nf, c.grads->lm_head, lse, a.nf, w.lm_head, tgt,
+                                                c.loss_scale / kept, c.loss_mask, Accumulate::kAdd)
+            .then([kept](double sum) { return sum / kept; });
     if (mtp_runs(c)) {
       mtp_forward(a, targets, w, c);
       return;
@@ -106,8 +103,9 @@ void loss_forward(LossActs& a, const Tensor& x, const Tensor& targets, const Mod
     a.targets = saved_tensor({n}, DType::kI32, "loss.targets");
     a.targets.copy_from(targets);
     a.lse = saved_tensor({n}, c.stat_dtype(), "loss.lse");
-    a.lm_loss = ops::PendingScalar(ops::lm_head_ce_forward(a.lse, a.nf, w.lm_head, a.targets) /
-                                   static_cast<double>(n));
+    a.lm_loss = ops::PendingScalar(
+        ops::lm_head_ce_forward_masked(a.lse, a.nf, w.lm_head, a.targets, c.loss_mask) /
+        loss_tokens(c));
     if (mtp_runs(c)) mtp_forward(a, targets, w, c);
     return;
   }
@@ -142,8 +140,8 @@ void loss_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
   if (c.fused_lm_head) {
     // The LM head's input and weight gradients come together, so nothing waits for a W step.
     Tensor d_nf = work_tensor({n, h}, c.dtype, "loss.d_nf");
-    ops::lm_head_ce_backward(d_nf, g.lm_head, a.nf, w.lm_head, a.targets, a.lse,
-                             c.loss_scale / static_cast<double>(n), Accumulate::kAdd);
+    ops::lm_head_ce_backward_masked(d_nf, g.lm_head, a.nf, w.lm_head, a.targets, a.lse,
+                                    c.loss_scale / loss_tokens(c), c.loss_mask, Accumulate::kAdd);
     release_storage({&a.nf, &a.lse, &a.targets});
     add_mtp(d_nf);
     a.d_x = work_tensor({n, h}, c.dtype, "loss.d_x");

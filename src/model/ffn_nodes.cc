@@ -256,28 +256,53 @@ void experts_backward_weights(LayerActs& a, const LayerWeights& g, const NodeCon
   if (last) merged_expert_products(group, g, c);
 }
 
+// Note [Recomputed modules]: with --recompute mlp (shared_experts) the dense mlp (the shared
+// expert) keeps nothing from forward to backward: its input n2 is held by attention anyway, and
+// its gate_up and act (the shared expert's z and gate too) are temporaries of the forward that
+// its input-gradient backward forms again from the same n2 and weights with the same ops, so
+// every value, and so every gradient, is bit for bit the stored run's (Megatron-LM's
+// --recompute-modules mlp, shared_experts). act is then kept for the weight gradient, as
+// without recomputation (adopted as an activation when the input-gradient backward ends, where
+// footprint.h's figures count it). The cost is one more pass of the gate and up product (and the
+// shared expert's down and gate products when gated); the saving 3 N F elements a layer and
+// micro-batch in flight (the shared expert's gated z [N,H] and gate [N] besides).
+
 // The shared expert: y = (silu(n2 Wg) * n2 Wu) Wd, scaled by sigmoid(n2 . w) when gated, over
-// every token of the layer; combine adds y to the layer's output.
-void shared_expert_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+// every token of the layer; combine adds y to the layer's output. Forms s's gate_up, act, and
+// gated z and gate (allocated with `make`), and out when given (the forward's; the recomputing
+// backward needs none).
+template <typename Make>
+static void shared_expert_activations(SharedExpertSaved& s, const Tensor& out, const Tensor& n2,
+                                      const LayerWeights& w, const NodeContext& c, Make make) {
   const int64_t n = c.tokens(), f = c.cfg.moe_shared_expert_intermediate_size;
   const int64_t h = c.cfg.hidden_size;
-  SharedExpertSaved& s = a.shared;
-  const Tensor& n2 = a.attn.n2;  // (N, H), held by attention
-  s.gate_up = saved_tensor({n, 2 * f}, c.dtype, "shared.gate_up");
-  s.act = saved_tensor({n, f}, c.dtype, "shared.act");
+  s.gate_up = make({n, 2 * f}, c.dtype, "shared.gate_up");
+  s.act = make({n, f}, c.dtype, "shared.act");
   ops::linear_forward(s.gate_up, n2, w.shared_gate_up);  // Note [Gate and up in one product]
   ops::swiglu_forward(s.act, s.gate_up);
-  a.shared_out = work_tensor({n, h}, c.dtype, "shared_out");  // handed to combine
   if (!w.shared_gate.defined()) {
-    ops::linear_forward(a.shared_out, s.act, w.shared_down);
+    if (out.defined()) ops::linear_forward(out, s.act, w.shared_down);
     return;
   }
-  s.z = saved_tensor({n, h}, c.dtype, "shared.z");
+  s.z = make({n, h}, c.dtype, "shared.z");
   ops::linear_forward(s.z, s.act, w.shared_down);
   Tensor logit = work_tensor({n, 1}, c.stat_dtype(), "shared.logit");
   ops::linear_forward(logit, n2, w.shared_gate);
-  s.gate = saved_tensor({n}, c.stat_dtype(), "shared.gate");
-  ops::sigmoid_gate_forward(a.shared_out, s.gate, s.z, logit.reshape({n}));
+  s.gate = make({n}, c.stat_dtype(), "shared.gate");
+  // The output is formed either way: the gate comes with it (one op). In the backward it is a
+  // temporary freed at once.
+  const Tensor y = out.defined() ? out : work_tensor({n, h}, c.dtype, "shared.out_again");
+  ops::sigmoid_gate_forward(y, s.gate, s.z, logit.reshape({n}));
+}
+
+void shared_expert_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t n = c.tokens(), h = c.cfg.hidden_size;
+  const bool again = recomputes(c.recompute, Recompute::kSharedExperts);
+  SharedExpertSaved& s = a.shared;
+  a.shared_out = work_tensor({n, h}, c.dtype, "shared_out");  // handed to combine
+  // Note [Recomputed modules]: temporaries, or saved for the backward.
+  shared_expert_activations(s, a.shared_out, a.attn.n2, w, c, again ? work_tensor : saved_tensor);
+  if (again) s = SharedExpertSaved{};
 }
 
 // d_n2 (the shared expert's part of n2's gradient, which attention's backward adds to) from the
@@ -286,6 +311,10 @@ void shared_expert_backward(LayerActs& a, const LayerWeights& w, const NodeConte
   const int64_t n = c.tokens(), f = c.cfg.moe_shared_expert_intermediate_size;
   const int64_t h = c.cfg.hidden_size;
   SharedExpertSaved& s = a.shared;
+  const bool again = recomputes(c.recompute, Recompute::kSharedExperts);
+  if (again) {  // Note [Recomputed modules]
+    shared_expert_activations(s, Tensor(), a.attn.n2, w, c, work_tensor);
+  }
   if (w.shared_gate.defined()) {
     s.d_z = work_tensor({n, h}, c.dtype, "shared.d_z");
     s.d_logit = work_tensor({n, 1}, c.dtype, "shared.d_logit");
@@ -303,6 +332,7 @@ void shared_expert_backward(LayerActs& a, const LayerWeights& w, const NodeConte
     ops::linear_backward_input(a.d_n2, s.d_logit, w.shared_gate, ops::Accumulate::kAdd);
   }
   release_storage({&s.gate_up, &s.z, &s.gate});  // act stays for the weight gradient
+  if (again) adopt_as_activation(s.act);
 }
 
 void shared_expert_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {
@@ -315,22 +345,35 @@ void shared_expert_backward_weights(LayerActs& a, const LayerWeights& g, const N
   s = SharedExpertSaved{};
 }
 
-void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
-  const int64_t n = c.tokens(), f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
-  MlpSaved& s = a.mlp;
-  const Tensor& n2 = a.attn.n2;  // (N, H), held by attention
-  s.gate_up = saved_tensor({n, 2 * f}, c.dtype, "mlp.gate_up");
-  s.act = saved_tensor({n, f}, c.dtype, "mlp.act");
+// The dense SwiGLU's gate_up and act from n2 (allocated with `make`).
+template <typename Make>
+static void mlp_activations(MlpSaved& s, const Tensor& n2, const LayerWeights& w,
+                            const NodeContext& c, Make make) {
+  const int64_t n = c.tokens(), f = c.cfg.ffn_hidden_size;
+  s.gate_up = make({n, 2 * f}, c.dtype, "mlp.gate_up");
+  s.act = make({n, f}, c.dtype, "mlp.act");
   ops::linear_forward(s.gate_up, n2, w.w_gate_up);  // Note [Gate and up in one product]
   ops::swiglu_forward(s.act, s.gate_up);
-  a.out = work_tensor({n, h}, c.dtype, "layer.out");  // handed to the next layer or the loss
-  ops::linear_forward_residual(a.out, s.act, w.w_down, a.h1);  // + the residual h1
+}
+
+void mlp_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
+  const int64_t n = c.tokens(), h = c.cfg.hidden_size;
+  const bool again = recomputes(c.recompute, Recompute::kMlp);
+  MlpSaved& s = a.mlp;
+  // Note [Recomputed modules]: temporaries, or saved for the backward.
+  mlp_activations(s, a.attn.n2, w, c, again ? work_tensor : saved_tensor);
+  // Handed to the next layer or the loss; + the residual h1.
+  a.out = work_tensor({n, h}, c.dtype, "layer.out");
+  tp_row_parallel_forward(a.out, s.act, w.w_down, a.h1, c);
   a.h1 = Tensor();
+  if (again) s = MlpSaved{};
 }
 
 void mlp_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   const int64_t n = c.tokens(), f = c.cfg.ffn_hidden_size, h = c.cfg.hidden_size;
   MlpSaved& s = a.mlp;
+  const bool again = recomputes(c.recompute, Recompute::kMlp);
+  if (again) mlp_activations(s, a.attn.n2, w, c, work_tensor);  // Note [Recomputed modules]
   s.d_out = a.d_out;  // attention reads it too (the residual), then drops it
   Tensor d_act = work_tensor({n, f}, c.dtype, "d_act");
   ops::linear_backward_input(d_act, s.d_out, w.w_down);
@@ -338,7 +381,9 @@ void mlp_backward(LayerActs& a, const LayerWeights& w, const NodeContext& c) {
   ops::swiglu_backward(s.d_gate_up, d_act, s.gate_up);
   a.d_n2 = work_tensor({n, h}, c.dtype, "d_n2");
   ops::linear_backward_input(a.d_n2, s.d_gate_up, w.w_gate_up);
+  tp_input_grad_reduce(a.d_n2, c);
   release_storage({&s.gate_up});  // act stays for the weight gradient
+  if (again) adopt_as_activation(s.act);
 }
 
 void mlp_backward_weights(LayerActs& a, const LayerWeights& g, const NodeContext&) {

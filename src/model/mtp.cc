@@ -9,10 +9,22 @@
 // and the step's loss adds mtp_loss_scaling_factor / D times the sum of the L_k. The embedding
 // and the LM head are the main model's (their gradients add to theirs).
 //
+// Note [MTP loss mask]: with Megatron-LM's document masking the modules see what its
+// multi_token_prediction.py gives them. The ids, the labels and the loss mask are rolled k left
+// (0 past the sequence's end); the attention mask and the RoPE positions are not rolled (the
+// module's layer takes the main layers' attention mask and rotary embedding), so the layer reads
+// NodeContext's key_begin and positions as the model's layers do. With --eod-mask-loss, L_k is
+// the mean over the rows whose rolled mask is 1: row i of a sequence weighs mask[i + k], and
+// the divisor is their count n_k (counted on the host, NodeContext::mtp_loss_tokens), at least
+// 1 as Megatron-LM clamps it. With --calculate-per-token-loss Megatron-LM weighs depth k's sum by
+// n / (n_k G), n the micro-batch's own tokens of weight 1 and G the global batch's over its
+// micro-batches (NodeContext::per_token_divisor): the same as the mean without a loss mask.
+//
 // Note [MTP rows by copies]: the shifted ids, the concatenation [e | h], the rows with a target
 // and their targets are all row copies (ops::copy_row_blocks: one launch on the GPU), so the
 // modules need no kernel of their own. [N, 2H] viewed as [2N, H] has the embedding's rows at
 // 2n and h's at 2n + 1.
+#include <algorithm>
 #include <utility>
 #include <vector>
 
@@ -99,6 +111,28 @@ void layer_backward_weights(LayerActs& a, const LayerWeights& g, const NodeConte
   attention_backward_weights(a, g, c);
 }
 
+// Note [MTP loss mask]: the weight of each row of depth k's summed cross-entropy.
+double row_weight(const NodeContext& c, int64_t k, int64_t nv) {
+  const double kept = c.loss_mask.defined()
+                          ? static_cast<double>(c.mtp_loss_tokens[static_cast<size_t>(k - 1)])
+                          : static_cast<double>(nv);
+  const double clamped = std::max(kept, 1.0);
+  if (c.per_token_divisor < 0) return 1.0 / clamped;
+  return c.own_loss_tokens() / (clamped * c.per_token_divisor);
+}
+
+// Depth k's rolled loss mask over its rows with a target [Nv] f32 (Note [MTP loss mask]); undefined
+// without a loss mask. An op temporary, formed again where the backward needs it.
+Tensor rolled_mask(const NodeContext& c, int64_t k) {
+  if (!c.loss_mask.defined()) return Tensor();
+  const int64_t b = c.batch, t = c.seq, valid = t - k;
+  TANDEM_ASSERT(static_cast<int64_t>(c.mtp_loss_tokens.size()) >= k,
+                "the MTP modules need the rolled loss masks' counts");
+  Tensor m = work_tensor({b * valid}, DType::kF32, "mtp.loss_mask");
+  ops::copy_row_blocks(m, c.loss_mask, shifted_blocks(b, t, k, valid, valid));
+  return m;
+}
+
 }  // namespace
 
 bool mtp_runs(const NodeContext& c) { return c.mtp && c.cfg.has_mtp(); }
@@ -156,27 +190,30 @@ void mtp_forward(LossActs& a, const Tensor& targets, const ModelWeights& w, cons
     }
     m.targets = (grads_now ? work_tensor : saved_tensor)({nv}, DType::kI32, "mtp.tk");
     ops::copy_row_blocks(m.targets, tgt, shifted_blocks(b, t, k, valid, valid));
-    const double per_row = 1.0 / static_cast<double>(nv);
+    const double per_row = row_weight(c, k, nv);
+    Tensor mask = rolled_mask(c, k);  // Note [MTP loss mask]
     if (grads_now) {
       // As the main head (Note [Loss gradient in the forward] in end_nodes.cc): the head's
       // gradients at once, d_hv kept for the backward.
       Tensor lse = work_tensor({nv}, c.stat_dtype(), "mtp.lse");
       m.d_hv = saved_tensor({nv, h}, c.dtype, "mtp.d_hv");
-      m.loss = ops::lm_head_ce_forward_backward(m.d_hv, c.grads->lm_head, lse, m.hv, w.lm_head,
-                                                m.targets, c.loss_scale * scale * per_row,
-                                                Accumulate::kAdd)
+      m.loss = ops::lm_head_ce_forward_backward_masked(
+                   m.d_hv, c.grads->lm_head, lse, m.hv, w.lm_head, m.targets,
+                   c.loss_scale * scale * per_row, mask, Accumulate::kAdd)
                    .then([per_row](double sum) { return sum * per_row; });
       release_storage({&m.hv, &m.targets});
       m.hv = m.targets = Tensor();
     } else if (c.fused_lm_head) {
       m.lse = saved_tensor({nv}, c.stat_dtype(), "mtp.lse");
-      m.loss =
-          ops::PendingScalar(ops::lm_head_ce_forward(m.lse, m.hv, w.lm_head, m.targets) * per_row);
+      m.loss = ops::PendingScalar(
+          ops::lm_head_ce_forward_masked(m.lse, m.hv, w.lm_head, m.targets, mask) * per_row);
     } else {
       m.logits = saved_tensor({nv, cfg.vocab_size}, c.dtype, "mtp.logits");
       ops::linear_forward(m.logits, m.hv, w.lm_head);
-      m.loss = ops::PendingScalar(ops::cross_entropy_forward(m.logits, m.targets) * per_row);
+      m.loss = ops::PendingScalar(ops::cross_entropy_forward_masked(m.logits, m.targets, mask) *
+                                  per_row);
     }
+    if (mask.defined()) release_storage({&mask});
   }
   release_storage({&tgt});
 }
@@ -193,21 +230,25 @@ Tensor mtp_backward(LossActs& a, const ModelWeights& w, const ModelWeights& g,
     const MtpWeights& mw = w.mtp[static_cast<size_t>(j)];
     MtpWeights& mg = const_cast<MtpWeights&>(g.mtp[static_cast<size_t>(j)]);
     const int64_t k = j + 1, valid = t - k, nv = b * valid;
-    const double grad_scale = c.loss_scale * scale / static_cast<double>(nv);
+    const double grad_scale = c.loss_scale * scale * row_weight(c, k, nv);
     Tensor d_hv;
     if (m.d_hv.defined()) {
       d_hv = std::exchange(m.d_hv, Tensor());
     } else if (c.fused_lm_head) {
+      Tensor mask = rolled_mask(c, k);
       d_hv = work_tensor({nv, h}, c.dtype, "mtp.d_hv");
-      ops::lm_head_ce_backward(d_hv, g.lm_head, m.hv, w.lm_head, m.targets, m.lse, grad_scale,
-                               Accumulate::kAdd);
+      ops::lm_head_ce_backward_masked(d_hv, g.lm_head, m.hv, w.lm_head, m.targets, m.lse,
+                                      grad_scale, mask, Accumulate::kAdd);
       release_storage({&m.hv, &m.lse, &m.targets});
+      if (mask.defined()) release_storage({&mask});
     } else {
       // dlogits overwrite the logits; they and hv stay for the LM head's weight gradient.
-      ops::cross_entropy_backward(m.logits, m.logits, m.targets, grad_scale);
+      Tensor mask = rolled_mask(c, k);
+      ops::cross_entropy_backward_masked(m.logits, m.logits, m.targets, grad_scale, mask);
       d_hv = work_tensor({nv, h}, c.dtype, "mtp.d_hv");
       ops::linear_backward_input(d_hv, m.logits, w.lm_head);
       release_storage({&m.targets});
+      if (mask.defined()) release_storage({&mask});
     }
     Tensor d_hk;
     if (d_next.defined()) {

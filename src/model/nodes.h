@@ -48,6 +48,9 @@ struct NodeContext {
   // The experts form gate, up and act again in their backward (Note [Recomputed experts] in
   // ffn_nodes.cc; TrainConfig::recompute_experts).
   bool recompute_experts = false;
+  // The modules that form their activations again in their backward (parse_recompute's bits of
+  // TrainConfig::recompute; Note [Recomputed modules] in ffn_nodes.cc).
+  uint32_t recompute = 0;
   // Random router logits for benchmarks (TrainConfig::moe_router_force_balance,
   // Note [Forced load balancing] in attention_node.cc), drawn from this micro-batch's key.
   bool force_balanced_routing = false;
@@ -55,6 +58,10 @@ struct NodeContext {
   // The data-parallel group (holding the expert-parallel ranks): global_aux_loss sums each
   // micro-batch's counts over it; null: one rank.
   comm::Communicator* dp = nullptr;
+  // The tensor-parallel group (Note [Tensor parallelism] in core/config_tp.cc): cfg is then one
+  // rank's shard of the model, and the row-parallel outputs and the column-parallel blocks' input
+  // gradients are summed over it; null: TP 1.
+  comm::Communicator* tp = nullptr;
   // The trainer's merge of the experts' weight gradients over micro-batches
   // (Note [Merged expert weight gradients]); null: each micro-batch's own products.
   MergedExpertGrads* merged_expert_grads = nullptr;
@@ -63,12 +70,30 @@ struct NodeContext {
   // generation), as Megatron-LM's MTP changes only the training loss.
   bool mtp = true;
   // Megatron-LM's document masking of this micro-batch (Note [Document masking] in
-  // data/document_masks.h), on the CPU, undefined when off: each query's first key
+  // data/document_masks.h), on the nodes' device, undefined when off: each query's first key
   // (--reset-attention-mask) and each token's RoPE position (--reset-position-ids), i32 [N]; the
   // loss mask (--eod-mask-loss), f32 [N], 0 where the input is the end-of-document token: the
-  // loss node's loss is the mean over the tokens of mask 1 (Note [Loss mask] in end_nodes.cc).
+  // loss node's loss is the mean over the loss_tokens tokens of mask 1 (counted on the host;
+  // Note [Loss mask] in end_nodes.cc).
   Tensor key_begin = {}, positions = {}, loss_mask = {};
+  int64_t loss_tokens = 0;
+  // With --eod-mask-loss and MTP modules: depth k's tokens of weight 1 in the loss mask rolled k
+  // left (mtp_loss_tokens[k - 1], counted on the host; Note [MTP loss mask] in mtp.cc).
+  std::vector<int64_t> mtp_loss_tokens = {};
+  // Note [Per-token loss] (runtime/step.h): with --calculate-per-token-loss, the global batch's
+  // tokens of weight 1 over its micro-batches (of all data-parallel ranks), by which the loss
+  // node divides its sum in place of its own count; < 0: off.
+  double per_token_divisor = -1;
   int64_t tokens() const { return batch * seq; }
+  // The tokens of weight 1 of the loss node's own micro-batch (all of them without a loss mask).
+  double own_loss_tokens() const {
+    return static_cast<double>(loss_mask.defined() ? loss_tokens : tokens());
+  }
+  // The loss node's divisor of its summed cross-entropy: its own tokens of weight 1, or the
+  // per-token divisor.
+  double loss_divisor() const {
+    return per_token_divisor >= 0 ? per_token_divisor : own_loss_tokens();
+  }
   // Statistics (norm rstd, attention lse, router probabilities and weights) stay f32 when the
   // activations are bf16 (docs/cuda.md "Numerics on the GPU").
   DType stat_dtype() const { return dtype == DType::kBF16 ? DType::kF32 : dtype; }
@@ -197,6 +222,16 @@ struct LossActs {
 void embed_forward(EmbedActs& a, const Tensor& ids, const ModelWeights& w, const NodeContext& c);
 void embed_backward(EmbedActs& a, const NodeContext& c);
 void embed_backward_weights(EmbedActs& a, const ModelWeights& g, const NodeContext& c);
+
+// ---- tensor parallelism's collectives (attention_node.cc) ----
+// Note [Tensor parallelism] (core/config_tp.cc): out = residual + in @ w^T summed over the
+// tensor-parallel ranks (each holds a block of w's columns and of in's), the residual added by tp
+// rank 0 only; without a tp group the one product.
+void tp_row_parallel_forward(const Tensor& out, const Tensor& in, const Tensor& w,
+                             const Tensor& residual, const NodeContext& c);
+// The input gradient of a column-parallel block (each rank's part from its rows of the block's
+// matrices) summed over the tensor-parallel ranks, in place; nothing without a tp group.
+void tp_input_grad_reduce(const Tensor& d_in, const NodeContext& c);
 
 // ---- attention (norm, qkv, rope, attention, out-proj, residual, norm, router, permute) ----
 void attention_forward(LayerActs& a, const LayerWeights& w, const NodeContext& c);

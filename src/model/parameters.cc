@@ -9,6 +9,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "core/families.h"
 #include "core/rng.h"
 #include "ops/ops.h"
 
@@ -21,8 +22,15 @@ ChunkSpec ChunkSpec::whole(const ModelConfig& cfg) {
   return s;
 }
 
+// The model a chunk computes: its tensor-parallel shard (Note [Tensor parallelism]).
+static ModelConfig chunk_config(const ModelConfig& cfg, const ChunkSpec& spec) {
+  TANDEM_ASSERT(spec.tp >= 1 && spec.tp_rank >= 0 && spec.tp_rank < spec.tp, "tp rank ",
+                spec.tp_rank, " of ", spec.tp);
+  return spec.tp > 1 ? tensor_parallel_shard(cfg, spec.tp) : cfg;
+}
+
 Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtype, Device device)
-    : cfg_(cfg), spec_(spec), dtype_(dtype), device_(device) {
+    : cfg_(chunk_config(cfg, spec)), spec_(spec), dtype_(dtype), device_(device) {
   TANDEM_ASSERT(dtype == DType::kF32 || dtype == DType::kF64);
   check_placement(spec.placement, cfg.num_layers, cfg.num_experts);
   TANDEM_CHECK(device == Device::kCPU || dtype == DType::kF32,
@@ -46,7 +54,7 @@ Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, DType dtyp
 }
 
 Parameters::Parameters(const ModelConfig& cfg, const ChunkSpec& spec, EntriesOnly)
-    : cfg_(cfg), spec_(spec), dtype_(DType::kF32), device_(Device::kCPU) {
+    : cfg_(chunk_config(cfg, spec)), spec_(spec), dtype_(DType::kF32), device_(Device::kCPU) {
   check_placement(spec.placement, cfg.num_layers, cfg.num_experts);
   build_entries();
 }
@@ -141,9 +149,24 @@ void Parameters::copy_weights_from(const Parameters& other) {
 }
 
 void Parameters::add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard,
-                     double std) {
-  entries_.push_back({name, shape, kind, shard, std, total_});
+                     double std, TpSplit split) {
+  entries_.push_back({name, shape, kind, shard, std, total_, split});
   total_ += shape_numel(shape);
+}
+
+int64_t Parameters::model_index(const ParamEntry& e, int64_t i) const {
+  const int64_t tp = spec_.tp, r = spec_.tp_rank;
+  switch (e.tp_split) {
+    case TpSplit::kReplicated:
+      return i;
+    case TpSplit::kRows:  // rank r's rows follow the r ranks' before it
+      return r * shape_numel(e.shape) + i;
+    case TpSplit::kColumns: {  // [out, in/tp] of [out, in]: row i / cols, rank r's column block
+      const int64_t cols = e.shape.back();
+      return i / cols * cols * tp + r * cols + i % cols;
+    }
+  }
+  return i;
 }
 
 namespace {
@@ -210,6 +233,11 @@ void Parameters::add_layer_entries(int64_t l) {
   const auto gain = [&](const std::string& name, int64_t n) {
     add(name, {n}, ParamKind::kNorm, ParamShard::kDense, 0);
   };
+  // Note [Tensor-parallel shards]: of a dense GQA layer, q/k/v and gate/up split by rows, o and
+  // down by columns (the shapes are the shard's, cfg_ being the chunk's shard of the model).
+  const auto split = [&](const std::string& name, Shape shape, double sd, TpSplit how) {
+    add(name, std::move(shape), ParamKind::kMatrix, ParamShard::kDense, sd, how);
+  };
   const LayerNames n(c, l);
   const std::string& p = n.p;
   gain(p + "input_layernorm.weight", h);
@@ -221,9 +249,9 @@ void Parameters::add_layer_entries(int64_t l) {
         },
         gain);
   } else {
-    matrix(p + "self_attn.q_proj.weight", {c.q_width(), h}, std);
-    matrix(p + "self_attn.k_proj.weight", {c.kv_width(), h}, std);
-    matrix(p + "self_attn.v_proj.weight", {c.kv_width(), h}, std);
+    split(p + "self_attn.q_proj.weight", {c.q_width(), h}, std, TpSplit::kRows);
+    split(p + "self_attn.k_proj.weight", {c.kv_width(), h}, std, TpSplit::kRows);
+    split(p + "self_attn.v_proj.weight", {c.kv_width(), h}, std, TpSplit::kRows);
   }
   if (c.add_qkv_bias) {
     for (const char* b : {"q", "k", "v"}) {
@@ -235,12 +263,12 @@ void Parameters::add_layer_entries(int64_t l) {
     gain(p + "self_attn.q_norm.weight", c.head_dim());
     gain(p + "self_attn.k_norm.weight", c.head_dim());
   }
-  matrix(p + "self_attn.o_proj.weight", {h, c.attn_out_width()}, out_std);
+  split(p + "self_attn.o_proj.weight", {h, c.attn_out_width()}, out_std, TpSplit::kColumns);
   gain(p + "post_attention_layernorm.weight", h);
   if (!c.is_moe_layer(l)) {
-    matrix(p + "mlp.gate_proj.weight", {f, h}, std);
-    matrix(p + "mlp.up_proj.weight", {f, h}, std);
-    matrix(p + "mlp.down_proj.weight", {h, f}, out_std);
+    split(p + "mlp.gate_proj.weight", {f, h}, std, TpSplit::kRows);
+    split(p + "mlp.up_proj.weight", {f, h}, std, TpSplit::kRows);
+    split(p + "mlp.down_proj.weight", {h, f}, out_std, TpSplit::kColumns);
     return;
   }
   matrix(n.moe + "gate.weight", {c.num_experts, h}, std);
@@ -277,7 +305,13 @@ void Parameters::build_entries() {
   for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) add_layer_entries(l);
   if (spec_.has_head) {
     gain("model.norm.weight", h);
-    add("lm_head.weight", {c.vocab_size, h}, ParamKind::kMatrix, ParamShard::kDense, std);
+    // Note [Tied embeddings]: tied, the head reads the embedding, or on a stage without it a copy.
+    if (!c.tied_embeddings()) {
+      add("lm_head.weight", {c.vocab_size, h}, ParamKind::kMatrix, ParamShard::kDense, std);
+    } else if (!spec_.has_embed) {
+      add("model.embed_tokens.weight", {c.vocab_size, h}, ParamKind::kEmbedding, ParamShard::kDense,
+          std);
+    }
   }
   // The MTP modules after the head (the head's unit of the flat buffers), under DeepSeek-V3's
   // names: module j is model.layers.{L + j}.
@@ -289,6 +323,15 @@ void Parameters::build_entries() {
     add_layer_entries(c.num_layers + j);
     gain(p + "shared_head.norm.weight", h);
   }
+}
+
+const ParamEntry* Parameters::shared_embedding() const {
+  if (!cfg_.tied_embeddings() || spec_.has_head == spec_.has_embed) return nullptr;
+  for (const ParamEntry& e : entries_) {
+    if (e.name == "model.embed_tokens.weight") return &e;
+  }
+  TANDEM_ASSERT(false, "a tied stage without its embedding table");
+  return nullptr;
 }
 
 Tensor Parameters::view(const Tensor& flat, const ParamEntry& e) {
@@ -387,7 +430,8 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
   if (spec_.has_embed) w.embed = get("model.embed_tokens.weight");
   if (spec_.has_head) {
     w.final_norm = get("model.norm.weight");
-    w.lm_head = get("lm_head.weight");
+    // Note [Tied embeddings]: the table itself, or on a stage without the embedding its copy.
+    w.lm_head = get(cfg_.tied_embeddings() ? "model.embed_tokens.weight" : "lm_head.weight");
   }
   for (int64_t l = spec_.layer_begin; l < spec_.layer_end; ++l) {
     w.layers.push_back(layer_views(flat, by_name, l, l - spec_.layer_begin));
@@ -408,15 +452,18 @@ ModelWeights Parameters::make_views(const Tensor& flat) const {
 
 // Elements [begin, end) of t: each element's value depends only on (key, index), so any split
 // of the work gives the same values.
+// Element i of a shard is drawn as the whole model's element model_index(i) (Note
+// [Tensor-parallel shards]).
 template <typename T>
 static void fill_init(const Tensor& t, uint64_t key, const ParamEntry& e, int64_t begin,
-                      int64_t end) {
+                      int64_t end, const Parameters& params) {
   T* p = t.data<T>();
   for (int64_t i = begin; i < end; ++i) {
     p[i] = e.kind == ParamKind::kNorm ? T(1)
            : e.kind == ParamKind::kBias || e.kind == ParamKind::kBuffer
                ? T(0)
-               : static_cast<T>(e.init_std * normal01(key, static_cast<uint64_t>(i)));
+               : static_cast<T>(e.init_std *
+                                normal01(key, static_cast<uint64_t>(params.model_index(e, i))));
   }
 }
 
@@ -446,9 +493,9 @@ void Parameters::initialize(uint64_t seed) {
     for (size_t i = next++; i < pieces.size(); i = next++) {
       const Piece& p = pieces[i];
       if (dtype_ == DType::kF32) {
-        fill_init<float>(p.view, p.key, *p.entry, p.begin, p.end);
+        fill_init<float>(p.view, p.key, *p.entry, p.begin, p.end, *this);
       } else {
-        fill_init<double>(p.view, p.key, *p.entry, p.begin, p.end);
+        fill_init<double>(p.view, p.key, *p.entry, p.begin, p.end, *this);
       }
     }
   };

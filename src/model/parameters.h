@@ -24,6 +24,9 @@ struct ChunkSpec {
   bool has_head = true;                      // last pipeline stage: final norm + LM head
   int64_t expert_begin = 0, expert_end = 0;  // [begin, end) of each MoE layer's places
   ExpertPlacement placement;  // which expert is at each place (Note [Expert placement])
+  // Note [Tensor parallelism] (core/config_tp.cc): the chunk's shard of each attention block and
+  // SwiGLU, tp_rank's of tp.
+  int64_t tp = 1, tp_rank = 0;
 
   static ChunkSpec whole(const ModelConfig& cfg);
   // The multi-token prediction modules the chunk holds: all of them on the last stage.
@@ -41,6 +44,13 @@ struct ChunkSpec {
 // runtime/expert_bias.h), but it is saved, loaded and laid out as the parameters are.
 enum class ParamKind : uint8_t { kMatrix, kNorm, kEmbedding, kBias, kBuffer };
 enum class ParamShard : uint8_t { kDense, kExpert };  // expert weights reduce over expert-DP
+// Note [Tensor-parallel shards]: what of the model's tensor an entry holds at TP > 1 (Note
+// [Tensor parallelism] in core/config_tp.cc): all of it (replicated on every tp rank), tp_rank's
+// block of rows (column-parallel q/k/v, gate, up: the rows of its heads, groups or FFN columns)
+// or its block of columns (row-parallel o and down). Initialisation draws each element as the
+// whole model's element it is (Parameters::model_index), so the shards of a seed make up the TP
+// 1 model of that seed.
+enum class TpSplit : uint8_t { kReplicated, kRows, kColumns };
 
 struct ParamEntry {
   std::string name;  // Hugging Face name
@@ -49,6 +59,7 @@ struct ParamEntry {
   ParamShard shard;
   double init_std;  // matrices and embeddings: N(0, init_std); norms one, biases zero
   int64_t offset;   // in elements, within the flat buffers
+  TpSplit tp_split = TpSplit::kReplicated;
 };
 
 struct LayerWeights {
@@ -99,10 +110,20 @@ struct MtpWeights {
   LayerWeights layer;
 };
 
+// Note [Tied embeddings]: unless --untie-embeddings-and-output-weights, the output layer is the
+// embedding table E [V, H] (Megatron-LM's default): logits = h E^T, and E's gradient is the sum
+// of the lookup's and the product's. A chunk that holds both ends (one pipeline stage) has one
+// tensor, model.embed_tokens.weight, which ModelWeights::embed and ::lm_head both view, so the
+// two uses add into one gradient. With several stages the first holds E and the last a copy under
+// the same name, in the head's place of its flat buffers (tied_copy()); both are drawn from the
+// stream of (seed, name), so they start equal. After the backward the two gradients are summed
+// between the stages that hold them (Note [The embedding group] in runtime/grad_reduce.cc), so the
+// copies take the same update and stay bitwise equal. The gradient norm counts the first stage's
+// only, a checkpoint keeps it once, and the planner counts it on both stages.
 struct ModelWeights {
-  Tensor embed;                      // [V, H]
+  Tensor embed;                      // [V, H]; first stage
   Tensor final_norm;                 // [H]
-  Tensor lm_head;                    // [V, H]
+  Tensor lm_head;                    // [V, H]; tied: a view of embed, or on a last stage the copy
   std::vector<LayerWeights> layers;  // the chunk's layers, in order
   std::vector<MtpWeights> mtp;       // the last stage's MTP modules, in depth order
 };
@@ -123,7 +144,12 @@ class Parameters {
   // The entries (names, shapes, offsets) a chunk of `cfg` holds, with nothing allocated: what a
   // checkpoint is checked against where no rank holds the whole model.
   static std::vector<ParamEntry> entries_of(const ModelConfig& cfg, const ChunkSpec& spec);
+  // Note [Tensor-parallel shards]: the index in the whole model's tensor of element i of entry
+  // e's shard (i itself at TP 1 and for a replicated entry).
+  int64_t model_index(const ParamEntry& e, int64_t i) const;
 
+  // The model this chunk computes: at TP > 1 one tensor-parallel rank's shard of it
+  // (tensor_parallel_shard in core/config.h).
   const ModelConfig& config() const { return cfg_; }
   const ChunkSpec& spec() const { return spec_; }
   DType dtype() const { return dtype_; }
@@ -132,6 +158,12 @@ class Parameters {
   DType activation_dtype() const { return device_ == Device::kCPU ? dtype_ : DType::kBF16; }
   const std::vector<ParamEntry>& entries() const { return entries_; }
   int64_t numel() const { return flat_params_.numel(); }
+  // Note [Tied embeddings]: the entry whose gradient is summed with another stage's (tied, and
+  // the chunk holds one end of the model: the table on the first stage, its copy on the last);
+  // null elsewhere.
+  const ParamEntry* shared_embedding() const;
+  // The last stage's copy (shared_embedding() of a chunk without the embedding), else null.
+  const ParamEntry* tied_copy() const { return spec_.has_embed ? nullptr : shared_embedding(); }
 
   // Views into the flat parameter and gradient buffers.
   const ModelWeights& weights() const { return weights_; }
@@ -191,7 +223,8 @@ class Parameters {
  private:
   struct EntriesOnly {};
   Parameters(const ModelConfig& cfg, const ChunkSpec& spec, EntriesOnly);
-  void add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard, double std);
+  void add(const std::string& name, Shape shape, ParamKind kind, ParamShard shard, double std,
+           TpSplit split = TpSplit::kReplicated);
   void build_entries();
   // One transformer layer's entries and views; l: the model's index (num_layers + j for MTP
   // module j's), row: its row among the chunk's held layers.

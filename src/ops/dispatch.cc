@@ -181,29 +181,20 @@ void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_
             rope_dim, v_dim, rope);
 }
 
-// Positions of their own are the CPU's only (Note [Document masking] in
-// data/document_masks.h); undefined, the plain ops.
-static void check_positions_device(const Tensor& first, const Tensor& positions) {
-  TANDEM_CHECK(!first.defined() || first.device() == Device::kCPU,
-               "RoPE at positions of their own (--reset-position-ids) runs on the CPU only: the "
-               "GPU kernels take position n % seq; use --device cpu");
-  TANDEM_CHECK(positions.device() == Device::kCPU, "RoPE positions must be on the CPU");
-}
-
+// The document-masking ops (Note [Document masking] in data/document_masks.h): undefined
+// positions or loss mask, the op each extends.
 void rope_forward_qk_at(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
                         int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
                         const Tensor& positions) {
   if (!positions.defined()) return rope_forward_qk(q, k, seq, heads, kv_heads, head_dim, rope);
-  check_positions_device(q, positions);
-  cpu::rope_forward_qk_at(q, k, seq, heads, kv_heads, head_dim, rope, positions);
+  TANDEM_OP(q, rope_forward_qk_at, q, k, seq, heads, kv_heads, head_dim, rope, positions);
 }
 
 void rope_backward_qk_at(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
                          int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
                          const Tensor& positions) {
   if (!positions.defined()) return rope_backward_qk(dq, dk, seq, heads, kv_heads, head_dim, rope);
-  check_positions_device(dq, positions);
-  cpu::rope_backward_qk_at(dq, dk, seq, heads, kv_heads, head_dim, rope, positions);
+  TANDEM_OP(dq, rope_backward_qk_at, dq, dk, seq, heads, kv_heads, head_dim, rope, positions);
 }
 
 void mla_qkv_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
@@ -213,9 +204,8 @@ void mla_qkv_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, const
   if (!positions.defined()) {
     return mla_qkv_forward(q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim, rope);
   }
-  check_positions_device(q, positions);
-  cpu::mla_qkv_forward_at(q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim, rope,
-                          positions);
+  TANDEM_OP(q, mla_qkv_forward_at, q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim,
+            rope, positions);
 }
 
 void mla_qkv_backward_at(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
@@ -226,52 +216,59 @@ void mla_qkv_backward_at(const Tensor& d_q_in, const Tensor& d_kv, const Tensor&
     return mla_qkv_backward(d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim, rope_dim,
                             v_dim, rope);
   }
-  check_positions_device(dq, positions);
-  cpu::mla_qkv_backward_at(d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim, rope_dim,
-                           v_dim, rope, positions);
+  TANDEM_OP(d_q_in, mla_qkv_backward_at, d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim,
+            rope_dim, v_dim, rope, positions);
 }
 
 double cross_entropy_forward_masked(const Tensor& logits, const Tensor& targets,
                                     const Tensor& loss_mask) {
   if (!loss_mask.defined()) return cross_entropy_forward(logits, targets);
-  TANDEM_CHECK(logits.device() == Device::kCPU && loss_mask.device() == Device::kCPU,
-               "a loss mask (--eod-mask-loss) runs on the CPU only; use --device cpu");
-  return cpu::cross_entropy_forward_masked(logits, targets, loss_mask);
+  TANDEM_OP(logits, cross_entropy_forward_masked, logits, targets, loss_mask);
 }
 
 void cross_entropy_backward_masked(const Tensor& dlogits, const Tensor& logits,
                                    const Tensor& targets, double scale, const Tensor& loss_mask) {
   if (!loss_mask.defined()) return cross_entropy_backward(dlogits, logits, targets, scale);
-  TANDEM_CHECK(logits.device() == Device::kCPU && loss_mask.device() == Device::kCPU,
-               "a loss mask (--eod-mask-loss) runs on the CPU only; use --device cpu");
-  cpu::cross_entropy_backward_masked(dlogits, logits, targets, scale, loss_mask);
+  TANDEM_OP(dlogits, cross_entropy_backward_masked, dlogits, logits, targets, scale, loss_mask);
+}
+
+double lm_head_ce_forward_masked(const Tensor& lse, const Tensor& x, const Tensor& w,
+                                 const Tensor& targets, const Tensor& loss_mask) {
+  if (!loss_mask.defined()) return lm_head_ce_forward(lse, x, w, targets);
+  TANDEM_OP(x, lm_head_ce_forward_masked, lse, x, w, targets, loss_mask);
+}
+
+void lm_head_ce_backward_masked(const Tensor& dx, const Tensor& dw, const Tensor& x,
+                                const Tensor& w, const Tensor& targets, const Tensor& lse,
+                                double scale, const Tensor& loss_mask, Accumulate acc_dw) {
+  if (!loss_mask.defined()) return lm_head_ce_backward(dx, dw, x, w, targets, lse, scale, acc_dw);
+  TANDEM_OP(x, lm_head_ce_backward_masked, dx, dw, x, w, targets, lse, scale, loss_mask, acc_dw);
+}
+
+PendingScalar lm_head_ce_forward_backward_masked(const Tensor& dx, const Tensor& dw,
+                                                 const Tensor& lse, const Tensor& x,
+                                                 const Tensor& w, const Tensor& targets,
+                                                 double scale, const Tensor& loss_mask,
+                                                 Accumulate acc_dw) {
+  if (!loss_mask.defined()) {
+    return lm_head_ce_forward_backward(dx, dw, lse, x, w, targets, scale, acc_dw);
+  }
+  TANDEM_OP(x, lm_head_ce_forward_backward_masked, dx, dw, lse, x, w, targets, scale, loss_mask,
+            acc_dw);
 }
 
 double AttentionShape::softmax_scale() const {
   return scale > 0 ? scale : 1.0 / std::sqrt(static_cast<double>(head_dim));
 }
 
-namespace {
-
-// The GPU's attention kernels mask by position alone: document bounds are the CPU's only.
-void check_document_bounds_device(const Tensor& first, const AttentionShape& s) {
-  TANDEM_CHECK(!s.key_begin.defined() || !first.defined() || first.device() == Device::kCPU,
-               "attention within documents (--reset-attention-mask) runs on the CPU only: the "
-               "GPU kernels do not take document bounds; use --device cpu");
-}
-
-}  // namespace
-
 void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                        const Tensor& v, const AttentionShape& s) {
-  check_document_bounds_device(out, s);
   TANDEM_OP(out, attention_forward, out, lse, q, k, v, s);
 }
 
 void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, const Tensor& dout,
                         const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                         const Tensor& lse, const AttentionShape& s) {
-  check_document_bounds_device(dq, s);
   TANDEM_OP(dq, attention_backward, dq, dk, dv, dout, q, k, v, out, lse, s);
 }
 

@@ -147,10 +147,6 @@ class PendingScalar {
 // the same list).
 #include "ops/op_decls.inc"
 
-// The ops of the CPU alone, for document masking (ops::cpu declares the same list; with
-// undefined positions or loss mask each runs the op it extends, on either device).
-#include "ops/op_decls_cpu.inc"
-
 // Note [Lanes]: independent pieces of work (an experts node's products, one expert each) may run
 // at once. On the GPU, piece i runs on lane i % count(): lane 0 is the current stream, the others
 // side streams that first wait for everything enqueued on the current stream so far; join()

@@ -17,7 +17,7 @@
 //    node's backward begins (last stage), else at its own first backward node.
 // The device bytes go where the forward issues the eviction and come back where the backward
 // issues the readmission: the planner counts the same bytes at the same nodes
-// (Note [Offload in the plan] in schedule/simulator_state.cc), so the planned peak stays the
+// (Note [Offload in the plan] in planner/simulator_state.cc), so the planned peak stays the
 // measured one. The
 // host holds the offloaded bytes from eviction to readmission; its buffers are pooled by size
 // and reused once their copy back has landed. The values are the same bytes, so the results do

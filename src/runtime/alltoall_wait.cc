@@ -4,7 +4,7 @@
 #include <cstdio>
 #include <sstream>
 
-#include "schedule/simulator.h"
+#include "schedule/intervals.h"
 
 namespace tandem::runtime {
 

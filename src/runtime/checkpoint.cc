@@ -1,6 +1,6 @@
-// Checkpoint directories on disk (Notes [Checkpoint layout], [Checkpoint commit] in
-// checkpoint.h): the trainer_state.json schema, saving with retention, resolving `latest`, and
-// loading with every file validated before any tensor is handed out.
+// Checkpoints on disk (Notes [Checkpoint layout], [Checkpoint commit] in checkpoint.h): the
+// trainer_state.json schema, saving, and loading with every file validated before any tensor is
+// handed out. The directory layout (names, `latest`, retention) is checkpoint_dir.cc's.
 #include "runtime/checkpoint.h"
 
 #include <stdlib.h>  // mkdtemp
@@ -27,46 +27,19 @@
 #include "io/atomic_dir.h"
 #include "io/checksum.h"
 #include "io/hf_config.h"
+#include "io/json_fields.h"
 #include "io/safetensors.h"
+#include "runtime/checkpoint_dir.h"
 
 namespace tandem::runtime {
 namespace {
 
 namespace fs = std::filesystem;
+using io::JsonFields;
 using Json = nlohmann::json;
 
-constexpr const char* kModelFile = "model.safetensors";
-constexpr const char* kModelIndexFile = "model.safetensors.index.json";
-constexpr const char* kConfigFile = "config.json";
-constexpr const char* kOptimizerFile = "optimizer.safetensors";
-constexpr const char* kStateFile = "trainer_state.json";
-constexpr const char* kLatestFile = "latest";
 constexpr const char* kFormatName = "tandem";
 constexpr int64_t kMaxJsonBytes = int64_t{64} << 20;
-
-std::string strip_trailing_slashes(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  return path;
-}
-
-bool path_exists(const std::string& path) {
-  std::error_code ec;
-  return fs::exists(fs::symlink_status(path, ec));
-}
-
-// The iteration of an "iter_NNNNNNN" name (at least 7 digits), or -1 for any other name.
-int64_t parse_iteration_name(const std::string& name) {
-  constexpr size_t kPrefix = 5;  // "iter_"
-  if (name.rfind("iter_", 0) != 0 || name.size() < kPrefix + 7 || name.size() > kPrefix + 18) {
-    return -1;
-  }
-  int64_t value = 0;
-  for (size_t i = kPrefix; i < name.size(); ++i) {
-    if (name[i] < '0' || name[i] > '9') return -1;
-    value = value * 10 + (name[i] - '0');
-  }
-  return value;
-}
 
 // Test hook of save_checkpoint (Note [Test faults]): announce the stage, then wait.
 void save_stage(const std::string& name, const char* stage) {
@@ -77,53 +50,6 @@ void save_stage(const std::string& name, const char* stage) {
   if (!f.save_delay_stage.empty() && f.save_delay_stage != stage) return;
   std::this_thread::sleep_for(std::chrono::milliseconds(f.save_delay_ms));
 }
-
-// Typed, required access to the keys of one JSON object; errors name `where` and the key.
-class JsonFields {
- public:
-  JsonFields(const Json& j, std::string where) : j_(j), where_(std::move(where)) {
-    TANDEM_CHECK(j_.is_object(), where_, "is ", j_.is_null() ? "missing" : j_.dump(),
-                 ", expected a JSON object");
-  }
-  const Json& get(const std::string& key) const {
-    TANDEM_CHECK(j_.contains(key), where_, "key '", key, "' is missing");
-    return j_[key];
-  }
-  int64_t integer(const std::string& key) const {
-    const Json& v = get(key);
-    const bool fits = v.is_number_integer() &&
-                      (!v.is_number_unsigned() || v.get<uint64_t>() <= uint64_t{INT64_MAX});
-    TANDEM_CHECK(fits, where_, "key '", key, "' is ", v.dump(), ", expected an integer");
-    return v.get<int64_t>();
-  }
-  uint64_t unsigned_integer(const std::string& key) const {
-    const Json& v = get(key);
-    TANDEM_CHECK(v.is_number_unsigned() || (v.is_number_integer() && v.get<int64_t>() >= 0), where_,
-                 "key '", key, "' is ", v.dump(), ", expected an integer >= 0");
-    return v.get<uint64_t>();
-  }
-  double number(const std::string& key) const {
-    const Json& v = get(key);
-    TANDEM_CHECK(v.is_number(), where_, "key '", key, "' is ", v.dump(), ", expected a number");
-    return v.get<double>();
-  }
-  bool boolean(const std::string& key) const {
-    const Json& v = get(key);
-    TANDEM_CHECK(v.is_boolean(), where_, "key '", key, "' is ", v.dump(),
-                 ", expected true or false");
-    return v.get<bool>();
-  }
-  std::string string(const std::string& key) const {
-    const Json& v = get(key);
-    TANDEM_CHECK(v.is_string(), where_, "key '", key, "' is ", v.dump(), ", expected a string");
-    return v.get<std::string>();
-  }
-  const std::string& where() const { return where_; }
-
- private:
-  const Json& j_;
-  std::string where_;
-};
 
 Json read_json_file(const std::string& path) {
   const std::string text = io::read_file(path, kMaxJsonBytes);
@@ -181,7 +107,7 @@ std::string write_index(const io::AtomicDirWriter& writer, const std::string& ki
     }
   }
   const std::string name = index_file_name(kind);
-  io::write_file_atomic(writer.file_path(name), index.dump(2) + "\n");
+  write_file_atomic(writer.file_path(name), index.dump(2) + "\n");
   return name;
 }
 
@@ -310,65 +236,6 @@ void check_optimizer_tensors(const CheckpointState& st) {
   }
 }
 
-// Removes what an interrupted save into `root` left (Note [Checkpoint commit]): directories and
-// files of ours with a .tmp-/.old- suffix (io::recover_atomic_dir) and .deleted- directories.
-void recover_save_root(const std::string& root) {
-  std::set<std::string> bases;
-  std::vector<std::string> trash;
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    for (const char* marker : {".tmp-", ".old-", ".deleted-"}) {
-      const size_t at = name.find(marker);
-      if (at == std::string::npos) continue;
-      const std::string base = name.substr(0, at);
-      if (base != kLatestFile && parse_iteration_name(base) < 0) continue;
-      if (std::string(marker) == ".deleted-") {
-        trash.push_back(e.path().string());
-      } else {
-        bases.insert(base);
-      }
-    }
-  }
-  for (const std::string& base : bases) io::recover_atomic_dir(root + "/" + base);
-  for (const std::string& path : trash) fs::remove_all(path, ec);
-}
-
-// Deletes one old checkpoint directory: renamed aside first, so its name never holds a partly
-// deleted checkpoint. Failures become warnings.
-void delete_checkpoint_dir(const std::string& dir, SavedCheckpoint& out) {
-  std::string aside = dir + ".deleted-XXXXXX";
-  std::error_code ec;
-  if (::mkdtemp(aside.data()) == nullptr || ::rename(dir.c_str(), aside.c_str()) != 0) {
-    out.warnings.push_back("could not delete old checkpoint " + dir + ": " + std::strerror(errno));
-    fs::remove(aside, ec);
-    return;
-  }
-  fs::remove_all(aside, ec);
-  if (ec) out.warnings.push_back("could not delete " + aside + ": " + ec.message());
-  out.removed.push_back(dir);
-}
-
-void apply_retention(const std::string& root, int64_t written, int64_t keep, SavedCheckpoint& out) {
-  if (keep == 0) return;  // every checkpoint stays, as Megatron-LM keeps them
-  std::vector<std::pair<int64_t, std::string>> others;  // (iteration, name)
-  std::error_code ec;
-  for (const fs::directory_entry& e : fs::directory_iterator(root, ec)) {
-    const std::string name = e.path().filename().string();
-    const int64_t it = parse_iteration_name(name);
-    if (it >= 0 && it != written && e.is_directory(ec)) others.emplace_back(it, name);
-  }
-  // Newest first: iterations up to `written` by number, then those above it (an older run's).
-  std::sort(others.begin(), others.end(), [written](const auto& a, const auto& b) {
-    const bool a_ours = a.first <= written, b_ours = b.first <= written;
-    return a_ours != b_ours ? a_ours : a.first > b.first;
-  });
-  for (size_t i = static_cast<size_t>(keep - 1); i < others.size(); ++i) {
-    delete_checkpoint_dir(root + "/" + others[i].second, out);
-  }
-  if (!out.removed.empty()) io::fsync_path(root);
-}
-
 CheckpointKind detect_kind(const std::string& dir) {
   if (path_exists(dir + "/" + kStateFile)) return CheckpointKind::kTandem;
   TANDEM_CHECK(path_exists(dir + "/" + kConfigFile), "--load ", dir,
@@ -379,100 +246,6 @@ CheckpointKind detect_kind(const std::string& dir) {
 }
 
 }  // namespace
-
-std::string iteration_dir_name(int64_t iteration) {
-  TANDEM_ASSERT(iteration >= 0, "iteration ", iteration);
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "iter_%07lld", static_cast<long long>(iteration));
-  return buf;
-}
-
-Json config_to_json(const ModelConfig& m) {
-  Json j = Json::object();
-  for (const ModelField& f : model_fields()) {
-    std::visit([&](auto member) { j[field_json_key(f)] = m.*member; }, f.member);
-  }
-  return j;
-}
-
-// The training settings a checkpoint keeps (Saved other than kNo in train_settings,
-// Note [Every setting declared once] in core/settings.h), by their JSON keys.
-Json config_to_json(const TrainConfig& t) {
-  TrainConfig copy = t;
-  Json j = Json::object();
-  for (const Setting& s : train_settings(copy)) {
-    if (s.saved != Saved::kNo) j[setting_json_key(s.name)] = setting_to_json(s);
-  }
-  return j;
-}
-
-ModelConfig model_config_from_json(const Json& j, const std::string& where) {
-  const JsonFields f(j, where);
-  ModelConfig m;
-  for (const ModelField& field : model_fields()) {
-    const std::string key = field_json_key(field);
-    if (!field.in_every_checkpoint && !j.contains(key)) continue;  // the default's model
-    std::visit(
-        [&](auto member) {
-          using T = std::remove_reference_t<decltype(m.*member)>;
-          if constexpr (std::is_same_v<T, bool>)
-            m.*member = f.boolean(key);
-          else if constexpr (std::is_same_v<T, double>)
-            m.*member = f.number(key);
-          else if constexpr (std::is_same_v<T, std::string>)
-            m.*member = f.string(key);
-          else
-            m.*member = f.integer(key);
-        },
-        field.member);
-  }
-  try {
-    m.validate();
-  } catch (const Error& e) {
-    throw Error(where + e.what());
-  }
-  return m;
-}
-
-TrainConfig train_config_from_json(const Json& j, const std::string& where) {
-  const JsonFields f(j, where);
-  TrainConfig t;
-  for (const Setting& s : train_settings(t)) {
-    const std::string key = setting_json_key(s.name);
-    if (s.saved == Saved::kNo || (!s.in_every_checkpoint && !j.contains(key))) continue;
-    const std::optional<SettingValue> v = setting_from_json(s, f.get(key));
-    TANDEM_CHECK(v.has_value() && value_problem(s, *v).empty(), where, "key '", key, "' is ",
-                 j[key].dump(), "; expected ", valid_text(s));
-    store_setting(s, *v);
-  }
-  try {
-    t.validate();
-  } catch (const Error& e) {
-    throw Error(where + e.what());
-  }
-  return t;
-}
-
-TrainingPosition read_training_position(const Json& trainer_state, const std::string& where) {
-  const JsonFields f(trainer_state, where);
-  TrainingPosition p;
-  p.iteration = f.integer("iteration");
-  p.optimizer_steps = f.integer("optimizer_steps");
-  p.samples_consumed = f.integer("samples_consumed");
-  p.model = model_config_from_json(f.get("model"), where + "'model': ");
-  p.train = train_config_from_json(f.get("train"), where + "'train': ");
-  TANDEM_CHECK(p.iteration >= 0, where, "iteration ", p.iteration, " is negative");
-  TANDEM_CHECK(p.optimizer_steps >= 0 && p.optimizer_steps <= p.iteration, where,
-               "optimizer_steps ", p.optimizer_steps, " is outside [0, iteration ", p.iteration,
-               "]");
-  TANDEM_CHECK(p.iteration <= INT64_MAX / p.train.global_batch_size &&
-                   p.samples_consumed == p.iteration * p.train.global_batch_size,
-               where, "samples_consumed ", p.samples_consumed, " is not iteration ", p.iteration,
-               " x global_batch_size ", p.train.global_batch_size);
-  TANDEM_CHECK(f.unsigned_integer("seed") == p.train.seed, where, "seed ",
-               f.unsigned_integer("seed"), " differs from the train config's ", p.train.seed);
-  return p;
-}
 
 int64_t count_shards(const NamedTensors& tensors, int64_t max_shard_bytes) {
   return static_cast<int64_t>(split_shards(tensors, max_shard_bytes).size());
@@ -549,15 +322,15 @@ SavedCheckpoint commit_checkpoint(io::AtomicDirWriter& writer, const std::string
   for (const std::string& file : written) {
     trainer_state["files"][file] = file_record(writer.file_path(file));
   }
-  io::write_file_atomic(writer.file_path(kStateFile), trainer_state.dump(2) + "\n");
+  write_file_atomic(writer.file_path(kStateFile), trainer_state.dump(2) + "\n");
   save_stage(name, "commit");
   writer.commit();
   SavedCheckpoint out;
   out.dir = root + "/" + name;
   save_stage(name, "latest");
-  io::write_file_atomic(root + "/" + kLatestFile, name + "\n");
+  write_file_atomic(root + "/" + kLatestFile, name + "\n");
   save_stage(name, "prune");
-  apply_retention(root, iteration, keep, out);
+  apply_retention(root, iteration, keep, out.removed, out.warnings);
   save_stage(name, "done");
   return out;
 }
@@ -582,32 +355,6 @@ SavedCheckpoint save_checkpoint(const std::string& root, int64_t iteration,
       write_shards(writer->tmp_dir(), "optimizer", state.optimizer, 0, 1, INT64_MAX);
   return commit_checkpoint(*writer, root, iteration, state.model_config, state.trainer_state, model,
                            optimizer, keep);
-}
-
-std::string resolve_checkpoint_dir(const std::string& dir_in) {
-  const std::string dir = strip_trailing_slashes(dir_in);
-  std::error_code ec;
-  TANDEM_CHECK(fs::is_directory(dir, ec), "--load ", dir,
-               fs::exists(dir, ec) ? ": not a directory" : ": no such directory",
-               "; give a --save directory, one of its iter_NNNNNNN "
-               "directories, or a Hugging Face checkpoint directory");
-  const std::string latest = dir + "/" + kLatestFile;
-  if (!path_exists(latest)) return dir;
-  std::string name = io::read_file(latest, 4096);
-  while (!name.empty() && std::isspace(static_cast<unsigned char>(name.back()))) name.pop_back();
-  const bool printable = std::all_of(name.begin(), name.end(), [](char c) { return c >= 32; });
-  TANDEM_CHECK(parse_iteration_name(name) >= 0, "checkpoint pointer '", latest, "' holds '",
-               printable ? name : std::string("(binary data)"),
-               "'; expected the name of an iteration directory such as iter_0000100");
-  const std::string target = dir + "/" + name;
-  // A crash while a directory of that name was being replaced can leave only its .old- copy.
-  if (!path_exists(target)) io::recover_atomic_dir(target);
-  TANDEM_CHECK(fs::is_directory(target, ec), "checkpoint pointer '", latest, "' names ", name,
-               " but ", target,
-               " does not exist (deleted or moved?); pass one of the "
-               "iter_NNNNNNN directories in ",
-               dir, " to --load instead");
-  return target;
 }
 
 CheckpointInfo inspect_checkpoint(const std::string& dir) {
@@ -643,6 +390,32 @@ CheckpointInfo inspect_checkpoint(const std::string& dir) {
 
 namespace {
 
+const Tensor* find_tensor(const NamedTensors& tensors, const std::string& name) {
+  for (const auto& [n, t] : tensors) {
+    if (n == name) return &t;
+  }
+  return nullptr;
+}
+
+bool same_values(const Tensor& a, const Tensor& b) {
+  if (a.shape() != b.shape()) return false;
+  const Tensor x = io::to_float(a, DType::kF64), y = io::to_float(b, DType::kF64);
+  return std::equal(x.data<double>(), x.data<double>() + x.numel(), y.data<double>());
+}
+
+// Note [Tied embeddings] (model/parameters.h): a Hugging Face checkpoint of a model whose
+// config.json says tie_word_embeddings true has no lm_head.weight (transformers' save_pretrained
+// leaves it out), or one equal to the embedding table; tandem reads the table only.
+void drop_tied_head(NamedTensors& tensors, const std::string& dir) {
+  const Tensor* head = find_tensor(tensors, "lm_head.weight");
+  if (head == nullptr) return;
+  const Tensor* table = find_tensor(tensors, "model.embed_tokens.weight");
+  TANDEM_CHECK(table == nullptr || same_values(*head, *table), "checkpoint ", dir,
+               ": lm_head.weight differs from model.embed_tokens.weight, but config.json ties "
+               "them (tie_word_embeddings true)");
+  std::erase_if(tensors, [](const auto& named) { return named.first == "lm_head.weight"; });
+}
+
 // Note [Multi-token prediction layers]: a DeepSeek-V3 checkpoint of num_hidden_layers L with
 // num_nextn_predict_layers M holds M more layers, model.layers.{L} to model.layers.{L + M - 1}
 // (DeepSeek-V3's published one: layer 61), the multi-token prediction modules, each with copies
@@ -652,8 +425,10 @@ namespace {
 // modules share the main model's tensors, so a copy that differs from them is refused. Any other
 // tensor the model lacks is refused (check_no_unknown_tensors in checkpoint_restore.cc). tandem
 // writes its modules under the same names, without the copies (docs/model.md).
+// head: the LM head's name, model.embed_tokens.weight when the model ties it
+// (Note [Tied embeddings] in model/parameters.h).
 void drop_mtp_layers(NamedTensors& tensors, int64_t num_layers, int64_t keep, int64_t have,
-                     const std::string& dir) {
+                     const char* head, const std::string& dir) {
   if (have <= 0) return;
   const std::string prefix = "model.layers.";
   const auto layer_of = [&](const std::string& name) -> int64_t {
@@ -665,21 +440,10 @@ void drop_mtp_layers(NamedTensors& tensors, int64_t num_layers, int64_t keep, in
       return -1;
     return std::stoll(digits);
   };
-  const auto find = [&](const std::string& name) -> const Tensor* {
-    for (const auto& [n, t] : tensors) {
-      if (n == name) return &t;
-    }
-    return nullptr;
-  };
-  const auto same = [](const Tensor& a, const Tensor& b) {
-    if (a.shape() != b.shape()) return false;
-    const Tensor x = io::to_float(a, DType::kF64), y = io::to_float(b, DType::kF64);
-    return std::equal(x.data<double>(), x.data<double>() + x.numel(), y.data<double>());
-  };
   const auto shared_copy = [&](const std::string& name, int64_t layer) -> const char* {
     const std::string p = prefix + std::to_string(layer) + ".";
     if (name == p + "embed_tokens.weight") return "model.embed_tokens.weight";
-    if (name == p + "shared_head.head.weight") return "lm_head.weight";
+    if (name == p + "shared_head.head.weight") return head;
     return nullptr;
   };
   for (const auto& [name, t] : tensors) {
@@ -687,9 +451,9 @@ void drop_mtp_layers(NamedTensors& tensors, int64_t num_layers, int64_t keep, in
     if (layer < num_layers || layer >= num_layers + keep) continue;
     const char* main = shared_copy(name, layer);
     if (main == nullptr) continue;
-    const Tensor* m = find(main);
-    TANDEM_CHECK(m == nullptr || same(t, *m), "checkpoint ", dir, ": ", name, " differs from ",
-                 main,
+    const Tensor* m = find_tensor(tensors, main);
+    TANDEM_CHECK(m == nullptr || same_values(t, *m), "checkpoint ", dir, ": ", name,
+                 " differs from ", main,
                  "; tandem's multi-token prediction modules share the embedding and the LM head "
                  "with the model, so it cannot hold this checkpoint's modules (load it with "
                  "--mtp-num-layers 0)");
@@ -719,7 +483,10 @@ CheckpointState load_checkpoint(const std::string& dir, int64_t mtp_layers) {
                  st.dir, " holds (num_nextn_predict_layers ", have,
                  " in its config.json): use at most ", have);
     st.model = read_indexed(st.dir, "model");
-    drop_mtp_layers(st.model, st.model_config.num_layers, keep, have, st.dir);
+    const bool tied = st.model_config.tied_embeddings();
+    if (tied) drop_tied_head(st.model, st.dir);
+    drop_mtp_layers(st.model, st.model_config.num_layers, keep, have,
+                    tied ? "model.embed_tokens.weight" : "lm_head.weight", st.dir);
     return st;
   }
   TANDEM_CHECK(mtp_layers < 0 || mtp_layers == st.model_config.mtp_num_layers, "--mtp-num-layers ",

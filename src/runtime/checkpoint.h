@@ -44,11 +44,10 @@
 #include "core/tensor.h"
 #include "io/atomic_dir.h"
 #include "model/parameters.h"
+#include "runtime/checkpoint_dir.h"
 #include "runtime/optimizer.h"
 
 namespace tandem::runtime {
-
-class ReferenceTrainer;
 
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
@@ -87,9 +86,6 @@ struct SavedCheckpoint {
   std::vector<RankWrite> writes;      // the ranks that wrote tensor files (multi-rank saves)
   double seconds = 0;                 // the whole save, from the first rank's gather to `latest`
 };
-
-// "iter_0000042" (Megatron's directory names).
-std::string iteration_dir_name(int64_t iteration);
 
 // The configs as trainer_state.json stores them: an object keyed by the structs' field names
 // (which are the command-line options with '_' for '-'; the policy is "nan_policy").
@@ -161,11 +157,6 @@ SavedCheckpoint commit_checkpoint(io::AtomicDirWriter& writer, const std::string
                                   const std::vector<WrittenFile>& model_files,
                                   const std::vector<WrittenFile>& optimizer_files, int64_t keep);
 
-// The directory that `dir` designates: a save root (with `latest`) resolves to the iteration
-// directory `latest` names; an iteration or HF directory resolves to itself. Throws
-// tandem::Error naming the path and what is missing or malformed.
-std::string resolve_checkpoint_dir(const std::string& dir);
-
 // The cheap part of a checkpoint, read before a run is built (options come from it): its kind,
 // the resolved directory, config.json and, for kTandem, trainer_state.json (validated).
 struct CheckpointInfo {
@@ -212,10 +203,6 @@ nlohmann::json training_position_json(int64_t iteration, int64_t optimizer_steps
                                       const ModelConfig& model, const TrainConfig& train,
                                       const nlohmann::json& data);
 
-// The trainer's whole state as a checkpoint: weights, Adam moments (in the parameters' dtype,
-// F32 when training) and training_position_json.
-CheckpointState trainer_checkpoint(const ReferenceTrainer& trainer, const nlohmann::json& data);
-
 // One chunk of the model on this rank (a range of layers and experts) and its optimizer.
 struct ChunkRef {
   model::Parameters* params;
@@ -234,12 +221,6 @@ struct ChunkRef {
 enum class RestoreParts : uint8_t { kAll, kNoOptimizer, kWeightsOnly };
 int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& run,
                        const CheckpointState& state, RestoreParts parts = RestoreParts::kAll);
-
-// Restores weights, Adam moments and step count, and the iteration from a kTandem state, so the
-// following steps are bitwise those of an uninterrupted run; from a kHuggingFace state only the
-// weights (iteration 0, fresh optimizer). restore_chunks with the trainer's one chunk: checks
-// everything first and changes nothing on failure.
-void restore_trainer(ReferenceTrainer& trainer, const CheckpointState& state);
 
 // ---- Model only (tandem generate) ----
 

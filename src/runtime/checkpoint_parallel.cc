@@ -51,7 +51,7 @@ struct OwnedEntry {
 
 // The entries this rank owns in a checkpoint, by weight name in its stages' order: dense tensors
 // on data-parallel rank 0, experts on expert-data-parallel rank 0 (they are equal on the other
-// ranks of those groups after every step).
+// ranks of those groups after every step), and not a last stage's copy of a tied table.
 std::vector<std::pair<std::string, OwnedEntry>> owned_entries(PipelineTrainer& trainer) {
   const Groups& g = trainer.groups();
   std::vector<std::pair<std::string, OwnedEntry>> owned;
@@ -66,6 +66,8 @@ std::vector<std::pair<std::string, OwnedEntry>> owned_entries(PipelineTrainer& t
     const std::vector<model::ParamEntry>& entries = s.params->entries();
     for (size_t i = 0; i < entries.size(); ++i) {
       const model::ParamEntry& e = entries[i];
+      // Note [Tied embeddings]: the table is kept once, the first stage's; the copy loads from it.
+      if (&e == s.params->tied_copy()) continue;
       const bool expert = e.shard == model::ParamShard::kExpert;
       if ((expert ? g.layout.edp_rank(g.rank) : g.layout.dp_rank(g.rank)) != 0) continue;
       owned.push_back(

@@ -1,4 +1,4 @@
-// Checkpoints to and from the live objects: parameters, AdamW and the trainer. Every restore
+// Checkpoints to and from the live objects: parameters, AdamW and a rank's chunks. Every restore
 // checks all it will copy (configs, names, shapes, the data position) before changing anything,
 // so a rejected checkpoint leaves the run exactly as it was.
 #include <algorithm>
@@ -11,7 +11,6 @@
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "runtime/checkpoint.h"
-#include "runtime/reference_trainer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -188,17 +187,6 @@ Json training_position_json(int64_t iteration, int64_t optimizer_steps, const Mo
           {"data", data}};
 }
 
-CheckpointState trainer_checkpoint(const ReferenceTrainer& trainer, const Json& data) {
-  CheckpointState st;
-  st.kind = CheckpointKind::kTandem;
-  st.model_config = trainer.model_config();
-  st.model = model_tensors(trainer.params());
-  st.optimizer = optimizer_tensors(trainer.params(), trainer.optimizer());
-  st.trainer_state = training_position_json(trainer.iteration(), trainer.optimizer().steps(),
-                                            trainer.model_config(), trainer.train_config(), data);
-  return st;
-}
-
 int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& run,
                        const CheckpointState& state, RestoreParts parts) {
   const TensorIndex weights = index_tensors(state.model);
@@ -227,11 +215,6 @@ int64_t restore_chunks(const std::vector<ChunkRef>& chunks, const TrainConfig& r
     c.optimizer->set_steps(optimizer ? pos.optimizer_steps : 0);
   }
   return pos.iteration;
-}
-
-void restore_trainer(ReferenceTrainer& trainer, const CheckpointState& state) {
-  trainer.set_iteration(
-      restore_chunks({{&trainer.params(), &trainer.optimizer()}}, trainer.train_config(), state));
 }
 
 }  // namespace tandem::runtime

@@ -34,6 +34,14 @@
 // backward half all the others, each micro-batch in order, so results are bitwise those of kOn
 // and kOff. Each compute stream forks its experts' products onto lanes of its own (Note [Lanes]).
 //
+// Note [Tied gradient in a pair]: with tied embeddings on one stage (Note [Tied embeddings] in
+// model/parameters.h) the LM head's gradient is the embedding's, which both halves of a pair
+// write: f's loss node (the head's, Note [Loss gradient in the forward]) and b's loss node (the
+// MTP modules' lookups) and embed node. On one compute stream the issue order is b's loss, f's
+// loss, b's embed. Under CommOverlap::kSplit the halves run on streams of their own, so f's loss
+// waits for b's chain so far and b's embed for f's loss: the same order, so the same values, and
+// no two writes at once.
+//
 // Note [Weight gradients off the chain]: a node's weight gradient is read by nothing later in the
 // step but the optimizer, so with overlap on the GPU its successor's event is recorded after the
 // node's input gradient: the weight gradient follows on the compute stream while the successor's
@@ -95,7 +103,7 @@ Units split_units(const std::vector<model::NodeRef>& nodes) {
   return u;
 }
 
-// Note [Shared expert in a pair] (schedule/simulator.cc): a MoE layer with a shared expert,
+// Note [Shared expert in a pair] (planner/simulator.cc): a MoE layer with a shared expert,
 // attention fa .. combine fa + 4. The shared experts hang off their half's chain: fork(k) is
 // the chain now, beside(k, i, chain) issues node i after that chain without moving the half's.
 template <typename Issue, typename Prepare, typename Fork, typename Beside>
@@ -117,9 +125,9 @@ void issue_shared_pair(size_t fa, size_t ba, Issue& issue, Prepare& prepare, For
   issue(b, ba);                        // attention.bwd(b) (+ weights)
 }
 
-template <typename Issue, typename Prepare, typename Fork, typename Beside>
+template <typename Issue, typename Prepare, typename Fork, typename Beside, typename Order>
 void issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepare, Fork& fork,
-                 Beside& beside, bool overlapped) {
+                 Beside& beside, Order& order, bool overlapped) {
   constexpr int f = 0, b = 1;
   if (bu.has_loss) issue(b, bu.num_nodes - 1);
   if (fu.has_embed) issue(f, 0);
@@ -151,7 +159,7 @@ void issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepar
     if (has_f && has_b && fu.layers[p].second - fu.layers[p].first == 2 &&
         bu.layers[bl].second - bu.layers[bl].first == 2) {
       // Two dense layers (attention, MLP) as the planner pairs them (kPairDense in
-      // schedule/simulator.cc): b's MLP backward frees its activations before f's MLP forward.
+      // planner/simulator.cc): b's MLP backward frees its activations before f's MLP forward.
       const size_t fa = fu.layers[p].first, ba = bu.layers[bl].first;
       issue(f, fa);      // attention.fwd(f)
       issue(b, ba + 1);  // mlp.bwd(b) (+ weights)
@@ -166,7 +174,10 @@ void issue_pairs(const Units& fu, const Units& bu, Issue& issue, Prepare& prepar
       for (size_t i = bu.layers[bl].second; i-- > bu.layers[bl].first;) issue(b, i);
     }
   }
+  // Note [Tied gradient in a pair]: the head's gradient after b's, the embedding's after f's.
+  if (fu.has_loss) order(f, b);
   if (fu.has_loss) issue(f, fu.num_nodes - 1);
+  if (bu.has_embed) order(b, f);
   if (bu.has_embed) issue(b, 0);
 }
 
@@ -241,13 +252,20 @@ void StreamExecutor::run_pair(ActionKind kind, std::array<NodeWork, 2>& h) {
   auto prepare = [&](int k, size_t i) {
     if (counts_ahead) prepare_node(h[k], i, chains[k], split ? k : 0);
   };
+  // Note [Tied gradient in a pair].
+  const bool shared_gradient =
+      split && h[0].stage == h[1].stage && h[0].stage->params->config().tied_embeddings();
+  auto order = [&](int k, int after) {
+    if (!shared_gradient || chains[after].stream == compute_stream(k)) return;
+    streams_->wait(compute_stream(k), chains[after].done, chains[after].stream, "tied embedding");
+  };
   const Units u0 = split_units(h[0].stage->chunk->nodes());
   const Units u1 = split_units(h[1].stage->chunk->nodes());
   try {
     if (kind == ActionKind::kForwardForward) {
       issue_forward_pairs(u0, u1, issue, prepare, overlap);
     } else {
-      issue_pairs(u0, u1, issue, prepare, fork, beside, overlap);
+      issue_pairs(u0, u1, issue, prepare, fork, beside, order, overlap);
     }
     // What follows runs on the compute stream and reads both micro-batches' results.
     for (const Chain& chain : chains) join(chain, "combined");

@@ -12,7 +12,7 @@
 // weights at the receive, while it waits. Every update is issued on the compute stream before
 // the node that reads its weights, so the values are those of updating at the step's end, bit
 // for bit. The planner models the same (Note [Deferred update in the plan] in
-// schedule/simulator.cc). Whatever reads the weights between steps finishes the update first.
+// planner/simulator.cc). Whatever reads the weights between steps finishes the update first.
 #include "runtime/deferred_update.h"
 
 #include <algorithm>
@@ -27,7 +27,7 @@ std::vector<int64_t> node_weight_ends(const model::Parameters& params,
   const auto layers = static_cast<size_t>(params.spec().layer_end - layer_begin);
   int64_t embed = 0;
   // Per layer, the end of the weights of its attention node (the router and its bias included),
-  // its shared expert and its experts or mlp (schedule/pipeline_model.cc's node_params).
+  // its shared expert and its experts or mlp (planner/pipeline_model.cc's node_params).
   std::vector<int64_t> attention(layers, 0), shared(layers, 0), ffn(layers, 0);
   const std::string prefix = "model.layers.";
   const auto has = [](const std::string& name, const char* part) {

@@ -15,7 +15,7 @@
 #endif
 
 #include "core/error.h"
-#include "schedule/simulator.h"
+#include "schedule/intervals.h"
 
 namespace tandem::runtime {
 
@@ -193,7 +193,7 @@ void DeviceStreams::wait(StreamId to_id, const StreamEvent& e, StreamId from_id,
   end(to, before, std::move(info));
 }
 
-// Note [Gaps between nodes] (schedule/pipeline_model.cc): on each compute stream, the time from
+// Note [Gaps between nodes] (planner/pipeline_model.cc): on each compute stream, the time from
 // a node phase's end to the next's start, where the next was issued right after it in the same
 // action with no wait for another stream (nor other work) between them.
 struct DeviceStreams::NodeGaps {

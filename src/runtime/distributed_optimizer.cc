@@ -11,7 +11,7 @@
 // empty; rank i of the group owns part i. Each rank keeps Adam's two moments for its parts only
 // (ceil(n / r) elements each per piece, padding included, so every rank of a group keeps as many
 // and the planner's figure is exact: Note [Distributed optimizer in the plan] in
-// schedule/pipeline_model.h). A step then:
+// planner/pipeline_model.h). A step then:
 //  1. reduce-scatters each piece's gradients over its group (where the all-reduce was: beside the
 //     backward, or at the step's end), so each rank holds the sum of its parts only;
 //  2. takes the global norm from the parts (each element of the model is owned by one rank of
@@ -61,26 +61,38 @@ std::vector<ShardPiece> shard_pieces(const model::Parameters& params,
   std::sort(units.begin(), units.end(),
             [](const GradUnit& a, const GradUnit& b) { return a.begin < b.begin; });
   const std::vector<GradRun> runs = gradient_runs(params, layout.ep);
+  // Note [The embedding group] (grad_reduce.cc): a tied table shared with another stage is a
+  // piece of its own, so both stages cut it into the same parts.
+  const model::ParamEntry* shared = params.shared_embedding();
+  std::vector<int64_t> cuts;
+  if (shared != nullptr) cuts = {shared->offset, shared->offset + shape_numel(shared->shape)};
   std::vector<ShardPiece> pieces;
   int64_t state_at = 0;
+  const auto add = [&](int64_t begin, int64_t end, bool expert) {
+    ShardPiece p;
+    p.begin = begin;
+    p.count = end - begin;
+    p.expert = expert;
+    p.ranks = expert ? layout.edp() : layout.dp();
+    p.rank = expert ? layout.edp_rank(rank) : layout.dp_rank(rank);
+    p.slice = (p.count + p.ranks - 1) / p.ranks;
+    const int64_t own = std::min(p.count, p.slice * p.rank);
+    p.own_begin = p.begin + own;
+    p.own_count = std::min(p.count, own + p.slice) - own;
+    p.state_at = state_at;
+    state_at += p.slice;
+    pieces.push_back(p);
+  };
   for (const GradUnit& u : units) {
     for (const GradRun& run : runs) {
-      const int64_t begin = std::max(run.begin, u.begin);
+      int64_t begin = std::max(run.begin, u.begin);
       const int64_t end = std::min(run.begin + run.count, u.end);
-      if (begin >= end) continue;
-      ShardPiece p;
-      p.begin = begin;
-      p.count = end - begin;
-      p.expert = run.expert;
-      p.ranks = run.expert ? layout.edp() : layout.dp();
-      p.rank = run.expert ? layout.edp_rank(rank) : layout.dp_rank(rank);
-      p.slice = (p.count + p.ranks - 1) / p.ranks;
-      const int64_t own = std::min(p.count, p.slice * p.rank);
-      p.own_begin = p.begin + own;
-      p.own_count = std::min(p.count, own + p.slice) - own;
-      p.state_at = state_at;
-      state_at += p.slice;
-      pieces.push_back(p);
+      for (int64_t c : cuts) {
+        if (c <= begin || c >= end) continue;
+        add(begin, c, run.expert);
+        begin = c;
+      }
+      if (begin < end) add(begin, end, run.expert);
     }
   }
   return pieces;
@@ -102,6 +114,14 @@ std::vector<OwnedRange> ShardedWeights::owned() const {
     if (p.own_count > 0) out.push_back({p.own_begin, p.own_count, p.state_at});
   }
   return out;
+}
+
+const ShardPiece& ShardedWeights::piece_at(int64_t begin) const {
+  for (const ShardPiece& p : pieces_) {
+    if (p.begin == begin) return p;
+  }
+  TANDEM_ASSERT(false, "no piece starts at ", begin);
+  return pieces_.front();
 }
 
 comm::Communicator& ShardedWeights::group(const ShardPiece& p) const {

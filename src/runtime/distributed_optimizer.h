@@ -40,6 +40,8 @@ class ShardedWeights {
   ShardedWeights(model::Parameters& params, std::vector<ShardPiece> pieces, Groups& groups);
 
   const std::vector<ShardPiece>& pieces() const { return pieces_; }
+  // The piece that starts at flat element `begin` (one must).
+  const ShardPiece& piece_at(int64_t begin) const;
   // What AdamW updates: this rank's part of each piece.
   std::vector<OwnedRange> owned() const;
   int64_t state_numel() const { return shard_state_numel(pieces_); }

@@ -23,6 +23,7 @@
 #include <utility>
 
 #include "runtime/expert_rebalance.h"
+#include "schedule/node_times.h"
 
 namespace tandem::runtime {
 
@@ -49,8 +50,8 @@ std::vector<GradUnit> gradient_units(const model::Parameters& params,
     if (layer) {
       k = 1 + static_cast<size_t>(std::stoll(e.name.substr(prefix.size())) - layer_begin);
       TANDEM_ASSERT(k >= 1 && k <= layers, "weight ", e.name, " outside the chunk's layers");
-    } else if (e.name.rfind("model.embed_tokens.", 0) == 0) {
-      k = 0;
+    } else if (e.name.rfind("model.embed_tokens.", 0) == 0 && params.spec().has_embed) {
+      k = 0;  // on a last stage, the table's copy is the head's (Note [Tied embeddings])
     }
     const int64_t n = shape_numel(e.shape);
     all[k].begin = std::min(all[k].begin, e.offset);
@@ -121,15 +122,21 @@ std::vector<GradRun> gradient_runs(const model::Parameters& params, int ep) {
   std::vector<GradRun> runs;
   for (const model::ParamEntry& e : params.entries()) {
     const bool expert = e.shard == model::ParamShard::kExpert && ep > 1;
+    const bool tp_shard = params.spec().tp > 1 && e.tp_split != model::TpSplit::kReplicated;
     const int64_t n = shape_numel(e.shape);
-    if (!runs.empty() && runs.back().expert == expert &&
+    if (!runs.empty() && runs.back().expert == expert && runs.back().tp_shard == tp_shard &&
         runs.back().begin + runs.back().count == e.offset) {
       runs.back().count += n;
     } else {
-      runs.push_back({e.offset, n, expert});
+      runs.push_back({e.offset, n, expert, tp_shard});
     }
   }
   return runs;
+}
+
+bool counts_run(const GradRun& run, const comm::ParallelLayout& layout, int rank) {
+  const int first = run.expert ? layout.edp_rank(rank) : layout.dp_rank(rank);
+  return first == 0 && (run.tp_shard || layout.tp_rank(rank) == 0);
 }
 
 std::vector<GradReducer::Part> GradReducer::unit_parts(const StageRuntime& s,
@@ -196,8 +203,13 @@ void GradReducer::end_step(const std::vector<StageRuntime>& stages) {
       }
     }
     streams_->wait_all(StreamId::kCompute, StreamId::kReduce);
-    return;
+  } else {
+    reduce_now(stages);
   }
+  sum_shared_embedding(stages);
+}
+
+void GradReducer::reduce_now(const std::vector<StageRuntime>& stages) {
   const comm::ParallelLayout& L = groups_->layout;
   for (const StageRuntime& s : stages) {
     if (s.shards) {  // Note [Distributed optimizer]
@@ -212,6 +224,40 @@ void GradReducer::end_step(const std::vector<StageRuntime>& stages) {
       }
     }
   }
+}
+
+// Note [The embedding group]: with tied embeddings over several pipeline stages
+// (Note [Tied embeddings] in model/parameters.h) the first stage's table and the last stage's copy
+// each have the gradient of one use; Megatron-LM sums the two between the ranks that hold them (its
+// embedding group) after the data-parallel reduction and before the norm and the optimizer, and
+// so does this. Each side then holds S0 + S1 (one sum of two values, the same either way round),
+// so the copies take the same update and stay bitwise equal. The ranks are the pipeline ranks of
+// the first and the last stage with the same data-parallel and expert coordinates
+// (Groups::embedding), or one rank holding both (DualPipeV's V), which adds them itself. With the
+// distributed optimizer only this rank's part of the reduce-scattered piece holds a sum; the
+// table is a piece of its own on both stages (shard_pieces), so the two parts are the same rows.
+void GradReducer::sum_shared_embedding(const std::vector<StageRuntime>& stages) {
+  std::vector<Tensor> mine;
+  for (const StageRuntime& s : stages) {
+    const model::ParamEntry* e = s.params->shared_embedding();
+    if (e == nullptr) continue;
+    int64_t begin = e->offset, count = shape_numel(e->shape);
+    if (s.shards) {
+      const ShardPiece& p = s.shards->piece_at(begin);
+      TANDEM_ASSERT(p.begin == begin && p.count == count, "the embedding table is not a piece");
+      begin = p.own_begin;
+      count = p.own_count;
+    }
+    mine.push_back(s.params->flat_grads().narrow_rows(begin, count));
+  }
+  if (mine.empty()) return;
+  if (mine.size() == 2) {  // both ends on this rank
+    ops::axpy(mine[0], mine[1], 1.0);
+    mine[1].copy_from(mine[0]);
+    return;
+  }
+  TANDEM_ASSERT(groups_->embedding != nullptr, "a tied stage without its embedding group");
+  if (mine[0].numel() > 0) groups_->embedding_data().all_reduce_sum(mine[0]);
 }
 
 // Note [Non-finite steps on several ranks]: the step's verdict must be the same on every rank,
@@ -244,14 +290,25 @@ double GradReducer::global_norm(const std::vector<StageRuntime>& stages) {
   std::vector<Part> parts;
   for (const StageRuntime& s : stages) {
     const Tensor& g = s.params->flat_grads();
+    // Note [Tied embeddings]: the last stage's copy of the table is not counted (its flag is).
+    const model::ParamEntry* copy = s.params->tied_copy();
+    const int64_t copy_begin = copy ? copy->offset : 0;
+    const int64_t copy_end = copy ? copy->offset + shape_numel(copy->shape) : 0;
+    const auto add = [&](int64_t begin, int64_t end, int64_t slot) {
+      const int64_t cuts[4] = {begin, std::clamp(copy_begin, begin, end),
+                               std::clamp(copy_end, begin, end), end};
+      for (int k = 0; k < 3; ++k) {
+        if (cuts[k] >= cuts[k + 1]) continue;
+        parts.push_back({ops::sum_squares_start(g.narrow_rows(cuts[k], cuts[k + 1] - cuts[k])),
+                         k == 1 ? -2 : slot});
+      }
+    };
     if (s.shards) {  // Note [Norm from the parts]
       for (const ShardPiece& p : s.shards->pieces()) {
         const int64_t own_end = p.own_begin + p.own_count, end = p.begin + p.count;
         const int64_t cuts[4] = {p.begin, p.own_begin, own_end, end};
         for (int k = 0; k < 3; ++k) {
-          if (cuts[k] >= cuts[k + 1]) continue;
-          parts.push_back({ops::sum_squares_start(g.narrow_rows(cuts[k], cuts[k + 1] - cuts[k])),
-                           k == 1 ? -1 : -2});
+          if (cuts[k] < cuts[k + 1]) add(cuts[k], cuts[k + 1], k == 1 ? -1 : -2);
         }
       }
       continue;
@@ -259,9 +316,7 @@ double GradReducer::global_norm(const std::vector<StageRuntime>& stages) {
     for (const GradRun& run :
          gradient_runs(*s.params, groups_->layout.ep)) {  // Note [Gradient runs]
       if (run.expert && by_expert) continue;              // below, expert by expert
-      const bool counted = (run.expert ? L.edp_rank(groups_->rank) : L.dp_rank(groups_->rank)) == 0;
-      parts.push_back(
-          {ops::sum_squares_start(g.narrow_rows(run.begin, run.count)), counted ? -1 : -2});
+      add(run.begin, run.begin + run.count, counts_run(run, L, groups_->rank) ? -1 : -2);
     }
     if (!by_expert) continue;
     for (const ExpertBlock& b : expert_blocks(*s.params)) {

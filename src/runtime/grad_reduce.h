@@ -34,12 +34,18 @@ std::vector<GradUnit> gradient_units(const model::Parameters& params,
 
 // Neighbouring gradient entries reduced in one call (Note [Gradient runs] in grad_reduce.cc);
 // expert: reduced over the expert-data-parallel group (only when ep > 1), else over the
-// data-parallel group.
+// data-parallel group. tp_shard: each tensor-parallel rank holds its own part of these entries
+// (Note [Tensor-parallel shards] in model/parameters.h); only at TP > 1.
 struct GradRun {
   int64_t begin, count;
   bool expert;
+  bool tp_shard = false;
 };
 std::vector<GradRun> gradient_runs(const model::Parameters& params, int ep);
+// Note [Counted once] (step_figures.cc): whether `rank` counts `run` in the gradient norm and the
+// step's figures: data-parallel rank 0 (expert-data-parallel rank 0 for an experts' run), and of
+// a replicated run tensor-parallel rank 0 too.
+bool counts_run(const GradRun& run, const comm::ParallelLayout& layout, int rank);
 
 class GradReducer {
  public:
@@ -56,7 +62,8 @@ class GradReducer {
   // without weights counts for nothing. The unit's reduction is issued once that was its last.
   void weight_grad_issued(const StageRuntime& s, size_t node, StreamId stream);
   // Every gradient reduced before the step goes on: the reductions beside the backward awaited
-  // on the compute stream, or all of them now.
+  // on the compute stream, or all of them now; then the tied embedding's summed over the
+  // embedding group (Note [The embedding group] in grad_reduce.cc).
   void end_step(const std::vector<StageRuntime>& stages);
   // Note [Non-finite steps on several ranks]: the global gradient norm, NaN when any rank's
   // own gradients are not finite; the same on every rank.
@@ -74,6 +81,10 @@ class GradReducer {
     const ShardPiece* piece = nullptr;
   };
   std::vector<Part> unit_parts(const StageRuntime& s, const GradUnit& u) const;
+  // Every stage's gradients reduced over their groups now (no overlap).
+  void reduce_now(const std::vector<StageRuntime>& stages);
+  // Note [The embedding group]: the tied table's gradient summed with the other end's.
+  void sum_shared_embedding(const std::vector<StageRuntime>& stages);
   struct StageUnits {
     int32_t stage;
     std::vector<GradUnit> units;

@@ -2,6 +2,7 @@
 #include "runtime/groups.h"
 
 #include <utility>
+#include <vector>
 
 #include "core/error.h"
 #if TANDEM_WITH_CUDA
@@ -10,15 +11,16 @@
 
 namespace tandem::runtime {
 
-Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, Device device,
-                    bool second_expert_group, double timeout_s) {
+Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, int tp,
+                    Device device, bool second_expert_group, double timeout_s) {
   Groups g;
   g.rank = world->rank();
-  g.layout = comm::ParallelLayout::make(world->size(), pp, ep);
+  g.layout = comm::ParallelLayout::make(world->size(), pp, ep, tp);
   g.pp = world->subgroup(g.layout.pp_group(g.rank), "pp");
   g.dp = world->subgroup(g.layout.dp_group(g.rank), "dp");
   g.ep = world->subgroup(g.layout.ep_group(g.rank), "ep");
   g.edp = world->subgroup(g.layout.edp_group(g.rank), "expert-dp");
+  g.tp = world->subgroup(g.layout.tp_group(g.rank), "tp");
   if (device == Device::kCUDA) {
 #if TANDEM_WITH_CUDA
     // Note [Pipeline streams on the GPU]: NCCL runs a communicator's operations in the order
@@ -38,7 +40,22 @@ Groups Groups::make(std::unique_ptr<comm::Communicator> world, int pp, int ep, D
 #endif
   }
   g.world = std::move(world);
+  g.timeout_s = timeout_s;
   return g;
+}
+
+void Groups::add_embedding_group(int first, int last) {
+  TANDEM_ASSERT(first != last, "an embedding group of one pipeline rank");
+  const int me = pp->rank();
+  const bool member = me == first || me == last;
+  // A collective split of the pipeline group: the others form groups of one, then drop them.
+  std::unique_ptr<comm::Communicator> g =
+      pp->subgroup(member ? std::vector<int>{first, last} : std::vector<int>{me}, "embedding");
+  if (!member) return;
+  embedding = std::move(g);
+#if TANDEM_WITH_CUDA
+  if (dp_dev) embedding_dev = comm::make_nccl_communicator(*embedding, timeout_s);
+#endif
 }
 
 }  // namespace tandem::runtime

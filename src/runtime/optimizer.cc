@@ -28,7 +28,8 @@ bool decayed(const model::ParamEntry& e) {
 
 // Note [Decoupled learning rate] (core/lr_schedule.h): the input embedding and the output layer,
 // the weights Megatron-LM marks is_embedding_or_output_parameter. A chunk holds the embedding on
-// the first pipeline stage and the output layer on the last, never a copy of either.
+// the first pipeline stage and the output layer on the last; tied, the output layer is the table
+// or its copy (Note [Tied embeddings] in model/parameters.h), an embedding entry either way.
 bool embedding_or_output(const model::ParamEntry& e) {
   return e.kind == model::ParamKind::kEmbedding || e.name == "lm_head.weight";
 }

@@ -1,5 +1,5 @@
 // The trainer's step (pipeline_trainer.h): the rank's schedule actions over its stages, the
-// pipeline messages, the losses, the norm and the update.
+// losses, the norm and the update (the pipeline's messages are in pipeline_messages.cc).
 #include "runtime/pipeline_trainer.h"
 
 #include <algorithm>
@@ -13,6 +13,7 @@
 #include "runtime/cpu_streams.h"
 #include "runtime/device_streams.h"
 #include "runtime/expert_bias.h"
+#include "schedule/send_release.h"
 
 namespace tandem::runtime {
 
@@ -31,6 +32,8 @@ model::ChunkSpec stage_spec(const ModelConfig& m, int32_t stage, int32_t num_sta
   s.layer_end = s.layer_begin + counts[static_cast<size_t>(stage)];
   s.has_embed = stage == 0;
   s.has_head = stage == num_stages - 1;
+  s.tp = layout.tp;  // Note [Tensor parallelism] in core/config_tp.cc
+  s.tp_rank = layout.tp_rank(rank);
   check_expert_split(m, layout.ep);  // Note [Layout rules] in core/config.h
   check_mtp_layout(m, num_stages);
   if (m.is_moe()) {
@@ -72,6 +75,10 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     }
   }
   check_mtp_overlap(model_, L.ep, paired);  // Note [Layout rules] in core/config.h
+  ParallelConfig tensor_layout;             // what check_tensor_parallel reads of the layout
+  tensor_layout.tensor_model_parallel_size = L.tp;
+  tensor_layout.pipeline_model_parallel_size = L.pp;
+  check_tensor_parallel(model_, train_, tensor_layout);
   train_.validate(L.dp());
   check_data_fits(data, model_);
   check_document_masking(model_, train_);
@@ -82,6 +89,8 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
                sched.num_microbatches, " micro-batches but the batch sizes give ", num_mb_,
                " per data-parallel rank");
   loss_scale_ = 1.0 / static_cast<double>(num_mb_ * L.dp());
+  releases_ =
+      std::move(schedule::send_releases(sched_)[static_cast<size_t>(L.pp_rank(groups.rank))]);
   deferred_ = std::make_unique<DeferredUpdate>(*streams_);
   reducer_ = std::make_unique<GradReducer>(model_, train_, groups, *streams_);
   for (int32_t s : sched.stages_of_rank(L.pp_rank(groups.rank))) {
@@ -109,6 +118,11 @@ PipelineTrainer::PipelineTrainer(const ModelConfig& m, const TrainConfig& t,
     }
     reducer_->add_stage(st);
     stages_.push_back(std::move(st));
+  }
+  // Note [The embedding group] (grad_reduce.cc): the ranks of the two ends, unless one holds both.
+  if (model_.tied_embeddings() && !sched.stage_rank.empty() &&
+      sched.stage_rank.front() != sched.stage_rank.back()) {
+    groups.add_embedding_group(sched.stage_rank.front(), sched.stage_rank.back());
   }
   rebalancer_ = std::make_unique<ExpertRebalancer>(model_, train_, groups);  // checks the layout
   if (!train_.offload_activations.empty()) {  // Note [Activation offload]
@@ -148,8 +162,10 @@ model::NodeContext PipelineTrainer::context(const StageRuntime& s) const {
   model::NodeContext c = s.chunk->context(train_.micro_batch_size, loss_scale_);
   c.ep = groups_->layout.ep > 1 ? &groups_->ep_data() : nullptr;
   c.recompute_experts = train_.recompute_experts;
+  c.recompute = parse_recompute(train_.recompute);  // Note [Recomputed modules]
   c.force_balanced_routing = train_.moe_router_force_balance;
   c.dp = groups_->layout.dp() > 1 ? &groups_->dp_data() : nullptr;
+  c.tp = groups_->layout.tp > 1 ? groups_->tp.get() : nullptr;
   c.merged_expert_grads = s.merged_expert_grads.get();
   return c;
 }
@@ -168,6 +184,8 @@ model::MicroBatchState& PipelineTrainer::prepare_forward(int32_t stage, int32_t 
     state.key_begin = tokens.key_begin;
     state.positions = tokens.positions;
     state.loss_mask = tokens.loss_mask;
+    state.loss_tokens = tokens.loss_tokens;
+    state.mtp_loss_tokens = tokens.mtp_loss_tokens;
   }
   if (!first && is_local(stage - 1)) {  // the previous stage ran on this rank (V placement)
     state.input = std::exchange(local(stage - 1).mbs[mb].layers.back().out, Tensor());
@@ -227,7 +245,30 @@ NodeWork PipelineTrainer::prepare(const Action& a, int64_t iteration) {
   w.context.key_begin = state->key_begin;
   w.context.positions = state->positions;
   w.context.loss_mask = state->loss_mask;
+  w.context.loss_tokens = state->loss_tokens;
+  w.context.mtp_loss_tokens = state->mtp_loss_tokens;
+  if (s.params->spec().has_head) w.context.per_token_divisor = step_per_token_divisor(iteration);
   return w;
+}
+
+double PipelineTrainer::step_per_token_divisor(int64_t iteration) {
+  if (!train_.calculate_per_token_loss) return -1;
+  if (per_token_data_ != data_ || per_token_iteration_ != iteration) {
+    per_token_divisor_ = per_token_divisor(*data_, model_, train_, iteration);
+    per_token_data_ = data_;
+    per_token_iteration_ = iteration;
+  }
+  return per_token_divisor_;
+}
+
+// Note [Document masks in the plan] (planner/simulator_state.cc): a micro-batch's document
+// masks go when its backward on the stage is done (its input-gradient half where the weights'
+// is split off); no later action reads them. The state and the work's context both hold them.
+static void drop_document_masks(NodeWork& w) {
+  const ActionKind kind = w.action.kind;
+  if (kind != ActionKind::kBackward && kind != ActionKind::kBackwardInput) return;
+  w.context.key_begin = w.context.positions = w.context.loss_mask = Tensor();
+  w.state->key_begin = w.state->positions = w.state->loss_mask = Tensor();
 }
 
 void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
@@ -236,111 +277,20 @@ void PipelineTrainer::run_action(const Action& a, int64_t iteration) {
     return;
   }
   if (!schedule::is_pair(a.kind)) {
-    const NodeWork w = prepare(a, iteration);
+    NodeWork w = prepare(a, iteration);
     executor_->run(w);
     if (a.kind == ActionKind::kForward) finish_forward(w);
+    drop_document_masks(w);
     return;
   }
   // In the order the plain actions would prepare them: the forward's input first.
   NodeWork first = prepare(a.first_half(), iteration);
   std::array<NodeWork, 2> halves = {std::move(first), prepare(a.second_half(), iteration)};
   executor_->run_pair(a.kind, halves);
-  for (const NodeWork& half : halves) {
+  for (NodeWork& half : halves) {
     if (half.action.kind == ActionKind::kForward) finish_forward(half);
+    drop_document_masks(half);
   }
-}
-
-std::vector<schedule::RoutingCounts> PipelineTrainer::gather_routing(comm::Communicator& group) {
-  const auto n = static_cast<int64_t>(routing_.expert_rows.size());
-  Tensor mine = Tensor::empty({n}, DType::kI64, MemCategory::kOther, "routing.mine");
-  std::copy(routing_.expert_rows.begin(), routing_.expert_rows.end(), mine.data<int64_t>());
-  Tensor all = Tensor::empty({group.size() * n}, DType::kI64, MemCategory::kOther, "routing.all");
-  group.all_gather(all, mine);
-  std::vector<schedule::RoutingCounts> out(static_cast<size_t>(group.size()), routing_);
-  for (int r = 0; r < group.size(); ++r) {
-    std::copy(all.data<int64_t>() + r * n, all.data<int64_t>() + (r + 1) * n,
-              out[static_cast<size_t>(r)].expert_rows.begin());
-  }
-  return out;
-}
-
-schedule::RoutingCounts PipelineTrainer::pipeline_routing_counts() {
-  if (routing_.empty()) return routing_;
-  // Each layer lives on one pipeline rank; the others report -1 for it.
-  schedule::RoutingCounts out = routing_;
-  for (const schedule::RoutingCounts& t : gather_routing(*groups_->pp)) {
-    for (size_t i = 0; i < out.expert_rows.size(); ++i) {
-      out.expert_rows[i] = std::max(out.expert_rows[i], t.expert_rows[i]);
-    }
-  }
-  return out;
-}
-
-std::vector<schedule::RoutingCounts> PipelineTrainer::expert_group_routing_counts() {
-  if (routing_.empty()) return {};
-  return gather_routing(*groups_->ep);
-}
-
-// The tensor a send carries. On the CPU the send runs now, on this thread, so a stage output is
-// copied into a communication buffer and its activation storage goes now rather than when the
-// receiver gets round to it (the message is in flight, not an activation). On the GPU the send
-// is issued ahead on a pipeline stream: the tensor itself travels, held until the send is done.
-Tensor PipelineTrainer::message_to_send(Tensor& src, bool activation) {
-  if (!activation || streams_->issues_ahead()) return std::exchange(src, Tensor());
-  Tensor buf = Tensor::empty(src.shape(), src.dtype(), MemCategory::kCommunication, "pp.send_f",
-                             current_device());
-  buf.copy_from(src);
-  release_storage({&src});
-  src = Tensor();
-  return buf;
-}
-
-// Note [Pipeline messages]: activations go on tag 0 and gradients on tag 1; messages between a
-// pair of ranks match in the order sent, which the validator has checked for the schedule. Each
-// goes on its direction's stream (Note [Pipeline streams on the GPU] in groups.cc) after the
-// compute stream's work so far (the tensor is ready, and a received buffer's block is no longer
-// used there); a received tensor is used on the compute stream only after the receive.
-void PipelineTrainer::communicate(const Action& a) {
-  StageRuntime& s = local(a.stage);
-  // Note [The update beside the first forward] (deferred_update.cc): a stage that receives its
-  // input updates all its weights while it waits for it (the pipeline's warm-up bubble).
-  if (a.kind == ActionKind::kRecvF) deferred_->update(s, s.params->numel());
-  model::MicroBatchState& state = s.mbs[a.microbatch];
-  const bool fwd = a.kind == ActionKind::kSendF || a.kind == ActionKind::kRecvF;
-  const StreamId side = fwd ? StreamId::kPipelineForward : StreamId::kPipelineBackward;
-  comm::Communicator& group = fwd ? groups_->pp_fwd() : groups_->pp_bwd();
-  const int tag = fwd ? 0 : 1;
-  SpanInfo span;
-  span.track = "comm";
-  span.name = schedule::to_string(a);
-  streams_->wait_all(side, StreamId::kCompute);
-  if (a.kind == ActionKind::kSendF || a.kind == ActionKind::kSendB) {
-    const int peer = sched_.stage_rank[fwd ? a.stage + 1 : a.stage - 1];
-    const Tensor buf =
-        message_to_send(fwd ? state.layers.back().out : state.layers.front().d_x, fwd);
-    streams_->run(side, std::move(span), [&] { pending_.push_back(group.isend(buf, peer, tag)); });
-    return;
-  }
-  const int64_t n = train_.micro_batch_size * model_.seq_length, h = model_.hidden_size;
-  Tensor& dst = fwd ? state.input : state.d_output;
-  // A received activation is in flight until layer 0's attention adopts it (Note [Hand-over]).
-  dst = Tensor::empty({n, h}, s.params->activation_dtype(),
-                      fwd ? MemCategory::kCommunication : MemCategory::kOther,
-                      fwd ? "pp.recv_f" : "pp.recv_b", current_device());
-  const int peer = sched_.stage_rank[fwd ? a.stage - 1 : a.stage + 1];
-  streams_->run(side, std::move(span), [&] { group.recv(dst, peer, tag); });
-  streams_->wait_all(StreamId::kCompute, side);
-}
-
-// Note [Sends done early]: a delivered message's buffer goes now, not at the step's end, as the
-// planner frees it (its "in flight" ends at the receive).
-void PipelineTrainer::drop_delivered_sends() {
-  std::erase_if(pending_, [](const std::unique_ptr<comm::PendingSend>& p) { return p->done(); });
-}
-
-void PipelineTrainer::wait_for_sends() {
-  for (auto& p : pending_) p->wait();
-  pending_.clear();
 }
 
 StepResult PipelineTrainer::forward_backward(int64_t iteration) {
@@ -363,11 +313,13 @@ StepResult PipelineTrainer::forward_backward(int64_t iteration) {
   }
   zero_aux_totals(stages_);
   reducer_->begin_step(num_mb_);
-  for (const Action& a : sched_.ranks[groups_->layout.pp_rank(groups_->rank)]) {
+  const std::vector<Action>& list = sched_.ranks[groups_->layout.pp_rank(groups_->rank)];
+  for (action_index_ = 0; action_index_ < list.size(); ++action_index_) {
+    const Action& a = list[action_index_];
     streams_->begin_action(a);
     run_action(a, iteration);
     streams_->end_action(a);
-    drop_delivered_sends();
+    release_sends(action_index_);
   }
   wait_for_sends();
   for (const StageRuntime& s : stages_) {
@@ -409,15 +361,20 @@ double PipelineTrainer::take_pending_losses(Tensor& aux, double& mtp) {
 
 // Note [The loss summed as one rank sums it]: the aux losses of a step are gathered by
 // (micro-batch, layer), each held by one rank of a data-parallel replica, and summed micro-batch
-// by micro-batch in layer order on every rank: the order of the one-rank reference
-// (ReferenceTrainer), so the loss is bitwise its loss when only the pipeline is split, whichever
-// stages hold MoE layers. (Summed stage by stage, the order would depend on the split.)
+// by micro-batch in layer order on every rank: the order of one rank running the whole model
+// micro-batch after micro-batch (the tests' oracle), so the loss is bitwise its loss when only
+// the pipeline is split, whichever stages hold MoE layers. (Summed stage by stage, the order would
+// depend on the split.)
 StepResult PipelineTrainer::global_losses(double lm, double mtp, const Tensor& aux) {
   const int64_t n = aux.numel();
-  Tensor losses = Tensor::empty({2 + n}, DType::kF64, MemCategory::kOther, "losses");
-  losses.data<double>()[0] = lm;
-  losses.data<double>()[1] = mtp;
-  std::copy(aux.data<double>(), aux.data<double>() + n, losses.data<double>() + 2);
+  Tensor losses = Tensor::zeros({2 + n}, DType::kF64, MemCategory::kOther, "losses");
+  // Every tensor-parallel rank of a replica has the same losses (Note [Tensor parallelism] in
+  // core/config_tp.cc): its rank 0 counts them.
+  if (groups_->layout.tp_rank(groups_->rank) == 0) {
+    losses.data<double>()[0] = lm;
+    losses.data<double>()[1] = mtp;
+    std::copy(aux.data<double>(), aux.data<double>() + n, losses.data<double>() + 2);
+  }
   groups_->world->all_reduce_sum(losses);
   StepResult r;
   r.lm_loss = losses.data<double>()[0] * loss_scale_;
@@ -548,6 +505,7 @@ EvalResult PipelineTrainer::evaluate(const data::Dataset& data, int64_t batches)
     ~Restore() { slot = saved; }
   } restore{data_, data_};
   data_ = &data;
+  per_token_iteration_ = -1;  // the divisor of an evaluation batch, not of a training step's
   EvalResult out;
   for (int64_t b = 0; b < batches; ++b) {
     const StepResult r = evaluate_batch(actions, b);
@@ -556,6 +514,7 @@ EvalResult PipelineTrainer::evaluate(const data::Dataset& data, int64_t batches)
     out.tokens += r.tokens;
   }
   out.batches = batches;
+  per_token_iteration_ = -1;
   out.lm_loss /= static_cast<double>(batches);
   out.aux_loss /= static_cast<double>(batches);
   return out;

@@ -10,7 +10,8 @@
 //   DeferredUpdate (deferred_update.h)   the optimizer update moved into the next step
 //   ExpertRebalancer (expert_rebalance.h)  experts laid out anew between steps
 //   StepMeter (step_meter.h)             the measured timeline and communication figures
-// ReferenceTrainer (reference_trainer.h) is the sequential oracle the tests hold it to.
+// The tests hold it to a sequential oracle: the same model on one rank, micro-batch after
+// micro-batch.
 #pragma once
 
 #include <array>
@@ -34,7 +35,7 @@
 #include "runtime/stream_executor.h"
 #include "runtime/streams.h"
 #include "schedule/action.h"
-#include "schedule/pipeline_model.h"
+#include "schedule/routing_file.h"
 
 namespace tandem::runtime {
 
@@ -134,7 +135,7 @@ class PipelineTrainer {
 
   // Rows this rank's experts received in the last step for each (micro-batch, global layer) of
   // its own stages, -1 for the other layers; empty for a dense model. Note [Measured routing]
-  // in schedule/pipeline_model.h.
+  // in planner/pipeline_model.h.
   const schedule::RoutingCounts& routing_counts() const { return routing_; }
   // The same table for this rank's whole pipeline (every layer), the planner's input for an
   // exact plan of this rank: gathered over the pipeline group, so every rank of the group must
@@ -168,6 +169,10 @@ class PipelineTrainer {
   Tensor message_to_send(Tensor& src, bool activation);
   // The sends delivered so far let go of their buffers; the rest are waited for at the end.
   void drop_delivered_sends();
+  // After action `index` of the step's list: on the GPU drop_delivered_sends; on the CPU the
+  // sends send_releases names for it (Note [Send buffers released when known delivered] in
+  // schedule/send_release.cc).
+  void release_sends(size_t index);
   void wait_for_sends();
   // Note [The loss summed as one rank sums it]: lm, this rank's summed LM losses; aux, its
   // layers' aux losses by (micro-batch, layer), [num_mb * L], zero where it holds none.
@@ -178,6 +183,9 @@ class PipelineTrainer {
   // lm: this rank's summed LM losses; the aux tensor is global_losses' input.
   // mtp: this rank's summed MTP terms (pending_mtp_).
   double take_pending_losses(Tensor& aux, double& mtp);
+  // Note [Per-token loss] (step.h): the loss node's divisor of global batch `iteration` of
+  // data_, formed once per batch; -1 without --calculate-per-token-loss.
+  double step_per_token_divisor(int64_t iteration);
   // One global batch of evaluate(): `actions` are this rank's forward-only actions.
   StepResult evaluate_batch(const std::vector<schedule::Action>& actions, int64_t batch);
   // routing_ of every rank of `group`, in group order (collective).
@@ -190,6 +198,10 @@ class PipelineTrainer {
   const data::Dataset* data_;
   int64_t num_mb_ = 0;     // micro-batches per data-parallel rank
   double loss_scale_ = 1;  // 1 / micro-batches of the whole global batch
+  // step_per_token_divisor's last batch (of data, iteration) and its divisor.
+  const data::Dataset* per_token_data_ = nullptr;
+  int64_t per_token_iteration_ = -1;
+  double per_token_divisor_ = -1;
   int64_t iteration_ = 0;
   std::vector<StageRuntime> stages_;
   // The step's parts, each built on the ones before it.
@@ -203,7 +215,14 @@ class PipelineTrainer {
   // The step's sends in flight, and each finished forward's loss (last stage) and layers' aux
   // losses, in the order the forwards finished, summed at the step's end
   // (Note [Reads to the host ahead of use]).
-  std::vector<std::unique_ptr<comm::PendingSend>> pending_;
+  struct InFlight {
+    size_t action;  // its SEND's index in the rank's list
+    std::unique_ptr<comm::PendingSend> send;
+  };
+  std::vector<InFlight> pending_;
+  size_t action_index_ = 0;  // the step's action now running
+  // Per action of this rank's list, the sends whose buffers go after it on the CPU.
+  std::vector<std::vector<int32_t>> releases_;
   std::vector<ops::PendingScalar> pending_lm_;
   // The last stage's MTP modules' losses of the step, each weighted by mtp_weight_.
   std::vector<ops::PendingScalar> pending_mtp_;

@@ -43,23 +43,35 @@ struct StepResult {
 };
 
 // Note [Per-token loss]: Megatron-LM's default step loss is the mean over micro-batches of each
-// micro-batch's mean over its unmasked tokens; with --calculate-per-token-loss it is the sum
-// over the global batch's tokens divided by their count. Without --eod-mask-loss every token of a
-// tandem micro-batch counts, so each holds micro_batch * seq of them and the two are one value,
-// with one weight 1 / (global_batch * seq) per token: the trainers' loss scale 1 / (micro-batches
-// x data-parallel ranks) over each micro-batch's token count. The option is taken with that
-// meaning (TrainConfig::calculate_per_token_loss). With --eod-mask-loss each micro-batch's mean
-// is over its unmasked tokens (Note [Loss mask] in model/end_nodes.cc), the default average;
-// the per-token one would weigh each micro-batch by its unmasked count, and is refused with it.
+// micro-batch's mean over its unmasked tokens; with --calculate-per-token-loss it is the sum over
+// the global batch's unmasked tokens (every micro-batch of every data-parallel rank) divided by
+// their count G: its loss_func returns the sum and the count, and finalize_model_grads divides
+// the gradients, summed over the data-parallel ranks, by the count summed likewise. tandem
+// forms G on the host before the step (per_token_divisor: every token of the global batch's
+// samples but the end-of-document inputs with --eod-mask-loss, all of them without) and gives
+// the loss node G / (micro-batches x data-parallel ranks) as its divisor in place of its own
+// count (NodeContext::per_token_divisor); the trainers then average as they always do, so the
+// step's loss is the sum over G and every token's gradient weighs 1 / G. Without --eod-mask-loss
+// each micro-batch holds micro_batch * seq of them and the two losses are one value. The MTP
+// modules weigh as Megatron-LM does (Note [MTP loss mask] in model/mtp.cc); the router's losses
+// keep their default weight 1 / (micro-batches x data-parallel ranks), the weight Megatron-LM's
+// router aims for under --calculate-per-token-loss (it multiplies them by the micro-batch's
+// tokens before the division by G, which reaches that weight where no token is masked).
 
 // Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.
 // With document masking (TrainConfig::document_masking), also each query's first key
-// (--reset-attention-mask) and each token's position (--reset-position-ids), CPU i32
-// [micro_batch * seq] each, and the loss mask (--eod-mask-loss), CPU f32, from the ids
-// (Note [Document masking] in data/document_masks.h); each undefined when its option is off.
+// (--reset-attention-mask) and each token's position (--reset-position-ids), i32
+// [micro_batch * seq] each, and the loss mask (--eod-mask-loss), f32, from the ids
+// (Note [Document masking] in data/document_masks.h), on the training device
+// (Note [Document masks on the device] in step.cc); each undefined when its option is off.
+// loss_tokens: the loss mask's tokens of weight 1, counted on the host.
+// mtp_loss_tokens: with --eod-mask-loss and MTP modules, depth k's count in the loss mask rolled
+// k left (Note [MTP loss mask] in model/mtp.cc), k = 1..mtp_num_layers.
 struct MicroBatchTokens {
   Tensor ids, targets;
   Tensor key_begin, positions, loss_mask;
+  int64_t loss_tokens = 0;
+  std::vector<int64_t> mtp_loss_tokens;
 };
 
 // Reads micro-batch `mb` of step `iteration` (0-based) from the dataset: sample indices
@@ -69,8 +81,14 @@ struct MicroBatchTokens {
 MicroBatchTokens load_micro_batch(const data::Dataset& data, const ModelConfig& m,
                                   const TrainConfig& t, int64_t iteration, int64_t mb);
 
+// Note [Per-token loss]: the loss node's divisor in step `iteration` (0-based) with
+// --calculate-per-token-loss, the global batch's tokens of weight 1 over its micro-batches of
+// all data-parallel ranks (global_batch / micro_batch of them); -1 without the option.
+double per_token_divisor(const data::Dataset& data, const ModelConfig& m, const TrainConfig& t,
+                         int64_t iteration);
+
 // Throws unless the document options (TrainConfig::document_masking) fit the model: each needs
-// the end-of-document id within the vocabulary, and multi-token prediction is not taken with them.
+// the end-of-document id within the vocabulary.
 void check_document_masking(const ModelConfig& m, const TrainConfig& t);
 
 // Throws unless the data set's token ids are all below the model's vocabulary size.

@@ -3,7 +3,9 @@
 // run by expert-data-parallel rank 0 (gradient_runs, as the gradient norm counts them); with it,
 // each rank counts the part it owns (ShardPiece::own_*), the parts of a group covering each
 // weight once, and the only gradients reduced in full. Pipeline ranks and expert ranks hold
-// different weights. The counts are summed over the world.
+// different weights, and tensor-parallel ranks different parts of the split ones (each counts
+// its own) but the same replicated ones (counted by tp rank 0). The counts are summed over the
+// world.
 #include "runtime/step_figures.h"
 
 #include <cmath>
@@ -29,8 +31,7 @@ std::vector<std::pair<int64_t, int64_t>> counted_ranges(const StageRuntime& s,
   }
   const comm::ParallelLayout& L = groups.layout;
   for (const GradRun& run : gradient_runs(*s.params, L.ep)) {
-    const int first = run.expert ? L.edp_rank(groups.rank) : L.dp_rank(groups.rank);
-    if (first == 0) out.emplace_back(run.begin, run.count);
+    if (counts_run(run, L, groups.rank)) out.emplace_back(run.begin, run.count);
   }
   return out;
 }

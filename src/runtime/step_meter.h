@@ -13,7 +13,7 @@
 #include "comm/communicator.h"
 #include "runtime/streams.h"
 #include "runtime/timeline.h"
-#include "schedule/cost_model.h"
+#include "schedule/node_times.h"
 
 namespace tandem::runtime {
 
@@ -28,7 +28,7 @@ class StepMeter {
   // Note [Waiting for the slowest expert rank] (alltoall_wait.h): of the exposed all-to-all,
   // the part spent waiting for a later rank of `ep_group`; every rank of the group must call it.
   void record_waiting(const StepTimes& t, comm::Communicator& ep_group);
-  // Note [The step's end in the plan] (schedule/simulator.cc): the host's step past the
+  // Note [The step's end in the plan] (planner/simulator.cc): the host's step past the
   // forward-backward and the all-reduce, per weight of this rank's stages.
   void record_step_end(const StepTimes& t, double step_seconds, int64_t weights,
                        bool defer_optimizer);

@@ -6,7 +6,8 @@
 #include <string>
 #include <vector>
 
-#include "schedule/pipeline_model.h"
+#include "schedule/deferred_update.h"
+#include "schedule/node_times.h"
 
 namespace tandem::runtime {
 
@@ -192,7 +193,7 @@ void StreamExecutor::forward_beside_update(const NodeWork& w) {
     // The dispatch's counts go first (Note [Counts ahead of the rows] in moe_exchange.cc), so
     // the host, waiting for them inside the dispatch, has the update queued already.
     if (nodes[i].kind == NodeKind::kDispatch) prepare_node(w, i, chain);
-    // Beside the all-to-all: the planner's rule (schedule/pipeline_model.h).
+    // Beside the all-to-all: the planner's rule (planner/pipeline_model.h).
     deferred_->update(s, schedule::update_beside_all_to_all(ends, i, s.params->numel(), is_comm));
     issue_node(w, i, true, chain);
   }

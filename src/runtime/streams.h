@@ -28,7 +28,7 @@
 #include "runtime/alltoall_wait.h"
 #include "runtime/timeline.h"
 #include "schedule/action.h"
-#include "schedule/cost_model.h"
+#include "schedule/node_times.h"
 
 struct CUevent_st;
 
@@ -81,7 +81,7 @@ struct SpanInfo {
   bool busy = false;
   int64_t weights = 0;  // a deferred update's: the weights it updated (StepTimes' rate)
   // A gradient unit's all-reduce: its bus bytes, sum of bytes x 2 (n-1) / n over its groups of
-  // n ranks (StepTimes' rate, Note [Gradient reduction in the plan] in schedule/simulator.cc).
+  // n ranks (StepTimes' rate, Note [Gradient reduction in the plan] in planner/simulator.cc).
   double bus_bytes = 0;
 };
 

@@ -1,19 +1,53 @@
 // Measured routing on disk: `tandem train --routing-out FILE` writes every rank's pipeline table
-// (Note [Measured routing] in pipeline_model.h) and `tandem plan --routing FILE` reads one back,
+// (Note [Measured routing] below) and `tandem plan --routing FILE` reads one back,
 // so the planner's expert-parallel memory is that step's, not balanced routing's.
 //
 // {"num_microbatches": M, "num_layers": L,
 //  "ranks": [{"rank": 0, "expert_rows": [M * L integers, micro-batch-major]}, ...]}
 #pragma once
 
+#include <cstdint>
 #include <map>
 #include <string>
 #include <string_view>
 #include <vector>
 
-#include "schedule/pipeline_model.h"
-
 namespace tandem::schedule {
+
+// Note [Measured routing]: with EP > 1, or with an expert capacity but no padding
+// (Note [Expert capacity] in core/footprint.h), the rows a rank's experts receive depend on the
+// router, so the balanced figure (S rows, FootprintShape::expert_rows) is only an estimate. A
+// RoutingCounts table, recorded by the runtime during a step (PipelineTrainer::routing_counts),
+// gives the rows the experts of one pipeline (one data-parallel / expert-parallel rank's
+// pipeline) received for each (micro-batch, global layer); the layer names the stage and the
+// experts node. Only those rows depend on the routing: the attention, dispatch and combine
+// nodes' saved tensors are sized by the S slots and the expert count (with EP = 1 combine keeps
+// the experts' output, R rows). The node times keep balanced routing.
+struct RoutingCounts {
+  int32_t num_microbatches = 0;      // per data-parallel rank (the schedule's)
+  int32_t num_layers = 0;            // the model's, all stages
+  std::vector<int64_t> expert_rows;  // [micro-batch * num_layers + layer]; -1: not measured
+
+  RoutingCounts() = default;
+  RoutingCounts(int32_t microbatches, int32_t layers)
+      : num_microbatches(microbatches),
+        num_layers(layers),
+        expert_rows(static_cast<size_t>(microbatches) * layers, -1) {}
+  bool empty() const { return expert_rows.empty(); }
+  int64_t& at(int32_t mb, int32_t layer) {
+    return expert_rows[static_cast<size_t>(mb) * num_layers + layer];
+  }
+  int64_t at(int32_t mb, int32_t layer) const {
+    return expert_rows[static_cast<size_t>(mb) * num_layers + layer];
+  }
+};
+
+// One layer's expert work on one rank of an expert-parallel group, against the group's mean
+// rows (Note [Slowest expert rank] in routing_file.h): own scales the rank's experts times, wait
+// times the experts' time is how long the all-to-all after them waits for the slowest rank.
+struct ExpertPace {
+  double own = 1, wait = 0;
+};
 
 // The file's text for `tables[r]`, world rank r's pipeline table (all of one shape).
 std::string routing_file_text(const std::vector<RoutingCounts>& tables);

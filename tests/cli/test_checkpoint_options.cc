@@ -47,6 +47,18 @@ std::string error_of(const std::vector<std::string>& args) {
 
 std::string load_dir() { return fs::temp_directory_path().string(); }  // readable; not read
 
+// Note [Tensor parallelism] (core/config_tp.cc): a checkpoint holds whole tensors, which a run at
+// TP > 1 does not split yet: refused by name.
+TEST(CheckpointOptions, TensorParallelLoadIsRefusedByName) {
+  const std::string e =
+      error_of({"--load", load_dir(), "--num-experts", "0", "--tensor-model-parallel-size", "2"});
+  EXPECT_NE(
+      e.find("--tensor-model-parallel-size 2 with --load " + load_dir() + " is not built yet"),
+      std::string::npos)
+      << e;
+  EXPECT_EQ(error_of({"--load", load_dir(), "--num-experts", "0"}), "");
+}
+
 TEST(CheckpointOptions, AbsentOptionsComeFromTheCheckpoint) {
   const RunOptions o = parse({"--load", load_dir()});
   EXPECT_EQ(o.model.num_layers, 2);

@@ -83,6 +83,70 @@ TEST(ConvertCli, SentencePieceIdsAreSpmEncodes) {
   EXPECT_EQ(documents_of(dir / "eod9", 1000)[1].back(), 9);
 }
 
+// Training reads Megatron-LM's vocabulary from a sentencepiece --tokenizer-model through
+// tandem-tokenize (Note [Megatron-LM's tokenizer vocabulary] in src/data/tokenizer.h): the
+// 1000 pieces padded to 1024 rows, </s> (2) as the end-of-document id of the document masks.
+TEST(ConvertCli, TrainingReadsTheVocabularyOfASentencePieceModel) {
+  TempDir dir;
+  const std::string model = kFixtures + "spm.model";
+  RunResult r =
+      convert(dir, {kFixtures + "sample.txt", "docs", "--tokenizer-model", model, "--append-eod"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::vector<std::string> train = {"train",
+                                          "--data-path",
+                                          "docs",
+                                          "--tokenizer-model",
+                                          model,
+                                          "--num-layers",
+                                          "1",
+                                          "--hidden-size",
+                                          "16",
+                                          "--num-attention-heads",
+                                          "2",
+                                          "--num-query-groups",
+                                          "2",
+                                          "--ffn-hidden-size",
+                                          "16",
+                                          "--num-experts",
+                                          "0",
+                                          "--seq-length",
+                                          "8",
+                                          "--micro-batch-size",
+                                          "1",
+                                          "--global-batch-size",
+                                          "1",
+                                          "--train-iters",
+                                          "2",
+                                          "--split",
+                                          "100,0,0",
+                                          "--reset-attention-mask",
+                                          "--eod-mask-loss",
+                                          "--quiet",
+                                          "--log-json",
+                                          "log.jsonl"};
+  for (const char* type : {"Llama2Tokenizer", "SentencePieceTokenizer"}) {
+    std::vector<std::string> args = train;
+    args.insert(args.end(), {"--tokenizer-type", type, "--vocab-size", "1000"});
+    TempDir capture;
+    r = run_tandem(args, dir.path(), capture.path());
+    EXPECT_EQ(r.exit_code, 2) << type << ": " << r.err;
+    const std::string want = std::string(type) == "Llama2Tokenizer"
+                                 ? "1000 tokens, 1024 rows padded, end-of-document id 2"
+                                 : "1005 tokens, 1024 rows padded, end-of-document id 1002";
+    EXPECT_NE(r.err.find(want), std::string::npos) << type << ": " << r.err;
+  }
+  std::vector<std::string> args = train;
+  args.insert(args.end(), {"--tokenizer-type", "Llama2Tokenizer"});
+  TempDir capture;
+  r = run_tandem(args, dir.path(), capture.path());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(slurp(dir / "log.jsonl").find("\"iter\":2"), std::string::npos);
+  args.insert(args.end(), {"--tokenizer-model", kFixtures + "sample.txt"});
+  r = run_tandem(args, dir.path(), capture.path());
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("not a sentencepiece model"), std::string::npos) << r.err;
+}
+
 TEST(ConvertCli, JsonRecordsAndIdsFilesGiveTheSameFiles) {
   const Sample s = sample();
   TempDir dir;

@@ -3,11 +3,13 @@
 #include <gtest/gtest.h>
 
 #include <CLI/CLI.hpp>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
 #include <vector>
 
+#include "cli/config_file.h"
 #include "cli/megatron_options.h"
 #include "cli/options.h"
 #include "core/error.h"
@@ -98,8 +100,89 @@ TEST(MegatronOptions, OnlyRowsTakeTheirValuesAndRefuseOthersNamingThem) {
   // Numbers compare as numbers: Megatron-LM's scripts write 0.0 and 1.0.
   EXPECT_EQ(error_of({"--attention-dropout", "0.0", "--rotary-percent", "1.0"}), "");
   EXPECT_NE(error_of({"--hidden-dropout", "0.1"}).find("tandem has no dropout"), std::string::npos);
-  EXPECT_NE(error_of({"--tensor-model-parallel-size", "2"}).find("plan --search"),
+  EXPECT_NE(error_of({"--context-parallel-size", "2"}).find("plan --search"), std::string::npos);
+}
+
+// --tensor-model-parallel-size and --sequence-parallel are settings: TP 1 with or without SP is
+// taken (Megatron-LM turns SP off at TP 1); at TP > 1 the sizes it splits are checked first,
+// naming them, and then what is not built yet is refused by name (tests/cli/test_bad_inputs.cc
+// has every refusal).
+TEST(MegatronOptions, TensorParallelSizesAreCheckedThenRefusedByName) {
+  const RunOptions o = parse({"--tensor-model-parallel-size", "1", "--sequence-parallel"});
+  EXPECT_EQ(o.parallel.tensor_model_parallel_size, 1);
+  EXPECT_TRUE(o.parallel.sequence_parallel);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "16"})
+                .find("--tensor-model-parallel-size 16 does not divide --num-attention-heads 8"),
             std::string::npos);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "2", "--num-query-groups", "1"})
+                .find("does not divide --num-query-groups 1"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of({"--tensor-model-parallel-size", "2", "--sequence-parallel", "--seq-length", "127"})
+          .find("does not divide --seq-length (with --sequence-parallel) 127"),
+      std::string::npos);
+  // Without --sequence-parallel the sequence is not split.
+  EXPECT_EQ(
+      error_of({"--tensor-model-parallel-size", "2", "--seq-length", "127"}).find("--seq-length"),
+      std::string::npos);
+  EXPECT_NE(error_of({"--tensor-model-parallel-size", "2", "--sequence-parallel"})
+                .find("--tensor-model-parallel-size 2 with --sequence-parallel is not built yet"),
+            std::string::npos);
+  // A dense model at TP 2 on one pipeline stage is taken (Note [Tensor parallelism]).
+  EXPECT_EQ(error_of({"--tensor-model-parallel-size", "2"}), "");
+  // q/k norms and q/k/v biases, which no dense family has (the CLI refuses them first), are
+  // refused by the rule itself, as the trainer applies it.
+  ModelConfig dense;
+  dense.num_experts = 0;
+  TrainConfig t;
+  ParallelConfig p;
+  p.tensor_model_parallel_size = 2;
+  EXPECT_NO_THROW(check_tensor_parallel(dense, t, p));
+  for (const char* option : {"--qk-layernorm", "--add-qkv-bias"}) {
+    ModelConfig m = dense;
+    (option[2] == 'q' ? m.qk_layernorm : m.add_qkv_bias) = true;
+    try {
+      check_tensor_parallel(m, t, p);
+      ADD_FAILURE() << option << " taken at TP 2";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find(std::string("--tensor-model-parallel-size 2 with ") +
+                                           option + " is not built yet"),
+                std::string::npos)
+          << e.what();
+    }
+  }
+  EXPECT_NE(error_of(moe({"--tensor-model-parallel-size", "2"}))
+                .find("--tensor-model-parallel-size 2 with --num-experts 4 is not built yet"),
+            std::string::npos);
+  EXPECT_NE(error_of(mla({"--qk-layernorm", "--tensor-model-parallel-size", "2"}))
+                .find("--tensor-model-parallel-size 2 with --multi-latent-attention is not built"),
+            std::string::npos);
+}
+
+// Megatron-LM pads the vocabulary to a multiple of --make-vocab-size-divisible-by times the
+// tensor-parallel size (arguments.py's _vocab_size_with_padding), so that each rank holds as many
+// rows.
+TEST(MegatronOptions, VocabularyPaddingCountsTheTensorParallelSize) {
+  RunOptions o;
+  o.megatron = {{"tokenizer-type", "NullTokenizer"}, {"make-vocab-size-divisible-by", "1"}};
+  o.model.vocab_size = 300;
+  o.parallel.tensor_model_parallel_size = 4;
+  apply_megatron_options(o, {});
+  EXPECT_EQ(o.model.vocab_size, 304);  // 300 + the end-of-document id, padded to 4
+  RunOptions q;
+  q.megatron = {{"make-vocab-size-divisible-by", "128"}};
+  q.model.vocab_size = 384;
+  q.parallel.tensor_model_parallel_size = 2;
+  try {
+    apply_megatron_options(q, {});
+    ADD_FAILURE() << "384 rows are not a multiple of 128 x 2";
+  } catch (const Error& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("--make-vocab-size-divisible-by 128 x --tensor-model-parallel-size 2"),
+              std::string::npos)
+        << m;
+    EXPECT_NE(m.find("would train 512 rows"), std::string::npos) << m;
+  }
 }
 
 TEST(MegatronOptions, OverlapMoeExpertParallelCommIsCombined1f1b) {
@@ -151,9 +234,60 @@ TEST(MegatronOptions, NullTokenizerPadsAsMegatron) {
                    "--make-vocab-size-divisible-by", "1"})
                 .model.vocab_size,
             301);
-  EXPECT_NE(error_of({"--tokenizer-type", "HuggingFaceTokenizer"}).find("tandem convert"),
+  EXPECT_NE(error_of({"--tokenizer-type", "HuggingFaceTokenizer"}).find("needs --tokenizer-model"),
             std::string::npos);
-  EXPECT_NE(error_of({"--tokenizer-model", "t.model"}).find("--tokenizer-model is not taken"),
+  EXPECT_NE(error_of({"--tokenizer-model", "t.model"}).find("needs --tokenizer-type"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--tokenizer-type", "TikTokenizer", "--tokenizer-model", "t.json"})
+                .find("--tokenizer-type TikTokenizer is not taken"),
+            std::string::npos);
+  EXPECT_NE(error_of({"--tokenizer-type", "NullTokenizer", "--tokenizer-model", "t.json"})
+                .find("not read with --tokenizer-type NullTokenizer"),
+            std::string::npos);
+}
+
+// A Hugging Face tokenizer as transformers' AutoTokenizer reads it: len(tokenizer) counts the
+// model's vocabulary and the added tokens once each (an added token already in the vocabulary
+// is not a new one), eod is the eos_token's id, and the rows are that padded to 128.
+TEST(MegatronOptions, HuggingFaceTokenizerGivesTheVocabularyAsMegatron) {
+  const std::string dir = ::testing::TempDir() + "/hf_tokenizer";
+  std::filesystem::create_directories(dir);
+  std::ofstream(dir + "/tokenizer.json") << R"({"version": "1.0", "added_tokens": [
+            {"id": 300, "content": "<|begin|>", "special": true},
+            {"id": 301, "content": "<|end|>", "special": true},
+            {"id": 5, "content": "t5", "special": false}],
+          "model": {"type": "BPE", "vocab": {)";
+  {
+    std::ofstream f(dir + "/tokenizer.json", std::ios::app);
+    for (int i = 0; i < 300; ++i) f << (i ? ", " : "") << "\"t" << i << "\": " << i;
+    f << R"(}, "merges": []}})";
+  }
+  std::ofstream(dir + "/tokenizer_config.json")
+      << R"({"eos_token": {"content": "<|end|>", "special": true}, "bos_token": "<|begin|>"})";
+  const RunOptions o =
+      parse({"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", dir});
+  EXPECT_EQ(o.model.vocab_size, 384);  // 300 + 2 added = 302 tokens, padded to 128
+  EXPECT_EQ(o.train.eod_token_id, 301);
+  // The tokenizer.json itself is taken too; the eos from special_tokens_map.json when the
+  // config names none.
+  std::ofstream(dir + "/tokenizer_config.json") << R"({"model_max_length": 4096})";
+  std::ofstream(dir + "/special_tokens_map.json") << R"({"eos_token": "<|begin|>"})";
+  const RunOptions file = parse({"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                                 dir + "/tokenizer.json", "--make-vocab-size-divisible-by", "1"});
+  EXPECT_EQ(file.model.vocab_size, 302);
+  EXPECT_EQ(file.train.eod_token_id, 300);
+  // --vocab-size that disagrees is refused naming both; a Hub name is refused naming the way in.
+  const std::string e = error_of({"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                                  dir, "--vocab-size", "1000"});
+  EXPECT_NE(e.find("--vocab-size 1000"), std::string::npos) << e;
+  EXPECT_NE(e.find("302 tokens, 384 rows padded, end-of-document id 300"), std::string::npos) << e;
+  EXPECT_NE(error_of({"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                      "meta-llama/Meta-Llama-3-8B"})
+                .find("not from the Hub"),
+            std::string::npos);
+  std::ofstream(dir + "/tokenizer.json") << R"({"model": {"type": "BPE"}})";
+  EXPECT_NE(error_of({"--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", dir})
+                .find("no \"model\" with a \"vocab\""),
             std::string::npos);
 }
 
@@ -185,19 +319,37 @@ TEST(MegatronOptions, DocsListEveryRow) {
   }
 }
 
-// Recomputation changes what a step keeps, never its values: moe_act is --recompute-experts, the
-// rest is kept and named in a note; an unknown module exits 2 naming the valid ones.
+// Recomputation changes what a step keeps, never its values: moe_act is --recompute-experts, mlp
+// and shared_experts --recompute, the rest is kept and named in a note; an unknown module exits
+// 2 naming the valid ones.
 TEST(MegatronOptions, RecomputationIsTakenAndWhatTandemKeepsIsNamed) {
   const RunOptions o = parse(moe({"--recompute-granularity", "selective", "--recompute-modules",
-                                  "moe_act", "layernorm", "mla_up_proj"}));
+                                  "moe_act", "layernorm", "shared_experts", "mla_up_proj", "mlp"}));
   EXPECT_TRUE(o.train.recompute_experts);
-  EXPECT_EQ(o.megatron.at("recompute-modules"), "moe_act layernorm mla_up_proj");
+  EXPECT_EQ(o.train.recompute, "shared_experts,mlp");
+  EXPECT_EQ(o.megatron.at("recompute-modules"), "moe_act layernorm shared_experts mla_up_proj mlp");
   const std::string note = megatron_recompute_note(o.megatron);
   EXPECT_NE(note.find("recompute layernorm, mla_up_proj in the backward"), std::string::npos)
       << note;
   // Modules without a selective granularity are not recomputed (Megatron-LM reads them only
   // then); core_attn, the default module, is what tandem's attention keeps anyway.
   EXPECT_FALSE(parse(moe({"--recompute-modules", "moe_act"})).train.recompute_experts);
+  EXPECT_EQ(parse(moe({"--recompute-modules", "mlp"})).train.recompute, "");
+  // tandem's own --recompute: the same modules given both ways agree, or exit 2.
+  EXPECT_EQ(parse(moe({"--recompute", "mlp", "--recompute-granularity", "selective",
+                       "--recompute-modules", "mlp"}))
+                .train.recompute,
+            "mlp");
+  const std::string both = error_of(moe({"--recompute", "mlp", "--recompute-granularity",
+                                         "selective", "--recompute-modules", "shared_experts"}));
+  EXPECT_NE(both.find("--recompute-modules shared_experts is --recompute shared_experts, which "
+                      "--recompute mlp leaves out"),
+            std::string::npos)
+      << both;
+  const std::string bad = error_of(moe({"--recompute", "mlp,layernorm"}));
+  EXPECT_NE(bad.find("--recompute mlp,layernorm: 'layernorm' is not a module tandem recomputes"),
+            std::string::npos)
+      << bad;
   EXPECT_EQ(megatron_recompute_note({{"recompute-activations", ""}}), "");
   EXPECT_NE(megatron_recompute_note({{"recompute-granularity", "full"}}).find("whole layers"),
             std::string::npos);

@@ -15,9 +15,9 @@
 #include "core/config.h"
 #include "core/enum_names.h"
 #include "data/file_dataset.h"
+#include "planner/cost_model.h"
 #include "runtime/checkpoint.h"
 #include "runtime/comm_overlap.h"
-#include "schedule/cost_model.h"
 #include "schedule/generators.h"
 #include "tandem_process.h"
 

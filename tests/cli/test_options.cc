@@ -146,6 +146,24 @@ TEST(Options, GradientsAreReducedBesideTheBackwardUnlessTurnedOff) {
   EXPECT_NE(error_of({"--overlap-grad-reduce=maybe"}), "");
 }
 
+// Note [Tied embeddings] (model/parameters.h): tied unless the Megatron-LM flag unties it, on the
+// command line or in --config; a flag takes no value but true or false.
+TEST(Options, OutputLayerIsTiedUnlessUntied) {
+  const char* const kFlag = "--untie-embeddings-and-output-weights";
+  EXPECT_TRUE(parse({}).model.tied_embeddings());
+  EXPECT_FALSE(parse({kFlag}).model.tied_embeddings());
+  EXPECT_TRUE(parse({std::string(kFlag) + "=false"}).model.tied_embeddings());
+  TempDir dir;
+  EXPECT_FALSE(
+      parse({"--config", dir.file("untied.toml", "untie-embeddings-and-output-weights = true\n")})
+          .model.tied_embeddings());
+  EXPECT_NE(error_of({std::string(kFlag) + "=maybe"}), "");
+  EXPECT_NE(error_of({kFlag, "yes"}), "");
+  EXPECT_NE(
+      error_of({"--config", dir.file("bad.toml", "untie-embeddings-and-output-weights = 2\n")}),
+      "");
+}
+
 TEST(Options, CommandLineOverridesConfigFile) {
   TempDir dir;
   const std::string cfg = dir.file("run.toml", "num-layers = 2\nlr = 1e-3\nschedule = \"gpipe\"\n");

@@ -211,6 +211,15 @@ TEST(Progress, SummaryLeavesTheFirstStepOut) {
   for (IterationRecord& r : planned) r.planned_peak_bytes = {int64_t{2} << 20, int64_t{5} << 19};
   EXPECT_NE(format_summary(planned).find("| peak 3.0 MiB (planned 2.5 MiB) |"), std::string::npos)
       << format_summary(planned);
+  // Each rank's last peak its planned one: said so.
+  std::vector<IterationRecord> exact = planned;
+  exact.back().planned_peak_bytes = exact.back().mem_peak_bytes;
+  EXPECT_NE(format_summary(exact).find("| peak 3.0 MiB (planned 3.0 MiB, the same to the byte) |"),
+            std::string::npos)
+      << format_summary(exact);
+  exact.back().planned_peak_bytes[0] -= 1;
+  EXPECT_NE(format_summary(exact).find("| peak 3.0 MiB (planned 3.0 MiB) |"), std::string::npos)
+      << format_summary(exact);
   planned[0].mem_peak_bytes = {int64_t{4} << 20};
   EXPECT_NE(format_summary(planned).find("| peak 4.0 MiB (steps 2-4: 3.0 MiB, planned 2.5 MiB) |"),
             std::string::npos)

@@ -52,15 +52,36 @@ FootprintShape gpu_shape(const ModelConfig& c) {
   return s;
 }
 
-TEST(NodeWorkspace, ZeroWithoutTheGpuLayout) {
+// The CPU layout runs the same nodes' code with the unfused LM head and CPU ops whose own scratch
+// is not the allocator's: each node's figures are the GPU layout's at f32 but for the loss
+// node (by hand: no forward temporaries, its logits being saved; d_nf and d_x [N,H] in the
+// backward) and the GPU attention op's f32 buffers, which the CPU's attention has not.
+TEST(NodeWorkspace, CpuLayoutIsTheGpusAtF32ButTheLossAndTheAttentionOp) {
   const ModelConfig c = measured_model();
   const FootprintShape cpu = single_rank_shape(c, 2, 4);
+  FootprintShape gpu32 = cpu;
+  gpu32.fused_lm_head = true;
+  const int64_t n = 2 * 2048, h = 1024;
   for (int k = 0; k < kNumNodeKinds; ++k) {
-    const NodeWorkspace w = node_workspace_bytes(static_cast<NodeKind>(k), c, cpu);
-    EXPECT_EQ(w.forward, 0);
-    EXPECT_EQ(w.backward_input, 0);
-    EXPECT_EQ(w.backward_weight, 0);
-    EXPECT_EQ(w.incoming_grad, 0);
+    const auto kind = static_cast<NodeKind>(k);
+    const NodeWorkspace w = node_workspace_bytes(kind, c, cpu);
+    const NodeWorkspace g = node_workspace_bytes(kind, c, gpu32);
+    SCOPED_TRACE(std::string(node_kind_name(kind)));
+    if (kind == NodeKind::kLoss) {
+      EXPECT_EQ(w.forward, 0);
+      EXPECT_EQ(w.backward_input, 2 * n * h * 4);
+      EXPECT_EQ(w.backward_weight, 0);
+      EXPECT_EQ(w.incoming_grad, 0);
+      continue;
+    }
+    EXPECT_EQ(w.forward, g.forward);
+    EXPECT_EQ(w.backward_weight, g.backward_weight);
+    EXPECT_EQ(w.incoming_grad, g.incoming_grad);
+    if (kind == NodeKind::kAttention) {
+      EXPECT_LT(w.backward_input, g.backward_input);  // the op's delta and partial dk, dv
+    } else {
+      EXPECT_EQ(w.backward_input, g.backward_input);
+    }
   }
 }
 
@@ -113,15 +134,18 @@ TEST(NodeWorkspace, DenseMlpAndExpertParallelBuffers) {
   EXPECT_EQ(mlp.backward_input, nh + 3 * nf + nh);  // d_out, d_act, d_gate, d_up, d_n2
   EXPECT_EQ(mlp.backward_weight, nh + 2 * nf);
   EXPECT_EQ(mlp.incoming_grad, nh);
-  // EP 2: dispatch's receive buffer beside the received rows, combine's send and receive ones.
+  // EP 2: dispatch's receive buffer beside the received rows, combine's send and receive ones
+  // (model/moe_exchange.cc): its forward's send buffer beside out and the received y (saved, so
+  // not counted here), its backward's receive buffer and d_expert_out after y is freed.
   const ModelConfig moe = measured_model();
   s = gpu_shape(moe);
   s.ep_size = 2;
   s.local_experts = 4;
   const int64_t rh = 16 * kMiB, topk_w = 4096 * 2 * 4;
   EXPECT_EQ(node_workspace_bytes(NodeKind::kDispatch, moe, s).forward, 2 * rh);
+  EXPECT_EQ(node_workspace_bytes(NodeKind::kCombine, moe, s).forward, rh + nh);
   EXPECT_EQ(node_workspace_bytes(NodeKind::kCombine, moe, s).backward_input,
-            nh + topk_w + rh + 2 * rh);
+            nh + topk_w + rh + 2 * rh - rh);
 }
 
 }  // namespace

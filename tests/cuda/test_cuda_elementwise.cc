@@ -18,6 +18,7 @@
 
 #include "core/error.h"
 #include "gpu_test.h"
+#include "ops/fp8.h"
 
 namespace tandem::testing_gpu {
 namespace {
@@ -706,6 +707,51 @@ TEST(CudaChecks, BadArgumentsThrowTandemErrors) {
   Tensor w = Tensor::empty({4, 9}, kF32, MemCategory::kOther, "w", Device::kCUDA);
   Tensor probs = Tensor::empty({4, 8}, kF32, MemCategory::kOther, "p", Device::kCUDA);
   EXPECT_THROW(ops::router_forward(idx, w, probs, logits), Error);  // k = 9 > E = 8
+}
+
+// ---- FP8 (ops/fp8.h) ----
+
+// The GPU's round trip through FP8 codes gives the CPU emulation's bits for every recipe's tiles
+// (the bf16 output: the CPU's f32 result rounded to bf16), with NaN, infinities and values past
+// the formats' range saturating alike.
+TEST(CudaElementwise, Fp8RoundTripIsTheCpuEmulationBitForBit) {
+  const int64_t rows = 200, cols = 300;
+  Tensor x0 = random_host({rows, cols}, 31, 4.0);
+  float* p = x0.data<float>();
+  for (int64_t i = 0; i < x0.numel(); i += 7)
+    p[i] *= std::pow(10.0f, static_cast<float>(i % 9) - 4);
+  p[5] = 1e30f;
+  p[cols + 9] = -std::numeric_limits<float>::infinity();
+  p[3 * cols + 1] = 1e-30f;
+  Tensor with_nan = x0.to(Device::kCPU);
+  with_nan.data<float>()[2 * cols + 3] = std::numeric_limits<float>::quiet_NaN();
+  const ops::Fp8Tiles cases[] = {ops::Fp8Tiles::tensorwise(fp8::Format::kE4M3, rows, cols),
+                                 ops::Fp8Tiles::tensorwise(fp8::Format::kE5M2, rows, cols),
+                                 ops::Fp8Tiles::blocks(fp8::Format::kE4M3, 1, 128),
+                                 ops::Fp8Tiles::blocks(fp8::Format::kE4M3, 128, 1),
+                                 ops::Fp8Tiles::blocks(fp8::Format::kE4M3, 128, 128),
+                                 ops::Fp8Tiles::blocks(fp8::Format::kE5M2, 1, 128)};
+  for (const Tensor& source : {x0, with_nan}) {
+    for (const ops::Fp8Tiles& t : cases) {
+      for (DType dt : {kF32, kBF16}) {
+        const std::string what = std::string(enum_name(t.format)) + " tiles " +
+                                 std::to_string(t.tile_rows) + "x" + std::to_string(t.tile_cols) +
+                                 " " + name(dt);
+        Tensor x = to_gpu(source, dt);
+        Tensor y = Tensor::empty(x.shape(), dt, MemCategory::kOther, "y", Device::kCUDA);
+        ops::fp8_round_trip(y, x, t);
+        Tensor want = ref_copy(source, dt);
+        ops::fp8_round_trip(want, want, t);
+        const Tensor got = to_host_f32(y), expected = rounded(want, dt);
+        int64_t differ = 0;
+        for (int64_t i = 0; i < got.numel(); ++i) {
+          const float g = got.data<float>()[i], w = expected.data<float>()[i];
+          differ += !(g == w || (std::isnan(g) && std::isnan(w)));
+        }
+        EXPECT_EQ(differ, 0) << what;
+      }
+    }
+  }
 }
 
 }  // namespace

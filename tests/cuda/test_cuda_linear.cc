@@ -548,6 +548,57 @@ TEST(CudaLmHead, ForwardAndBackwardMatchCpu) {
   }
 }
 
+// --eod-mask-loss (Note [Loss mask] in model/end_nodes.cc): the masked ops against the CPU's,
+// within the unmasked bounds (a masked row's terms are zero on both sides); every third row
+// dropped, across blocks, on the one-row-a-block path and the two-kernel one; and the one-call
+// op gives the two calls' bits.
+TEST(CudaLmHead, MaskedRowsAddNothingAsOnTheCpu) {
+  for (const LmHeadCase& c : {LmHeadCase{37, 29, 53, 8}, LmHeadCase{3, 16, 120001, 0}}) {
+    SCOPED_TRACE(::testing::Message() << "n=" << c.n << " v=" << c.v);
+    const LmHeadBlockRows block(c.block_rows);
+    const Tensor x = random_host({c.n, c.h}, 900), w = random_host({c.v, c.h}, 901);
+    const Tensor targets = random_targets(c.n, c.v, 902);
+    Tensor mask = host_f32({c.n});
+    for (int64_t r = 0; r < c.n; ++r) mask.data<float>()[r] = r % 3 == 1 ? 0.0f : 1.0f;
+    const Tensor xr = rounded(x, DType::kBF16), wr = rounded(w, DType::kBF16);
+    const Tensor gx = to_gpu(x, DType::kBF16), gw = to_gpu(w, DType::kBF16);
+    const Tensor gt = targets.to(Device::kCUDA), gmask = mask.to(Device::kCUDA);
+    const double scale = 0.5;
+    const auto gpu = [](const Shape& s, DType t) {
+      return Tensor::zeros(s, t, MemCategory::kOther, "gpu", Device::kCUDA);
+    };
+    const Tensor glse = gpu({c.n}, DType::kF32), lse = host_f32({c.n});
+    const double got = ops::lm_head_ce_forward_masked(glse, gx, gw, gt, gmask);
+    const double want = ops::lm_head_ce_forward_masked(lse, xr, wr, targets, mask);
+    const Tensor logits = host_f32({c.n, c.v});
+    ops::linear_forward(logits, xr, wr);
+    const LogitRoundingBounds bound = logit_rounding_bounds(logits, lse, targets, scale);
+    const Tolerance f32 = tolerance_for(DType::kF32);
+    EXPECT_NEAR(got, want, f32.rtol * std::fabs(want) + f32.atol * double(c.n) + bound.loss)
+        << "masked loss";
+    const Tensor gdx = gpu({c.n, c.h}, DType::kBF16), gdw = gpu({c.v, c.h}, DType::kF32);
+    ops::lm_head_ce_backward_masked(gdx, gdw, gx, gw, gt, glse, scale, gmask,
+                                    Accumulate::kOverwrite);
+    const Tensor dx = host_f32({c.n, c.h}), dw = host_f32({c.v, c.h});
+    ops::lm_head_ce_backward_masked(dx, dw, xr, wr, targets, lse, scale, mask,
+                                    Accumulate::kOverwrite);
+    const Tensor dx_extra = host_f32({c.n, c.h}), dw_extra = host_f32({c.v, c.h});
+    ops::linear_backward_input(dx_extra, bound.dlogits, abs_of(wr));
+    ops::linear_backward_weight(dw_extra, bound.dlogits, abs_of(xr), Accumulate::kOverwrite);
+    expect_close_plus(to_host_f32(gdx), dx, tolerance_for(DType::kBF16), dx_extra, "masked dx");
+    expect_close_plus(to_host_f32(gdw), dw, f32, dw_extra, "masked dw");
+    const Tensor gdx2 = gpu({c.n, c.h}, DType::kBF16), gdw2 = gpu({c.v, c.h}, DType::kF32);
+    const Tensor glse2 = gpu({c.n}, DType::kF32);
+    EXPECT_EQ(ops::lm_head_ce_forward_backward_masked(gdx2, gdw2, glse2, gx, gw, gt, scale, gmask,
+                                                      Accumulate::kOverwrite)
+                  .get(),
+              got)
+        << "masked loss of the one-call op";
+    expect_close(to_host_f32(gdx2), to_host_f32(gdx), {0, 0}, "masked dx of the one-call op");
+    expect_close(to_host_f32(gdw2), to_host_f32(gdw), {0, 0}, "masked dw of the one-call op");
+  }
+}
+
 TEST(CudaLmHead, NoRowsLeaveLossZeroAndHonourAccumulate) {
   const int64_t h = 8, v = 11;
   const auto empty = [](const Shape& s, DType t) {

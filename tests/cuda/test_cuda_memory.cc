@@ -17,12 +17,12 @@
 
 #include "comm/self_communicator.h"
 #include "common/random_tokens.h"
+#include "common/reference_trainer.h"
 #include "core/device.h"
 #include "core/tuning.h"
 #include "model/tiny.h"
+#include "planner/planner.h"
 #include "runtime/pipeline_trainer.h"
-#include "runtime/reference_trainer.h"
-#include "schedule/planner.h"
 
 namespace tandem {
 namespace {
@@ -38,26 +38,8 @@ struct Peaks {
   int64_t activation = 0, total = 0;
 };
 
-// Qwen3-MoE's options (q/k norms, head dim 64, narrower experts, pre-softmax routing, a dense
-// first layer) and Qwen2-MoE's (q/k/v biases, a gated shared expert) on the MoE model.
-ModelConfig model_qwen3() {
-  ModelConfig m = testing::memory_config(true);
-  m.qk_layernorm = true;
-  m.kv_channels = 64;
-  m.moe_ffn_hidden_size = 96;
-  m.moe_router_pre_softmax = true;
-  m.moe_layer_freq = "[0,1]";
-  return m;
-}
-ModelConfig model_qwen2() {
-  ModelConfig m = testing::memory_config(true);
-  m.add_qkv_bias = true;
-  m.moe_ffn_hidden_size = 96;
-  m.moe_shared_expert_intermediate_size = 192;
-  m.moe_shared_expert_gate = true;
-  m.moe_router_pre_softmax = true;
-  return m;
-}
+ModelConfig model_qwen3() { return testing::memory_qwen3_config(); }
+ModelConfig model_qwen2() { return testing::memory_qwen2_config(); }
 
 Peaks measured(const ModelConfig& m, const TrainConfig& t) {
   const testing::RandomTokens tokens(m.vocab_size);
@@ -76,6 +58,10 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
   req.inputs.gpu = true;
   req.inputs.activation_elem_bytes = 2;
   req.inputs.moe_wgrad_merge = t.moe_wgrad_merge;
+  // Note [Document masks in the plan] (planner/simulator_state.cc).
+  req.inputs.document_masks =
+      int64_t{t.reset_attention_mask} + int64_t{t.reset_position_ids} + int64_t{t.eod_mask_loss};
+  req.inputs.eod_mask_loss = t.eod_mask_loss;
   const schedule::Plan plan = schedule::make_plan(req);
   return {plan.sim.ranks[0].activation_peak_bytes, plan.sim.ranks[0].peak_bytes};
 }
@@ -104,6 +90,34 @@ TEST(CudaMemory, PeaksAreThePlannedOnesToTheByte) {
           static_cast<long long>(want.total));
       EXPECT_EQ(got.activation, want.activation);
       EXPECT_EQ(got.total, want.total);
+    }
+  }
+}
+
+// Note [Document masks in the plan]: Megatron-LM's three document masks (12 bytes a token in
+// one device buffer per micro-batch, from its forward to its backward) are in the planned peak,
+// to the byte, and are what the plan adds.
+TEST(CudaMemory, DocumentMasksAsPlannedToTheByte) {
+  without_gemm_tuning();
+  for (const bool moe : {false, true}) {
+    const ModelConfig m = testing::memory_config(moe);
+    for (const int64_t mbs : {1, 2}) {
+      SCOPED_TRACE(std::string(moe ? "MoE" : "dense") + ", micro-batch " + std::to_string(mbs));
+      TrainConfig t;
+      t.device = Device::kCUDA;
+      t.micro_batch_size = mbs;
+      t.global_batch_size = 3 * mbs;
+      const Peaks plain = planned(m, t);
+      t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+      t.eod_token_id = 5;
+      const Peaks got = measured(m, t), want = planned(m, t);
+      std::printf(
+          "%s micro-batch %lld with document masks: peak %lld / %lld (measured / planned)\n",
+          moe ? "MoE" : "dense", static_cast<long long>(mbs), static_cast<long long>(got.total),
+          static_cast<long long>(want.total));
+      EXPECT_EQ(got.activation, want.activation);
+      EXPECT_EQ(got.total, want.total);
+      EXPECT_EQ(want.total, plain.total + 12 * mbs * m.seq_length);
     }
   }
 }
@@ -156,6 +170,44 @@ TEST(CudaMemory, MergedExpertGradientsAsPlannedToTheByte) {
   }
 }
 
+// Two steps of one process's GPU trainer (1f1b, 4 micro-batches of 2) with `offload` and
+// `recompute` (TrainConfig's), planned into `plan`: the losses, the last step's gradients.
+struct TwoSteps {
+  std::vector<double> losses;
+  std::vector<float> grads;
+  runtime::StepResult last;
+};
+TwoSteps run_two_steps(const ModelConfig& m, const std::string& offload,
+                       const std::string& recompute, schedule::Plan& plan) {
+  const testing::RandomTokens tokens(m.vocab_size);
+  TrainConfig t;
+  t.device = Device::kCUDA;
+  t.micro_batch_size = 2;
+  t.global_batch_size = 8;
+  t.offload_activations = offload;
+  t.recompute = recompute;
+  schedule::PlanRequest req;
+  req.schedule_name = "1f1b";
+  req.shape = {1, 1, 4};
+  req.inputs.model = m;
+  req.inputs.micro_batch_size = t.micro_batch_size;
+  req.inputs.gpu = true;
+  req.inputs.activation_elem_bytes = 2;
+  req.inputs.offload_kinds = parse_offload_kinds(offload, m);
+  req.inputs.recompute = parse_recompute(recompute);
+  plan = schedule::make_plan(req);
+  runtime::Groups groups = runtime::Groups::make(comm::self_world(), 1, 1, 1, Device::kCUDA);
+  runtime::PipelineTrainer trainer(m, t, plan.schedule, groups, tokens, DType::kF32);
+  TwoSteps r;
+  for (int s = 0; s < 2; ++s) {
+    r.last = trainer.step();
+    r.losses.push_back(r.last.loss);
+  }
+  const Tensor grads = trainer.stages()[0].params->flat_grads().to(Device::kCPU);
+  r.grads.assign(grads.data<float>(), grads.data<float>() + grads.numel());
+  return r;
+}
+
 // Note [Activation offload] on the GPU: one process's trainer (1f1b, 4 micro-batches) offloading
 // every kind the Qwen2-MoE-like model has (attention, experts, its gated shared expert, combine):
 // the activation peak, the whole peak and the host's peak equal the plan's to the byte, the
@@ -164,41 +216,9 @@ TEST(CudaMemory, MergedExpertGradientsAsPlannedToTheByte) {
 TEST(CudaMemory, OffloadedActivationsAsPlannedAndTheSameSteps) {
   without_gemm_tuning();
   const ModelConfig m = model_qwen2();
-  const testing::RandomTokens tokens(m.vocab_size);
-  struct Run {
-    std::vector<double> losses;
-    std::vector<float> grads;
-    runtime::StepResult last;
-  };
-  auto run = [&](const std::string& offload, schedule::Plan& plan) {
-    TrainConfig t;
-    t.device = Device::kCUDA;
-    t.micro_batch_size = 2;
-    t.global_batch_size = 8;
-    t.offload_activations = offload;
-    schedule::PlanRequest req;
-    req.schedule_name = "1f1b";
-    req.shape = {1, 1, 4};
-    req.inputs.model = m;
-    req.inputs.micro_batch_size = t.micro_batch_size;
-    req.inputs.gpu = true;
-    req.inputs.activation_elem_bytes = 2;
-    req.inputs.offload_kinds = parse_offload_kinds(offload, m);
-    plan = schedule::make_plan(req);
-    runtime::Groups groups = runtime::Groups::make(comm::self_world(), 1, 1, Device::kCUDA);
-    runtime::PipelineTrainer trainer(m, t, plan.schedule, groups, tokens, DType::kF32);
-    Run r;
-    for (int s = 0; s < 2; ++s) {
-      r.last = trainer.step();
-      r.losses.push_back(r.last.loss);
-    }
-    const Tensor grads = trainer.stages()[0].params->flat_grads().to(Device::kCPU);
-    r.grads.assign(grads.data<float>(), grads.data<float>() + grads.numel());
-    return r;
-  };
   schedule::Plan plain_plan, plan;
-  const Run plain = run("", plain_plan);
-  const Run off = run("attention,experts,shared-expert,combine", plan);
+  const TwoSteps plain = run_two_steps(m, "", "", plain_plan);
+  const TwoSteps off = run_two_steps(m, "attention,experts,shared-expert,combine", "", plan);
   const schedule::RankResult& want = plan.sim.ranks[0];
   std::printf(
       "offload: activations %lld / %lld (without offload %lld), peak %lld / %lld, host "
@@ -216,6 +236,35 @@ TEST(CudaMemory, OffloadedActivationsAsPlannedAndTheSameSteps) {
   EXPECT_LT(off.last.activation_peak, plain.last.activation_peak);
   EXPECT_EQ(off.losses, plain.losses);
   EXPECT_EQ(off.grads, plain.grads);
+}
+
+// Note [Recomputed modules] (model/ffn_nodes.cc) on the GPU: the Qwen2-MoE-like model with a
+// dense first layer, its mlp and gated shared expert formed again in the backward: the
+// activation peak and the whole peak as planned to the byte, lower than the run that keeps them,
+// and the losses and gradients of two steps bitwise that run's (the products and SwiGLU run
+// again on the same inputs with the same kernels).
+TEST(CudaMemory, RecomputedModulesAsPlannedAndTheSameSteps) {
+  without_gemm_tuning();
+  ModelConfig m = model_qwen2();
+  m.moe_layer_freq = "[0,1]";
+  schedule::Plan plain_plan, plan;
+  const TwoSteps plain = run_two_steps(m, "", "", plain_plan);
+  const TwoSteps again = run_two_steps(m, "", "mlp,shared_experts", plan);
+  const schedule::RankResult& want = plan.sim.ranks[0];
+  std::printf(
+      "recompute mlp,shared_experts: activations %lld / %lld (kept %lld), peak %lld / %lld "
+      "(measured / planned)\n",
+      static_cast<long long>(again.last.activation_peak),
+      static_cast<long long>(want.activation_peak_bytes),
+      static_cast<long long>(plain.last.activation_peak),
+      static_cast<long long>(again.last.memory.total_peak),
+      static_cast<long long>(want.peak_bytes));
+  EXPECT_EQ(again.last.activation_peak, want.activation_peak_bytes);
+  EXPECT_EQ(again.last.memory.total_peak, want.peak_bytes);
+  EXPECT_EQ(plain.last.activation_peak, plain_plan.sim.ranks[0].activation_peak_bytes);
+  EXPECT_LT(again.last.activation_peak, plain.last.activation_peak);
+  EXPECT_EQ(again.losses, plain.losses);
+  EXPECT_EQ(again.grads, plain.grads);
 }
 
 }  // namespace

@@ -26,13 +26,16 @@
 #include "core/device.h"
 #include "cuda/gpu_test.h"
 #include "model/chunk.h"
+#include "model/grad_check.h"
 #include "model/parameters.h"
 
 namespace tandem {
 namespace {
 
+// The LM head a weight of its own; tied() ties it.
 ModelConfig small_config(bool moe) {
   ModelConfig c;
+  c.untie_embeddings_and_output_weights = true;
   c.vocab_size = 96;
   c.hidden_size = 64;
   c.num_layers = 2;
@@ -56,23 +59,31 @@ Tensor ids_of(int64_t n, int64_t vocab, uint64_t key) {
 }
 
 struct Run {
-  double lm_loss, aux_loss;
+  double lm_loss, aux_loss, mtp_loss = 0;
   Tensor grads;                  // host f32
   std::vector<Tensor> topk_idx;  // host i32 [N, k] per layer (MoE)
   std::vector<Tensor> probs;     // host f32 [N, E] per layer (MoE)
 };
 
+// masks: copied to the parameters' device; null: none.
 Run run_model(model::Parameters& params, const Tensor& ids, const Tensor& targets, int64_t batch,
-              bool backward = true) {
+              bool backward = true, const model::DocumentMaskInputs* masks = nullptr) {
   DeviceScope on(params.device());
   model::ModelChunk chunk(params);
   params.zero_grads();
   model::MicroBatchState mb;
   mb.ids = ids;
   mb.targets = targets;
-  const model::NodeContext c = chunk.context(batch, 0.5);
+  model::NodeContext c = chunk.context(batch, 0.5);
+  if (masks != nullptr) {
+    c.key_begin = masks->key_begin.to(params.device());
+    c.positions = masks->positions.to(params.device());
+    c.loss_mask = masks->loss_mask.to(params.device());
+    c.loss_tokens = masks->loss_tokens;
+    c.mtp_loss_tokens = masks->mtp_loss_tokens;
+  }
   chunk.forward(mb, c);
-  Run run{mb.lm_loss(), mb.aux_loss(), Tensor(), {}, {}};
+  Run run{mb.lm_loss(), mb.aux_loss(), 0, Tensor(), {}, {}};
   for (const model::LayerActs& a : mb.layers) {
     if (!a.attn.topk_idx.defined()) continue;
     run.topk_idx.push_back(a.attn.topk_idx.to(Device::kCPU));
@@ -83,6 +94,7 @@ Run run_model(model::Parameters& params, const Tensor& ids, const Tensor& target
   synchronize_device(params.device());
   run.lm_loss = mb.lm_loss();
   run.aux_loss = mb.aux_loss();
+  run.mtp_loss = mb.mtp_loss();
   run.grads = params.flat_grads().to(Device::kCPU);
   return run;
 }
@@ -226,6 +238,51 @@ TEST(CudaModel, DenseLossAndGradientsMatchCpu) { compare_model(small_config(fals
 TEST(CudaModel, MoeLossAndGradientsMatchCpu) { compare_model(small_config(true)); }
 TEST(CudaModel, Qwen3MoeLossAndGradientsMatchCpu) { compare_model(small_qwen3_config()); }
 TEST(CudaModel, Qwen2MoeLossAndGradientsMatchCpu) { compare_model(small_qwen2_config()); }
+
+// Note [Tied embeddings] (model/parameters.h): the fused LM head adds its weight gradient in the
+// loss node's forward (Note [Loss gradient in the forward]) into the table's gradient, which the
+// embedding's scatter-add backward adds to later: both uses summed as on the CPU.
+ModelConfig tied(ModelConfig c) {
+  c.untie_embeddings_and_output_weights = false;
+  return c;
+}
+TEST(CudaModel, TiedDenseLossAndGradientsMatchCpu) { compare_model(tied(small_config(false))); }
+TEST(CudaModel, TiedMoeLossAndGradientsMatchCpu) { compare_model(tied(small_config(true))); }
+
+// Two MTP modules over packed documents with Megatron-LM's three document options
+// (Note [MTP loss mask] in model/mtp.cc): the GPU's masked fused heads over each depth's rolled
+// loss mask, its attention within documents and RoPE at the reset positions, against the CPU.
+// Dense, so no routing tie can flip (see the top).
+void compare_mtp_with_documents() {
+  ModelConfig cfg = small_config(false);
+  cfg.mtp_num_layers = 2;
+  cfg.mtp_loss_scaling_factor = 0.3;
+  const int64_t batch = 3, n = batch * cfg.seq_length;
+  constexpr int32_t kEod = 7;
+  Tensor ids = ids_of(n, cfg.vocab_size, 1);
+  for (int64_t i = 5; i < n; i += 9) ids.data<int32_t>()[i] = kEod;  // documents of 9 tokens
+  const Tensor targets = ids_of(n, cfg.vocab_size, 2);
+  const model::DocumentMaskInputs masks = model::document_mask_inputs(cfg, ids, batch, kEod);
+  model::Parameters cpu(cfg, model::ChunkSpec::whole(cfg), DType::kF32);
+  cpu.initialize(11);
+  model::Parameters gpu(cfg, model::ChunkSpec::whole(cfg), DType::kF32, Device::kCUDA);
+  gpu.copy_weights_from(cpu);
+  const Run want = run_model(cpu, ids, targets, batch, true, &masks);
+  const Run got = run_model(gpu, ids, targets, batch, true, &masks);
+  ASSERT_GT(want.mtp_loss, 0.01);
+  EXPECT_NEAR(got.lm_loss, want.lm_loss, 1e-2 * want.lm_loss);
+  EXPECT_NEAR(got.mtp_loss, want.mtp_loss, 1e-2 * want.mtp_loss);
+  for (const model::ParamEntry& e : cpu.entries()) {
+    double diff = 0, norm = 0;
+    for (int64_t i = e.offset; i < e.offset + shape_numel(e.shape); ++i) {
+      const double w = want.grads.data<float>()[i], g = got.grads.data<float>()[i];
+      diff += (g - w) * (g - w);
+      norm += w * w;
+    }
+    EXPECT_LE(std::sqrt(diff), 3e-2 * std::sqrt(norm) + 1e-7) << e.name;
+  }
+}
+TEST(CudaModel, MtpWithDocumentMasksMatchesCpu) { compare_mtp_with_documents(); }
 
 }  // namespace
 }  // namespace tandem

@@ -18,10 +18,10 @@
 #include "core/cuda/context.h"
 #include "core/device.h"
 #include "core/tensor.h"
+#include "planner/planner.h"
 #include "runtime/checkpoint_parallel.h"
 #include "runtime/pipeline_trainer.h"
 #include "schedule/generators.h"
-#include "schedule/planner.h"
 #include "schedule/validator.h"
 
 namespace tandem::runtime {
@@ -29,7 +29,10 @@ namespace {
 
 comm::Communicator* g_world = nullptr;
 
-// Two MoE layers small enough to run in moments, with GQA and four experts over two ranks.
+// Two MoE layers small enough to run in moments, with GQA and four experts over two ranks. The
+// output layer is the embedding table (Note [Tied embeddings] in model/parameters.h): the split
+// streams then order the pair's writes of its gradient (Note [Tied gradient in a pair] in
+// runtime/combined.cc), and a pipeline of two sums it over the embedding group.
 ModelConfig small_moe() {
   return ModelConfig{.vocab_size = 96,
                      .hidden_size = 64,
@@ -72,7 +75,7 @@ TrainRun train(CommOverlap overlap, int steps, bool pair_first_forwards = false,
   t.overlap_grad_reduce = overlap_grad_reduce;
   t.use_distributed_optimizer = distributed_optimizer;
   t.overlap_param_gather = overlap_param_gather;
-  Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), pp, 2 / pp, Device::kCUDA,
+  Groups groups = Groups::make(g_world->subgroup({0, 1}, "world"), pp, 2 / pp, 1, Device::kCUDA,
                                /*second_expert_group=*/overlap == CommOverlap::kSplit);
   // 16 samples of 2: 4 micro-batches on each of 2 data-parallel ranks, or 8 down the pipeline.
   const schedule::ScheduleShape shape{pp, 1, 4 * pp, pair_first_forwards};

@@ -44,6 +44,31 @@ TEST(Tokenizer, SentencePieceEncodesAsSpmEncode) {
                {"sample.txt", "not a sentencepiece model"});
 }
 
+// Megatron-LM's vocabulary under each sentencepiece --tokenizer-type
+// (Note [Megatron-LM's tokenizer vocabulary] in data/tokenizer.h): spm.model has 1000 pieces,
+// <unk> 0, <s> 1, </s> 2 and no pad piece.
+TEST(Tokenizer, SentencePieceVocabularyAsMegatron) {
+  const SentencePieceTokenizer sp(kFixtures + "spm.model");
+  for (const char* type : {"GPTSentencePieceTokenizer", "Llama2Tokenizer"}) {
+    const TokenizerVocab v = sp.megatron_vocab(type);
+    EXPECT_EQ(v.size, 1000) << type;
+    EXPECT_EQ(v.eod, 2) << type;
+  }
+  // <CLS> 1000, <SEP> 1001, <EOD> 1002, <MASK> 1003, <PAD> 1004 (no pad piece); <s> and </s>
+  // are pieces already.
+  const TokenizerVocab full = sp.megatron_vocab("SentencePieceTokenizer");
+  EXPECT_EQ(full.size, 1005);
+  EXPECT_EQ(full.eod, 1002);
+  // Special tokens that are pieces already keep their ids; a pad piece is not added again.
+  const std::vector<std::string> pieces = {"<unk>", "<s>", "</s>", "<pad>", "<SEP>", "a", "b"};
+  const TokenizerVocab own = sentencepiece_megatron_vocab(
+      "SentencePieceTokenizer", 7, [&](int64_t i) { return pieces.at(i); }, 3, 1, 2);
+  EXPECT_EQ(own.size, 10);  // <CLS> 7, <EOD> 8, <MASK> 9
+  EXPECT_EQ(own.eod, 8);
+  expect_error([&] { (void)sp.megatron_vocab("HuggingFaceTokenizer"); },
+               {"HuggingFaceTokenizer", "not a sentencepiece tokenizer"});
+}
+
 class Documents : public FileDatasetTest {};
 
 TEST_F(Documents, LinesAndJsonRecords) {

@@ -3,6 +3,8 @@
 // tests/dist/test_equivalence.cc and tests/dist/test_evaluate.cc run every case on.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <functional>
 #include <optional>
 #include <vector>
@@ -15,9 +17,11 @@
 
 namespace tandem::testing {
 
-// 8 layers: 4 stages of 2 virtual stages each; 4 experts top-2 when `moe`.
+// 8 layers: 4 stages of 2 virtual stages each; 4 experts top-2 when `moe`. The LM head a weight
+// of its own (the tests of tied embeddings tie it).
 inline ModelConfig dist_tiny(bool moe) {
   ModelConfig m;
+  m.untie_embeddings_and_output_weights = true;
   m.vocab_size = 16;
   m.hidden_size = 8;
   m.num_layers = 8;
@@ -31,11 +35,23 @@ inline ModelConfig dist_tiny(bool moe) {
   return m;
 }
 
+// |a - b| / |b| of two f64 tensors of one shape, in norm: how far a gradient or weight is from
+// the reference's.
+inline double rel_diff(const Tensor& a, const Tensor& b) {
+  double num = 0, den = 0;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    const double d = a.data<double>()[i] - b.data<double>()[i];
+    num += d * d;
+    den += b.data<double>()[i] * b.data<double>()[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
+}
+
 // The layout's groups over every rank of the test world (collective).
-inline runtime::Groups world_groups(int pp, int ep) {
+inline runtime::Groups world_groups(int pp, int ep, int tp = 1) {
   std::vector<int> all;
   for (int r = 0; r < g_world->size(); ++r) all.push_back(r);
-  return runtime::Groups::make(g_world->subgroup(all, "world"), pp, ep);
+  return runtime::Groups::make(g_world->subgroup(all, "world"), pp, ep, tp);
 }
 
 struct Layout {

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include <array>
 #include <chrono>
@@ -40,9 +41,15 @@ inline const std::string kMpirun = std::string(TANDEM_MPIEXEC) +
                                    " --oversubscribe --allow-run-as-root --bind-to none "
                                    "-x OMPI_MCA_btl=self,vader -x OPENBLAS_NUM_THREADS=1";
 
-// A fresh directory under the test's temporary directory.
+// The directory for one test's files, named after the test and this process, so that runs
+// from different checkouts on one machine never read each other's event files.
+inline std::string temp_path(const std::string& name) {
+  return ::testing::TempDir() + "/tandem_mpi_" + name + "_" + std::to_string(::getpid());
+}
+
+// temp_path(name), emptied and created.
 inline std::string temp_dir(const std::string& name) {
-  const std::string dir = ::testing::TempDir() + "/tandem_mpi_" + name;
+  const std::string dir = temp_path(name);
   std::filesystem::remove_all(dir);
   std::filesystem::create_directories(dir);
   return dir;

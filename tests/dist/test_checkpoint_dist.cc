@@ -20,12 +20,12 @@
 #include <vector>
 
 #include "common/random_tokens.h"
+#include "common/reference_trainer.h"
 #include "dist_env.h"
 #include "io/atomic_dir.h"
 #include "io/safetensors.h"
 #include "model/tiny.h"
 #include "runtime/checkpoint_parallel.h"
-#include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
 #include "shared_temp_dir.h"

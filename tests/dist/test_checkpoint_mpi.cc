@@ -106,7 +106,7 @@ TEST(CheckpointMpi, StopAndResumeIsBitwiseWithExpertsReplacedEveryStep) {
 TEST(CheckpointMpi, DeferredUpdateSavesAndResumesAsTheUpdateAtTheStepsEnd) {
   const std::string layout = kPp2Ep2 + " --schedule combined-1f1b";
   check_exact_resume("resume_deferred", layout + " --defer-optimizer");
-  const std::string deferred = ::testing::TempDir() + "/tandem_mpi_resume_deferred";
+  const std::string deferred = temp_path("resume_deferred");
   const std::string dir = temp_dir("deferred_plain");
   const Result r = run(tandem_on(4) + kModel + layout + " --train-iters 4 --save " + dir +
                        "/plain --log-json " + dir + "/plain.jsonl");
@@ -125,7 +125,7 @@ TEST(CheckpointMpi, DeferredUpdateSavesAndResumesAsTheUpdateAtTheStepsEnd) {
 TEST(CheckpointMpi, DistributedOptimizerSavesThePlainFilesAndResumesOnAnotherLayout) {
   const std::string distributed = " --use-distributed-optimizer --overlap-param-gather";
   check_exact_resume("resume_distopt", kPp2Ep2 + distributed);
-  const std::string first = ::testing::TempDir() + "/tandem_mpi_resume_distopt";
+  const std::string first = temp_path("resume_distopt");
   const std::string dir = temp_dir("distopt_plain");
   Result r = run(tandem_on(4) + kModel + kPp2Ep2 + " --train-iters 4 --save " + dir +
                  "/plain --log-json " + dir + "/plain.jsonl");
@@ -205,13 +205,16 @@ TEST(CheckpointMpi, FullyParallelSaveFailingOnOneRankStopsTheRunAndCommitsNothin
   EXPECT_TRUE(fs::is_empty(dir + "/ck"));
 }
 
-// A checkpoint moves between layouts. With clipping off a pipeline-only layout is bitwise the
-// one-rank run, so: PP2's checkpoint is byte for byte one rank's; 1 rank -> PP2 and PP2 -> 1
-// rank continue bitwise as the uninterrupted one-rank run; 1 rank -> PP2 x EP2 on 4 ranks
-// continues within fp32 rounding (its expert products sum in another order).
+// A checkpoint moves between layouts. With clipping off a pipeline-only layout of an untied model
+// is bitwise the one-rank run, so: PP2's checkpoint is byte for byte one rank's; 1 rank -> PP2 and
+// PP2 -> 1 rank continue bitwise as the uninterrupted one-rank run; 1 rank -> PP2 x EP2 on 4 ranks
+// continues within fp32 rounding (its expert products sum in another order). Tied
+// (Note [Tied embeddings] in model/parameters.h), one rank's checkpoint moves to PP2, whose last
+// stage loads its copy of the table from it, and continues within fp32 rounding (the table's two
+// gradients are summed in another order).
 TEST(CheckpointMpi, CheckpointsMoveBetweenLayouts) {
   const std::string dir = temp_dir("layouts");
-  const std::string model = kModel + " --clip-grad 0";
+  const std::string model = kModel + " --clip-grad 0 --untie-embeddings-and-output-weights";
   const std::string resume = " --train-iters 4 --addition-max-digits 2 --quiet --log-json ";
   Result r = run(tandem_on(1) + model + " --train-iters 4 --save " + dir + "/one_full" +
                  " --log-json " + dir + "/one_full.jsonl");
@@ -237,12 +240,25 @@ TEST(CheckpointMpi, CheckpointsMoveBetweenLayouts) {
 
   r = run(tandem_on(4) + kPp2Ep2 + " --load " + dir + "/one" + resume + dir + "/one_to_4.jsonl");
   ASSERT_EQ(r.code, 0) << r.output;
-  const auto got = json_lines(dir + "/one_to_4.jsonl"), want = json_lines(dir + "/one_full.jsonl");
-  ASSERT_EQ(got.size(), 2u);
-  for (size_t i = 0; i < 2; ++i) {
-    const double w = want[2 + i]["loss"].get<double>();
-    EXPECT_NEAR(got[i]["loss"].get<double>(), w, 1e-5 * w) << "iter " << 3 + i;
-  }
+  const auto near_tail = [&](const std::string& got_path, const std::string& want_path) {
+    const auto got = json_lines(got_path), want = json_lines(want_path);
+    ASSERT_EQ(got.size(), 2u) << got_path;
+    for (size_t i = 0; i < 2; ++i) {
+      const double w = want[2 + i]["loss"].get<double>();
+      EXPECT_NEAR(got[i]["loss"].get<double>(), w, 1e-5 * w) << got_path << " iter " << 3 + i;
+    }
+  };
+  near_tail(dir + "/one_to_4.jsonl", dir + "/one_full.jsonl");
+
+  const std::string tied = kModel + " --clip-grad 0";
+  r = run(tandem_on(1) + tied + " --train-iters 4 --log-json " + dir + "/tied_full.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(tandem_on(1) + tied + " --train-iters 2 --save " + dir + "/tied");
+  ASSERT_EQ(r.code, 0) << r.output;
+  r = run(tandem_on(2) + " --pipeline-model-parallel-size 2 --load " + dir + "/tied" + resume +
+          dir + "/tied_to_pp2.jsonl");
+  ASSERT_EQ(r.code, 0) << r.output;
+  near_tail(dir + "/tied_to_pp2.jsonl", dir + "/tied_full.jsonl");
 }
 
 // TANDEM_FAULT=...,mode=nan poisons one gradient on rank 1 after step 3's reduction. Under PP2

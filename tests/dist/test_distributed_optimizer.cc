@@ -22,8 +22,8 @@
 #include "dist_env.h"
 #include "layouts.h"
 #include "model/tiny.h"
+#include "planner/planner.h"
 #include "runtime/checkpoint_parallel.h"
-#include "schedule/planner.h"
 #include "shared_temp_dir.h"
 
 namespace tandem::runtime {
@@ -42,6 +42,14 @@ ModelConfig odd_moe() {
   m.hidden_size = 7;
   m.kv_channels = 4;
   m.num_layers = 4;
+  return m;
+}
+
+// Note [Tied embeddings]: odd_moe with its output layer the embedding table (a last stage's copy a
+// piece of its own: Note [The embedding group] in runtime/grad_reduce.cc).
+ModelConfig odd_tied() {
+  ModelConfig m = odd_moe();
+  m.untie_embeddings_and_output_weights = false;
   return m;
 }
 
@@ -248,7 +256,7 @@ TEST(DistributedOptimizer, ExpertBiasStaysThePlainOptimizers) {
 // cuts its pieces at a dense layer, shared experts and latent attention); with it they shrink by
 // the data-parallel size's share.
 TEST(DistributedOptimizer, OptimizerBytesAreThePlanned) {
-  for (const ModelConfig& m : {odd_moe(), odd_deepseek_v3()}) {
+  for (const ModelConfig& m : {odd_moe(), odd_deepseek_v3(), odd_tied()}) {
     RandomTokens tokens(m.vocab_size);
     for (const Case& c : cases()) {
       int64_t bytes[2] = {0, 0};

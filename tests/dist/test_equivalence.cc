@@ -15,14 +15,16 @@
 #include <iostream>
 #include <map>
 #include <sstream>
+#include <string>
+#include <vector>
 
 #include "common/random_tokens.h"
+#include "common/reference_trainer.h"
 #include "core/rng.h"
 #include "dist_env.h"
 #include "layouts.h"
 #include "model/tiny.h"
 #include "runtime/pipeline_trainer.h"
-#include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
 
@@ -47,7 +49,9 @@ enum class Model : uint8_t {
   kMoeDropping,
   kMoePadded,
   kV3Routing,
-  kMtp
+  kMtp,
+  kTied,     // Note [Tied embeddings]: the MoE model, its output layer the embedding table
+  kTiedMtp,  // the same with two MTP modules (one stage), which use the tied table too
 };
 
 ModelConfig tiny(bool moe);
@@ -71,7 +75,8 @@ ModelConfig tiny(Model model) {
     return d;
   }
   ModelConfig r = m;
-  if (model == Model::kMtp) {  // two MTP modules of MoE layers, with the router's losses
+  r.untie_embeddings_and_output_weights = model != Model::kTied && model != Model::kTiedMtp;
+  if (model == Model::kMtp || model == Model::kTiedMtp) {  // two MTP modules of MoE layers
     r.mtp_num_layers = 2;
     r.moe_z_loss_coeff = 0.01;
   } else if (model == Model::kMoeDropping) {
@@ -109,21 +114,17 @@ const char* model_name(Model m) {
       return "deepseek-v3 aux loss, z-loss, padded capacity";
     case Model::kMtp:
       return "moe with two MTP modules";
+    case Model::kTied:
+      return "moe with tied embeddings";
+    case Model::kTiedMtp:
+      return "moe with tied embeddings and two MTP modules";
   }
   return "?";
 }
 
 ModelConfig tiny(bool moe) { return testing::dist_tiny(moe); }
 
-double rel_diff(const Tensor& a, const Tensor& b) {
-  double num = 0, den = 0;
-  for (int64_t i = 0; i < a.numel(); ++i) {
-    const double d = a.data<double>()[i] - b.data<double>()[i];
-    num += d * d;
-    den += b.data<double>()[i] * b.data<double>()[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-300);
-}
+using testing::rel_diff;
 
 bool bitwise_equal(const Tensor& a, const Tensor& b) {
   for (int64_t i = 0; i < a.numel(); ++i) {
@@ -143,6 +144,9 @@ struct Case {
   // Megatron-LM's document masking, all three options, on id 5 of the random tokens
   // (Note [Document masking] in data/document_masks.h).
   bool documents = false;
+  // --calculate-per-token-loss (Note [Per-token loss] in runtime/step.h), with the documents'
+  // loss mask: the global batch's count spans every data-parallel rank's micro-batches.
+  bool per_token = false;
 };
 
 // Runs one case on every rank; returns false (and says why) when the schedule does not support
@@ -160,6 +164,7 @@ bool run_case(const Case& c, int dp) {
     t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
     t.eod_token_id = 5;
   }
+  t.calculate_per_token_loss = c.per_token;
   const std::optional<schedule::Schedule> sched =
       testing::layout_schedule({c.pp, c.ep, c.v, c.kind, c.pair_first_forwards}, mb_per_rank);
   if (!sched) return false;
@@ -178,8 +183,8 @@ bool run_case(const Case& c, int dp) {
   what << model_name(c.model) << " " << schedule::schedule_kind_name(c.kind) << " pp" << c.pp
        << " ep" << c.ep << " dp" << dp << " v" << c.v
        << (c.pair_first_forwards ? " paired first forwards" : "")
-       << (c.documents ? " document masks" : "") << " layers first " << c.first << " last "
-       << c.last << " on rank " << g_world->rank();
+       << (c.documents ? " document masks" : "") << (c.per_token ? " per-token loss" : "")
+       << " layers first " << c.first << " last " << c.last << " on rank " << g_world->rank();
   const bool exact = c.ep == 1 && dp == 1;
   EXPECT_NEAR(got.loss, want.loss, 1e-12 * std::abs(want.loss)) << what.str();
   if (exact) {
@@ -190,7 +195,9 @@ bool run_case(const Case& c, int dp) {
     for (const auto& e : s.params->entries()) {
       const Tensor& ref = ref_grads.at(e.name);
       const Tensor g = s.params->grad(e);
-      if (exact) {
+      // Note [Tying in the reference]: the reference adds the table's two gradients in another
+      // order.
+      if (exact && !(m.tied_embeddings() && e.name == "model.embed_tokens.weight")) {
         EXPECT_TRUE(bitwise_equal(g, ref))
             << what.str() << ": " << e.name << " differs by " << rel_diff(g, ref);
       } else {
@@ -361,6 +368,35 @@ TEST(Equivalence, DocumentMasksAreTheOneRank) {
   for (const auto& [c, dp] : cases) EXPECT_TRUE(run_case(c, dp));
 }
 
+// The per-token loss over document-masked micro-batches, and the MTP modules with document
+// masks (Note [MTP loss mask] in model/mtp.cc), on pipeline, expert and data-parallel layouts.
+TEST(Equivalence, PerTokenLossAndMtpWithDocumentMasksAreTheOneRank) {
+  using schedule::ScheduleKind;
+  const int world = g_world->size();
+  std::vector<std::pair<Case, int>> cases;  // (case, dp)
+  const auto documents = [](Case c, bool per_token) {
+    c.documents = true;
+    c.per_token = per_token;
+    return c;
+  };
+  if (world == 1) {
+    cases.push_back({documents({Model::kMoe, 1, 1, 1, ScheduleKind::k1f1b}, true), 1});
+    cases.push_back({documents({Model::kMtp, 1, 1, 1, ScheduleKind::k1f1b}, false), 1});
+    cases.push_back({documents({Model::kMtp, 1, 1, 1, ScheduleKind::k1f1b}, true), 1});
+  } else if (world == 2) {
+    cases.push_back({documents({Model::kDense, 2, 1, 1, ScheduleKind::k1f1b}, true), 1});
+    cases.push_back({documents({Model::kMoe, 1, 2, 1, ScheduleKind::k1f1b}, true), 2});
+    cases.push_back({documents({Model::kMtp, 1, 2, 1, ScheduleKind::k1f1b}, true), 2});
+    cases.push_back({documents({Model::kMtp, 1, 1, 1, ScheduleKind::k1f1b}, false), 2});
+  } else if (world == 4) {
+    cases.push_back({documents({Model::kDeepseekV3, 2, 2, 1, ScheduleKind::k1f1b}, true), 2});
+    cases.push_back({documents({Model::kTiedMtp, 1, 2, 1, ScheduleKind::k1f1b}, true), 4});
+  } else {
+    GTEST_SKIP() << "per-token losses run on 1, 2 and 4 ranks";
+  }
+  for (const auto& [c, dp] : cases) EXPECT_TRUE(run_case(c, dp));
+}
+
 TEST(Equivalence, DenseEverySchedule) { run_matrix(Model::kDense); }
 TEST(Equivalence, MoeEverySchedule) { run_matrix(Model::kMoe); }
 TEST(Equivalence, Qwen3MoeEverySchedule) { run_matrix(Model::kQwen3); }
@@ -378,15 +414,26 @@ TEST(Equivalence, DeepseekV3RoutingLossesAndCapacityEverySchedule) {
 // modules read the embedding the first stage holds): every schedule of one stage and every
 // expert split the world allows, the modules' MoE layers' all-to-alls run inside the loss node
 // (combined-1f1b with expert ranks is refused: check_mtp_overlap).
-TEST(Equivalence, MtpEveryExpertSplit) {
+void run_mtp_every_expert_split(Model model) {
   // for_each_layout gives one stage data-parallel sizes up to 4 (its note).
   if (testing::g_world->size() > 4) GTEST_SKIP() << "no one-stage layout at this world size";
   const int ran = testing::for_each_layout(true, [&](const testing::Layout& l, int dp) {
     if (l.pp != 1 || l.v != 1) return false;
     if (l.ep > 1 && l.kind == schedule::ScheduleKind::kCombined1f1b) return false;
-    return run_case({Model::kMtp, l.pp, l.ep, l.v, l.kind, l.pair_first_forwards}, dp);
+    return run_case({model, l.pp, l.ep, l.v, l.kind, l.pair_first_forwards}, dp);
   });
   EXPECT_GT(ran, 0);
+}
+
+TEST(Equivalence, MtpEveryExpertSplit) { run_mtp_every_expert_split(Model::kMtp); }
+
+// Note [Tied embeddings] (model/parameters.h): the output layer the embedding table, on every
+// schedule and layout (one stage: one tensor; several, interleaved and V-shaped included: the
+// first stage's table and the last stage's copy, their gradients summed over the embedding
+// group), against the reference, which ties them its own way (Note [Tying in the reference]).
+TEST(Equivalence, TiedEmbeddingsEverySchedule) { run_matrix(Model::kTied); }
+TEST(Equivalence, TiedEmbeddingsWithMtpEveryExpertSplit) {
+  run_mtp_every_expert_split(Model::kTiedMtp);
 }
 
 // global_aux_loss: Megatron-LM's statistics are the running mean over the step's micro-batches
@@ -505,6 +552,26 @@ TEST(Equivalence, ExpertBiasAfterStepsIsTheOneRanksOnEveryLayout) {
   EXPECT_GT(ran, 0);
 }
 
+// The steps tests' options: micro-batches of one, two per stage and data-parallel rank.
+TrainConfig steps_train(int pp, int dp) {
+  TrainConfig t;
+  t.micro_batch_size = 1;
+  t.global_batch_size = 2 * pp * dp;
+  t.train_iters = 4;
+  t.lr = 1e-2;
+  t.clip_grad = 0.5;
+  return t;
+}
+
+// The optimizers the steps tests run: 0 the plain one, 1 the distributed one, 2 the update
+// deferred to the next forward.
+const char* const kOptimizerVariants[] = {"", " distributed", " deferred"};
+TrainConfig optimizer_variant(TrainConfig t, int variant) {
+  t.use_distributed_optimizer = variant == 1;
+  t.defer_optimizer = variant == 2;
+  return t;
+}
+
 // Note [Decoupled learning rate]: three steps with --decoupled-lr and --decoupled-min-lr (a
 // warm-up and a cosine decay, clipping on) on every layout of PP and EP up to 2, with the plain
 // optimizer, the distributed one (its parts cut inside the embedding and the output layer) and
@@ -516,58 +583,110 @@ TEST(Equivalence, ExpertBiasAfterStepsIsTheOneRanksOnEveryLayout) {
 TEST(Equivalence, DecoupledLrIsTheOneRanksOnEveryLayout) {
   const ModelConfig m = tiny(Model::kMoe);
   RandomTokens data(m.vocab_size);
-  const int ran =
-      for_each_small_layout([&](int pp, int ep, int dp, const schedule::Schedule& sched) {
-        TrainConfig t;
-        t.micro_batch_size = 1;
-        t.global_batch_size = 2 * pp * dp;
-        t.train_iters = 4;
-        t.lr = 1e-2;
-        t.min_lr = 1e-3;
-        t.lr_warmup_iters = 1;
-        t.lr_warmup_init = 1e-3;
-        t.lr_decay_style = LrDecayStyle::kCosine;
-        t.clip_grad = 0.5;
-        TrainConfig plain_lr = t;
-        t.decoupled_lr = 5e-2;
-        t.decoupled_min_lr = 2e-4;
-        ReferenceTrainer reference(m, t, data, DType::kF64),
-            without(m, plain_lr, data, DType::kF64);
-        for (int step = 0; step < 3; ++step) {
-          reference.step();
-          without.step();
-        }
-        const char* const kVariants[] = {"", " distributed", " deferred"};
-        for (const int variant : {0, 1, 2}) {
-          TrainConfig v = t;
-          v.use_distributed_optimizer = variant == 1;
-          v.defer_optimizer = variant == 2;
-          Groups groups = world_groups(pp, ep);
-          PipelineTrainer trainer(m, v, sched, groups, data, DType::kF64);
-          for (int step = 0; step < 3; ++step) {
-            const StepResult r = trainer.step();
-            EXPECT_EQ(r.decoupled_lr, learning_rates(t, step + 1).embedding_output);
+  const int ran = for_each_small_layout([&](int pp, int ep, int dp,
+                                            const schedule::Schedule& sched) {
+    TrainConfig t = steps_train(pp, dp);
+    t.min_lr = 1e-3;
+    t.lr_warmup_iters = 1;
+    t.lr_warmup_init = 1e-3;
+    t.lr_decay_style = LrDecayStyle::kCosine;
+    TrainConfig plain_lr = t;
+    t.decoupled_lr = 5e-2;
+    t.decoupled_min_lr = 2e-4;
+    ReferenceTrainer reference(m, t, data, DType::kF64), without(m, plain_lr, data, DType::kF64);
+    for (int step = 0; step < 3; ++step) {
+      reference.step();
+      without.step();
+    }
+    for (const int variant : {0, 1, 2}) {
+      Groups groups = world_groups(pp, ep);
+      PipelineTrainer trainer(m, optimizer_variant(t, variant), sched, groups, data, DType::kF64);
+      for (int step = 0; step < 3; ++step) {
+        const StepResult r = trainer.step();
+        EXPECT_EQ(r.decoupled_lr, learning_rates(t, step + 1).embedding_output);
+      }
+      std::ostringstream what;
+      what << "pp" << pp << " ep" << ep << " dp" << dp << kOptimizerVariants[variant] << " on rank "
+           << g_world->rank();
+      int decoupled = 0;
+      for (StageRuntime& s : trainer.stages()) {  // finishes a deferred update
+        for (const auto& e : s.params->entries()) {
+          const Tensor got = s.params->param(e);
+          EXPECT_LT(rel_diff(got, reference_param(reference, e.name)), 1e-12)
+              << what.str() << ": " << e.name;
+          if (e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight") {
+            EXPECT_GT(rel_diff(got, reference_param(without, e.name)), 1e-6)
+                << what.str() << ": " << e.name << " as without --decoupled-lr";
+            ++decoupled;
           }
-          std::ostringstream what;
-          what << "pp" << pp << " ep" << ep << " dp" << dp << kVariants[variant] << " on rank "
-               << g_world->rank();
-          int decoupled = 0;
-          for (StageRuntime& s : trainer.stages()) {  // finishes a deferred update
-            for (const auto& e : s.params->entries()) {
-              const Tensor got = s.params->param(e);
-              EXPECT_LT(rel_diff(got, reference_param(reference, e.name)), 1e-12)
-                  << what.str() << ": " << e.name;
-              if (e.name == "model.embed_tokens.weight" || e.name == "lm_head.weight") {
-                EXPECT_GT(rel_diff(got, reference_param(without, e.name)), 1e-6)
-                    << what.str() << ": " << e.name << " as without --decoupled-lr";
-                ++decoupled;
-              }
-            }
-          }
-          // The first stage holds the embedding, the last the output layer.
-          EXPECT_EQ(decoupled, pp == 1 ? 2 : 1) << what.str();
         }
-      });
+      }
+      // The first stage holds the embedding, the last the output layer.
+      EXPECT_EQ(decoupled, pp == 1 ? 2 : 1) << what.str();
+    }
+  });
+  EXPECT_GT(ran, 0);
+}
+
+// Every rank's tied table (the first stage's) or copy (the last stage's), as bytes; "" where it
+// holds neither. Note [Tied embeddings]: all of them are the same bits.
+std::vector<std::string> tied_tables(PipelineTrainer& trainer) {
+  std::string mine;
+  for (StageRuntime& s : trainer.stages()) {
+    for (const auto& e : s.params->entries()) {
+      if (e.name != "model.embed_tokens.weight") continue;
+      const Tensor w = s.params->param(e);
+      mine.assign(reinterpret_cast<const char*>(w.data<double>()),
+                  static_cast<size_t>(w.numel()) * sizeof(double));
+    }
+  }
+  return g_world->all_gather_bytes(mine);
+}
+
+// Note [Tied embeddings] and Note [The embedding group] (runtime/grad_reduce.cc): three steps of
+// the tied MoE model (clipping on, so the norm counts the table once) on every layout of PP and EP
+// up to 2, with the plain optimizer, the distributed one and the update deferred to the next
+// forward, against the one-rank reference: every loss and weight within 1e-9, and the first
+// stage's table and the last stage's copy bitwise equal on every rank.
+TEST(Equivalence, TiedEmbeddingsAfterStepsAreTheOneRanksOnEveryLayout) {
+  const ModelConfig m = tiny(Model::kTied);
+  RandomTokens data(m.vocab_size);
+  const int ran = for_each_small_layout([&](int pp, int ep, int dp,
+                                            const schedule::Schedule& sched) {
+    const TrainConfig t = steps_train(pp, dp);
+    ReferenceTrainer reference(m, t, data, DType::kF64);
+    std::vector<StepResult> want;
+    for (int step = 0; step < 3; ++step) want.push_back(reference.step());
+    for (const int variant : {0, 1, 2}) {
+      Groups groups = world_groups(pp, ep);
+      PipelineTrainer trainer(m, optimizer_variant(t, variant), sched, groups, data, DType::kF64);
+      std::ostringstream what;
+      what << "pp" << pp << " ep" << ep << " dp" << dp << kOptimizerVariants[variant] << " on rank "
+           << g_world->rank();
+      for (int step = 0; step < 3; ++step) {
+        const StepResult r = trainer.step();
+        EXPECT_NEAR(r.loss, want[step].loss, 1e-9 * std::abs(want[step].loss)) << what.str();
+        EXPECT_NEAR(r.grad_norm, want[step].grad_norm, 1e-9 * want[step].grad_norm)
+            << what.str() << " step " << step + 1;
+      }
+      int tables = 0;
+      for (StageRuntime& s : trainer.stages()) {  // finishes a deferred update
+        for (const auto& e : s.params->entries()) {
+          EXPECT_LT(rel_diff(s.params->param(e), reference_param(reference, e.name)), 1e-9)
+              << what.str() << ": " << e.name;
+          tables += e.name == "model.embed_tokens.weight";
+        }
+      }
+      // One tensor on one stage; the table and its copy on the two ends of a pipeline.
+      EXPECT_EQ(tables, 1) << what.str();
+      std::string first;
+      for (const std::string& table : tied_tables(trainer)) {
+        if (table.empty()) continue;
+        if (first.empty()) first = table;
+        EXPECT_TRUE(table == first) << what.str() << ": the copies of the table differ";
+      }
+    }
+  });
   EXPECT_GT(ran, 0);
 }
 

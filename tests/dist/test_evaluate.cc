@@ -12,10 +12,10 @@
 #include <sstream>
 
 #include "common/random_tokens.h"
+#include "common/reference_trainer.h"
 #include "dist_env.h"
 #include "layouts.h"
 #include "runtime/pipeline_trainer.h"
-#include "runtime/reference_trainer.h"
 #include "schedule/generators.h"
 #include "schedule/validator.h"
 

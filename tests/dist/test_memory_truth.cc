@@ -3,7 +3,7 @@
 // size with data-parallel size 1 or 2 on 1, 2, 4 and 8 ranks (MoE with one expert rank), and
 // pipeline size 1 or 2 with two expert ranks and the rest data-parallel. With expert ranks, or
 // rows dropped past an expert's capacity without padding, the plan takes the routing the step
-// measured (Note [Measured routing] in schedule/pipeline_model.h); padded to the capacity, the
+// measured (Note [Measured routing] in schedule/routing_file.h); padded to the capacity, the
 // plan is exact without it (Note [Expert capacity] in core/footprint.h).
 // Oracle: schedule::make_plan (the planner), which never sees the runtime's allocations; both use
 // core/footprint.h. Also: each stream runs a combined step's pairs in the planned order, and
@@ -22,8 +22,8 @@
 #include "core/rng.h"
 #include "dist_env.h"
 #include "model/tiny.h"
+#include "planner/planner.h"
 #include "runtime/pipeline_trainer.h"
-#include "schedule/planner.h"
 
 namespace tandem::runtime {
 namespace {
@@ -89,6 +89,19 @@ void expect_plan_reads_the_weights_nodes_read(const schedule::Plan& plan,
   }
 }
 
+// The loss of `trainer`'s step and its gradients against the same step of `reference` (its
+// first), bit for bit.
+void expect_bitwise_step(const PipelineTrainer& trainer, double loss, PipelineTrainer& reference,
+                         const std::string& at) {
+  EXPECT_EQ(loss, reference.forward_backward(0).loss) << at << " rank " << g_world->rank();
+  for (size_t s = 0; s < trainer.stages().size(); ++s) {
+    const Tensor& got = trainer.stages()[s].params->flat_grads();
+    const Tensor& ref = reference.stages()[s].params->flat_grads();
+    EXPECT_EQ(0, std::memcmp(got.data<float>(), ref.data<float>(), got.nbytes()))
+        << at << " stage " << trainer.stages()[s].stage;
+  }
+}
+
 // Runs every schedule the generators allow on pipeline size pp with dp data-parallel ranks (ep
 // of them expert-parallel) and compares this rank's measured activation peak with the plan's
 // for its pipeline rank.
@@ -101,9 +114,12 @@ void expect_plan_reads_the_weights_nodes_read(const schedule::Plan& plan,
 // summation order differs, and the loss is formed before them).
 // documents: Megatron-LM's three document options on id 5 of the tokens (Note [Document masking]
 // in data/document_masks.h), on the trainer's side only: the plan is the same with them.
+// modules: TrainConfig::recompute on both sides (Note [Recomputed modules] in
+// model/ffn_nodes.cc); then the loss and every gradient are bitwise those of the same step
+// without it.
 Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recompute = false,
                      const std::string& offload = {}, int64_t first_layers = 0, int64_t merge = 1,
-                     bool documents = false) {
+                     bool documents = false, const std::string& modules = {}) {
   Checked checked;
   for (const char* name :
        {"gpipe", "1f1b", "interleaved-1f1b", "zb-h1", "combined-1f1b", "dualpipev"}) {
@@ -115,6 +131,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       t.offload_activations = offload;
       t.first_stage_layers = first_layers;
       t.moe_wgrad_merge = merge;
+      t.recompute = modules;
       if (documents) {
         t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
         t.eod_token_id = 5;
@@ -129,6 +146,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       req.inputs.offload_kinds = parse_offload_kinds(offload, m);
       req.inputs.first_stage_layers = first_layers;
       req.inputs.moe_wgrad_merge = merge;
+      req.inputs.recompute = parse_recompute(modules);
       req.inputs.cost.kind = schedule::CostModelKind::kUniform;
       schedule::Plan plan;
       try {
@@ -165,6 +183,14 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
           EXPECT_LE(diff, 1e-5 * scale) << name << " v" << v << " stage " << s;
         }
       }
+      const std::string at = std::string(name) + " v" + std::to_string(v);
+      if (!modules.empty()) {
+        TrainConfig plain = t;
+        plain.recompute.clear();
+        PipelineTrainer reference(m, plain, plan.schedule, groups, data, DType::kF32,
+                                  CommOverlap::kOff);
+        expect_bitwise_step(trainer, r.loss, reference, at);
+      }
       if (!offload.empty()) {
         EXPECT_NE(trainer.offload(), nullptr);
         if (trainer.offload() == nullptr) continue;
@@ -173,14 +199,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
         plain.offload_activations.clear();
         PipelineTrainer reference(m, plain, plan.schedule, groups, data, DType::kF32,
                                   CommOverlap::kOff);
-        const StepResult want = reference.forward_backward(0);
-        EXPECT_EQ(r.loss, want.loss) << name << " v" << v << " rank " << g_world->rank();
-        for (size_t s = 0; s < trainer.stages().size(); ++s) {
-          const Tensor& got = trainer.stages()[s].params->flat_grads();
-          const Tensor& ref = reference.stages()[s].params->flat_grads();
-          EXPECT_EQ(0, std::memcmp(got.data<float>(), ref.data<float>(), got.nbytes()))
-              << name << " v" << v << " stage " << trainer.stages()[s].stage;
-        }
+        expect_bitwise_step(trainer, r.loss, reference, at);
       }
       const bool dropping = m.has_expert_capacity() && !m.moe_pad_expert_input_to_capacity;
       if (ep > 1 || dropping) {  // plan again with what this rank's pipeline's experts received
@@ -247,6 +266,27 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithRecomputedExperts) {
   EXPECT_GE(checked, g_world->size() == 1 ? 5 : 6);
 }
 
+// Note [Recomputed modules] (model/ffn_nodes.cc): dense layers and MoE layers with a gated shared
+// expert, in turn, their mlp and shared expert keeping nothing from forward to backward (act
+// again from the input-gradient backward to the weight gradient): still exact, for every
+// schedule, and the loss and gradients bitwise those of the step that keeps them; with the
+// other MoE layers' experts recomputed too.
+TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithRecomputedModules) {
+  ModelConfig m = truth_model();
+  m.moe_layer_freq = "[0";
+  for (int64_t l = 1; l < m.num_layers; ++l) m.moe_layer_freq += l % 2 != 0 ? ",1" : ",0";
+  m.moe_layer_freq += "]";
+  m.moe_shared_expert_intermediate_size = 6;
+  m.moe_shared_expert_gate = true;
+  int checked = 0;
+  for (const bool experts : {false, true}) {
+    checked +=
+        check_layout(m, g_world->size(), 1, 1, experts, {}, 0, 1, false, "mlp,shared_experts")
+            .schedules;
+  }
+  EXPECT_GE(checked, g_world->size() == 1 ? 10 : 12);
+}
+
 // Offloaded activations (every offloadable node of the layers, a gated shared expert among
 // them): the device's activation peak and the host's peak as planned, for every schedule, and
 // the step's loss and gradients those of the same step without offload; one and two expert
@@ -304,7 +344,7 @@ TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanDeepseekV3) {
 }
 
 // Qwen3-MoE's dense layers among MoE ones, two at each end, so that combined 1F1B pairs a dense
-// layer's forward with a dense layer's backward (kPairDense in schedule/simulator.cc, the same
+// layer's forward with a dense layer's backward (kPairDense in planner/simulator.cc, the same
 // order in runtime/combined.cc): one rank, and two expert ranks where the world is even.
 TEST(MemoryTruth, MeasuredActivationPeakAgainstPlanWithDenseLayerPairs) {
   ModelConfig m = truth_model();
@@ -402,7 +442,7 @@ ModelConfig two_moe_layers() {
   return m;
 }
 
-// The planner's FB and FF pairs (kPairMoe, kForwardsMoe in schedule/simulator.cc) and the
+// The planner's FB and FF pairs (kPairMoe, kForwardsMoe in planner/simulator.cc) and the
 // runtime's issue order (Note [Issue order] in runtime/combined.cc) are written separately;
 // what they must share is each stream's order. Oracle: the plan's spans of the pair actions,
 // stream by stream (input-gradient and forward halves; a node's weight half follows its input

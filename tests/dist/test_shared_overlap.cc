@@ -1,4 +1,4 @@
-// Note [Shared expert in a pair] (schedule/simulator.cc): in combined 1F1B the shared expert
+// Note [Shared expert in a pair] (planner/simulator.cc): in combined 1F1B the shared expert
 // hangs off its micro-batch's chain, so its products run while that pair's all-to-alls are in
 // flight. Oracle: the measured timeline of expert parallelism over 2 CPU ranks, with every
 // all-to-all of the expert group held for 40 ms (a slow link, far longer than the tiny model's

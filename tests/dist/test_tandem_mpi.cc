@@ -8,6 +8,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mpi_process.h"
@@ -27,6 +28,15 @@ const std::string kModel =
 std::vector<double> losses(const std::string& path) {
   std::vector<double> out;
   for (const auto& j : tandem::test::json_lines(path)) out.push_back(j.at("loss").get<double>());
+  return out;
+}
+
+// The validation losses of a --log-json file, in order.
+std::vector<double> valid_losses(const std::string& path) {
+  std::vector<double> out;
+  for (const auto& j : tandem::test::json_lines(path)) {
+    if (j.contains("valid_loss")) out.push_back(j.at("valid_loss").get<double>());
+  }
   return out;
 }
 
@@ -53,6 +63,35 @@ TEST(TandemMpi, FourRanksPp2Ep2CombinedMatchesOneRank) {
   ASSERT_TRUE(j.at("mem_peak_bytes").is_array());
   EXPECT_EQ(j.at("mem_peak_bytes").size(), 4u);
   EXPECT_EQ(j.at("activation_peak_bytes").size(), 4u);
+}
+
+// Note [Tensor parallelism] (core/config_tp.cc): the dense model at TP 2 x DP 2 on four ranks
+// trains and validates as one process does (f32: within 1e-5 a step), and the run says its
+// layout.
+TEST(TandemMpi, FourRanksTp2Dp2DenseMatchesOneRank) {
+  const std::string dir = temp_dir("tp_curve");
+  const std::string dense =
+      kModel + " --num-experts 0 --train-iters 6 --eval-interval 3 --eval-iters 2 --log-json ";
+  const Result one = run(std::string(TANDEM_BIN) + " train" + dense + dir + "/one.jsonl");
+  ASSERT_EQ(one.code, 0) << one.output;
+  std::string loud = dense;
+  loud.erase(loud.find(" --quiet"), 8);  // the summary line
+  const Result four = run(kMpirun + " -np 4 " + TANDEM_BIN + " train" + loud + dir +
+                          "/four.jsonl --tensor-model-parallel-size 2");
+  ASSERT_EQ(four.code, 0) << four.output;
+  EXPECT_NE(four.output.find("4 ranks (tensor 2, pipeline 1, data 2, expert 1)"), std::string::npos)
+      << four.output;
+  const std::vector<double> a = losses(dir + "/one.jsonl"), b = losses(dir + "/four.jsonl");
+  ASSERT_EQ(a.size(), 6u);
+  ASSERT_EQ(b.size(), 6u);
+  for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "step " << i + 1;
+  const std::vector<double> va = valid_losses(dir + "/one.jsonl"),
+                            vb = valid_losses(dir + "/four.jsonl");
+  ASSERT_EQ(va.size(), 2u);
+  ASSERT_EQ(vb.size(), 2u);
+  for (size_t i = 0; i < va.size(); ++i) {
+    EXPECT_NEAR(vb[i], va[i], 1e-5 * va[i]) << "validation " << i;
+  }
 }
 
 // Note [Rebalancing experts]: the run says when it re-placed experts, on a line of its own and
@@ -215,6 +254,47 @@ TEST(TandemMpi, ForcedBalancedRoutingMatchesTheBalancedPlan) {
   }
 }
 
+// Each rank's whole peak (the allocator's over the step: weights' state, activations, tokens and
+// the nodes' op temporaries) is the one the run planned before its first step, to the byte
+// (docs/memory.md, "Planned and measured"), with two data-parallel ranks, with and without the
+// distributed optimizer, two tensor-parallel ranks of the dense model (Note [Tensor parallelism]
+// in core/config_tp.cc), two pipeline ranks under 1F1B (8 KiB messages, past MPI's eager limit:
+// Note [Send buffers released when known delivered] in schedule/send_release.cc), and two
+// expert ranks under 1F1B and zb-h1 with the routing forced balanced and padded to the capacity
+// (the planner's balanced rows are then the rows the experts receive: Note [Expert capacity] in
+// core/footprint.h); and the summary says so. tests/dist/test_whole_peak.cc checks more
+// schedules and layouts without the program.
+TEST(TandemMpi, EachRanksWholePeakIsThePlannedOne) {
+  const std::string dir = temp_dir("whole_peak");
+  const std::pair<const char*, const char*> layouts[] = {
+      {"dp2", ""},
+      {"dp2_distopt", " --use-distributed-optimizer"},
+      // Note [Tensor parallelism]: each rank's shard of the dense model, planned as that model.
+      {"tp2", " --num-experts 0 --tensor-model-parallel-size 2"},
+      {"pp2", " --pipeline-model-parallel-size 2 --schedule 1f1b"},
+      {"ep2",
+       " --expert-model-parallel-size 2 --schedule 1f1b --moe-expert-capacity-factor 1"
+       " --moe-pad-expert-input-to-capacity --moe-router-force-load-balancing"},
+      {"ep2_zb",
+       " --expert-model-parallel-size 2 --schedule zb-h1 --moe-expert-capacity-factor 1"
+       " --moe-pad-expert-input-to-capacity --moe-router-force-load-balancing"}};
+  for (const auto& [name, options] : layouts) {
+    const std::string log = dir + "/" + name + ".jsonl";
+    std::string model = kModel;
+    model.erase(model.find(" --quiet"), 8);  // the summary line
+    const Result r = run(kMpirun + " -np 2 " + TANDEM_BIN + " train" + model + options +
+                         " --train-iters 2 --log-json " + log);
+    ASSERT_EQ(r.code, 0) << name << "\n" << r.output;
+    const nlohmann::json last = tandem::test::json_lines(log).back();
+    for (int rank = 0; rank < 2; ++rank) {
+      EXPECT_EQ(last.at("mem_peak_bytes")[rank], last.at("planned_peak_bytes")[rank])
+          << name << " rank " << rank;
+    }
+    EXPECT_NE(r.output.find(", the same to the byte)"), std::string::npos) << name << "\n"
+                                                                           << r.output;
+  }
+}
+
 // `tandem train` of kModel for 4 steps on `ranks` ranks with TANDEM_FAULT=`fault`; it must fail
 // within a minute.
 Result run_faulty(const std::string& fault, int ranks, const std::string& options) {
@@ -293,13 +373,8 @@ TEST(TandemMpi, ValidationOnFourRanksMatchesOneRank) {
           " --schedule combined-1f1b --tensorboard-dir " +
           dir + "/tb");
   ASSERT_EQ(four.code, 0) << four.output;
-  std::vector<double> a, b;
-  for (const auto& j : tandem::test::json_lines(dir + "/one.jsonl")) {
-    if (j.contains("valid_loss")) a.push_back(j.at("valid_loss").get<double>());
-  }
-  for (const auto& j : tandem::test::json_lines(dir + "/four.jsonl")) {
-    if (j.contains("valid_loss")) b.push_back(j.at("valid_loss").get<double>());
-  }
+  const std::vector<double> a = valid_losses(dir + "/one.jsonl"),
+                            b = valid_losses(dir + "/four.jsonl");
   ASSERT_EQ(a.size(), 2u);
   ASSERT_EQ(b.size(), 2u);
   for (size_t i = 0; i < a.size(); ++i) EXPECT_NEAR(b[i], a[i], 1e-5 * a[i]) << "validation " << i;

@@ -70,7 +70,7 @@ TEST(HfConfig, MixtralKeysAndRoundTrip) {
   EXPECT_EQ(j["rms_norm_eps"], 1e-5);
   EXPECT_EQ(j["rope_theta"], 10000.0);
   EXPECT_EQ(j["max_position_embeddings"], 128);
-  EXPECT_EQ(j["tie_word_embeddings"], false);
+  EXPECT_EQ(j["tie_word_embeddings"], true);  // Note [Tied embeddings]: tandem's default
   EXPECT_EQ(j["torch_dtype"], "float32");
   EXPECT_EQ(j["hidden_act"], "silu");
   expect_same(parse_hf_config(hf_config_json(m), "mem"), m);
@@ -141,7 +141,16 @@ TEST(HfConfig, BadConfigsNameTheKeyAndTheFile) {
   expect_error(with("model_type", "gpt2"), {"key 'model_type'", "\"gpt2\""});
   expect_error(with("architectures", Json::array({"LlamaForCausalLM"})),
                {"key 'architectures'", "MixtralForCausalLM"});
-  expect_error(with("tie_word_embeddings", true), {"key 'tie_word_embeddings'"});
+  expect_error(with("tie_word_embeddings", "yes"), {"key 'tie_word_embeddings'"});
+  // Note [Tied embeddings]: true ties the output layer, false or absent (every family's default
+  // in transformers) unties it; an untied model writes false and reads back untied.
+  EXPECT_TRUE(parse_hf_config(with("tie_word_embeddings", true), "mem").tied_embeddings());
+  EXPECT_FALSE(parse_hf_config(with("tie_word_embeddings", false), "mem").tied_embeddings());
+  EXPECT_FALSE(parse_hf_config(without("tie_word_embeddings"), "mem").tied_embeddings());
+  ModelConfig untied = parse_hf_config(good.dump(), "mem");
+  untied.untie_embeddings_and_output_weights = true;
+  EXPECT_EQ(Json::parse(hf_config_json(untied))["tie_word_embeddings"], false);
+  EXPECT_FALSE(parse_hf_config(hf_config_json(untied), "mem").tied_embeddings());
   expect_error(with("hidden_act", "gelu"), {"key 'hidden_act'", "silu"});
   expect_error(with("rope_scaling", Json{{"type", "linear"}}),
                {"key 'rope_scaling.type'", "linear"});

@@ -1,7 +1,8 @@
 // The whole-model gradient check of tests/model: every parameter tensor's gradient against fp64
 // central finite differences of the loss (lm loss + the router's losses) computed by the same
 // forward. Routing is piecewise constant, so the perturbation is kept far below the smallest gap
-// between router logits of the batch. With --mtp-num-layers the loss adds the MTP term.
+// between router logits of the batch. With --mtp-num-layers the loss adds the MTP term; with
+// `documents`, Megatron-LM's three document masks split the batch on one of its ids.
 #pragma once
 
 #include <gtest/gtest.h>
@@ -10,7 +11,9 @@
 #include <cmath>
 #include <string>
 #include <utility>
+#include <vector>
 
+#include "data/document_masks.h"
 #include "model/chunk.h"
 #include "tiny.h"
 
@@ -28,13 +31,57 @@ inline NodeContext context_of(const ModelChunk& chunk, int64_t batch, bool fused
   return c;
 }
 
+// Megatron-LM's --reset-attention-mask, --reset-position-ids and --eod-mask-loss of `ids` on the
+// id `eod` (Note [Document masking] in data/document_masks.h), set into c as the trainers set
+// them: the masks, the loss mask's count and each MTP depth's count in it rolled k left
+// (Note [MTP loss mask] in model/mtp.cc), counted here from the mask.
+struct DocumentMaskInputs {
+  Tensor key_begin, positions, loss_mask;
+  int64_t loss_tokens = 0;
+  std::vector<int64_t> mtp_loss_tokens;
+  void set(NodeContext& c) const {
+    c.key_begin = key_begin;
+    c.positions = positions;
+    c.loss_mask = loss_mask;
+    c.loss_tokens = loss_tokens;
+    c.mtp_loss_tokens = mtp_loss_tokens;
+  }
+};
+
+inline DocumentMaskInputs document_mask_inputs(const ModelConfig& cfg, const Tensor& ids,
+                                               int64_t batch, int32_t eod) {
+  const int64_t t = cfg.seq_length, n = batch * t;
+  const data::DocumentMasks dm = data::document_masks(ids.data<int32_t>(), batch, t,
+                                                      {.eod = eod,
+                                                       .reset_position_ids = true,
+                                                       .reset_attention_mask = true,
+                                                       .eod_mask_loss = true});
+  DocumentMaskInputs in;
+  in.key_begin = Tensor::empty({n}, DType::kI32, MemCategory::kOther, "key_begin");
+  in.positions = Tensor::empty({n}, DType::kI32, MemCategory::kOther, "positions");
+  in.loss_mask = Tensor::empty({n}, DType::kF32, MemCategory::kOther, "loss_mask");
+  std::copy(dm.key_begin.begin(), dm.key_begin.end(), in.key_begin.data<int32_t>());
+  std::copy(dm.position.begin(), dm.position.end(), in.positions.data<int32_t>());
+  std::copy(dm.loss_mask.begin(), dm.loss_mask.end(), in.loss_mask.data<float>());
+  for (int64_t i = 0; i < n; ++i) in.loss_tokens += dm.loss_mask[static_cast<size_t>(i)] == 1.0f;
+  for (int64_t k = 1; k <= cfg.mtp_num_layers; ++k) {
+    int64_t kept = 0;
+    for (int64_t b = 0; b < batch; ++b) {
+      for (int64_t i = 0; i + k < t; ++i) kept += dm.loss_mask[b * t + i + k] == 1.0f;
+    }
+    in.mtp_loss_tokens.push_back(kept);
+  }
+  return in;
+}
+
 inline double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor& targets,
                        int64_t batch, bool fused, MicroBatchState* keep = nullptr,
-                       bool balanced = false) {
+                       bool balanced = false, const DocumentMaskInputs* documents = nullptr) {
   MicroBatchState mb;
   mb.ids = ids;
   mb.targets = targets;
   NodeContext c = context_of(chunk, batch, fused, balanced);
+  if (documents != nullptr) documents->set(c);
   // global_aux_loss: each evaluation a step of one micro-batch (a trainer zeroes the totals).
   if (chunk.params().aux_total().defined()) chunk.params().aux_total().zero_();
   // The finite-difference evaluations only want the loss: a fused loss node without grads
@@ -48,7 +95,9 @@ inline double run_loss(const ModelChunk& chunk, const Tensor& ids, const Tensor&
 
 // eps: the central difference's step; truncation error grows with the loss's curvature, rounding
 // error (about 1e-16 / eps) with its inverse.
-inline void check_gradients(const ModelConfig& cfg, bool fused = false, double eps = 1e-6) {
+// documents: the batch split on the id at its third position (so the batch holds at least one).
+inline void check_gradients(const ModelConfig& cfg, bool fused = false, double eps = 1e-6,
+                            bool documents = false) {
   const int64_t batch = 2, n = batch * cfg.seq_length;
   Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
   params.initialize(7);
@@ -71,10 +120,16 @@ inline void check_gradients(const ModelConfig& cfg, bool fused = false, double e
   const Tensor ids = testing::random_ids(n, cfg.vocab_size, 1);
   const Tensor targets = testing::random_ids(n, cfg.vocab_size, 2);
 
+  DocumentMaskInputs masks;
+  if (documents) masks = document_mask_inputs(cfg, ids, batch, ids.data<int32_t>()[2]);
+  const DocumentMaskInputs* dm = documents ? &masks : nullptr;
+
   params.zero_grads();
   MicroBatchState mb;
-  run_loss(chunk, ids, targets, batch, fused, &mb);
-  chunk.backward(mb, context_of(chunk, batch, fused));
+  run_loss(chunk, ids, targets, batch, fused, &mb, false, dm);
+  NodeContext bc = context_of(chunk, batch, fused);
+  if (dm != nullptr) dm->set(bc);
+  chunk.backward(mb, bc);
 
   double* p = params.flat_params().data<double>();
   const double* g = params.flat_grads().data<double>();
@@ -85,9 +140,9 @@ inline void check_gradients(const ModelConfig& cfg, bool fused = false, double e
       const int64_t i = e.offset + j;
       const double saved = p[i];
       p[i] = saved + eps;
-      const double up = run_loss(chunk, ids, targets, batch, fused);
+      const double up = run_loss(chunk, ids, targets, batch, fused, nullptr, false, dm);
       p[i] = saved - eps;
-      const double down = run_loss(chunk, ids, targets, batch, fused);
+      const double down = run_loss(chunk, ids, targets, batch, fused, nullptr, false, dm);
       p[i] = saved;
       const double numeric = (up - down) / (2 * eps);
       const double tol = 1e-6 * std::max(1.0, std::abs(numeric)) + 1e-8;

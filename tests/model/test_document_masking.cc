@@ -57,6 +57,7 @@ LossAndGrads run(const ModelConfig& cfg, const std::vector<double>& weights,
     c.loss_mask =
         Tensor::empty({static_cast<int64_t>(loss_mask.size())}, DType::kF32, MemCategory::kOther);
     std::copy(loss_mask.begin(), loss_mask.end(), c.loss_mask.data<float>());
+    c.loss_tokens = std::count(loss_mask.begin(), loss_mask.end(), 1.0f);
   }
   if (params.aux_total().defined()) params.aux_total().zero_();
   chunk.forward(mb, c);

@@ -36,6 +36,9 @@ struct Case {
   Model model;
   DType dtype;
   bool fused = false;  // the loss node through ops::lm_head_ce_* (no logits kept)
+  // TrainConfig::recompute: the modules that keep nothing (Note [Recomputed modules] in
+  // model/ffn_nodes.cc).
+  const char* recompute = "";
 };
 
 ModelConfig config_of(Model m) {
@@ -116,6 +119,7 @@ TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
   ModelChunk chunk(params);
   FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
   shape.fused_lm_head = GetParam().fused;
+  shape.recompute = parse_recompute(GetParam().recompute);
   Allocator& alloc = cpu_allocator();
   const int64_t base = alloc.stats().in_use_of(MemCategory::kActivation);
 
@@ -124,6 +128,7 @@ TEST_P(FootprintTest, SavedBytesMatchFormulaAndAreReleased) {
   mb.targets = testing::random_ids(n, cfg.vocab_size, 4);
   NodeContext c = chunk.context(batch, 1.0);
   c.fused_lm_head = GetParam().fused;
+  c.recompute = shape.recompute;
   int64_t expected_total = 0;
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
     chunk.forward_node(i, mb, c);
@@ -162,11 +167,13 @@ TEST_P(FootprintTest, InputBackwardKeepsExactlyWhatTheWeightGradientNeeds) {
   ModelChunk chunk(params);
   FootprintShape shape = single_rank_shape(cfg, batch, dtype_size(dt));
   shape.fused_lm_head = GetParam().fused;
+  shape.recompute = parse_recompute(GetParam().recompute);
   MicroBatchState mb;
   mb.ids = testing::random_ids(n, cfg.vocab_size, 3);
   mb.targets = testing::random_ids(n, cfg.vocab_size, 4);
   NodeContext c = chunk.context(batch, 1.0);
   c.fused_lm_head = GetParam().fused;
+  c.recompute = shape.recompute;
   chunk.forward(mb, c);
   chunk.backward(mb, c, WeightGrad::kDeferred);  // every node's I, no W yet
   for (size_t i = 0; i < chunk.nodes().size(); ++i) {
@@ -194,7 +201,11 @@ INSTANTIATE_TEST_SUITE_P(
         Case{Model::kDeepseekV3Global, DType::kF32}, Case{Model::kMtpDense, DType::kF32},
         Case{Model::kMtpDense, DType::kF32, true}, Case{Model::kMtpMoe, DType::kF64},
         Case{Model::kMtpMoe, DType::kF32, true}, Case{Model::kMtpDeepseekV3, DType::kF32},
-        Case{Model::kMtpDeepseekV3, DType::kF64, true}));
+        Case{Model::kMtpDeepseekV3, DType::kF64, true},
+        Case{Model::kDense, DType::kF32, false, "mlp"},
+        Case{Model::kQwen2, DType::kF64, false, "shared_experts"},
+        Case{Model::kDeepseekV3, DType::kF32, true, "mlp,shared_experts"},
+        Case{Model::kMtpDeepseekV3, DType::kF64, false, "mlp,shared_experts"}));
 
 TEST(LossNode, LogitsFreedRightAfterLossBackward) {
   const ModelConfig cfg = testing::tiny_config(true);

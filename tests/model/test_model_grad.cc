@@ -21,6 +21,13 @@ namespace {
 
 TEST(ModelGradient, DenseMatchesFiniteDifferences) { check_gradients(testing::tiny_config(false)); }
 TEST(ModelGradient, MoeMatchesFiniteDifferences) { check_gradients(testing::tiny_config(true)); }
+// Note [Tied embeddings]: one table for the lookup and the LM head, its gradient both uses'
+// (finite differences move the one tensor both read), with the CPU's head and the fused one.
+TEST(ModelGradient, TiedEmbeddingsMatchFiniteDifferences) {
+  check_gradients(testing::tied_config(testing::tiny_config(false)));
+  check_gradients(testing::tied_config(testing::tiny_config(true)));
+  check_gradients(testing::tied_config(testing::tiny_config(true)), true);
+}
 TEST(ModelGradient, FusedLmHeadMatchesFiniteDifferences) {
   check_gradients(testing::tiny_config(true), true);
 }

@@ -4,7 +4,10 @@
 // the shifted embeddings, the norms, the concatenation, eh_proj, the final norm, the shared head
 // and the cross-entropy over the positions with a target, and the module's transformer layer run
 // as a one-layer chunk holding the same weights (the layer itself is checked in
-// test_model_grad.cc); the settings' rules.
+// test_model_grad.cc); the settings' rules. With Megatron-LM's document masks
+// (Note [MTP loss mask] in model/mtp.cc) the reference runs the main model and the module's
+// layer with the masks unrolled and weighs depth k's row i by the loss mask at i + k, as
+// Megatron-LM's multi_token_prediction.py rolls it.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -40,6 +43,12 @@ TEST(MtpGradient, FusedLmHeadMatchesFiniteDifferences) {
   check_gradients(with_mtp(testing::tiny_config(true), 2), true);
 }
 
+// Note [Tied embeddings]: the modules' lookups and heads read the tied table too.
+TEST(MtpGradient, TiedEmbeddingsMatchFiniteDifferences) {
+  check_gradients(with_mtp(testing::tied_config(testing::tiny_config(true)), 2));
+  check_gradients(with_mtp(testing::tied_config(testing::tiny_config(true)), 2), true);
+}
+
 TEST(MtpGradient, DeepseekV3MatchesFiniteDifferences) {
   check_gradients(with_mtp(testing::tiny_deepseek_v3_config(5), 1), false, 3e-8);
 }
@@ -47,6 +56,14 @@ TEST(MtpGradient, DeepseekV3MatchesFiniteDifferences) {
 // The q/k norms curve the loss sharply: the step test_model_grad.cc takes for Qwen3.
 TEST(MtpGradient, Qwen3WithDenseFirstLayerMatchesFiniteDifferences) {
   check_gradients(with_mtp(testing::tiny_qwen3_config(), 2), false, 1e-7);
+}
+
+TEST(MtpGradient, DocumentMasksMatchFiniteDifferences) {
+  ModelConfig c = with_mtp(testing::tiny_config(true), 2);
+  c.moe_z_loss_coeff = 0.2;
+  check_gradients(c, false, 1e-6, true);
+  check_gradients(c, true, 1e-6, true);
+  check_gradients(with_mtp(testing::tiny_deepseek_v3_config(5), 1), false, 3e-8, true);
 }
 
 // The parameters of one chunk, named as the MTP model's, given the same values by name.
@@ -82,7 +99,14 @@ std::vector<double> rmsnorm(const std::vector<double>& x, const double* g, int64
 }
 
 double reference_loss(const ModelConfig& cfg, const Parameters& mtp_params, const Tensor& ids,
-                      const Tensor& targets, int64_t batch) {
+                      const Tensor& targets, int64_t batch,
+                      const DocumentMaskInputs* documents = nullptr) {
+  // The masks as the model's layers take them; none rolled.
+  const auto context = [&](const ModelChunk& chunk) {
+    NodeContext c = chunk.context(batch, 1.0);
+    if (documents != nullptr) documents->set(c);
+    return c;
+  };
   const int64_t t = cfg.seq_length, n = batch * t, h = cfg.hidden_size, v = cfg.vocab_size;
   const double eps = cfg.norm_epsilon;
   // The main model alone (no MTP): its lm and aux losses, and nf, the head's normed input.
@@ -94,7 +118,7 @@ double reference_loss(const ModelConfig& cfg, const Parameters& mtp_params, cons
   MicroBatchState mb;
   mb.ids = ids;
   mb.targets = targets;
-  main_chunk.forward(mb, main_chunk.context(batch, 1.0));
+  main_chunk.forward(mb, context(main_chunk));
   double total = mb.lm_loss() + mb.aux_loss();
   std::vector<double> prev(mb.loss.nf.data<double>(), mb.loss.nf.data<double>() + n * h);
   const double* embed = values(mtp_params, "model.embed_tokens.weight");
@@ -137,14 +161,20 @@ double reference_loss(const ModelConfig& cfg, const Parameters& mtp_params, cons
     ModelChunk layer_chunk(layer);
     MicroBatchState lm;
     lm.input = x;
-    layer_chunk.forward(lm, layer_chunk.context(batch, 1.0));
+    layer_chunk.forward(lm, context(layer_chunk));
     total += lm.aux_loss();
     const std::vector<double> y(lm.output().data<double>(), lm.output().data<double>() + n * h);
     prev = rmsnorm(y, values(mtp_params, p + "shared_head.norm.weight"), h, eps);
     double sum = 0;
-    int64_t rows = 0;
+    int64_t rows = 0, kept = 0;
     for (int64_t b = 0; b < batch; ++b) {
       for (int64_t i = 0; i + k < t; ++i) {
+        ++rows;
+        // Megatron-LM's loss mask rolled k left: the mask of the token k later.
+        const double weight =
+            documents == nullptr ? 1.0 : documents->loss_mask.data<float>()[b * t + i + k];
+        if (weight == 0) continue;
+        ++kept;
         const double* hr = &prev[(b * t + i) * h];
         std::vector<double> logits(static_cast<size_t>(v));
         double mx = -1e300;
@@ -157,16 +187,16 @@ double reference_loss(const ModelConfig& cfg, const Parameters& mtp_params, cons
         double z = 0;
         for (double l : logits) z += std::exp(l - mx);
         sum += mx + std::log(z) - logits[token(b, i + k + 1)];
-        ++rows;
       }
     }
     EXPECT_EQ(rows, batch * (t - k));
-    mtp_sum += sum / static_cast<double>(rows);
+    mtp_sum += sum / static_cast<double>(std::max<int64_t>(kept, 1));
   }
   return total + cfg.mtp_loss_scaling_factor / static_cast<double>(cfg.mtp_num_layers) * mtp_sum;
 }
 
-void check_against_reference(const ModelConfig& cfg) {
+// documents: the batch's ids split into documents on an id that occurs (Note [MTP loss mask]).
+void check_against_reference(const ModelConfig& cfg, bool documents = false) {
   const int64_t batch = 2, n = batch * cfg.seq_length;
   Parameters params(cfg, ChunkSpec::whole(cfg), DType::kF64);
   params.initialize(11);
@@ -174,13 +204,23 @@ void check_against_reference(const ModelConfig& cfg) {
   ModelChunk chunk(params);
   const Tensor ids = testing::random_ids(n, cfg.vocab_size, 3);
   const Tensor targets = testing::random_ids(n, cfg.vocab_size, 4);
+  DocumentMaskInputs masks;
+  if (documents) {
+    masks = document_mask_inputs(cfg, ids, batch, ids.data<int32_t>()[3]);
+    // Rows of depth 1 dropped by the rolled mask (the test sees the roll).
+    ASSERT_LT(masks.mtp_loss_tokens[0], batch * (cfg.seq_length - 1));
+  }
+  const DocumentMaskInputs* dm = documents ? &masks : nullptr;
   MicroBatchState mb;
-  const double loss = run_loss(chunk, ids, targets, batch, false, &mb);
+  const double loss = run_loss(chunk, ids, targets, batch, false, &mb, false, dm);
   ASSERT_EQ(static_cast<int64_t>(mb.mtp_losses.size()), cfg.mtp_num_layers);
   EXPECT_GT(mb.mtp_loss(), 0.01);  // the term is there
-  EXPECT_NEAR(loss, reference_loss(cfg, params, ids, targets, batch), 1e-11);
+  EXPECT_NEAR(loss, reference_loss(cfg, params, ids, targets, batch, dm), 1e-11);
   // The fused head (the GPU's loss node) gives the same loss.
-  EXPECT_NEAR(run_loss(chunk, ids, targets, batch, true), loss, 1e-11);
+  EXPECT_NEAR(run_loss(chunk, ids, targets, batch, true, nullptr, false, dm), loss, 1e-11);
+  if (documents) {  // and the masks change it: the test can tell
+    EXPECT_GT(std::abs(run_loss(chunk, ids, targets, batch, false) - loss), 1e-6);
+  }
 }
 
 TEST(Mtp, LossMatchesAStraightforwardReference) {
@@ -189,6 +229,14 @@ TEST(Mtp, LossMatchesAStraightforwardReference) {
   moe.moe_z_loss_coeff = 0.1;
   check_against_reference(moe);
   check_against_reference(with_mtp(testing::tiny_deepseek_v3_config(5), 2));
+}
+
+TEST(Mtp, DocumentMasksMatchAStraightforwardReference) {
+  check_against_reference(with_mtp(testing::tiny_config(false), 2), true);
+  ModelConfig moe = with_mtp(testing::tiny_config(true), 3, 0.7);
+  moe.moe_z_loss_coeff = 0.1;
+  check_against_reference(moe, true);
+  check_against_reference(with_mtp(testing::tiny_deepseek_v3_config(5), 2), true);
 }
 
 // An evaluation forward (NodeContext::mtp off) is the LM loss alone, the main model's.

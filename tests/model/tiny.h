@@ -9,8 +9,10 @@
 
 namespace tandem::testing {
 
+// The LM head a weight of its own; tied_config ties it (Note [Tied embeddings]).
 inline ModelConfig tiny_config(bool moe) {
   ModelConfig c;
+  c.untie_embeddings_and_output_weights = true;
   c.vocab_size = 11;
   c.hidden_size = 8;
   c.num_layers = 2;
@@ -21,6 +23,11 @@ inline ModelConfig tiny_config(bool moe) {
   c.moe_router_topk = 2;
   c.moe_aux_loss_coeff = 0.05;
   c.seq_length = 5;
+  return c;
+}
+
+inline ModelConfig tied_config(ModelConfig c) {
+  c.untie_embeddings_and_output_weights = false;
   return c;
 }
 
@@ -83,7 +90,7 @@ inline ModelConfig tiny_deepseek_v3_config(int64_t q_lora_rank = 5) {
 }
 
 // The memory tests' models (tests/cuda/test_cuda_memory.cc measures them on the GPU,
-// tests/schedule/test_workspace.cc holds the plan to those figures): 2 layers of hidden 128, 4
+// tests/planner/test_workspace.cc holds the plan to those figures): 2 layers of hidden 128, 4
 // heads in 2 groups, 4 experts top-2 (MoE) or an MLP of 256, sequence 64.
 inline ModelConfig memory_config(bool moe) {
   ModelConfig c;
@@ -97,6 +104,28 @@ inline ModelConfig memory_config(bool moe) {
   c.moe_aux_loss_coeff = 0.01;  // the load-balancing loss, as the measured peaks had it
   c.moe_router_topk = moe ? 2 : 1;
   c.seq_length = 64;
+  c.untie_embeddings_and_output_weights = true;  // the model the recorded peaks were measured on
+  return c;
+}
+
+// Qwen3-MoE's options (q/k norms, head dim 64, narrower experts, pre-softmax routing, a dense
+// first layer) and Qwen2-MoE's (q/k/v biases, a gated shared expert) on the MoE one.
+inline ModelConfig memory_qwen3_config() {
+  ModelConfig c = memory_config(true);
+  c.qk_layernorm = true;
+  c.kv_channels = 64;
+  c.moe_ffn_hidden_size = 96;
+  c.moe_router_pre_softmax = true;
+  c.moe_layer_freq = "[0,1]";
+  return c;
+}
+inline ModelConfig memory_qwen2_config() {
+  ModelConfig c = memory_config(true);
+  c.add_qkv_bias = true;
+  c.moe_ffn_hidden_size = 96;
+  c.moe_shared_expert_intermediate_size = 192;
+  c.moe_shared_expert_gate = true;
+  c.moe_router_pre_softmax = true;
   return c;
 }
 

@@ -11,17 +11,18 @@
 #include <fstream>
 #include <functional>
 #include <iterator>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
 #include "common/random_tokens.h"
+#include "common/reference_trainer.h"
 #include "core/rng.h"
 #include "io/atomic_dir.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "runtime/checkpoint.h"
-#include "runtime/reference_trainer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -108,9 +109,14 @@ void flip_bit(const std::string& file, int64_t offset) {
 
 // Train 2N steps; separately N steps, save, restore into a fresh trainer, N more steps: the last
 // N losses and gradient norms and the final weights are bitwise equal.
-void check_exact_resume(Ffn ffn, const std::string& root) {
+void check_exact_resume(Ffn ffn, const std::string& root, bool untied = false) {
   RandomTokens data(32);
   const int64_t n = 3;
+  const auto small_model = [&](Ffn f) {
+    ModelConfig m = runtime::small_model(f);
+    m.untie_embeddings_and_output_weights = untied;
+    return m;
+  };
   ReferenceTrainer full(small_model(ffn), small_train(2 * n), data);
   std::vector<StepResult> reference;
   for (int64_t i = 0; i < 2 * n; ++i) reference.push_back(full.step());
@@ -132,6 +138,9 @@ void check_exact_resume(Ffn ffn, const std::string& root) {
 }
 
 TEST_F(CheckpointTest, ResumeIsBitwiseExactMoe) { check_exact_resume(Ffn::kMoe, path("moe")); }
+TEST_F(CheckpointTest, ResumeIsBitwiseExactUntied) {
+  check_exact_resume(Ffn::kMoe, path("untied"), true);
+}
 TEST_F(CheckpointTest, ResumeIsBitwiseExactDense) {
   check_exact_resume(Ffn::kDense, path("dense"));
 }
@@ -149,7 +158,12 @@ TEST_F(CheckpointTest, LayoutOnDiskIsHuggingFacePlusState) {
   const auto model = io::load_safetensors(saved.dir + "/model.safetensors", MemCategory::kOther);
   EXPECT_EQ(model.size(), t.params().entries().size());
   ASSERT_EQ(model.count("model.layers.1.block_sparse_moe.experts.3.w2.weight"), 1u);
-  EXPECT_EQ(model.at("lm_head.weight").dtype(), DType::kF32);
+  // Note [Tied embeddings]: the output layer is the table, kept once (as save_pretrained does).
+  EXPECT_EQ(model.at("model.embed_tokens.weight").dtype(), DType::kF32);
+  EXPECT_EQ(model.count("lm_head.weight"), 0u);
+  EXPECT_TRUE(nlohmann::json::parse(io::read_file(saved.dir + "/config.json"))
+                  .at("tie_word_embeddings")
+                  .get<bool>());
   const auto opt = io::load_safetensors(saved.dir + "/optimizer.safetensors", MemCategory::kOther);
   EXPECT_EQ(opt.size(), 2 * model.size());
   EXPECT_EQ(opt.count("model.embed_tokens.weight.exp_avg_sq"), 1u);
@@ -160,6 +174,7 @@ TEST_F(CheckpointTest, LayoutOnDiskIsHuggingFacePlusState) {
   EXPECT_EQ(state["samples_consumed"], 4);
   EXPECT_EQ(state["format_version"], kCheckpointFormatVersion);
   EXPECT_EQ(state["data"]["format"], "random");
+  EXPECT_EQ(state["model"]["untie_embeddings_and_output_weights"], false);
   EXPECT_EQ(state["files"]["model.safetensors"]["bytes"],
             fs::file_size(saved.dir + "/model.safetensors"));
 }
@@ -379,11 +394,12 @@ TEST_F(CheckpointTest, RejectedRestoreLeavesTheTrainerUnchanged) {
   // A tensor of the wrong shape that slipped past the file checks is caught before any copy.
   CheckpointState bad = st;
   for (auto& [name, tensor] : bad.model) {
-    if (name == "lm_head.weight") tensor = Tensor::zeros({2, 2}, DType::kF32, MemCategory::kOther);
+    if (name == "model.norm.weight")
+      tensor = Tensor::zeros({2, 2}, DType::kF32, MemCategory::kOther);
   }
   ReferenceTrainer target(small_model(Ffn::kMoe), small_train(10), data);
   const std::vector<float> before = weights_of(target);
-  expect_error([&] { restore_trainer(target, bad); }, {"lm_head.weight", "shape"});
+  expect_error([&] { restore_trainer(target, bad); }, {"model.norm.weight", "shape"});
   EXPECT_EQ(weights_of(target), before);
 }
 
@@ -483,6 +499,55 @@ TEST_F(CheckpointTest, HuggingFaceBf16CheckpointLoadsWeightsOnly) {
   index["weight_map"][bf16[0].first] = "b.safetensors";
   std::ofstream(path("sharded/model.safetensors.index.json")) << index.dump();
   expect_error([&] { load_checkpoint(path("sharded")); }, {"a.safetensors"});
+}
+
+// Note [Tied embeddings]: a Hugging Face directory of a tied model (tie_word_embeddings true)
+// loads with lm_head.weight absent or equal to the table, and is refused with one that differs;
+// an untied export keeps lm_head.weight and says tie_word_embeddings false.
+TEST_F(CheckpointTest, HuggingFaceTiedHeadIsAbsentOrTheTable) {
+  RandomTokens data(32);
+  const ModelConfig cfg = small_model(Ffn::kDense);
+  ReferenceTrainer source(cfg, small_train(10), data);
+  source.step();
+  save_model_checkpoint(path("export"), source.params());
+  const std::unique_ptr<model::Parameters> back = load_model_checkpoint(path("export"));
+  EXPECT_TRUE(back->config().tied_embeddings());
+  EXPECT_EQ(model_tensors(*back).size(), model_tensors(source.params()).size());
+  const Tensor& a = back->flat_params();
+  const Tensor& b = source.params().flat_params();
+  ASSERT_EQ(a.numel(), b.numel());
+  EXPECT_EQ(std::memcmp(a.data<float>(), b.data<float>(), a.nbytes()), 0);
+
+  NamedTensors tensors = model_tensors(source.params());
+  Tensor head;
+  for (const auto& [name, t] : tensors) {
+    if (name == "model.embed_tokens.weight") head = t.to(Device::kCPU);
+  }
+  tensors.emplace_back("lm_head.weight", head);
+  fs::create_directories(path("with_head"));
+  io::save_safetensors(path("with_head/model.safetensors"), tensors);
+  io::save_hf_config(path("with_head/config.json"), cfg);
+  ReferenceTrainer target(cfg, small_train(10), data);
+  restore_trainer(target, load_checkpoint(path("with_head")));
+  EXPECT_EQ(std::memcmp(target.params().flat_params().data<float>(), b.data<float>(), b.nbytes()),
+            0);
+  Tensor other = Tensor::empty(head.shape(), DType::kF32, MemCategory::kOther, "other");
+  other.copy_from(head);
+  other.data<float>()[3] += 1.0f;
+  tensors.back().second = other;
+  io::save_safetensors(path("with_head/model.safetensors"), tensors);
+  expect_error([&] { load_checkpoint(path("with_head")); },
+               {"lm_head.weight differs from model.embed_tokens.weight", "tie_word_embeddings"});
+
+  ModelConfig untied = cfg;
+  untied.untie_embeddings_and_output_weights = true;
+  ReferenceTrainer separate(untied, small_train(10), data);
+  save_model_checkpoint(path("untied"), separate.params());
+  EXPECT_FALSE(nlohmann::json::parse(io::read_file(path("untied/config.json")))
+                   .at("tie_word_embeddings")
+                   .get<bool>());
+  EXPECT_EQ(load_checkpoint(path("untied")).model.size(), separate.params().entries().size());
+  EXPECT_FALSE(load_model_checkpoint(path("untied"))->config().tied_embeddings());
 }
 
 // Note [Non-finite steps], both policies, with a NaN injected into one gradient element.

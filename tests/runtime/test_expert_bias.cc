@@ -11,11 +11,11 @@
 #include <vector>
 
 #include "common/random_tokens.h"
+#include "common/reference_trainer.h"
 #include "io/hf_config.h"
 #include "io/safetensors.h"
 #include "model/tiny.h"
 #include "runtime/checkpoint.h"
-#include "runtime/reference_trainer.h"
 
 namespace tandem::runtime {
 namespace {

@@ -28,6 +28,7 @@ ModelConfig one_layer_dense() {
   m.num_query_groups = 1;
   m.ffn_hidden_size = 2;
   m.num_experts = 0;
+  m.untie_embeddings_and_output_weights = true;  // the output layer an entry of its own
   return m;
 }
 

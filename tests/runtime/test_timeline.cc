@@ -6,6 +6,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 
+#include "planner/pipeline_model.h"
 #include "runtime/timeline.h"
 
 namespace tandem::runtime {
@@ -40,6 +41,10 @@ TEST(Timeline, EverySpanIsOnTheTrackOfItsStream) {
     ASSERT_TRUE(p.span_tid.count(s.name)) << s.name;
     EXPECT_EQ(p.tracks.at(p.span_tid.at(s.name)), s.stream) << s.name;
   }
+  // The planner's streams keep their rows when a measured and a planned trace are open together.
+  EXPECT_EQ(p.span_tid.at("F0 attention"), static_cast<int>(schedule::Stream::kCompute));
+  EXPECT_EQ(p.span_tid.at("F0 dispatch"), static_cast<int>(schedule::Stream::kComm));
+  EXPECT_EQ(p.span_tid.at("reduce layer 3"), static_cast<int>(schedule::Stream::kReduce));
 }
 
 TEST(Timeline, OnlyTracksWithSpansAreNamedBesideComputeAndComm) {

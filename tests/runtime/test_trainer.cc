@@ -7,12 +7,14 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <vector>
 
 #include "common/random_tokens.h"
+#include "common/reference_trainer.h"
 #include "core/rng.h"
 #include "data/addition.h"
+#include "model/tiny.h"
 #include "runtime/checkpoint.h"
-#include "runtime/reference_trainer.h"
 
 namespace tandem::runtime {
 namespace {
@@ -99,18 +101,17 @@ TEST(Trainer, DecoupledLrMovesTheEmbeddingAndOutputLayerAtTheirOwnRate) {
       EXPECT_TRUE(differs) << e.name;
     }
   }
-  EXPECT_EQ(decoupled_entries, 2);
+  // Tied (Note [Tied embeddings]), the output layer is the table: one entry.
+  EXPECT_EQ(decoupled_entries, a.params().config().tied_embeddings() ? 1 : 2);
 }
 
 // Note [Recomputed experts]: the experts' gate, up and act formed again in the backward are the
 // stored ones bit for bit, so losses, gradient norms and weights after three steps are too; the
 // activation peak is lower (the experts keep only their input rows).
-TEST(Trainer, RecomputedExpertsAreBitwiseTheStoredRunWithLessMemory) {
-  RandomTokens data(32);
-  TrainConfig recompute = small_train();
-  recompute.recompute_experts = true;
-  ReferenceTrainer stored(small_model(true), small_train(), data);
-  ReferenceTrainer again(small_model(true), recompute, data);
+// Three steps of `stored` and `again`, which differ only in what they keep for the backward: the
+// same losses, gradient norms and weights bit for bit, and a lower activation peak in `again`.
+void expect_same_steps_with_less_memory(ReferenceTrainer& stored, ReferenceTrainer& again,
+                                        DType dtype) {
   for (int i = 0; i < 3; ++i) {
     const StepResult a = stored.step(), b = again.step();
     EXPECT_EQ(a.loss, b.loss) << "step " << i + 1;
@@ -121,7 +122,54 @@ TEST(Trainer, RecomputedExpertsAreBitwiseTheStoredRunWithLessMemory) {
   const Tensor& pb = again.params().flat_params();
   ASSERT_EQ(pa.numel(), pb.numel());
   for (int64_t i = 0; i < pa.numel(); ++i) {
-    ASSERT_EQ(pa.data<float>()[i], pb.data<float>()[i]) << "weight " << i;
+    if (dtype == DType::kF64) {
+      ASSERT_EQ(pa.data<double>()[i], pb.data<double>()[i]) << "weight " << i;
+    } else {
+      ASSERT_EQ(pa.data<float>()[i], pb.data<float>()[i]) << "weight " << i;
+    }
+  }
+}
+
+TEST(Trainer, RecomputedExpertsAreBitwiseTheStoredRunWithLessMemory) {
+  RandomTokens data(32);
+  TrainConfig recompute = small_train();
+  recompute.recompute_experts = true;
+  ReferenceTrainer stored(small_model(true), small_train(), data);
+  ReferenceTrainer again(small_model(true), recompute, data);
+  expect_same_steps_with_less_memory(stored, again, DType::kF32);
+}
+
+// Note [Recomputed modules] (model/ffn_nodes.cc): the mlp's and the shared expert's gate, up and
+// act (gated, z and the gate) formed again in the backward are the stored ones bit for bit, so
+// losses, gradient norms and weights after three steps are too (f32, and f64); the activation
+// peak is lower. The model: a dense first layer, then a MoE layer with a shared
+// expert, gated or not.
+TEST(Trainer, RecomputedModulesAreBitwiseTheStoredRunWithLessMemory) {
+  RandomTokens data(32);
+  ModelConfig qwen2 = small_model(true);  // a gated shared expert, a dense first layer
+  qwen2.moe_layer_freq = "[0,1]";
+  qwen2.moe_shared_expert_intermediate_size = 20;
+  qwen2.moe_shared_expert_gate = true;
+  ModelConfig deepseek = testing::memory_deepseek_v3_config();  // ungated, a dense first layer
+  deepseek.vocab_size = 32;
+  deepseek.seq_length = 8;
+  for (const ModelConfig& m : {qwen2, deepseek}) {
+    const bool gated = m.moe_shared_expert_gate;
+    // Each module alone on the small model; both on DeepSeek-V3's (its widths make it slower).
+    const std::vector<const char*> settings =
+        gated ? std::vector<const char*>{"mlp", "shared_experts", "mlp,shared_experts"}
+              : std::vector<const char*>{"mlp,shared_experts"};
+    for (const char* modules : settings) {
+      for (const DType dtype : {DType::kF32, DType::kF64}) {
+        SCOPED_TRACE(std::string(modules) + (gated ? ", gated" : "") +
+                     (dtype == DType::kF64 ? ", f64" : ", f32"));
+        TrainConfig recompute = small_train();
+        recompute.recompute = modules;
+        ReferenceTrainer stored(m, small_train(), data, dtype);
+        ReferenceTrainer again(m, recompute, data, dtype);
+        expect_same_steps_with_less_memory(stored, again, dtype);
+      }
+    }
   }
 }
 
@@ -202,7 +250,13 @@ TEST(Trainer, StepReportsMemoryAndActivationPeak) {
   EXPECT_GT(r.activation_peak, 0);
   EXPECT_GE(r.memory.total_peak, r.memory.total_in_use);
   EXPECT_EQ(r.memory.in_use_of(MemCategory::kActivation), 0);  // all released after the step
-  EXPECT_EQ(r.memory.in_use_of(MemCategory::kParameter), trainer.params().numel() * 4);
+  // Tied, the reference also holds the model untied, which its nodes run on
+  // (Note [Tying in the reference] in tests/common/reference_trainer.cc): the weights twice and the
+  // LM head once more.
+  const ModelConfig& m = trainer.model_config();
+  const int64_t untied =
+      m.tied_embeddings() ? trainer.params().numel() + m.vocab_size * m.hidden_size : 0;
+  EXPECT_EQ(r.memory.in_use_of(MemCategory::kParameter), (trainer.params().numel() + untied) * 4);
 }
 
 TEST(Trainer, VocabularyTooSmallForTheDataIsAnError) {

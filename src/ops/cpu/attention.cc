@@ -1,10 +1,12 @@
 // CPU causal attention with grouped-query heads, flash-attention style: the forward saves only
 // the log-sum-exp of each query row and the backward recomputes the probabilities from it. Each
-// (batch, head) pair runs as BLAS products over a [seq, seq] workspace owned by the call. With
+// (batch, head) pair runs as BLAS products over a [seq, seq] workspace owned by the call, taken
+// from the CPU allocator as an op temporary (category other) so that the measured peak holds it
+// and the plan counts it (Note [Node workspace] in core/footprint.h: one [seq, seq] in the
+// forward; two and a [seq] row in the backward). With
 // document bounds (AttentionShape::key_begin) a query row's keys start at its document's first
 // position; the entries before it are zero, as those above the diagonal are.
 #include <cmath>
-#include <vector>
 
 #include "ops/cpu/common.h"
 #include "ops/cpu/cpu_ops.h"
@@ -111,15 +113,17 @@ void attention_forward(const Tensor& out, const Tensor& lse, const Tensor& q, co
   cpu::expect(op, "out", out, q.dtype(), {q.size(0), d.ow});
   cpu::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    std::vector<T> p(static_cast<size_t>(d.t * d.t));  // [seq, seq] probabilities of one head
+    // [seq, seq] probabilities of one head
+    const Tensor probs =
+        Tensor::empty({d.t * d.t}, q.dtype(), MemCategory::kOther, "attention.probs");
+    T* p = probs.data<T>();
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.heads; ++h) {
         const HeadView<T> hv =
             head_view(d, q.data<T>(), k.data<T>(), v.data<T>(), lse.data<T>(), s, b, h);
-        head_forward_probs(d, hv, p.data());
+        head_forward_probs(d, hv, p);
         T* o = out.data<T>() + b * d.t * d.ow + h * d.dv;
-        cpu::gemm(Trans::kNo, Trans::kNo, d.t, d.dv, d.t, T(1), p.data(), d.t, hv.v, d.vw, T(0), o,
-                  d.ow);
+        cpu::gemm(Trans::kNo, Trans::kNo, d.t, d.dv, d.t, T(1), p, d.t, hv.v, d.vw, T(0), o, d.ow);
       }
     }
   });
@@ -181,7 +185,12 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
   dv.zero_();
   cpu::dispatch_float(q.dtype(), [&](auto tag) {
     using T = decltype(tag);
-    std::vector<T> p(static_cast<size_t>(d.t * d.t)), ds(p.size()), delta(static_cast<size_t>(d.t));
+    // p, ds [seq, seq] and delta [seq], one after another
+    const Tensor work =
+        Tensor::empty({2 * d.t * d.t + d.t}, q.dtype(), MemCategory::kOther, "attention.grads");
+    T* p = work.data<T>();
+    T* ds = p + d.t * d.t;
+    T* delta = ds + d.t * d.t;
     for (int64_t b = 0; b < d.b; ++b) {
       for (int64_t h = 0; h < d.heads; ++h) {
         const HeadView<T> hv =
@@ -190,7 +199,7 @@ void attention_backward(const Tensor& dq, const Tensor& dk, const Tensor& dv, co
         const int64_t koff = b * d.t * d.kw + (h / d.group) * d.d;
         const int64_t voff = b * d.t * d.vw + (h / d.group) * d.dv;
         head_backward(d, hv, dout.data<T>() + ooff, out.data<T>() + ooff, dq.data<T>() + qoff,
-                      dk.data<T>() + koff, dv.data<T>() + voff, p.data(), ds.data(), delta.data());
+                      dk.data<T>() + koff, dv.data<T>() + voff, p, ds, delta);
       }
     }
   });

@@ -97,4 +97,14 @@ void expect_indices(const char* op, const char* what, const int32_t* ids, int64_
   }
 }
 
+const float* expect_loss_mask(const char* op, const Tensor& loss_mask, int64_t n) {
+  expect(op, "loss_mask", loss_mask, DType::kF32, {n});
+  const float* m = loss_mask.data<float>();
+  for (int64_t r = 0; r < n; ++r) {
+    TANDEM_CHECK(m[r] == 0.0f || m[r] == 1.0f, op, ": loss_mask[", r, "] = ", m[r],
+                 " is neither 0 nor 1");
+  }
+  return m;
+}
+
 }  // namespace tandem::ops::cpu

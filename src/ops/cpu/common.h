@@ -25,6 +25,9 @@ void expect_at_least(const char* op, const char* name, int64_t v, int64_t lo);
 // its row and the valid range ("<op>: <what> 300 at row 5 is outside [0, 256)").
 void expect_indices(const char* op, const char* what, const int32_t* ids, int64_t count,
                     int64_t limit);
+// Throws unless loss_mask is f32 [n] of 0s and 1s (Note [Loss mask] in model/end_nodes.cc);
+// returns its elements.
+const float* expect_loss_mask(const char* op, const Tensor& loss_mask, int64_t n);
 
 // Calls f(float{}) or f(double{}) for dtype (which float_dtype has checked); returns its result.
 template <typename F>

@@ -6,5 +6,4 @@
 
 namespace tandem::ops::cpu {
 #include "ops/op_decls.inc"
-#include "ops/op_decls_cpu.inc"
 }  // namespace tandem::ops::cpu

@@ -35,11 +35,9 @@ LmHeadDims check_lm_head(const char* op, const Tensor& lse, const Tensor& x, con
   return {n, h, v, dt};
 }
 
-}  // namespace
-
-double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
-                          const Tensor& targets) {
-  const LmHeadDims d = check_lm_head("lm_head_ce_forward", lse, x, w, targets);
+// lm_head_ce_forward over the rows whose mask is 1 (mask null: every row); lse of every row.
+double forward_rows(const LmHeadDims& d, const Tensor& lse, const Tensor& x, const Tensor& w,
+                    const Tensor& targets, const float* mask) {
   const int32_t* pt = targets.data<int32_t>();
   return dispatch_float(d.dt, [&](auto tag) {
     using T = decltype(tag);
@@ -59,18 +57,18 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
           lse.data<float>()[r0 + r] = static_cast<float>(l);
         else
           lse.data<T>()[r0 + r] = static_cast<T>(l);
-        loss += l - static_cast<double>(row[pt[r0 + r]]);
+        if (mask == nullptr || mask[r0 + r] != 0.0f)
+          loss += l - static_cast<double>(row[pt[r0 + r]]);
       }
     }
     return loss;
   });
 }
 
-void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
-                         const Tensor& targets, const Tensor& lse, double scale,
-                         Accumulate acc_dw) {
-  const char* op = "lm_head_ce_backward";
-  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+// lm_head_ce_backward with the dlogits of the rows whose mask is 0 zero (mask null: none).
+void backward_rows(const char* op, const LmHeadDims& d, const Tensor& dx, const Tensor& dw,
+                   const Tensor& x, const Tensor& w, const Tensor& targets, const Tensor& lse,
+                   double scale, Accumulate acc_dw, const float* mask) {
   expect(op, "dx", dx, d.dt, {d.n, d.h});
   expect(op, "dw", dw, d.dt, {d.v, d.h});
   const int32_t* pt = targets.data<int32_t>();
@@ -88,9 +86,10 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
         T* row = dlogits.data() + r * d.v;
         const double l = lse.dtype() == DType::kF32 ? double(lse.data<float>()[r0 + r])
                                                     : double(lse.data<T>()[r0 + r]);
+        const bool kept = mask == nullptr || mask[r0 + r] != 0.0f;
         for (int64_t j = 0; j < d.v; ++j) {
           const double p = std::exp(static_cast<double>(row[j]) - l);
-          row[j] = static_cast<T>((p - (j == pt[r0 + r] ? 1.0 : 0.0)) * scale);
+          row[j] = kept ? static_cast<T>((p - (j == pt[r0 + r] ? 1.0 : 0.0)) * scale) : T(0);
         }
       }
       gemm(Trans::kNo, Trans::kNo, rows, d.h, d.v, T(1), dlogits.data(), d.v, w.data<T>(), d.h,
@@ -102,12 +101,54 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
   });
 }
 
+}  // namespace
+
+double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
+                          const Tensor& targets) {
+  const LmHeadDims d = check_lm_head("lm_head_ce_forward", lse, x, w, targets);
+  return forward_rows(d, lse, x, w, targets, nullptr);
+}
+
+void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                         const Tensor& targets, const Tensor& lse, double scale,
+                         Accumulate acc_dw) {
+  const char* op = "lm_head_ce_backward";
+  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  backward_rows(op, d, dx, dw, x, w, targets, lse, scale, acc_dw, nullptr);
+}
+
 PendingScalar lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
                                           const Tensor& x, const Tensor& w, const Tensor& targets,
                                           double scale, Accumulate acc_dw) {
   // The reference composes the two (the GPU shares one product per block between them).
   const double loss = cpu::lm_head_ce_forward(lse, x, w, targets);
   cpu::lm_head_ce_backward(dx, dw, x, w, targets, lse, scale, acc_dw);
+  return PendingScalar(loss);
+}
+
+double lm_head_ce_forward_masked(const Tensor& lse, const Tensor& x, const Tensor& w,
+                                 const Tensor& targets, const Tensor& loss_mask) {
+  const char* op = "lm_head_ce_forward";
+  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  return forward_rows(d, lse, x, w, targets, expect_loss_mask(op, loss_mask, d.n));
+}
+
+void lm_head_ce_backward_masked(const Tensor& dx, const Tensor& dw, const Tensor& x,
+                                const Tensor& w, const Tensor& targets, const Tensor& lse,
+                                double scale, const Tensor& loss_mask, Accumulate acc_dw) {
+  const char* op = "lm_head_ce_backward";
+  const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  backward_rows(op, d, dx, dw, x, w, targets, lse, scale, acc_dw,
+                expect_loss_mask(op, loss_mask, d.n));
+}
+
+PendingScalar lm_head_ce_forward_backward_masked(const Tensor& dx, const Tensor& dw,
+                                                 const Tensor& lse, const Tensor& x,
+                                                 const Tensor& w, const Tensor& targets,
+                                                 double scale, const Tensor& loss_mask,
+                                                 Accumulate acc_dw) {
+  const double loss = cpu::lm_head_ce_forward_masked(lse, x, w, targets, loss_mask);
+  cpu::lm_head_ce_backward_masked(dx, dw, x, w, targets, lse, scale, loss_mask, acc_dw);
   return PendingScalar(loss);
 }
 

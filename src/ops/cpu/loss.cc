@@ -77,33 +77,19 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const T
   });
 }
 
-namespace {
-
-// loss_mask [N] f32 of 0s and 1s beside logits [N, V].
-const float* check_loss_mask(const char* op, const Tensor& logits, const Tensor& loss_mask) {
-  cpu::expect(op, "loss_mask", loss_mask, DType::kF32, {logits.size(0)});
-  const float* m = loss_mask.data<float>();
-  for (int64_t r = 0; r < logits.size(0); ++r) {
-    TANDEM_CHECK(m[r] == 0.0f || m[r] == 1.0f, op, ": loss_mask[", r, "] = ", m[r],
-                 " is neither 0 nor 1");
-  }
-  return m;
-}
-
-}  // namespace
-
 double cross_entropy_forward_masked(const Tensor& logits, const Tensor& targets,
                                     const Tensor& loss_mask) {
   const char* op = "cross_entropy_forward";
   const DType dt = check_ce(op, logits, targets);
-  return cross_entropy_sum(dt, logits, targets, check_loss_mask(op, logits, loss_mask));
+  return cross_entropy_sum(dt, logits, targets,
+                           cpu::expect_loss_mask(op, loss_mask, logits.size(0)));
 }
 
 void cross_entropy_backward_masked(const Tensor& dlogits, const Tensor& logits,
                                    const Tensor& targets, double scale, const Tensor& loss_mask) {
   const char* op = "cross_entropy_backward";
   const DType dt = check_ce(op, logits, targets);
-  const float* m = check_loss_mask(op, logits, loss_mask);
+  const float* m = cpu::expect_loss_mask(op, loss_mask, logits.size(0));
   cross_entropy_backward(dlogits, logits, targets, scale);
   const int64_t v = logits.size(1);
   cpu::dispatch_float(dt, [&](auto tag) {

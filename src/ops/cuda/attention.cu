@@ -1,16 +1,17 @@
-// Flash attention on the GPU: causal, grouped-query heads, scale 1/sqrt(D) or the model's own;
-// bf16 q/k/v/out and gradients, f32 log-sum-exp, fp32 accumulation everywhere. Head dims 64 and
-// 128, and q/k 192 with v 128 (multi-head latent attention; 16-byte aligned tensors) run on the
-// tensor cores (mma.sync m16n8k16 bf16, tiles staged in shared memory by
-// cp.async, tiles above the diagonal skipped); any other D up to 256 runs a plain warp-per-row
-// kernel (v's head dim may differ from q/k's there too). The tensor-core backward is
-// FlashAttention-2's, by default in two passes (dk and dv by key tiles, then dq by query tiles:
-// deterministic, Note [Deterministic attention backward]), or in one pass per KV-head key tile that
-// sums dq in an f32 workspace by atomics (faster; its bits depend on arrival order). The generic
-// backward is deterministic: one pass owns the dq rows (and writes delta), a second the dk/dv rows.
-// This file: the forward kernels, the checks and the dispatch; the backward kernels are in
-// attention_backward.cu, what both use in attention_mma.cuh, the generic kernels in
-// attention_generic.cu and the geometry all use in attention_common.cuh.
+// Flash attention on the GPU: causal (within document bounds when given:
+// Note [Attention document bounds] in attention_mma.cuh), grouped-query heads, scale 1/sqrt(D) or
+// the model's own; bf16 q/k/v/out and gradients, f32 log-sum-exp, fp32 accumulation everywhere.
+// Head dims 64 and 128, and q/k 192 with v 128 (multi-head latent attention; 16-byte aligned
+// tensors) run on the tensor cores (mma.sync m16n8k16 bf16, tiles staged in shared memory by
+// cp.async, tiles above the diagonal and outside the documents skipped); any other D up to 256
+// runs a plain warp-per-row kernel (v's head dim may differ from q/k's there too). The
+// tensor-core backward is FlashAttention-2's, by default in two passes (dk and dv by key tiles,
+// then dq by query tiles: deterministic, Note [Deterministic attention backward]), or in one pass
+// per KV-head key tile that sums dq in an f32 workspace by atomics (faster; its bits depend on
+// arrival order). The generic backward is deterministic: one pass owns the dq rows (and writes
+// delta), a second the dk/dv rows. This file: the forward kernels, the checks and the dispatch;
+// the backward kernels are in attention_backward.cu, what both use in attention_mma.cuh, the
+// generic kernels in attention_generic.cu and the geometry all use in attention_common.cuh.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -53,25 +54,27 @@ __device__ __forceinline__ void forward_key_tile(float (&o)[MT][DV / 8][4], floa
                                                  float (&l)[MT][2],
                                                  const uint32_t (&qf)[D / 16][MT][4],
                                                  const bf16* s_k, const bf16* s_v, int k0, int row0,
-                                                 const Geometry& g, int lane) {
+                                                 const RowBounds& rb, const Geometry& g, int lane) {
   constexpr int kBc = BC, kP = D + 8, kNt = kBc / 8;
   float s[MT][kNt][4] = {};
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) mma_nt<MT, kNt>(s, qf[kc], s_k + kc * 16, kP, lane);
 
-  const bool need_mask = k0 + kBc - 1 > row0 || k0 + kBc > g.seq;
+  // Note [Attention document bounds]: keys below a row's first key are masked as those above it.
+  const bool need_mask = k0 + kBc - 1 > row0 || k0 + kBc > g.seq || k0 < rb.hi;
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
     for (int r = 0; r < 2; ++r) {
       const int row = row0 + mt * 16 + (lane >> 2) + 8 * r;
+      const int lo = need_mask && row < g.seq ? rb.first_key(row) : 0;
       float mx = -INFINITY;  // of the raw scores (scale_log2 > 0 keeps the order)
 #pragma unroll
       for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
         for (int e = 2 * r; e < 2 * r + 2; ++e) {
           const int col = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
-          if (need_mask && !(col <= row && col < g.seq)) s[mt][nt][e] = -INFINITY;
+          if (need_mask && !(col <= row && col < g.seq && col >= lo)) s[mt][nt][e] = -INFINITY;
           mx = fmaxf(mx, s[mt][nt][e]);
         }
       }
@@ -115,15 +118,18 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const auto [b, h, q0, q_off, o_off, k_off, v_off, n_tiles] = query_tile<D, DV, kBr, kBc>(g);
 
+  const int row0 = q0 + warp * 16 * MT;  // this warp's first query row
   load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
   cp_async_commit();
-  load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, 0, g.seq);
-  load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, 0, g.seq);
+  // Note [Attention document bounds]: the walk starts at the block's first attended key tile.
+  const RowBounds rb = warp_row_bounds<16 * MT>(g, b, row0, lane);
+  const int first_tile = first_key_tile<kBc>(g, rb.lo, n_tiles);
+  load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, first_tile * kBc, g.seq);
+  load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, first_tile * kBc, g.seq);
   cp_async_commit();
   cp_async_wait<1>();  // the Q tile
   __syncthreads();
 
-  const int row0 = q0 + warp * 16 * MT;  // this warp's first query row
   uint32_t qf[D / 16][MT][4];
 #pragma unroll
   for (int kc = 0; kc < D / 16; ++kc) {
@@ -138,11 +144,11 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) m[mt][0] = m[mt][1] = -INFINITY, l[mt][0] = l[mt][1] = 0;
 
-  walk_key_tiles<kBc, D, DV, kTh>(s_k, s_v, k, v, k_off, v_off, n_tiles, row0 + 16 * MT - 1, g,
-                                  [&](const bf16* tk, const bf16* tv, int k0) {
-                                    forward_key_tile<D, DV, MT, BC>(o, m, l, qf, tk, tv, k0, row0,
-                                                                    g, lane);
-                                  });
+  walk_key_tiles<kBc, D, DV, kTh>(
+      s_k, s_v, k, v, k_off, v_off, first_tile, n_tiles, rb.lo, row0 + 16 * MT - 1, g,
+      [&](const bf16* tk, const bf16* tv, int k0) {
+        forward_key_tile<D, DV, MT, BC>(o, m, l, qf, tk, tv, k0, row0, rb, g, lane);
+      });
 
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -189,6 +195,9 @@ Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const
   expect_cuda(op, "k", k, {DType::kBF16}, {n, s.kv_heads * s.head_dim});
   expect_cuda(op, "v", v, {DType::kBF16}, {n, s.kv_heads * s.v_dim()});
   expect_cuda(op, "lse", lse, {DType::kF32}, {s.batch, s.heads, s.seq});
+  // Document bounds (Note [Attention document bounds]): their values are the caller's to keep in
+  // [0, i]; reading them back to check would wait for the stream.
+  if (s.key_begin.defined()) expect_cuda(op, "key_begin", s.key_begin, {DType::kI32}, {n});
   const auto as_int = [](int64_t x) { return static_cast<int>(x); };
   return Geometry{.batch = as_int(s.batch),
                   .seq = as_int(s.seq),
@@ -202,7 +211,8 @@ Geometry check_attention(const char* op, const Tensor& q, const Tensor& k, const
                   .v_stride = s.kv_heads * s.v_dim(),
                   .o_stride = s.heads * s.v_dim(),
                   .scale = static_cast<float>(s.softmax_scale()),
-                  .scale_log2 = static_cast<float>(kLog2e * s.softmax_scale())};
+                  .scale_log2 = static_cast<float>(kLog2e * s.softmax_scale()),
+                  .key_begin = s.key_begin.defined() ? s.key_begin.data<int32_t>() : nullptr};
 }
 
 // The tensor-core kernels need their head dims (attention_tensor_core_dims, which the planner

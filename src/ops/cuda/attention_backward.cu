@@ -29,20 +29,23 @@ struct BackwardTiles {
   static constexpr int kThreads = 32 * WARPS, kBc = 16 * WARPS, kBr = BR, kPitch = D + 8,
                        kVPitch = DV + 8, kDsPitch = BR + 8;
   static_assert(kBc >= kKeyTile);  // the grid-y limit of check_attention
-  static constexpr int kSmemBytes =
-      (kBc + 2 * kBr) * kPitch * int{sizeof(bf16)} + (kBc + 2 * kBr) * kVPitch * int{sizeof(bf16)} +
-      kBc * kDsPitch * int{sizeof(bf16)} + 4 * kBr * int{sizeof(float)};
+  static constexpr int kSmemBytes = (kBc + 2 * kBr) * kPitch * int{sizeof(bf16)} +
+                                    (kBc + 2 * kBr) * kVPitch * int{sizeof(bf16)} +
+                                    kBc * kDsPitch * int{sizeof(bf16)} +
+                                    4 * kBr * int{sizeof(float)} + 2 * kBr * int{sizeof(int)};
 };
 
 // One (query tile, key tile) step for one warp: dk, dv accumulate, and dp_out (zeros on entry)
 // receives this warp's dS^T (unscaled); `stats` holds lse * log2 e in [0, BR) and delta in
-// [BR, 2 BR) for the tile's rows.
+// [BR, 2 BR) for the tile's rows, `begins` their first keys; `late`: some row's first key is
+// after the block's first key, so the tile needs the document mask
+// (Note [Attention document bounds] in attention_mma.cuh).
 template <int D, int DV, int BR>
 __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float (&dv)[1][DV / 8][4],
                                                 float (&dp_out)[BR / 8][4], const bf16* s_k,
                                                 const bf16* s_v, const bf16* s_q, const bf16* s_do,
-                                                const float* stats, int key0, int q0,
-                                                const Geometry& g, int lane) {
+                                                const float* stats, const int* begins, bool late,
+                                                int key0, int q0, const Geometry& g, int lane) {
   constexpr int kP = D + 8, kPv = DV + 8, kNt = BR / 8;
   float s[1][kNt][4] = {};
   float(&dp)[1][kNt][4] = reinterpret_cast<float(&)[1][kNt][4]>(dp_out);
@@ -58,7 +61,7 @@ __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float 
     ldmatrix_x4(a[0], s_v + (lane & 15) * kPv + kc * 16 + (lane >> 4) * 8);
     mma_nt<1, kNt>(dp, a, s_do + kc * 16, kPv, lane);
   }
-  const bool need_mask = key0 + 15 > q0 || q0 + BR > g.seq;
+  const bool need_mask = key0 + 15 > q0 || q0 + BR > g.seq || late;
 #pragma unroll
   for (int nt = 0; nt < kNt; ++nt) {
 #pragma unroll
@@ -66,7 +69,7 @@ __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float 
       const int key = key0 + (lane >> 2) + 8 * (e >> 1);
       const int col = nt * 8 + 2 * (lane & 3) + (e & 1);  // query q0 + col
       float p = fast_exp2(s[0][nt][e] * g.scale_log2 - stats[col]);
-      if (need_mask && !(key <= q0 + col && q0 + col < g.seq)) p = 0.f;
+      if (need_mask && !(key <= q0 + col && q0 + col < g.seq && key >= begins[col])) p = 0.f;
       s[0][nt][e] = p;
       dp[0][nt][e] = p * (dp[0][nt][e] - stats[BR + col]);  // dS^T (unscaled)
     }
@@ -101,18 +104,20 @@ __device__ __forceinline__ void dkdv_load_tiles(bf16* s_q, bf16* s_do, const bf1
   load_tile<BR, DV, THREADS>(s_do, dout + o_off, g.o_stride, st.q0, g.seq);
 }
 
-// lse * log2 e and delta of row `i` of step `st`'s query tile (zeros past seq). Loaded into
-// registers a step ahead and stored to shared memory after that step's products, so that the
-// global latency hides behind them.
+// lse * log2 e, delta and the first key of row `i` of step `st`'s query tile (zeros past seq, and
+// first key 0 without document bounds). Loaded into registers a step ahead and stored to shared
+// memory after that step's products, so that the global latency hides behind them.
 struct StatRow {
   float lse2, delta;
+  int begin;
 };
 __device__ __forceinline__ StatRow load_stat_row(const float* lse, const float* delta, int b,
                                                  QueryStep st, int i, const Geometry& g) {
   const int row = st.q0 + i;
-  if (row >= g.seq) return {0.f, 0.f};
+  if (row >= g.seq) return {0.f, 0.f, 0};
   const int64_t at = (int64_t{b} * g.heads + st.head) * g.seq + row;
-  return {lse[at] * kLog2e, delta[at]};
+  const int begin = g.key_begin != nullptr ? g.key_begin[int64_t{b} * g.seq + row] : 0;
+  return {lse[at] * kLog2e, delta[at], begin};
 }
 
 // delta of every (row, head) and zeros in the dq workspace (when there is one: D == DV, so that
@@ -254,6 +259,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   bf16* s_do = s_q + 2 * BR * kP;                                // [2][BR][kPv]
   bf16* s_ds = s_do + 2 * BR * kPv;                              // [kBc][kDsP]
   float* s_stats = reinterpret_cast<float*>(s_ds + kBc * kDsP);  // [2][2 * BR]
+  int* s_begin = reinterpret_cast<int*>(s_stats + 4 * BR);       // [2][BR]
 
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int part = static_cast<int>(blockIdx.x) % split;
@@ -264,7 +270,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   const int64_t k_off = int64_t{b} * g.seq * g.kv_stride + int64_t{kvh} * D;
   const int64_t v_off = int64_t{b} * g.seq * g.v_stride + int64_t{kvh} * DV;
   const int first_tile = k0 / BR;
-  const int per_head = (g.seq + BR - 1) / BR - first_tile;
+  // Note [Attention document bounds]: the query tiles up to the last query of any of its keys.
+  const int last_row = last_attending_row<kTh>(g, b, k0, k0 + kBc - 1);
+  const int per_head = min((g.seq + BR - 1) / BR, last_row / BR + 1) - first_tile;
   const int n_steps = part_heads * per_head;
   const int tid = static_cast<int>(threadIdx.x);  // threads below BR carry one stats row
   static_assert(BR <= kTh);
@@ -274,10 +282,12 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   const QueryStep first = query_step(0, first_tile, per_head, head0, BR);
   dkdv_load_tiles<D, DV, BR, kTh>(s_q, s_do, q, dout, b, first, g);
   cp_async_commit();
+  StatRow cur{0.f, 0.f, 0};  // this thread's row of the current step (threads below BR)
   if (tid < BR) {
-    const StatRow r = load_stat_row(lse, delta, b, first, tid, g);
-    s_stats[tid] = r.lse2;
-    s_stats[BR + tid] = r.delta;
+    cur = load_stat_row(lse, delta, b, first, tid, g);
+    s_stats[tid] = cur.lse2;
+    s_stats[BR + tid] = cur.delta;
+    s_begin[tid] = cur.begin;
   }
 
   const int key0 = k0 + warp * 16;  // this warp's first key
@@ -285,7 +295,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   for (int it = 0; it < n_steps; ++it) {
     const int buf = it & 1;
     const bool more = it + 1 < n_steps;
-    StatRow next{0.f, 0.f};
+    StatRow next{0.f, 0.f, 0};
     if (more) {  // prefetch step it + 1 into the buffers freed at the end of step it - 1
       const QueryStep st = query_step(it + 1, first_tile, per_head, head0, BR);
       dkdv_load_tiles<D, DV, BR, kTh>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kPv, q,
@@ -294,13 +304,15 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     }
     cp_async_commit();
     cp_async_wait<1>();
-    __syncthreads();
+    // Whether a row of the tile starts its document after the block's first key (the barrier the
+    // step needs anyway).
+    const bool late = __syncthreads_or(tid < BR && cur.begin > k0) != 0;
     const QueryStep st = query_step(it, first_tile, per_head, head0, BR);
     float ds[BR / 8][4] = {};
     if (key0 <= st.q0 + BR - 1) {  // else every query of the tile is before this warp's keys
       dkdv_query_tile<D, DV, BR>(dk_acc, dv_acc, ds, s_k + warp * 16 * kP, s_v + warp * 16 * kPv,
                                  s_q + buf * BR * kP, s_do + buf * BR * kPv, s_stats + buf * 2 * BR,
-                                 key0, st.q0, g, lane);
+                                 s_begin + buf * BR, late, key0, st.q0, g, lane);
     }
     if constexpr (DQ) {
       store_ds<BR>(s_ds + warp * 16 * kDsP, ds, lane);
@@ -310,7 +322,9 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     if (more && tid < BR) {
       s_stats[(buf ^ 1) * 2 * BR + tid] = next.lse2;
       s_stats[(buf ^ 1) * 2 * BR + BR + tid] = next.delta;
+      s_begin[(buf ^ 1) * BR + tid] = next.begin;
     }
+    cur = next;
     __syncthreads();
   }
   if (split == 1) {
@@ -357,7 +371,7 @@ __device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
                                             const uint32_t (&dof)[DV / 16][MT][4],
                                             const float (&lse2)[MT][2], const float (&dlt)[MT][2],
                                             const bf16* s_k, const bf16* s_v, int k0, int row0,
-                                            const Geometry& g, int lane) {
+                                            const RowBounds& rb, const Geometry& g, int lane) {
   constexpr int kP = D + 8, kNt = BC / 8;
   float s[MT][kNt][4] = {}, dp[MT][kNt][4] = {};
 #pragma unroll
@@ -365,7 +379,17 @@ __device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
     mma_nt<MT, kNt>(s, qf[kc], s_k + kc * 16, kP, lane);
     if (kc < DV / 16) mma_nt<MT, kNt>(dp, dof[kc], s_v + kc * 16, DV + 8, lane);
   }
-  const bool need_mask = k0 + BC - 1 > row0 || k0 + BC > g.seq;
+  // Note [Attention document bounds] in attention_mma.cuh, as the forward's.
+  const bool need_mask = k0 + BC - 1 > row0 || k0 + BC > g.seq || k0 < rb.hi;
+  int lo[MT][2];  // each row's first key
+#pragma unroll
+  for (int mt = 0; mt < MT; ++mt) {
+#pragma unroll
+    for (int r = 0; r < 2; ++r) {
+      const int row = row0 + mt * 16 + (lane >> 2) + 8 * r;
+      lo[mt][r] = need_mask && row < g.seq ? rb.first_key(row) : 0;
+    }
+  }
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
 #pragma unroll
@@ -376,7 +400,7 @@ __device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
         const int row = row0 + mt * 16 + (lane >> 2) + 8 * r;
         const int col = k0 + nt * 8 + 2 * (lane & 3) + (e & 1);
         float p = fast_exp2(s[mt][nt][e] * g.scale_log2 - lse2[mt][r]);
-        if (need_mask && !(col <= row && col < g.seq)) p = 0.f;
+        if (need_mask && !(col <= row && col < g.seq && col >= lo[mt][r])) p = 0.f;
         s[mt][nt][e] = p * (dp[mt][nt][e] - dlt[mt][r]);  // dS (unscaled)
       }
     }
@@ -401,14 +425,17 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const auto [b, h, q0, q_off, o_off, k_off, v_off, n_tiles] = query_tile<D, DV, kBr, kBc>(g);
 
+  const int row0 = q0 + warp * 16 * MT;  // this warp's first query row
   load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
   load_tile<kBr, DV, kTh>(s_do, dout + o_off, g.o_stride, q0, g.seq);
   cp_async_commit();
-  load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, 0, g.seq);
-  load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, 0, g.seq);
+  // Note [Attention document bounds] in attention_mma.cuh: from the first attended key tile.
+  const RowBounds rb = warp_row_bounds<16 * MT>(g, b, row0, lane);
+  const int first_tile = first_key_tile<kBc>(g, rb.lo, n_tiles);
+  load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, first_tile * kBc, g.seq);
+  load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, first_tile * kBc, g.seq);
   cp_async_commit();
 
-  const int row0 = q0 + warp * 16 * MT;  // this warp's first query row
   float lse2[MT][2], dlt[MT][2];
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
@@ -433,11 +460,11 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
     }
   }
   float acc[MT][D / 8][4] = {};
-  walk_key_tiles<kBc, D, DV, kTh>(s_k, s_v, k, v, k_off, v_off, n_tiles, row0 + 16 * MT - 1, g,
-                                  [&](const bf16* tk, const bf16* tv, int k0) {
-                                    dq_key_tile<D, DV, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0,
-                                                               row0, g, lane);
-                                  });
+  walk_key_tiles<kBc, D, DV, kTh>(
+      s_k, s_v, k, v, k_off, v_off, first_tile, n_tiles, rb.lo, row0 + 16 * MT - 1, g,
+      [&](const bf16* tk, const bf16* tv, int k0) {
+        dq_key_tile<D, DV, MT, BC>(acc, qf, dof, lse2, dlt, tk, tv, k0, row0, rb, g, lane);
+      });
 #pragma unroll
   for (int mt = 0; mt < MT; ++mt) {
     store_rows<D>(dq + q_off, g.q_stride, row0 + mt * 16, g.seq, acc[mt], g.scale, lane);

@@ -2,7 +2,8 @@
 // tensor-core kernels (attention.cu, attention_backward.cu) do not take: one warp per row, lane
 // i holding head-dim elements i + 32 j; keys one at a time with an fp32 online softmax. Slow
 // but plainly the equations. The backward is deterministic: one pass owns the dq rows (and
-// writes delta), a second the dk/dv rows.
+// writes delta), a second the dk/dv rows. With document bounds (Geometry::key_begin) a query row
+// walks its own keys only, and a key row the queries that attend it.
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -56,6 +57,11 @@ __device__ __forceinline__ RowId warp_row(int heads, int seq) {
   return {r, static_cast<int>(bh / heads), static_cast<int>(bh % heads), static_cast<int>(r % seq)};
 }
 
+// The first key of query t of sequence b: key_begin's (at least 0), else 0.
+__device__ __forceinline__ int first_key(const Geometry& g, int b, int t) {
+  return g.key_begin != nullptr ? max(g.key_begin[int64_t{b} * g.seq + t], 0) : 0;
+}
+
 __global__ void __launch_bounds__(kThreads)
     generic_forward_kernel(bf16* out, float* lse, const bf16* q, const bf16* k, const bf16* v,
                            Geometry g) {
@@ -69,7 +75,7 @@ __global__ void __launch_bounds__(kThreads)
   float qv[kPerLane], kv[kPerLane], vv[kPerLane], acc[kPerLane] = {};
   load_row(qv, q + q_row, dim, lane);
   float m = -INFINITY, l = 0;
-  for (int j = 0; j <= id.t; ++j) {
+  for (int j = first_key(g, id.b, id.t); j <= id.t; ++j) {
     load_row(kv, k + k0 + j * g.kv_stride, dim, lane);
     load_row(vv, v + v0 + j * g.v_stride, vdim, lane);
     const float s = dot_row(qv, kv) * g.scale;
@@ -102,7 +108,7 @@ __global__ void __launch_bounds__(kThreads)
   load_row(vv, out + o_row, vdim, lane);
   const float dlt = dot_row(dov, vv), row_lse = lse[id.r];
   if (lane == 0) delta[id.r] = dlt;
-  for (int j = 0; j <= id.t; ++j) {
+  for (int j = first_key(g, id.b, id.t); j <= id.t; ++j) {
     load_row(kv, k + k0 + j * g.kv_stride, dim, lane);
     load_row(vv, v + v0 + j * g.v_stride, vdim, lane);
     const float p = expf(dot_row(qv, kv) * g.scale - row_lse);
@@ -129,6 +135,7 @@ __global__ void __launch_bounds__(kThreads)
   for (int h = id.h * g.group; h < (id.h + 1) * g.group; ++h) {
     const int64_t stat0 = (int64_t{id.b} * g.heads + h) * g.seq;
     for (int t = id.t; t < g.seq; ++t) {
+      if (first_key(g, id.b, t) > id.t) continue;  // query t does not attend this key
       const int64_t q_row = (int64_t{id.b} * g.seq + t) * g.q_stride + int64_t{h} * dim;
       const int64_t o_row = (int64_t{id.b} * g.seq + t) * g.o_stride + int64_t{h} * vdim;
       load_row(qv, q + q_row, dim, lane);

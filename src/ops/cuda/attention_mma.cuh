@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <climits>
 #include <cstddef>
 #include <cstdint>
 #include <vector>
@@ -199,17 +200,81 @@ __device__ __forceinline__ void store_rows(T* base, int64_t stride, int row0, in
   }
 }
 
-// The key tiles [0, n_tiles) of a query block, BC keys each, K and V double-buffered in s_k and
-// s_v (2 x BC rows of pitch D + 8 and DV + 8; tile 0 already loading): prefetches tile j + 1,
-// waits for tile j, and runs step(k tile, v tile, first key) on it unless every key of the tile
-// is above `last_row` (the calling warp's last query row).
+// Note [Attention document bounds]: with AttentionShape::key_begin (Geometry::key_begin) the
+// query at position i attends keys key_begin[i] .. i of its sequence (Note [Document masking] in
+// data/document_masks.h). The kernels mask a score by those bounds wherever a tile may hold a
+// key outside them (the diagonal tiles, and the tiles below a row's first key), and skip what no
+// query of theirs attends, so that a masked call costs about the keys it attends:
+//   - a query block (the forward, the dq pass) starts its key walk at the tile of the smallest
+//     first key of its rows (block_min), and each warp skips the tiles below its own rows' first
+//     keys (RowBounds::lo) as it skips those above its diagonal;
+//   - a key block (the dk/dv pass) walks the query tiles up to the last query that attends any
+//     of its keys (last_attending_row) instead of up to the sequence's end.
+// With short documents that is the block-diagonal band of the score matrix. Without bounds
+// (null) every check reduces to the plain causal one.
+// The first keys of one warp's query rows [row0, row0 + ROWS) of sequence `b`: begin (the
+// sequence's key_begin, null without bounds), and the smallest (lo, clamped at 0; INT_MAX when no
+// row is below seq) and largest (hi) of the rows below seq.
+struct RowBounds {
+  const int32_t* begin;
+  int lo, hi;
+  // The first key of row `row` (below seq).
+  __device__ __forceinline__ int first_key(int row) const {
+    return begin != nullptr ? begin[row] : 0;
+  }
+};
+template <int ROWS>
+__device__ __forceinline__ RowBounds warp_row_bounds(const Geometry& g, int b, int row0, int lane) {
+  static_assert(ROWS <= 32);
+  if (g.key_begin == nullptr) return {nullptr, 0, 0};
+  const int32_t* begin = g.key_begin + int64_t{b} * g.seq;
+  const int row = row0 + lane;
+  const bool valid = lane < ROWS && row < g.seq;
+  const int x = valid ? begin[row] : 0;
+  return {begin, static_cast<int>(__reduce_min_sync(~0u, valid ? max(x, 0) : INT_MAX)),
+          static_cast<int>(__reduce_max_sync(~0u, x))};
+}
+
+// The smallest `x` of the block's threads; every thread calls it (it synchronizes the block), at
+// most once per kernel.
+__device__ __forceinline__ int block_min(int x) {
+  __shared__ int s_min;
+  if (threadIdx.x == 0) s_min = INT_MAX;
+  __syncthreads();
+  x = __reduce_min_sync(~0u, x);
+  if (threadIdx.x % 32 == 0) atomicMin(&s_min, x);
+  __syncthreads();
+  return s_min;
+}
+
+// The last query row of sequence `b` that attends any key in [k0, k_last]: the largest i >= k0
+// with key_begin[i] <= k_last (Note [Attention document bounds]); seq - 1 without bounds. Every
+// thread of the block calls it (block_min).
+template <int THREADS>
+__device__ __forceinline__ int last_attending_row(const Geometry& g, int b, int k0, int k_last) {
+  if (g.key_begin == nullptr) return g.seq - 1;
+  const int32_t* begin = g.key_begin + int64_t{b} * g.seq;
+  int last = k0;  // the query at k0 attends key k0
+  for (int i = k0 + static_cast<int>(threadIdx.x); i < g.seq; i += THREADS) {
+    if (begin[i] <= k_last) last = i;
+  }
+  return -block_min(-last);
+}
+
+// The key tiles [first_tile, n_tiles) of a query block, BC keys each, K and V double-buffered in
+// s_k and s_v (2 x BC rows of pitch D + 8 and DV + 8; tile first_tile already loading into
+// buffer 0): prefetches tile j + 1, waits for tile j, and runs step(k tile, v tile, first key) on
+// it unless every key of the tile is above `last_row` (the calling warp's last query row) or
+// below `first_key` (the smallest first key of the warp's rows:
+// Note [Attention document bounds]).
 template <int BC, int D, int DV, int THREADS, typename Step>
 __device__ __forceinline__ void walk_key_tiles(bf16* s_k, bf16* s_v, const bf16* k, const bf16* v,
-                                               int64_t k_off, int64_t v_off, int n_tiles,
-                                               int last_row, const Geometry& g, Step&& step) {
+                                               int64_t k_off, int64_t v_off, int first_tile,
+                                               int n_tiles, int first_key, int last_row,
+                                               const Geometry& g, Step&& step) {
   constexpr int kP = D + 8, kPv = DV + 8;
-  for (int j = 0; j < n_tiles; ++j) {
-    const int buf = j & 1;
+  for (int j = first_tile; j < n_tiles; ++j) {
+    const int buf = (j - first_tile) & 1;
     if (j + 1 < n_tiles) {  // prefetch the next tile into the buffer freed at the end of j - 1
       load_tile<BC, D, THREADS>(s_k + (buf ^ 1) * BC * kP, k + k_off, g.kv_stride, (j + 1) * BC,
                                 g.seq);
@@ -219,9 +284,20 @@ __device__ __forceinline__ void walk_key_tiles(bf16* s_k, bf16* s_v, const bf16*
     cp_async_commit();
     cp_async_wait<1>();  // tile j
     __syncthreads();
-    if (j * BC <= last_row) step(s_k + buf * BC * kP, s_v + buf * BC * kPv, j * BC);
+    if (j * BC <= last_row && j * BC + BC > first_key) {
+      step(s_k + buf * BC * kP, s_v + buf * BC * kPv, j * BC);
+    }
     __syncthreads();
   }
+}
+
+// The first key tile of a query block whose warps' rows have the smallest first keys `lo`
+// (RowBounds::lo): the tile of the block's smallest, below n_tiles; 0 without bounds. Every
+// thread of the block calls it.
+template <int BC>
+__device__ __forceinline__ int first_key_tile(const Geometry& g, int lo, int n_tiles) {
+  if (g.key_begin == nullptr) return 0;
+  return min(block_min(lo) / BC, n_tiles - 1);
 }
 
 // The query tile of a forward or pass-1 block: (batch b, head h) from blockIdx.x, rows [q0, q0 +

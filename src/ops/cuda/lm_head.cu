@@ -76,12 +76,12 @@ __device__ __forceinline__ void vec_grad(float (&d)[kVec], const float (&x)[kVec
 }
 
 // For each of the block's rows r (one thread block each): lse[r], row_loss[r] = lse[r] -
-// logits[r, targets[r]]; a target outside [0, v) gives loss 0 and lowers *bad_row to row0 + r.
-// logits: [rows, ld] bf16, rows 16-byte aligned (ld % 8 == 0, aligned base); pointers already
-// offset to the block.
+// logits[r, targets[r]] (0 where mask, if any, is 0); a target outside [0, v) gives loss 0 and
+// lowers *bad_row to row0 + r. logits: [rows, ld] bf16, rows 16-byte aligned (ld % 8 == 0,
+// aligned base); pointers already offset to the block.
 __global__ void __launch_bounds__(kThreads)
     lse_kernel(float* lse, float* row_loss, unsigned* bad_row, const bf16* logits, int64_t ld,
-               int64_t v, const int32_t* targets, int64_t row0) {
+               int64_t v, const int32_t* targets, int64_t row0, const float* mask) {
   const int64_t r = blockIdx.x;
   const bf16* row = logits + r * ld;
   const int64_t nvec = v / kVec, stride = blockDim.x;
@@ -106,7 +106,7 @@ __global__ void __launch_bounds__(kThreads)
   if (threadIdx.x == 0) {
     const float l = acc.m + logf(acc.s);
     lse[r] = l;
-    record_row_loss(row_loss, bad_row, r, l, row, v, targets, row0 + r);
+    record_row_loss(row_loss, bad_row, r, l, row, v, targets, row0 + r, mask);
   }
 }
 
@@ -117,15 +117,16 @@ __global__ void __launch_bounds__(kThreads)
 // loss_rows_kernel from the shared copy of what its own cp.async brought in, which it has waited
 // for. So no thread overwrites bytes another has yet to read, and neither kernel needs a barrier
 // for it.
-// dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale.
+// dlogits[r, j] = (exp(logits[r, j] - lse[r]) - [j == targets[r]]) * scale (0 where mask, if
+// any, is 0).
 constexpr int kChunkLoads = 2;  // vectors a thread loads before it stores the first
 
 __global__ void __launch_bounds__(kThreads)
     dlogits_kernel(bf16* logits, int64_t ld, int64_t v, const int32_t* targets, const float* lse,
-                   float scale) {
+                   float scale_all, const float* mask) {
   const int64_t r = blockIdx.x;
   bf16* row = logits + r * ld;  // logits in, dlogits out
-  const float l = lse[r];
+  const float l = lse[r], scale = row_scale(scale_all, mask, r);
   const int64_t t = targets[r], nvec = v / kVec, stride = blockDim.x;
   for (int64_t i0 = threadIdx.x; i0 < nvec; i0 += kChunkLoads * stride) {
     float x[kChunkLoads][kVec];
@@ -172,7 +173,8 @@ constexpr int kFusedStages = 4;  // cp.async groups per row: the first is summed
 // memory holds the row's ceil(v / 8) vectors (the last one may run into the padding, ld % 8 == 0).
 __global__ void __launch_bounds__(kThreads, 2)
     loss_rows_kernel(bf16* logits, float* lse, float* row_loss, unsigned* bad_row, int64_t ld,
-                     int64_t v, const int32_t* targets, int64_t row0, float scale) {
+                     int64_t v, const int32_t* targets, int64_t row0, float scale_all,
+                     const float* mask) {
   extern __shared__ uint4 srow[];  // [ceil(v / 8)] vectors of 8 bf16
   const int64_t r = blockIdx.x, nvec = v / kVec, ncopy = (v + kVec - 1) / kVec;
   const int64_t stride = blockDim.x;
@@ -209,10 +211,11 @@ __global__ void __launch_bounds__(kThreads, 2)
   const float l = acc.m + logf(acc.s);
   if (threadIdx.x == 0) {
     lse[r] = l;
-    record_row_loss(row_loss, bad_row, r, l, srow_h, v, targets, row0 + r);
+    record_row_loss(row_loss, bad_row, r, l, srow_h, v, targets, row0 + r, mask);
   }
   // dlogits over the row's global bytes (Note [In-place dlogits]), from the shared copy.
   const int64_t t = targets[r];
+  const float scale = row_scale(scale_all, mask, r);
   for (int64_t i = threadIdx.x; i < nvec; i += stride) {
     float x[kVec], d[kVec];
     unpack8(srow[i], x);
@@ -305,11 +308,13 @@ void form_logits(const Tensor& logits, int64_t ld, const LmHeadDims& d, const Te
 
 // lse_kernel over the block of `rows` rows starting at batch row r0: lse and row losses of those
 // rows from the block's logits [rows, ld].
+// mask: the loss mask of every row (null: none).
 void launch_lse(const Tensor& logits, int64_t ld, int64_t v, const Tensor& lse,
-                const RowLosses& losses, const Tensor& targets, int64_t r0, int64_t rows) {
+                const RowLosses& losses, const Tensor& targets, int64_t r0, int64_t rows,
+                const float* mask) {
   lse_kernel<<<static_cast<unsigned>(rows), kThreads, 0, stream()>>>(
       lse.data<float>() + r0, losses.row_loss() + r0, losses.bad_row(), bf16_data(logits), ld, v,
-      targets.data<int32_t>() + r0, r0);
+      targets.data<int32_t>() + r0, r0, mask != nullptr ? mask + r0 : nullptr);
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
@@ -320,10 +325,13 @@ int64_t set_lm_head_block_rows_for_testing(int64_t rows) {
   return g_block_rows_for_testing.exchange(rows);
 }
 
-double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
-                          const Tensor& targets) {
-  const char* op = "lm_head_ce_forward";
+namespace {
+
+// The ops below over the rows whose loss mask is 1 (undefined loss_mask: every row).
+double forward_rows(const char* op, const Tensor& lse, const Tensor& x, const Tensor& w,
+                    const Tensor& targets, const Tensor& loss_mask) {
   const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  const float* mask = loss_mask_rows(op, loss_mask, d.n);
   if (d.n == 0) return 0.0;
   const cudaStream_t s = stream();
   const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
@@ -332,19 +340,17 @@ double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
   for (int64_t r0 = 0; r0 < d.n; r0 += max_rows) {
     const int64_t rows = std::min(max_rows, d.n - r0);
     form_logits(logits, ld, d, x, w, r0, rows);
-    launch_lse(logits, ld, d.v, lse, losses, targets, r0, rows);
+    launch_lse(logits, ld, d.v, lse, losses, targets, r0, rows, mask);
   }
   return losses.finish(op, targets, d.v);
 }
-
-namespace {
 
 // The backward's blocks: each block's logits formed once, then (with `losses`, the one-call op)
 // its log-sum-exp and row losses, then dlogits in place, dx and dw. Arguments checked by the
 // callers.
 void backward_blocks(const LmHeadDims& d, const Tensor& dx, const Tensor& dw, const Tensor& x,
                      const Tensor& w, const Tensor& targets, const Tensor& lse, double scale,
-                     Accumulate acc_dw, const RowLosses* losses) {
+                     Accumulate acc_dw, const RowLosses* losses, const float* mask) {
   const cudaStream_t s = stream();
   const int64_t ld = padded_vocab(d.v), max_rows = block_rows(d.n, ld);
   const Tensor logits = logits_block(max_rows, ld);  // bf16 [rows, ld]: logits, then dlogits
@@ -359,13 +365,14 @@ void backward_blocks(const LmHeadDims& d, const Tensor& dx, const Tensor& dw, co
     if (losses != nullptr && fused_smem > 0) {
       loss_rows_kernel<<<static_cast<unsigned>(rows), kThreads, fused_smem, s>>>(
           bf16_data(logits), lse.data<float>() + r0, losses->row_loss() + r0, losses->bad_row(), ld,
-          d.v, targets.data<int32_t>() + r0, r0, static_cast<float>(scale));
+          d.v, targets.data<int32_t>() + r0, r0, static_cast<float>(scale),
+          mask != nullptr ? mask + r0 : nullptr);
       TANDEM_CUDA_CHECK_LAUNCH();
     } else {
-      if (losses != nullptr) launch_lse(logits, ld, d.v, lse, *losses, targets, r0, rows);
+      if (losses != nullptr) launch_lse(logits, ld, d.v, lse, *losses, targets, r0, rows, mask);
       dlogits_kernel<<<static_cast<unsigned>(rows), kThreads, 0, s>>>(
           bf16_data(logits), ld, d.v, targets.data<int32_t>() + r0, lse.data<float>() + r0,
-          static_cast<float>(scale));
+          static_cast<float>(scale), mask != nullptr ? mask + r0 : nullptr);
       TANDEM_CUDA_CHECK_LAUNCH();
     }
     const void* dlogits = logits.raw_data();  // bf16 [rows, V], leading dimension ld
@@ -379,13 +386,11 @@ void backward_blocks(const LmHeadDims& d, const Tensor& dx, const Tensor& dw, co
   }
 }
 
-}  // namespace
-
-void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
-                         const Tensor& targets, const Tensor& lse, double scale,
-                         Accumulate acc_dw) {
-  const char* op = "lm_head_ce_backward";
+void backward_op(const char* op, const Tensor& dx, const Tensor& dw, const Tensor& x,
+                 const Tensor& w, const Tensor& targets, const Tensor& lse, double scale,
+                 Accumulate acc_dw, const Tensor& loss_mask) {
   const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  const float* mask = loss_mask_rows(op, loss_mask, d.n);
   expect_cuda(op, "dx", dx, {DType::kBF16}, {d.n, d.h});
   expect_cuda(op, "dw", dw, {DType::kF32}, {d.v, d.h});
   expect_targets(op, targets, d.v);
@@ -393,14 +398,15 @@ void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, co
     if (acc_dw == Accumulate::kOverwrite) dw.zero_();
     return;
   }
-  backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, nullptr);
+  backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, nullptr, mask);
 }
 
-PendingScalar lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
-                                          const Tensor& x, const Tensor& w, const Tensor& targets,
-                                          double scale, Accumulate acc_dw) {
-  const char* op = "lm_head_ce_forward_backward";
+PendingScalar forward_backward_op(const char* op, const Tensor& dx, const Tensor& dw,
+                                  const Tensor& lse, const Tensor& x, const Tensor& w,
+                                  const Tensor& targets, double scale, Accumulate acc_dw,
+                                  const Tensor& loss_mask) {
   const LmHeadDims d = check_lm_head(op, lse, x, w, targets);
+  const float* mask = loss_mask_rows(op, loss_mask, d.n);
   expect_cuda(op, "dx", dx, {DType::kBF16}, {d.n, d.h});
   expect_cuda(op, "dw", dw, {DType::kF32}, {d.v, d.h});
   if (d.n == 0) {
@@ -408,8 +414,48 @@ PendingScalar lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, co
     return PendingScalar(0.0);
   }
   const RowLosses losses(d.n, "lm_head.row_loss", "lm_head.status", stream());
-  backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, &losses);
+  backward_blocks(d, dx, dw, x, w, targets, lse, scale, acc_dw, &losses, mask);
   return losses.start(op, targets, d.v);
+}
+
+}  // namespace
+
+double lm_head_ce_forward(const Tensor& lse, const Tensor& x, const Tensor& w,
+                          const Tensor& targets) {
+  return forward_rows("lm_head_ce_forward", lse, x, w, targets, Tensor());
+}
+
+void lm_head_ce_backward(const Tensor& dx, const Tensor& dw, const Tensor& x, const Tensor& w,
+                         const Tensor& targets, const Tensor& lse, double scale,
+                         Accumulate acc_dw) {
+  backward_op("lm_head_ce_backward", dx, dw, x, w, targets, lse, scale, acc_dw, Tensor());
+}
+
+PendingScalar lm_head_ce_forward_backward(const Tensor& dx, const Tensor& dw, const Tensor& lse,
+                                          const Tensor& x, const Tensor& w, const Tensor& targets,
+                                          double scale, Accumulate acc_dw) {
+  return forward_backward_op("lm_head_ce_forward_backward", dx, dw, lse, x, w, targets, scale,
+                             acc_dw, Tensor());
+}
+
+double lm_head_ce_forward_masked(const Tensor& lse, const Tensor& x, const Tensor& w,
+                                 const Tensor& targets, const Tensor& loss_mask) {
+  return forward_rows("lm_head_ce_forward_masked", lse, x, w, targets, loss_mask);
+}
+
+void lm_head_ce_backward_masked(const Tensor& dx, const Tensor& dw, const Tensor& x,
+                                const Tensor& w, const Tensor& targets, const Tensor& lse,
+                                double scale, const Tensor& loss_mask, Accumulate acc_dw) {
+  backward_op("lm_head_ce_backward_masked", dx, dw, x, w, targets, lse, scale, acc_dw, loss_mask);
+}
+
+PendingScalar lm_head_ce_forward_backward_masked(const Tensor& dx, const Tensor& dw,
+                                                 const Tensor& lse, const Tensor& x,
+                                                 const Tensor& w, const Tensor& targets,
+                                                 double scale, const Tensor& loss_mask,
+                                                 Accumulate acc_dw) {
+  return forward_backward_op("lm_head_ce_forward_backward_masked", dx, dw, lse, x, w, targets,
+                             scale, acc_dw, loss_mask);
 }
 
 }  // namespace tandem::ops::cuda

@@ -76,25 +76,25 @@ __device__ float row_logsumexp(const T* row, int64_t v) {
   return acc.m + logf(acc.s);
 }
 
-// row_loss[r] = lse(logits[r]) - logits[r, targets[r]]; a target outside [0, v) gives 0 and
-// lowers *bad_row to r.
+// row_loss[r] = lse(logits[r]) - logits[r, targets[r]] (0 where mask, if any, is 0); a target
+// outside [0, v) gives 0 and lowers *bad_row to r.
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
     ce_forward_kernel(float* row_loss, unsigned* bad_row, const T* logits, int64_t v,
-                      const int32_t* targets) {
+                      const int32_t* targets, const float* mask) {
   const int64_t r = blockIdx.x;
   const T* row = logits + r * v;
   const float lse = row_logsumexp(row, v);
-  if (threadIdx.x == 0) record_row_loss(row_loss, bad_row, r, lse, row, v, targets, r);
+  if (threadIdx.x == 0) record_row_loss(row_loss, bad_row, r, lse, row, v, targets, r, mask);
 }
 
-// dlogits[r, j] = (exp(logits[r, j] - lse) - [j == target]) * scale. Each element is read and
-// written by the same thread, after the whole row was read for the lse, so dlogits may alias
-// logits. Targets were checked on the host.
+// dlogits[r, j] = (exp(logits[r, j] - lse) - [j == target]) * scale (0 where mask, if any, is
+// 0). Each element is read and written by the same thread, after the whole row was read for the
+// lse, so dlogits may alias logits. Targets were checked on the host.
 template <typename Ti, typename To>
 __global__ void __launch_bounds__(kThreads)
     ce_backward_kernel(To* dlogits, const Ti* logits, int64_t v, const int32_t* targets,
-                       float scale) {
+                       float scale_all, const float* mask) {
   constexpr int kN = 16 / sizeof(Ti);
   constexpr uintptr_t kOutAlign = kN * sizeof(To) < 16 ? kN * sizeof(To) : 16;
   const int64_t r = blockIdx.x;
@@ -102,6 +102,7 @@ __global__ void __launch_bounds__(kThreads)
   To* drow = dlogits + r * v;
   const float lse = row_logsumexp(row, v);
   const int64_t t = targets[r];
+  const float scale = row_scale(scale_all, mask, r);
   const auto grad = [&](int64_t j, float x) { return ce_grad(x, lse, j, t, scale); };
   const RowSplit sp = split_row(row, v);
   const bool vec_out = (reinterpret_cast<uintptr_t>(drow + sp.head) % kOutAlign) == 0;
@@ -135,11 +136,11 @@ int64_t check_ce(const char* op, const Tensor& logits, const Tensor& targets) {
   return n;
 }
 
-}  // namespace
-
-double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
-  const char* op = "cross_entropy_forward";
+// cross_entropy_forward over the rows whose loss mask is 1 (undefined: every row).
+double forward_rows(const char* op, const Tensor& logits, const Tensor& targets,
+                    const Tensor& loss_mask) {
   const int64_t n = check_ce(op, logits, targets);
+  const float* mask = loss_mask_rows(op, loss_mask, n);
   const int64_t v = logits.size(1);
   if (n == 0) return 0.0;
   const cudaStream_t s = stream();
@@ -148,16 +149,17 @@ double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
     using T = typename decltype(tag)::type;
     ce_forward_kernel<T><<<static_cast<unsigned>(n), kThreads, 0, s>>>(
         losses.row_loss(), losses.bad_row(), static_cast<const T*>(logits.raw_data()), v,
-        targets.data<int32_t>());
+        targets.data<int32_t>(), mask);
     TANDEM_CUDA_CHECK_LAUNCH();
   });
   return losses.finish(op, targets, v);
 }
 
-void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
-                            double scale) {
-  const char* op = "cross_entropy_backward";
+// cross_entropy_backward with the rows whose loss mask is 0 zero (undefined: none).
+void backward_rows(const char* op, const Tensor& dlogits, const Tensor& logits,
+                   const Tensor& targets, double scale, const Tensor& loss_mask) {
   const int64_t n = check_ce(op, logits, targets);
+  const float* mask = loss_mask_rows(op, loss_mask, n);
   const int64_t v = logits.size(1);
   expect_cuda(op, "dlogits", dlogits, {DType::kF32, DType::kBF16}, logits.shape());
   {
@@ -180,10 +182,31 @@ void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const T
       using To = typename decltype(out_tag)::type;
       ce_backward_kernel<Ti, To><<<static_cast<unsigned>(n), kThreads, 0, s>>>(
           static_cast<To*>(dlogits.raw_data()), static_cast<const Ti*>(logits.raw_data()), v,
-          targets.data<int32_t>(), fscale);
+          targets.data<int32_t>(), fscale, mask);
       TANDEM_CUDA_CHECK_LAUNCH();
     });
   });
+}
+
+}  // namespace
+
+double cross_entropy_forward(const Tensor& logits, const Tensor& targets) {
+  return forward_rows("cross_entropy_forward", logits, targets, Tensor());
+}
+
+void cross_entropy_backward(const Tensor& dlogits, const Tensor& logits, const Tensor& targets,
+                            double scale) {
+  backward_rows("cross_entropy_backward", dlogits, logits, targets, scale, Tensor());
+}
+
+double cross_entropy_forward_masked(const Tensor& logits, const Tensor& targets,
+                                    const Tensor& loss_mask) {
+  return forward_rows("cross_entropy_forward_masked", logits, targets, loss_mask);
+}
+
+void cross_entropy_backward_masked(const Tensor& dlogits, const Tensor& logits,
+                                   const Tensor& targets, double scale, const Tensor& loss_mask) {
+  backward_rows("cross_entropy_backward_masked", dlogits, logits, targets, scale, loss_mask);
 }
 
 }  // namespace tandem::ops::cuda

@@ -5,7 +5,8 @@
 // then its threads write the output columns, each from the staged row: the heads' nope parts and
 // v are copies, the RoPE parts rotations as RopeTable's (the pairs (i, i + dr/2), or with
 // --rotary-interleaved (2i, 2i + 1) read and (i, i + dr/2) written, and the transpose the other
-// way), by cos and sin formed from the CPU's inverse frequencies times YaRN's attention factor.
+// way), by cos and sin formed from the CPU's inverse frequencies times YaRN's attention factor,
+// at position r % seq of row r, or positions[r] (the _at ops, --reset-position-ids).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -28,11 +29,16 @@ constexpr int kMaxSmem = 200 * 1024;
 
 struct MlaArgs {
   int64_t seq;
-  int heads, dn, dr, dv;  // qk = dn + dr per head of q and k, dn + dv per head of kv
+  const int32_t* positions;  // [rows], each row's position; null: row % seq
+  int heads, dn, dr, dv;     // qk = dn + dr per head of q and k, dn + dv per head of kv
   bool interleaved;
   float factor;                      // YaRN's attention factor on cos and sin (1 otherwise)
   double inv_freq[kMaxRopeDim / 2];  // rope_inv_freq(rope, dr), as the CPU
 };
+
+__device__ __forceinline__ int64_t row_position(int64_t r, const MlaArgs& a) {
+  return a.positions != nullptr ? a.positions[r] : r % a.seq;
+}
 
 // The row's cos and sin for each of the dr / 2 frequencies (rope_cos_sin of pos times the
 // CPU's inverse frequency), into shared memory once for every head of q and k.
@@ -72,7 +78,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ bf16 row[];
   __shared__ float2 s_cs[kMaxRopeDim / 2];
   const int qk = a.dn + a.dr, kvh = a.dn + a.dv, qw = a.heads * qk;
-  const int64_t r = blockIdx.x, pos = r % a.seq;
+  const int64_t r = blockIdx.x, pos = row_position(r, a);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   bf16* s_kr = row + qw;
   for (int c = threadIdx.x; c < qw; c += kThreads) row[c] = q_in[r * qw + c];
@@ -106,7 +112,7 @@ __global__ void __launch_bounds__(kThreads)
   extern __shared__ bf16 row[];
   __shared__ float2 s_cs[kMaxRopeDim / 2];
   const int qk = a.dn + a.dr, kvh = a.dn + a.dv, qw = a.heads * qk;
-  const int64_t r = blockIdx.x, pos = r % a.seq;
+  const int64_t r = blockIdx.x, pos = row_position(r, a);
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   float* s_sum = reinterpret_cast<float*>(row + ((qw + 1) / 2) * 2);
   for (int c = threadIdx.x; c < qw; c += kThreads) row[c] = dq[r * qw + c];
@@ -144,7 +150,8 @@ struct MlaCall {
 };
 MlaCall check_mla(const char* op, const Tensor& q, const Tensor& q_in, const Tensor& k,
                   const Tensor& v, const Tensor& kv, const Tensor& k_rope, int64_t seq,
-                  int64_t heads, int64_t dn, int64_t dr, int64_t dv, const RopeSpec& rope) {
+                  int64_t heads, int64_t dn, int64_t dr, int64_t dv, const RopeSpec& rope,
+                  const Tensor& positions) {
   TANDEM_CHECK(seq >= 1 && heads >= 1 && dn >= 1 && dv >= 1, op, ": seq ", seq, ", heads ", heads,
                ", nope_dim ", dn, " and v_dim ", dv, " must all be at least 1");
   TANDEM_CHECK(dr >= 2 && dr % 2 == 0 && dr <= kMaxRopeDim, op, ": rope_dim ", dr,
@@ -160,7 +167,9 @@ MlaCall check_mla(const char* op, const Tensor& q, const Tensor& q_in, const Ten
   TANDEM_CHECK(smem <= kMaxSmem && n < (int64_t{1} << 31), op, ": ", heads, " heads of ", qk,
                " columns (", smem, " bytes of a row in shared memory, at most ", kMaxSmem, ") or ",
                n, " rows (below 2^31) are too many");
+  if (positions.defined()) expect_cuda(op, "positions", positions, {DType::kI32}, {n});
   MlaCall call{MlaArgs{seq,
+                       positions.defined() ? positions.data<int32_t>() : nullptr,
                        static_cast<int>(heads),
                        static_cast<int>(dn),
                        static_cast<int>(dr),
@@ -187,11 +196,14 @@ const bf16* cp(const Tensor& t) { return static_cast<const bf16*>(t.raw_data());
 
 }  // namespace
 
-void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
-                     const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
-                     int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope) {
-  const MlaCall c = check_mla("mla_qkv_forward", q, q_in, k, v, kv, k_rope, seq, heads, nope_dim,
-                              rope_dim, v_dim, rope);
+namespace {
+
+void mla_forward(const char* op, const Tensor& q, const Tensor& k, const Tensor& v,
+                 const Tensor& q_in, const Tensor& kv, const Tensor& k_rope, int64_t seq,
+                 int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                 const RopeSpec& rope, const Tensor& positions) {
+  const MlaCall c = check_mla(op, q, q_in, k, v, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim,
+                              rope, positions);
   if (c.rows == 0) return;
   static const bool configured = allow_mla_smem(mla_forward_kernel);
   (void)configured;
@@ -200,18 +212,51 @@ void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Te
   TANDEM_CUDA_CHECK_LAUNCH();
 }
 
-void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
-                      const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
-                      int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
-                      const RopeSpec& rope) {
-  const MlaCall c = check_mla("mla_qkv_backward", dq, d_q_in, dk, dv, d_kv, d_k_rope, seq, heads,
-                              nope_dim, rope_dim, v_dim, rope);
+void mla_backward(const char* op, const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                  const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq, int64_t heads,
+                  int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope,
+                  const Tensor& positions) {
+  const MlaCall c = check_mla(op, dq, d_q_in, dk, dv, d_kv, d_k_rope, seq, heads, nope_dim,
+                              rope_dim, v_dim, rope, positions);
   if (c.rows == 0) return;
   static const bool configured = allow_mla_smem(mla_backward_kernel);
   (void)configured;
   mla_backward_kernel<<<static_cast<unsigned>(c.rows), kThreads, c.smem, stream()>>>(
       mp(d_q_in), mp(d_kv), mp(d_k_rope), cp(dq), cp(dk), cp(dv), c.args);
   TANDEM_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void mla_qkv_forward(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
+                     const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
+                     int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope) {
+  mla_forward("mla_qkv_forward", q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim, v_dim,
+              rope, Tensor());
+}
+
+void mla_qkv_backward(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                      const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
+                      int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                      const RopeSpec& rope) {
+  mla_backward("mla_qkv_backward", d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim,
+               rope_dim, v_dim, rope, Tensor());
+}
+
+void mla_qkv_forward_at(const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& q_in,
+                        const Tensor& kv, const Tensor& k_rope, int64_t seq, int64_t heads,
+                        int64_t nope_dim, int64_t rope_dim, int64_t v_dim, const RopeSpec& rope,
+                        const Tensor& positions) {
+  mla_forward("mla_qkv_forward_at", q, k, v, q_in, kv, k_rope, seq, heads, nope_dim, rope_dim,
+              v_dim, rope, positions);
+}
+
+void mla_qkv_backward_at(const Tensor& d_q_in, const Tensor& d_kv, const Tensor& d_k_rope,
+                         const Tensor& dq, const Tensor& dk, const Tensor& dv, int64_t seq,
+                         int64_t heads, int64_t nope_dim, int64_t rope_dim, int64_t v_dim,
+                         const RopeSpec& rope, const Tensor& positions) {
+  mla_backward("mla_qkv_backward_at", d_q_in, d_kv, d_k_rope, dq, dk, dv, seq, heads, nope_dim,
+               rope_dim, v_dim, rope, positions);
 }
 
 }  // namespace tandem::ops::cuda

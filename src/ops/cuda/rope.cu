@@ -1,5 +1,6 @@
 // CUDA rotary position embedding (HF rotate_half form, docs/model.md) on bf16 q and k, in place,
-// fp32 math (Note [Rope blocks]).
+// fp32 math (Note [Rope blocks]); row n at position n % seq, or at positions[n] (the _at ops,
+// --reset-position-ids: Note [Document masking] in data/document_masks.h).
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -43,6 +44,7 @@ struct RopeTensor {
 struct RopeArgs {
   RopeTensor t[2];  // q, then k (or one tensor and an absent one)
   int64_t n, seq;
+  const int32_t* positions;  // [n], each row's position; null: row % seq
   int head_dim;
   int rows;                          // rows per block; rows * D / 2 <= kRopeTable
   float sign;                        // 1: rotate by +angle (forward); -1: by -angle (backward)
@@ -91,7 +93,9 @@ __global__ void __launch_bounds__(kThreads, 4) rope_kernel(const __grid_constant
       const int64_t pos0 = row0 % a.seq;
       for (int e = threadIdx.x; e < rows * half; e += kThreads) {
         const int i = e / rows, r = e - i * rows;
-        const int64_t pos = pos0 + r < a.seq ? pos0 + r : (pos0 + r) % a.seq;
+        const int64_t pos = a.positions != nullptr ? a.positions[row0 + r]
+                            : pos0 + r < a.seq     ? pos0 + r
+                                                   : (pos0 + r) % a.seq;
         const float2 c = rope_cos_sin(static_cast<double>(pos) * a.inv_freq[i]);
         table[r * half + i] = make_float2(c.x, a.sign * c.y);
       }
@@ -134,8 +138,10 @@ void expect_rope_tensor(const char* op, const char* name, const Tensor& t, int64
 }
 
 // Rotates t[0] and, when t[1].heads > 0, t[1] (both [n, heads * head_dim], checked) in one launch.
+// positions: each row's (i32 [n] on the GPU, values in [0, seq) the caller's to keep), or
+// undefined for row % seq.
 void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_t seq,
-                 int64_t head_dim, const RopeSpec& rope, float sign) {
+                 int64_t head_dim, const RopeSpec& rope, float sign, const Tensor& positions) {
   TANDEM_CHECK(seq >= 1, op, ": seq is ", seq, ", expected at least 1");
   TANDEM_CHECK(!rope.interleaved && rope.scaling != RopeScaling::kYarn, op,
                ": interleaved RoPE and YaRN (DeepSeek-V3) are not implemented on the GPU");
@@ -150,7 +156,15 @@ void rope_launch(const char* op, RopeTensor t0, RopeTensor t1, int64_t n, int64_
   const int64_t width = (int64_t{t0.heads} + t1.heads) * head_dim;  // of q and k together
   TANDEM_CHECK(width < (int64_t{1} << 31), op, ": rows of ", width, " columns are too wide");
   const int64_t units = width / 2 / (vec ? kVec : 1);  // items a row holds
-  RopeArgs a{{t0, t1}, n, seq, static_cast<int>(head_dim), 0, sign, {}};
+  if (positions.defined()) expect_cuda(op, "positions", positions, {DType::kI32}, {n});
+  RopeArgs a{{t0, t1},
+             n,
+             seq,
+             positions.defined() ? positions.data<int32_t>() : nullptr,
+             static_cast<int>(head_dim),
+             0,
+             sign,
+             {}};
   a.rows = static_cast<int>(std::clamp<int64_t>(kThreads * kRopeItems / units, 1,
                                                 std::min<int64_t>(kRopeTable / half, n)));
   const std::vector<double> inv_freq = rope_inv_freq(rope, head_dim);  // as the CPU
@@ -170,18 +184,20 @@ void rope_apply(const char* op, const Tensor& out, const Tensor& x, int64_t seq,
   expect_cuda(op, "out", out, {DType::kBF16}, x.shape());
   const RopeTensor t{static_cast<bf16*>(out.raw_data()), static_cast<const bf16*>(x.raw_data()),
                      static_cast<int>(heads)};
-  rope_launch(op, t, RopeTensor{nullptr, nullptr, 0}, x.size(0), seq, head_dim, rope, sign);
+  rope_launch(op, t, RopeTensor{nullptr, nullptr, 0}, x.size(0), seq, head_dim, rope, sign,
+              Tensor());
 }
 
 void rope_apply_qk(const char* op, const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
-                   int64_t kv_heads, int64_t head_dim, const RopeSpec& rope, float sign) {
+                   int64_t kv_heads, int64_t head_dim, const RopeSpec& rope, float sign,
+                   const Tensor& positions) {
   expect_rope_tensor(op, "q", q, heads, head_dim);
   expect_rope_tensor(op, "k", k, kv_heads, head_dim);
   TANDEM_CHECK(k.size(0) == q.size(0), op, ": k has ", k.size(0), " rows, q has ", q.size(0));
   auto* pq = static_cast<bf16*>(q.raw_data());
   auto* pk = static_cast<bf16*>(k.raw_data());
   rope_launch(op, {pq, pq, static_cast<int>(heads)}, {pk, pk, static_cast<int>(kv_heads)},
-              q.size(0), seq, head_dim, rope, sign);
+              q.size(0), seq, head_dim, rope, sign, positions);
 }
 
 }  // namespace
@@ -198,12 +214,25 @@ void rope_backward(const Tensor& dx, const Tensor& dy, int64_t seq, int64_t head
 
 void rope_forward_qk(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads, int64_t kv_heads,
                      int64_t head_dim, const RopeSpec& rope) {
-  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0f);
+  rope_apply_qk("rope_forward_qk", q, k, seq, heads, kv_heads, head_dim, rope, 1.0f, Tensor());
 }
 
 void rope_backward_qk(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
                       int64_t kv_heads, int64_t head_dim, const RopeSpec& rope) {
-  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0f);
+  rope_apply_qk("rope_backward_qk", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0f, Tensor());
+}
+
+void rope_forward_qk_at(const Tensor& q, const Tensor& k, int64_t seq, int64_t heads,
+                        int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
+                        const Tensor& positions) {
+  rope_apply_qk("rope_forward_qk_at", q, k, seq, heads, kv_heads, head_dim, rope, 1.0f, positions);
+}
+
+void rope_backward_qk_at(const Tensor& dq, const Tensor& dk, int64_t seq, int64_t heads,
+                         int64_t kv_heads, int64_t head_dim, const RopeSpec& rope,
+                         const Tensor& positions) {
+  rope_apply_qk("rope_backward_qk_at", dq, dk, seq, heads, kv_heads, head_dim, rope, -1.0f,
+                positions);
 }
 
 }  // namespace tandem::ops::cuda

@@ -68,19 +68,26 @@ __device__ MaxSum block_max_sum(MaxSum a) {
 }
 
 // The loss of row r (its v logits at `row`), written by one thread: row_loss[r] = lse -
-// row[targets[r]] for a target in [0, v); for any other target, 0, and *bad_row lowered to
-// `batch_row` (row r's index in the op's whole batch).
+// row[targets[r]] for a target in [0, v), or 0 where the loss mask (`mask`, indexed as
+// targets; null: none) is 0; for any other target, 0, and *bad_row lowered to `batch_row` (row
+// r's index in the op's whole batch), masked or not.
 template <typename T>
 __device__ __forceinline__ void record_row_loss(float* row_loss, unsigned* bad_row, int64_t r,
                                                 float lse, const T* row, int64_t v,
-                                                const int32_t* targets, int64_t batch_row) {
+                                                const int32_t* targets, int64_t batch_row,
+                                                const float* mask) {
   const int32_t t = targets[r];
   if (t >= 0 && t < v) {
-    row_loss[r] = lse - load1(row + t);
+    row_loss[r] = mask != nullptr && mask[r] == 0.0f ? 0.0f : lse - load1(row + t);
   } else {
     row_loss[r] = 0.0f;
     atomicMin(bad_row, static_cast<unsigned>(batch_row));
   }
+}
+
+// The scale of row r's dlogits: `scale`, or 0 where the loss mask (null: none) is 0.
+__device__ __forceinline__ float row_scale(float scale, const float* mask, int64_t r) {
+  return mask != nullptr && mask[r] == 0.0f ? 0.0f : scale;
 }
 
 // dlogits of element j of a row whose target is t: (exp(x - lse) - [j == t]) * scale.
@@ -119,6 +126,14 @@ __global__ void __launch_bounds__(kSumThreads)
 }
 
 // ---- host side ----
+
+// The loss mask's elements (f32 [n] on the GPU, 0 or 1: the values are the caller's to keep,
+// Note [Loss mask] in model/end_nodes.cc), or null when it is undefined.
+inline const float* loss_mask_rows(const char* op, const Tensor& loss_mask, int64_t n) {
+  if (!loss_mask.defined()) return nullptr;
+  expect_cuda(op, "loss_mask", loss_mask, {DType::kF32}, {n});
+  return loss_mask.data<float>();
+}
 
 // Copies the targets to the host once and checks each is in [0, v), as the CPU op does.
 void expect_targets(const char* op, const Tensor& targets, int64_t v) {
