@@ -186,6 +186,8 @@ class PipelineTrainer {
   // Note [Per-token loss] (step.h): the loss node's divisor of global batch `iteration` of
   // data_, formed once per batch; -1 without --calculate-per-token-loss.
   double step_per_token_divisor(int64_t iteration);
+  // global_aux_loss's running totals of every local stage back to 0.
+  void zero_aux_totals();
   // One global batch of evaluate(): `actions` are this rank's forward-only actions.
   StepResult evaluate_batch(const std::vector<schedule::Action>& actions, int64_t batch);
   // routing_ of every rank of `group`, in group order (collective).
