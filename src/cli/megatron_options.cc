@@ -104,6 +104,13 @@ const std::vector<MegatronOption>& megatron_options() {
        kNeutral,
        {},
        "tandem's attention is causal without a mask tensor"},
+      {"reset-position-ids",
+       false,
+       kNeutral,
+       {},
+       "Megatron-LM's RoPE and YaRN rotate by the row's place in the sequence and never read "
+       "the position ids it restarts (docs/megatron.md \"Document masking\"); tandem's "
+       "--document-positions restarts them"},
       {"dataloader-type",
        true,
        kOnly,

@@ -436,9 +436,11 @@ void finalize_run_options(const CLI::App& app, RunOptions& opts,
   if (!given("defer-optimizer")) {
     opts.train.defer_optimizer = defer_optimizer_by_default(opts);
   }
-  // Multi-head latent attention gives every head its own k and v: --num-query-groups, left
-  // unset, follows --num-attention-heads (a value given anywhere is checked as given).
-  if (opts.model.multi_latent_attention && !given("num-query-groups")) {
+  // Megatron-LM's attention is multi-head unless --group-query-attention brings in
+  // --num-query-groups, and multi-head latent attention gives every head its own k and v: left
+  // unset, --num-query-groups follows --num-attention-heads (a value given anywhere, a
+  // checkpoint's included, is checked as given).
+  if (!given("num-query-groups")) {
     opts.model.num_query_groups = opts.model.num_attention_heads;
   }
   // Megatron-LM's multi-latent attention takes YaRN unless --rope-type says otherwise, from 4096

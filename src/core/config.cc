@@ -51,7 +51,7 @@ std::vector<int64_t> stage_layer_counts(int64_t layers, int64_t stages, int64_t 
 // the end-of-document id.
 static void validate_document_masking(const TrainConfig& t) {
   for (const auto& [option, on] : {std::pair{"--reset-attention-mask", t.reset_attention_mask},
-                                   {"--reset-position-ids", t.reset_position_ids},
+                                   {"--document-positions", t.document_positions},
                                    {"--eod-mask-loss", t.eod_mask_loss}}) {
     if (!on) continue;
     TANDEM_CHECK(t.eod_token_id >= 0, option,

@@ -73,15 +73,15 @@ struct TrainConfig {
   Device device = Device::kCPU;  // --device cpu | cuda (one GPU per process)
   // Megatron-LM's document masking of packed samples (Note [Document masking] in
   // data/document_masks.h), on either device: --reset-attention-mask (each token attends within its
-  // document), --reset-position-ids (RoPE positions restart at each document) and --eod-mask-loss
+  // document), --document-positions (RoPE positions restart at each document) and --eod-mask-loss
   // (no loss where the input is the end-of-document token). eod_token_id is the id they split
   // on (--eod-token-id, or --vocab-size with --tokenizer-type NullTokenizer); -1: not known.
   bool reset_attention_mask = false;
-  bool reset_position_ids = false;
+  bool document_positions = false;
   bool eod_mask_loss = false;
   int64_t eod_token_id = -1;
   bool document_masking() const {
-    return reset_attention_mask || reset_position_ids || eod_mask_loss;
+    return reset_attention_mask || document_positions || eod_mask_loss;
   }
   // --recompute-experts: the experts keep only their input rows from forward to backward and
   // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).

@@ -196,19 +196,20 @@ Settings train_settings(TrainConfig& t) {
           {.name = "reset-attention-mask",
            .ref = &t.reset_attention_mask,
            .help = "Megatron-LM's: each token attends only to the tokens of its own document, "
-                   "documents ending at --eod-token-id (CPU only; docs/data.md)",
+                   "documents ending at --eod-token-id (docs/data.md)",
            .saved = Saved::kDefault,
            .in_every_checkpoint = false},
-          {.name = "reset-position-ids",
-           .ref = &t.reset_position_ids,
-           .help = "Megatron-LM's: RoPE positions restart at 0 after each --eod-token-id (CPU "
-                   "only; docs/data.md)",
+          {.name = "document-positions",
+           .ref = &t.document_positions,
+           .help = "RoPE positions restart at 0 after each --eod-token-id, as if each document "
+                   "were a sample of its own (Megatron-LM's --reset-position-ids does not reach "
+                   "its RoPE; docs/data.md)",
            .saved = Saved::kDefault,
            .in_every_checkpoint = false},
           {.name = "eod-mask-loss",
            .ref = &t.eod_mask_loss,
            .help = "Megatron-LM's: no loss where the input is --eod-token-id; each "
-                   "micro-batch's loss the mean over its other tokens (CPU only; docs/data.md)",
+                   "micro-batch's loss the mean over its other tokens (docs/data.md)",
            .saved = Saved::kDefault,
            .in_every_checkpoint = false},
           {.name = "eod-token-id",

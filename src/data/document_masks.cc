@@ -8,7 +8,7 @@ namespace tandem::data {
 DocumentMasks document_masks(const int32_t* ids, int64_t batch, int64_t seq,
                              const DocumentMaskOptions& o) {
   TANDEM_ASSERT(batch >= 0 && seq >= 0, "document masks of ", batch, " x ", seq);
-  const bool bounds = o.reset_attention_mask || o.reset_position_ids || o.eod_mask_loss;
+  const bool bounds = o.reset_attention_mask || o.document_positions || o.eod_mask_loss;
   TANDEM_CHECK(!bounds || o.eod >= 0,
                "document masks need the end-of-document token id, and none is known");
   const auto n = static_cast<size_t>(batch * seq);
@@ -19,7 +19,7 @@ DocumentMasks document_masks(const int32_t* ids, int64_t batch, int64_t seq,
       const auto r = static_cast<size_t>(b * seq + i);
       const auto pos = static_cast<int32_t>(i);
       m.key_begin[r] = o.reset_attention_mask ? start : 0;
-      m.position[r] = o.reset_position_ids ? pos - start : pos;
+      m.position[r] = o.document_positions ? pos - start : pos;
       const bool eod = ids[r] == o.eod;
       if (o.eod_mask_loss && eod) m.loss_mask[r] = 0.0f;
       if (eod) start = pos + 1;  // the next token opens a document

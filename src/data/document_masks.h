@@ -6,7 +6,7 @@
 //   --reset-attention-mask  the query at position i attends to keys j <= i of its own document:
 //                           j > p for every p < i with x[p] == e (the eod closes its document
 //                           and belongs to it); so key_begin[i] = 1 + the last such p, else 0;
-//   --reset-position-ids    the position of token i counts from its document's first token:
+//   --document-positions    the position of token i counts from its document's first token:
 //                           i - (1 + the last p < i with x[p] == e), else i;
 //   --eod-mask-loss         the loss of position i is dropped when x[i] == e: the input is the
 //                           end-of-document token, so its target is the next document's first
@@ -28,7 +28,7 @@ struct DocumentMasks {
 
 struct DocumentMaskOptions {
   int64_t eod = -1;  // the end-of-document token id
-  bool reset_position_ids = false, reset_attention_mask = false, eod_mask_loss = false;
+  bool document_positions = false, reset_attention_mask = false, eod_mask_loss = false;
 };
 
 // The masks of `batch` samples of `seq` input ids each, row-major (Note [Document masking]).

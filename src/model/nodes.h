@@ -71,7 +71,7 @@ struct NodeContext {
   bool mtp = true;
   // Megatron-LM's document masking of this micro-batch (Note [Document masking] in
   // data/document_masks.h), on the nodes' device, undefined when off: each query's first key
-  // (--reset-attention-mask) and each token's RoPE position (--reset-position-ids), i32 [N]; the
+  // (--reset-attention-mask) and each token's RoPE position (--document-positions), i32 [N]; the
   // loss mask (--eod-mask-loss), f32 [N], 0 where the input is the end-of-document token: the
   // loss node's loss is the mean over the loss_tokens tokens of mask 1 (counted on the host;
   // Note [Loss mask] in end_nodes.cc).

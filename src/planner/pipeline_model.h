@@ -148,7 +148,7 @@ struct PlanInputs {
   // replicated weights only (Note [Distributed optimizer in the plan] below).
   bool distributed_optimizer = false;
   // How many of Megatron-LM's document masks the run forms (TrainConfig's
-  // --reset-attention-mask, --reset-position-ids, --eod-mask-loss: 0 to 3), each 4 bytes a token
+  // --reset-attention-mask, --document-positions, --eod-mask-loss: 0 to 3), each 4 bytes a token
   // (Note [Document masks in the plan] in simulator_state.cc).
   int64_t document_masks = 0;
   bool eod_mask_loss = false;  // TrainConfig::eod_mask_loss (FootprintShape::loss_mask)

@@ -75,6 +75,12 @@ TrainConfig train_config_from_json(const Json& j, const std::string& where) {
                  j[key].dump(), "; expected ", valid_text(s));
     store_setting(s, *v);
   }
+  // A checkpoint may record document_positions under the name of Megatron-LM's option,
+  // reset_position_ids, which tandem's document positions once went by; such a run restarted
+  // its positions at each document, and so does its resumption.
+  if (!j.contains("document_positions") && j.contains("reset_position_ids")) {
+    t.document_positions = f.boolean("reset_position_ids");
+  }
   try {
     t.validate();
   } catch (const Error& e) {

@@ -25,12 +25,12 @@ void document_mask_tensors(MicroBatchTokens& out, const ModelConfig& m, const Tr
   const data::DocumentMasks dm =
       data::document_masks(out.ids.data<int32_t>(), b, s,
                            {.eod = t.eod_token_id,
-                            .reset_position_ids = t.reset_position_ids,
+                            .document_positions = t.document_positions,
                             .reset_attention_mask = t.reset_attention_mask,
                             .eod_mask_loss = t.eod_mask_loss});
   const int64_t n = b * s;
   const int64_t count =
-      int64_t{t.reset_attention_mask} + int64_t{t.reset_position_ids} + int64_t{t.eod_mask_loss};
+      int64_t{t.reset_attention_mask} + int64_t{t.document_positions} + int64_t{t.eod_mask_loss};
   Tensor host =
       Tensor::empty({count * n}, DType::kI32, MemCategory::kOther, "batch.document_masks");
   int64_t next = 0;  // the next free part of `host`
@@ -39,7 +39,7 @@ void document_mask_tensors(MicroBatchTokens& out, const ModelConfig& m, const Tr
     return next++;
   };
   const int64_t key_begin = t.reset_attention_mask ? pack(dm.key_begin) : -1;
-  const int64_t positions = t.reset_position_ids ? pack(dm.position) : -1;
+  const int64_t positions = t.document_positions ? pack(dm.position) : -1;
   const int64_t loss_mask = t.eod_mask_loss ? pack(dm.loss_mask) : -1;
   const Tensor masks = t.device == Device::kCPU ? host : host.to(t.device);
   if (key_begin >= 0) out.key_begin = masks.narrow_rows(key_begin * n, n);
@@ -100,7 +100,7 @@ double per_token_divisor(const data::Dataset& data, const ModelConfig& m, const 
 void check_document_masking(const ModelConfig& m, const TrainConfig& t) {
   if (!t.document_masking()) return;
   const char* option = t.reset_attention_mask ? "--reset-attention-mask"
-                       : t.reset_position_ids ? "--reset-position-ids"
+                       : t.document_positions ? "--document-positions"
                                               : "--eod-mask-loss";
   TANDEM_CHECK(t.eod_token_id < m.vocab_size, option, ": --eod-token-id ", t.eod_token_id,
                " is outside the vocabulary [0, ", m.vocab_size, ")");

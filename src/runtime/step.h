@@ -60,7 +60,7 @@ struct StepResult {
 
 // Tokens of one micro-batch: inputs and next-token targets, [micro_batch * seq] i32 each.
 // With document masking (TrainConfig::document_masking), also each query's first key
-// (--reset-attention-mask) and each token's position (--reset-position-ids), i32
+// (--reset-attention-mask) and each token's position (--document-positions), i32
 // [micro_batch * seq] each, and the loss mask (--eod-mask-loss), f32, from the ids
 // (Note [Document masking] in data/document_masks.h), on the training device
 // (Note [Document masks on the device] in step.cc); each undefined when its option is off.

@@ -5,6 +5,7 @@
 // sentencepiece path, byte for byte; and bytes as tokens when no tokenizer is given.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -141,6 +142,34 @@ TEST(ConvertCli, TrainingReadsTheVocabularyOfASentencePieceModel) {
   r = run_tandem(args, dir.path(), capture.path());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(slurp(dir / "log.jsonl").find("\"iter\":2"), std::string::npos);
+  // Megatron-LM's --reset-position-ids reaches no RoPE (docs/megatron.md "Document masking"):
+  // the same losses to the bit; tandem's --document-positions restarts them, which changes the
+  // losses where attention crosses documents (within one document RoPE's scores depend only on
+  // the distance between positions, so beside --reset-attention-mask it changes nothing).
+  const auto losses = [&](const std::vector<std::string>& options) {
+    std::vector<std::string> with = args;
+    with.erase(std::find(with.begin(), with.end(), "--reset-attention-mask"));
+    // Samples long enough to hold the end of one document and the start of the next.
+    for (const auto& [option, value] : {std::pair{"--seq-length", "32"},
+                                        {"--micro-batch-size", "2"},
+                                        {"--global-batch-size", "2"}}) {
+      *(std::find(with.begin(), with.end(), option) + 1) = value;
+    }
+    with.insert(with.end(), options.begin(), options.end());
+    const RunResult run = run_tandem(with, dir.path(), capture.path());
+    EXPECT_EQ(run.exit_code, 0) << run.err;
+    std::vector<double> out;
+    std::istringstream lines(slurp(dir / "log.jsonl"));
+    for (std::string line; std::getline(lines, line);) {
+      const nlohmann::json j = nlohmann::json::parse(line);
+      if (j.contains("loss")) out.push_back(j["loss"].get<double>());
+    }
+    return out;
+  };
+  const std::vector<double> crossing = losses({});
+  ASSERT_EQ(crossing.size(), 2u);
+  EXPECT_EQ(losses({"--reset-position-ids"}), crossing);
+  EXPECT_NE(losses({"--document-positions"}), crossing);
   args.insert(args.end(), {"--tokenizer-model", kFixtures + "sample.txt"});
   r = run_tandem(args, dir.path(), capture.path());
   EXPECT_EQ(r.exit_code, 2) << r.err;

@@ -189,6 +189,20 @@ TEST(OneTable, CheckpointJsonRoundTripsEveryEnum) {
   }
 }
 
+// A checkpoint that records document_positions under Megatron-LM's name, reset_position_ids,
+// resumes with its positions restarted; the table's own key wins where both are present.
+TEST(OneTable, CheckpointJsonReadsDocumentPositionsByTheirOlderName) {
+  TrainConfig t;
+  t.eod_token_id = 5;  // what the document options split on
+  nlohmann::json j = runtime::config_to_json(t);
+  j.erase("document_positions");
+  EXPECT_FALSE(runtime::train_config_from_json(j, "test: ").document_positions);
+  j["reset_position_ids"] = true;
+  EXPECT_TRUE(runtime::train_config_from_json(j, "test: ").document_positions);
+  j["document_positions"] = false;
+  EXPECT_FALSE(runtime::train_config_from_json(j, "test: ").document_positions);
+}
+
 // Each table names every value once, and each name parses back to its value.
 TEST(OneTable, EveryNameParsesBackToItsValue) {
   const auto check = [](auto tag) {

@@ -243,7 +243,8 @@ TEST(Settings, EverySavedTrainingSettingRoundTripsThroughTheCheckpoint) {
     }
     // The document options split on an end-of-document id (Note [Document masking] in
     // data/document_masks.h).
-    const bool document = s.name.starts_with("reset-") || s.name == "eod-mask-loss";
+    const bool document =
+        s.name.starts_with("reset-") || s.name == "eod-mask-loss" || s.name == "document-positions";
     if (document) t.eod_token_id = 0;
     Settings rows = train_settings(t);
     const Setting& row = *find_setting(rows, s.name);

@@ -3,7 +3,7 @@
 // bounds (AttentionShape::key_begin), forward and backward, on the tensor-core path (D 64, 128,
 // q/k 192 with v 128, every D 64 tile variant) and the generic one (other head dims, misaligned
 // views), GQA, MHA and MLA's head dims; RoPE and MLA's q, k, v at positions of their own
-// (--reset-position-ids); the cross-entropy over the rows of a loss mask (--eod-mask-loss). The
+// (--document-positions); the cross-entropy over the rows of a loss mask (--eod-mask-loss). The
 // masks come from data::document_masks on ids with end-of-document tokens: one at position 0,
 // boundaries inside a 64-key tile and on a tile's edge, documents of a few tokens, and a sequence
 // with none. Tolerances are test_cuda_attention.cc's and gpu_test.h's, for the same reasons.
@@ -61,7 +61,7 @@ data::DocumentMasks masks_of(int64_t batch, int64_t seq) {
   }
   return data::document_masks(ids.data(), batch, seq,
                               {.eod = kEod,
-                               .reset_position_ids = true,
+                               .document_positions = true,
                                .reset_attention_mask = true,
                                .eod_mask_loss = true});
 }

@@ -60,7 +60,7 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
   req.inputs.moe_wgrad_merge = t.moe_wgrad_merge;
   // Note [Document masks in the plan] (planner/simulator_state.cc).
   req.inputs.document_masks =
-      int64_t{t.reset_attention_mask} + int64_t{t.reset_position_ids} + int64_t{t.eod_mask_loss};
+      int64_t{t.reset_attention_mask} + int64_t{t.document_positions} + int64_t{t.eod_mask_loss};
   req.inputs.eod_mask_loss = t.eod_mask_loss;
   const schedule::Plan plan = schedule::make_plan(req);
   return {plan.sim.ranks[0].activation_peak_bytes, plan.sim.ranks[0].peak_bytes};
@@ -108,7 +108,7 @@ TEST(CudaMemory, DocumentMasksAsPlannedToTheByte) {
       t.micro_batch_size = mbs;
       t.global_batch_size = 3 * mbs;
       const Peaks plain = planned(m, t);
-      t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+      t.reset_attention_mask = t.document_positions = t.eod_mask_loss = true;
       t.eod_token_id = 5;
       const Peaks got = measured(m, t), want = planned(m, t);
       std::printf(

@@ -35,7 +35,7 @@ Megatron megatron_masks(const std::vector<int32_t>& x, int32_t eod, const Docume
     if (o.reset_attention_mask)
       for (int64_t r = p + 1; r < t; ++r)
         for (int64_t c = 0; c <= p; ++c) mask[r][c] = 0;
-    if (o.reset_position_ids) {
+    if (o.document_positions) {
       for (int64_t r = p + 1; r < t; ++r) m.position[r] -= static_cast<int32_t>(p + 1 - prev);
       prev = p + 1;
     }

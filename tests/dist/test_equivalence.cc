@@ -161,7 +161,7 @@ bool run_case(const Case& c, int dp) {
   t.first_stage_layers = c.first;
   t.last_stage_layers = c.last;
   if (c.documents) {
-    t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+    t.reset_attention_mask = t.document_positions = t.eod_mask_loss = true;
     t.eod_token_id = 5;
   }
   t.calculate_per_token_loss = c.per_token;
@@ -342,7 +342,7 @@ TEST(Equivalence, UnevenStagesAreTheOneRank) {
   for (const auto& [c, dp] : cases) EXPECT_TRUE(run_case(c, dp));
 }
 
-// Document masking (--reset-attention-mask, --reset-position-ids, --eod-mask-loss): every stage
+// Document masking (--reset-attention-mask, --document-positions, --eod-mask-loss): every stage
 // reads the masks from the micro-batch's ids itself, the loss node its loss mask; loss and every
 // gradient the one rank's (bitwise without expert or data parallelism), DeepSeek-V3's MLA and
 // Mixtral's attention both.

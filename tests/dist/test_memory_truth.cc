@@ -133,7 +133,7 @@ Checked check_layout(const ModelConfig& m, int pp, int dp, int ep, bool recomput
       t.moe_wgrad_merge = merge;
       t.recompute = modules;
       if (documents) {
-        t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+        t.reset_attention_mask = t.document_positions = t.eod_mask_loss = true;
         t.eod_token_id = 5;
       }
       schedule::PlanRequest req;

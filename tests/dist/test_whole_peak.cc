@@ -1,7 +1,7 @@
 // Each rank's whole peak over a training step equal to the plan's for its pipeline rank, to the
 // byte (docs/memory.md "Planned and measured"): the allocator's peak of the step (the weights'
 // state, the activations, the pipeline messages, the micro-batches' tokens and document masks,
-// the ops' temporaries) on pipelines across ranks (1F1B, interleaved, zb-h1) and on expert
+// the ops' temporaries) on pipelines across ranks (1F1B, interleaved, zb-h1, GPipe) and on expert
 // ranks under 1F1B. Oracle: schedule::make_plan for the same
 // schedule and layout, which never sees the allocator. The second step is compared (the first
 // also makes the Adam moments). On a mismatch the tensors live at the measured peak are printed
@@ -62,7 +62,7 @@ void expect_whole_peak_as_planned(const Layout& l) {
   t.global_batch_size = 2 * l.pp * dp;
   t.moe_router_force_balance = true;
   if (l.documents) {
-    t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+    t.reset_attention_mask = t.document_positions = t.eod_mask_loss = true;
     t.eod_token_id = 5;
   }
   schedule::PlanRequest req;
@@ -90,7 +90,7 @@ void expect_whole_peak_as_planned(const Layout& l) {
 }
 
 // Every pipeline size of two or four that divides the world (the rest data-parallel): 1F1B
-// (with document masks too), interleaved 1F1B with two virtual stages a rank, and zb-h1.
+// (with document masks too), interleaved 1F1B with two virtual stages a rank, zb-h1 and GPipe.
 TEST(WholePeak, PipelineRanksPeakAsPlanned) {
   if (g_world->size() < 2) GTEST_SKIP() << "needs a pipeline across ranks";
   for (const int pp : {2, 4}) {
@@ -99,6 +99,7 @@ TEST(WholePeak, PipelineRanksPeakAsPlanned) {
     expect_whole_peak_as_planned({.schedule = "1f1b", .pp = pp, .documents = true});
     expect_whole_peak_as_planned({.schedule = "interleaved-1f1b", .pp = pp, .v = 2});
     expect_whole_peak_as_planned({.schedule = "zb-h1", .pp = pp});
+    expect_whole_peak_as_planned({.schedule = "gpipe", .pp = pp});
   }
 }
 

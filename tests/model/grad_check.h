@@ -31,7 +31,7 @@ inline NodeContext context_of(const ModelChunk& chunk, int64_t batch, bool fused
   return c;
 }
 
-// Megatron-LM's --reset-attention-mask, --reset-position-ids and --eod-mask-loss of `ids` on the
+// Megatron-LM's --reset-attention-mask, --document-positions and --eod-mask-loss of `ids` on the
 // id `eod` (Note [Document masking] in data/document_masks.h), set into c as the trainers set
 // them: the masks, the loss mask's count and each MTP depth's count in it rolled k left
 // (Note [MTP loss mask] in model/mtp.cc), counted here from the mask.
@@ -53,7 +53,7 @@ inline DocumentMaskInputs document_mask_inputs(const ModelConfig& cfg, const Ten
   const int64_t t = cfg.seq_length, n = batch * t;
   const data::DocumentMasks dm = data::document_masks(ids.data<int32_t>(), batch, t,
                                                       {.eod = eod,
-                                                       .reset_position_ids = true,
+                                                       .document_positions = true,
                                                        .reset_attention_mask = true,
                                                        .eod_mask_loss = true});
   DocumentMaskInputs in;

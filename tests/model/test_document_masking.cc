@@ -1,5 +1,5 @@
 // Megatron-LM's document masking through the model (Note [Document masking] in
-// data/document_masks.h): with --reset-attention-mask and --reset-position-ids a batch of packed
+// data/document_masks.h): with --reset-attention-mask and --document-positions a batch of packed
 // documents is, per document, the documents run alone. The packed micro-batch's loss is the mean
 // over its tokens, so it equals the documents' own mean losses weighed by their lengths, and its
 // every gradient the same combination of theirs (fp64, CPU). Dense, MoE (no load-balancing loss:
@@ -89,7 +89,7 @@ void check_packed_equals_alone(ModelConfig cfg, double tol = 1e-10) {
                               init.flat_params().data<double>() + init.numel());
   for (double& w : weights) w *= 10.0;  // as grad_check.h: every term of the gradient matters
   const data::DocumentMasks masks = data::document_masks(
-      ids.data(), 2, 8, {.eod = kEod, .reset_position_ids = true, .reset_attention_mask = true});
+      ids.data(), 2, 8, {.eod = kEod, .document_positions = true, .reset_attention_mask = true});
   const LossAndGrads packed = run(cfg, weights, ids, targets, 2, &masks);
 
   LossAndGrads want;
@@ -134,7 +134,7 @@ TEST(DocumentMasking, DeepseekV3MlaPackedEqualsDocumentsAlone) {
   check_packed_equals_alone(testing::tiny_deepseek_v3_config(5));
 }
 
-// Positions alone (--reset-position-ids without --reset-attention-mask): RoPE at the restarted
+// Positions alone (--document-positions without --reset-attention-mask): RoPE at the restarted
 // positions equals the plain run when every sample is one document from position 0, and differs
 // from it where a document starts inside a sample.
 TEST(DocumentMasking, PositionsAloneMoveOnlyTheLaterDocuments) {
@@ -148,7 +148,7 @@ TEST(DocumentMasking, PositionsAloneMoveOnlyTheLaterDocuments) {
   const std::vector<int32_t> targets = {2, 3, 4, 5, 6, 7};
   for (const auto* ids : {&one_doc, &two_docs}) {
     data::DocumentMasks m =
-        data::document_masks(ids->data(), 1, 6, {.eod = kEod, .reset_position_ids = true});
+        data::document_masks(ids->data(), 1, 6, {.eod = kEod, .document_positions = true});
     const LossAndGrads with = run(cfg, weights, *ids, targets, 1, &m);
     const LossAndGrads without = run(cfg, weights, *ids, targets, 1, nullptr);
     if (ids == &one_doc) {

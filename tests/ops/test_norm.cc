@@ -190,7 +190,7 @@ TEST(Rope, QkIsTheSingleTensorOpOnEach) {
   EXPECT_EQ(values(q), values(q0));
 }
 
-// Positions of their own (--reset-position-ids): at r % seq the plain op; each row rotated as
+// Positions of their own (--document-positions): at r % seq the plain op; each row rotated as
 // the plain op rotates the row of a sequence at that position; positions outside [0, seq)
 // refused, nothing written.
 TEST(Rope, QkAtPositionsRotatesEachRowAtItsPosition) {

@@ -50,7 +50,7 @@ void expect_peak_as_planned(const Case& c) {
   t.moe_wgrad_merge = c.merge;
   t.offload_activations = c.offload;
   if (c.documents) {
-    t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+    t.reset_attention_mask = t.document_positions = t.eod_mask_loss = true;
     t.eod_token_id = 5;
   }
   schedule::PlanRequest req;

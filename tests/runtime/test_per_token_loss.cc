@@ -41,7 +41,7 @@ TrainConfig documents_config(bool per_token) {
   TrainConfig t;
   t.micro_batch_size = 2;
   t.global_batch_size = 8;
-  t.reset_attention_mask = t.reset_position_ids = t.eod_mask_loss = true;
+  t.reset_attention_mask = t.document_positions = t.eod_mask_loss = true;
   t.eod_token_id = kEod;
   t.calculate_per_token_loss = per_token;
   return t;

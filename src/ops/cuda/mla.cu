@@ -6,7 +6,7 @@
 // v are copies, the RoPE parts rotations as RopeTable's (the pairs (i, i + dr/2), or with
 // --rotary-interleaved (2i, 2i + 1) read and (i, i + dr/2) written, and the transpose the other
 // way), by cos and sin formed from the CPU's inverse frequencies times YaRN's attention factor,
-// at position r % seq of row r, or positions[r] (the _at ops, --reset-position-ids).
+// at position r % seq of row r, or positions[r] (the _at ops, --document-positions).
 #include <cuda_bf16.h>
 
 #include <algorithm>

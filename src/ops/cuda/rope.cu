@@ -1,6 +1,6 @@
 // CUDA rotary position embedding (HF rotate_half form, docs/model.md) on bf16 q and k, in place,
 // fp32 math (Note [Rope blocks]); row n at position n % seq, or at positions[n] (the _at ops,
-// --reset-position-ids: Note [Document masking] in data/document_masks.h).
+// --document-positions: Note [Document masking] in data/document_masks.h).
 #include <cuda_bf16.h>
 
 #include <algorithm>
