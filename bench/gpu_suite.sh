@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs on the GPU machine from the repository root after tools/stage_device.sh: the GPU tests,
 # then the benchmarks named in $SUITE (tests, nccl, gpupipe, train, multi, equiv, overlap-eq,
-# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, capacity, recipes, mtp, vocab, preflight, ab (AB="binaries"), ab1 (one GPU, AB="binaries"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, docmask, bench-a, bench-b, peer-a, peer-b, c, d, offload),
+# fault, multi-b, multi-b2 (ONLY=regex picks its runs), transfer, capacity, recipes, mtp, vocab, preflight, ab (AB="binaries"), ab1 (one GPU, AB="binaries", AB_SHAPES="a b c d"), defer, expert-gemm, lanes (LANES="1 2 4 8"), repeat, scale-equiv, scale-b (all GPUs), hf, hf-par, tok, prof-a, prof-b, attn, attn-pick, docmask, bench-a, bench-b, peer-a, peer-b, c, d, offload),
 # logs under $OUT (the device tool's output folder).
 set -uo pipefail
 OUT=${OUT:-out}; mkdir -p "$OUT"
@@ -112,7 +112,7 @@ for s in $SUITE; do
     b1)
       # Shape (b) on one GPU, one process, micro-batch 2: the figure to hold the trainer to
       # (bench/results/gpu_single.md records it per micro-batch size).
-      timeout 300 $B/tandem train --device cuda $SHAPE_B --mock-data --global-batch-size 16 --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/b1.jsonl > /tmp/b1.log 2>&1
+      timeout 300 $B/tandem train --device cuda ${SHAPE_B/--num-microbatches 8/} --mock-data --global-batch-size 16 --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json /tmp/b1.jsonl > /tmp/b1.log 2>&1
       echo "tandem b one-gpu rc=$? $(summary /tmp/b1.jsonl)" | tee -a "$OUT/b1.txt"; tail -2 /tmp/b1.log ;;
     transfer)
       # Note [Node times at another shape] (src/planner/node_scaling.cc): shape (b)'s node
@@ -476,10 +476,13 @@ m=r[-1]['mem_peak_bytes']; print('  measured peak GiB', [round(b/2**30,2) for b 
       # A/B of tandem binaries on one GPU (AB="tandem-base tandem", each in devrun/bin) at shapes
       # (a) to (d), one process each, the binaries alternating twice per shape: what a change
       # does to throughput and peak memory, side by side in one call.
+      # (a) and (b) as their global batch (train takes Megatron-LM's --global-batch-size; the
+      # shapes' --num-microbatches is torch_peer.py's); AB_SHAPES picks shapes.
       T=/tmp/ab1; mkdir -p $T
-      for sh in a b c d; do
+      for sh in ${AB_SHAPES:-a b c d}; do
         case $sh in
-          a) S="$SHAPE_A" ;; b) S="$SHAPE_B --global-batch-size 16" ;;
+          a) S="${SHAPE_A/--num-microbatches 4/--global-batch-size 32}" ;;
+          b) S="${SHAPE_B/--num-microbatches 8/--global-batch-size 16}" ;;
           c) S="$SHAPE_C --global-batch-size 8" ;; d) S="$SHAPE_D --global-batch-size 8" ;;
         esac
         for rep in 1 2; do
@@ -629,7 +632,7 @@ PY
     docmask)
       # Megatron-LM's document masking (docs/data.md "Documents in a sample") on shape (c), one
       # GPU: the same packed documents trained plain and with --reset-attention-mask
-      # --reset-position-ids --eod-mask-loss; tokens/s of each and their ratio. The data: an llm.c
+      # --document-positions --eod-mask-loss; tokens/s of each and their ratio. The data: an llm.c
       # token file (uint32) of random ids below V - 1, each document closed by the end-of-document
       # id V - 1 after DOC_LEN tokens on average (default 512; lengths uniform in [L/2, 3L/2]).
       # Then the attention kernels alone within documents of several lengths against plain
@@ -646,7 +649,7 @@ while True:
   if i>=n: break
   t[i]=V-1
 with open(sys.argv[3],'wb') as f: f.write(struct.pack('<3i',20240520,2,n)+bytes(1012)); t.tofile(f)" $V ${DOC_LEN:-512} $T/docs.bin
-      DOCS="--reset-attention-mask --reset-position-ids --eod-mask-loss --eod-token-id $((V - 1))"
+      DOCS="--reset-attention-mask --document-positions --eod-mask-loss --eod-token-id $((V - 1))"
       for run in "plain|" "documents|$DOCS"; do
         name=${run%%|*}; opts=${run#*|}
         timeout 300 $B/tandem train --device cuda $SHAPE_C --global-batch-size 8 --data-path $T/docs.bin --data-format tokens $opts --train-iters ${STEPS:-8} --log-interval 1 --quiet --log-json $T/$name.jsonl > $T/$name.log 2>&1

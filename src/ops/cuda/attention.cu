@@ -103,7 +103,7 @@ __device__ __forceinline__ void forward_key_tile(float (&o)[MT][DV / 8][4], floa
 }
 
 // MINB: blocks per multiprocessor the register allocation must allow (__launch_bounds__).
-template <int D, int DV, int WARPS, int MT, int BC, int MINB>
+template <int D, int DV, int WARPS, int MT, int BC, int MINB, bool DOCS>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_forward_kernel(bf16* __restrict__ out, float* __restrict__ lse,
                          const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -122,8 +122,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   load_tile<kBr, D, kTh>(s_q, q + q_off, g.q_stride, q0, g.seq);
   cp_async_commit();
   // Note [Attention document bounds]: the walk starts at the block's first attended key tile.
-  const RowBounds rb = warp_row_bounds<16 * MT>(g, b, row0, lane);
-  const int first_tile = first_key_tile<kBc>(g, rb.lo, n_tiles);
+  const RowBounds rb = warp_row_bounds<16 * MT, DOCS>(g, b, row0, lane);
+  const int first_tile = first_key_tile<kBc, DOCS>(rb.lo, n_tiles);
   load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, first_tile * kBc, g.seq);
   load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, first_tile * kBc, g.seq);
   cp_async_commit();
@@ -229,11 +229,14 @@ template <int D, int DV, int WARPS, int MT, int BC, int MINB>
 void launch_forward(const Tensor& out, const Tensor& lse, const Tensor& q, const Tensor& k,
                     const Tensor& v, const Geometry& g) {
   using T = ForwardTiles<D, DV, WARPS, MT, BC>;
+  // Note [Attention document bounds]: the kernel with bounds only for a call that has them.
+  auto* plain = flash_forward_kernel<D, DV, WARPS, MT, BC, MINB, false>;
+  auto* documents = flash_forward_kernel<D, DV, WARPS, MT, BC, MINB, true>;
   static const bool configured =
-      (allow_smem(flash_forward_kernel<D, DV, WARPS, MT, BC, MINB>, T::kSmemBytes), true);
+      (allow_smem(plain, T::kSmemBytes), allow_smem(documents, T::kSmemBytes), true);
   (void)configured;
   const dim3 grid(static_cast<unsigned>(g.batch * g.heads), tiles(g.seq, T::kBr));
-  flash_forward_kernel<D, DV, WARPS, MT, BC, MINB><<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
+  (g.key_begin != nullptr ? documents : plain)<<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
       mptr(out), lse.data<float>(), cptr(q), cptr(k), cptr(v), g);
   TANDEM_CUDA_CHECK_LAUNCH();
 }

@@ -40,7 +40,7 @@ struct BackwardTiles {
 // [BR, 2 BR) for the tile's rows, `begins` their first keys; `late`: some row's first key is
 // after the block's first key, so the tile needs the document mask
 // (Note [Attention document bounds] in attention_mma.cuh).
-template <int D, int DV, int BR>
+template <int D, int DV, int BR, bool DOCS>
 __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float (&dv)[1][DV / 8][4],
                                                 float (&dp_out)[BR / 8][4], const bf16* s_k,
                                                 const bf16* s_v, const bf16* s_q, const bf16* s_do,
@@ -69,7 +69,9 @@ __device__ __forceinline__ void dkdv_query_tile(float (&dk)[1][D / 8][4], float 
       const int key = key0 + (lane >> 2) + 8 * (e >> 1);
       const int col = nt * 8 + 2 * (lane & 3) + (e & 1);  // query q0 + col
       float p = fast_exp2(s[0][nt][e] * g.scale_log2 - stats[col]);
-      if (need_mask && !(key <= q0 + col && q0 + col < g.seq && key >= begins[col])) p = 0.f;
+      if (need_mask && !(key <= q0 + col && q0 + col < g.seq && (!DOCS || key >= begins[col]))) {
+        p = 0.f;
+      }
       s[0][nt][e] = p;
       dp[0][nt][e] = p * (dp[0][nt][e] - stats[BR + col]);  // dS^T (unscaled)
     }
@@ -111,12 +113,13 @@ struct StatRow {
   float lse2, delta;
   int begin;
 };
+template <bool DOCS>
 __device__ __forceinline__ StatRow load_stat_row(const float* lse, const float* delta, int b,
                                                  QueryStep st, int i, const Geometry& g) {
   const int row = st.q0 + i;
   if (row >= g.seq) return {0.f, 0.f, 0};
   const int64_t at = (int64_t{b} * g.heads + st.head) * g.seq + row;
-  const int begin = g.key_begin != nullptr ? g.key_begin[int64_t{b} * g.seq + row] : 0;
+  const int begin = DOCS ? g.key_begin[int64_t{b} * g.seq + row] : 0;
   return {lse[at] * kLog2e, delta[at], begin};
 }
 
@@ -241,7 +244,7 @@ __global__ void __launch_bounds__(256)
 // split > 1 (Note [Attention key split] in core/footprint.h) block x is (batch, KV head, part):
 // it walks the part's group / split query heads and writes f32 partials to dk_part, dv_part
 // ([split, N, kv * D], [split, N, kv * Dv]) instead of dk, dv.
-template <int D, int DV, int WARPS, int BR, int MINB, bool DQ = true>
+template <int D, int DV, int WARPS, int BR, int MINB, bool DQ, bool DOCS>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_backward_fused_kernel(float* __restrict__ dq_acc, bf16* __restrict__ dk,
                                 bf16* __restrict__ dv, const bf16* __restrict__ dout,
@@ -271,7 +274,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   const int64_t v_off = int64_t{b} * g.seq * g.v_stride + int64_t{kvh} * DV;
   const int first_tile = k0 / BR;
   // Note [Attention document bounds]: the query tiles up to the last query of any of its keys.
-  const int last_row = last_attending_row<kTh>(g, b, k0, k0 + kBc - 1);
+  const int last_row = last_attending_row<kTh, DOCS>(g, b, k0, k0 + kBc - 1);
   const int per_head = min((g.seq + BR - 1) / BR, last_row / BR + 1) - first_tile;
   const int n_steps = part_heads * per_head;
   const int tid = static_cast<int>(threadIdx.x);  // threads below BR carry one stats row
@@ -284,7 +287,7 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   cp_async_commit();
   StatRow cur{0.f, 0.f, 0};  // this thread's row of the current step (threads below BR)
   if (tid < BR) {
-    cur = load_stat_row(lse, delta, b, first, tid, g);
+    cur = load_stat_row<DOCS>(lse, delta, b, first, tid, g);
     s_stats[tid] = cur.lse2;
     s_stats[BR + tid] = cur.delta;
     s_begin[tid] = cur.begin;
@@ -300,19 +303,25 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
       const QueryStep st = query_step(it + 1, first_tile, per_head, head0, BR);
       dkdv_load_tiles<D, DV, BR, kTh>(s_q + (buf ^ 1) * BR * kP, s_do + (buf ^ 1) * BR * kPv, q,
                                       dout, b, st, g);
-      if (tid < BR) next = load_stat_row(lse, delta, b, st, tid, g);
+      if (tid < BR) next = load_stat_row<DOCS>(lse, delta, b, st, tid, g);
     }
     cp_async_commit();
     cp_async_wait<1>();
     // Whether a row of the tile starts its document after the block's first key (the barrier the
     // step needs anyway).
-    const bool late = __syncthreads_or(tid < BR && cur.begin > k0) != 0;
+    bool late = false;
+    if constexpr (DOCS) {
+      late = __syncthreads_or(tid < BR && cur.begin > k0) != 0;
+    } else {
+      __syncthreads();
+    }
     const QueryStep st = query_step(it, first_tile, per_head, head0, BR);
     float ds[BR / 8][4] = {};
     if (key0 <= st.q0 + BR - 1) {  // else every query of the tile is before this warp's keys
-      dkdv_query_tile<D, DV, BR>(dk_acc, dv_acc, ds, s_k + warp * 16 * kP, s_v + warp * 16 * kPv,
-                                 s_q + buf * BR * kP, s_do + buf * BR * kPv, s_stats + buf * 2 * BR,
-                                 s_begin + buf * BR, late, key0, st.q0, g, lane);
+      dkdv_query_tile<D, DV, BR, DOCS>(dk_acc, dv_acc, ds, s_k + warp * 16 * kP,
+                                       s_v + warp * 16 * kPv, s_q + buf * BR * kP,
+                                       s_do + buf * BR * kPv, s_stats + buf * 2 * BR,
+                                       s_begin + buf * BR, late, key0, st.q0, g, lane);
     }
     if constexpr (DQ) {
       store_ds<BR>(s_ds + warp * 16 * kDsP, ds, lane);
@@ -408,7 +417,7 @@ __device__ __forceinline__ void dq_key_tile(float (&dq)[MT][D / 8][4],
   mma_c_nn<MT, BC / 16, D / 8>(dq, s, s_k, kP, lane);  // dq += dS K
 }
 
-template <int D, int DV, int WARPS, int MT, int BC, int MINB>
+template <int D, int DV, int WARPS, int MT, int BC, int MINB, bool DOCS>
 __global__ void __launch_bounds__(32 * WARPS, MINB)
     flash_backward_dq_kernel(bf16* __restrict__ dq, const bf16* __restrict__ dout,
                              const bf16* __restrict__ q, const bf16* __restrict__ k,
@@ -430,8 +439,8 @@ __global__ void __launch_bounds__(32 * WARPS, MINB)
   load_tile<kBr, DV, kTh>(s_do, dout + o_off, g.o_stride, q0, g.seq);
   cp_async_commit();
   // Note [Attention document bounds] in attention_mma.cuh: from the first attended key tile.
-  const RowBounds rb = warp_row_bounds<16 * MT>(g, b, row0, lane);
-  const int first_tile = first_key_tile<kBc>(g, rb.lo, n_tiles);
+  const RowBounds rb = warp_row_bounds<16 * MT, DOCS>(g, b, row0, lane);
+  const int first_tile = first_key_tile<kBc, DOCS>(rb.lo, n_tiles);
   load_tile<kBc, D, kTh>(s_k, k + k_off, g.kv_stride, first_tile * kBc, g.seq);
   load_tile<kBc, DV, kTh>(s_v, v + v_off, g.v_stride, first_tile * kBc, g.seq);
   cp_async_commit();
@@ -477,8 +486,11 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
                            const Tensor& q, const Tensor& k, const Tensor& v, const Tensor& out,
                            const Tensor& lse, const Tensor& delta, const Geometry& g) {
   using T = BackwardTiles<D, D, WARPS, BR>;
+  // Note [Attention document bounds]: the kernel with bounds only for a call that has them.
+  auto* plain = flash_backward_fused_kernel<D, D, WARPS, BR, MINB, true, false>;
+  auto* documents = flash_backward_fused_kernel<D, D, WARPS, BR, MINB, true, true>;
   static const bool configured =
-      (allow_smem(flash_backward_fused_kernel<D, D, WARPS, BR, MINB>, T::kSmemBytes), true);
+      (allow_smem(plain, T::kSmemBytes), allow_smem(documents, T::kSmemBytes), true);
   (void)configured;
   // dq_acc: [batch * seq, heads * D] f32 (the layout of dq); op workspace like delta.
   const Tensor dq_acc =
@@ -489,10 +501,9 @@ void launch_backward_fused(const Tensor& dq, const Tensor& dk, const Tensor& dv,
       delta.data<float>(), dq_acc.data<float>(), cptr(dout), cptr(out), rows, g);
   TANDEM_CUDA_CHECK_LAUNCH();
   const dim3 grid(static_cast<unsigned>(g.batch * g.kv_heads), tiles(g.seq, T::kBc));
-  flash_backward_fused_kernel<D, D, WARPS, BR, MINB>
-      <<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
-          dq_acc.data<float>(), mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k), cptr(v),
-          lse.data<float>(), delta.data<float>(), g, 1, nullptr, nullptr);
+  (g.key_begin != nullptr ? documents : plain)<<<grid, T::kThreads, T::kSmemBytes, stream()>>>(
+      dq_acc.data<float>(), mptr(dk), mptr(dv), cptr(dout), cptr(q), cptr(k), cptr(v),
+      lse.data<float>(), delta.data<float>(), g, 1, nullptr, nullptr);
   TANDEM_CUDA_CHECK_LAUNCH();
   attention_dq_convert_kernel<<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
       mptr(dq), dq_acc.data<float>(), chunks * 8, g.scale);
@@ -509,11 +520,18 @@ void launch_backward_two_pass(const Tensor& dq, const Tensor& dk, const Tensor& 
                               const Geometry& g) {
   using T = BackwardTiles<D, DV, WARPS, BR>;
   using TQ = DqTiles<D, DV, DQ_WARPS, DQ_MT, DQ_BC>;
-  auto* dkdv = flash_backward_fused_kernel<D, DV, WARPS, BR, MINB, false>;
-  auto* dq_kernel = flash_backward_dq_kernel<D, DV, DQ_WARPS, DQ_MT, DQ_BC, DQ_MINB>;
+  // Note [Attention document bounds]: the kernels with bounds only for a call that has them.
+  const bool docs = g.key_begin != nullptr;
+  auto* dkdv_plain = flash_backward_fused_kernel<D, DV, WARPS, BR, MINB, false, false>;
+  auto* dkdv_docs = flash_backward_fused_kernel<D, DV, WARPS, BR, MINB, false, true>;
+  auto* dq_plain = flash_backward_dq_kernel<D, DV, DQ_WARPS, DQ_MT, DQ_BC, DQ_MINB, false>;
+  auto* dq_docs = flash_backward_dq_kernel<D, DV, DQ_WARPS, DQ_MT, DQ_BC, DQ_MINB, true>;
   static const bool configured =
-      (allow_smem(dkdv, T::kSmemBytes), allow_smem(dq_kernel, TQ::kSmemBytes), true);
+      (allow_smem(dkdv_plain, T::kSmemBytes), allow_smem(dkdv_docs, T::kSmemBytes),
+       allow_smem(dq_plain, TQ::kSmemBytes), allow_smem(dq_docs, TQ::kSmemBytes), true);
   (void)configured;
+  auto* dkdv = docs ? dkdv_docs : dkdv_plain;
+  auto* dq_kernel = docs ? dq_docs : dq_plain;
   const int64_t rows = int64_t{g.batch} * g.seq * g.heads, chunks = rows * (DV / 8);
   attention_delta_kernel<DV><<<static_cast<unsigned>((chunks + 255) / 256), 256, 0, stream()>>>(
       delta.data<float>(), nullptr, cptr(dout), cptr(out), rows, g);

@@ -210,11 +210,13 @@ __device__ __forceinline__ void store_rows(T* base, int64_t stride, int row0, in
 //     keys (RowBounds::lo) as it skips those above its diagonal;
 //   - a key block (the dk/dv pass) walks the query tiles up to the last query that attends any
 //     of its keys (last_attending_row) instead of up to the sequence's end.
-// With short documents that is the block-diagonal band of the score matrix. Without bounds
-// (null) every check reduces to the plain causal one.
+// With short documents that is the block-diagonal band of the score matrix. Each kernel takes
+// DOCS, whether it is given bounds: launched without them (DOCS false) every bound is a constant
+// the compiler folds, so that plain causal attention runs the code it ran before bounds existed
+// (no bounds in registers, no block-wide minimum, no shared memory for them).
 // The first keys of one warp's query rows [row0, row0 + ROWS) of sequence `b`: begin (the
 // sequence's key_begin, null without bounds), and the smallest (lo, clamped at 0; INT_MAX when no
-// row is below seq) and largest (hi) of the rows below seq.
+// row is below seq) and largest (hi) of the rows below seq; without bounds null, 0 and 0.
 struct RowBounds {
   const int32_t* begin;
   int lo, hi;
@@ -223,16 +225,19 @@ struct RowBounds {
     return begin != nullptr ? begin[row] : 0;
   }
 };
-template <int ROWS>
+template <int ROWS, bool DOCS>
 __device__ __forceinline__ RowBounds warp_row_bounds(const Geometry& g, int b, int row0, int lane) {
   static_assert(ROWS <= 32);
-  if (g.key_begin == nullptr) return {nullptr, 0, 0};
-  const int32_t* begin = g.key_begin + int64_t{b} * g.seq;
-  const int row = row0 + lane;
-  const bool valid = lane < ROWS && row < g.seq;
-  const int x = valid ? begin[row] : 0;
-  return {begin, static_cast<int>(__reduce_min_sync(~0u, valid ? max(x, 0) : INT_MAX)),
-          static_cast<int>(__reduce_max_sync(~0u, x))};
+  if constexpr (!DOCS) {
+    return {nullptr, 0, 0};
+  } else {
+    const int32_t* begin = g.key_begin + int64_t{b} * g.seq;
+    const int row = row0 + lane;
+    const bool valid = lane < ROWS && row < g.seq;
+    const int x = valid ? begin[row] : 0;
+    return {begin, static_cast<int>(__reduce_min_sync(~0u, valid ? max(x, 0) : INT_MAX)),
+            static_cast<int>(__reduce_max_sync(~0u, x))};
+  }
 }
 
 // The smallest `x` of the block's threads; every thread calls it (it synchronizes the block), at
@@ -250,15 +255,18 @@ __device__ __forceinline__ int block_min(int x) {
 // The last query row of sequence `b` that attends any key in [k0, k_last]: the largest i >= k0
 // with key_begin[i] <= k_last (Note [Attention document bounds]); seq - 1 without bounds. Every
 // thread of the block calls it (block_min).
-template <int THREADS>
+template <int THREADS, bool DOCS>
 __device__ __forceinline__ int last_attending_row(const Geometry& g, int b, int k0, int k_last) {
-  if (g.key_begin == nullptr) return g.seq - 1;
-  const int32_t* begin = g.key_begin + int64_t{b} * g.seq;
-  int last = k0;  // the query at k0 attends key k0
-  for (int i = k0 + static_cast<int>(threadIdx.x); i < g.seq; i += THREADS) {
-    if (begin[i] <= k_last) last = i;
+  if constexpr (!DOCS) {
+    return g.seq - 1;
+  } else {
+    const int32_t* begin = g.key_begin + int64_t{b} * g.seq;
+    int last = k0;  // the query at k0 attends key k0
+    for (int i = k0 + static_cast<int>(threadIdx.x); i < g.seq; i += THREADS) {
+      if (begin[i] <= k_last) last = i;
+    }
+    return -block_min(-last);
   }
-  return -block_min(-last);
 }
 
 // The key tiles [first_tile, n_tiles) of a query block, BC keys each, K and V double-buffered in
@@ -294,10 +302,13 @@ __device__ __forceinline__ void walk_key_tiles(bf16* s_k, bf16* s_v, const bf16*
 // The first key tile of a query block whose warps' rows have the smallest first keys `lo`
 // (RowBounds::lo): the tile of the block's smallest, below n_tiles; 0 without bounds. Every
 // thread of the block calls it.
-template <int BC>
-__device__ __forceinline__ int first_key_tile(const Geometry& g, int lo, int n_tiles) {
-  if (g.key_begin == nullptr) return 0;
-  return min(block_min(lo) / BC, n_tiles - 1);
+template <int BC, bool DOCS>
+__device__ __forceinline__ int first_key_tile(int lo, int n_tiles) {
+  if constexpr (!DOCS) {
+    return 0;
+  } else {
+    return min(block_min(lo) / BC, n_tiles - 1);
+  }
 }
 
 // The query tile of a forward or pass-1 block: (batch b, head h) from blockIdx.x, rows [q0, q0 +
