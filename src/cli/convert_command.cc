@@ -242,6 +242,11 @@ void register_convert_command(CLI::App& app) {
       "convert",
       "Turn text into training data: bytes as tokens (an llm.c token file), or with "
       "--tokenizer-model the model's own token ids (a Megatron OUTPUT.bin/OUTPUT.idx pair)");
+  sub->footer(
+      "Environment: TANDEM_TOKENIZE names the tandem-tokenize program a sentencepiece model runs "
+      "through (default: the one beside tandem, else on PATH); TANDEM_HF_TOKENIZE names "
+      "tools/hf_tokenize.py, which a tokenizer.json runs through (default: ../tools/hf_tokenize.py "
+      "beside tandem).");
   auto o = std::make_shared<ConvertOptions>();
   sub->add_option("input", o->input,
                   "Text file (one document per line), .json/.jsonl file (one JSON object per "

@@ -229,6 +229,13 @@ void register_train_command(CLI::App& app) {
   CLI::App* sub = app.add_subcommand("train",
                                      "Train the model (the built-in addition task "
                                      "when no --data-path is given)");
+  sub->footer(
+      "Environment: TANDEM_TOKENIZE names the tandem-tokenize program that reads a sentencepiece "
+      "--tokenizer-model's vocabulary (default: the one beside tandem, else on PATH); "
+      "OPENBLAS_NUM_THREADS and OPENBLAS_CORETYPE are OpenBLAS's own (without the latter tandem "
+      "picks the kernels for this CPU where OpenBLAS's detection falls back to generic ones); "
+      "mpirun's OMPI_COMM_WORLD_* (or PMI's) make each process one rank, and its local rank "
+      "picks the process's GPU.");
   auto opts = std::make_shared<RunOptions>();
   add_run_options(*sub, *opts);
   sub->callback([sub, opts] { run_train(*sub, *opts); });

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -73,6 +74,43 @@ TEST(TandemProgram, HelpExitsWithZero) {
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("--num-layers"), std::string::npos) << r.out;
   EXPECT_TRUE(fs::is_empty(work.path()));
+}
+
+// Every environment variable the program reads (a getenv or beside_program call in src/) is
+// named in `train --help` or `convert --help`: the launcher's (OMPI_*, PMI*, MPI_*, LOCAL_*)
+// under "OMPI_COMM_WORLD_*", the rest by name; the test-fault switches, read by
+// src/core/test_faults.cc alone, are tandem's (TANDEM_*) and named nowhere.
+TEST(TandemProgram, HelpNamesEveryEnvironmentVariable) {
+  TempDir work, capture;
+  const RunResult train = run_train({"--help"}, work.path(), capture.path());
+  const RunResult convert = run_tandem({"convert", "--help"}, work.path(), capture.path());
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  ASSERT_EQ(convert.exit_code, 0) << convert.err;
+  std::string help = train.out + convert.out;
+  help.erase(std::remove(help.begin(), help.end(), '\n'), help.end());
+  EXPECT_NE(help.find("OMPI_COMM_WORLD_*"), std::string::npos) << help;
+  const std::regex read(R"re((getenv|beside_program)\("([A-Z][A-Z0-9_]*)")re");
+  int names = 0;
+  for (const auto& f : fs::recursive_directory_iterator(std::string(TANDEM_SOURCE_DIR) + "/src")) {
+    const std::string ext = f.path().extension().string();
+    if (ext != ".cc" && ext != ".h" && ext != ".cu") continue;
+    const std::string text = tandem::test::slurp(f.path());
+    for (auto it = std::sregex_iterator(text.begin(), text.end(), read);
+         it != std::sregex_iterator(); ++it) {
+      const std::string name = (*it)[2];
+      ++names;
+      if (f.path().filename() == "test_faults.cc") {
+        EXPECT_TRUE(name.starts_with("TANDEM_")) << name;
+        continue;
+      }
+      if (name.starts_with("OMPI_") || name.starts_with("PMI") || name.starts_with("MPI_") ||
+          name.starts_with("LOCAL_")) {
+        continue;
+      }
+      EXPECT_NE(help.find(name), std::string::npos) << name << " (" << f.path() << ")";
+    }
+  }
+  EXPECT_GE(names, 8);
 }
 
 }  // namespace
