@@ -20,10 +20,11 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   // Note [Tensor parallelism] (core/config_tp.cc): a tensor-parallel rank holds and computes the
   // shard model of tensor_parallel_shard (its q/k/v, o, gate/up and down; the rest whole), so its
   // weights, gradients, Adam moments and saved activations are that model's, planned as one
-  // rank's. The all-reduces over the tensor-parallel group run in place (no buffer) and are not
-  // timed by the plan yet.
+  // rank's. The all-reduces over the tensor-parallel group run in place (no buffer); their time
+  // is Note [Tensor-parallel all-reduces in the plan] (planner/pipeline_model.cc).
   const int64_t tp = o.parallel.tensor_model_parallel_size;
   in.model = tp > 1 ? tensor_parallel_shard(o.model, tp) : o.model;
+  in.tensor_parallel_size = tp;
   in.micro_batch_size = o.train.micro_batch_size;
   in.expert_parallel_size = o.parallel.expert_model_parallel_size;
   in.gpu = o.train.device == Device::kCUDA;

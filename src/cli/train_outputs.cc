@@ -45,11 +45,13 @@ void write_node_times(const std::string& path, runtime::PipelineTrainer& trainer
   table.recompute = o.train.recompute;
   table.moe_wgrad_merge = o.train.moe_wgrad_merge;
   // Note [Node times at another shape] (planner/node_scaling.cc): where they were measured.
+  const schedule::PlanInputs in = run_inputs(o, 1);
   schedule::MeasuredShape at;
-  at.model = o.model;
+  at.model = in.model;  // at TP > 1 the shard each rank computed
   at.micro_batch_size = o.train.micro_batch_size;
   at.expert_parallel_size = o.parallel.expert_model_parallel_size;
-  at.activation_elem_bytes = run_inputs(o, 1).activation_elem_bytes;
+  at.tensor_parallel_size = o.parallel.tensor_model_parallel_size;
+  at.activation_elem_bytes = in.activation_elem_bytes;
   table.measured_at = at;
   std::ofstream f(path);
   f << schedule::node_times_json(table).dump(2) << "\n";

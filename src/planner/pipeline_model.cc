@@ -165,9 +165,19 @@ void check_inputs(const Schedule& sch, const PlanInputs& in) {
                  "--moe-wgrad-merge ",
                  measured, " or measure with ", in.moe_wgrad_merge);
   }
+  TANDEM_CHECK(in.tensor_parallel_size >= 1, "--tensor-model-parallel-size ",
+               in.tensor_parallel_size, " is invalid: need at least 1");
   // Note [Node times at another shape] (node_scaling.cc).
   if (in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.measured_at) {
     check_transferable(*in.cost.table.measured_at, cfg, in.activation_elem_bytes);
+    // Note [Tensor-parallel all-reduces in the plan]: times measured at a TP above 1 hold that
+    // TP's all-reduces.
+    const int64_t measured = in.cost.table.measured_at->tensor_parallel_size;
+    TANDEM_CHECK(measured == 1 || measured == in.tensor_parallel_size,
+                 "--node-times: the times were measured at --tensor-model-parallel-size ", measured,
+                 " (their attention and mlp times hold its all-reduces) but the plan has ",
+                 in.tensor_parallel_size, ": plan at ", measured, ", or measure at ",
+                 in.tensor_parallel_size, " or at 1");
   }
 }
 
@@ -218,6 +228,27 @@ void add_node_gap(NodePhaseTimes& t, const PlanInputs& in) {
   }
 }
 
+// Note [Tensor-parallel all-reduces in the plan]: at a tensor-parallel size TP > 1 each layer's
+// attention and mlp node all-reduce one [N, H] tensor over the TP ranks in their forward (the
+// row-parallel product's output) and one in their input-gradient half (the gradient at the norm's
+// output), on the compute thread in the node's own time (Note [Tensor parallelism] in
+// core/config_tp.cc). The plan adds a ring all-reduce of N H activation elements (all_reduce_time)
+// to both phases, unless the times come from a node-times file measured at a TP above 1, whose
+// attention and mlp times hold them already (only at the same TP: check_inputs).
+void add_tensor_parallel_all_reduces(NodePhaseTimes& t, NodeKind kind, const PlanInputs& in,
+                                     const FootprintShape& s) {
+  if (in.tensor_parallel_size <= 1 || (kind != NodeKind::kAttention && kind != NodeKind::kMlp)) {
+    return;
+  }
+  const bool measured = in.cost.kind == CostModelKind::kNodeTimes && in.cost.table.measured_at &&
+                        in.cost.table.measured_at->tensor_parallel_size > 1;
+  if (measured) return;
+  const double ar = all_reduce_time(
+      in.cost, s.tokens * in.model.hidden_size * in.activation_elem_bytes, in.tensor_parallel_size);
+  t.forward_s += ar;
+  t.backward_input_s += ar;
+}
+
 StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const FootprintShape& s) {
   StageNode node;
   node.kind = kind;
@@ -236,6 +267,7 @@ StageNode make_node(NodeKind kind, int32_t layer, const PlanInputs& in, const Fo
   node.offloaded = layer >= 0 && offloads(in.offload_kinds, kind);
   if (in.cost.kind != CostModelKind::kUniform) {
     node.times = balanced_times(kind, in, s);
+    add_tensor_parallel_all_reduces(node.times, kind, in, s);
     // Note [Slowest expert rank] (routing_file.h): the experts at this rank's pace, and the
     // all-to-all after them waiting for the slowest rank's.
     if (static_cast<size_t>(layer) < in.expert_pace.size()) {

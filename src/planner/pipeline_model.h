@@ -116,6 +116,10 @@ struct PlanInputs {
   ModelConfig model;
   int64_t micro_batch_size = 1;
   int64_t expert_parallel_size = 1;
+  // ParallelConfig::tensor_model_parallel_size: `model` is then one rank's shard, and the
+  // tensor-parallel all-reduces are timed (Note [Tensor-parallel all-reduces in the plan] in
+  // pipeline_model.cc).
+  int64_t tensor_parallel_size = 1;
   int64_t activation_elem_bytes = 4;  // the FootprintShape element size (4: f32)
   // The GPU trainer's layout (docs/cuda.md): f32 statistics beside bf16 activations, the fused
   // LM head, and a bf16 copy of every weight besides the f32 masters.

@@ -53,6 +53,7 @@ nlohmann::json measured_shape_json(const MeasuredShape& at) {
   }
   return {{"micro-batch-size", at.micro_batch_size},
           {"expert-model-parallel-size", at.expert_parallel_size},
+          {"tensor-model-parallel-size", at.tensor_parallel_size},
           {"activation-bytes", at.activation_elem_bytes},
           {"model", model}};
 }
@@ -72,6 +73,9 @@ MeasuredShape parse_measured_shape(const nlohmann::json& j, std::string_view sou
   };
   positive("micro-batch-size", at.micro_batch_size);
   positive("expert-model-parallel-size", at.expert_parallel_size);
+  if (j.contains("tensor-model-parallel-size")) {
+    positive("tensor-model-parallel-size", at.tensor_parallel_size);
+  }
   positive("activation-bytes", at.activation_elem_bytes);
   const nlohmann::json& model = j["model"];
   for (const ModelField& f : model_fields()) {

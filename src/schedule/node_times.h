@@ -29,12 +29,15 @@ bool node_has_weights(NodeKind kind);
 bool node_is_communication(NodeKind kind);
 
 // The shape a node-times file was measured at (its "measured_at"): the model, the micro-batch,
-// the expert-parallel size and the activation element size of the run that wrote it.
+// the expert- and tensor-parallel sizes and the activation element size of the run that wrote
+// it. At a tensor-parallel size above 1 the model is one rank's shard (tensor_parallel_shard in
+// core/config.h) and the attention and mlp times hold the tensor-parallel all-reduces.
 // See Note [Node times at another shape] in node_scaling.cc.
 struct MeasuredShape {
   ModelConfig model;
   int64_t micro_batch_size = 1;
   int64_t expert_parallel_size = 1;
+  int64_t tensor_parallel_size = 1;  // "tensor-model-parallel-size"; absent: 1
   int64_t activation_elem_bytes = 2;
   std::string source;  // the file, for messages
 };

@@ -585,6 +585,75 @@ TEST(Simulator, DistributedOptimizerDividesTheMomentsByTheirGroups) {
   EXPECT_EQ(make_plan(req).sim.ranks[0].static_memory.optimizer_bytes, 8 * (64 + 60 + 384 + 66));
 }
 
+// Note [Tensor-parallel all-reduces in the plan]: at TP 2 the attention and mlp nodes of a dense
+// model take one ring all-reduce of N x H activations more in their forward and in their
+// input-gradient half (2 (TP - 1) latencies and 2 (TP - 1) / TP of the bytes over the link),
+// every other phase as at TP 1; times measured at TP 2 hold them already, and times measured at
+// TP 2 do not plan TP 4.
+TEST(Simulator, TensorParallelAllReducesTimeTheAttentionAndMlpNodes) {
+  const auto nodes_at = [](int64_t tp, const std::optional<NodeTimesTable>& table) {
+    PlanRequest req;
+    req.schedule_name = "1f1b";
+    req.shape = {1, 1, 2};
+    req.inputs.model = tiny();
+    req.inputs.model.num_experts = 0;
+    req.inputs.model.num_layers = 1;
+    req.inputs.micro_batch_size = 2;
+    req.inputs.tensor_parallel_size = tp;
+    req.inputs.cost.device = {1000, 1e9, 96, 1, 2};  // 96 B/s links, 1 s latency
+    if (table) {
+      req.inputs.cost.kind = CostModelKind::kNodeTimes;
+      req.inputs.cost.table = *table;
+    }
+    return make_plan(req).model.stages[0].nodes;
+  };
+  const std::vector<StageNode> one = nodes_at(1, std::nullopt), two = nodes_at(2, std::nullopt);
+  ASSERT_EQ(one.size(), two.size());
+  // N H f32 elements (micro-batch 2 of 4 tokens, H 8); a ring over 2 ranks: 2 latencies and
+  // the bytes' half twice.
+  const double bytes = 8 * 8 * 4;
+  const double ar = 2 * 1.0 + bytes / 96;
+  int timed = 0;
+  for (size_t i = 0; i < one.size(); ++i) {
+    const bool reduced = one[i].kind == NodeKind::kAttention || one[i].kind == NodeKind::kMlp;
+    timed += reduced;
+    EXPECT_DOUBLE_EQ(two[i].times.forward_s - one[i].times.forward_s, reduced ? ar : 0.0)
+        << node_kind_name(one[i].kind);
+    EXPECT_DOUBLE_EQ(two[i].times.backward_input_s - one[i].times.backward_input_s,
+                     reduced ? ar : 0.0)
+        << node_kind_name(one[i].kind);
+    EXPECT_DOUBLE_EQ(two[i].times.backward_weight_s, one[i].times.backward_weight_s);
+  }
+  EXPECT_EQ(timed, 2);
+  NodeTimesTable table = parse_node_times(
+      R"({"nodes": {"embed": {"forward": 0}, "attention": {"forward": 2}, "mlp": {"forward": 3},
+                    "loss": {"forward": 0}}})",
+      "t");
+  const auto attention = [](const std::vector<StageNode>& nodes) {
+    for (const StageNode& n : nodes) {
+      if (n.kind == NodeKind::kAttention) return n.times.forward_s;
+    }
+    return -1.0;
+  };
+  EXPECT_DOUBLE_EQ(attention(nodes_at(2, table)), 2 + ar);  // measured at TP 1
+  table.measured_at = MeasuredShape{};
+  table.measured_at->model = tiny();
+  table.measured_at->model.num_experts = 0;
+  table.measured_at->model.num_layers = 1;
+  table.measured_at->micro_batch_size = 2;
+  table.measured_at->activation_elem_bytes = 4;
+  table.measured_at->tensor_parallel_size = 2;
+  EXPECT_DOUBLE_EQ(attention(nodes_at(2, table)), 2);  // the all-reduce is in the time
+  try {
+    nodes_at(4, table);
+    ADD_FAILURE() << "times measured at TP 2 planned TP 4";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("measured at --tensor-model-parallel-size 2"),
+              std::string::npos)
+        << e.what();
+  }
+}
+
 TEST(Simulator, PlanInputErrorsNameTheOption) {
   auto error_of = [](auto mutate) {
     PlanRequest req;
