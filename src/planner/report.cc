@@ -60,8 +60,10 @@ std::string format_plan_table(const Plan& plan) {
   const CostModelKind cm = plan.inputs.cost.kind;
   std::ostringstream out;
   out << "schedule " << s.name << ": " << s.num_ranks << " ranks, " << s.num_stages << " stages, "
-      << s.num_microbatches << " micro-batches, EP " << plan.inputs.expert_parallel_size
-      << ", cost model " << cost_model_name(cm) << "\n";
+      << s.num_microbatches << " micro-batches, EP " << plan.inputs.expert_parallel_size;
+  // Note [Tensor parallelism] (core/config_tp.cc): each pipeline rank is TP ranks, planned as one.
+  if (plan.inputs.tensor_parallel_size > 1) out << ", TP " << plan.inputs.tensor_parallel_size;
+  out << ", cost model " << cost_model_name(cm) << "\n";
   char line[320];
   std::snprintf(line, sizeof line, "step time %s, bubble %.1f%%\n",
                 format_plan_time(plan.sim.step_time_s, cm).c_str(), 100 * plan.sim.bubble_fraction);
@@ -71,7 +73,8 @@ std::string format_plan_table(const Plan& plan) {
                   "whole step %s (with the gradient all-reduce, norm and update): %.0f tokens/s "
                   "on %lld ranks\n",
                   format_plan_time(plan.sim.full_step_s, cm).c_str(), *tokens,
-                  static_cast<long long>(s.num_ranks * plan.model.data_parallel_size));
+                  static_cast<long long>(s.num_ranks * plan.model.data_parallel_size *
+                                         plan.inputs.tensor_parallel_size));
     out << line;
   }
   const int64_t dp = plan.model.data_parallel_size;
@@ -142,6 +145,7 @@ nlohmann::json plan_summary_json(const Plan& plan) {
   j["virtual_stages"] = s.num_ranks > 0 ? s.num_stages / s.num_ranks : 0;
   j["num_microbatches"] = s.num_microbatches;
   j["expert_parallel_size"] = plan.inputs.expert_parallel_size;
+  j["tensor_parallel_size"] = plan.inputs.tensor_parallel_size;
   j["data_parallel_size"] = plan.model.data_parallel_size;  // Note [Gradient reduction in the plan]
   j["overlap_grad_reduce"] = plan.model.overlap_grad_reduce;
   j["cost_model"] = std::string(cost_model_name(plan.inputs.cost.kind));

@@ -220,6 +220,44 @@ TEST(TandemProgram, PlanDividesTheOptimizerStateOfTheDistributedOptimizer) {
 // batch as `tandem train` on N ranks a stage does and plans the gradient all-reduce: beside the
 // backward by default, after it with --overlap-grad-reduce=false; neither moves the
 // forward-backward. Bad sizes get an error that names them.
+// `tandem plan --tensor-model-parallel-size 2` plans one tensor-parallel rank of a dense model
+// (Note [Tensor parallelism] in core/config_tp.cc): the run is two ranks, each holding half of
+// the attention's and the SwiGLU's weights, and each layer's all-reduces make its step longer
+// than the shard's alone (Note [Tensor-parallel all-reduces in the plan]).
+TEST(TandemProgram, PlanOfTensorParallelRanks) {
+  TempDir work, capture;
+  const std::vector<std::string> dense = {
+      "plan", "--num-experts",         "0", "--num-layers",       "2", "--hidden-size",
+      "64",   "--num-attention-heads", "4", "--num-query-groups", "2", "--ffn-hidden-size",
+      "128"};
+  const auto plan = [&](std::vector<std::string> more) {
+    std::vector<std::string> args = dense;
+    args.insert(args.end(), more.begin(), more.end());
+    const RunResult r = run_tandem(args, work.path(), capture.path());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    return r.out;
+  };
+  const std::string text = plan({"--tensor-model-parallel-size", "2"});
+  EXPECT_NE(text.find(", TP 2,"), std::string::npos) << text;
+  EXPECT_NE(text.find("tokens/s on 2 ranks"), std::string::npos) << text;
+  const nlohmann::json one = nlohmann::json::parse(plan({"--json"}));
+  const nlohmann::json two =
+      nlohmann::json::parse(plan({"--json", "--tensor-model-parallel-size", "2"}));
+  EXPECT_EQ(one.at("tensor_parallel_size"), 1);
+  EXPECT_EQ(two.at("tensor_parallel_size"), 2);
+  // Half the attention and SwiGLU weights (and their gradients and moments) a rank.
+  EXPECT_LT(two.at("ranks")[0].at("param_bytes").get<double>(),
+            one.at("ranks")[0].at("param_bytes").get<double>());
+  // The shard itself at TP 1 (a repeated option takes its last value): the same weights, no
+  // all-reduces, a shorter step.
+  const nlohmann::json shard =
+      nlohmann::json::parse(plan({"--json", "--num-attention-heads", "2", "--num-query-groups", "1",
+                                  "--kv-channels", "16", "--ffn-hidden-size", "64"}));
+  EXPECT_EQ(shard.at("ranks")[0].at("param_bytes"), two.at("ranks")[0].at("param_bytes"));
+  EXPECT_LT(shard.at("full_step_s").get<double>(), two.at("full_step_s").get<double>());
+  EXPECT_TRUE(fs::is_empty(work.path()));
+}
+
 TEST(TandemProgram, PlanModelsTheDataParallelGradientReduction) {
   TempDir work, capture;
   auto run = [&](std::vector<std::string> more) {
