@@ -25,9 +25,8 @@ const std::vector<ModelField>& model_fields() {
        "attention heads; head dim = hidden-size / heads unless --kv-channels sets it", kPositive,
        true, "num_attention_heads"},
       {"num-query-groups", &M::num_query_groups,
-       "KV heads for grouped-query attention; divides num-attention-heads (unset: as many as "
-       "the heads, multi-head attention)",
-       kPositive, true, "num_key_value_heads"},
+       "KV heads for grouped-query attention; divides num-attention-heads", kPositive, true,
+       "num_key_value_heads"},
       {"kv-channels", &M::kv_channels,
        "D, the head dim of q, k and v (even); 0: hidden-size / num-attention-heads", kNonNegative,
        false},
