@@ -42,8 +42,7 @@ schedule::PlanInputs run_inputs(const RunOptions& o, int64_t dp) {
   // Note [Distributed optimizer in the plan] (planner/pipeline_model.h).
   in.distributed_optimizer = o.train.use_distributed_optimizer;
   // Note [Document masks in the plan] (planner/simulator_state.cc).
-  in.document_masks = int64_t{o.train.reset_attention_mask} + int64_t{o.train.document_positions} +
-                      int64_t{o.train.eod_mask_loss};
+  in.document_masks = o.train.document_mask_count();
   in.eod_mask_loss = o.train.eod_mask_loss;
   return in;
 }

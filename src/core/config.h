@@ -83,6 +83,10 @@ struct TrainConfig {
   bool document_masking() const {
     return reset_attention_mask || document_positions || eod_mask_loss;
   }
+  // How many of the three masks a micro-batch carries (each an i32 a token).
+  int64_t document_mask_count() const {
+    return int64_t{reset_attention_mask} + int64_t{document_positions} + int64_t{eod_mask_loss};
+  }
   // --recompute-experts: the experts keep only their input rows from forward to backward and
   // form gate, up and the SwiGLU again there (Note [Recomputed experts] in model/ffn_nodes.cc).
   bool recompute_experts = false;

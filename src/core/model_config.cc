@@ -26,7 +26,9 @@ const std::vector<ModelField>& model_fields() {
        true, "num_attention_heads"},
       {"num-query-groups", &M::num_query_groups,
        "KV heads for grouped-query attention; divides num-attention-heads", kPositive, true,
-       "num_key_value_heads"},
+       "num_key_value_heads",
+       // Left out, the groups follow the heads (finalize_run_options in cli/options.cc).
+       "--num-attention-heads, multi-head attention"},
       {"kv-channels", &M::kv_channels,
        "D, the head dim of q, k and v (even); 0: hidden-size / num-attention-heads", kNonNegative,
        false},

@@ -204,6 +204,9 @@ struct ModelField {
   // The transformers config.json key that holds the field, the same in every family that has it
   // (Note [config.json keys] in io/hf_config.cc); nullptr: the families' code maps it.
   const char* hf_key = nullptr;
+  // What --help shows as the default where a run left without the field gets another value
+  // than the record's (Setting::default_text); nullptr: the value.
+  const char* default_text = nullptr;
 };
 const std::vector<ModelField>& model_fields();
 // The checkpoint JSON key of a field: its name with '_' for '-'.

@@ -22,10 +22,7 @@ Settings model_settings(ModelConfig& m) {
                           .ref = &(m.*member),
                           .help = f.help,
                           .bound = f.bound,
-                          // Left out, the query groups follow the heads (finalize_run_options).
-                          .default_text = f.name == std::string_view("num-query-groups")
-                                              ? "--num-attention-heads, multi-head attention"
-                                              : "",
+                          .default_text = f.default_text != nullptr ? f.default_text : "",
                           .saved = Saved::kFixed,
                           .in_every_checkpoint = f.in_every_checkpoint});
         },

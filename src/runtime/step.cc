@@ -29,8 +29,7 @@ void document_mask_tensors(MicroBatchTokens& out, const ModelConfig& m, const Tr
                             .reset_attention_mask = t.reset_attention_mask,
                             .eod_mask_loss = t.eod_mask_loss});
   const int64_t n = b * s;
-  const int64_t count =
-      int64_t{t.reset_attention_mask} + int64_t{t.document_positions} + int64_t{t.eod_mask_loss};
+  const int64_t count = t.document_mask_count();
   Tensor host =
       Tensor::empty({count * n}, DType::kI32, MemCategory::kOther, "batch.document_masks");
   int64_t next = 0;  // the next free part of `host`

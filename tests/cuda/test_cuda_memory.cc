@@ -59,8 +59,7 @@ Peaks planned(const ModelConfig& m, const TrainConfig& t) {
   req.inputs.activation_elem_bytes = 2;
   req.inputs.moe_wgrad_merge = t.moe_wgrad_merge;
   // Note [Document masks in the plan] (planner/simulator_state.cc).
-  req.inputs.document_masks =
-      int64_t{t.reset_attention_mask} + int64_t{t.document_positions} + int64_t{t.eod_mask_loss};
+  req.inputs.document_masks = t.document_mask_count();
   req.inputs.eod_mask_loss = t.eod_mask_loss;
   const schedule::Plan plan = schedule::make_plan(req);
   return {plan.sim.ranks[0].activation_peak_bytes, plan.sim.ranks[0].peak_bytes};
